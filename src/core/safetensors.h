@@ -1,0 +1,45 @@
+// Reading and writing the safetensors format (Hugging Face): an 8-byte
+// little-endian header length N, N bytes of JSON
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+// then the raw little-endian tensor bytes. Used for model weights, optimizer
+// state and test/debug batches.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvs {
+
+enum class DType { F32, F64, BF16, F16, I32, I64, U16, U8 };
+
+const char* dtype_name(DType d);          // "F32", "BF16", ...
+DType dtype_from_name(const std::string& s, const std::string& origin);  // throws naming origin
+size_t dtype_size(DType d);
+
+struct StTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;  // numel * dtype_size
+
+  int64_t numel() const;
+};
+
+StTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& shape, const float* data);
+StTensor make_i32_tensor(const std::string& name, const std::vector<int64_t>& shape, const int32_t* data);
+// Converts F32/F64/BF16/F16 data to fp32 (throws for integer dtypes).
+std::vector<float> tensor_to_f32(const StTensor& t);
+std::vector<int32_t> tensor_to_i32(const StTensor& t);  // from I32/I64/U16/U8
+
+// Writes atomically (temp file in the same directory, fsync, rename). Tensors are
+// stored in the given order; metadata goes to "__metadata__".
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Reads and validates the whole file: header size within the file, JSON well-formed,
+// every dtype known, offsets contiguous, in range and matching shape*dtype size.
+// Errors name the file (and the tensor).
+std::vector<StTensor> read_safetensors(const std::string& path,
+                                       std::map<std::string, std::string>* metadata = nullptr);
+
+}  // namespace kvs

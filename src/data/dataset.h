@@ -1,0 +1,34 @@
+// Datasets: a pure function from (split, sequence index) to one training
+// sequence. Any process can produce any slice of any batch by index alone,
+// which makes resume (store the next index) and data parallelism trivial.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+
+namespace kvs {
+
+enum class Split { Train, Val };
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // Writes sequence `index` of `split`: inputs[seq_len], targets[seq_len]
+  // (targets[t] is the token after inputs[t]) and mask[seq_len] (1 = scored, 0 = not).
+  // Throws kvs::Error if the data holds a token id >= vocab_size (naming file and position).
+  virtual void get(Split split, uint64_t index, int32_t* inputs, int32_t* targets, float* mask) const = 0;
+  // Number of distinct sequences in a split (UINT64_MAX for generated tasks).
+  virtual uint64_t size(Split split) const = 0;
+  // One line for logs: "induction: tokens [11, 8000), pool 512" / "shards: 3 files, 1.2M train tokens".
+  virtual std::string describe() const = 0;
+  // True for the induction task: evaluation reports induction accuracy.
+  virtual bool reports_accuracy() const { return false; }
+};
+
+// Builds the dataset of a config. `config_dir` resolves relative shard paths.
+std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
+                                      const std::string& config_dir);
+
+}  // namespace kvs

@@ -1,0 +1,108 @@
+// Experiment configuration: the JSON file a user writes, as C++ structs.
+// The `model` object uses Hugging Face LlamaConfig key names plus `kv_shift`.
+// Parsing is strict: unknown keys, wrong types and impossible shapes are
+// errors naming the key (see config.cpp and docs/CONFIG.md).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvs {
+
+struct KvShiftConfig {
+  bool enabled = true;
+  int window = 1;          // number of past positions mixed in (paper: 1)
+  bool shift_k = true;     // K-only / V-only variants (issue 3) toggle these
+  bool shift_v = true;
+};
+
+struct ModelConfig {
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 100000.0;
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;  // std of the normal init of matrices
+  KvShiftConfig kv_shift;
+
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  int q_dim() const { return num_attention_heads * head_dim(); }
+  int kv_dim() const { return num_key_value_heads * head_dim(); }
+};
+
+struct InductionDataConfig {
+  int token_lo = 11;        // token ids drawn from [token_lo, token_hi)
+  int token_hi = 8000;
+  int pool_size = 512;      // distinct tokens a sequence draws from (paper: = length)
+  int max_repeats = 0;      // stop a sequence after this many induction events (0 = fill it)
+  int pad_token = 0;
+};
+
+struct ShardDataConfig {
+  std::vector<std::string> train;  // shard files (globs allowed), relative to the config file
+  std::vector<std::string> val;    // if empty, the last val_fraction of the train tokens
+  double val_fraction = 0.05;
+};
+
+struct DataConfig {
+  std::string type = "induction";  // "induction" | "shards"
+  InductionDataConfig induction;
+  ShardDataConfig shards;
+};
+
+struct TrainConfig {
+  uint64_t seed = 1234;
+  int steps = 1000;
+  int micro_batch_size = 8;       // sequences per forward/backward
+  int grad_accum_steps = 1;       // micro-batches per optimizer step
+  int seq_len = 128;
+  double lr = 2e-4;
+  double min_lr = 0.0;            // floor of the cosine schedule
+  int warmup_steps = 1000;
+  std::string schedule = "constant";  // "constant" (paper) | "cosine"
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;         // global-norm clip; 0 disables
+  int eval_every = 100;           // steps; 0 = only at the end
+  int eval_sequences = 256;       // validation sequences per evaluation
+  int checkpoint_every = 0;       // steps; 0 = only at the end
+  int log_every = 1;              // metrics.jsonl lines every N steps
+  int threads = 0;                // OpenMP threads; 0 = all cores
+};
+
+struct ParallelConfig {
+  int tp = 1;  // tensor-parallel size (multi-process: issue 5)
+};
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  std::string device = "cpu";  // "cpu" | "cuda"
+  std::string name;            // free-form run name
+  std::string source_path;     // file it was read from ("" if built in code)
+
+  int global_batch_sequences() const { return train.micro_batch_size * train.grad_accum_steps; }
+};
+
+// Reads a config file, applies `key.path=value` overrides (value parsed as JSON,
+// falling back to a string), validates, and returns it. Throws kvs::Error with
+// a one-line message naming the file and key on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config config_from_json(const nlohmann::json& j, const std::string& origin);
+void apply_override(nlohmann::json& j, const std::string& assignment, const std::string& origin);
+void validate(const Config& c, const std::string& origin);
+nlohmann::json to_json(const Config& c);
+
+// The model section alone as a Hugging Face style config.json (LlamaConfig keys + kv_shift).
+nlohmann::json model_to_hf_json(const ModelConfig& m);
+ModelConfig model_from_hf_json(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace kvs

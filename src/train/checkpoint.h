@@ -1,0 +1,46 @@
+// Checkpoints: one directory per save, readable by Hugging Face with the
+// project's modeling file (see docs/FORMATS.md):
+//   <root>/step_00000100/config.json           HF LlamaConfig keys + kv_shift
+//   <root>/step_00000100/model.safetensors     fp32, HF Llama tensor names + k_shift/v_shift
+//   <root>/step_00000100/optimizer.safetensors "exp_avg.<name>", "exp_avg_sq.<name>" (optional)
+//   <root>/step_00000100/trainer_state.json    step, RNG, data position, ... (optional)
+//   <root>/step_00000100/run_config.json       the full kvshift config (optional)
+//   <root>/latest                              text file naming the newest complete step dir
+// A save writes everything into "<root>/.tmp-step_...", fsyncs, renames the
+// directory into place, then atomically rewrites `latest`. A crash at any
+// point leaves the previous `latest` checkpoint complete and untouched.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+
+namespace kvs {
+
+struct CheckpointData {
+  nlohmann::json hf_config;               // config.json (required)
+  std::vector<StTensor> model;            // model.safetensors (required)
+  std::vector<StTensor> optimizer;        // optimizer.safetensors (written only if non-empty)
+  nlohmann::json trainer_state;           // trainer_state.json (written only if non-null)
+  nlohmann::json run_config;              // run_config.json (written only if non-null)
+};
+
+std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
+
+// Saves under `root` and returns the new directory's path. Keeps the newest
+// `keep_last` step directories (0 = keep all) and deletes older ones only after
+// the new one is complete.
+std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointData& data, int keep_last = 0);
+
+// Path of the newest complete checkpoint under `root` per its `latest` file, or
+// "" if there is none. Throws if `latest` names a missing directory.
+std::string latest_checkpoint(const std::string& root);
+
+// Loads one checkpoint directory. config.json and model.safetensors are required;
+// the optional files are loaded when present (empty/null otherwise). Any missing
+// required file, unreadable JSON or corrupt safetensors gives a kvs::Error naming the file.
+CheckpointData load_checkpoint(const std::string& dir);
+
+}  // namespace kvs

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -487,4 +488,36 @@ TEST(DataShardDataset, Errors) {
   EXPECT_FALSE(made->reports_accuracy());
   EXPECT_EQ(made->size(Split::Train), 9u);
   EXPECT_ERROR_HAS(get_seq(*made, Split::Val, 0, 10), "no validation data");
+}
+
+// The Python corpus script writes shards the C++ reader accepts, byte for byte.
+TEST(DataShardDataset, PrepareByteShardsScriptOutputReads) {
+  if (std::system("/usr/bin/python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string dir = temp_dir("script");
+  std::string text_a = "The quick brown fox jumps over the lazy dog.\n", text_b;
+  for (int i = 0; i < 40; ++i) text_b += "Line " + std::to_string(i) + " of the second document.\n";
+  { std::ofstream(dir + "/a.txt") << text_a; }
+  { std::ofstream(dir + "/b.txt") << text_b; }
+  const std::string cmd = std::string("/usr/bin/python3 ") + KVS_SOURCE_DIR +
+                          "/scripts/prepare_byte_shards.py --input '" + dir + "/*.txt' --out " + dir +
+                          "/out --val-fraction 0.1 > " + dir + "/log.txt 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    const std::vector<uint8_t> log = read_bytes(dir + "/log.txt");
+    FAIL() << "prepare_byte_shards.py failed: " << std::string(log.begin(), log.end());
+  }
+  const std::string stream = text_a + std::string(1, '\0') + text_b;
+  const size_t n_val = static_cast<size_t>(stream.size() * 0.1);
+  ShardFile train(dir + "/out/train_000.bin"), val(dir + "/out/val_000.bin");
+  ASSERT_EQ(train.size(), stream.size() - n_val);
+  ASSERT_EQ(val.size(), n_val);
+  for (uint64_t i = 0; i < train.size(); ++i) ASSERT_EQ(train.token(i), static_cast<uint8_t>(stream[i]));
+  for (uint64_t i = 0; i < val.size(); ++i) ASSERT_EQ(val.token(i), static_cast<uint8_t>(stream[train.size() + i]));
+  EXPECT_TRUE(fs::exists(dir + "/out/manifest.json"));
+
+  ShardDataConfig cfg;
+  cfg.train = {"out/train_*.bin"};
+  cfg.val = {"out/val_*.bin"};
+  ShardDataset ds(cfg, 16, 256, 1, dir);
+  const Seq s = get_seq(ds, Split::Val, 0, 16);
+  EXPECT_EQ(s.in[0], static_cast<uint8_t>(stream[train.size()]));
 }

@@ -1,0 +1,17 @@
+// make_dataset: the dataset a config's `data.type` names.
+#include "data/dataset.h"
+
+#include "core/error.h"
+#include "data/induction.h"
+#include "data/shard_dataset.h"
+
+namespace kvs {
+
+std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
+                                      const std::string& config_dir) {
+  if (cfg.type == "induction") return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
+  if (cfg.type == "shards") return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
+  fail("data.type: unknown dataset type \"{}\" (expected \"induction\" or \"shards\")", cfg.type);
+}
+
+}  // namespace kvs

@@ -1,0 +1,59 @@
+// A dataset over pre-tokenized token shards (see shards.h and docs/DATA.md).
+//
+// The train files (globs expanded and sorted, relative to the config file) form
+// one token stream; a sequence is a window of seq_len + 1 consecutive tokens
+// (windows may cross file boundaries). Train windows start at multiples of
+// seq_len; train index i is window perm_e(i mod n) of epoch e = i / n, where
+// perm_e is an affine bijection (a*j + b) mod n with gcd(a, n) = 1 and a, b drawn
+// from (seed, e): a fresh shuffle every epoch with O(1) memory. Validation is
+// the `val` files, or else the last `val_fraction` of the train stream, read in
+// order (index wraps around).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/shards.h"
+
+namespace kvs {
+
+// Expands shard path patterns with glob(3): relative patterns are resolved
+// against `config_dir`, each pattern's matches are sorted, pattern order is
+// kept. A pattern matching nothing is an error naming `key` and the pattern.
+std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns, const std::string& config_dir,
+                                            const std::string& key);
+
+class ShardDataset : public Dataset {
+ public:
+  ShardDataset(const ShardDataConfig& cfg, int seq_len, int vocab_size, uint64_t seed, const std::string& config_dir);
+  void get(Split split, uint64_t index, int32_t* inputs, int32_t* targets, float* mask) const override;
+  uint64_t size(Split split) const override;
+  std::string describe() const override;
+
+  // The train window (its start is window * seq_len in the train stream) that train index `index` reads.
+  uint64_t train_window(uint64_t index) const;
+  uint64_t tokens(Split split) const;  // tokens in the split's stream
+
+ private:
+  // A contiguous range [begin, end) of the concatenation of `files`.
+  struct Stream {
+    std::vector<std::shared_ptr<ShardFile>> files;
+    std::vector<uint64_t> offsets;  // offsets[k] = first global position of files[k]; back() = total
+    uint64_t begin = 0, end = 0;
+    uint64_t size() const { return end - begin; }
+  };
+  static Stream open_stream(const std::vector<std::string>& paths);
+  void read_window(const Stream& s, uint64_t start, int32_t* inputs, int32_t* targets) const;
+
+  int seq_len_;
+  int vocab_size_;
+  uint64_t seed_;
+  Stream train_, val_;
+  uint64_t n_train_ = 0, n_val_ = 0;  // windows
+  size_t n_files_ = 0;
+  bool val_from_train_ = false;
+};
+
+}  // namespace kvs

@@ -1,0 +1,523 @@
+// Data layer: the induction task, token shards and the shard dataset.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/induction.h"
+#include "data/shard_dataset.h"
+#include "data/shards.h"
+
+namespace fs = std::filesystem;
+using namespace kvs;
+
+namespace {
+
+// Runs `f` and returns the kvs::Error message it throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvs::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(expr, ...)                                                  \
+  do {                                                                               \
+    const std::string msg_ = error_of([&] { (void)(expr); });                        \
+    ASSERT_FALSE(msg_.empty()) << "expected a kvs::Error from " #expr;               \
+    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})          \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "'" << part_ << "' not in: " << msg_; \
+  } while (0)
+
+InductionDataConfig small_cfg(int pool = 32) {
+  InductionDataConfig c;
+  c.token_lo = 11;
+  c.token_hi = 200;
+  c.pool_size = pool;
+  c.pad_token = 0;
+  return c;
+}
+
+std::string temp_dir(const std::string& name) {
+  fs::path d = fs::path(testing::TempDir()) / ("kvs_data_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+struct Seq {
+  std::vector<int32_t> in, tg;
+  std::vector<float> mask;
+};
+
+Seq get_seq(const Dataset& ds, Split split, uint64_t index, int T) {
+  Seq s{std::vector<int32_t>(T), std::vector<int32_t>(T), std::vector<float>(T)};
+  ds.get(split, index, s.in.data(), s.tg.data(), s.mask.data());
+  return s;
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- induction
+
+TEST(DataInduction, DeterministicPerSeedAndIndex) {
+  const int T = 64;
+  InductionDataset ds(small_cfg(), T, 256, 42);
+  const Seq a = get_seq(ds, Split::Train, 7, T), b = get_seq(ds, Split::Train, 7, T);
+  EXPECT_EQ(a.in, b.in);
+  EXPECT_EQ(a.tg, b.tg);
+  EXPECT_EQ(a.mask, b.mask);
+  EXPECT_NE(a.in, get_seq(ds, Split::Train, 8, T).in);
+  EXPECT_NE(a.in, get_seq(ds, Split::Val, 7, T).in);
+  InductionDataset other(small_cfg(), T, 256, 43);
+  EXPECT_NE(a.in, get_seq(other, Split::Train, 7, T).in);
+  // Train and val never produce the same sequence for the first indices.
+  std::set<std::vector<int32_t>> train;
+  for (uint64_t i = 0; i < 200; ++i) train.insert(get_seq(ds, Split::Train, i, T).in);
+  for (uint64_t i = 0; i < 200; ++i) EXPECT_EQ(train.count(get_seq(ds, Split::Val, i, T).in), 0u);
+  // generate_induction is a pure function of its seed.
+  EXPECT_EQ(generate_induction(small_cfg(), T, 99).tokens, generate_induction(small_cfg(), T, 99).tokens);
+}
+
+TEST(DataInduction, InputsTargetsMaskMatchSequence) {
+  const int T = 64;
+  InductionDataset ds(small_cfg(), T, 256, 1);
+  const Seq s = get_seq(ds, Split::Train, 3, T);
+  for (int t = 0; t + 1 < T; ++t) EXPECT_EQ(s.tg[t], s.in[t + 1]);
+  for (float m : s.mask) EXPECT_TRUE(m == 0.0f || m == 1.0f);
+}
+
+// Independent check of the generation rule on many sequences and configs.
+TEST(DataInduction, ScoredTargetsFollowLatestOccurrence) {
+  struct Case {
+    int pool, T, max_repeats;
+  };
+  for (const Case c : {Case{32, 64, 0}, Case{8, 64, 0}, Case{2, 16, 0}, Case{64, 64, 0}, Case{180, 128, 0},
+                       Case{16, 64, 3}, Case{32, 1, 0}, Case{32, 2, 0}}) {
+    InductionDataConfig cfg = small_cfg(c.pool);
+    cfg.max_repeats = c.max_repeats;
+    uint64_t scored_total = 0, positions = 0;
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      const InductionSequence s = generate_induction(cfg, c.T, seed);
+      ASSERT_EQ(s.tokens.size(), static_cast<size_t>(c.T) + 1);
+      ASSERT_EQ(s.scored.size(), static_cast<size_t>(c.T));
+      // Content tokens come first, then padding only.
+      size_t content = 0;
+      while (content < s.tokens.size() && s.tokens[content] != cfg.pad_token) ++content;
+      for (size_t t = content; t < s.tokens.size(); ++t) ASSERT_EQ(s.tokens[t], cfg.pad_token);
+      std::set<int32_t> pool;
+      for (size_t t = 0; t < content; ++t) {
+        ASSERT_GE(s.tokens[t], cfg.token_lo);
+        ASSERT_LT(s.tokens[t], cfg.token_hi);
+        pool.insert(s.tokens[t]);
+        if (t > 0) {
+          ASSERT_NE(s.tokens[t], s.tokens[t - 1]) << "immediate repeat at " << t;
+        }
+      }
+      ASSERT_LE(pool.size(), static_cast<size_t>(c.pool));
+      // Scan: for every position, the successor of the latest earlier occurrence.
+      std::map<int32_t, int32_t> latest_next;
+      int events = 0;
+      for (int t = 0; t < c.T; ++t) {
+        const int32_t x = s.tokens[t];
+        const bool seen = latest_next.count(x) > 0;
+        if (s.scored[t]) {
+          ++events;
+          ASSERT_LT(static_cast<size_t>(t), content);
+          ASSERT_TRUE(seen) << "scored position " << t << " holds a token never seen before";
+          ASSERT_EQ(s.tokens[t + 1], latest_next[x]) << "seed " << seed << " position " << t;
+        } else if (static_cast<size_t>(t) < content && t > 0 && !s.scored[t - 1]) {
+          // A drawn (not copied) token that was seen before must have been made an event.
+          ASSERT_FALSE(seen) << "seed " << seed << ": repeated token at " << t << " was not scored";
+        }
+        if (static_cast<size_t>(t) + 1 < content) latest_next[x] = s.tokens[t + 1];
+      }
+      if (c.max_repeats > 0) {
+        ASSERT_LE(events, c.max_repeats);
+      }
+      scored_total += events;
+      positions += c.T;
+    }
+    if (c.T >= 16) {
+      EXPECT_GT(scored_total, 0u) << "pool " << c.pool << " T " << c.T;
+    }
+    if (c.pool == 32 && c.T == 64) {
+      const double frac = static_cast<double>(scored_total) / positions;
+      EXPECT_GT(frac, 0.2);
+      std::printf("pool 32, T 64: %.3f of positions scored\n", frac);
+    }
+  }
+}
+
+TEST(DataInduction, EveryTypicalSequenceHasAnEvent) {
+  InductionDataset ds(small_cfg(32), 64, 256, 5);
+  for (uint64_t i = 0; i < 500; ++i) {
+    const Seq s = get_seq(ds, Split::Train, i, 64);
+    float sum = 0;
+    for (float m : s.mask) sum += m;
+    EXPECT_GT(sum, 0.0f) << "index " << i;
+  }
+}
+
+TEST(DataInduction, MaxRepeatsOneGivesOneEventThenPadding) {
+  InductionDataConfig cfg = small_cfg(64);
+  cfg.max_repeats = 1;
+  cfg.pad_token = 3;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    const InductionSequence s = generate_induction(cfg, 64, seed);
+    int events = 0, at = -1;
+    for (int t = 0; t < 64; ++t)
+      if (s.scored[t]) ++events, at = t;
+    ASSERT_EQ(events, 1) << "seed " << seed;
+    // A B, then padding to the end.
+    for (size_t t = at + 2; t < s.tokens.size(); ++t) ASSERT_EQ(s.tokens[t], 3) << "seed " << seed;
+    for (int t = 0; t <= at + 1; ++t) ASSERT_NE(s.tokens[t], 3);
+  }
+}
+
+TEST(DataInduction, InvalidConfigsNameTheKey) {
+  InductionDataConfig c = small_cfg();
+  c.token_hi = 9000;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 8000, 1), "data.induction.token_hi (9000)", "model.vocab_size (8000)");
+  c = small_cfg();
+  c.token_lo = -1;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
+  c = small_cfg();
+  c.token_lo = 200;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
+  c = small_cfg();
+  c.pool_size = 1;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pool_size");
+  c = small_cfg();
+  c.pool_size = 190;  // [11, 200) holds 189 ids
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pool_size (190)");
+  c = small_cfg();
+  c.pad_token = 50;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (50)");
+  c = small_cfg();
+  c.pad_token = 256;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (256)");
+  c = small_cfg();
+  c.max_repeats = -1;
+  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.max_repeats");
+  EXPECT_TRUE(error_of([&] { InductionDataset(small_cfg(), 64, 256, 1); }).empty());
+}
+
+TEST(DataInduction, MakeDatasetAndDescribe) {
+  DataConfig d;
+  d.induction = small_cfg();
+  auto ds = make_dataset(d, 32, 256, 1, "");
+  EXPECT_TRUE(ds->reports_accuracy());
+  EXPECT_EQ(ds->size(Split::Train), UINT64_MAX);
+  EXPECT_EQ(ds->describe(), "induction: tokens [11, 200), pool 32");
+  d.type = "bogus";
+  EXPECT_ERROR_HAS(make_dataset(d, 32, 256, 1, ""), "data.type", "bogus");
+}
+
+// ---------------------------------------------------------------- shards
+
+TEST(DataShards, RoundTripU16AndU32) {
+  const std::string dir = temp_dir("roundtrip");
+  std::vector<uint32_t> toks;
+  for (uint32_t i = 0; i < 1000; ++i) toks.push_back((i * 2654435761u) % 65536u);
+  write_shard(dir + "/a.bin", toks, 2);
+  {
+    ShardFile f(dir + "/a.bin");
+    ASSERT_EQ(f.size(), toks.size());
+    for (size_t i = 0; i < toks.size(); ++i) ASSERT_EQ(f.token(i), toks[i]);
+    EXPECT_EQ(f.path(), dir + "/a.bin");
+  }
+  EXPECT_EQ(fs::file_size(dir + "/a.bin"), 32u + 2u * toks.size());
+  const std::vector<uint8_t> b = read_bytes(dir + "/a.bin");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.data()), 8), std::string("KVSTOKS\0", 8));
+  EXPECT_EQ(b[8], 1);
+  EXPECT_EQ(b[12], 2);
+  EXPECT_EQ(b[16], 1000 & 0xff);
+  EXPECT_EQ(b[17], 1000 >> 8);
+  EXPECT_EQ(b[32], toks[0] & 0xff);  // little-endian tokens
+  EXPECT_EQ(b[33], toks[0] >> 8);
+
+  std::vector<uint32_t> big = {0, 1, 65535, 65536, 1u << 31, 4294967295u};
+  write_shard(dir + "/b.bin", big, 4);
+  ShardFile g(dir + "/b.bin");
+  ASSERT_EQ(g.size(), big.size());
+  for (size_t i = 0; i < big.size(); ++i) EXPECT_EQ(g.token(i), big[i]);
+  EXPECT_EQ(fs::file_size(dir + "/b.bin"), 32u + 4u * big.size());
+
+  write_shard(dir + "/empty.bin", {}, 2);
+  EXPECT_EQ(ShardFile(dir + "/empty.bin").size(), 0u);
+  // No temporary files are left behind.
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST(DataShards, WriterRejectsBadInput) {
+  const std::string dir = temp_dir("writer");
+  EXPECT_ERROR_HAS(write_shard(dir + "/x.bin", {1, 2, 70000}, 2), dir + "/x.bin", "70000", "position 2", "u16");
+  EXPECT_FALSE(fs::exists(dir + "/x.bin"));
+  EXPECT_ERROR_HAS(write_shard(dir + "/x.bin", {1}, 3), "token_bytes");
+  EXPECT_ERROR_HAS(write_shard(dir + "/no/such/dir/x.bin", {1}, 2), "no/such/dir/x.bin");
+}
+
+TEST(DataShards, CorruptFilesNameThePath) {
+  const std::string dir = temp_dir("corrupt");
+  const std::string good = dir + "/good.bin";
+  write_shard(good, {5, 6, 7, 8}, 2);
+  const std::vector<uint8_t> ok = read_bytes(good);
+
+  auto variant = [&](const std::string& name, auto&& edit) {
+    std::vector<uint8_t> b = ok;
+    edit(b);
+    write_bytes(dir + "/" + name, b);
+    return dir + "/" + name;
+  };
+  std::string p = variant("magic.bin", [](auto& b) { b[0] = 'X'; });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "magic");
+  p = variant("version.bin", [](auto& b) { b[8] = 2; });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "version 2");
+  p = variant("tokbytes.bin", [](auto& b) { b[12] = 3; });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "bytes per token 3");
+  p = variant("truncated.bin", [](auto& b) { b.pop_back(); });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "file size 39", "truncated");
+  p = variant("extra.bin", [](auto& b) { b.push_back(0); b.push_back(0); });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "file size 42");
+  p = variant("count.bin", [](auto& b) { b[23] = 0x80; });  // absurd count, no overflow
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "does not match");
+  p = variant("short.bin", [](auto& b) { b.resize(10); });
+  EXPECT_ERROR_HAS(ShardFile{p}, p, "header");
+  EXPECT_ERROR_HAS(ShardFile{dir + "/missing.bin"}, dir + "/missing.bin");
+  EXPECT_EQ(ShardFile(good).size(), 4u);
+}
+
+// ---------------------------------------------------------------- shard dataset
+
+namespace {
+
+// Files holding the stream 0, 1, 2, ... split into pieces of the given sizes.
+std::vector<uint32_t> write_counting(const std::string& dir, const std::vector<size_t>& sizes, uint32_t mod = 1000) {
+  std::vector<uint32_t> all;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<uint32_t> part;
+    for (size_t i = 0; i < sizes[k]; ++i) part.push_back(static_cast<uint32_t>(all.size() + i) % mod);
+    all.insert(all.end(), part.begin(), part.end());
+    char name[32];
+    std::snprintf(name, sizeof name, "/train_%03zu.bin", k);
+    write_shard(dir + name, part, 2);
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST(DataShardDataset, WindowsSpanFilesAndPermutationIsABijection) {
+  const std::string dir = temp_dir("windows");
+  // 3 files of uneven sizes (one empty), 1003 tokens in all.
+  const std::vector<uint32_t> all = write_counting(dir, {400, 0, 603});
+  ShardDataConfig cfg;
+  cfg.train = {"train_*.bin"};  // relative to config_dir
+  cfg.val_fraction = 0.0;
+  const int T = 10;
+  ShardDataset ds(cfg, T, 1000, 7, dir);
+  const uint64_t n = (1003 - 1) / T;  // 100 windows of 11 tokens, starts at 0, 10, ..., 990
+  ASSERT_EQ(ds.size(Split::Train), n);
+  EXPECT_EQ(ds.size(Split::Val), 0u);
+  EXPECT_NE(ds.describe().find("3 files"), std::string::npos) << ds.describe();
+
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    std::set<uint64_t> seen;
+    for (uint64_t j = 0; j < n; ++j) {
+      const uint64_t w = ds.train_window(epoch * n + j);
+      ASSERT_LT(w, n);
+      seen.insert(w);
+    }
+    EXPECT_EQ(seen.size(), n) << "epoch " << epoch;
+  }
+  // Different epochs are shuffled differently; the order is not the identity.
+  std::vector<uint64_t> e0, e1;
+  for (uint64_t j = 0; j < n; ++j) e0.push_back(ds.train_window(j)), e1.push_back(ds.train_window(n + j));
+  EXPECT_NE(e0, e1);
+  std::vector<uint64_t> ident(n);
+  for (uint64_t j = 0; j < n; ++j) ident[j] = j;
+  EXPECT_NE(e0, ident);
+
+  // Every window's content is the right slice of the stream (incl. those crossing files).
+  for (uint64_t i = 0; i < 2 * n + 5; ++i) {
+    const Seq s = get_seq(ds, Split::Train, i, T);
+    const uint64_t start = ds.train_window(i) * T;
+    for (int t = 0; t < T; ++t) {
+      ASSERT_EQ(static_cast<uint32_t>(s.in[t]), all[start + t]);
+      ASSERT_EQ(static_cast<uint32_t>(s.tg[t]), all[start + t + 1]);
+      ASSERT_EQ(s.mask[t], 1.0f);
+    }
+  }
+  // Same seed: same order; another seed: another order.
+  ShardDataset same(cfg, T, 1000, 7, dir), other(cfg, T, 1000, 8, dir);
+  std::vector<uint64_t> o;
+  for (uint64_t j = 0; j < n; ++j) {
+    EXPECT_EQ(same.train_window(j), e0[j]);
+    o.push_back(other.train_window(j));
+  }
+  EXPECT_NE(o, e0);
+}
+
+TEST(DataShardDataset, PermutationBijectionForManySizes) {
+  const std::string dir = temp_dir("sizes");
+  for (size_t tokens : {2, 3, 4, 7, 13, 64, 97, 211}) {
+    write_shard(dir + "/s.bin", std::vector<uint32_t>(tokens, 1), 2);
+    ShardDataConfig cfg;
+    cfg.train = {dir + "/s.bin"};  // absolute path
+    cfg.val_fraction = 0;
+    ShardDataset ds(cfg, 1, 10, 3, "/nonexistent");
+    const uint64_t n = ds.size(Split::Train);
+    ASSERT_EQ(n, tokens - 1);
+    for (uint64_t epoch = 0; epoch < 4; ++epoch) {
+      std::set<uint64_t> seen;
+      for (uint64_t j = 0; j < n; ++j) seen.insert(ds.train_window(epoch * n + j));
+      ASSERT_EQ(seen.size(), n) << "n " << n << " epoch " << epoch;
+      ASSERT_LT(*seen.rbegin(), n);
+    }
+  }
+}
+
+TEST(DataShardDataset, ValSplitByFractionAndByFiles) {
+  const std::string dir = temp_dir("val");
+  const std::vector<uint32_t> all = write_counting(dir, {600, 400});
+  ShardDataConfig cfg;
+  cfg.train = {dir + "/train_*.bin"};
+  cfg.val_fraction = 0.1;  // last 100 tokens
+  const int T = 8;
+  ShardDataset ds(cfg, T, 1000, 1, "");
+  EXPECT_EQ(ds.tokens(Split::Train), 900u);
+  EXPECT_EQ(ds.tokens(Split::Val), 100u);
+  EXPECT_EQ(ds.size(Split::Train), (900u - 1) / T);
+  ASSERT_EQ(ds.size(Split::Val), (100u - 1) / T);
+  // Train windows stay inside the train part.
+  for (uint64_t i = 0; i < ds.size(Split::Train); ++i) {
+    const Seq s = get_seq(ds, Split::Train, i, T);
+    EXPECT_LT(s.tg[T - 1], 900);
+  }
+  // Validation windows are in order, starting at the split; the index wraps.
+  for (uint64_t i = 0; i < ds.size(Split::Val) + 2; ++i) {
+    const Seq s = get_seq(ds, Split::Val, i, T);
+    const uint64_t start = 900 + (i % ds.size(Split::Val)) * T;
+    for (int t = 0; t < T; ++t) {
+      ASSERT_EQ(static_cast<uint32_t>(s.in[t]), all[start + t]);
+      ASSERT_EQ(static_cast<uint32_t>(s.tg[t]), all[start + t + 1]);
+    }
+  }
+  // Explicit validation files.
+  const std::string vdir = temp_dir("val_files");
+  std::vector<uint32_t> v;
+  for (uint32_t i = 0; i < 50; ++i) v.push_back(500 + i);
+  write_shard(vdir + "/val.bin", v, 4);
+  cfg.val = {vdir + "/val.bin"};
+  ShardDataset dv(cfg, T, 1000, 1, "");
+  EXPECT_EQ(dv.tokens(Split::Train), 1000u);
+  EXPECT_EQ(dv.size(Split::Val), (50u - 1) / T);
+  const Seq s = get_seq(dv, Split::Val, 1, T);
+  EXPECT_EQ(s.in[0], 500 + T);
+  // Too small a validation split is an error.
+  cfg.val = {};
+  cfg.val_fraction = 0.005;  // 5 tokens < T + 1
+  EXPECT_ERROR_HAS(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
+  cfg.val_fraction = 1.0;
+  EXPECT_ERROR_HAS(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
+}
+
+TEST(DataShardDataset, Errors) {
+  const std::string dir = temp_dir("errors");
+  std::vector<uint32_t> toks(100, 5);
+  toks[37] = 300;
+  write_shard(dir + "/bad.bin", toks, 2);
+  ShardDataConfig cfg;
+  cfg.train = {"bad.bin"};
+  cfg.val_fraction = 0;
+  ShardDataset ds(cfg, 10, 256, 1, dir);
+  // Windows not touching position 37 are fine; the ones holding it fail naming file and position.
+  uint64_t failures = 0;
+  for (uint64_t i = 0; i < ds.size(Split::Train); ++i) {
+    const uint64_t start = ds.train_window(i) * 10;
+    const bool holds = start <= 37 && 37 <= start + 10;
+    const std::string msg = error_of([&] { get_seq(ds, Split::Train, i, 10); });
+    EXPECT_EQ(!msg.empty(), holds) << "window at " << start;
+    if (holds) {
+      ++failures;
+      EXPECT_NE(msg.find(dir + "/bad.bin: token ID 300 at position 37 is >= model.vocab_size 256"),
+                std::string::npos)
+          << msg;
+    }
+  }
+  EXPECT_EQ(failures, 1u);  // only the window [30, 40]
+
+  cfg.train = {"nothing_*.bin"};
+  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.train", "nothing_*.bin");
+  cfg.train = {"bad.bin"};
+  cfg.val = {"missing_val.bin"};
+  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "missing_val.bin");
+  cfg.val = {};
+  EXPECT_ERROR_HAS(ShardDataset(cfg, 100, 256, 1, dir), "data.shards.train", "100 training tokens", "101");
+  write_shard(dir + "/tiny.bin", {1, 2, 3}, 2);
+  cfg.val = {"tiny.bin"};
+  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "3 validation tokens");
+
+  DataConfig d;
+  d.type = "shards";
+  d.shards.train = {"bad.bin"};
+  d.shards.val_fraction = 0;
+  auto made = make_dataset(d, 10, 256, 1, dir);
+  EXPECT_FALSE(made->reports_accuracy());
+  EXPECT_EQ(made->size(Split::Train), 9u);
+  EXPECT_ERROR_HAS(get_seq(*made, Split::Val, 0, 10), "no validation data");
+}
+
+// The Python corpus script writes shards the C++ reader accepts, byte for byte.
+TEST(DataShardDataset, PrepareByteShardsScriptOutputReads) {
+  if (std::system("/usr/bin/python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string dir = temp_dir("script");
+  std::string text_a = "The quick brown fox jumps over the lazy dog.\n", text_b;
+  for (int i = 0; i < 40; ++i) text_b += "Line " + std::to_string(i) + " of the second document.\n";
+  { std::ofstream(dir + "/a.txt") << text_a; }
+  { std::ofstream(dir + "/b.txt") << text_b; }
+  const std::string cmd = std::string("/usr/bin/python3 ") + KVS_SOURCE_DIR +
+                          "/scripts/prepare_byte_shards.py --input '" + dir + "/*.txt' --out " + dir +
+                          "/out --val-fraction 0.1 > " + dir + "/log.txt 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    const std::vector<uint8_t> log = read_bytes(dir + "/log.txt");
+    FAIL() << "prepare_byte_shards.py failed: " << std::string(log.begin(), log.end());
+  }
+  const std::string stream = text_a + std::string(1, '\0') + text_b;
+  const size_t n_val = static_cast<size_t>(stream.size() * 0.1);
+  ShardFile train(dir + "/out/train_000.bin"), val(dir + "/out/val_000.bin");
+  ASSERT_EQ(train.size(), stream.size() - n_val);
+  ASSERT_EQ(val.size(), n_val);
+  for (uint64_t i = 0; i < train.size(); ++i) ASSERT_EQ(train.token(i), static_cast<uint8_t>(stream[i]));
+  for (uint64_t i = 0; i < val.size(); ++i) ASSERT_EQ(val.token(i), static_cast<uint8_t>(stream[train.size() + i]));
+  EXPECT_TRUE(fs::exists(dir + "/out/manifest.json"));
+
+  ShardDataConfig cfg;
+  cfg.train = {"out/train_*.bin"};
+  cfg.val = {"out/val_*.bin"};
+  ShardDataset ds(cfg, 16, 256, 1, dir);
+  const Seq s = get_seq(ds, Split::Val, 0, 16);
+  EXPECT_EQ(s.in[0], static_cast<uint8_t>(stream[train.size()]));
+}

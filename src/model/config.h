@@ -15,6 +15,8 @@ struct KvShiftConfig {
   int window = 1;          // number of past positions mixed in (paper: 1)
   bool shift_k = true;     // K-only / V-only variants (issue 3) toggle these
   bool shift_v = true;
+
+  bool operator==(const KvShiftConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -34,6 +36,8 @@ struct ModelConfig {
   int head_dim() const { return hidden_size / num_attention_heads; }
   int q_dim() const { return num_attention_heads * head_dim(); }
   int kv_dim() const { return num_key_value_heads * head_dim(); }
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct InductionDataConfig {
@@ -42,18 +46,24 @@ struct InductionDataConfig {
   int pool_size = 512;      // distinct tokens a sequence draws from (paper: = length)
   int max_repeats = 0;      // stop a sequence after this many induction events (0 = fill it)
   int pad_token = 0;
+
+  bool operator==(const InductionDataConfig&) const = default;
 };
 
 struct ShardDataConfig {
   std::vector<std::string> train;  // shard files (globs allowed), relative to the config file
   std::vector<std::string> val;    // if empty, the last val_fraction of the train tokens
   double val_fraction = 0.05;
+
+  bool operator==(const ShardDataConfig&) const = default;
 };
 
 struct DataConfig {
   std::string type = "induction";  // "induction" | "shards"
   InductionDataConfig induction;
   ShardDataConfig shards;
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -74,10 +84,14 @@ struct TrainConfig {
   int checkpoint_every = 0;       // steps; 0 = only at the end
   int log_every = 1;              // metrics.jsonl lines every N steps
   int threads = 0;                // OpenMP threads; 0 = all cores
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct ParallelConfig {
   int tp = 1;  // tensor-parallel size (multi-process: issue 5)
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct Config {
@@ -90,6 +104,8 @@ struct Config {
   std::string source_path;     // file it was read from ("" if built in code)
 
   int global_batch_sequences() const { return train.micro_batch_size * train.grad_accum_steps; }
+  // Field-wise equality, source_path included (compare a copy with it cleared to ignore it).
+  bool operator==(const Config&) const = default;
 };
 
 // Reads a config file, applies `key.path=value` overrides (value parsed as JSON,

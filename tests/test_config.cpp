@@ -1,0 +1,605 @@
+// The experiment config: strict parsing, overrides, validation, round trips and
+// the shipped config files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/config.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kRoot = KVS_SOURCE_DIR;
+const std::string kOrigin = "configs/x.json";
+
+// Runs f, expects a kvs::Error whose message contains every needle.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+  } catch (const kvs::Error& e) {
+    std::string msg = e.what();
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-kvs exception: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no error thrown; expected one containing " << (needles.empty() ? "" : needles[0]);
+}
+
+// A small valid config as JSON (induction data), the base the tests mutate.
+json base_json() {
+  return json::parse(R"({
+    "name": "t", "device": "cpu",
+    "model": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 128,
+              "kv_shift": {"enabled": true}},
+    "train": {"seq_len": 64, "steps": 10, "lr": 1e-3, "warmup_steps": 2},
+    "data": {"type": "induction", "induction": {"token_lo": 11, "token_hi": 128, "pool_size": 32, "pad_token": 0}},
+    "parallel": {"tp": 1}
+  })");
+}
+
+kvs::Config base_config() { return kvs::config_from_json(base_json(), kOrigin); }
+
+std::vector<fs::path> all_config_files() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::recursive_directory_iterator(kRoot + "/configs"))
+    if (e.is_regular_file() && e.path().extension() == ".json") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  fs::path dir = fs::temp_directory_path() / "kvs_test_config";
+  fs::create_directories(dir);
+  fs::path p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Shipped config files.
+// ---------------------------------------------------------------------------
+
+TEST(Config, EveryShippedFileLoadsAndValidates) {
+  auto files = all_config_files();
+  EXPECT_GE(files.size(), 14u);
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    kvs::Config c;
+    EXPECT_NO_THROW(c = kvs::load_config(f.string())) << f;
+    EXPECT_EQ(c.source_path, f.string());
+    // Every shipped file spells out every key (but the data section it does not
+    // use): it equals its own full dump.
+    std::ifstream in(f);
+    json j = json::parse(in);
+    json full = kvs::to_json(c);
+    full["data"].erase(c.data.type == "induction" ? "shards" : "induction");
+    EXPECT_EQ(j, full) << "not every key is written out in " << f;
+  }
+  for (const char* name : {"paper/1.5B-vanilla", "paper/1.5B-kvshift", "paper/2.9B-vanilla", "paper/2.9B-kvshift",
+                           "paper/6.7B-vanilla", "paper/6.7B-kvshift", "paper/13B-vanilla", "paper/13B-kvshift",
+                           "paper/19B-vanilla", "paper/19B-kvshift", "toy/induction-1l-kvshift",
+                           "toy/induction-1l-vanilla", "toy/lm-small-kvshift", "toy/lm-small-vanilla"})
+    EXPECT_TRUE(fs::exists(kRoot + "/configs/" + name + ".json")) << name;
+}
+
+TEST(Config, ShippedPairsDifferOnlyInTheShift) {
+  for (const char* stem : {"toy/induction-1l", "toy/lm-small", "paper/1.5B", "paper/2.9B", "paper/6.7B", "paper/13B",
+                           "paper/19B"}) {
+    SCOPED_TRACE(stem);
+    auto k = kvs::load_config(kRoot + "/configs/" + stem + "-kvshift.json");
+    auto v = kvs::load_config(kRoot + "/configs/" + stem + "-vanilla.json");
+    EXPECT_TRUE(k.model.kv_shift.enabled);
+    EXPECT_FALSE(v.model.kv_shift.enabled);
+    // The run names carry the variant; everything else is identical.
+    EXPECT_NE(k.name.find("kvshift"), std::string::npos);
+    EXPECT_NE(v.name.find("vanilla"), std::string::npos);
+    v.model.kv_shift.enabled = true;
+    v.name = k.name;
+    v.source_path = k.source_path;
+    EXPECT_TRUE(k == v);
+  }
+}
+
+TEST(Config, ToyConfigsMatchTheBrief) {
+  auto c = kvs::load_config(kRoot + "/configs/toy/induction-1l-kvshift.json");
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.model.num_hidden_layers, 1);
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.intermediate_size, 256);
+  EXPECT_EQ(c.model.num_attention_heads, 4);
+  EXPECT_EQ(c.model.num_key_value_heads, 4);
+  EXPECT_EQ(c.model.vocab_size, 128);
+  EXPECT_EQ(c.model.max_position_embeddings, 128);
+  EXPECT_EQ(c.data.type, "induction");
+  EXPECT_EQ(c.data.induction.token_lo, 11);
+  EXPECT_EQ(c.data.induction.token_hi, 128);
+  EXPECT_EQ(c.data.induction.pool_size, 32);
+  EXPECT_EQ(c.data.induction.pad_token, 0);
+  EXPECT_EQ(c.train.seq_len, 64);
+  EXPECT_EQ(c.train.micro_batch_size, 32);
+  EXPECT_EQ(c.train.steps, 1500);
+  EXPECT_DOUBLE_EQ(c.train.lr, 2e-3);
+
+  auto l = kvs::load_config(kRoot + "/configs/toy/lm-small-kvshift.json");
+  EXPECT_EQ(l.model.vocab_size, 256);
+  EXPECT_EQ(l.model.hidden_size, 256);
+  EXPECT_EQ(l.model.num_hidden_layers, 4);
+  EXPECT_EQ(l.model.num_attention_heads, 4);
+  EXPECT_EQ(l.model.num_key_value_heads, 2);
+  EXPECT_EQ(l.model.intermediate_size, 688);
+  EXPECT_EQ(l.train.seq_len, 256);
+  EXPECT_EQ(l.train.schedule, "cosine");
+  EXPECT_DOUBLE_EQ(l.train.min_lr, 1e-4);
+  EXPECT_EQ(l.data.type, "shards");
+  EXPECT_EQ(l.data.shards.train, std::vector<std::string>{"../../data/bytes/train_*.bin"});
+  EXPECT_EQ(l.data.shards.val, std::vector<std::string>{"../../data/bytes/val_*.bin"});
+}
+
+TEST(Config, PaperConfigsMatchTable6) {
+  struct Row {
+    const char* name;
+    int hidden, layers, heads, kv, ffn, ctx, vocab;
+    double lr;
+    int warmup, gpus, batch_per_gpu;
+    double tokens;
+  };
+  const Row rows[] = {
+      {"1.5B", 2048, 28, 16, 16, 5504, 2048, 36000, 2e-4, 1000, 64, 8, 10e9},
+      {"2.9B", 2560, 32, 20, 4, 8704, 4096, 48000, 8e-4, 600, 512, 8, 500e9},
+      {"6.7B", 4096, 32, 32, 32, 11008, 2048, 36000, 2e-4, 1000, 64, 8, 10e9},
+      {"13B", 5120, 40, 40, 40, 13824, 2048, 36000, 2e-4, 1000, 128, 8, 10e9},
+      {"19B", 6144, 48, 48, 4, 16384, 12288, 48000, 2e-4, 3000, 240, 1, 200e9},
+  };
+  const int expected_steps[] = {9537, 29803, 9537, 4769, 67817};
+  for (size_t i = 0; i < std::size(rows); ++i) {
+    const Row& r = rows[i];
+    for (const char* variant : {"vanilla", "kvshift"}) {
+      SCOPED_TRACE(std::string(r.name) + "-" + variant);
+      auto c = kvs::load_config(kRoot + "/configs/paper/" + r.name + "-" + variant + ".json");
+      const auto& m = c.model;
+      EXPECT_EQ(m.hidden_size, r.hidden);
+      EXPECT_EQ(m.num_hidden_layers, r.layers);
+      EXPECT_EQ(m.num_attention_heads, r.heads);
+      EXPECT_EQ(m.num_key_value_heads, r.kv);
+      EXPECT_EQ(m.intermediate_size, r.ffn);
+      EXPECT_EQ(m.max_position_embeddings, r.ctx);
+      EXPECT_EQ(m.vocab_size, r.vocab);
+      EXPECT_EQ(m.head_dim(), 128);
+      EXPECT_DOUBLE_EQ(m.rope_theta, 100000.0);
+      EXPECT_DOUBLE_EQ(m.rms_norm_eps, 1e-5);
+      EXPECT_FALSE(m.tie_word_embeddings);
+      EXPECT_EQ(m.kv_shift.enabled, std::string(variant) == "kvshift");
+      EXPECT_EQ(m.kv_shift.window, 1);
+      const auto& t = c.train;
+      EXPECT_EQ(t.seq_len, r.ctx);
+      EXPECT_EQ(t.micro_batch_size, r.batch_per_gpu);
+      EXPECT_EQ(t.grad_accum_steps, r.gpus);
+      EXPECT_DOUBLE_EQ(t.lr, r.lr);
+      EXPECT_EQ(t.warmup_steps, r.warmup);
+      EXPECT_EQ(t.schedule, "constant");
+      EXPECT_DOUBLE_EQ(t.beta1, 0.9);
+      EXPECT_DOUBLE_EQ(t.beta2, 0.95);
+      EXPECT_DOUBLE_EQ(t.weight_decay, 0.1);
+      const double tokens_per_step = double(c.global_batch_sequences()) * t.seq_len;
+      EXPECT_EQ(t.steps, static_cast<int>(std::ceil(r.tokens / tokens_per_step)));
+      EXPECT_EQ(t.steps, expected_steps[i]);
+      EXPECT_EQ(c.device, "cuda");
+      EXPECT_EQ(c.data.type, "shards");
+      EXPECT_EQ(c.data.shards.train, std::vector<std::string>{"../../data/corpus/train_*.bin"});
+    }
+  }
+  // The paper's global batches: 1M / 16M / 1M / 2M / ~3M (1M = 2^20 tokens).
+  auto tokens = [&](const char* n) {
+    auto c = kvs::load_config(kRoot + "/configs/paper/" + std::string(n) + "-kvshift.json");
+    return static_cast<long long>(c.global_batch_sequences()) * c.train.seq_len;
+  };
+  EXPECT_EQ(tokens("1.5B"), 1LL << 20);
+  EXPECT_EQ(tokens("2.9B"), 16LL << 20);
+  EXPECT_EQ(tokens("6.7B"), 1LL << 20);
+  EXPECT_EQ(tokens("13B"), 2LL << 20);
+  EXPECT_EQ(tokens("19B"), 240LL * 12288);
+}
+
+// ---------------------------------------------------------------------------
+// Parsing.
+// ---------------------------------------------------------------------------
+
+TEST(Config, DefaultsFillMissingKeys) {
+  json j = base_json();
+  j["model"].erase("num_key_value_heads");
+  j.erase("train");
+  j.erase("parallel");
+  j.erase("name");
+  j.erase("device");
+  auto c = kvs::config_from_json(j, kOrigin);
+  kvs::TrainConfig dt;
+  EXPECT_TRUE(c.train == dt);
+  EXPECT_EQ(c.model.num_key_value_heads, c.model.num_attention_heads);
+  EXPECT_DOUBLE_EQ(c.model.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 100000.0);
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.name, "");
+  // A missing kv_shift object takes the struct defaults (enabled) in a run config.
+  j = base_json();
+  j["model"].erase("kv_shift");
+  EXPECT_TRUE(kvs::config_from_json(j, kOrigin).model.kv_shift.enabled);
+}
+
+TEST(Config, RequiredModelKeys) {
+  for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                        "max_position_embeddings"}) {
+    json j = base_json();
+    j["model"].erase(k);
+    expect_error([&] { kvs::config_from_json(j, kOrigin); }, {kOrigin, std::string("model.") + k, "missing"});
+  }
+  json j = base_json();
+  j.erase("model");
+  expect_error([&] { kvs::config_from_json(j, kOrigin); }, {kOrigin, "'model'", "missing"});
+}
+
+TEST(Config, UnknownKeysNameTheFullPath) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string needle;
+  };
+  std::vector<Case> cases = {
+      {[](json& j) { j["trian"] = json::object(); }, "unknown key 'trian'"},
+      {[](json& j) { j["train"]["lerning_rate"] = 1; }, "unknown key 'train.lerning_rate'"},
+      {[](json& j) { j["model"]["hidden_sizes"] = 1; }, "unknown key 'model.hidden_sizes'"},
+      {[](json& j) { j["model"]["kv_shift"]["windows"] = 1; }, "unknown key 'model.kv_shift.windows'"},
+      {[](json& j) { j["data"]["induction"]["pad"] = 1; }, "unknown key 'data.induction.pad'"},
+      {[](json& j) { j["data"]["shards"]["tran"] = json::array(); }, "unknown key 'data.shards.tran'"},
+      {[](json& j) { j["data"]["typ"] = "x"; }, "unknown key 'data.typ'"},
+      {[](json& j) { j["parallel"]["dp"] = 2; }, "unknown key 'parallel.dp'"},
+  };
+  for (auto& cs : cases) {
+    json j = base_json();
+    cs.edit(j);
+    expect_error([&] { kvs::config_from_json(j, kOrigin); }, {kOrigin + ": " + cs.needle});
+  }
+}
+
+TEST(Config, UnknownKeySuggestions) {
+  json j = base_json();
+  j["train"]["warmup_step"] = 3;
+  expect_error([&] { kvs::config_from_json(j, kOrigin); },
+               {"unknown key 'train.warmup_step'", "did you mean 'train.warmup_steps'"});
+  j = base_json();
+  j["model"]["hiden_size"] = 3;
+  expect_error([&] { kvs::config_from_json(j, kOrigin); }, {"did you mean 'model.hidden_size'"});
+  // A key of another section is pointed to.
+  j = base_json();
+  j["train"]["vocab_size"] = 3;
+  expect_error([&] { kvs::config_from_json(j, kOrigin); },
+               {"unknown key 'train.vocab_size'", "did you mean 'model.vocab_size'"});
+  // Nothing close: no suggestion.
+  j = base_json();
+  j["train"]["zzzzzzzzzz"] = 3;
+  try {
+    kvs::config_from_json(j, kOrigin);
+    ADD_FAILURE();
+  } catch (const kvs::Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, WrongTypesNameKeyAndValue) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  std::vector<Case> cases = {
+      {[](json& j) { j["train"]["lr"] = "abc"; }, {"train.lr: expected a number, got string \"abc\""}},
+      {[](json& j) { j["train"]["steps"] = "10"; }, {"train.steps: expected an integer, got string \"10\""}},
+      {[](json& j) { j["train"]["steps"] = 3.5; }, {"train.steps: expected an integer, got number 3.5"}},
+      {[](json& j) { j["model"]["hidden_size"] = 64.25; }, {"model.hidden_size: expected an integer"}},
+      {[](json& j) { j["model"]["tie_word_embeddings"] = 1; }, {"model.tie_word_embeddings: expected a boolean", "got number 1"}},
+      {[](json& j) { j["model"]["kv_shift"]["enabled"] = "true"; }, {"model.kv_shift.enabled: expected a boolean"}},
+      {[](json& j) { j["model"]["kv_shift"] = true; }, {"model.kv_shift: expected an object, got boolean true"}},
+      {[](json& j) { j["train"] = json::array(); }, {"train: expected an object, got array"}},
+      {[](json& j) { j["name"] = 5; }, {"name: expected a string, got number 5"}},
+      {[](json& j) { j["device"] = nullptr; }, {"device: expected a string, got null"}},
+      {[](json& j) { j["data"]["shards"]["train"] = "a.bin"; }, {"data.shards.train: expected an array of strings"}},
+      {[](json& j) { j["data"]["shards"]["train"] = json::array({"a.bin", 3}); }, {"data.shards.train[1]: expected a string"}},
+      {[](json& j) { j["train"]["seed"] = -1; }, {"train.seed: expected a non-negative integer"}},
+      {[](json& j) { j["model"]["vocab_size"] = 1e12; }, {"model.vocab_size", "32-bit"}},
+      {[](json& j) { j["parallel"]["tp"] = 4294967296LL; }, {"parallel.tp", "32-bit"}},
+  };
+  for (auto& cs : cases) {
+    json j = base_json();
+    cs.edit(j);
+    auto needles = cs.needles;
+    needles.push_back(kOrigin);
+    expect_error([&] { kvs::config_from_json(j, kOrigin); }, needles);
+  }
+  expect_error([&] { kvs::config_from_json(json::array(), kOrigin); }, {kOrigin, "top level"});
+}
+
+TEST(Config, IntegralFloatsAreIntegers) {
+  json j = base_json();
+  j["train"]["steps"] = 2e3;
+  j["train"]["seed"] = 7.0;
+  auto c = kvs::config_from_json(j, kOrigin);
+  EXPECT_EQ(c.train.steps, 2000);
+  EXPECT_EQ(c.train.seed, 7u);
+  j["train"]["seed"] = 18446744073709551615ULL;  // full uint64 range as an integer
+  EXPECT_EQ(kvs::config_from_json(j, kOrigin).train.seed, 18446744073709551615ULL);
+  // Integers are fine where a number is expected.
+  j["train"]["lr"] = 1;
+  EXPECT_DOUBLE_EQ(kvs::config_from_json(j, kOrigin).train.lr, 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// Validation: every rule names its key and the file.
+// ---------------------------------------------------------------------------
+
+TEST(Config, BaseConfigIsValid) { EXPECT_NO_THROW(kvs::validate(base_config(), kOrigin)); }
+
+TEST(Config, ValidationRulesNameTheKey) {
+  using C = kvs::Config;
+  struct Case {
+    std::function<void(C&)> edit;
+    std::vector<std::string> needles;
+  };
+  std::vector<Case> cases = {
+      {[](C& c) { c.device = "tpu"; }, {"device"}},
+      {[](C& c) { c.model.hidden_size = 0; }, {"model.hidden_size"}},
+      {[](C& c) { c.model.intermediate_size = -1; }, {"model.intermediate_size"}},
+      {[](C& c) { c.model.num_hidden_layers = 0; }, {"model.num_hidden_layers"}},
+      {[](C& c) { c.model.num_attention_heads = 0; }, {"model.num_attention_heads"}},
+      {[](C& c) { c.model.num_key_value_heads = 0; }, {"model.num_key_value_heads"}},
+      {[](C& c) { c.model.vocab_size = 0; }, {"model.vocab_size"}},
+      {[](C& c) { c.model.max_position_embeddings = 0; }, {"model.max_position_embeddings"}},
+      {[](C& c) { c.model.hidden_size = 60; c.model.num_attention_heads = 8; },
+       {"model.hidden_size", "model.num_attention_heads", "not divisible"}},
+      {[](C& c) { c.model.num_key_value_heads = 3; }, {"model.num_key_value_heads", "not divisible"}},
+      {[](C& c) { c.model.hidden_size = 36; c.model.num_attention_heads = 4; c.model.num_key_value_heads = 4; },
+       {"model.hidden_size", "head_dim", "even"}},
+      {[](C& c) { c.model.rms_norm_eps = 0; }, {"model.rms_norm_eps"}},
+      {[](C& c) { c.model.rope_theta = -1; }, {"model.rope_theta"}},
+      {[](C& c) { c.model.initializer_range = 0; }, {"model.initializer_range"}},
+      {[](C& c) { c.model.kv_shift.window = 2; },
+       {"model.kv_shift.window: only window 1 is implemented so far"}},
+      {[](C& c) { c.model.kv_shift.window = 0; }, {"model.kv_shift.window"}},
+      {[](C& c) { c.train.seq_len = 129; }, {"train.seq_len", "model.max_position_embeddings"}},
+      {[](C& c) { c.train.seq_len = 0; }, {"train.seq_len"}},
+      {[](C& c) { c.train.micro_batch_size = 0; }, {"train.micro_batch_size"}},
+      {[](C& c) { c.train.grad_accum_steps = 0; }, {"train.grad_accum_steps"}},
+      {[](C& c) { c.train.steps = 0; }, {"train.steps"}},
+      {[](C& c) { c.train.lr = 0; }, {"train.lr"}},
+      {[](C& c) { c.train.min_lr = -1e-5; }, {"train.min_lr"}},
+      {[](C& c) { c.train.min_lr = 2 * c.train.lr; }, {"train.min_lr"}},
+      {[](C& c) { c.train.warmup_steps = -1; }, {"train.warmup_steps"}},
+      {[](C& c) { c.train.schedule = "linear"; }, {"train.schedule", "linear"}},
+      {[](C& c) { c.train.beta1 = 1.0; }, {"train.beta1"}},
+      {[](C& c) { c.train.beta1 = -0.1; }, {"train.beta1"}},
+      {[](C& c) { c.train.beta2 = 1.0; }, {"train.beta2"}},
+      {[](C& c) { c.train.eps = 0; }, {"train.eps"}},
+      {[](C& c) { c.train.weight_decay = -0.1; }, {"train.weight_decay"}},
+      {[](C& c) { c.train.grad_clip = -1; }, {"train.grad_clip"}},
+      {[](C& c) { c.train.eval_every = -1; }, {"train.eval_every"}},
+      {[](C& c) { c.train.checkpoint_every = -1; }, {"train.checkpoint_every"}},
+      {[](C& c) { c.train.log_every = 0; }, {"train.log_every"}},
+      {[](C& c) { c.train.eval_sequences = 0; }, {"train.eval_sequences"}},
+      {[](C& c) { c.train.threads = -1; }, {"train.threads"}},
+      {[](C& c) { c.data.type = "text"; }, {"data.type", "text"}},
+      {[](C& c) { c.data.induction.token_lo = -1; }, {"data.induction.token_lo"}},
+      {[](C& c) { c.data.induction.token_hi = 11; }, {"data.induction.token_hi"}},
+      {[](C& c) { c.data.induction.token_hi = 129; }, {"data.induction.token_hi", "model.vocab_size"}},
+      {[](C& c) { c.data.induction.pool_size = 1; }, {"data.induction.pool_size"}},
+      {[](C& c) { c.data.induction.pool_size = 118; }, {"data.induction.pool_size"}},
+      {[](C& c) { c.data.induction.max_repeats = -1; }, {"data.induction.max_repeats"}},
+      {[](C& c) { c.data.induction.pad_token = 11; }, {"data.induction.pad_token"}},
+      {[](C& c) { c.data.induction.pad_token = 127; }, {"data.induction.pad_token"}},
+      {[](C& c) { c.data.induction.pad_token = 128; c.data.induction.token_hi = 100; }, {"data.induction.pad_token"}},
+      {[](C& c) { c.data.induction.pad_token = -1; }, {"data.induction.pad_token"}},
+      {[](C& c) { c.data.type = "shards"; }, {"data.shards.train"}},
+      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {""}; }, {"data.shards.train[0]"}},
+      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {"a"}; c.data.shards.val_fraction = 1.0; },
+       {"data.shards.val_fraction"}},
+      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {"a"}; c.data.shards.val_fraction = -0.1; },
+       {"data.shards.val_fraction"}},
+      {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
+      {[](C& c) { c.parallel.tp = 2; }, {"parallel.tp: tensor parallelism is not implemented yet"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    C c = base_config();
+    cases[i].edit(c);
+    auto needles = cases[i].needles;
+    needles.push_back(kOrigin);
+    expect_error([&] { kvs::validate(c, kOrigin); }, needles);
+  }
+}
+
+TEST(Config, ValidationEdgesThatPass) {
+  auto ok = [](const std::function<void(kvs::Config&)>& edit) {
+    kvs::Config c = base_config();
+    edit(c);
+    EXPECT_NO_THROW(kvs::validate(c, kOrigin));
+  };
+  ok([](auto& c) { c.train.seq_len = c.model.max_position_embeddings; });
+  ok([](auto& c) { c.train.min_lr = c.train.lr; });
+  ok([](auto& c) { c.train.grad_clip = 0; c.train.weight_decay = 0; c.train.warmup_steps = 0; });
+  ok([](auto& c) { c.train.schedule = "cosine"; });
+  ok([](auto& c) { c.train.beta1 = 0; });
+  ok([](auto& c) { c.device = "cuda"; });
+  ok([](auto& c) { c.data.induction.pool_size = 117; });                               // = token_hi - token_lo
+  ok([](auto& c) { c.data.induction.pad_token = 10; });                                // just below token_lo
+  ok([](auto& c) { c.data.induction.token_hi = 100; c.data.induction.pad_token = 127; });  // above the range
+  ok([](auto& c) { c.model.num_key_value_heads = 1; });                                // MQA
+  ok([](auto& c) { c.data.type = "shards"; c.data.shards.train = {"x_*.bin"}; c.data.induction.token_hi = 99999; });
+  ok([](auto& c) { c.data.type = "induction"; c.data.shards.val_fraction = 7; });  // unused section not checked
+}
+
+// ---------------------------------------------------------------------------
+// Overrides.
+// ---------------------------------------------------------------------------
+
+TEST(Config, OverridesSetNumbersBooleansStringsAndNestedKeys) {
+  json j = base_json();
+  j.erase("parallel");
+  kvs::apply_override(j, "train.lr=3e-4", kOrigin);
+  kvs::apply_override(j, "train.steps=2e3", kOrigin);
+  kvs::apply_override(j, "model.kv_shift.enabled=false", kOrigin);
+  kvs::apply_override(j, "model.tie_word_embeddings=true", kOrigin);
+  kvs::apply_override(j, "device=cuda", kOrigin);                        // not JSON -> a string
+  kvs::apply_override(j, "name=\"123\"", kOrigin);                       // a JSON string
+  kvs::apply_override(j, "train.schedule=cosine", kOrigin);
+  kvs::apply_override(j, "data.shards.train=[\"a_*.bin\",\"b.bin\"]", kOrigin);  // section missing in the file
+  kvs::apply_override(j, "data.type=shards", kOrigin);
+  kvs::apply_override(j, "parallel.tp=1", kOrigin);                      // whole section missing in the file
+  kvs::apply_override(j, "train.seed=a=b", kOrigin);                     // split at the first '='
+  EXPECT_EQ(j["train"]["seed"], "a=b");
+  kvs::apply_override(j, "train.seed=99", kOrigin);
+  auto c = kvs::config_from_json(j, kOrigin);
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.steps, 2000);
+  EXPECT_FALSE(c.model.kv_shift.enabled);
+  EXPECT_TRUE(c.model.tie_word_embeddings);
+  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(c.name, "123");
+  EXPECT_EQ(c.train.schedule, "cosine");
+  EXPECT_EQ(c.data.type, "shards");
+  EXPECT_EQ(c.data.shards.train, (std::vector<std::string>{"a_*.bin", "b.bin"}));
+  EXPECT_EQ(c.train.seed, 99u);
+  EXPECT_NO_THROW(kvs::validate(c, kOrigin));
+}
+
+TEST(Config, BadOverridesError) {
+  json j = base_json();
+  expect_error([&] { kvs::apply_override(j, "train.lr", kOrigin); }, {"train.lr", "'='"});
+  expect_error([&] { kvs::apply_override(j, "=3", kOrigin); }, {"'=3'", "empty key path"});
+  expect_error([&] { kvs::apply_override(j, "train..lr=3", kOrigin); }, {"train..lr=3", "empty"});
+  expect_error([&] { kvs::apply_override(j, "foo.bar=1", kOrigin); }, {"foo.bar=1", "unknown key 'foo'"});
+  expect_error([&] { kvs::apply_override(j, "train.lerning_rate=1", kOrigin); },
+               {"train.lerning_rate=1", "unknown key 'train.lerning_rate'"});
+  expect_error([&] { kvs::apply_override(j, "train.warmup_step=1", kOrigin); }, {"did you mean 'train.warmup_steps'"});
+  expect_error([&] { kvs::apply_override(j, "train.lr.x=1", kOrigin); }, {"train.lr.x=1", "not an object"});
+  expect_error([&] { kvs::apply_override(j, "model.foo.bar=1", kOrigin); }, {"unknown key 'model.foo'"});
+  // A well-formed override with a value of the wrong type fails at parsing, naming the key.
+  kvs::apply_override(j, "train.lr=fast", kOrigin);
+  expect_error([&] { kvs::config_from_json(j, kOrigin); }, {"train.lr: expected a number, got string \"fast\""});
+}
+
+TEST(Config, LoadConfigAppliesOverridesAndValidates) {
+  auto p = write_temp("ok.json", base_json().dump(2));
+  auto c = kvs::load_config(p, {"train.lr=5e-4", "model.kv_shift.enabled=false"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 5e-4);
+  EXPECT_FALSE(c.model.kv_shift.enabled);
+  EXPECT_EQ(c.source_path, p);
+  expect_error([&] { kvs::load_config(p, {"parallel.tp=2"}); }, {p, "parallel.tp"});
+  expect_error([&] { kvs::load_config(p, {"bogus"}); }, {p, "bogus"});
+}
+
+TEST(Config, LoadConfigFileErrors) {
+  expect_error([] { kvs::load_config("/nonexistent/dir/x.json"); }, {"/nonexistent/dir/x.json: cannot read:"});
+  expect_error([] { kvs::load_config(fs::temp_directory_path().string()); }, {"cannot read"});
+  auto bad = write_temp("bad.json", "{\n  \"name\": \"x\",\n  \"device\": cpu\n}\n");
+  expect_error([&] { kvs::load_config(bad); }, {bad + ": invalid JSON at line 3, column"});
+  auto empty = write_temp("empty.json", "");
+  expect_error([&] { kvs::load_config(empty); }, {empty + ": invalid JSON"});
+  auto dup = write_temp("dup.json", R"({"train": {"lr": 1e-3, "lr": 2e-3}})");
+  expect_error([&] { kvs::load_config(dup); }, {dup + ": duplicate key 'train.lr'"});
+  json j = base_json();
+  j["train"]["lerning_rate"] = 1;
+  auto unk = write_temp("unknown.json", j.dump());
+  expect_error([&] { kvs::load_config(unk); }, {unk + ": unknown key 'train.lerning_rate'"});
+}
+
+// ---------------------------------------------------------------------------
+// Round trips.
+// ---------------------------------------------------------------------------
+
+TEST(Config, ToJsonRoundTrips) {
+  kvs::Config c = base_config();
+  c.name = "round trip";
+  c.train.seed = 0xFFFFFFFFFFFFFFFFULL;
+  c.train.lr = 0.1 + 0.2;  // not short in decimal
+  c.train.min_lr = 1e-7;
+  c.train.schedule = "cosine";
+  c.model.kv_shift.shift_v = false;
+  c.model.tie_word_embeddings = true;
+  c.data.shards.train = {"a_*.bin", "b.bin"};
+  c.data.shards.val = {"v.bin"};
+  c.data.shards.val_fraction = 0.25;
+  json j = kvs::to_json(c);
+  EXPECT_TRUE(kvs::config_from_json(j, "mem") == c);
+  EXPECT_TRUE(kvs::config_from_json(json::parse(j.dump()), "mem") == c);  // through text, doubles exact
+  // Every key is written.
+  for (const char* k : {"name", "device", "model", "train", "data", "parallel"}) EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["train"].size(), 19u);
+  EXPECT_EQ(j["model"].size(), 12u);
+  EXPECT_EQ(j["model"]["kv_shift"].size(), 4u);
+  EXPECT_EQ(j["data"]["induction"].size(), 5u);
+  EXPECT_EQ(j["data"]["shards"].size(), 3u);
+  // Shipped files round-trip too.
+  for (const auto& f : all_config_files()) {
+    auto fc = kvs::load_config(f.string());
+    auto back = kvs::config_from_json(kvs::to_json(fc), f.string());
+    back.source_path = fc.source_path;
+    EXPECT_TRUE(back == fc) << f;
+  }
+}
+
+TEST(Config, HfJsonRoundTrips) {
+  for (bool enabled : {true, false}) {
+    kvs::ModelConfig m = base_config().model;
+    m.kv_shift.enabled = enabled;
+    m.kv_shift.shift_k = false;
+    json j = kvs::model_to_hf_json(m);
+    EXPECT_EQ(j["architectures"], json::array({enabled ? "KvShiftLlamaForCausalLM" : "LlamaForCausalLM"}));
+    EXPECT_EQ(j["model_type"], "llama");
+    EXPECT_EQ(j["head_dim"], 16);
+    EXPECT_EQ(j["hidden_act"], "silu");
+    EXPECT_EQ(j["attention_bias"], false);
+    EXPECT_EQ(j["mlp_bias"], false);
+    EXPECT_EQ(j["torch_dtype"], "float32");
+    EXPECT_EQ(j["num_key_value_heads"], 2);
+    EXPECT_EQ(j["kv_shift"]["enabled"], enabled);
+    EXPECT_TRUE(kvs::model_from_hf_json(j, "config.json") == m);
+    EXPECT_TRUE(kvs::model_from_hf_json(json::parse(j.dump()), "config.json") == m);
+  }
+}
+
+TEST(Config, HfJsonReading) {
+  // A plain Llama config.json: no kv_shift object -> the shift is disabled.
+  json j = json::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
+      "max_position_embeddings": 128, "hidden_act": "silu", "torch_dtype": "bfloat16"})");
+  auto m = kvs::model_from_hf_json(j, "ckpt/config.json");
+  EXPECT_FALSE(m.kv_shift.enabled);
+  EXPECT_EQ(m.num_key_value_heads, 4);
+  // Other unknown keys are rejected; HF values we do not implement too.
+  auto bad = [&](const std::function<void(json&)>& edit, std::vector<std::string> needles) {
+    json b = j;
+    edit(b);
+    needles.push_back("ckpt/config.json");
+    expect_error([&] { kvs::model_from_hf_json(b, "ckpt/config.json"); }, needles);
+  };
+  bad([](json& b) { b["rope_scaling"] = nullptr; }, {"unknown key 'rope_scaling'"});
+  bad([](json& b) { b["hidden_act"] = "gelu"; }, {"hidden_act"});
+  bad([](json& b) { b["attention_bias"] = true; }, {"attention_bias"});
+  bad([](json& b) { b["mlp_bias"] = true; }, {"mlp_bias"});
+  bad([](json& b) { b["head_dim"] = 32; }, {"head_dim"});
+  bad([](json& b) { b["model_type"] = "gpt2"; }, {"model_type"});
+  bad([](json& b) { b.erase("vocab_size"); }, {"missing required key 'vocab_size'"});
+  bad([](json& b) { b["num_attention_heads"] = 3; }, {"hidden_size", "not divisible"});
+  bad([](json& b) { b["kv_shift"] = {{"window", 2}}; }, {"kv_shift.window"});
+  bad([](json& b) { b["kv_shift"] = {{"enabld", true}}; }, {"unknown key 'kv_shift.enabld'"});
+}

@@ -28,9 +28,16 @@ struct StTensor {
 
 StTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& shape, const float* data);
 StTensor make_i32_tensor(const std::string& name, const std::vector<int64_t>& shape, const int32_t* data);
+// fp32 -> BF16 with round-to-nearest-even (NaN stays NaN, overflow gives inf),
+// for compact exports.
+StTensor make_bf16_tensor(const std::string& name, const std::vector<int64_t>& shape, const float* data);
+// Scalar conversions used by the above (exposed for kernels and tests).
+uint16_t f32_to_bf16(float x);   // round to nearest even, NaN preserved (quieted)
+float bf16_to_f32(uint16_t h);   // exact: upper 16 bits of fp32
+float f16_to_f32(uint16_t h);    // exact IEEE half incl. subnormals, inf, NaN
 // Converts F32/F64/BF16/F16 data to fp32 (throws for integer dtypes).
 std::vector<float> tensor_to_f32(const StTensor& t);
-std::vector<int32_t> tensor_to_i32(const StTensor& t);  // from I32/I64/U16/U8
+std::vector<int32_t> tensor_to_i32(const StTensor& t);  // from I32/I64/U16/U8 (range-checked)
 
 // Writes atomically (temp file in the same directory, fsync, rename). Tensors are
 // stored in the given order; metadata goes to "__metadata__".

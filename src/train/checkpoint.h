@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -42,5 +43,13 @@ std::string latest_checkpoint(const std::string& root);
 // the optional files are loaded when present (empty/null otherwise). Any missing
 // required file, unreadable JSON or corrupt safetensors gives a kvs::Error naming the file.
 CheckpointData load_checkpoint(const std::string& dir);
+
+// Checks that `got` holds exactly the `expected` tensors (name -> shape), each with
+// a float dtype (F32/BF16/F16/F64). Throws a kvs::Error prefixed with `file`
+// ("<file>: missing tensor 'lm_head.weight'", "... has shape [8], expected [16]",
+// "... unexpected tensor 'foo'"), reporting the first problem and how many more there are.
+void validate_model_tensors(const std::vector<StTensor>& got,
+                            const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected,
+                            const std::string& file);
 
 }  // namespace kvs

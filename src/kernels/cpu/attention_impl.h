@@ -1,0 +1,288 @@
+// Causal grouped-query attention (CPU), the hot path of the CPU trainer.
+// Included from ops_impl.h. See docs/KERNELS.md for the math.
+//
+// Per (b, query head h) with KV head hk = h / (Hq / Hkv), on one [T, T] slice
+// P = att[b, h] and rows of q/k/v that are D contiguous values with a stride of
+// H*D between positions, everything is built from three small kernels:
+//   scores   S[t, s] = alpha * <A[t], Bm[s]>           (Q K^T and dO V^T)
+//   rows_mm  Out[t] (=|+=) alpha * sum_s P[t, s] Bm[s] (P V and dS K)
+//   cols_mm  Out[s] += alpha * sum_t P[t, s] A[t]      (dS^T Q and P^T dO)
+// rows_mm / cols_mm rely on P[t, s] = 0 above the diagonal (att and datt are
+// written that way), which lets them run full register tiles without masks.
+// scores transposes a tile of key rows into a stack buffer so its inner loop is
+// a broadcast-FMA over keys (no horizontal sums). head_dim 32/64/128 get
+// compile-time specialisations (accumulators stay in registers); other sizes
+// take the same code with a runtime length, in chunks of at most kDMax.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+namespace kvs::cpu {
+namespace detail::attn {
+
+constexpr int kDMax = 256;  // head_dim chunk of the generic path
+constexpr int kQB = 64;     // query rows per forward work unit
+
+template <class T> constexpr int key_tile() { return std::is_same_v<T, float> ? 32 : 16; }
+// Rows of accumulators per register tile in rows_mm/cols_mm: about 24 vector
+// registers of state for the specialised sizes, 4 rows for the generic path.
+template <class T, int DC> constexpr int acc_rows() {
+  if constexpr (DC == 0) {
+    return 4;
+  } else {
+    constexpr int r = 768 / (DC * (int)sizeof(T));
+    return r < 1 ? 1 : (r > 4 ? 4 : r);
+  }
+}
+
+// S[t*lds + s] = alpha * <A[t*lda ..], Bm[s*ldb ..]> for t in [t0, t1) and
+// 0 <= s < t1, except that key tiles entirely above row t are skipped (so some
+// entries with s > t are written, some not: callers mask s > t themselves).
+template <class T, int DC>
+void scores(T* S, size_t lds, const T* A, size_t lda, const T* Bm, size_t ldb, int t0, int t1, int D, T alpha) {
+  constexpr int TK = key_tile<T>();
+  constexpr int TQ = 4;
+  constexpr int DA = DC ? DC : kDMax;
+  alignas(64) T kt[DA * TK];
+  for (int j0 = 0; j0 < t1; j0 += TK) {
+    const int nj = std::min(TK, t1 - j0);
+    for (int dc0 = 0; dc0 < D; dc0 += DA) {
+      const int nd = DC ? DC : std::min(DA, D - dc0);
+      for (int j = 0; j < TK; ++j) {
+        if (j < nj) {
+          const T* br = Bm + (size_t)(j0 + j) * ldb + dc0;
+          for (int d = 0; d < nd; ++d) kt[d * TK + j] = br[d];
+        } else {
+          for (int d = 0; d < nd; ++d) kt[d * TK + j] = T(0);
+        }
+      }
+      for (int t = std::max(t0, j0); t < t1; t += TQ) {
+        const int nt = std::min(TQ, t1 - t);
+        const T* ar[TQ];
+        for (int i = 0; i < TQ; ++i) ar[i] = A + (size_t)(t + std::min(i, nt - 1)) * lda + dc0;
+        T acc[TQ][TK] = {};
+        for (int d = 0; d < nd; ++d) {
+          const T* kr = kt + d * TK;
+          for (int i = 0; i < TQ; ++i) {
+            const T a = ar[i][d];
+            for (int j = 0; j < TK; ++j) acc[i][j] += a * kr[j];
+          }
+        }
+        for (int i = 0; i < nt; ++i) {
+          T* sr = S + (size_t)(t + i) * lds + j0;
+          if (dc0 == 0)
+            for (int j = 0; j < nj; ++j) sr[j] = alpha * acc[i][j];
+          else
+            for (int j = 0; j < nj; ++j) sr[j] += alpha * acc[i][j];
+        }
+      }
+    }
+  }
+}
+
+// Out[t] = alpha * sum_{s<=t} P[t, s] Bm[s]  (accumulate: Out[t] += ...), t in [t0, t1).
+template <class T, int DC, bool kAccumulate>
+void rows_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* Bm, size_t ldb, int t0, int t1, int D, T alpha) {
+  constexpr int R = acc_rows<T, DC>();
+  constexpr int DA = DC ? DC : kDMax;
+  for (int t = t0; t < t1; t += R) {
+    const int nr = std::min(R, t1 - t);
+    const int smax = t + nr - 1;  // P[t+i, s] = 0 for s > t+i
+    const T* pr[R];
+    for (int i = 0; i < R; ++i) pr[i] = P + (size_t)(t + std::min(i, nr - 1)) * ldp;
+    for (int dc0 = 0; dc0 < D; dc0 += DA) {
+      const int nd = DC ? DC : std::min(DA, D - dc0);
+      T acc[R][DA];
+      for (int i = 0; i < R; ++i)
+        for (int d = 0; d < nd; ++d) acc[i][d] = T(0);
+      for (int s = 0; s <= smax; ++s) {
+        const T* br = Bm + (size_t)s * ldb + dc0;
+        for (int i = 0; i < R; ++i) {
+          const T p = pr[i][s];
+          for (int d = 0; d < nd; ++d) acc[i][d] += p * br[d];
+        }
+      }
+      for (int i = 0; i < nr; ++i) {
+        T* o = Out + (size_t)(t + i) * ldo + dc0;
+        if constexpr (kAccumulate)
+          for (int d = 0; d < nd; ++d) o[d] += alpha * acc[i][d];
+        else
+          for (int d = 0; d < nd; ++d) o[d] = alpha * acc[i][d];
+      }
+    }
+  }
+}
+
+// Out[s] += alpha * sum_{s<=t<Tn} P[t, s] A[t], s in [0, Tn).
+template <class T, int DC>
+void cols_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* A, size_t lda, int Tn, int D, T alpha) {
+  constexpr int R = acc_rows<T, DC>();
+  constexpr int DA = DC ? DC : kDMax;
+  for (int s = 0; s < Tn; s += R) {
+    const int nr = std::min(R, Tn - s);
+    int col[R];
+    for (int i = 0; i < R; ++i) col[i] = s + std::min(i, nr - 1);
+    for (int dc0 = 0; dc0 < D; dc0 += DA) {
+      const int nd = DC ? DC : std::min(DA, D - dc0);
+      T acc[R][DA];
+      for (int i = 0; i < R; ++i)
+        for (int d = 0; d < nd; ++d) acc[i][d] = T(0);
+      for (int t = s; t < Tn; ++t) {  // P[t, s+i] = 0 for t < s+i
+        const T* ar = A + (size_t)t * lda + dc0;
+        const T* pr = P + (size_t)t * ldp;
+        for (int i = 0; i < R; ++i) {
+          const T p = pr[col[i]];
+          for (int d = 0; d < nd; ++d) acc[i][d] += p * ar[d];
+        }
+      }
+      for (int i = 0; i < nr; ++i) {
+        T* o = Out + (size_t)(s + i) * ldo + dc0;
+        for (int d = 0; d < nd; ++d) o[d] += alpha * acc[i][d];
+      }
+    }
+  }
+}
+
+// Fixed-order reductions with kLanes partial results, so the compiler can keep
+// them in a vector register (a plain `sum += x` loop cannot be vectorised
+// without reassociation). Deterministic: the order depends only on n.
+constexpr int kLanes = 16;
+template <class T> T row_max(const T* r, int n) {
+  T part[kLanes];
+  for (int j = 0; j < kLanes; ++j) part[j] = r[0];
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] = part[j] < r[s + j] ? r[s + j] : part[j];
+  T m = part[0];
+  for (int j = 1; j < kLanes; ++j) m = std::max(m, part[j]);
+  for (; s < n; ++s) m = std::max(m, r[s]);
+  return m;
+}
+template <class T> T row_sum(const T* r, int n) {
+  T part[kLanes] = {};
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += r[s + j];
+  T sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += part[j];
+  for (; s < n; ++s) sum += r[s];
+  return sum;
+}
+template <class T> T row_dot(const T* a, const T* b, int n) {
+  T part[kLanes] = {};
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += a[s + j] * b[s + j];
+  T sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += part[j];
+  for (; s < n; ++s) sum += a[s] * b[s];
+  return sum;
+}
+
+// Stable causal softmax of rows [t0, t1) of S (in place): columns s <= t become
+// probabilities, columns t < s < Tn become 0.
+template <class T> void causal_softmax_rows(T* S, size_t lds, int t0, int t1, int Tn) {
+  for (int t = t0; t < t1; ++t) {
+    T* r = S + (size_t)t * lds;
+    const int n = t + 1;
+    const T mx = row_max(r, n);
+    for (int s = 0; s < n; ++s) r[s] = exp_fast(r[s] - mx);
+    const T inv = T(1) / row_sum(r, n);
+    for (int s = 0; s < n; ++s) r[s] *= inv;
+    for (int s = n; s < Tn; ++s) r[s] = T(0);
+  }
+}
+
+template <class T, int DC>
+void forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D) {
+  const int G = Hq / Hkv;
+  const T scale = T(1) / std::sqrt(T(D));
+  const int nqb = (Tn + kQB - 1) / kQB;
+  const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      for (int qb = 0; qb < nqb; ++qb) {
+        const int t0 = qb * kQB, t1 = std::min(Tn, t0 + kQB);
+        const int hk = h / G;
+        const T* qh = q + (size_t)b * Tn * ldq + (size_t)h * D;
+        const T* kh = k + (size_t)b * Tn * ldk + (size_t)hk * D;
+        const T* vh = v + (size_t)b * Tn * ldk + (size_t)hk * D;
+        T* oh = out + (size_t)b * Tn * ldq + (size_t)h * D;
+        T* P = att + ((size_t)b * Hq + h) * Tn * Tn;
+        scores<T, DC>(P, Tn, qh, ldq, kh, ldk, t0, t1, D, scale);
+        causal_softmax_rows(P, Tn, t0, t1, Tn);
+        rows_mm<T, DC, false>(oh, ldq, P, Tn, vh, ldk, t0, t1, D, T(1));
+      }
+    }
+  }
+}
+
+// S = scale Q K^T, P = softmax(S), O = P V. With dP = dO V^T:
+//   dS[t,s] = P[t,s] (dP[t,s] - sum_s' P[t,s'] dP[t,s'])
+//   dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO.
+// Work units are (b, kv head); the query heads of the group run in order.
+template <class T, int DC>
+void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
+              int Tn, int Hq, int Hkv, int D) {
+  const int G = Hq / Hkv;
+  const T scale = T(1) / std::sqrt(T(D));
+  const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+  const bool need_ds = dq || dk;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int hk = 0; hk < Hkv; ++hk) {
+      const T* kh = k + (size_t)b * Tn * ldk + (size_t)hk * D;
+      const T* vh = v + (size_t)b * Tn * ldk + (size_t)hk * D;
+      for (int g = 0; g < G; ++g) {
+        const int h = hk * G + g;
+        const size_t qoff = (size_t)b * Tn * ldq + (size_t)h * D;
+        const T* P = att + ((size_t)b * Hq + h) * Tn * Tn;
+        T* dS = datt + ((size_t)b * Hq + h) * Tn * Tn;
+        if (need_ds) {
+          scores<T, DC>(dS, Tn, dout + qoff, ldq, vh, ldk, 0, Tn, D, T(1));  // dP
+          for (int t = 0; t < Tn; ++t) {
+            const T* pr = P + (size_t)t * Tn;
+            T* r = dS + (size_t)t * Tn;
+            const T dot = row_dot(pr, r, t + 1);
+            for (int s = 0; s <= t; ++s) r[s] = pr[s] * (r[s] - dot);
+            for (int s = t + 1; s < Tn; ++s) r[s] = T(0);
+          }
+        }
+        if (dq) rows_mm<T, DC, true>(dq + qoff, ldq, dS, Tn, kh, ldk, 0, Tn, D, scale);
+        if (dk) cols_mm<T, DC>(dk + (size_t)b * Tn * ldk + (size_t)hk * D, ldk, dS, Tn, q + qoff, ldq, Tn, D, scale);
+        if (dv) cols_mm<T, DC>(dv + (size_t)b * Tn * ldk + (size_t)hk * D, ldk, P, Tn, dout + qoff, ldq, Tn, D, T(1));
+      }
+    }
+  }
+}
+
+}  // namespace detail::attn
+
+template <class T>
+void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D) {
+  static_assert(detail::kSupported<T>);
+  namespace a = detail::attn;
+  switch (D) {
+    case 32: return a::forward<T, 32>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
+    case 64: return a::forward<T, 64>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
+    case 128: return a::forward<T, 128>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
+    default: return a::forward<T, 0>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
+  }
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
+                        const T* att, int B, int Tn, int Hq, int Hkv, int D) {
+  static_assert(detail::kSupported<T>);
+  namespace a = detail::attn;
+  switch (D) {
+    case 32: return a::backward<T, 32>(dq, dk, dv, datt, dout, q, k, v, att, B, Tn, Hq, Hkv, D);
+    case 64: return a::backward<T, 64>(dq, dk, dv, datt, dout, q, k, v, att, B, Tn, Hq, Hkv, D);
+    case 128: return a::backward<T, 128>(dq, dk, dv, datt, dout, q, k, v, att, B, Tn, Hq, Hkv, D);
+    default: return a::backward<T, 0>(dq, dk, dv, datt, dout, q, k, v, att, B, Tn, Hq, Hkv, D);
+  }
+}
+
+}  // namespace kvs::cpu

@@ -359,4 +359,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        sys.exit(f"error: {e}")

@@ -144,42 +144,6 @@ void cols_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* A, size_t lda,
   }
 }
 
-// Fixed-order reductions with kLanes partial results, so the compiler can keep
-// them in a vector register (a plain `sum += x` loop cannot be vectorised
-// without reassociation). Deterministic: the order depends only on n.
-constexpr int kLanes = 16;
-template <class T> T row_max(const T* r, int n) {
-  T part[kLanes];
-  for (int j = 0; j < kLanes; ++j) part[j] = r[0];
-  int s = 0;
-  for (; s + kLanes <= n; s += kLanes)
-    for (int j = 0; j < kLanes; ++j) part[j] = part[j] < r[s + j] ? r[s + j] : part[j];
-  T m = part[0];
-  for (int j = 1; j < kLanes; ++j) m = std::max(m, part[j]);
-  for (; s < n; ++s) m = std::max(m, r[s]);
-  return m;
-}
-template <class T> T row_sum(const T* r, int n) {
-  T part[kLanes] = {};
-  int s = 0;
-  for (; s + kLanes <= n; s += kLanes)
-    for (int j = 0; j < kLanes; ++j) part[j] += r[s + j];
-  T sum = 0;
-  for (int j = 0; j < kLanes; ++j) sum += part[j];
-  for (; s < n; ++s) sum += r[s];
-  return sum;
-}
-template <class T> T row_dot(const T* a, const T* b, int n) {
-  T part[kLanes] = {};
-  int s = 0;
-  for (; s + kLanes <= n; s += kLanes)
-    for (int j = 0; j < kLanes; ++j) part[j] += a[s + j] * b[s + j];
-  T sum = 0;
-  for (int j = 0; j < kLanes; ++j) sum += part[j];
-  for (; s < n; ++s) sum += a[s] * b[s];
-  return sum;
-}
-
 // Stable causal softmax of rows [t0, t1) of S (in place): columns s <= t become
 // probabilities, columns t < s < Tn become 0.
 template <class T> void causal_softmax_rows(T* S, size_t lds, int t0, int t1, int Tn) {

@@ -14,10 +14,10 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 namespace kvs::cpu {
@@ -31,9 +31,11 @@ inline constexpr bool kSupported = std::is_same_v<T, float> || std::is_same_v<T,
 // range (tested); results below e^-87.3 flush to 0, NaN/inf are not expected.
 // double: std::exp (the double path is the finite-difference reference).
 inline float exp_fast(float x) {
-  const float xc = std::min(std::max(x, -87.3f), 88.7f);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;  // ln2 split in two: hi part is exact in float
+  float xc = x < -87.3f ? -87.3f : x;
+  xc = xc > 88.7f ? 88.7f : xc;
+  // n = round(xc / ln2) with the 1.5*2^23 trick (floorf blocks vectorisation)
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;  // ln2 split in two: n * hi is exact in float
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -42,13 +44,46 @@ inline float exp_fast(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const float y = p * scale;
-  return x < -87.3f ? 0.0f : y;
+  const float scale = std::bit_cast<float>(((int32_t)n + 127) << 23);  // 2^n
+  return x < -87.3f ? 0.0f : p * scale;
 }
 inline double exp_fast(double x) { return std::exp(x); }
+
+// Fixed-order reductions with kLanes partial results, so the compiler can keep
+// them in a vector register (a plain `sum += x` loop cannot be vectorised
+// without reassociation). Deterministic: the order depends only on n.
+constexpr int kLanes = 16;
+template <class T> T row_max(const T* r, int n) {
+  T part[kLanes];
+  for (int j = 0; j < kLanes; ++j) part[j] = r[0];
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] = part[j] < r[s + j] ? r[s + j] : part[j];
+  T m = part[0];
+  for (int j = 1; j < kLanes; ++j) m = std::max(m, part[j]);
+  for (; s < n; ++s) m = std::max(m, r[s]);
+  return m;
+}
+template <class T, class Acc = T> Acc row_sum(const T* r, int n) {
+  Acc part[kLanes] = {};
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += r[s + j];
+  Acc sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += part[j];
+  for (; s < n; ++s) sum += r[s];
+  return sum;
+}
+template <class T> T row_dot(const T* a, const T* b, int n) {
+  T part[kLanes] = {};
+  int s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += a[s + j] * b[s + j];
+  T sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += part[j];
+  for (; s < n; ++s) sum += a[s] * b[s];
+  return sum;
+}
 }  // namespace detail
 
 // ---------------------------------------------------------------- embedding
@@ -333,7 +368,7 @@ template <class T> void swiglu_forward(T* out, const T* gate, const T* up, size_
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const T g = gate[i];
-    const T sig = T(1) / (T(1) + std::exp(-g));
+    const T sig = T(1) / (T(1) + detail::exp_fast(-g));
     out[i] = g * sig * up[i];
   }
 }
@@ -345,7 +380,7 @@ template <class T> void swiglu_backward(T* dgate, T* dup, const T* dout, const T
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const T g = gate[i];
-    const T sig = T(1) / (T(1) + std::exp(-g));
+    const T sig = T(1) / (T(1) + detail::exp_fast(-g));
     if (dgate) dgate[i] += dout[i] * up[i] * sig * (T(1) + g * (T(1) - sig));
     if (dup) dup[i] += dout[i] * g * sig;
   }
@@ -359,9 +394,9 @@ template <class T> void residual_forward(T* out, const T* a, const T* b, size_t 
 
 // ---------------------------------------------------------------- cross-entropy
 // Per row (parallel over rows): pass 1 reads max, first argmax and the target
-// logit; pass 2 computes e_v = exp(x_v - max) (stored into dlogits when wanted,
-// which is safe under aliasing because pass 1 is done) and their sum in double;
-// pass 3 scales. A null mask means all ones. Rows with mask 0 get loss 0 and a
+// logit; pass 2 computes e_v = exp(x_v - max) in chunks through a stack buffer
+// (vectorised exp), sums them in double and copies them into dlogits when
+// wanted (safe under aliasing: x_v is read first); pass 3 scales. A null mask means all ones. Rows with mask 0 get loss 0 and a
 // zero gradient row, and their target is never read (it may be e.g. -1).
 
 template <class T>
@@ -392,18 +427,20 @@ void cross_entropy_forward_backward(T* losses, T* dlogits, int32_t* argmax, cons
     const int tgt = targets[n];
     const double xt = (double)x[tgt];
     double sum = 0.0;
-    if (dlogits) {
-      T* dx = dlogits + (size_t)n * V;
-      for (int v = 0; v < V; ++v) {
-        const T e = std::exp(x[v] - mx);  // x[v] read before dx[v] written
-        dx[v] = e;
-        sum += (double)e;
-      }
+    constexpr int kChunk = 256;
+    T e[kChunk];
+    T* dx = dlogits ? dlogits + (size_t)n * V : nullptr;
+    for (int v0 = 0; v0 < V; v0 += kChunk) {
+      const int nv = std::min(kChunk, V - v0);
+      for (int j = 0; j < nv; ++j) e[j] = detail::exp_fast(x[v0 + j] - mx);  // read before dx is written
+      sum += detail::row_sum<T, double>(e, nv);
+      if (dx)
+        for (int j = 0; j < nv; ++j) dx[v0 + j] = e[j];
+    }
+    if (dx) {
       const T k = (T)(m * grad_scale / sum);
       for (int v = 0; v < V; ++v) dx[v] *= k;
       dx[tgt] -= (T)(m * grad_scale);
-    } else {
-      for (int v = 0; v < V; ++v) sum += (double)std::exp(x[v] - mx);
     }
     if (losses) losses[n] = (T)(m * ((double)mx + std::log(sum) - xt));
   }

@@ -131,7 +131,7 @@ TEST(Config, ToyConfigsMatchTheBrief) {
   EXPECT_EQ(c.data.induction.pad_token, 0);
   EXPECT_EQ(c.train.seq_len, 64);
   EXPECT_EQ(c.train.micro_batch_size, 32);
-  EXPECT_EQ(c.train.steps, 1500);
+  EXPECT_EQ(c.train.steps, 800);
   EXPECT_DOUBLE_EQ(c.train.lr, 2e-3);
 
   auto l = kvs::load_config(kRoot + "/configs/toy/lm-small-kvshift.json");
@@ -600,6 +600,6 @@ TEST(Config, HfJsonReading) {
   bad([](json& b) { b["model_type"] = "gpt2"; }, {"model_type"});
   bad([](json& b) { b.erase("vocab_size"); }, {"missing required key 'vocab_size'"});
   bad([](json& b) { b["num_attention_heads"] = 3; }, {"hidden_size", "not divisible"});
-  bad([](json& b) { b["kv_shift"] = {{"window", 2}}; }, {"kv_shift.window"});
+  bad([](json& b) { b["kv_shift"] = {{"window", 0}}; }, {"kv_shift.window"});
   bad([](json& b) { b["kv_shift"] = {{"enabld", true}}; }, {"unknown key 'kv_shift.enabld'"});
 }

@@ -1,7 +1,32 @@
-// kvshift: the command-line entry point. Subcommands live in src/cli/commands/.
+// kvshift: pretraining Llama models with KV shifting attention.
+// Subcommands live in src/cli/commands/; errors become one line and exit 1.
 #include <cstdio>
 
+#include "cli/commands/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
 int main(int argc, char** argv) {
-  std::fprintf(stderr, "kvshift: skeleton\n");
-  return 1;
+  CLI::App app{"kvshift: pretrain Llama-architecture language models with KV shifting attention"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show the help of every subcommand");
+  kvs::cli::add_train(app);
+  kvs::cli::add_eval(app);
+  kvs::cli::add_forward(app);
+  kvs::cli::add_backward(app);
+  kvs::cli::add_info(app);
+  kvs::cli::add_bench(app);
+  try {
+    kvs::init_logging();
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kvs::Error& e) {
+    std::fprintf(stderr, "kvshift: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvshift: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
 }

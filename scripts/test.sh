@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies, builds, runs every test
+# (GoogleTest unit/integration tests and the PyTorch oracle) through CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+# CI runs as root; OpenMP/OpenBLAS use both cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+cd build
+ctest --output-on-failure --timeout 1200 "$@"

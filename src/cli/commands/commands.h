@@ -1,0 +1,15 @@
+// One function per subcommand: each adds its CLI11 subcommand with every flag
+// documented, and runs it when selected.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace kvs::cli {
+
+void add_train(CLI::App& app);
+void add_eval(CLI::App& app);
+void add_forward(CLI::App& app);
+void add_backward(CLI::App& app);
+void add_info(CLI::App& app);
+void add_bench(CLI::App& app);
+
+}  // namespace kvs::cli

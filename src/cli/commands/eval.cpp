@@ -1,0 +1,59 @@
+#include <filesystem>
+
+#include "cli/commands/commands.h"
+#include "cli/commands/common.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+namespace kvs::cli {
+
+void add_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "Validation loss and accuracy of a checkpoint");
+  struct Args {
+    std::string checkpoint, config, device;
+    std::vector<std::string> sets;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (a step_* dir, or a run dir's checkpoints/)")
+      ->required();
+  cmd->add_option("--config", a->config,
+                  "Config giving the data and eval settings (default: the checkpoint's run_config.json)");
+  cmd->add_option("--set", a->sets, "Override a config key (repeatable)");
+  cmd->add_option("--device", a->device, "cpu or cuda (default: the config's)");
+  cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
+  cmd->callback([a]() {
+    std::string dir = a->checkpoint;
+    if (std::filesystem::exists(dir + "/latest")) dir = latest_checkpoint(dir);
+    LoadedCheckpoint ck = read_checkpoint(dir);
+    Config cfg;
+    if (!a->config.empty()) {
+      cfg = load_config(a->config, a->sets);
+    } else {
+      KVS_CHECK(!ck.data.run_config.is_null(), "{}: no run_config.json; pass --config", dir);
+      nlohmann::json j = ck.data.run_config;
+      for (const auto& s : a->sets) apply_override(j, s, dir + "/run_config.json");
+      cfg = config_from_json(j, dir + "/run_config.json");
+      validate(cfg, dir + "/run_config.json");
+    }
+    if (!a->device.empty()) cfg.device = a->device;
+    const std::string cfg_dir =
+        cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
+    auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
+    auto engine = engine_for(ck, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.device);
+    EvalResult r = evaluate(*engine, *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences);
+    if (a->json) {
+      nlohmann::json j = {{"checkpoint", dir},       {"val_loss", r.loss},         {"accuracy", r.accuracy},
+                          {"sequences", r.sequences}, {"scored_tokens", r.scored_tokens},
+                          {"accuracy_kind", data->reports_accuracy() ? "induction" : "next_token"}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens\n", dir.c_str(), r.loss,
+                  data->reports_accuracy() ? "induction" : "next-token", 100 * r.accuracy,
+                  static_cast<long long>(r.sequences), static_cast<long long>(r.scored_tokens));
+    }
+  });
+}
+
+}  // namespace kvs::cli

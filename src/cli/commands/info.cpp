@@ -1,0 +1,68 @@
+#include "cli/commands/commands.h"
+#include "model/config.h"
+#include "model/cpu_engine.h"
+#include "model/flops.h"
+#include "model/params.h"
+
+namespace kvs::cli {
+
+void add_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Parameter counts, FLOPs per token and a memory estimate for a config");
+  struct Args {
+    std::string config;
+    std::vector<std::string> sets;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
+  cmd->add_option("--set", a->sets, "Override a config key (repeatable)");
+  cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
+  cmd->callback([a]() {
+    const Config cfg = load_config(a->config, a->sets);
+    const ModelConfig& m = cfg.model;
+    const ParamCounts c = count_params(m);
+    const int T = cfg.train.seq_len, B = cfg.train.micro_batch_size;
+    const double flops = train_flops_per_token(m, T);
+    // CPU reference engine: fp32 params, grads and two AdamW moments, plus its activation plan.
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    const double all = static_cast<double>(c.total + c.shift);
+    const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
+    const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, B, T).total);
+    if (a->json) {
+      nlohmann::json j = {{"config", a->config},
+                          {"params_total", c.total},
+                          {"params_non_embedding", c.non_embedding},
+                          {"params_embedding", c.embedding},
+                          {"params_lm_head", c.lm_head},
+                          {"params_shift", c.shift},
+                          {"train_flops_per_token", flops},
+                          {"flops_formula", kFlopsFormula},
+                          {"memory_bytes",
+                           {{"engine", "cpu-fp32"},
+                            {"params", params_b},
+                            {"grads", grads_b},
+                            {"optimizer", opt_b},
+                            {"activations", acts_b},
+                            {"total", params_b + grads_b + opt_b + acts_b}}},
+                          {"micro_batch_size", B},
+                          {"seq_len", T}};
+      std::printf("%s\n", j.dump().c_str());
+      return;
+    }
+    std::printf("config          %s\n", a->config.c_str());
+    std::printf("model           %d layers, hidden %d, heads %d (kv %d, head_dim %d), ffn %d, vocab %d, kv_shift %s\n",
+                m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim(),
+                m.intermediate_size, m.vocab_size, m.kv_shift.enabled ? "on" : "off");
+    std::printf("parameters      %lld total (shift scalars excluded)\n", static_cast<long long>(c.total));
+    std::printf("  non-embedding %lld\n", static_cast<long long>(c.non_embedding));
+    std::printf("  embedding     %lld\n", static_cast<long long>(c.embedding));
+    std::printf("  lm_head       %lld%s\n", static_cast<long long>(c.lm_head), m.tie_word_embeddings ? " (tied)" : "");
+    std::printf("  shift scalars %lld\n", static_cast<long long>(c.shift));
+    std::printf("train FLOPs     %.4g per token at T=%d  (%s)\n", flops, T, kFlopsFormula);
+    std::printf("memory (CPU fp32 engine, micro-batch %d x %d):\n", B, T);
+    std::printf("  params %.3f GiB, grads %.3f GiB, AdamW %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
+                params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
+  });
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,43 @@
+#include <filesystem>
+
+#include "cli/commands/commands.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace kvs::cli {
+
+void add_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model from a JSON config (or resume a run)");
+  struct Args {
+    std::string config, run_dir;
+    std::vector<std::string> sets;
+    bool resume = false, quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--config", a->config,
+                  "Experiment config (JSON). With --resume it defaults to RUN_DIR/config.json");
+  cmd->add_option("--set", a->sets, "Override a config key, e.g. --set train.lr=3e-4 (repeatable)");
+  cmd->add_option("--run-dir", a->run_dir,
+                  "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)");
+  cmd->add_flag("--resume", a->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_flag("--quiet", a->quiet, "No live progress line");
+  cmd->callback([a]() {
+    std::string config = a->config;
+    if (config.empty()) {
+      KVS_CHECK(a->resume && !a->run_dir.empty(), "train: --config is required (unless --resume with --run-dir)");
+      config = a->run_dir + "/config.json";
+    }
+    Config cfg = load_config(config, a->sets);
+    std::string run_dir = a->run_dir;
+    if (run_dir.empty()) {
+      const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
+      run_dir = "runs/" + stem;
+    }
+    TrainSummary s = train(cfg, {run_dir, a->resume, a->quiet});
+    std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
+                static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);
+  });
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,371 @@
+// The Llama + KV shifting forward and backward on the CPU, op by op.
+// Forward per layer (shapes for a micro-batch of N = B*T rows):
+//   ln1 = RMSNorm(resid_l)                       [N, C]
+//   q, k, v = ln1 Wq^T, ln1 Wk^T, ln1 Wv^T       [N, Hq*D], [N, Hkv*D] x2
+//   khat = RoPE(Shift(k; k_shift)), vhat = Shift(v; v_shift), q = RoPE(q)
+//   attout = CausalAttention(q, khat, vhat)      [N, Hq*D]   (att saved)
+//   res_mid = resid_l + attout Wo^T
+//   h = SwiGLU(ln2 Wgate^T, ln2 Wup^T) with ln2 = RMSNorm(res_mid)
+//   resid_{l+1} = res_mid + h Wdown^T
+// then logits = RMSNorm(resid_L) Wlm^T and the masked cross-entropy.
+// The backward walks the same list in reverse; every op accumulates into its
+// gradients (kernels/cpu/ops.h), so buffers are zeroed right before use.
+#include "model/cpu_engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvs {
+
+namespace {
+void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
+}  // namespace
+
+ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
+  ActivationPlan p;
+  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = m.hidden_size;
+  const size_t QD = m.q_dim(), KD = m.kv_dim(), F = m.intermediate_size, V = m.vocab_size;
+  const size_t H = m.num_attention_heads, D = m.head_dim();
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    size_t at = off;
+    off += (n + 15) / 16 * 16;  // 64-byte aligned slices
+    return at;
+  };
+  p.resid_stride = N * C;
+  p.res_mid_stride = N * C;
+  p.ln_stride = N * C;
+  p.rstd_stride = N;
+  p.q_stride = N * QD;
+  p.kv_stride = N * KD;
+  p.att_stride = static_cast<size_t>(B) * H * T * T;
+  p.ffn_stride = N * F;
+  p.resid = take((L + 1) * p.resid_stride);
+  p.res_mid = take(L * p.res_mid_stride);
+  p.ln1 = take(L * p.ln_stride);
+  p.rstd1 = take(L * p.rstd_stride);
+  p.q = take(L * p.q_stride);
+  p.k = take(L * p.kv_stride);
+  p.v = take(L * p.kv_stride);
+  p.khat = take(L * p.kv_stride);
+  p.vhat = take(L * p.kv_stride);
+  p.att = take(L * p.att_stride);
+  p.attout = take(L * p.q_stride);
+  p.ln2 = take(L * p.ln_stride);
+  p.rstd2 = take(L * p.rstd_stride);
+  p.gate = take(L * p.ffn_stride);
+  p.up = take(L * p.ffn_stride);
+  p.h = take(L * p.ffn_stride);
+  p.lnf = take(N * C);
+  p.rstdf = take(N);
+  p.logits = take(N * V);
+  p.losses = take(N);
+  p.rope_cos = take(static_cast<size_t>(T) * D / 2);
+  p.rope_sin = take(static_cast<size_t>(T) * D / 2);
+  p.dresid = take(N * C);
+  p.dln = take(N * C);
+  p.dh = take(N * F);
+  p.dgate = take(N * F);
+  p.dup = take(N * F);
+  p.dattout = take(N * QD);
+  p.dq = take(N * QD);
+  p.dq_pre = take(N * QD);
+  p.dkhat = take(N * KD);
+  p.dks = take(N * KD);
+  p.dk = take(N * KD);
+  p.dvhat = take(N * KD);
+  p.dv = take(N * KD);
+  p.datt = take(p.att_stride);
+  p.total = off;
+  return p;
+}
+
+CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len)
+    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len) {
+  KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
+  plan_ = ActivationPlan::build(m, max_batch, max_seq_len);
+  params_.assign(layout_.total, 0.0f);
+  grads_.assign(layout_.total, 0.0f);
+  exp_avg_.assign(layout_.total, 0.0f);
+  exp_avg_sq_.assign(layout_.total, 0.0f);
+  acts_.assign(plan_.total, 0.0f);
+  argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
+  P_ = bind_params(layout_, m_, params_.data());
+  G_ = bind_params(layout_, m_, grads_.data());
+  cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
+}
+
+void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), params_.end(), host); }
+void CpuEngine::write_params(const float* host) { std::copy(host, host + layout_.total, params_.begin()); }
+void CpuEngine::read_grads(float* host) const { std::copy(grads_.begin(), grads_.end(), host); }
+void CpuEngine::read_optimizer_state(float* m, float* v) const {
+  std::copy(exp_avg_.begin(), exp_avg_.end(), m);
+  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v);
+}
+void CpuEngine::write_optimizer_state(const float* m, const float* v) {
+  std::copy(m, m + layout_.total, exp_avg_.begin());
+  std::copy(v, v + layout_.total, exp_avg_sq_.begin());
+}
+void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
+
+void CpuEngine::check_batch(const Batch& b) const {
+  KVS_CHECK(b.B >= 1 && b.B <= max_B_, "engine: batch of {} sequences, engine sized for {}", b.B, max_B_);
+  KVS_CHECK(b.T >= 1 && b.T <= max_T_, "engine: sequence length {}, engine sized for {}", b.T, max_T_);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  for (size_t i = 0; i < N; ++i) {
+    KVS_CHECK(b.inputs[i] >= 0 && b.inputs[i] < m_.vocab_size,
+              "input token {} at position {} is outside [0, vocab_size={})", b.inputs[i], i, m_.vocab_size);
+    if (b.targets)
+      KVS_CHECK(b.targets[i] >= 0 && b.targets[i] < m_.vocab_size,
+                "target token {} at position {} is outside [0, vocab_size={})", b.targets[i], i, m_.vocab_size);
+  }
+}
+
+void CpuEngine::forward_to_logits(const Batch& b) {
+  const int B = b.B, T = b.T, N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
+  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
+  const int QD = m_.q_dim(), KD = m_.kv_dim(), W = m_.kv_shift.window;
+  const ActivationPlan& p = plan_;
+  float* a = acts_.data();
+  const float* cos = a + p.rope_cos;
+  const float* sin = a + p.rope_sin;
+
+  cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C);
+  for (int l = 0; l < m_.num_hidden_layers; ++l) {
+    const LayerView& w = P_.layers[l];
+    float* resid = a + p.resid + l * p.resid_stride;
+    float* res_mid = a + p.res_mid + l * p.res_mid_stride;
+    float* ln1 = a + p.ln1 + l * p.ln_stride;
+    float* rstd1 = a + p.rstd1 + l * p.rstd_stride;
+    float* q = a + p.q + l * p.q_stride;
+    float* k = a + p.k + l * p.kv_stride;
+    float* v = a + p.v + l * p.kv_stride;
+    float* khat = a + p.khat + l * p.kv_stride;
+    float* vhat = w.v_shift ? a + p.vhat + l * p.kv_stride : v;  // no V shift: attention reads v itself
+    float* att = a + p.att + l * p.att_stride;
+    float* attout = a + p.attout + l * p.q_stride;
+    float* ln2 = a + p.ln2 + l * p.ln_stride;
+    float* rstd2 = a + p.rstd2 + l * p.rstd_stride;
+    float* gate = a + p.gate + l * p.ffn_stride;
+    float* up = a + p.up + l * p.ffn_stride;
+    float* h = a + p.h + l * p.ffn_stride;
+
+    cpu::rmsnorm_forward(ln1, rstd1, resid, w.ln1, N, C, m_.rms_norm_eps);
+    cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
+    cpu::matmul_forward(k, ln1, w.wk, N, C, KD);
+    cpu::matmul_forward(v, ln1, w.wv, N, C, KD);
+    // KV shifting acts on the raw projections, before RoPE.
+    if (w.k_shift) {
+      cpu::kv_shift_forward(khat, k, w.k_shift, B, T, Hkv, D, W);
+      cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
+    } else {
+      cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
+    }
+    if (w.v_shift) cpu::kv_shift_forward(vhat, v, w.v_shift, B, T, Hkv, D, W);
+    cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
+    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D);
+    cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
+    cpu::residual_forward(res_mid, res_mid, resid, static_cast<size_t>(N) * C);
+
+    cpu::rmsnorm_forward(ln2, rstd2, res_mid, w.ln2, N, C, m_.rms_norm_eps);
+    cpu::matmul_forward(gate, ln2, w.w_gate, N, C, F);
+    cpu::matmul_forward(up, ln2, w.w_up, N, C, F);
+    cpu::swiglu_forward(h, gate, up, static_cast<size_t>(N) * F);
+    float* next = a + p.resid + (l + 1) * p.resid_stride;
+    cpu::matmul_forward(next, h, w.w_down, N, F, C);
+    cpu::residual_forward(next, next, res_mid, static_cast<size_t>(N) * C);
+  }
+  const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
+  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, last, P_.norm, N, C, m_.rms_norm_eps);
+  cpu::matmul_forward(a + p.logits, a + p.lnf, P_.lm_head, N, C, V);
+}
+
+void CpuEngine::backward_from_dlogits(const Batch& b) {
+  const int B = b.B, T = b.T, N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
+  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
+  const int QD = m_.q_dim(), KD = m_.kv_dim(), W = m_.kv_shift.window;
+  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  const size_t NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
+  const ActivationPlan& p = plan_;
+  float* a = acts_.data();
+  const float* cos = a + p.rope_cos;
+  const float* sin = a + p.rope_sin;
+  float* dresid = a + p.dresid;
+  float* dln = a + p.dln;
+
+  // LM head and final norm (dlogits were written over the logits).
+  zero(dln, NC);
+  cpu::matmul_backward(dln, G_.lm_head, a + p.logits, a + p.lnf, P_.lm_head, N, C, V);
+  zero(dresid, NC);
+  const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
+  cpu::rmsnorm_backward(dresid, G_.norm, dln, last, P_.norm, a + p.rstdf, N, C);
+
+  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerView& w = P_.layers[l];
+    const LayerView& g = G_.layers[l];
+    const float* resid = a + p.resid + l * p.resid_stride;
+    const float* res_mid = a + p.res_mid + l * p.res_mid_stride;
+    const float* ln1 = a + p.ln1 + l * p.ln_stride;
+    const float* rstd1 = a + p.rstd1 + l * p.rstd_stride;
+    const float* q = a + p.q + l * p.q_stride;
+    const float* k = a + p.k + l * p.kv_stride;
+    const float* v = a + p.v + l * p.kv_stride;
+    const float* khat = a + p.khat + l * p.kv_stride;
+    const float* vhat = w.v_shift ? a + p.vhat + l * p.kv_stride : v;
+    const float* att = a + p.att + l * p.att_stride;
+    const float* attout = a + p.attout + l * p.q_stride;
+    const float* ln2 = a + p.ln2 + l * p.ln_stride;
+    const float* rstd2 = a + p.rstd2 + l * p.rstd_stride;
+    const float* gate = a + p.gate + l * p.ffn_stride;
+    const float* up = a + p.up + l * p.ffn_stride;
+    const float* h = a + p.h + l * p.ffn_stride;
+
+    // MLP: resid_{l+1} = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d resid_{l+1}.
+    float* dh = a + p.dh;
+    float* dgate = a + p.dgate;
+    float* dup = a + p.dup;
+    zero(dh, NF);
+    cpu::matmul_backward(dh, g.w_down, dresid, h, w.w_down, N, F, C);
+    zero(dgate, NF);
+    zero(dup, NF);
+    cpu::swiglu_backward(dgate, dup, dh, gate, up, NF);
+    zero(dln, NC);
+    cpu::matmul_backward(dln, g.w_gate, dgate, ln2, w.w_gate, N, C, F);
+    cpu::matmul_backward(dln, g.w_up, dup, ln2, w.w_up, N, C, F);
+    cpu::rmsnorm_backward(dresid, g.ln2, dln, res_mid, w.ln2, rstd2, N, C);  // dresid is now d res_mid
+
+    // Attention: res_mid = resid_l + o_proj(attout).
+    float* dattout = a + p.dattout;
+    float* dq = a + p.dq;
+    float* dq_pre = a + p.dq_pre;
+    float* dkhat = a + p.dkhat;
+    float* dvhat = a + p.dvhat;
+    float* dk = a + p.dk;
+    float* dv = a + p.dv;
+    zero(dattout, NQ);
+    cpu::matmul_backward(dattout, g.wo, dresid, attout, w.wo, N, QD, C);
+    zero(dq, NQ);
+    zero(dkhat, NK);
+    zero(dvhat, NK);
+    cpu::attention_backward(dq, dkhat, dvhat, a + p.datt, dattout, q, khat, vhat, att, B, T, Hq, Hkv, D);
+    zero(dq_pre, NQ);
+    cpu::rope_backward(dq_pre, dq, cos, sin, B, T, Hq, D);
+    zero(dk, NK);
+    if (w.k_shift) {
+      float* dks = a + p.dks;
+      zero(dks, NK);
+      cpu::rope_backward(dks, dkhat, cos, sin, B, T, Hkv, D);
+      cpu::kv_shift_backward(dk, g.k_shift, dks, k, w.k_shift, B, T, Hkv, D, W);
+    } else {
+      cpu::rope_backward(dk, dkhat, cos, sin, B, T, Hkv, D);
+    }
+    const float* dv_raw = dvhat;
+    if (w.v_shift) {
+      zero(dv, NK);
+      cpu::kv_shift_backward(dv, g.v_shift, dvhat, v, w.v_shift, B, T, Hkv, D, W);
+      dv_raw = dv;
+    }
+    zero(dln, NC);
+    cpu::matmul_backward(dln, g.wq, dq_pre, ln1, w.wq, N, C, QD);
+    cpu::matmul_backward(dln, g.wk, dk, ln1, w.wk, N, C, KD);
+    cpu::matmul_backward(dln, g.wv, dv_raw, ln1, w.wv, N, C, KD);
+    cpu::rmsnorm_backward(dresid, g.ln1, dln, resid, w.ln1, rstd1, N, C);  // dresid is now d resid_l
+  }
+  cpu::embedding_backward(G_.embed, dresid, b.inputs, N, C);
+}
+
+double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
+  check_batch(b);
+  forward_to_logits(b);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  float* a = acts_.data();
+  cpu::cross_entropy_forward_backward(a + plan_.losses, a + plan_.logits, static_cast<int32_t*>(nullptr),
+                                      a + plan_.logits, b.targets, b.mask, static_cast<int>(N), m_.vocab_size,
+                                      grad_scale);
+  double sum = 0;
+  for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
+  backward_from_dlogits(b);
+  return sum;
+}
+
+double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
+  check_batch(b);
+  forward_to_logits(b);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  float* a = acts_.data();
+  if (logits) std::copy(a + plan_.logits, a + plan_.logits + N * m_.vocab_size, logits);
+  if (!b.targets) return 0.0;
+  cpu::cross_entropy_forward_backward(a + plan_.losses, static_cast<float*>(nullptr), argmax_.data(),
+                                      a + plan_.logits, b.targets, b.mask, static_cast<int>(N), m_.vocab_size, 1.0);
+  double sum = 0;
+  for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
+  if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
+  if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
+  return sum;
+}
+
+double CpuEngine::grad_norm() {
+  // Fixed chunks summed in a fixed order: the same bits for any thread count.
+  constexpr size_t kChunk = 1 << 16;
+  const size_t n = grads_.size(), chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double>& partial = norm_partials_;
+  partial.assign(chunks, 0.0);
+  const float* g = grads_.data();
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    const size_t end = std::min(n, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return std::sqrt(total);
+}
+
+void CpuEngine::adamw_step(const AdamWHyper& hp) {
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
+  const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
+  const float lr = static_cast<float>(hp.lr), eps = static_cast<float>(hp.eps);
+  const float scale = static_cast<float>(hp.grad_scale);
+  const float step_size = static_cast<float>(hp.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  for (const ParamTensor& t : layout_.tensors) {
+    // Decoupled weight decay (as torch.optim.AdamW): p *= 1 - lr * wd, then the Adam update.
+    const float decay = t.decay() ? 1.0f - lr * static_cast<float>(hp.weight_decay) : 1.0f;
+    float* p = params_.data() + t.offset;
+    const float* g = grads_.data() + t.offset;
+    float* m = exp_avg_.data() + t.offset;
+    float* v = exp_avg_sq_.data() + t.offset;
+    const auto n = static_cast<ptrdiff_t>(t.numel);
+#pragma omp parallel for schedule(static)
+    for (ptrdiff_t i = 0; i < n; ++i) {
+      const float gi = g[i] * scale;
+      m[i] = b1 * m[i] + (1.0f - b1) * gi;
+      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+      const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
+      p[i] = p[i] * decay - step_size * m[i] / denom;
+    }
+  }
+}
+
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
+  if (device == "cuda") {
+#ifdef KVS_CUDA
+    fail("device 'cuda': the CUDA engine is not implemented yet (this build has the CUDA toolkit linked)");
+#else
+    fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
+#endif
+  }
+  fail("unknown device '{}' (expected 'cpu' or 'cuda')", device);
+}
+
+}  // namespace kvs

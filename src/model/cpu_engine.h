@@ -1,0 +1,65 @@
+// The CPU reference engine: fp32 everywhere, ops from kernels/cpu, one
+// activation buffer planned in the constructor (see ActivationPlan).
+#pragma once
+#include <vector>
+
+#include "model/engine.h"
+
+namespace kvs {
+
+// Sizes of every forward activation and backward scratch buffer, as slices
+// of one allocation. Per-layer tensors are stored at a stride sized for the
+// largest micro-batch, so smaller batches reuse the same plan.
+struct ActivationPlan {
+  size_t total = 0;  // floats
+  // forward, per layer l at base + l * stride
+  size_t resid, res_mid, ln1, rstd1, q, k, v, khat, vhat, att, attout, ln2, rstd2, gate, up, h;
+  size_t resid_stride, res_mid_stride, ln_stride, rstd_stride, q_stride, kv_stride, att_stride, ffn_stride;
+  // forward, once
+  size_t lnf, rstdf, logits, losses, rope_cos, rope_sin;
+  // backward scratch, reused by every layer
+  size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv, datt;
+
+  static ActivationPlan build(const ModelConfig& m, int B, int T);
+};
+
+class CpuEngine : public Engine {
+ public:
+  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len);
+
+  const ModelConfig& model_config() const override { return m_; }
+  const ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return max_B_; }
+  int max_seq_len() const override { return max_T_; }
+
+  void read_params(float* host) const override;
+  void write_params(const float* host) override;
+  void read_grads(float* host) const override;
+  void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const override;
+  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) override;
+
+  void zero_grad() override;
+  double forward_backward(const Batch& b, double grad_scale) override;
+  double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
+  double grad_norm() override;
+  void adamw_step(const AdamWHyper& h) override;
+
+  size_t activation_floats() const { return plan_.total; }
+
+ private:
+  void check_batch(const Batch& b) const;
+  // Runs the model up to the logits; leaves every activation in acts_.
+  void forward_to_logits(const Batch& b);
+  void backward_from_dlogits(const Batch& b);
+
+  ModelConfig m_;
+  ParamLayout layout_;
+  int max_B_, max_T_;
+  ActivationPlan plan_;
+  std::vector<float> params_, grads_, exp_avg_, exp_avg_sq_, acts_;
+  std::vector<int32_t> argmax_;
+  std::vector<double> norm_partials_;
+  ModelView P_, G_;
+};
+
+}  // namespace kvs

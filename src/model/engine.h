@@ -1,0 +1,62 @@
+// Engine: one backend's model + optimizer, behind the interface the trainer
+// and the CLI use. The CPU engine (cpu_engine.h) is the fp32 reference; a CUDA
+// engine (bf16 storage, fp32 master weights) implements the same interface.
+// Parameters, gradients and optimizer moments all follow ParamLayout; the
+// read_/write_ methods move fp32 host copies in and out for checkpoints.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace kvs {
+
+// One micro-batch of B sequences of T tokens (host memory).
+struct Batch {
+  int B = 0, T = 0;
+  const int32_t* inputs = nullptr;   // [B, T]
+  const int32_t* targets = nullptr;  // [B, T]
+  const float* mask = nullptr;       // [B, T], 1 = scored
+};
+
+struct AdamWHyper {
+  double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;         // 1-based, for bias correction
+  double grad_scale = 1.0;  // multiplies every gradient (global-norm clipping)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const ModelConfig& model_config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  virtual int max_batch() const = 0;
+  virtual int max_seq_len() const = 0;
+
+  virtual void read_params(float* host) const = 0;
+  virtual void write_params(const float* host) = 0;
+  virtual void read_grads(float* host) const = 0;
+  virtual void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const = 0;
+  virtual void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) = 0;
+
+  virtual void zero_grad() = 0;
+  // Forward and backward of one micro-batch. Adds grad_scale * d(sum of masked
+  // token losses)/d(params) to the gradients; returns the sum of masked losses.
+  virtual double forward_backward(const Batch& b, double grad_scale) = 0;
+  // Forward only. Optional outputs: per-token masked losses [B*T], argmax
+  // predictions [B*T], logits [B*T*V]. Returns the sum of masked losses.
+  virtual double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) = 0;
+
+  virtual double grad_norm() = 0;  // L2 norm over all gradients
+  virtual void adamw_step(const AdamWHyper& h) = 0;
+};
+
+// Builds the engine for `device` ("cpu" or "cuda"), sized for micro-batches of
+// up to max_batch sequences of up to max_seq_len tokens. All memory is
+// allocated here; nothing is allocated per step. Throws kvs::Error for a device
+// this build or machine does not have.
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device);
+
+}  // namespace kvs

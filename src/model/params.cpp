@@ -1,0 +1,124 @@
+#include "model/params.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace kvs {
+
+ParamLayout ParamLayout::build(const ModelConfig& m) {
+  ParamLayout L;
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind) {
+    ParamTensor t;
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    t.numel = 1;
+    for (auto d : t.shape) t.numel *= static_cast<size_t>(d);
+    t.offset = L.total;
+    t.kind = kind;
+    L.total += t.numel;
+    L.tensors.push_back(std::move(t));
+  };
+  const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
+  const int64_t QD = m.q_dim(), KD = m.kv_dim(), HKV = m.num_key_value_heads;
+  const int64_t W1 = m.kv_shift.window + 1;
+  const bool shift_k = m.kv_shift.enabled && m.kv_shift.shift_k;
+  const bool shift_v = m.kv_shift.enabled && m.kv_shift.shift_v;
+  add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding);
+  for (int i = 0; i < m.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    add(p + "input_layernorm.weight", {C}, ParamKind::Norm);
+    add(p + "self_attn.q_proj.weight", {QD, C}, ParamKind::Matrix);
+    add(p + "self_attn.k_proj.weight", {KD, C}, ParamKind::Matrix);
+    add(p + "self_attn.v_proj.weight", {KD, C}, ParamKind::Matrix);
+    add(p + "self_attn.o_proj.weight", {C, QD}, ParamKind::Matrix);
+    if (shift_k) add(p + "self_attn.k_shift", {HKV, W1}, ParamKind::Shift);
+    if (shift_v) add(p + "self_attn.v_shift", {HKV, W1}, ParamKind::Shift);
+    add(p + "post_attention_layernorm.weight", {C}, ParamKind::Norm);
+    add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::Matrix);
+    add(p + "mlp.up_proj.weight", {F, C}, ParamKind::Matrix);
+    add(p + "mlp.down_proj.weight", {C, F}, ParamKind::Matrix);
+  }
+  add("model.norm.weight", {C}, ParamKind::Norm);
+  if (!m.tie_word_embeddings) add("lm_head.weight", {V, C}, ParamKind::Matrix);
+  return L;
+}
+
+const ParamTensor* ParamLayout::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* base) {
+  auto at = [&](const std::string& name) -> float* {
+    const ParamTensor* t = layout.find(name);
+    return t ? base + t->offset : nullptr;
+  };
+  ModelView v;
+  v.embed = at("model.embed_tokens.weight");
+  for (int i = 0; i < m.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    LayerView l;
+    l.ln1 = at(p + "input_layernorm.weight");
+    l.wq = at(p + "self_attn.q_proj.weight");
+    l.wk = at(p + "self_attn.k_proj.weight");
+    l.wv = at(p + "self_attn.v_proj.weight");
+    l.wo = at(p + "self_attn.o_proj.weight");
+    l.k_shift = at(p + "self_attn.k_shift");
+    l.v_shift = at(p + "self_attn.v_shift");
+    l.ln2 = at(p + "post_attention_layernorm.weight");
+    l.w_gate = at(p + "mlp.gate_proj.weight");
+    l.w_up = at(p + "mlp.up_proj.weight");
+    l.w_down = at(p + "mlp.down_proj.weight");
+    v.layers.push_back(l);
+  }
+  v.norm = at("model.norm.weight");
+  v.lm_head = m.tie_word_embeddings ? v.embed : at("lm_head.weight");
+  return v;
+}
+
+void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base) {
+  for (const auto& t : layout.tensors) {
+    float* p = base + t.offset;
+    const uint64_t s = mix_seed(seed, hash_name(t.name));
+    switch (t.kind) {
+      case ParamKind::Embedding:
+      case ParamKind::Matrix:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<float>(m.initializer_range * normal01(s, i));
+        break;
+      case ParamKind::Norm:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
+        break;
+      case ParamKind::Shift: {
+        // [H, W+1], oldest first. Window 1 (the paper): prev ~ U(0,1), cur = 1 - prev.
+        KVS_CHECK(t.shape[1] == 2, "{}: initialisation of windows other than 1 is not implemented", t.name);
+        for (int64_t h = 0; h < t.shape[0]; ++h) {
+          const float prev = static_cast<float>(uniform01(s, h));
+          p[2 * h + 0] = prev;
+          p[2 * h + 1] = 1.0f - prev;
+        }
+        break;
+      }
+    }
+  }
+}
+
+ParamCounts count_params(const ModelConfig& m) {
+  ParamCounts c;
+  for (const auto& t : ParamLayout::build(m).tensors) {
+    const auto n = static_cast<int64_t>(t.numel);
+    if (t.kind == ParamKind::Shift) {
+      c.shift += n;
+      continue;
+    }
+    c.total += n;
+    if (t.kind == ParamKind::Embedding) c.embedding += n;
+    if (t.name == "lm_head.weight") c.lm_head += n;
+  }
+  c.non_embedding = c.total - c.embedding - c.lm_head;
+  return c;
+}
+
+}  // namespace kvs

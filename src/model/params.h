@@ -1,0 +1,67 @@
+// Parameter layout: every parameter of the model as a named slice of one flat
+// fp32 buffer, in a fixed order. Gradients and optimizer moments use the same
+// layout, so "for every tensor" loops are loops over this table.
+// Names are Hugging Face Llama names plus the shift tensors
+// model.layers.{i}.self_attn.{k,v}_shift ([num_key_value_heads, window+1]).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace kvs {
+
+enum class ParamKind {
+  Embedding,  // token embedding (decayed)
+  Matrix,     // a projection weight (decayed)
+  Norm,       // RMSNorm gain (not decayed, init 1)
+  Shift,      // k_shift / v_shift scalars (not decayed, init per the paper)
+};
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // in floats, into the flat buffer
+  size_t numel = 0;
+  ParamKind kind = ParamKind::Matrix;
+  bool decay() const { return kind == ParamKind::Embedding || kind == ParamKind::Matrix; }
+};
+
+struct ParamLayout {
+  std::vector<ParamTensor> tensors;
+  size_t total = 0;  // floats
+
+  static ParamLayout build(const ModelConfig& m);
+  const ParamTensor* find(const std::string& name) const;  // nullptr if absent
+};
+
+// Typed views of one flat buffer (parameters or gradients).
+struct LayerView {
+  float *ln1, *wq, *wk, *wv, *wo, *k_shift, *v_shift, *ln2, *w_gate, *w_up, *w_down;
+};
+struct ModelView {
+  float* embed;
+  std::vector<LayerView> layers;
+  float* norm;
+  float* lm_head;  // == embed when tied
+};
+ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* base);
+
+// Initialises parameters: matrices ~ N(0, initializer_range^2), norms = 1,
+// shifts: prev ~ U(0,1), cur = 1 - prev (per KV head, for K and V separately).
+// Every element is a pure function of (seed, tensor name, index), so any
+// layout or slice of the model gets the same values.
+void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base);
+
+struct ParamCounts {
+  int64_t total = 0;          // all parameters, shift scalars excluded (as the paper counts)
+  int64_t embedding = 0;      // token embedding (and untied LM head counted separately)
+  int64_t lm_head = 0;        // 0 when tied
+  int64_t non_embedding = 0;  // total - embedding - lm_head
+  int64_t shift = 0;          // k_shift/v_shift scalars
+};
+ParamCounts count_params(const ModelConfig& m);
+
+}  // namespace kvs

@@ -1,0 +1,40 @@
+#include "train/metrics.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace kvs {
+
+void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
+  if (keep_through_step >= 0 && std::filesystem::exists(path)) {
+    std::istringstream in(read_file(path));
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;  // a line cut by a crash
+      if (j.contains("step") && j["step"].get<int64_t>() > keep_through_step) continue;
+      kept += line + "\n";
+    }
+    atomic_write_file(path, kept);
+  }
+  f_ = std::fopen(path.c_str(), "a");
+  KVS_CHECK(f_ != nullptr, "{}: cannot open for appending", path);
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write(const nlohmann::json& line) {
+  if (!f_) return;
+  const std::string s = line.dump() + "\n";
+  std::fwrite(s.data(), 1, s.size(), f_);
+  std::fflush(f_);
+}
+
+}  // namespace kvs

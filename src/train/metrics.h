@@ -1,0 +1,24 @@
+// metrics.jsonl: one JSON object per line (a training step or an evaluation),
+// flushed as written so a crash loses nothing that was printed.
+#pragma once
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvs {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  // Opens `path` for appending. With keep_through_step >= 0, first drops every
+  // line whose "step" is greater (lines a crashed run wrote after the checkpoint
+  // it resumes from), rewriting the file atomically.
+  void open(const std::string& path, int64_t keep_through_step = -1);
+  ~MetricsWriter();
+  void write(const nlohmann::json& line);
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+}  // namespace kvs

@@ -1,0 +1,77 @@
+#include "train/model_io.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvs {
+
+namespace {
+
+std::vector<StTensor> tensors_from(const ParamLayout& layout, const std::vector<float>& flat,
+                                   const std::string& prefix) {
+  std::vector<StTensor> out;
+  out.reserve(layout.tensors.size());
+  for (const auto& t : layout.tensors) out.push_back(make_f32_tensor(prefix + t.name, t.shape, flat.data() + t.offset));
+  return out;
+}
+
+// Fills `flat` from tensors named prefix + layout name; exact name set and shapes.
+void flat_from(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& prefix,
+               const std::string& file, std::vector<float>& flat) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const auto& t : layout.tensors) expected.emplace_back(prefix + t.name, t.shape);
+  validate_model_tensors(tensors, expected, file);
+  for (const auto& st : tensors) {
+    const ParamTensor* t = layout.find(st.name.substr(prefix.size()));
+    const std::vector<float> v = tensor_to_f32(st);
+    std::memcpy(flat.data() + t->offset, v.data(), v.size() * sizeof(float));
+  }
+}
+
+}  // namespace
+
+std::vector<StTensor> model_tensors(const Engine& e) {
+  std::vector<float> flat(e.layout().total);
+  e.read_params(flat.data());
+  return tensors_from(e.layout(), flat, "");
+}
+
+std::vector<StTensor> optimizer_tensors(const Engine& e) {
+  std::vector<float> m(e.layout().total), v(e.layout().total);
+  e.read_optimizer_state(m.data(), v.data());
+  auto out = tensors_from(e.layout(), m, "exp_avg.");
+  auto sq = tensors_from(e.layout(), v, "exp_avg_sq.");
+  for (auto& t : sq) out.push_back(std::move(t));
+  return out;
+}
+
+void load_model_tensors(Engine& e, const std::vector<StTensor>& tensors, const std::string& file) {
+  std::vector<float> flat(e.layout().total);
+  flat_from(e.layout(), tensors, "", file, flat);
+  e.write_params(flat.data());
+}
+
+void load_optimizer_tensors(Engine& e, const std::vector<StTensor>& tensors, const std::string& file) {
+  std::vector<StTensor> m, v;
+  for (const auto& t : tensors) {
+    if (t.name.rfind("exp_avg_sq.", 0) == 0)
+      v.push_back(t);
+    else
+      m.push_back(t);  // exp_avg.* and anything unexpected (reported by the check below)
+  }
+  std::vector<float> fm(e.layout().total), fv(e.layout().total);
+  flat_from(e.layout(), m, "exp_avg.", file, fm);
+  flat_from(e.layout(), v, "exp_avg_sq.", file, fv);
+  e.write_optimizer_state(fm.data(), fv.data());
+}
+
+LoadedCheckpoint read_checkpoint(const std::string& dir) {
+  LoadedCheckpoint c;
+  c.dir = dir;
+  c.data = load_checkpoint(dir);
+  c.model = model_from_hf_json(c.data.hf_config, dir + "/config.json");
+  return c;
+}
+
+}  // namespace kvs

@@ -1,0 +1,221 @@
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+#include "model/params.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/model_io.h"
+#include "train/progress.h"
+#include "train/schedule.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace kvs {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Host-side buffers for one global batch, allocated once.
+struct BatchBuffers {
+  int sequences = 0, T = 0;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> mask;
+  void resize(int n, int seq_len) {
+    sequences = n;
+    T = seq_len;
+    inputs.resize(static_cast<size_t>(n) * seq_len);
+    targets.resize(inputs.size());
+    mask.resize(inputs.size());
+  }
+  void fill(const Dataset& d, Split split, uint64_t first_index, int n) {
+    for (int i = 0; i < n; ++i) {
+      const size_t o = static_cast<size_t>(i) * T;
+      d.get(split, first_index + i, inputs.data() + o, targets.data() + o, mask.data() + o);
+    }
+  }
+  Batch micro(int first_seq, int n) const {
+    const size_t o = static_cast<size_t>(first_seq) * T;
+    return Batch{n, T, inputs.data() + o, targets.data() + o, mask.data() + o};
+  }
+};
+
+void set_threads(int threads) {
+  const int n = threads > 0 ? threads : omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+std::string config_dir(const Config& c) {
+  if (c.source_path.empty()) return ".";
+  return fs::absolute(c.source_path).parent_path().string();
+}
+
+}  // namespace
+
+EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences) {
+  EvalResult r;
+  const uint64_t available = data.size(Split::Val);
+  const int64_t n = static_cast<int64_t>(std::min<uint64_t>(available, static_cast<uint64_t>(max_sequences)));
+  KVS_CHECK(n > 0, "evaluation: the validation split is empty");
+  BatchBuffers buf;
+  buf.resize(micro_batch, seq_len);
+  std::vector<float> losses(static_cast<size_t>(micro_batch) * seq_len);
+  std::vector<int32_t> argmax(losses.size());
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int64_t first = 0; first < n; first += micro_batch) {
+    const int b = static_cast<int>(std::min<int64_t>(micro_batch, n - first));
+    buf.fill(data, Split::Val, first, b);
+    Batch batch = buf.micro(0, b);
+    loss_sum += engine.forward(batch, losses.data(), argmax.data(), nullptr);
+    for (size_t i = 0; i < static_cast<size_t>(b) * seq_len; ++i) {
+      if (batch.mask[i] == 0.0f) continue;
+      ++r.scored_tokens;
+      hits += argmax[i] == batch.targets[i];
+    }
+  }
+  r.sequences = n;
+  r.loss = r.scored_tokens ? loss_sum / r.scored_tokens : NAN;
+  r.accuracy = r.scored_tokens ? static_cast<double>(hits) / r.scored_tokens : NAN;
+  return r;
+}
+
+TrainSummary train(const Config& cfg, const TrainOptions& opt) {
+  const TrainConfig& tc = cfg.train;
+  KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
+  set_threads(tc.threads);
+  make_dirs(opt.run_dir);
+  const std::string ckpt_root = opt.run_dir + "/checkpoints";
+
+  auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
+  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device);
+
+  // Fresh start or resume.
+  int64_t step = 0;
+  const std::string latest = fs::exists(ckpt_root) ? latest_checkpoint(ckpt_root) : "";
+  if (opt.resume) {
+    KVS_CHECK(!latest.empty(), "{}: --resume given but there is no checkpoint to resume from", ckpt_root);
+    LoadedCheckpoint ck = read_checkpoint(latest);
+    KVS_CHECK(model_to_hf_json(ck.model) == model_to_hf_json(cfg.model),
+              "{}: the checkpoint's model differs from the config's model section", latest);
+    KVS_CHECK(!ck.data.optimizer.empty() && !ck.data.trainer_state.is_null(),
+              "{}: no optimizer or trainer state: cannot resume training from it", latest);
+    load_model_tensors(*engine, ck.data.model, latest + "/model.safetensors");
+    load_optimizer_tensors(*engine, ck.data.optimizer, latest + "/optimizer.safetensors");
+    const auto& ts = ck.data.trainer_state;
+    KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
+    step = ts["step"].get<int64_t>();
+    KVS_CHECK(ts.value("global_batch_sequences", -1) == cfg.global_batch_sequences(),
+              "{}: the global batch changed (checkpoint {} sequences, config {}); data positions would not line up",
+              latest, ts.value("global_batch_sequences", -1), cfg.global_batch_sequences());
+    spdlog::info("resuming from {} (step {})", latest, step);
+  } else {
+    KVS_CHECK(latest.empty(), "{}: the run directory already has checkpoints; use --resume or another --run-dir",
+              opt.run_dir);
+    std::vector<float> init(engine->layout().total);
+    init_params(engine->layout(), cfg.model, tc.seed, init.data());
+    engine->write_params(init.data());
+  }
+  atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+  MetricsWriter metrics;
+  metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
+
+  const ParamCounts counts = count_params(cfg.model);
+  spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
+               format_count(counts.total), format_count(counts.non_embedding),
+               cfg.model.kv_shift.enabled ? "on" : "off", data->describe(), cfg.device,
+               tc.threads > 0 ? tc.threads : omp_get_num_procs());
+
+  const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
+  BatchBuffers batch;
+  batch.resize(GB, T);
+  TrainSummary summary;
+  ProgressLine progress(tc.steps, step);
+  double last_eval_acc = NAN;
+  const bool has_val = data->size(Split::Val) > 0;
+  if (!has_val) spdlog::warn("the data have no validation split: evaluation is skipped");
+
+  auto save = [&](int64_t done) {
+    CheckpointData cd;
+    cd.hf_config = model_to_hf_json(cfg.model);
+    cd.model = model_tensors(*engine);
+    cd.optimizer = optimizer_tensors(*engine);
+    cd.run_config = to_json(cfg);
+    cd.trainer_state = {{"step", done},
+                        {"next_train_sequence", static_cast<uint64_t>(done) * GB},
+                        {"global_batch_sequences", GB},
+                        {"seed", tc.seed},
+                        {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
+    summary.last_checkpoint = save_checkpoint(ckpt_root, done, cd, 0);
+  };
+  auto run_eval = [&](int64_t done) {
+    if (!has_val) return EvalResult{};
+    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences);
+    nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
+                        {"scored_tokens", r.scored_tokens}};
+    metrics.write(j);
+    progress.finish_line();
+    spdlog::info("eval @ step {}: val_loss {:.4f}, {} {:.2f}%", done, r.loss,
+                 data->reports_accuracy() ? "induction accuracy" : "next-token accuracy", 100 * r.accuracy);
+    last_eval_acc = r.accuracy;
+    return r;
+  };
+
+  const auto t_start = std::chrono::steady_clock::now();
+  for (; step < tc.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = learning_rate(tc, step);
+    batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB, GB);
+    double scored = 0;
+    for (float m : batch.mask) scored += m;
+    // The loss is the mean over every scored token of the global batch, so each
+    // micro-batch's gradient is scaled by 1/(scored tokens of the whole batch).
+    const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
+    engine->zero_grad();
+    double loss_sum = 0;
+    for (int s = 0; s < GB; s += MB) loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
+    const double loss = scored > 0 ? loss_sum / scored : 0.0;
+    const double gnorm = engine->grad_norm();
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      progress.finish_line();
+      fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,
+           std::isfinite(loss) ? "gradient norm" : "loss", std::isfinite(loss) ? gnorm : loss,
+           latest_checkpoint(ckpt_root).empty() ? "none" : latest_checkpoint(ckpt_root));
+    }
+    AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
+    if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
+    engine->adamw_step(hp);
+
+    const int64_t done = step + 1;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tok_s = static_cast<double>(GB) * T / dt;
+    summary.losses.push_back(loss);
+    if (done % tc.log_every == 0 || done == tc.steps)
+      metrics.write({{"type", "train"}, {"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+                     {"scored_tokens", static_cast<int64_t>(scored)}, {"tokens_per_s", tok_s},
+                     {"step_time_s", dt}});
+    if (!opt.quiet)
+      progress.update(done, loss, lr, tok_s,
+                      std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
+    const bool last = done == tc.steps;
+    if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) summary.final_eval = run_eval(done);
+    if ((tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last) save(done);
+  }
+  progress.finish_line();
+  summary.steps_done = step;
+  if (summary.losses.empty() && summary.final_eval.sequences == 0) summary.final_eval = run_eval(step);
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  spdlog::info("done: {} steps in {}", step, format_duration(total_s));
+  return summary;
+}
+
+}  // namespace kvs

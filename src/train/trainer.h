@@ -1,0 +1,43 @@
+// The training loop: global batches of micro-batches with gradient
+// accumulation, AdamW with warmup and clipping, periodic evaluation,
+// metrics.jsonl, the live progress line and atomic checkpoints.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "model/config.h"
+#include "model/engine.h"
+
+namespace kvs {
+
+struct EvalResult {
+  double loss = 0;           // mean over scored tokens
+  double accuracy = 0;       // argmax hits / scored tokens
+  int64_t scored_tokens = 0;
+  int64_t sequences = 0;
+};
+
+// Evaluates on the first `max_sequences` validation sequences (fewer if the split is smaller).
+EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences);
+
+struct TrainOptions {
+  std::string run_dir;
+  bool resume = false;
+  bool quiet = false;  // no progress line (tests)
+};
+
+struct TrainSummary {
+  int64_t steps_done = 0;
+  std::vector<double> losses;  // train loss of each step run in this call
+  EvalResult final_eval;
+  std::string last_checkpoint;
+};
+
+// Runs (or resumes) training; throws kvs::Error on bad input, and on a
+// non-finite loss or gradient norm (naming the step; the last checkpoint is
+// left as it was).
+TrainSummary train(const Config& cfg, const TrainOptions& opt);
+
+}  // namespace kvs

@@ -1,0 +1,142 @@
+// The kvshift binary as a user runs it: help text, info on the paper configs,
+// and one-line errors with a non-zero exit for bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/shards.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(KVS_BINARY) + " " + args + " 2>&1";
+  Result r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string src(const std::string& rel) { return std::string(KVS_SOURCE_DIR) + "/" + rel; }
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST(Cli, HelpListsEverySubcommandAndFlag) {
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* sub : {"train", "eval", "forward", "backward", "info", "bench"})
+    EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
+  Result t = run("train --help");
+  for (const char* flag : {"--config", "--set", "--run-dir", "--resume"})
+    EXPECT_NE(t.out.find(flag), std::string::npos) << flag;
+}
+
+TEST(Cli, InfoReproducesThePaperParameterCounts) {
+  const std::pair<const char*, long long> sizes[] = {{"1.5B", 1564198912LL},
+                                                     {"2.9B", 2888337920LL},
+                                                     {"6.7B", 6771183616LL},
+                                                     {"13B", 13056824320LL},
+                                                     {"19B", 19011803136LL}};
+  for (auto [name, count] : sizes) {
+    for (const char* kind : {"vanilla", "kvshift"}) {
+      Result r = run("info --json --config " + src(std::string("configs/paper/") + name + "-" + kind + ".json"));
+      ASSERT_EQ(r.code, 0) << r.out;
+      auto j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j["params_total"].get<long long>(), count) << name << " " << kind;
+    }
+  }
+}
+
+TEST(Cli, MissingConfigIsOneLineError) {
+  Result r = run("train --config /nonexistent/cfg.json --run-dir " + testing::TempDir() + "never");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/cfg.json"), std::string::npos) << r.out;
+}
+
+TEST(Cli, UnknownKeyNamesTheKey) {
+  std::ifstream in(src("configs/toy/induction-1l-kvshift.json"));
+  auto j = nlohmann::json::parse(in);
+  j["train"]["lerning_rate"] = 1.0;
+  const std::string path = write_temp("bad_key.json", j.dump());
+  Result r = run("info --config " + path);
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("train.lerning_rate"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadOverrideIsRejectedBeforeAnyWork) {
+  const std::string dir = testing::TempDir() + "kvs_cli_badset";
+  fs::remove_all(dir);
+  Result r = run("train --config " + src("configs/toy/induction-1l-kvshift.json") +
+                 " --set model.num_key_value_heads=3 --run-dir " + dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("num_key_value_heads"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+}
+
+TEST(Cli, OutOfVocabularyTokenInShardsNamesFileAndPosition) {
+  const std::string dir = testing::TempDir() + "kvs_cli_oov";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 200;
+  tokens[100] = 300;  // >= vocab_size 256
+  kvs::write_shard(dir + "/train_000.bin", tokens, 2);
+  std::ifstream in(src("configs/toy/lm-small-kvshift.json"));
+  auto j = nlohmann::json::parse(in);
+  j["data"]["shards"]["train"] = {dir + "/train_000.bin"};
+  j["data"]["shards"]["val"] = nlohmann::json::array();
+  j["data"]["shards"]["val_fraction"] = 0.1;
+  j["train"]["steps"] = 2;
+  j["train"]["seq_len"] = 64;
+  j["train"]["micro_batch_size"] = 64;
+  const std::string path = write_temp("oov.json", j.dump());
+  Result r = run("train --quiet --config " + path + " --run-dir " + dir + "/run");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("train_000.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("300"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TrainEvalForwardEndToEnd) {
+  const std::string dir = testing::TempDir() + "kvs_cli_e2e";
+  fs::remove_all(dir);
+  Result r = run("train --quiet --config " + src("configs/toy/induction-1l-kvshift.json") +
+                 " --set train.steps=3 --set train.eval_sequences=16 --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir + "/metrics.jsonl"));
+  Result e = run("eval --json --checkpoint " + dir + "/checkpoints");
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
+  const std::string tokens = write_temp("tokens.txt", "11 12 13 14 12");
+  Result f = run("forward --checkpoint " + dir + "/checkpoints/step_00000003 --tokens " + tokens + " --out " + dir +
+                 "/logits.npy");
+  ASSERT_EQ(f.code, 0) << f.out;
+  EXPECT_EQ(fs::file_size(dir + "/logits.npy"), 128u + 5 * 128 * 4);  // header + [5, vocab 128] float32
+}

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
-  libopenblas-dev libomp-dev
+  libopenblas-openmp-dev
   python3 python3-torch python3-numpy python3-matplotlib
 )
 

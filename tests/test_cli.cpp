@@ -123,6 +123,13 @@ TEST(Cli, OutOfVocabularyTokenInShardsNamesFileAndPosition) {
   EXPECT_NE(r.out.find("300"), std::string::npos) << r.out;
 }
 
+TEST(Cli, CudaWithoutAGpuIsOneLineError) {
+  Result r = run("bench --device cuda --config " + src("configs/toy/induction-1l-kvshift.json"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("device 'cuda'"), std::string::npos) << r.out;
+}
+
 TEST(Cli, TrainEvalForwardEndToEnd) {
   const std::string dir = testing::TempDir() + "kvs_cli_e2e";
   fs::remove_all(dir);

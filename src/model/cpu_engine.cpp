@@ -20,6 +20,9 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
+#ifdef KVS_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 namespace kvs {
 
@@ -360,7 +363,10 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
   if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
   if (device == "cuda") {
 #ifdef KVS_CUDA
-    fail("device 'cuda': the CUDA engine is not implemented yet (this build has the CUDA toolkit linked)");
+    std::string why;
+    if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
+    fail("device 'cuda': the CUDA engine is not implemented yet (GPU found: {}); use --device cpu",
+         cuda::device_name(0));
 #else
     fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
 #endif

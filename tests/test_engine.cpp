@@ -1,0 +1,229 @@
+// Engine-level tests beyond the PyTorch oracle: AdamW against torch.optim.AdamW's
+// documented update computed here in double, gradient accumulation, smaller
+// batches in a larger plan, the LR schedule and parameter initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "core/rng.h"
+#include "model/cpu_engine.h"
+#include "model/params.h"
+#include "train/schedule.h"
+
+namespace {
+
+kvs::ModelConfig tiny_model(bool shift = true, bool tied = false) {
+  kvs::ModelConfig m;
+  m.hidden_size = 16;
+  m.intermediate_size = 24;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.vocab_size = 40;
+  m.max_position_embeddings = 16;
+  m.tie_word_embeddings = tied;
+  m.kv_shift.enabled = shift;
+  return m;
+}
+
+struct Data {
+  int B, T;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> mask;
+  Data(int B_, int T_, int V, uint64_t seed) : B(B_), T(T_) {
+    const size_t n = static_cast<size_t>(B) * T;
+    for (size_t i = 0; i < n; ++i) {
+      inputs.push_back(static_cast<int32_t>(kvs::splitmix64(seed + 3 * i) % V));
+      targets.push_back(static_cast<int32_t>(kvs::splitmix64(seed + 3 * i + 1) % V));
+      mask.push_back(kvs::splitmix64(seed + 3 * i + 2) % 4 == 0 ? 0.0f : 1.0f);
+    }
+  }
+  kvs::Batch batch(int first, int count) const {
+    const size_t o = static_cast<size_t>(first) * T;
+    return {count, T, inputs.data() + o, targets.data() + o, mask.data() + o};
+  }
+  double scored() const { return std::accumulate(mask.begin(), mask.end(), 0.0); }
+};
+
+std::unique_ptr<kvs::CpuEngine> engine_with_init(const kvs::ModelConfig& m, int B, int T, uint64_t seed = 5) {
+  auto e = std::make_unique<kvs::CpuEngine>(m, B, T);
+  std::vector<float> p(e->layout().total);
+  kvs::init_params(e->layout(), m, seed, p.data());
+  // Perturb norms and shifts so every parameter kind has non-trivial values.
+  for (size_t i = 0; i < p.size(); ++i) p[i] += 0.05f * static_cast<float>(kvs::normal01(77, i));
+  e->write_params(p.data());
+  return e;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+TEST(Engine, AdamWMatchesTorchFormulaInDouble) {
+  const auto m = tiny_model();
+  auto e = engine_with_init(m, 2, 8);
+  const Data d(2, 8, m.vocab_size, 1);
+  const size_t n = e->layout().total;
+  std::vector<double> p(n), mo(n, 0.0), v(n, 0.0);
+  {
+    std::vector<float> pf(n);
+    e->read_params(pf.data());
+    for (size_t i = 0; i < n; ++i) p[i] = pf[i];
+  }
+  const double lrs[] = {1e-2, 3e-3, 5e-3};
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  for (int step = 1; step <= 3; ++step) {
+    e->zero_grad();
+    e->forward_backward(d.batch(0, 2), 1.0 / d.scored());
+    std::vector<float> g(n);
+    e->read_grads(g.data());
+    const double clip = step == 2 ? 0.5 : 1.0;  // exercise the clip factor
+    e->adamw_step({lrs[step - 1], b1, b2, eps, wd, step, clip});
+    // torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Decay only on matrices/embeddings.
+    for (const auto& t : e->layout().tensors) {
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+        const double gi = g[i] * clip, lr = lrs[step - 1];
+        if (t.decay()) p[i] *= 1 - lr * wd;
+        mo[i] = b1 * mo[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        const double denom = std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, step)) + eps;
+        p[i] -= lr / (1 - std::pow(b1, step)) * mo[i] / denom;
+      }
+    }
+  }
+  std::vector<float> got(n);
+  e->read_params(got.data());
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(got[i] - p[i]) / std::max(1e-3, std::abs(p[i])));
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(Engine, NormsAndShiftsAreNotDecayed) {
+  const auto m = tiny_model();
+  kvs::CpuEngine e(m, 1, 4);
+  const auto& L = e.layout();
+  std::vector<float> p(L.total, 1.0f);
+  e.write_params(p.data());
+  e.zero_grad();  // zero gradient: only weight decay moves parameters
+  e.adamw_step({0.1, 0.9, 0.95, 1e-8, 0.5, 1, 1.0});
+  e.read_params(p.data());
+  for (const auto& t : L.tensors) {
+    const float expect = t.decay() ? 1.0f - 0.1f * 0.5f : 1.0f;
+    EXPECT_FLOAT_EQ(p[t.offset], expect) << t.name;
+    const bool should_decay = t.name.find("norm") == std::string::npos && t.name.find("shift") == std::string::npos;
+    EXPECT_EQ(t.decay(), should_decay) << t.name;
+  }
+}
+
+TEST(Engine, GradientAccumulationEqualsOneBigBatch) {
+  for (bool tied : {false, true}) {
+    const auto m = tiny_model(true, tied);
+    const Data d(4, 8, m.vocab_size, 2);
+    auto big = engine_with_init(m, 4, 8);
+    auto small = engine_with_init(m, 2, 8);
+    big->zero_grad();
+    const double l_big = big->forward_backward(d.batch(0, 4), 1.0 / d.scored());
+    small->zero_grad();
+    double l_small = small->forward_backward(d.batch(0, 2), 1.0 / d.scored());
+    l_small += small->forward_backward(d.batch(2, 2), 1.0 / d.scored());
+    EXPECT_NEAR(l_big, l_small, 1e-5 * std::abs(l_big));
+    std::vector<float> g1(big->layout().total), g2(g1.size());
+    big->read_grads(g1.data());
+    small->read_grads(g2.data());
+    EXPECT_LT(rel_diff(g2, g1), 1e-6);
+    EXPECT_NEAR(big->grad_norm(), small->grad_norm(), 1e-6 * big->grad_norm());
+  }
+}
+
+TEST(Engine, SmallerBatchInLargerPlanGivesSameLogits) {
+  const auto m = tiny_model();
+  const Data d(1, 6, m.vocab_size, 3);
+  auto exact = engine_with_init(m, 1, 6);
+  auto large = engine_with_init(m, 3, 12);
+  std::vector<float> a(6 * m.vocab_size), b(a.size());
+  exact->forward(d.batch(0, 1), nullptr, nullptr, a.data());
+  large->forward(d.batch(0, 1), nullptr, nullptr, b.data());
+  EXPECT_EQ(a, b);
+}
+
+TEST(Engine, ShiftOffIsVanillaAndIdentityShiftEqualsIt) {
+  // With a_cur = b_cur = 1 and a_prev = b_prev = 0 the shift is the identity,
+  // so the logits equal those of the same weights with the shift disabled.
+  auto ms = tiny_model(true), mv = tiny_model(false);
+  kvs::CpuEngine es(ms, 1, 8), ev(mv, 1, 8);
+  std::vector<float> ps(es.layout().total), pv(ev.layout().total);
+  kvs::init_params(es.layout(), ms, 9, ps.data());
+  kvs::init_params(ev.layout(), mv, 9, pv.data());
+  for (const auto& t : es.layout().tensors) {
+    if (t.kind == kvs::ParamKind::Shift) {
+      for (int64_t h = 0; h < t.shape[0]; ++h) ps[t.offset + 2 * h] = 0.0f, ps[t.offset + 2 * h + 1] = 1.0f;
+    } else {
+      const auto* tv = ev.layout().find(t.name);
+      ASSERT_NE(tv, nullptr) << t.name;
+      // Same seed and name => same initial values in either layout.
+      for (size_t i = 0; i < t.numel; ++i) ASSERT_EQ(ps[t.offset + i], pv[tv->offset + i]) << t.name;
+    }
+  }
+  es.write_params(ps.data());
+  ev.write_params(pv.data());
+  const Data d(1, 8, ms.vocab_size, 4);
+  std::vector<float> a(8 * ms.vocab_size), b(a.size());
+  es.forward(d.batch(0, 1), nullptr, nullptr, a.data());
+  ev.forward(d.batch(0, 1), nullptr, nullptr, b.data());
+  EXPECT_LT(rel_diff(a, b), 1e-6);
+}
+
+TEST(Engine, InitialisationFollowsThePaper) {
+  auto m = tiny_model();
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 4;
+  const auto L = kvs::ParamLayout::build(m);
+  std::vector<float> p(L.total);
+  kvs::init_params(L, m, 11, p.data());
+  for (const auto& t : L.tensors) {
+    const float* x = p.data() + t.offset;
+    if (t.kind == kvs::ParamKind::Shift) {
+      for (int64_t h = 0; h < t.shape[0]; ++h) {
+        EXPECT_GT(x[2 * h], 0.0f);
+        EXPECT_LT(x[2 * h], 1.0f);
+        EXPECT_FLOAT_EQ(x[2 * h + 1], 1.0f - x[2 * h]) << t.name;  // cur = 1 - prev
+      }
+      // K and V draw their own coefficients.
+    } else if (t.kind == kvs::ParamKind::Norm) {
+      for (size_t i = 0; i < t.numel; ++i) EXPECT_EQ(x[i], 1.0f);
+    } else {
+      double s2 = 0;
+      for (size_t i = 0; i < t.numel; ++i) s2 += static_cast<double>(x[i]) * x[i];
+      EXPECT_NEAR(std::sqrt(s2 / t.numel), 0.02, 0.004) << t.name;
+    }
+  }
+  const auto* k = L.find("model.layers.0.self_attn.k_shift");
+  const auto* v = L.find("model.layers.0.self_attn.v_shift");
+  EXPECT_NE(p[k->offset], p[v->offset]);
+}
+
+TEST(Schedule, WarmupThenConstantOrCosine) {
+  kvs::TrainConfig t;
+  t.lr = 1e-3;
+  t.warmup_steps = 10;
+  t.steps = 110;
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 9), 1e-3);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 50), 1e-3);
+  t.schedule = "cosine";
+  t.min_lr = 1e-4;
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 10), 1e-3);
+  EXPECT_NEAR(kvs::learning_rate(t, 60), 0.5 * (1e-3 + 1e-4), 1e-12);
+  EXPECT_NEAR(kvs::learning_rate(t, 110), 1e-4, 1e-12);
+}

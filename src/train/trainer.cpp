@@ -171,6 +171,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
   };
 
   const auto t_start = std::chrono::steady_clock::now();
+  double smoothed_step_s = 0;  // the progress line shows an EMA: one step's rate is too noisy to read
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(tc, step);
@@ -198,13 +199,14 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>(GB) * T / dt;
+    smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
     summary.losses.push_back(loss);
     if (done % tc.log_every == 0 || done == tc.steps)
       metrics.write({{"type", "train"}, {"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                      {"scored_tokens", static_cast<int64_t>(scored)}, {"tokens_per_s", tok_s},
                      {"step_time_s", dt}});
     if (!opt.quiet)
-      progress.update(done, loss, lr, tok_s,
+      progress.update(done, loss, lr, static_cast<double>(GB) * T / smoothed_step_s,
                       std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) summary.final_eval = run_eval(done);

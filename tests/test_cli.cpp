@@ -123,6 +123,32 @@ TEST(Cli, OutOfVocabularyTokenInShardsNamesFileAndPosition) {
   EXPECT_NE(r.out.find("300"), std::string::npos) << r.out;
 }
 
+TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
+  // The run's saved config must not depend on the directory train was started from.
+  const std::string dir = testing::TempDir() + "kvs_cli_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/cfg/data");
+  std::vector<uint32_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7) % 256;
+  kvs::write_shard(dir + "/cfg/data/train_000.bin", tokens, 2);
+  std::ifstream in(src("configs/toy/lm-small-kvshift.json"));
+  auto j = nlohmann::json::parse(in);
+  j["data"]["shards"]["train"] = {"data/train_*.bin"};  // relative to the config file
+  j["data"]["shards"]["val"] = nlohmann::json::array();
+  j["data"]["shards"]["val_fraction"] = 0.2;
+  j["model"]["num_hidden_layers"] = 1;
+  j["train"]["steps"] = 2;
+  j["train"]["seq_len"] = 32;
+  j["train"]["micro_batch_size"] = 2;
+  j["train"]["eval_sequences"] = 4;
+  std::ofstream(dir + "/cfg/lm.json") << j.dump();
+  Result r = run("train --quiet --config " + dir + "/cfg/lm.json --run-dir " + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result e = run("eval --json --checkpoint " + dir + "/run/checkpoints");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_EQ(nlohmann::json::parse(e.out.substr(e.out.find('{')))["accuracy_kind"], "next_token");
+}
+
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {
   Result r = run("bench --device cuda --config " + src("configs/toy/induction-1l-kvshift.json"));
   EXPECT_NE(r.code, 0);
@@ -141,6 +167,9 @@ TEST(Cli, TrainEvalForwardEndToEnd) {
   ASSERT_EQ(e.code, 0) << e.out;
   auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
   EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
+  EXPECT_GE(j["accuracy"].get<double>(), 0.0);
+  EXPECT_LE(j["accuracy"].get<double>(), 1.0);
+  EXPECT_EQ(j["accuracy_kind"], "induction");
   const std::string tokens = write_temp("tokens.txt", "11 12 13 14 12");
   Result f = run("forward --checkpoint " + dir + "/checkpoints/step_00000003 --tokens " + tokens + " --out " + dir +
                  "/logits.npy");

@@ -59,6 +59,17 @@ std::string config_dir(const Config& c) {
   return fs::absolute(c.source_path).parent_path().string();
 }
 
+// Shard paths are relative to the config file; the copies saved in the run
+// directory and in checkpoints must work from anywhere, so they are stored absolute.
+Config with_absolute_paths(const Config& in) {
+  Config c = in;
+  const fs::path dir = config_dir(in);
+  for (auto* list : {&c.data.shards.train, &c.data.shards.val})
+    for (auto& p : *list)
+      if (!fs::path(p).is_absolute()) p = (dir / p).lexically_normal().string();
+  return c;
+}
+
 }  // namespace
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences) {
@@ -89,7 +100,8 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   return r;
 }
 
-TrainSummary train(const Config& cfg, const TrainOptions& opt) {
+TrainSummary train(const Config& config, const TrainOptions& opt) {
+  const Config cfg = with_absolute_paths(config);
   const TrainConfig& tc = cfg.train;
   KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
   set_threads(tc.threads);

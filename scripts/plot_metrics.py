@@ -309,6 +309,13 @@ def build_figure(runs, title, smooth):
 # Output
 
 
+def current_umask():
+    """Return the process umask (reading it requires setting it, so set it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_atomically(fig, out):
     """Write FIG as PNG to a temporary file next to OUT, then rename it into place."""
     out_dir = os.path.dirname(os.path.abspath(out))
@@ -318,6 +325,7 @@ def save_atomically(fig, out):
     except OSError as e:
         raise PlotError("%s: cannot write: %s" % (out, e.strerror or e))
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give the PNG normal permissions
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=110)
         os.replace(tmp, out)

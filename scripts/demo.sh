@@ -17,7 +17,8 @@ done
 elapsed=$(( $(date +%s) - start ))
 kv=$("$BIN" eval --json --checkpoint "$OUT/induction-1l-kvshift/checkpoints")
 va=$("$BIN" eval --json --checkpoint "$OUT/induction-1l-vanilla/checkpoints")
-python3 - "$kv" "$va" "$elapsed" <<'PY'
+status=0
+python3 - "$kv" "$va" "$elapsed" <<'PY' || status=$?
 import json, sys
 kv, va, secs = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 print()
@@ -30,3 +31,16 @@ print("paper's claim (1-layer KV shifting learns induction, 1-layer vanilla does
       % ("REPRODUCED" if ok else "NOT reproduced", secs // 60, secs % 60))
 sys.exit(0 if ok else 1)
 PY
+# Training curves of both runs in one PNG (needs Debian's matplotlib, installed by setup.sh).
+# A plotting problem only warns: the exit status stays the claim's.
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  if png=$(/usr/bin/python3 scripts/plot_metrics.py "$OUT/induction-1l-kvshift" "$OUT/induction-1l-vanilla" \
+             --title "Induction, 1 layer: KV shifting vs vanilla" --smooth 5 --out "$OUT/induction-1l.png"); then
+    echo "training curves: $png"
+  else
+    echo "demo: warning: could not plot the training curves" >&2
+  fi
+else
+  echo "demo: note: /usr/bin/python3 has no matplotlib, skipping the plot (scripts/setup.sh installs python3-matplotlib)" >&2
+fi
+exit "$status"

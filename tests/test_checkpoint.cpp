@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tmp_dir.h"
 #include "core/fs.h"
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
@@ -20,26 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TmpDir {
- public:
-  TmpDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::temp_directory_path() /
-             (std::string("kvs_") + info->test_suite_name() + "_" + info->name() + "_" + std::to_string(::getpid())))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
+using kvs::testing_util::TmpDir;
 
 void spit(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

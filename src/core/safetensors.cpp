@@ -55,17 +55,6 @@ T load_le(const uint8_t* p) {
   return v;
 }
 
-std::string json_error_text(const std::exception& e) {
-  // Drop nlohmann's "[json.exception.parse_error.101] " prefix and keep it on one line.
-  std::string s = e.what();
-  if (!s.empty() && s[0] == '[') {
-    auto p = s.find("] ");
-    if (p != std::string::npos) s = s.substr(p + 2);
-  }
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
-
 struct Fd {
   int fd;
   ~Fd() {
@@ -269,7 +258,7 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
   try {
     hs = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: cannot write: a tensor name or metadata entry is not valid UTF-8 ({})", path, json_error_text(e));
+    fail("{}: cannot write: a tensor name or metadata entry is not valid UTF-8 ({})", path, one_line_error_text(e));
   }
   // Pad with spaces so the data region starts 8-byte aligned (as the reference writer).
   hs.append((8 - hs.size() % 8) % 8, ' ');
@@ -324,7 +313,7 @@ std::vector<StTensor> read_safetensors(const std::string& path, std::map<std::st
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: header is not valid JSON: {}", path, json_error_text(e));
+    fail("{}: header is not valid JSON: {}", path, one_line_error_text(e));
   }
   KVS_CHECK(header.is_object(), "{}: header must be a JSON object, got {}", path, header.type_name());
   KVS_CHECK(duplicate.empty(), "{}: duplicate tensor name '{}' in header", path, duplicate);

@@ -46,22 +46,12 @@ bool parse_step_name(const std::string& s, int64_t* step) {
   return true;
 }
 
-std::string json_error_text(const std::exception& e) {
-  std::string s = e.what();
-  if (!s.empty() && s[0] == '[') {
-    auto p = s.find("] ");
-    if (p != std::string::npos) s = s.substr(p + 2);
-  }
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
-
 void write_json_file(const std::string& path, const nlohmann::json& j) {
   std::string text;
   try {
     text = j.dump(2) + "\n";
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: cannot write: {}", path, json_error_text(e));
+    fail("{}: cannot write: {}", path, one_line_error_text(e));
   }
   atomic_write_file(path, text);
 }
@@ -71,7 +61,7 @@ nlohmann::json read_json_file(const std::string& path) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, json_error_text(e));
+    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
   }
 }
 

@@ -5,12 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-# The CUDA backend must compile and link wherever the toolkit is (no GPU needed).
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "test: building with -DKVS_CUDA=ON (compile and link check)"
-  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON >/dev/null
-  cmake --build build-cuda -j"$(nproc)" --target kvshift
-fi
+# (build.sh compiles the CUDA backend too whenever nvcc is found: KVS_CUDA defaults to ON then.)
+grep -q "KVS_CUDA:BOOL=ON" build/CMakeCache.txt && echo "test: CUDA backend compiled and linked (KVS_CUDA=ON)"
 # CI runs as root; OpenMP/OpenBLAS use both cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 cd build

@@ -20,8 +20,11 @@ kv_shift window), same float32 arithmetic, same thread count (torch.set_num_thre
 train.threads=N), same work per step including gradient clipping and the optimizer, random
 tokens with an all-ones mask on both sides, the same warm-up / timed step counts and the
 same median (sorted[S // 2], as bench.cpp). The two runs happen one after the other, never
-at the same time, under the same environment (OMP_WAIT_POLICY etc. reach both); the 1-minute
-load average is reported because other work on the machine skews both. The PyTorch model is what a competent PyTorch 1.13 user would write
+at the same time, under the same environment: kvshift sets GOMP_SPINCOUNT=20000 for itself
+unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (src/core/runtime_env.h), so this script
+applies the same rule to PyTorch before importing it, and both report the OpenBLAS kernel
+family in use (OPENBLAS_CORETYPE, if set, reaches both). The 1-minute load average is
+reported because other work on the machine skews both. The PyTorch model is what a competent PyTorch 1.13 user would write
 (no per-step re-materialisation: RoPE tables and the causal mask are precomputed buffers;
 attention is matmul + additive causal mask + softmax, since 1.13 has no
 scaled_dot_product_attention); `--torch-impl oracle` times the oracle module instead.
@@ -37,6 +40,11 @@ import os
 import subprocess
 import sys
 import time
+
+# The OpenMP spin setting kvshift picks for itself (src/core/runtime_env.cpp), given to
+# PyTorch too: libgomp reads it when torch loads, so it must be set before the import.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "20000"
 
 import torch
 import torch.nn as nn
@@ -217,6 +225,18 @@ def set_torch_threads(n):
             continue
 
 
+def torch_openblas_core():
+    """The OpenBLAS kernel family PyTorch's BLAS runs ("Haswell", "Cooperlake", ...)."""
+    for name in ("libopenblas.so.0", "libopenblas.so"):
+        try:
+            f = ctypes.CDLL(name).openblas_get_corename
+            f.restype = ctypes.c_char_p
+            return f().decode()
+        except (OSError, AttributeError):
+            continue
+    return "not OpenBLAS"
+
+
 def bench_torch(model, cfg, train, threads, warmup, steps):
     """Median ms of one optimizer step of `model` (see the module docstring)."""
     set_torch_threads(threads)
@@ -281,6 +301,9 @@ def print_table(r):
         ("threads", f"{r['threads']} (load average before: {r['loadavg_1min_before']:.2f})"),
         ("torch", f"{r['torch_version']} ({r['torch_impl']} module, oracle check "
                   f"max|dlogits|={r['oracle_check_max_abs_diff']:.1e})"),
+        ("OpenBLAS kernels", f"kvshift {r.get('kvshift_openblas_core') or 'n/a'}, "
+                             f"PyTorch {r['torch_openblas_core']}"),
+        ("OpenMP spin", os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY") or "default"),
         ("kvshift tokens/s", fmt(r["kvshift_tokens_per_s"], ",.0f")),
         ("PyTorch tokens/s", fmt(r["torch_tokens_per_s"], ",.0f")),
         ("ratio kvshift/PyTorch", fmt(r["ratio_kvshift_over_torch"], ".2f")),
@@ -340,8 +363,10 @@ def main(argv=None):
         "micro_batch_size": B, "seq_len": T, "grad_accum_steps": accum, "tokens_per_step": tokens,
         "warmup": args.warmup, "steps": args.steps, "loadavg_1min_before": load_before,
         "torch_version": torch.__version__, "torch_impl": args.torch_impl,
+        "torch_openblas_core": torch_openblas_core(),
         "oracle_check_max_abs_diff": check_diff,
         "kvshift_tokens_per_s": kv["tokens_per_s"] if kv else None,
+        "kvshift_openblas_core": kv.get("openblas_core") if kv else None,
         "kvshift_median_ms_per_step": kv["median_ms_per_step"] if kv else None,
         "torch_tokens_per_s": torch_tps,
         "torch_median_ms_per_step": torch_ms,

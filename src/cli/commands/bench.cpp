@@ -8,6 +8,7 @@
 
 #include "cli/commands/commands.h"
 #include "core/rng.h"
+#include "core/runtime_env.h"
 #include "model/config.h"
 #include "model/engine.h"
 #include "model/flops.h"
@@ -15,6 +16,13 @@
 extern "C" void openblas_set_num_threads(int);
 
 namespace kvs::cli {
+
+namespace {
+std::string env_or(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+}  // namespace
 
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Median ms/step and tokens/s of training steps for a config");
@@ -80,7 +88,12 @@ void add_bench(CLI::App& app) {
                           {"tokens_per_s", tok_s},
                           {"model_tflops_per_s", flops * tok_s / 1e12},
                           {"flops_formula", kFlopsFormula},
-                          {"peak_rss_mib", peak_mib}};
+                          {"peak_rss_mib", peak_mib},
+                          {"openblas_core", openblas_core_name()},
+                          {"env",
+                           {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
+                            {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
+                            {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
       std::printf("%s\n", j.dump().c_str());
       return;
     }
@@ -88,7 +101,7 @@ void add_bench(CLI::App& app) {
                 cfg.device.c_str(), threads, B, T, accum, cfg.model.kv_shift.enabled ? "on" : "off");
     std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)\n",
                 median, ms.front(), ms.back(), a->steps, tok_s, flops * tok_s / 1e12, kFlopsFormula);
-    std::printf("peak memory (RSS) %.1f MiB\n", peak_mib);
+    std::printf("peak memory (RSS) %.1f MiB | OpenBLAS kernels: %s\n", peak_mib, openblas_core_name().c_str());
   });
 }
 

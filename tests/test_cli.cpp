@@ -23,8 +23,9 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(KVS_BINARY) + " " + args + " 2>&1";
+// Runs the binary with `prefix` (e.g. "env -u X Y=1") in front.
+Result run_with_env(const std::string& prefix, const std::string& args) {
+  const std::string cmd = prefix + " " + std::string(KVS_BINARY) + " " + args + " 2>&1";
   Result r{0, ""};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -33,6 +34,8 @@ Result run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Result run(const std::string& args) { return run_with_env("", args); }
 
 std::string src(const std::string& rel) { return std::string(KVS_SOURCE_DIR) + "/" + rel; }
 
@@ -147,6 +150,21 @@ TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
   Result e = run("eval --json --checkpoint " + dir + "/run/checkpoints");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_EQ(nlohmann::json::parse(e.out.substr(e.out.find('{')))["accuracy_kind"], "next_token");
+}
+
+TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
+  const std::string cfg = " bench --json --warmup 0 --steps 1 --config " + src("configs/toy/induction-1l-kvshift.json");
+  auto env_of = [](const Result& r) { return nlohmann::json::parse(r.out.substr(r.out.find('{')))["env"]; };
+  Result d = run_with_env("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY", cfg);
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_EQ(env_of(d)["GOMP_SPINCOUNT"], "20000");
+  Result u = run_with_env("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=12345", cfg);
+  ASSERT_EQ(u.code, 0) << u.out;
+  EXPECT_EQ(env_of(u)["GOMP_SPINCOUNT"], "12345");
+  Result p = run_with_env("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE", cfg);
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(env_of(p)["GOMP_SPINCOUNT"], "");
+  EXPECT_EQ(env_of(p)["OMP_WAIT_POLICY"], "PASSIVE");
 }
 
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {

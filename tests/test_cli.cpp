@@ -181,9 +181,10 @@ TEST(Cli, TrainEvalForwardEndToEnd) {
                  " --set train.steps=3 --set train.eval_sequences=16 --run-dir " + dir);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(dir + "/metrics.jsonl"));
-  Result e = run("eval --json --checkpoint " + dir + "/checkpoints");
+  Result e = run("eval --json --checkpoint " + dir);  // a run dir: its latest checkpoint
   ASSERT_EQ(e.code, 0) << e.out;
   auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  EXPECT_NE(j["checkpoint"].get<std::string>().find("step_00000003"), std::string::npos);
   EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
   EXPECT_GE(j["accuracy"].get<double>(), 0.0);
   EXPECT_LE(j["accuracy"].get<double>(), 1.0);

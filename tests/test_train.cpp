@@ -167,4 +167,13 @@ TEST(Train, ResumeRejectsADifferentModel) {
   Config other = tiny_induction(false);
   other.train.steps = 4;
   EXPECT_THROW(kvs::train(other, {dir, true, true}), kvs::Error);
+  Config reseeded = c;
+  reseeded.train.steps = 4;
+  reseeded.train.seed = 4321;
+  try {
+    kvs::train(reseeded, {dir, true, true});
+    FAIL() << "expected an error";
+  } catch (const kvs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.seed"), std::string::npos) << e.what();
+  }
 }

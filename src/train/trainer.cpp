@@ -129,6 +129,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     KVS_CHECK(ts.value("global_batch_sequences", -1) == cfg.global_batch_sequences(),
               "{}: the global batch changed (checkpoint {} sequences, config {}); data positions would not line up",
               latest, ts.value("global_batch_sequences", -1), cfg.global_batch_sequences());
+    KVS_CHECK(ts.value("seed", tc.seed + 1) == tc.seed,
+              "{}: train.seed changed (checkpoint {}, config {}); the data stream would not line up", latest,
+              ts.value("seed", uint64_t{0}), tc.seed);
     spdlog::info("resuming from {} (step {})", latest, step);
   } else {
     KVS_CHECK(latest.empty(), "{}: the run directory already has checkpoints; use --resume or another --run-dir",

@@ -16,7 +16,8 @@ void add_eval(CLI::App& app) {
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (a step_* dir, or a run dir's checkpoints/)")
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint (step_* dir), a checkpoints/ dir or a run dir (their latest checkpoint)")
       ->required();
   cmd->add_option("--config", a->config,
                   "Config giving the data and eval settings (default: the checkpoint's run_config.json)");
@@ -25,6 +26,7 @@ void add_eval(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
   cmd->callback([a]() {
     std::string dir = a->checkpoint;
+    if (std::filesystem::exists(dir + "/checkpoints/latest")) dir += "/checkpoints";
     if (std::filesystem::exists(dir + "/latest")) dir = latest_checkpoint(dir);
     LoadedCheckpoint ck = read_checkpoint(dir);
     Config cfg;

@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""End-to-end test of scripts/sweep.py and scripts/plot_sweep.py with the real binary.
+
+    /usr/bin/python3 tests/test_sweep.py --kvshift build/kvshift --workdir build/sweep_test
+
+Runs configs/experiments/smoke.json (2 labels x 2 seeds, 20 steps each) into a
+fresh WORKDIR and checks: all cells finish, a second run re-runs nothing, an
+interrupted cell (with and without a checkpoint) is the only one that re-runs,
+a spec with an unknown key fails with one line naming it, a failing cell does
+not stop the sweep but makes the exit status non-zero, and plot_sweep.py writes
+a PNG and a table with both labels. Prints `N passed, N failed`; exit 1 on any
+failure. Registered in CTest as `sweep_runner`.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
+PLOT = os.path.join(ROOT, "scripts", "plot_sweep.py")
+SMOKE = os.path.join(ROOT, "configs", "experiments", "smoke.json")
+PY = sys.executable or "/usr/bin/python3"
+
+passed, failed = 0, 0
+
+
+def check(cond, what, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+        print("ok    %s" % what)
+    else:
+        failed += 1
+        print("FAIL  %s%s" % (what, (": " + detail) if detail else ""))
+    return cond
+
+
+def run(args, **kw):
+    p = subprocess.run([PY] + args, capture_output=True, text=True, **kw)
+    return p
+
+
+def show(p):
+    return "rc %d\n--- stdout\n%s--- stderr\n%s" % (p.returncode, p.stdout, p.stderr)
+
+
+def cell_dirs(out):
+    return {(lab, s): os.path.join(out, "smoke", lab, "seed%d" % s)
+            for lab in ("kvshift", "vanilla") for s in (1, 2)}
+
+
+def is_finished(run_dir, steps=20):
+    if not os.path.isfile(os.path.join(run_dir, "checkpoints", "latest")):
+        return False
+    last = None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "train":
+                last = rec["step"]
+    return last == steps
+
+
+def stamps(dirs):
+    """mtime_ns of every cell's metrics.jsonl and checkpoints/latest."""
+    out = {}
+    for key, d in dirs.items():
+        for name in ("metrics.jsonl", os.path.join("checkpoints", "latest"), "train.log"):
+            p = os.path.join(d, name)
+            out[(key, name)] = os.stat(p).st_mtime_ns if os.path.exists(p) else None
+    return out
+
+
+def sweep_json(out):
+    with open(os.path.join(out, "smoke", "sweep.json")) as f:
+        return json.load(f)
+
+
+def statuses(out):
+    return {(c["label"], c["seed"]): (c["status"], c["action"]) for c in sweep_json(out)["cells"]}
+
+
+def truncate_metrics(run_dir, max_step):
+    p = os.path.join(run_dir, "metrics.jsonl")
+    with open(p) as f:
+        keep = [l for l in f if json.loads(l)["step"] <= max_step]
+    with open(p, "w") as f:
+        f.writelines(keep)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvshift", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    work = os.path.abspath(a.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    out = os.path.join(work, "runs")
+    base = ["--spec", SMOKE, "--kvshift", a.kvshift, "--out", out]
+    dirs = cell_dirs(out)
+
+    # 0. Dry run: a plan, nothing written.
+    p = run([SWEEP] + base + ["--dry-run"])
+    check(p.returncode == 0 and "4 cells" in p.stdout and "4 todo" in p.stdout, "dry run prints the plan", show(p))
+    check(not os.path.exists(out), "dry run writes nothing")
+
+    # 1. Fresh sweep, two cells in parallel.
+    p = run([SWEEP] + base + ["--jobs", "2"])
+    if not check(p.returncode == 0, "fresh sweep exits 0", show(p)):
+        print(show(p))
+    check("0 finished, 4 todo" in p.stdout, "plan says 0 finished, 4 todo", p.stdout)
+    check(sum(l.startswith("[") and "final accuracy" in l for l in p.stdout.splitlines()) == 4,
+          "one progress line per cell", p.stdout)
+    check(all(is_finished(d) for d in dirs.values()), "all 4 run dirs finished")
+    st = statuses(out)
+    check(len(st) == 4 and all(v == ("finished", "started") for v in st.values()),
+          "sweep.json: 4 cells finished/started", str(st))
+    cells = sweep_json(out)["cells"]
+    check(all(c["final_eval"] and c["final_eval"]["step"] == 20 and 0 <= c["final_eval"]["accuracy"] <= 1
+              and c["wall_s"] > 0 for c in cells), "sweep.json: final eval metrics and wall time", json.dumps(cells))
+    with open(os.path.join(dirs[("vanilla", 2)], "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["train"]["seed"] == 2 and cfg["model"]["kv_shift"]["enabled"] is False
+          and cfg["model"]["hidden_size"] == 32 and cfg["train"]["threads"] >= 1,
+          "cell config carries seed, grid and spec overrides", json.dumps(cfg["train"]))
+
+    # 2. Again: nothing re-runs.
+    before = stamps(dirs)
+    p = run([SWEEP] + base)
+    check(p.returncode == 0 and "4 finished, 0 todo" in p.stdout, "second sweep: 4 finished, 0 todo", show(p))
+    check(stamps(dirs) == before, "second sweep touched no run dir")
+    check(all(v == ("finished", "skipped") for v in statuses(out).values()), "sweep.json: all skipped")
+
+    # 3a. Interrupted without a checkpoint: latest removed, metrics truncated -> only that cell restarts.
+    victim = dirs[("vanilla", 2)]
+    os.remove(os.path.join(victim, "checkpoints", "latest"))
+    truncate_metrics(victim, 10)
+    before = stamps(dirs)
+    p = run([SWEEP] + base)
+    check(p.returncode == 0 and "3 finished, 1 todo" in p.stdout, "interrupted cell: plan says 1 todo", show(p))
+    after = stamps(dirs)
+    others_same = all(after[k] == before[k] for k in before if k[0] != ("vanilla", 2))
+    check(others_same, "interrupted cell: other cells untouched")
+    check(is_finished(victim), "interrupted cell (no checkpoint) finished again")
+    check(statuses(out)[("vanilla", 2)] == ("finished", "restarted"), "sweep.json: restarted",
+          str(statuses(out)))
+
+    # 3b. Interrupted after the step-10 checkpoint -> resumed with --resume.
+    victim = dirs[("kvshift", 1)]
+    with open(os.path.join(victim, "checkpoints", "latest"), "w") as f:
+        f.write("step_00000010\n")
+    truncate_metrics(victim, 10)
+    before = stamps(dirs)
+    p = run([SWEEP] + base)
+    check(p.returncode == 0 and "1 todo" in p.stdout, "checkpointed cell: plan says 1 todo", show(p))
+    after = stamps(dirs)
+    check(all(after[k] == before[k] for k in before if k[0] != ("kvshift", 1)),
+          "checkpointed cell: other cells untouched")
+    check(is_finished(victim), "checkpointed cell finished")
+    check(statuses(out)[("kvshift", 1)] == ("finished", "resumed"), "sweep.json: resumed", str(statuses(out)))
+    with open(os.path.join(victim, "metrics.jsonl")) as f:
+        steps = [json.loads(l)["step"] for l in f if json.loads(l)["type"] == "train"]
+    check(steps == [10, 20], "resumed cell logs each train step once", str(steps))
+    with open(os.path.join(victim, "train.log")) as f:
+        check("--resume" in f.read(), "resumed cell ran with --resume")
+
+    # 4. Unknown keys: one line naming the key and the file, exit 1.
+    with open(SMOKE) as f:
+        spec = json.load(f)
+    spec["base"] = os.path.join(ROOT, "configs", "toy", "induction-1l-kvshift.json")
+    bad = dict(spec, seedz=[3])
+    bad_path = os.path.join(work, "bad.json")
+    with open(bad_path, "w") as f:
+        json.dump(bad, f)
+    p = run([SWEEP, "--spec", bad_path, "--kvshift", a.kvshift, "--out", out])
+    lines = p.stderr.strip().splitlines()
+    check(p.returncode == 1 and len(lines) == 1 and "'seedz'" in lines[0] and bad_path in lines[0],
+          "unknown top-level key: one-line error naming key and file", show(p))
+    bad = json.loads(json.dumps(spec))
+    bad["grid"][1]["sett"] = {}
+    with open(bad_path, "w") as f:
+        json.dump(bad, f)
+    p = run([SWEEP, "--spec", bad_path, "--kvshift", a.kvshift, "--out", out])
+    lines = p.stderr.strip().splitlines()
+    check(p.returncode == 1 and len(lines) == 1 and "sett" in lines[0] and bad_path in lines[0],
+          "unknown grid key: one-line error naming key and file", show(p))
+
+    # 5. A failing cell is recorded, the others still run, exit status non-zero.
+    failing = dict(spec, name="failing", seeds=[1],
+                   grid=[{"label": "broken", "set": {"model.hidden_size": 30}},
+                         {"label": "fine", "set": {}}])
+    fail_path = os.path.join(work, "failing.json")
+    with open(fail_path, "w") as f:
+        json.dump(failing, f)
+    p = run([SWEEP, "--spec", fail_path, "--kvshift", a.kvshift, "--out", out])
+    check(p.returncode != 0, "failing cell: non-zero exit", show(p))
+    check("FAILED" in p.stdout and "hidden_size" in p.stdout, "failing cell: its error lines are printed", show(p))
+    with open(os.path.join(out, "failing", "sweep.json")) as f:
+        fst = {c["label"]: c["status"] for c in json.load(f)["cells"]}
+    check(fst == {"broken": "failed", "fine": "finished"}, "failing cell: recorded, the sweep continued", str(fst))
+
+    # 6. Plot and table.
+    png = os.path.join(work, "smoke.png")
+    p = run([PLOT, "--sweep", os.path.join(out, "smoke"), "--out", png])
+    check(p.returncode == 0, "plot_sweep exits 0", show(p))
+    ok_png = os.path.isfile(png) and os.path.getsize(png) > 1000
+    if ok_png:
+        with open(png, "rb") as f:
+            ok_png = f.read(8) == b"\x89PNG\r\n\x1a\n"
+    check(ok_png, "plot_sweep wrote a PNG")
+    rows = [l for l in p.stdout.splitlines() if l.startswith("| kvshift") or l.startswith("| vanilla")]
+    check(len(rows) == 2 and all("| 2 |" in r for r in rows), "table has both labels with 2 seeds", p.stdout)
+    p = run([PLOT, "--sweep", os.path.join(out, "smoke"), "--table-only", "--metric", "val_loss"])
+    lines = p.stdout.strip().splitlines()
+    check(p.returncode == 0 and len(lines) == 4 and all(l.startswith("|") for l in lines),
+          "--table-only prints just the Markdown table", show(p))
+
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -187,6 +187,7 @@ def plot(name, groups, metric, x_axis, band, out):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     colors = plt.get_cmap("tab10")
@@ -225,6 +226,8 @@ def plot(name, groups, metric, x_axis, band, out):
     ax.set_title("%s: %s, mean over seeds (%s)" % (name, ylabel, band_txt.replace("band: ", "shaded: ")),
                  fontsize=11)
     ax.set_xlabel("optimizer step" if x_axis == "step" else "training tokens")
+    if x_axis == "tokens":
+        ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
     ax.set_ylabel(ylabel)
     if metric == "accuracy":
         ax.set_ylim(-2, 102)

@@ -19,6 +19,7 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -566,7 +567,6 @@ def _read_previous(path):
 
 
 def _shell_quote(s):
-    import shlex
     return shlex.quote(s)
 
 

@@ -373,8 +373,9 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.model.rms_norm_eps = 0; }, {"model.rms_norm_eps"}},
       {[](C& c) { c.model.rope_theta = -1; }, {"model.rope_theta"}},
       {[](C& c) { c.model.initializer_range = 0; }, {"model.initializer_range"}},
-      {[](C& c) { c.model.kv_shift.window = 2; },
-       {"model.kv_shift.window: only window 1 is implemented so far"}},
+      {[](C& c) { c.model.kv_shift.window = 4; },
+       {"model.kv_shift.window: training supports windows 1 to 3", "got 4"}},
+      {[](C& c) { c.model.kv_shift.window = 9; }, {"model.kv_shift.window", "[1, 8]"}},
       {[](C& c) { c.model.kv_shift.window = 0; }, {"model.kv_shift.window"}},
       {[](C& c) { c.train.seq_len = 129; }, {"train.seq_len", "model.max_position_embeddings"}},
       {[](C& c) { c.train.seq_len = 0; }, {"train.seq_len"}},
@@ -443,6 +444,8 @@ TEST(Config, ValidationEdgesThatPass) {
   ok([](auto& c) { c.data.induction.pad_token = 10; });                                // just below token_lo
   ok([](auto& c) { c.data.induction.token_hi = 100; c.data.induction.pad_token = 127; });  // above the range
   ok([](auto& c) { c.model.num_key_value_heads = 1; });                                // MQA
+  ok([](auto& c) { c.model.kv_shift.window = 2; });                                    // the paper's section 4.7
+  ok([](auto& c) { c.model.kv_shift.window = 3; });
   ok([](auto& c) { c.data.type = "shards"; c.data.shards.train = {"x_*.bin"}; c.data.induction.token_hi = 99999; });
   ok([](auto& c) { c.data.type = "induction"; c.data.shards.val_fraction = 7; });  // unused section not checked
 }

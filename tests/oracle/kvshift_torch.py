@@ -304,16 +304,15 @@ class KvShiftLlama(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator=None):
         """The paper/DESIGN initialisation: matrices ~ N(0, initializer_range^2), norms 1,
-        shift: previous-position column u ~ U(0,1), current column 1-u, older columns 0."""
+        shift: the W older columns ~ U(0,1), current column 1 - their sum (footnote 14)."""
         std = self.cfg.initializer_range
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 p.fill_(1.0)
             elif name.endswith("_shift"):
-                p.zero_()
-                u = torch.rand(p.shape[0], generator=generator, dtype=torch.float64).to(p.dtype)
-                p[:, -2] = u
-                p[:, -1] = 1.0 - u
+                u = torch.rand(p.shape[0], p.shape[1] - 1, generator=generator, dtype=torch.float64)
+                p[:, :-1] = u.to(p.dtype)
+                p[:, -1] = (1.0 - u.sum(dim=1)).to(p.dtype)
             else:
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * std)
 

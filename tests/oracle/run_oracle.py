@@ -94,6 +94,7 @@ CASES = [
     ("5_shift_2layer_gqa_4x1", make_config(32, 4, 1, 40, 2, 37, False, True), 2, 12, 105),
     ("6_shift_v_only_window2", make_config(16, 2, 1, 40, 1, 37, False, True, window=2,
                                            shift_k=False), 2, 10, 106),
+    ("7_shift_window3_gqa_4x2", make_config(32, 4, 2, 40, 1, 37, False, True, window=3), 2, 11, 107),
 ]
 
 

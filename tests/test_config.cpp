@@ -231,6 +231,7 @@ TEST(Config, DefaultsFillMissingKeys) {
   EXPECT_EQ(c.model.num_key_value_heads, c.model.num_attention_heads);
   EXPECT_DOUBLE_EQ(c.model.rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(c.model.rope_theta, 100000.0);
+  EXPECT_EQ(c.model.position_encoding, "rope");
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.device, "cpu");
   EXPECT_EQ(c.name, "");
@@ -313,6 +314,7 @@ TEST(Config, WrongTypesNameKeyAndValue) {
       {[](json& j) { j["model"]["kv_shift"] = true; }, {"model.kv_shift: expected an object, got boolean true"}},
       {[](json& j) { j["train"] = json::array(); }, {"train: expected an object, got array"}},
       {[](json& j) { j["name"] = 5; }, {"name: expected a string, got number 5"}},
+      {[](json& j) { j["model"]["position_encoding"] = false; }, {"model.position_encoding: expected a string"}},
       {[](json& j) { j["device"] = nullptr; }, {"device: expected a string, got null"}},
       {[](json& j) { j["data"]["shards"]["train"] = "a.bin"; }, {"data.shards.train: expected an array of strings"}},
       {[](json& j) { j["data"]["shards"]["train"] = json::array({"a.bin", 3}); }, {"data.shards.train[1]: expected a string"}},
@@ -373,9 +375,13 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.model.rms_norm_eps = 0; }, {"model.rms_norm_eps"}},
       {[](C& c) { c.model.rope_theta = -1; }, {"model.rope_theta"}},
       {[](C& c) { c.model.initializer_range = 0; }, {"model.initializer_range"}},
-      {[](C& c) { c.model.kv_shift.window = 2; },
-       {"model.kv_shift.window: only window 1 is implemented so far"}},
+      {[](C& c) { c.model.kv_shift.window = 4; },
+       {"model.kv_shift.window: training supports windows 1 to 3", "got 4"}},
+      {[](C& c) { c.model.kv_shift.window = 9; }, {"model.kv_shift.window", "[1, 8]"}},
       {[](C& c) { c.model.kv_shift.window = 0; }, {"model.kv_shift.window"}},
+      {[](C& c) { c.model.position_encoding = "alibi"; },
+       {"model.position_encoding: must be \"rope\" or \"none\", got \"alibi\""}},
+      {[](C& c) { c.model.position_encoding = "NONE"; }, {"model.position_encoding"}},
       {[](C& c) { c.train.seq_len = 129; }, {"train.seq_len", "model.max_position_embeddings"}},
       {[](C& c) { c.train.seq_len = 0; }, {"train.seq_len"}},
       {[](C& c) { c.train.micro_batch_size = 0; }, {"train.micro_batch_size"}},
@@ -443,6 +449,9 @@ TEST(Config, ValidationEdgesThatPass) {
   ok([](auto& c) { c.data.induction.pad_token = 10; });                                // just below token_lo
   ok([](auto& c) { c.data.induction.token_hi = 100; c.data.induction.pad_token = 127; });  // above the range
   ok([](auto& c) { c.model.num_key_value_heads = 1; });                                // MQA
+  ok([](auto& c) { c.model.kv_shift.window = 2; });                                    // the paper's section 4.7
+  ok([](auto& c) { c.model.kv_shift.window = 3; });
+  ok([](auto& c) { c.model.position_encoding = "none"; });
   ok([](auto& c) { c.data.type = "shards"; c.data.shards.train = {"x_*.bin"}; c.data.induction.token_hi = 99999; });
   ok([](auto& c) { c.data.type = "induction"; c.data.shards.val_fraction = 7; });  // unused section not checked
 }
@@ -461,6 +470,7 @@ TEST(Config, OverridesSetNumbersBooleansStringsAndNestedKeys) {
   kvs::apply_override(j, "device=cuda", kOrigin);                        // not JSON -> a string
   kvs::apply_override(j, "name=\"123\"", kOrigin);                       // a JSON string
   kvs::apply_override(j, "train.schedule=cosine", kOrigin);
+  kvs::apply_override(j, "model.position_encoding=none", kOrigin);
   kvs::apply_override(j, "data.shards.train=[\"a_*.bin\",\"b.bin\"]", kOrigin);  // section missing in the file
   kvs::apply_override(j, "data.type=shards", kOrigin);
   kvs::apply_override(j, "parallel.tp=1", kOrigin);                      // whole section missing in the file
@@ -475,6 +485,7 @@ TEST(Config, OverridesSetNumbersBooleansStringsAndNestedKeys) {
   EXPECT_EQ(c.device, "cuda");
   EXPECT_EQ(c.name, "123");
   EXPECT_EQ(c.train.schedule, "cosine");
+  EXPECT_EQ(c.model.position_encoding, "none");
   EXPECT_EQ(c.data.type, "shards");
   EXPECT_EQ(c.data.shards.train, (std::vector<std::string>{"a_*.bin", "b.bin"}));
   EXPECT_EQ(c.train.seed, 99u);
@@ -534,6 +545,8 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.min_lr = 1e-7;
   c.train.schedule = "cosine";
   c.model.kv_shift.shift_v = false;
+  c.model.kv_shift.window = 3;
+  c.model.position_encoding = "none";
   c.model.tie_word_embeddings = true;
   c.data.shards.train = {"a_*.bin", "b.bin"};
   c.data.shards.val = {"v.bin"};
@@ -544,7 +557,8 @@ TEST(Config, ToJsonRoundTrips) {
   // Every key is written.
   for (const char* k : {"name", "device", "model", "train", "data", "parallel"}) EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["train"].size(), 19u);
-  EXPECT_EQ(j["model"].size(), 12u);
+  EXPECT_EQ(j["model"].size(), 13u);
+  EXPECT_EQ(j["model"]["position_encoding"], "none");
   EXPECT_EQ(j["model"]["kv_shift"].size(), 4u);
   EXPECT_EQ(j["data"]["induction"].size(), 5u);
   EXPECT_EQ(j["data"]["shards"].size(), 3u);
@@ -562,7 +576,10 @@ TEST(Config, HfJsonRoundTrips) {
     kvs::ModelConfig m = base_config().model;
     m.kv_shift.enabled = enabled;
     m.kv_shift.shift_k = false;
+    m.kv_shift.window = enabled ? 2 : 1;
+    m.position_encoding = enabled ? "rope" : "none";
     json j = kvs::model_to_hf_json(m);
+    EXPECT_EQ(j["position_encoding"], enabled ? "rope" : "none");
     EXPECT_EQ(j["architectures"], json::array({enabled ? "KvShiftLlamaForCausalLM" : "LlamaForCausalLM"}));
     EXPECT_EQ(j["model_type"], "llama");
     EXPECT_EQ(j["head_dim"], 16);
@@ -585,6 +602,10 @@ TEST(Config, HfJsonReading) {
   auto m = kvs::model_from_hf_json(j, "ckpt/config.json");
   EXPECT_FALSE(m.kv_shift.enabled);
   EXPECT_EQ(m.num_key_value_heads, 4);
+  EXPECT_EQ(m.position_encoding, "rope");  // checkpoints written before the key existed
+  json nope = j;
+  nope["position_encoding"] = "none";
+  EXPECT_EQ(kvs::model_from_hf_json(nope, "ckpt/config.json").position_encoding, "none");
   // Other unknown keys are rejected; HF values we do not implement too.
   auto bad = [&](const std::function<void(json&)>& edit, std::vector<std::string> needles) {
     json b = j;
@@ -602,4 +623,6 @@ TEST(Config, HfJsonReading) {
   bad([](json& b) { b["num_attention_heads"] = 3; }, {"hidden_size", "not divisible"});
   bad([](json& b) { b["kv_shift"] = {{"window", 0}}; }, {"kv_shift.window"});
   bad([](json& b) { b["kv_shift"] = {{"enabld", true}}; }, {"unknown key 'kv_shift.enabld'"});
+  bad([](json& b) { b["position_encoding"] = "alibi"; }, {"position_encoding: must be", "alibi"});
+  bad([](json& b) { b["position_encoding"] = 0; }, {"position_encoding: expected a string"});
 }

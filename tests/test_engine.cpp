@@ -212,6 +212,41 @@ TEST(Engine, InitialisationFollowsThePaper) {
   EXPECT_NE(p[k->offset], p[v->offset]);
 }
 
+TEST(Engine, LongerWindowInitialisationFollowsFootnote14) {
+  // Footnote 14 of the paper: the W older columns ~ U(0,1) independently, the
+  // current column = 1 - their sum (so each row sums to 1, as for window 1).
+  for (int W : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "window " << W);
+    auto m = tiny_model();
+    m.kv_shift.window = W;
+    const auto L = kvs::ParamLayout::build(m);
+    std::vector<float> p(L.total), again(L.total);
+    kvs::init_params(L, m, 11, p.data());
+    kvs::init_params(L, m, 11, again.data());
+    EXPECT_EQ(p, again);  // a pure function of (seed, name, index)
+    int shift_tensors = 0;
+    for (const auto& t : L.tensors) {
+      if (t.kind != kvs::ParamKind::Shift) continue;
+      ++shift_tensors;
+      ASSERT_EQ(t.shape[1], W + 1) << t.name;
+      const float* x = p.data() + t.offset;
+      for (int64_t h = 0; h < t.shape[0]; ++h) {
+        const float* row = x + h * (W + 1);
+        float older = 0.0f;
+        for (int w = 0; w < W; ++w) {
+          EXPECT_GT(row[w], 0.0f) << t.name;
+          EXPECT_LT(row[w], 1.0f) << t.name;
+          older += row[w];
+        }
+        EXPECT_FLOAT_EQ(row[W], 1.0f - older) << t.name;
+        EXPECT_NEAR(older + row[W], 1.0, 1e-6) << t.name;
+        for (int w = 1; w < W; ++w) EXPECT_NE(row[w], row[0]) << t.name;  // independent draws
+      }
+    }
+    EXPECT_EQ(shift_tensors, 2 * m.num_hidden_layers);
+  }
+}
+
 TEST(Schedule, WarmupThenConstantOrCosine) {
   kvs::TrainConfig t;
   t.lr = 1e-3;

@@ -27,6 +27,7 @@ struct ModelConfig {
   int num_key_value_heads = 0;
   double rms_norm_eps = 1e-5;
   double rope_theta = 100000.0;
+  std::string position_encoding = "rope";  // "rope" | "none" (NoPE: the Theorem 2 setting, toy ablations)
   int vocab_size = 0;
   int max_position_embeddings = 0;
   bool tie_word_embeddings = false;

@@ -3,6 +3,7 @@
 //   ln1 = RMSNorm(resid_l)                       [N, C]
 //   q, k, v = ln1 Wq^T, ln1 Wk^T, ln1 Wv^T       [N, Hq*D], [N, Hkv*D] x2
 //   khat = RoPE(Shift(k; k_shift)), vhat = Shift(v; v_shift), q = RoPE(q)
+//     (position_encoding "none": no RoPE, khat = Shift(k), q = q)
 //   attout = CausalAttention(q, khat, vhat)      [N, Hq*D]   (att saved)
 //   res_mid = resid_l + attout Wo^T
 //   h = SwiGLU(ln2 Wgate^T, ln2 Wup^T) with ln2 = RMSNorm(res_mid)
@@ -138,6 +139,7 @@ void CpuEngine::forward_to_logits(const Batch& b) {
   float* a = acts_.data();
   const float* cos = a + p.rope_cos;
   const float* sin = a + p.rope_sin;
+  const bool rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
 
   cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C);
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
@@ -166,12 +168,14 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     // KV shifting acts on the raw projections, before RoPE.
     if (w.k_shift) {
       cpu::kv_shift_forward(khat, k, w.k_shift, B, T, Hkv, D, W);
-      cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
-    } else {
+      if (rope) cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
+    } else if (rope) {
       cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
+    } else {
+      std::copy(k, k + static_cast<size_t>(N) * KD, khat);
     }
     if (w.v_shift) cpu::kv_shift_forward(vhat, v, w.v_shift, B, T, Hkv, D, W);
-    cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
+    if (rope) cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
     cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D);
     cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
     cpu::residual_forward(res_mid, res_mid, resid, static_cast<size_t>(N) * C);
@@ -201,6 +205,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
   const float* sin = a + p.rope_sin;
   float* dresid = a + p.dresid;
   float* dln = a + p.dln;
+  const bool rope = m_.position_encoding == "rope";
 
   // LM head and final norm (dlogits were written over the logits).
   zero(dln, NC);
@@ -257,16 +262,26 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     zero(dkhat, NK);
     zero(dvhat, NK);
     cpu::attention_backward(dq, dkhat, dvhat, a + p.datt, dattout, q, khat, vhat, att, B, T, Hq, Hkv, D);
-    zero(dq_pre, NQ);
-    cpu::rope_backward(dq_pre, dq, cos, sin, B, T, Hq, D);
+    // Without RoPE the gradients w.r.t. q and k-hat pass through unchanged.
+    const float* dq_raw = dq;
+    if (rope) {
+      zero(dq_pre, NQ);
+      cpu::rope_backward(dq_pre, dq, cos, sin, B, T, Hq, D);
+      dq_raw = dq_pre;
+    }
     zero(dk, NK);
     if (w.k_shift) {
-      float* dks = a + p.dks;
-      zero(dks, NK);
-      cpu::rope_backward(dks, dkhat, cos, sin, B, T, Hkv, D);
+      const float* dks = dkhat;
+      if (rope) {
+        zero(a + p.dks, NK);
+        cpu::rope_backward(a + p.dks, dkhat, cos, sin, B, T, Hkv, D);
+        dks = a + p.dks;
+      }
       cpu::kv_shift_backward(dk, g.k_shift, dks, k, w.k_shift, B, T, Hkv, D, W);
-    } else {
+    } else if (rope) {
       cpu::rope_backward(dk, dkhat, cos, sin, B, T, Hkv, D);
+    } else {
+      std::copy(dkhat, dkhat + NK, dk);
     }
     const float* dv_raw = dvhat;
     if (w.v_shift) {
@@ -275,7 +290,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
       dv_raw = dv;
     }
     zero(dln, NC);
-    cpu::matmul_backward(dln, g.wq, dq_pre, ln1, w.wq, N, C, QD);
+    cpu::matmul_backward(dln, g.wq, dq_raw, ln1, w.wq, N, C, QD);
     cpu::matmul_backward(dln, g.wk, dk, ln1, w.wk, N, C, KD);
     cpu::matmul_backward(dln, g.wv, dv_raw, ln1, w.wv, N, C, KD);
     cpu::rmsnorm_backward(dresid, g.ln1, dln, resid, w.ln1, rstd1, N, C);  // dresid is now d resid_l

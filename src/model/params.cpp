@@ -92,12 +92,19 @@ void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
         for (size_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
         break;
       case ParamKind::Shift: {
-        // [H, W+1], oldest first. Window 1 (the paper): prev ~ U(0,1), cur = 1 - prev.
-        KVS_CHECK(t.shape[1] == 2, "{}: initialisation of windows other than 1 is not implemented", t.name);
+        // [H, W+1], oldest first. The paper's footnote 14: the W older columns
+        // ~ U(0,1) independently, current = 1 - their sum, so the mix starts as
+        // a sum of coefficients 1 (window 1: prev ~ U(0,1), cur = 1 - prev).
+        // Draw index h*W + w keeps window 1's values what they always were.
+        const int64_t W = t.shape[1] - 1;
         for (int64_t h = 0; h < t.shape[0]; ++h) {
-          const float prev = static_cast<float>(uniform01(s, h));
-          p[2 * h + 0] = prev;
-          p[2 * h + 1] = 1.0f - prev;
+          float* row = p + h * (W + 1);
+          float older = 0.0f;
+          for (int64_t w = 0; w < W; ++w) {
+            row[w] = static_cast<float>(uniform01(s, static_cast<uint64_t>(h * W + w)));
+            older += row[w];
+          }
+          row[W] = 1.0f - older;
         }
         break;
       }

@@ -50,7 +50,8 @@ struct ModelView {
 ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* base);
 
 // Initialises parameters: matrices ~ N(0, initializer_range^2), norms = 1,
-// shifts: prev ~ U(0,1), cur = 1 - prev (per KV head, for K and V separately).
+// shifts (per KV head, for K and V separately): the W older columns ~ U(0,1),
+// current = 1 - their sum (window 1: prev ~ U(0,1), cur = 1 - prev).
 // Every element is a pure function of (seed, tensor name, index), so any
 // layout or slice of the model gets the same values.
 void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base);

@@ -17,7 +17,8 @@ RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * w.
 Attn: q, k, v = projections; per KV head h, BEFORE RoPE,
     k^_t = sum_{w=0..W} k_shift[h, w] * k_{t-W+w}     (k_{<0} = 0; columns oldest -> current)
     v^_t = sum_{w=0..W} v_shift[h, w] * v_{t-W+w}
-then RoPE (Hugging Face rotate_half) on q and k^, causal softmax(q k^T / sqrt(D)) v^,
+then RoPE (Hugging Face rotate_half) on q and k^ (skipped when position_encoding is "none"),
+causal softmax(q k^T / sqrt(D)) v^,
 GQA query head j reads KV head j // (Hq / Hkv), heads concatenated, o_proj.
 
 Only the standard library, numpy and torch are used. Run with /usr/bin/python3.
@@ -48,7 +49,8 @@ class KvShiftLlamaConfig:
     def __init__(self, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
                  num_key_value_heads, rms_norm_eps, rope_theta, vocab_size,
                  max_position_embeddings=2048, tie_word_embeddings=False,
-                 initializer_range=0.02, kv_shift=None, model_type="llama", **_ignored):
+                 initializer_range=0.02, kv_shift=None, model_type="llama",
+                 position_encoding="rope", **_ignored):
         self.model_type = model_type
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
@@ -61,6 +63,9 @@ class KvShiftLlamaConfig:
         self.max_position_embeddings = int(max_position_embeddings)
         self.tie_word_embeddings = bool(tie_word_embeddings)
         self.initializer_range = float(initializer_range)
+        self.position_encoding = str(position_encoding)  # a missing key (older checkpoints): RoPE
+        if self.position_encoding not in ("rope", "none"):
+            raise ValueError(f"position_encoding must be 'rope' or 'none', got {position_encoding!r}")
         ks = dict(kv_shift or {})
         self.kv_shift = {
             "enabled": bool(ks.get("enabled", False)),
@@ -106,6 +111,7 @@ class KvShiftLlamaConfig:
             "num_key_value_heads": self.num_key_value_heads,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
+            "position_encoding": self.position_encoding,
             "vocab_size": self.vocab_size,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
@@ -216,8 +222,9 @@ class KvShiftAttention(nn.Module):
         if self.cfg.shift_v:
             v = kv_shift(v, self.v_shift)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [B, H, T, D]
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if self.cfg.position_encoding == "rope":
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
         group = Hq // Hkv
         kv_index = torch.arange(Hq, device=x.device) // group  # query head j -> KV head j // group
         k = k[:, kv_index]
@@ -304,16 +311,15 @@ class KvShiftLlama(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator=None):
         """The paper/DESIGN initialisation: matrices ~ N(0, initializer_range^2), norms 1,
-        shift: previous-position column u ~ U(0,1), current column 1-u, older columns 0."""
+        shift: the W older columns ~ U(0,1), current column 1 - their sum (footnote 14)."""
         std = self.cfg.initializer_range
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 p.fill_(1.0)
             elif name.endswith("_shift"):
-                p.zero_()
-                u = torch.rand(p.shape[0], generator=generator, dtype=torch.float64).to(p.dtype)
-                p[:, -2] = u
-                p[:, -1] = 1.0 - u
+                u = torch.rand(p.shape[0], p.shape[1] - 1, generator=generator, dtype=torch.float64)
+                p[:, :-1] = u.to(p.dtype)
+                p[:, -1] = (1.0 - u.sum(dim=1)).to(p.dtype)
             else:
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * std)
 

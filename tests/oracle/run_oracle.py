@@ -66,8 +66,8 @@ class Tally:
 # ----------------------------------------------------------------------------- cases
 
 def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled,
-                window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5):
-    return {
+                window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5, position_encoding=None):
+    cfg = {
         "model_type": "llama",
         "hidden_size": hidden,
         "intermediate_size": ffn,
@@ -83,6 +83,9 @@ def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled
         "kv_shift": {"enabled": shift_enabled, "window": window,
                      "shift_k": shift_k, "shift_v": shift_v},
     }
+    if position_encoding is not None:  # left out otherwise: a missing key must read as "rope"
+        cfg["position_encoding"] = position_encoding
+    return cfg
 
 
 # name, config, batch B, seq T, seed
@@ -94,6 +97,9 @@ CASES = [
     ("5_shift_2layer_gqa_4x1", make_config(32, 4, 1, 40, 2, 37, False, True), 2, 12, 105),
     ("6_shift_v_only_window2", make_config(16, 2, 1, 40, 1, 37, False, True, window=2,
                                            shift_k=False), 2, 10, 106),
+    ("7_shift_window3_gqa_4x2", make_config(32, 4, 2, 40, 1, 37, False, True, window=3), 2, 11, 107),
+    ("8_nope_shift_gqa_4x2", make_config(32, 4, 2, 40, 2, 37, False, True, position_encoding="none"),
+     2, 10, 108),
 ]
 
 
@@ -449,6 +455,16 @@ def st_model_properties(t):
     before, after = maxdiff(a[:, :6], b[:, :6]), maxdiff(a[:, 6:], b[:, 6:])
     t.record("self-test", "causal: future token does not change past logits",
              before == 0.0 and after > 1e-6, f"past={before:.1e} future={after:.1e}")
+    # position_encoding "none": rope_theta has no effect, and the logits differ from RoPE's
+    nope = {**on, "position_encoding": "none"}
+    st = {n: p.detach().numpy() for n, p in m_rand.named_parameters()}
+    m_nope, m_nope2 = kt.KvShiftLlama(nope), kt.KvShiftLlama({**nope, "rope_theta": 7.0})
+    m_nope.load_numpy_state(st)
+    m_nope2.load_numpy_state(st)
+    with torch.no_grad():
+        same, diff = maxdiff(m_nope(ids), m_nope2(ids)), maxdiff(m_nope(ids), m_rand(ids))
+    t.record("self-test", "position_encoding none: no RoPE (theta unused)",
+             same == 0.0 and diff > 1e-3, f"theta={same:.1e} vs-rope={diff:.1e}")
     # tied == untied with lm_head = embed
     tied = make_config(16, 2, 2, 12, 1, 13, True, True)
     untied = make_config(16, 2, 2, 12, 1, 13, False, True)

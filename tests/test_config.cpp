@@ -51,10 +51,14 @@ json base_json() {
 
 kvs::Config base_config() { return kvs::config_from_json(base_json(), kOrigin); }
 
+// Every run config shipped under configs/ (configs/experiments/ holds sweep
+// specs, a different format checked by tests/test_sweep.py).
 std::vector<fs::path> all_config_files() {
   std::vector<fs::path> out;
   for (const auto& e : fs::recursive_directory_iterator(kRoot + "/configs"))
-    if (e.is_regular_file() && e.path().extension() == ".json") out.push_back(e.path());
+    if (e.is_regular_file() && e.path().extension() == ".json" &&
+        e.path().parent_path().filename() != "experiments")
+      out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "tmp_dir.h"
+#include "test_util.h"
 #include "core/fs.h"
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
@@ -21,31 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using kvs::testing_util::error_of;
+using kvs::testing_util::spit;
 using kvs::testing_util::TmpDir;
-
-void spit(const std::string& path, const std::string& data) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
-
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const kvs::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ERROR(expr, ...)                                                              \
-  do {                                                                                       \
-    std::string _msg = error_of([&] { (void)(expr); });                                      \
-    ASSERT_FALSE(_msg.empty()) << #expr " did not throw kvs::Error";                          \
-    EXPECT_EQ(_msg.find('\n'), std::string::npos) << _msg;                                   \
-    for (const std::string& _s : std::vector<std::string>{__VA_ARGS__})                      \
-      EXPECT_NE(_msg.find(_s), std::string::npos) << "missing '" << _s << "' in: " << _msg; \
-  } while (0)
 
 kvs::CheckpointData make_data(float seed, bool full = true) {
   kvs::CheckpointData d;
@@ -144,11 +122,11 @@ TEST(Checkpoint, LatestErrors) {
   TmpDir tmp;
   const std::string latest = tmp / "latest";
   spit(latest, "step_00000042\n");
-  EXPECT_ERROR(kvs::latest_checkpoint(tmp.str()), latest, "step_00000042", "does not exist");
+  EXPECT_KVS_ERROR(kvs::latest_checkpoint(tmp.str()), latest, "step_00000042", "does not exist");
   for (const std::string& bad : std::vector<std::string>{"", "\n", "garbage\n", "../step_00000001\n", "step_1\n", "step_00000001/x\n",
                                 "step_0000000a\n", std::string("step_00000001\0", 14)}) {
     spit(latest, bad);
-    EXPECT_ERROR(kvs::latest_checkpoint(tmp.str()), latest, "malformed");
+    EXPECT_KVS_ERROR(kvs::latest_checkpoint(tmp.str()), latest, "malformed");
   }
   // Trailing whitespace variations are accepted.
   fs::create_directory(tmp / "step_00000001");
@@ -241,19 +219,19 @@ TEST(Checkpoint, FailedSaveLeavesPreviousIntact) {
   kvs::save_checkpoint(r, 1, d1);
   auto bad = make_data(2);
   bad.model[1].bytes.resize(3);  // inconsistent with its shape: the writer refuses
-  EXPECT_ERROR(kvs::save_checkpoint(r, 2, bad), "model.safetensors", "model.norm.weight");
-  EXPECT_ERROR(kvs::save_checkpoint(r, 1, bad), "model.safetensors");  // same step: old one must survive
+  EXPECT_KVS_ERROR(kvs::save_checkpoint(r, 2, bad), "model.safetensors", "model.norm.weight");
+  EXPECT_KVS_ERROR(kvs::save_checkpoint(r, 1, bad), "model.safetensors");  // same step: old one must survive
   EXPECT_EQ(entries(r), (std::set<std::string>{"latest", "step_00000001"}));
   expect_same_tensors(kvs::load_checkpoint(kvs::latest_checkpoint(r)).model, d1.model);
   auto no_cfg = make_data(3);
   no_cfg.hf_config = json();
-  EXPECT_ERROR(kvs::save_checkpoint(r, 3, no_cfg), "config.json", "JSON object");
+  EXPECT_KVS_ERROR(kvs::save_checkpoint(r, 3, no_cfg), "config.json", "JSON object");
 }
 
 TEST(Checkpoint, MissingOrCorruptFilesNameTheFile) {
   TmpDir tmp;
   const std::string r = tmp.str();
-  EXPECT_ERROR(kvs::load_checkpoint(tmp / "nope"), tmp / "nope", "does not exist");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(tmp / "nope"), tmp / "nope", "does not exist");
   auto fresh = [&] {
     fs::remove_all(tmp / "step_00000001");
     return kvs::save_checkpoint(r, 1, make_data(1));
@@ -270,30 +248,30 @@ TEST(Checkpoint, MissingOrCorruptFilesNameTheFile) {
 
   dir = fresh();
   spit(dir + "/config.json", "{\n  \"hidden_size\": 16,\n  oops\n}\n");
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/config.json", "invalid JSON", "line 3");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/config.json", "invalid JSON", "line 3");
 
   dir = fresh();
   spit(dir + "/config.json", "[1]");
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/config.json", "object");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/config.json", "object");
 
   dir = fresh();
   spit(dir + "/trainer_state.json", "{\"step\": ");
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/trainer_state.json", "invalid JSON");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/trainer_state.json", "invalid JSON");
 
   dir = fresh();
   spit(dir + "/run_config.json", "");
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/run_config.json", "invalid JSON");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/run_config.json", "invalid JSON");
 
   dir = fresh();
   {
     std::string m = kvs::read_file(dir + "/model.safetensors");
     spit(dir + "/model.safetensors", m.substr(0, m.size() - 10));
   }
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/model.safetensors", "tensor '");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/model.safetensors", "tensor '");
 
   dir = fresh();
   spit(dir + "/optimizer.safetensors", "xx");
-  EXPECT_ERROR(kvs::load_checkpoint(dir), dir + "/optimizer.safetensors");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/optimizer.safetensors");
 }
 
 TEST(Checkpoint, ValidateModelTensors) {
@@ -329,7 +307,7 @@ TEST(Checkpoint, ValidateModelTensors) {
   auto ints = d.model;
   std::vector<int32_t> iv(16, 0);
   ints[1] = kvs::make_i32_tensor("model.norm.weight", {16}, iv.data());
-  EXPECT_ERROR(kvs::validate_model_tensors(ints, exp, f), f, "'model.norm.weight'", "dtype I32");
+  EXPECT_KVS_ERROR(kvs::validate_model_tensors(ints, exp, f), f, "'model.norm.weight'", "dtype I32");
 
-  EXPECT_ERROR(kvs::validate_model_tensors(extra, more, f), f, "missing tensor 'lm_head.weight'", "and 1 more problem");
+  EXPECT_KVS_ERROR(kvs::validate_model_tensors(extra, more, f), f, "missing tensor 'lm_head.weight'", "and 1 more problem");
 }

@@ -1,5 +1,7 @@
 // Data layer: the induction task, token shards and the shard dataset.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,24 +22,7 @@ using namespace kvs;
 
 namespace {
 
-// Runs `f` and returns the kvs::Error message it throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvs::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ERROR_HAS(expr, ...)                                                  \
-  do {                                                                               \
-    const std::string msg_ = error_of([&] { (void)(expr); });                        \
-    ASSERT_FALSE(msg_.empty()) << "expected a kvs::Error from " #expr;               \
-    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})          \
-      EXPECT_NE(msg_.find(part_), std::string::npos) << "'" << part_ << "' not in: " << msg_; \
-  } while (0)
+using kvs::testing_util::error_of;
 
 InductionDataConfig small_cfg(int pool = 32) {
   InductionDataConfig c;
@@ -198,28 +183,28 @@ TEST(DataInduction, MaxRepeatsOneGivesOneEventThenPadding) {
 TEST(DataInduction, InvalidConfigsNameTheKey) {
   InductionDataConfig c = small_cfg();
   c.token_hi = 9000;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 8000, 1), "data.induction.token_hi (9000)", "model.vocab_size (8000)");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 8000, 1), "data.induction.token_hi (9000)", "model.vocab_size (8000)");
   c = small_cfg();
   c.token_lo = -1;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
   c = small_cfg();
   c.token_lo = 200;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.token_lo");
   c = small_cfg();
   c.pool_size = 1;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pool_size");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.pool_size");
   c = small_cfg();
   c.pool_size = 190;  // [11, 200) holds 189 ids
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pool_size (190)");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.pool_size (190)");
   c = small_cfg();
   c.pad_token = 50;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (50)");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (50)");
   c = small_cfg();
   c.pad_token = 256;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (256)");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.pad_token (256)");
   c = small_cfg();
   c.max_repeats = -1;
-  EXPECT_ERROR_HAS(InductionDataset(c, 64, 256, 1), "data.induction.max_repeats");
+  EXPECT_KVS_ERROR(InductionDataset(c, 64, 256, 1), "data.induction.max_repeats");
   EXPECT_TRUE(error_of([&] { InductionDataset(small_cfg(), 64, 256, 1); }).empty());
 }
 
@@ -231,7 +216,7 @@ TEST(DataInduction, MakeDatasetAndDescribe) {
   EXPECT_EQ(ds->size(Split::Train), UINT64_MAX);
   EXPECT_EQ(ds->describe(), "induction: tokens [11, 200), pool 32");
   d.type = "bogus";
-  EXPECT_ERROR_HAS(make_dataset(d, 32, 256, 1, ""), "data.type", "bogus");
+  EXPECT_KVS_ERROR(make_dataset(d, 32, 256, 1, ""), "data.type", "bogus");
 }
 
 // ---------------------------------------------------------------- shards
@@ -273,10 +258,10 @@ TEST(DataShards, RoundTripU16AndU32) {
 
 TEST(DataShards, WriterRejectsBadInput) {
   const std::string dir = temp_dir("writer");
-  EXPECT_ERROR_HAS(write_shard(dir + "/x.bin", {1, 2, 70000}, 2), dir + "/x.bin", "70000", "position 2", "u16");
+  EXPECT_KVS_ERROR(write_shard(dir + "/x.bin", {1, 2, 70000}, 2), dir + "/x.bin", "70000", "position 2", "u16");
   EXPECT_FALSE(fs::exists(dir + "/x.bin"));
-  EXPECT_ERROR_HAS(write_shard(dir + "/x.bin", {1}, 3), "token_bytes");
-  EXPECT_ERROR_HAS(write_shard(dir + "/no/such/dir/x.bin", {1}, 2), "no/such/dir/x.bin");
+  EXPECT_KVS_ERROR(write_shard(dir + "/x.bin", {1}, 3), "token_bytes");
+  EXPECT_KVS_ERROR(write_shard(dir + "/no/such/dir/x.bin", {1}, 2), "no/such/dir/x.bin");
 }
 
 TEST(DataShards, CorruptFilesNameThePath) {
@@ -292,20 +277,20 @@ TEST(DataShards, CorruptFilesNameThePath) {
     return dir + "/" + name;
   };
   std::string p = variant("magic.bin", [](auto& b) { b[0] = 'X'; });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "magic");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "magic");
   p = variant("version.bin", [](auto& b) { b[8] = 2; });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "version 2");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "version 2");
   p = variant("tokbytes.bin", [](auto& b) { b[12] = 3; });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "bytes per token 3");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "bytes per token 3");
   p = variant("truncated.bin", [](auto& b) { b.pop_back(); });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "file size 39", "truncated");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "file size 39", "truncated");
   p = variant("extra.bin", [](auto& b) { b.push_back(0); b.push_back(0); });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "file size 42");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "file size 42");
   p = variant("count.bin", [](auto& b) { b[23] = 0x80; });  // absurd count, no overflow
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "does not match");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "does not match");
   p = variant("short.bin", [](auto& b) { b.resize(10); });
-  EXPECT_ERROR_HAS(ShardFile{p}, p, "header");
-  EXPECT_ERROR_HAS(ShardFile{dir + "/missing.bin"}, dir + "/missing.bin");
+  EXPECT_KVS_ERROR(ShardFile{p}, p, "header");
+  EXPECT_KVS_ERROR(ShardFile{dir + "/missing.bin"}, dir + "/missing.bin");
   EXPECT_EQ(ShardFile(good).size(), 4u);
 }
 
@@ -439,9 +424,9 @@ TEST(DataShardDataset, ValSplitByFractionAndByFiles) {
   // Too small a validation split is an error.
   cfg.val = {};
   cfg.val_fraction = 0.005;  // 5 tokens < T + 1
-  EXPECT_ERROR_HAS(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
   cfg.val_fraction = 1.0;
-  EXPECT_ERROR_HAS(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
 }
 
 TEST(DataShardDataset, Errors) {
@@ -470,15 +455,15 @@ TEST(DataShardDataset, Errors) {
   EXPECT_EQ(failures, 1u);  // only the window [30, 40]
 
   cfg.train = {"nothing_*.bin"};
-  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.train", "nothing_*.bin");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.train", "nothing_*.bin");
   cfg.train = {"bad.bin"};
   cfg.val = {"missing_val.bin"};
-  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "missing_val.bin");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "missing_val.bin");
   cfg.val = {};
-  EXPECT_ERROR_HAS(ShardDataset(cfg, 100, 256, 1, dir), "data.shards.train", "100 training tokens", "101");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 100, 256, 1, dir), "data.shards.train", "100 training tokens", "101");
   write_shard(dir + "/tiny.bin", {1, 2, 3}, 2);
   cfg.val = {"tiny.bin"};
-  EXPECT_ERROR_HAS(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "3 validation tokens");
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "3 validation tokens");
 
   DataConfig d;
   d.type = "shards";
@@ -487,7 +472,7 @@ TEST(DataShardDataset, Errors) {
   auto made = make_dataset(d, 10, 256, 1, dir);
   EXPECT_FALSE(made->reports_accuracy());
   EXPECT_EQ(made->size(Split::Train), 9u);
-  EXPECT_ERROR_HAS(get_seq(*made, Split::Val, 0, 10), "no validation data");
+  EXPECT_KVS_ERROR(get_seq(*made, Split::Val, 0, 10), "no validation data");
 }
 
 // The Python corpus script writes shards the C++ reader accepts, byte for byte.

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "tmp_dir.h"
+#include "test_util.h"
 #include "core/fs.h"
 #include "core/safetensors.h"
 
@@ -22,17 +22,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using kvs::testing_util::error_of;
+using kvs::testing_util::slurp;
+using kvs::testing_util::spit;
 using kvs::testing_util::TmpDir;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void spit(const std::string& path, const std::string& data) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -44,26 +37,6 @@ std::string le64(uint64_t v) {
 void write_raw(const std::string& path, const std::string& header, const std::string& data) {
   spit(path, le64(header.size()) + header + data);
 }
-
-// The kvs::Error message of `fn`, or "" if it did not throw one.
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const kvs::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ERROR(expr, ...)                                              \
-  do {                                                                       \
-    std::string _msg = error_of([&] { (void)(expr); });                      \
-    ASSERT_FALSE(_msg.empty()) << #expr " did not throw kvs::Error";          \
-    EXPECT_EQ(_msg.find('\n'), std::string::npos) << _msg;                   \
-    for (const std::string& _s : std::vector<std::string>{__VA_ARGS__})      \
-      EXPECT_NE(_msg.find(_s), std::string::npos) << "missing '" << _s << "' in: " << _msg; \
-  } while (0)
 
 std::vector<uint8_t> pattern_bytes(size_t n, uint8_t seed) {
   std::vector<uint8_t> b(n);
@@ -357,9 +330,9 @@ TEST(Safetensors, TensorToF32FromEveryFloatDtype) {
   EXPECT_EQ(f32_bits(back[3]), 0x00010000u);  // 1e-40 is subnormal: 0x000116C2 rounds to bf16 0x0001
 
   kvs::StTensor i32{"ids", kvs::DType::I32, {1}, {1, 0, 0, 0}};
-  EXPECT_ERROR(kvs::tensor_to_f32(i32), "ids", "I32");
+  EXPECT_KVS_ERROR(kvs::tensor_to_f32(i32), "ids", "I32");
   kvs::StTensor bad{"bad", kvs::DType::F32, {3}, std::vector<uint8_t>(8)};
-  EXPECT_ERROR(kvs::tensor_to_f32(bad), "bad", "8 bytes", "12");
+  EXPECT_KVS_ERROR(kvs::tensor_to_f32(bad), "bad", "8 bytes", "12");
 }
 
 TEST(Safetensors, TensorToI32RangeChecked) {
@@ -370,13 +343,13 @@ TEST(Safetensors, TensorToI32RangeChecked) {
   int64_t big[2] = {1, 5000000000LL};
   kvs::StTensor b{"tokens", kvs::DType::I64, {2}, std::vector<uint8_t>(16)};
   std::memcpy(b.bytes.data(), big, 16);
-  EXPECT_ERROR(kvs::tensor_to_i32(b), "tokens", "element 1", "5000000000");
+  EXPECT_KVS_ERROR(kvs::tensor_to_i32(b), "tokens", "element 1", "5000000000");
   kvs::StTensor u16{"u", kvs::DType::U16, {2}, {0xff, 0xff, 0x01, 0x00}};
   EXPECT_EQ(kvs::tensor_to_i32(u16), (std::vector<int32_t>{65535, 1}));
   kvs::StTensor u8{"u8", kvs::DType::U8, {2}, {255, 7}};
   EXPECT_EQ(kvs::tensor_to_i32(u8), (std::vector<int32_t>{255, 7}));
   float f = 1.0f;
-  EXPECT_ERROR(kvs::tensor_to_i32(kvs::make_f32_tensor("w", {1}, &f)), "w", "F32");
+  EXPECT_KVS_ERROR(kvs::tensor_to_i32(kvs::make_f32_tensor("w", {1}, &f)), "w", "F32");
 }
 
 TEST(Safetensors, DtypeNamesAndSizes) {
@@ -385,7 +358,7 @@ TEST(Safetensors, DtypeNamesAndSizes) {
     EXPECT_EQ(kvs::dtype_from_name(kvs::dtype_name(d), "x"), d);
   EXPECT_EQ(kvs::dtype_size(DType::BF16), 2u);
   EXPECT_EQ(kvs::dtype_size(DType::I64), 8u);
-  EXPECT_ERROR(kvs::dtype_from_name("Q4", "my.origin"), "my.origin", "unknown dtype 'Q4'");
+  EXPECT_KVS_ERROR(kvs::dtype_from_name("Q4", "my.origin"), "my.origin", "unknown dtype 'Q4'");
 }
 
 // ---------------------------------------------------------------------------
@@ -397,83 +370,83 @@ TEST(Safetensors, CorruptFilesGiveErrorsNamingTheFile) {
   auto hdr = [](const std::string& body) { return "{" + body + "}"; };
   const std::string a24 = R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})";
 
-  EXPECT_ERROR(kvs::read_safetensors(dir / "nope.safetensors"), dir / "nope.safetensors", "cannot read");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(dir / "nope.safetensors"), dir / "nope.safetensors", "cannot read");
 
   spit(p, "abc");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "3 bytes", "at least 8");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "3 bytes", "at least 8");
 
   spit(p, le64(1000) + "{}");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "header length 1000 exceeds");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "header length 1000 exceeds");
 
   {  // Header length above the 100 MB sanity limit (sparse file, no real disk use).
     spit(p, le64(150'000'000) + "{}");
     fs::resize_file(p, 200'000'000);
-    EXPECT_ERROR(kvs::read_safetensors(p), p, "implausibly large");
+    EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "implausibly large");
   }
 
   write_raw(p, "{\"a\": ", "");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "not valid JSON");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "not valid JSON");
   write_raw(p, "[1, 2]", "");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "must be a JSON object");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "must be a JSON object");
 
   write_raw(p, hdr(R"("a":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]})"), "xx");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "unknown dtype 'Q4'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "unknown dtype 'Q4'");
   write_raw(p, hdr(R"("a":{"shape":[2],"data_offsets":[0,8]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "dtype");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "dtype");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "shape");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "shape");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":"2","data_offsets":[0,8]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "shape");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "shape");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "data_offsets");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "data_offsets");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "data_offsets");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "data_offsets");
   write_raw(p, hdr(R"("a": 5)"), "");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'");
   write_raw(p, hdr(R"("__metadata__":{"k":1})"), "");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "__metadata__", "'k'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "__metadata__", "'k'");
 
   // Offsets that disagree with the shape: the exact message.
   write_raw(p, hdr(R"("lm_head.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,12]})"), std::string(12, '\0'));
   EXPECT_EQ(error_of([&] { kvs::read_safetensors(p); }),
             p + ": tensor 'lm_head.weight': data_offsets [0, 12] do not match shape [2, 3] of F32 (24 bytes)");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "[8, 4]");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "[8, 4]");
 
   // Truncated data: the offsets run past the end of the file.
   write_raw(p, hdr(a24), std::string(20, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "past the end");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'a'", "past the end");
   {  // A real file cut short, in the data and in the header.
     float w[6] = {};
     kvs::write_safetensors(p, {kvs::make_f32_tensor("w", {6}, w)});
     std::string full = slurp(p);
     spit(p, full.substr(0, full.size() - 1));
-    EXPECT_ERROR(kvs::read_safetensors(p), p, "tensor 'w'");
+    EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "tensor 'w'");
     spit(p, full.substr(0, 20));
-    EXPECT_ERROR(kvs::read_safetensors(p), p, "exceeds");
+    EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "exceeds");
   }
 
   // Overlap, gap, trailing bytes.
   write_raw(p,
             hdr(a24 + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]})"),
             std::string(24, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "'b'", "overlap", "'a'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "'b'", "overlap", "'a'");
   write_raw(p, hdr(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"),
             std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "overlap");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "overlap");
   write_raw(p,
             hdr(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]})"),
             std::string(12, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "gap", "[4, 8)", "'b'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "gap", "[4, 8)", "'b'");
   write_raw(p, hdr(R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})"), std::string(8, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "gap", "[0, 4)");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "gap", "[0, 4)");
   write_raw(p, hdr(a24), std::string(30, '\0'));
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "6 trailing bytes");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "6 trailing bytes");
 
   // Duplicate names would silently drop a tensor.
   write_raw(p, hdr(R"("a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]})"),
             "xy");
-  EXPECT_ERROR(kvs::read_safetensors(p), p, "duplicate", "'a'");
+  EXPECT_KVS_ERROR(kvs::read_safetensors(p), p, "duplicate", "'a'");
 
   // Zero-size tensors sharing an offset are fine; padding spaces in the header are fine.
   write_raw(p,
@@ -489,14 +462,14 @@ TEST(Safetensors, WriterRejectsInconsistentTensorsAndLeavesNoFile) {
   TmpDir dir;
   const std::string p = dir / "w.safetensors";
   kvs::StTensor bad{"x", kvs::DType::F32, {2, 2}, std::vector<uint8_t>(12)};
-  EXPECT_ERROR(kvs::write_safetensors(p, {bad}), p, "tensor 'x'", "12 bytes");
+  EXPECT_KVS_ERROR(kvs::write_safetensors(p, {bad}), p, "tensor 'x'", "12 bytes");
   float f[1] = {1};
-  EXPECT_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("a", {1}, f), kvs::make_f32_tensor("a", {1}, f)}), p,
+  EXPECT_KVS_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("a", {1}, f), kvs::make_f32_tensor("a", {1}, f)}), p,
                "duplicate", "'a'");
-  EXPECT_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("__metadata__", {1}, f)}), p, "__metadata__");
-  EXPECT_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("bad\xff", {1}, f)}), p, "UTF-8");
+  EXPECT_KVS_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("__metadata__", {1}, f)}), p, "__metadata__");
+  EXPECT_KVS_ERROR(kvs::write_safetensors(p, {kvs::make_f32_tensor("bad\xff", {1}, f)}), p, "UTF-8");
   EXPECT_TRUE(fs::is_empty(dir.str()));
-  EXPECT_ERROR(kvs::write_safetensors(dir / "no/such/dir/x.safetensors", {}), dir / "no/such/dir/x.safetensors");
+  EXPECT_KVS_ERROR(kvs::write_safetensors(dir / "no/such/dir/x.safetensors", {}), dir / "no/such/dir/x.safetensors");
 }
 
 // ---------------------------------------------------------------------------
@@ -537,15 +510,15 @@ TEST(Fs, FailedStreamingWriteKeepsTheOldFile) {
 
 TEST(Fs, ErrorsNameThePath) {
   TmpDir dir;
-  EXPECT_ERROR(kvs::read_file(dir / "missing"), dir / "missing", "cannot read", "No such file");
-  EXPECT_ERROR(kvs::read_file(dir.str()), dir.str(), "cannot read");
-  EXPECT_ERROR(kvs::atomic_write_file(dir / "nodir/x", "x"), dir / "nodir/x");
-  EXPECT_ERROR(kvs::fsync_path(dir / "missing"), dir / "missing");
+  EXPECT_KVS_ERROR(kvs::read_file(dir / "missing"), dir / "missing", "cannot read", "No such file");
+  EXPECT_KVS_ERROR(kvs::read_file(dir.str()), dir.str(), "cannot read");
+  EXPECT_KVS_ERROR(kvs::atomic_write_file(dir / "nodir/x", "x"), dir / "nodir/x");
+  EXPECT_KVS_ERROR(kvs::fsync_path(dir / "missing"), dir / "missing");
   kvs::make_dirs(dir / "a/b/c");
   EXPECT_TRUE(fs::is_directory(dir / "a/b/c"));
   kvs::make_dirs(dir / "a/b/c");  // already there: fine
   kvs::atomic_write_file(dir / "file", "x");
-  EXPECT_ERROR(kvs::make_dirs(dir / "file/sub"), dir / "file/sub", "cannot create directory");
+  EXPECT_KVS_ERROR(kvs::make_dirs(dir / "file/sub"), dir / "file/sub", "cannot create directory");
   kvs::fsync_path(dir.str());
   kvs::fsync_path(dir / "file");
 }

@@ -243,6 +243,13 @@ TEST(Config, DefaultsFillMissingKeys) {
   j = base_json();
   j["model"].erase("kv_shift");
   EXPECT_TRUE(kvs::config_from_json(j, kOrigin).model.kv_shift.enabled);
+  // Missing shift_q / parametrization: false / "free".
+  j = base_json();
+  j["model"]["kv_shift"].erase("shift_q");
+  j["model"]["kv_shift"].erase("parametrization");
+  auto ks = kvs::config_from_json(j, kOrigin).model.kv_shift;
+  EXPECT_FALSE(ks.shift_q);
+  EXPECT_EQ(ks.parametrization, "free");
 }
 
 TEST(Config, RequiredModelKeys) {
@@ -319,6 +326,9 @@ TEST(Config, WrongTypesNameKeyAndValue) {
       {[](json& j) { j["train"] = json::array(); }, {"train: expected an object, got array"}},
       {[](json& j) { j["name"] = 5; }, {"name: expected a string, got number 5"}},
       {[](json& j) { j["model"]["position_encoding"] = false; }, {"model.position_encoding: expected a string"}},
+      {[](json& j) { j["model"]["kv_shift"]["shift_q"] = 1; }, {"model.kv_shift.shift_q: expected a boolean"}},
+      {[](json& j) { j["model"]["kv_shift"]["parametrization"] = 0; },
+       {"model.kv_shift.parametrization: expected a string"}},
       {[](json& j) { j["device"] = nullptr; }, {"device: expected a string, got null"}},
       {[](json& j) { j["data"]["shards"]["train"] = "a.bin"; }, {"data.shards.train: expected an array of strings"}},
       {[](json& j) { j["data"]["shards"]["train"] = json::array({"a.bin", 3}); }, {"data.shards.train[1]: expected a string"}},
@@ -386,6 +396,10 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.model.position_encoding = "alibi"; },
        {"model.position_encoding: must be \"rope\" or \"none\", got \"alibi\""}},
       {[](C& c) { c.model.position_encoding = "NONE"; }, {"model.position_encoding"}},
+      {[](C& c) { c.model.kv_shift.parametrization = "sigmoid"; },
+       {"model.kv_shift.parametrization: must be \"free\", \"sigmoid_gate\" or \"clamp01\", got \"sigmoid\""}},
+      {[](C& c) { c.model.kv_shift.parametrization = "sigmoid_gate"; c.model.kv_shift.window = 2; },
+       {"model.kv_shift.parametrization", "sigmoid_gate", "window 1", "got window 2"}},
       {[](C& c) { c.train.seq_len = 129; }, {"train.seq_len", "model.max_position_embeddings"}},
       {[](C& c) { c.train.seq_len = 0; }, {"train.seq_len"}},
       {[](C& c) { c.train.micro_batch_size = 0; }, {"train.micro_batch_size"}},
@@ -549,6 +563,8 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.min_lr = 1e-7;
   c.train.schedule = "cosine";
   c.model.kv_shift.shift_v = false;
+  c.model.kv_shift.shift_q = true;
+  c.model.kv_shift.parametrization = "clamp01";
   c.model.kv_shift.window = 3;
   c.model.position_encoding = "none";
   c.model.tie_word_embeddings = true;
@@ -563,7 +579,9 @@ TEST(Config, ToJsonRoundTrips) {
   EXPECT_EQ(j["train"].size(), 19u);
   EXPECT_EQ(j["model"].size(), 13u);
   EXPECT_EQ(j["model"]["position_encoding"], "none");
-  EXPECT_EQ(j["model"]["kv_shift"].size(), 4u);
+  EXPECT_EQ(j["model"]["kv_shift"].size(), 6u);
+  EXPECT_EQ(j["model"]["kv_shift"]["shift_q"], true);
+  EXPECT_EQ(j["model"]["kv_shift"]["parametrization"], "clamp01");
   EXPECT_EQ(j["data"]["induction"].size(), 5u);
   EXPECT_EQ(j["data"]["shards"].size(), 3u);
   // Shipped files round-trip too.
@@ -581,6 +599,8 @@ TEST(Config, HfJsonRoundTrips) {
     m.kv_shift.enabled = enabled;
     m.kv_shift.shift_k = false;
     m.kv_shift.window = enabled ? 2 : 1;
+    m.kv_shift.shift_q = enabled;
+    m.kv_shift.parametrization = enabled ? "clamp01" : "sigmoid_gate";
     m.position_encoding = enabled ? "rope" : "none";
     json j = kvs::model_to_hf_json(m);
     EXPECT_EQ(j["position_encoding"], enabled ? "rope" : "none");
@@ -593,6 +613,8 @@ TEST(Config, HfJsonRoundTrips) {
     EXPECT_EQ(j["torch_dtype"], "float32");
     EXPECT_EQ(j["num_key_value_heads"], 2);
     EXPECT_EQ(j["kv_shift"]["enabled"], enabled);
+    EXPECT_EQ(j["kv_shift"]["shift_q"], enabled);
+    EXPECT_EQ(j["kv_shift"]["parametrization"], enabled ? "clamp01" : "sigmoid_gate");
     EXPECT_TRUE(kvs::model_from_hf_json(j, "config.json") == m);
     EXPECT_TRUE(kvs::model_from_hf_json(json::parse(j.dump()), "config.json") == m);
   }
@@ -610,6 +632,12 @@ TEST(Config, HfJsonReading) {
   json nope = j;
   nope["position_encoding"] = "none";
   EXPECT_EQ(kvs::model_from_hf_json(nope, "ckpt/config.json").position_encoding, "none");
+  // A kv_shift object from before shift_q / parametrization existed: the defaults.
+  json old = j;
+  old["kv_shift"] = {{"enabled", true}, {"window", 1}, {"shift_k", true}, {"shift_v", true}};
+  const auto om = kvs::model_from_hf_json(old, "ckpt/config.json");
+  EXPECT_FALSE(om.kv_shift.shift_q);
+  EXPECT_EQ(om.kv_shift.parametrization, "free");
   // Other unknown keys are rejected; HF values we do not implement too.
   auto bad = [&](const std::function<void(json&)>& edit, std::vector<std::string> needles) {
     json b = j;
@@ -628,5 +656,9 @@ TEST(Config, HfJsonReading) {
   bad([](json& b) { b["kv_shift"] = {{"window", 0}}; }, {"kv_shift.window"});
   bad([](json& b) { b["kv_shift"] = {{"enabld", true}}; }, {"unknown key 'kv_shift.enabld'"});
   bad([](json& b) { b["position_encoding"] = "alibi"; }, {"position_encoding: must be", "alibi"});
+  bad([](json& b) { b["kv_shift"] = {{"parametrization", "tanh"}}; }, {"kv_shift.parametrization: must be", "tanh"});
+  bad([](json& b) { b["kv_shift"] = {{"parametrization", "sigmoid_gate"}, {"window", 2}}; },
+      {"kv_shift.parametrization", "window 1"});
+  bad([](json& b) { b["kv_shift"] = {{"shift_q", "yes"}}; }, {"kv_shift.shift_q: expected a boolean"});
   bad([](json& b) { b["position_encoding"] = 0; }, {"position_encoding: expected a string"});
 }

@@ -212,6 +212,102 @@ TEST(Engine, InitialisationFollowsThePaper) {
   EXPECT_NE(p[k->offset], p[v->offset]);
 }
 
+TEST(Engine, QShiftIsOneTensorPerQueryHead) {
+  auto m = tiny_model();
+  m.kv_shift.shift_q = true;
+  const auto L = kvs::ParamLayout::build(m);
+  for (int i = 0; i < m.num_hidden_layers; ++i) {
+    const auto* q = L.find("model.layers." + std::to_string(i) + ".self_attn.q_shift");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->shape, (std::vector<int64_t>{m.num_attention_heads, 2}));
+    EXPECT_EQ(q->kind, kvs::ParamKind::Shift);
+    EXPECT_FALSE(q->decay());
+  }
+  // Identity q coefficients ([0, 1]) give the same logits as no q shift.
+  const Data d(2, 8, m.vocab_size, 3);
+  auto with_q = engine_with_init(m, 2, 8);
+  auto without = m;
+  without.kv_shift.shift_q = false;
+  auto e0 = std::make_unique<kvs::CpuEngine>(without, 2, 8);
+  std::vector<float> pq(with_q->layout().total), p0(e0->layout().total);
+  with_q->read_params(pq.data());
+  for (const auto& t : with_q->layout().tensors) {
+    if (t.name.find("q_shift") != std::string::npos) {
+      for (int64_t h = 0; h < t.shape[0]; ++h) pq[t.offset + 2 * h] = 0.0f, pq[t.offset + 2 * h + 1] = 1.0f;
+      continue;
+    }
+    const auto* u = e0->layout().find(t.name);
+    std::copy(pq.begin() + t.offset, pq.begin() + t.offset + t.numel, p0.begin() + u->offset);
+  }
+  with_q->write_params(pq.data());
+  e0->write_params(p0.data());
+  std::vector<float> la(2 * 8 * m.vocab_size), lb(la.size());
+  with_q->forward(d.batch(0, 2), nullptr, nullptr, la.data());
+  e0->forward(d.batch(0, 2), nullptr, nullptr, lb.data());
+  EXPECT_EQ(la, lb);
+}
+
+TEST(Engine, SigmoidGateInitialisationIsThePapersDraw) {
+  auto m = tiny_model();
+  auto gm = m;
+  gm.kv_shift.parametrization = "sigmoid_gate";
+  gm.kv_shift.shift_q = true;
+  m.kv_shift.shift_q = true;
+  const auto L = kvs::ParamLayout::build(m);
+  const auto GL = kvs::ParamLayout::build(gm);
+  ASSERT_EQ(L.total, GL.total);  // same checkpoint layout
+  std::vector<float> p(L.total), g(GL.total);
+  kvs::init_params(L, m, 11, p.data());
+  kvs::init_params(GL, gm, 11, g.data());
+  for (const auto& t : GL.tensors) {
+    if (t.kind != kvs::ParamKind::Shift) continue;
+    for (int64_t h = 0; h < t.shape[0]; ++h) {
+      EXPECT_EQ(g[t.offset + 2 * h], 0.0f) << t.name;  // unused column
+      const double cur = 1.0 / (1.0 + std::exp(-static_cast<double>(g[t.offset + 2 * h + 1])));
+      EXPECT_NEAR(cur, p[t.offset + 2 * h + 1], 1e-5) << t.name;       // sigmoid(g) = cur = 1 - u
+      EXPECT_NEAR(1.0 - cur, p[t.offset + 2 * h], 1e-5) << t.name;     // prev = u
+    }
+  }
+}
+
+TEST(Engine, Clamp01KeepsShiftCoefficientsInTheUnitBox) {
+  // A large lr pushes shift coefficients out of [0, 1] under "free"; "clamp01"
+  // projects them back after every step while the weights keep moving.
+  for (const char* par : {"clamp01", "free"}) {
+    SCOPED_TRACE(par);
+    auto m = tiny_model();
+    m.kv_shift.shift_q = true;
+    m.kv_shift.parametrization = par;
+    auto e = engine_with_init(m, 2, 8);
+    const Data d(2, 8, m.vocab_size, 4);
+    const auto& L = e->layout();
+    std::vector<float> p0(L.total), p(L.total);
+    e->read_params(p0.data());
+    for (int step = 1; step <= 5; ++step) {
+      e->zero_grad();
+      e->forward_backward(d.batch(0, 2), 1.0 / d.scored());
+      e->adamw_step({0.5, 0.9, 0.95, 1e-8, 0.0, step, 1.0});
+    }
+    e->read_params(p.data());
+    int outside = 0, shift_scalars = 0;
+    double moved = 0;
+    for (const auto& t : L.tensors)
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+        if (t.kind == kvs::ParamKind::Shift) {
+          ++shift_scalars;
+          outside += p[i] < 0.0f || p[i] > 1.0f;
+        } else if (t.kind == kvs::ParamKind::Matrix) {
+          moved = std::max(moved, static_cast<double>(std::abs(p[i] - p0[i])));
+        }
+      }
+    EXPECT_GT(moved, 0.1);
+    if (std::string(par) == "clamp01")
+      EXPECT_EQ(outside, 0) << "of " << shift_scalars;
+    else
+      EXPECT_GT(outside, 0) << "of " << shift_scalars;
+  }
+}
+
 TEST(Engine, LongerWindowInitialisationFollowsFootnote14) {
   // Footnote 14 of the paper: the W older columns ~ U(0,1) independently, the
   // current column = 1 - their sum (so each row sums to 1, as for window 1).

@@ -46,7 +46,7 @@ const std::vector<Section>& schema() {
        {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "rms_norm_eps", "rope_theta", "position_encoding", "vocab_size", "max_position_embeddings",
         "tie_word_embeddings", "initializer_range", "kv_shift"}},
-      {"model.kv_shift", {"enabled", "window", "shift_k", "shift_v"}},
+      {"model.kv_shift", {"enabled", "window", "shift_k", "shift_v", "shift_q", "parametrization"}},
       {"train",
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
@@ -264,6 +264,8 @@ KvShiftConfig parse_kv_shift(const json& j, const std::string& origin, const std
   o.get("window", k.window);
   o.get("shift_k", k.shift_k);
   o.get("shift_v", k.shift_v);
+  o.get("shift_q", k.shift_q);                  // absent (older checkpoints): false
+  o.get("parametrization", k.parametrization);  // absent (older checkpoints): "free"
   return k;
 }
 
@@ -323,10 +325,18 @@ void validate_model(const ModelConfig& m, const std::string& origin, const std::
     fail("{}: {}initializer_range: must be > 0, got {}", origin, p, m.initializer_range);
   if (m.kv_shift.window < 1 || m.kv_shift.window > 8)
     fail("{}: {}kv_shift.window: must be in [1, 8], got {}", origin, p, m.kv_shift.window);
+  const std::string& par = m.kv_shift.parametrization;
+  if (par != "free" && par != "sigmoid_gate" && par != "clamp01")
+    fail("{}: {}kv_shift.parametrization: must be \"free\", \"sigmoid_gate\" or \"clamp01\", got \"{}\"", origin, p,
+         par);
+  if (par == "sigmoid_gate" && m.kv_shift.window != 1)
+    fail("{}: {}kv_shift.parametrization: \"sigmoid_gate\" needs kv_shift.window 1 (one gate per head), got window {}",
+         origin, p, m.kv_shift.window);
 }
 
 json kv_shift_to_json(const KvShiftConfig& k) {
-  return json{{"enabled", k.enabled}, {"window", k.window}, {"shift_k", k.shift_k}, {"shift_v", k.shift_v}};
+  return json{{"enabled", k.enabled},           {"window", k.window},   {"shift_k", k.shift_k},
+              {"shift_v", k.shift_v},           {"shift_q", k.shift_q}, {"parametrization", k.parametrization}};
 }
 
 json model_keys_to_json(const ModelConfig& m) {

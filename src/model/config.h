@@ -15,7 +15,16 @@ struct KvShiftConfig {
   int window = 1;          // number of past positions mixed in (paper: 1)
   bool shift_k = true;     // K-only / V-only variants (issue 3) toggle these
   bool shift_v = true;
+  bool shift_q = false;    // QKV shifting (appendix J): q shifted too, per query head
+  // How the stored shift tensors map to coefficients (section 4.6):
+  //   "free"         the stored [H, W+1] values are the coefficients (default)
+  //   "sigmoid_gate" window 1 only: column 1 holds a gate logit g, column 0 is
+  //                  unused (kept 0); cur = sigmoid(g), prev = 1 - sigmoid(g)
+  //   "clamp01"      free coefficients, projected onto [0, 1] after every
+  //                  optimizer step
+  std::string parametrization = "free";
 
+  bool sigmoid_gate() const { return enabled && parametrization == "sigmoid_gate"; }
   bool operator==(const KvShiftConfig&) const = default;
 };
 

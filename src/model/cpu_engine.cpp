@@ -3,6 +3,9 @@
 //   ln1 = RMSNorm(resid_l)                       [N, C]
 //   q, k, v = ln1 Wq^T, ln1 Wk^T, ln1 Wv^T       [N, Hq*D], [N, Hkv*D] x2
 //   khat = RoPE(Shift(k; k_shift)), vhat = Shift(v; v_shift), q = RoPE(q)
+//     (kv_shift.shift_q: q = RoPE(Shift(q_raw; q_shift)), appendix J)
+//     (parametrization "sigmoid_gate": the coefficients are [1 - sigmoid(g), sigmoid(g)]
+//      computed per layer into the plan's coef slice, the stored column 0 unused)
 //     (position_encoding "none": no RoPE, khat = Shift(k), q = q)
 //   attout = CausalAttention(q, khat, vhat)      [N, Hq*D]   (att saved)
 //   res_mid = resid_l + attout Wo^T
@@ -29,6 +32,30 @@ namespace kvs {
 
 namespace {
 void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
+
+float sigmoidf(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+
+// The coefficients the shift op uses: the stored tensor itself, or for
+// "sigmoid_gate" [1 - sigmoid(g), sigmoid(g)] per head (g = stored column 1)
+// written into eff. Returns what the op should read.
+const float* effective_coef(const float* stored, float* eff, int H, bool gate) {
+  if (!gate) return stored;
+  for (int h = 0; h < H; ++h) {
+    const float s = sigmoidf(stored[h * 2 + 1]);
+    eff[h * 2 + 0] = 1.0f - s;
+    eff[h * 2 + 1] = s;
+  }
+  return eff;
+}
+
+// Chains d(effective coefficients) into the stored gate tensor's gradient:
+// d g += sigmoid'(g) * (d cur - d prev); column 0 gets nothing.
+void gate_backward(float* dstored, const float* deff, const float* stored, int H) {
+  for (int h = 0; h < H; ++h) {
+    const float s = sigmoidf(stored[h * 2 + 1]);
+    dstored[h * 2 + 1] += s * (1.0f - s) * (deff[h * 2 + 1] - deff[h * 2 + 0]);
+  }
+}
 }  // namespace
 
 ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
@@ -50,11 +77,16 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
   p.kv_stride = N * KD;
   p.att_stride = static_cast<size_t>(B) * H * T * T;
   p.ffn_stride = N * F;
+  const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
+  p.qraw_stride = shift_q ? N * QD : 0;
+  p.coef_stride = (H + 2 * static_cast<size_t>(m.num_key_value_heads)) * (m.kv_shift.window + 1);
   p.resid = take((L + 1) * p.resid_stride);
   p.res_mid = take(L * p.res_mid_stride);
   p.ln1 = take(L * p.ln_stride);
   p.rstd1 = take(L * p.rstd_stride);
   p.q = take(L * p.q_stride);
+  p.qraw = take(L * p.qraw_stride);
+  p.coef = take(L * p.coef_stride);
   p.k = take(L * p.kv_stride);
   p.v = take(L * p.kv_stride);
   p.khat = take(L * p.kv_stride);
@@ -86,6 +118,8 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
   p.dvhat = take(N * KD);
   p.dv = take(N * KD);
   p.datt = take(p.att_stride);
+  p.dqs = take(p.qraw_stride);
+  p.dcoef = take(p.coef_stride);
   p.total = off;
   return p;
 }
@@ -140,6 +174,8 @@ void CpuEngine::forward_to_logits(const Batch& b) {
   const float* cos = a + p.rope_cos;
   const float* sin = a + p.rope_sin;
   const bool rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
+  const bool gated = m_.kv_shift.sigmoid_gate();
+  const size_t W1 = static_cast<size_t>(W) + 1;
 
   cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C);
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
@@ -160,21 +196,31 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     float* gate = a + p.gate + l * p.ffn_stride;
     float* up = a + p.up + l * p.ffn_stride;
     float* h = a + p.h + l * p.ffn_stride;
+    float* coef = a + p.coef + l * p.coef_stride;
+    const float* qc = w.q_shift ? effective_coef(w.q_shift, coef, Hq, gated) : nullptr;
+    const float* kc = w.k_shift ? effective_coef(w.k_shift, coef + Hq * W1, Hkv, gated) : nullptr;
+    const float* vc = w.v_shift ? effective_coef(w.v_shift, coef + (Hq + Hkv) * W1, Hkv, gated) : nullptr;
 
     cpu::rmsnorm_forward(ln1, rstd1, resid, w.ln1, N, C, m_.rms_norm_eps);
-    cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
+    if (w.q_shift) {
+      float* qraw = a + p.qraw + l * p.qraw_stride;
+      cpu::matmul_forward(qraw, ln1, w.wq, N, C, QD);
+      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W);
+    } else {
+      cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
+    }
     cpu::matmul_forward(k, ln1, w.wk, N, C, KD);
     cpu::matmul_forward(v, ln1, w.wv, N, C, KD);
     // KV shifting acts on the raw projections, before RoPE.
     if (w.k_shift) {
-      cpu::kv_shift_forward(khat, k, w.k_shift, B, T, Hkv, D, W);
+      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W);
       if (rope) cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
     } else if (rope) {
       cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
     } else {
       std::copy(k, k + static_cast<size_t>(N) * KD, khat);
     }
-    if (w.v_shift) cpu::kv_shift_forward(vhat, v, w.v_shift, B, T, Hkv, D, W);
+    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W);
     if (rope) cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
     cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D);
     cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
@@ -206,6 +252,9 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
   float* dresid = a + p.dresid;
   float* dln = a + p.dln;
   const bool rope = m_.position_encoding == "rope";
+  const bool gated = m_.kv_shift.sigmoid_gate();
+  const size_t W1 = static_cast<size_t>(W) + 1;
+  float* dcoef = a + p.dcoef;
 
   // LM head and final norm (dlogits were written over the logits).
   zero(dln, NC);
@@ -233,6 +282,22 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     const float* gate = a + p.gate + l * p.ffn_stride;
     const float* up = a + p.up + l * p.ffn_stride;
     const float* h = a + p.h + l * p.ffn_stride;
+    const float* coef = a + p.coef + l * p.coef_stride;
+    const float* qc = gated ? coef : w.q_shift;
+    const float* kc = gated ? coef + Hq * W1 : w.k_shift;
+    const float* vc = gated ? coef + (Hq + Hkv) * W1 : w.v_shift;
+    // d coefficients: straight into the gradient tensor ("free", "clamp01"), or
+    // into scratch and then through the gate ("sigmoid_gate").
+    auto shift_backward = [&](float* din, float* dstored, const float* dout, const float* in, const float* stored,
+                              const float* c, int H) {
+      if (!gated) {
+        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W);
+        return;
+      }
+      zero(dcoef, static_cast<size_t>(H) * W1);
+      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W);
+      gate_backward(dstored, dcoef, stored, H);
+    };
 
     // MLP: resid_{l+1} = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d resid_{l+1}.
     float* dh = a + p.dh;
@@ -269,6 +334,12 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
       cpu::rope_backward(dq_pre, dq, cos, sin, B, T, Hq, D);
       dq_raw = dq_pre;
     }
+    if (w.q_shift) {  // dq_raw is d(shifted q); through the shift to d(raw q)
+      float* dqs = a + p.dqs;
+      zero(dqs, NQ);
+      shift_backward(dqs, g.q_shift, dq_raw, a + p.qraw + l * p.qraw_stride, w.q_shift, qc, Hq);
+      dq_raw = dqs;
+    }
     zero(dk, NK);
     if (w.k_shift) {
       const float* dks = dkhat;
@@ -277,7 +348,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
         cpu::rope_backward(a + p.dks, dkhat, cos, sin, B, T, Hkv, D);
         dks = a + p.dks;
       }
-      cpu::kv_shift_backward(dk, g.k_shift, dks, k, w.k_shift, B, T, Hkv, D, W);
+      shift_backward(dk, g.k_shift, dks, k, w.k_shift, kc, Hkv);
     } else if (rope) {
       cpu::rope_backward(dk, dkhat, cos, sin, B, T, Hkv, D);
     } else {
@@ -286,7 +357,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     const float* dv_raw = dvhat;
     if (w.v_shift) {
       zero(dv, NK);
-      cpu::kv_shift_backward(dv, g.v_shift, dvhat, v, w.v_shift, B, T, Hkv, D, W);
+      shift_backward(dv, g.v_shift, dvhat, v, w.v_shift, vc, Hkv);
       dv_raw = dv;
     }
     zero(dln, NC);
@@ -371,6 +442,12 @@ void CpuEngine::adamw_step(const AdamWHyper& hp) {
       const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
       p[i] = p[i] * decay - step_size * m[i] / denom;
     }
+    // "clamp01": project the shift coefficients back onto [0, 1] after the
+    // update. A clamp inside the forward would give the same values but a zero
+    // gradient outside the box, so a coefficient that left it could never
+    // come back; the projection keeps the forward in [0, 1] and keeps learning.
+    if (t.kind == ParamKind::Shift && m_.kv_shift.parametrization == "clamp01")
+      for (ptrdiff_t i = 0; i < n; ++i) p[i] = std::clamp(p[i], 0.0f, 1.0f);
   }
 }
 

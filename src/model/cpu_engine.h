@@ -15,10 +15,17 @@ struct ActivationPlan {
   // forward, per layer l at base + l * stride
   size_t resid, res_mid, ln1, rstd1, q, k, v, khat, vhat, att, attout, ln2, rstd2, gate, up, h;
   size_t resid_stride, res_mid_stride, ln_stride, rstd_stride, q_stride, kv_stride, att_stride, ffn_stride;
+  // kv_shift.shift_q: the raw q projection (q holds the shifted, rotated q); 0 floats otherwise.
+  size_t qraw, qraw_stride;
+  // Effective shift coefficients per layer, [Hq | Hkv | Hkv] x (W+1) for q, k, v
+  // (parametrization "sigmoid_gate": computed from the stored gate logits).
+  size_t coef, coef_stride;
   // forward, once
   size_t lnf, rstdf, logits, losses, rope_cos, rope_sin;
   // backward scratch, reused by every layer
   size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv, datt;
+  size_t dqs;    // d raw q under shift_q
+  size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
 
   static ActivationPlan build(const ModelConfig& m, int B, int T);
 };

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -25,6 +28,8 @@ ParamLayout ParamLayout::build(const ModelConfig& m) {
   const int64_t W1 = m.kv_shift.window + 1;
   const bool shift_k = m.kv_shift.enabled && m.kv_shift.shift_k;
   const bool shift_v = m.kv_shift.enabled && m.kv_shift.shift_v;
+  const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
+  const int64_t HQ = m.num_attention_heads;
   add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding);
   for (int i = 0; i < m.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -35,6 +40,7 @@ ParamLayout ParamLayout::build(const ModelConfig& m) {
     add(p + "self_attn.o_proj.weight", {C, QD}, ParamKind::Matrix);
     if (shift_k) add(p + "self_attn.k_shift", {HKV, W1}, ParamKind::Shift);
     if (shift_v) add(p + "self_attn.v_shift", {HKV, W1}, ParamKind::Shift);
+    if (shift_q) add(p + "self_attn.q_shift", {HQ, W1}, ParamKind::Shift);
     add(p + "post_attention_layernorm.weight", {C}, ParamKind::Norm);
     add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::Matrix);
     add(p + "mlp.up_proj.weight", {F, C}, ParamKind::Matrix);
@@ -66,6 +72,7 @@ ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* ba
     l.wk = at(p + "self_attn.k_proj.weight");
     l.wv = at(p + "self_attn.v_proj.weight");
     l.wo = at(p + "self_attn.o_proj.weight");
+    l.q_shift = at(p + "self_attn.q_shift");
     l.k_shift = at(p + "self_attn.k_shift");
     l.v_shift = at(p + "self_attn.v_shift");
     l.ln2 = at(p + "post_attention_layernorm.weight");
@@ -97,6 +104,15 @@ void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
         // a sum of coefficients 1 (window 1: prev ~ U(0,1), cur = 1 - prev).
         // Draw index h*W + w keeps window 1's values what they always were.
         const int64_t W = t.shape[1] - 1;
+        if (m.kv_shift.sigmoid_gate()) {
+          // [unused = 0, gate logit g]: sigmoid(g) = cur = 1 - u, prev = u (same u as "free").
+          for (int64_t h = 0; h < t.shape[0]; ++h) {
+            const double u = std::clamp(uniform01(s, static_cast<uint64_t>(h)), 1e-4, 1.0 - 1e-4);
+            p[h * 2 + 0] = 0.0f;
+            p[h * 2 + 1] = static_cast<float>(std::log((1.0 - u) / u));
+          }
+          break;
+        }
         for (int64_t h = 0; h < t.shape[0]; ++h) {
           float* row = p + h * (W + 1);
           float older = 0.0f;

@@ -2,7 +2,8 @@
 // fp32 buffer, in a fixed order. Gradients and optimizer moments use the same
 // layout, so "for every tensor" loops are loops over this table.
 // Names are Hugging Face Llama names plus the shift tensors
-// model.layers.{i}.self_attn.{k,v}_shift ([num_key_value_heads, window+1]).
+// model.layers.{i}.self_attn.{k,v}_shift ([num_key_value_heads, window+1]) and,
+// with kv_shift.shift_q, model.layers.{i}.self_attn.q_shift ([num_attention_heads, window+1]).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +18,7 @@ enum class ParamKind {
   Embedding,  // token embedding (decayed)
   Matrix,     // a projection weight (decayed)
   Norm,       // RMSNorm gain (not decayed, init 1)
-  Shift,      // k_shift / v_shift scalars (not decayed, init per the paper)
+  Shift,      // q_shift / k_shift / v_shift scalars (not decayed, init per the paper)
 };
 
 struct ParamTensor {
@@ -39,7 +40,7 @@ struct ParamLayout {
 
 // Typed views of one flat buffer (parameters or gradients).
 struct LayerView {
-  float *ln1, *wq, *wk, *wv, *wo, *k_shift, *v_shift, *ln2, *w_gate, *w_up, *w_down;
+  float *ln1, *wq, *wk, *wv, *wo, *q_shift, *k_shift, *v_shift, *ln2, *w_gate, *w_up, *w_down;
 };
 struct ModelView {
   float* embed;
@@ -52,6 +53,8 @@ ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* ba
 // Initialises parameters: matrices ~ N(0, initializer_range^2), norms = 1,
 // shifts (per KV head, for K and V separately): the W older columns ~ U(0,1),
 // current = 1 - their sum (window 1: prev ~ U(0,1), cur = 1 - prev).
+// parametrization "sigmoid_gate" stores [0, logit(1 - u)] per head instead, so
+// the effective coefficients (prev = u, cur = 1 - u) are the same draw.
 // Every element is a pure function of (seed, tensor name, index), so any
 // layout or slice of the model gets the same values.
 void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base);
@@ -61,7 +64,7 @@ struct ParamCounts {
   int64_t embedding = 0;      // token embedding (and untied LM head counted separately)
   int64_t lm_head = 0;        // 0 when tied
   int64_t non_embedding = 0;  // total - embedding - lm_head
-  int64_t shift = 0;          // k_shift/v_shift scalars
+  int64_t shift = 0;          // q_shift/k_shift/v_shift scalars
 };
 ParamCounts count_params(const ModelConfig& m);
 

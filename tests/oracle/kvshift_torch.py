@@ -17,9 +17,14 @@ RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * w.
 Attn: q, k, v = projections; per KV head h, BEFORE RoPE,
     k^_t = sum_{w=0..W} k_shift[h, w] * k_{t-W+w}     (k_{<0} = 0; columns oldest -> current)
     v^_t = sum_{w=0..W} v_shift[h, w] * v_{t-W+w}
-then RoPE (Hugging Face rotate_half) on q and k^ (skipped when position_encoding is "none"),
+(kv_shift.shift_q, appendix J: q^_t = sum_w q_shift[h, w] * q_{t-W+w} per QUERY head too)
+then RoPE (Hugging Face rotate_half) on q (or q^) and k^ (skipped when position_encoding is "none"),
 causal softmax(q k^T / sqrt(D)) v^,
 GQA query head j reads KV head j // (Hq / Hkv), heads concatenated, o_proj.
+kv_shift.parametrization (section 4.6): "free" and "clamp01" use the stored tensors as the
+coefficients ("clamp01" only projects them onto [0, 1] after each optimizer step, which is
+training, not the model); "sigmoid_gate" (window 1) stores [unused, g] per head and uses
+coefficients [1 - sigmoid(g), sigmoid(g)] (prev, cur), so the unused column's gradient is 0.
 
 Only the standard library, numpy and torch are used. Run with /usr/bin/python3.
 """
@@ -72,7 +77,13 @@ class KvShiftLlamaConfig:
             "window": int(ks.get("window", 1)),
             "shift_k": bool(ks.get("shift_k", True)),
             "shift_v": bool(ks.get("shift_v", True)),
+            "shift_q": bool(ks.get("shift_q", False)),
+            "parametrization": str(ks.get("parametrization", "free")),
         }
+        if self.kv_shift["parametrization"] not in ("free", "sigmoid_gate", "clamp01"):
+            raise ValueError(f"kv_shift.parametrization: unknown {self.kv_shift['parametrization']!r}")
+        if self.kv_shift["parametrization"] == "sigmoid_gate" and self.kv_shift["window"] != 1:
+            raise ValueError("kv_shift.parametrization 'sigmoid_gate' needs window 1")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -93,6 +104,14 @@ class KvShiftLlamaConfig:
     @property
     def shift_v(self):
         return self.kv_shift["enabled"] and self.kv_shift["shift_v"]
+
+    @property
+    def shift_q(self):
+        return self.kv_shift["enabled"] and self.kv_shift["shift_q"]
+
+    @property
+    def sigmoid_gate(self):
+        return self.kv_shift["enabled"] and self.kv_shift["parametrization"] == "sigmoid_gate"
 
     @classmethod
     def from_dict(cls, d):
@@ -143,6 +162,15 @@ def kv_shift(x, coef):
             shifted = torch.cat([x.new_zeros(B, lag, H, D), x[:, :T - lag]], dim=1)
             y = y + c * shifted
     return y
+
+
+def shift_coefficients(stored, sigmoid_gate):
+    """The coefficients a stored shift tensor stands for: itself, or for the sigmoid gate
+    ([H, 2], column 1 = logit g, column 0 unused) [1 - sigmoid(g), sigmoid(g)]."""
+    if not sigmoid_gate:
+        return stored
+    s = torch.sigmoid(stored[:, 1])
+    return torch.stack([1.0 - s, s], dim=1)
 
 
 def rope_cos_sin(T, head_dim, theta, dtype=torch.float64, device=None):
@@ -210,6 +238,8 @@ class KvShiftAttention(nn.Module):
             self.k_shift = nn.Parameter(torch.zeros(self.n_kv_heads, W + 1))
         if cfg.shift_v:
             self.v_shift = nn.Parameter(torch.zeros(self.n_kv_heads, W + 1))
+        if cfg.shift_q:
+            self.q_shift = nn.Parameter(torch.zeros(self.n_heads, W + 1))
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -217,10 +247,13 @@ class KvShiftAttention(nn.Module):
         q = self.q_proj(x).view(B, T, Hq, D)
         k = self.k_proj(x).view(B, T, Hkv, D)
         v = self.v_proj(x).view(B, T, Hkv, D)
+        gate = self.cfg.sigmoid_gate
+        if self.cfg.shift_q:
+            q = kv_shift(q, shift_coefficients(self.q_shift, gate))
         if self.cfg.shift_k:
-            k = kv_shift(k, self.k_shift)
+            k = kv_shift(k, shift_coefficients(self.k_shift, gate))
         if self.cfg.shift_v:
-            v = kv_shift(v, self.v_shift)
+            v = kv_shift(v, shift_coefficients(self.v_shift, gate))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [B, H, T, D]
         if self.cfg.position_encoding == "rope":
             q = apply_rope(q, cos, sin)
@@ -316,6 +349,10 @@ class KvShiftLlama(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 p.fill_(1.0)
+            elif name.endswith("_shift") and self.cfg.sigmoid_gate:
+                u = torch.rand(p.shape[0], generator=generator, dtype=torch.float64).clamp(1e-4, 1 - 1e-4)
+                p[:, 0] = 0.0
+                p[:, 1] = torch.log((1.0 - u) / u).to(p.dtype)  # sigmoid(g) = cur = 1 - u
             elif name.endswith("_shift"):
                 u = torch.rand(p.shape[0], p.shape[1] - 1, generator=generator, dtype=torch.float64)
                 p[:, :-1] = u.to(p.dtype)

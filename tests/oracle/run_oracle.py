@@ -66,7 +66,8 @@ class Tally:
 # ----------------------------------------------------------------------------- cases
 
 def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled,
-                window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5, position_encoding=None):
+                window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5, position_encoding=None,
+                shift_q=None, parametrization=None):
     cfg = {
         "model_type": "llama",
         "hidden_size": hidden,
@@ -85,6 +86,10 @@ def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled
     }
     if position_encoding is not None:  # left out otherwise: a missing key must read as "rope"
         cfg["position_encoding"] = position_encoding
+    if shift_q is not None:  # left out otherwise: a missing key must read as false
+        cfg["kv_shift"]["shift_q"] = shift_q
+    if parametrization is not None:  # left out otherwise: a missing key must read as "free"
+        cfg["kv_shift"]["parametrization"] = parametrization
     return cfg
 
 
@@ -100,6 +105,11 @@ CASES = [
     ("7_shift_window3_gqa_4x2", make_config(32, 4, 2, 40, 1, 37, False, True, window=3), 2, 11, 107),
     ("8_nope_shift_gqa_4x2", make_config(32, 4, 2, 40, 2, 37, False, True, position_encoding="none"),
      2, 10, 108),
+    ("9_qkv_shift_gqa_4x2", make_config(32, 4, 2, 40, 2, 37, False, True, shift_q=True), 2, 11, 109),
+    ("10_gate_gqa_4x2", make_config(32, 4, 2, 40, 2, 37, False, True, parametrization="sigmoid_gate"),
+     2, 10, 110),
+    ("11_gate_qkv_gqa_4x1", make_config(32, 4, 1, 40, 1, 37, False, True, shift_q=True,
+                                        parametrization="sigmoid_gate"), 2, 10, 111),
 ]
 
 
@@ -115,6 +125,9 @@ def draw_weights(cfg_dict, seed):
         elif name.endswith("_shift"):
             w = rng.uniform(-0.5, 1.5, size=shape)
             w.flat[0] = -0.35  # make sure a negative coefficient is always present
+            if cfg.sigmoid_gate:  # [unused = 0, gate logit g]
+                w[:, 0] = 0.0
+                w[:, 1] = rng.uniform(-3.0, 3.0, size=shape[0])
         elif name == "model.embed_tokens.weight":
             w = 0.5 * rng.standard_normal(shape)
         else:
@@ -219,6 +232,13 @@ def run_case(binary, workdir, name, cfg_dict, B, T, seed, tally):
             tally.compare(name, key, got[key], want)
         else:
             tally.record(name, key, False, "missing from backward output")
+    if cfg_dict["kv_shift"].get("parametrization") == "sigmoid_gate":
+        # the unused column 0 of a gate tensor has gradient exactly 0, engine and oracle alike
+        for pname, want in grads.items():
+            if pname.endswith("_shift") and "grad." + pname in got:
+                g0 = np.asarray(got["grad." + pname])[:, 0]
+                tally.record(name, f"{pname} col 0 grad == 0", bool(np.all(g0 == 0) and np.all(want[:, 0] == 0)),
+                             f"max|engine|={np.max(np.abs(g0)):.1e}")
     extra = sorted(k for k in got if k.startswith("grad.") and k[5:] not in grads)
     tally.record(name, "no unexpected grad.* tensors", not extra, ", ".join(extra)[:44])
 
@@ -518,7 +538,8 @@ def st_io(t, workdir):
         L = cfg_dict["num_hidden_layers"]
         ks = cfg_dict["kv_shift"]
         n_expected = 2 + L * 9 + (0 if cfg_dict["tie_word_embeddings"] else 1) \
-            + L * (ks["enabled"] and ks["shift_k"]) + L * (ks["enabled"] and ks["shift_v"])
+            + L * (ks["enabled"] and ks["shift_k"]) + L * (ks["enabled"] and ks["shift_v"]) \
+            + L * (ks["enabled"] and ks.get("shift_q", False))
         ok = ok and len(w) == n_expected and ("lm_head.weight" in w) != cfg_dict["tie_word_embeddings"]
         t.record("self-test", f"checkpoint round trip {name}", ok, f"{len(w)} tensors")
 

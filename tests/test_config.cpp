@@ -90,18 +90,21 @@ TEST(Config, EveryShippedFileLoadsAndValidates) {
     std::ifstream in(f);
     json j = json::parse(in);
     json full = kvs::to_json(c);
-    full["data"].erase(c.data.type == "induction" ? "shards" : "induction");
+    for (const char* section : {"induction", "ngram", "hopk", "shards"})
+      if (c.data.type != section) full["data"].erase(section);
     EXPECT_EQ(j, full) << "not every key is written out in " << f;
   }
   for (const char* name : {"paper/1.5B-vanilla", "paper/1.5B-kvshift", "paper/2.9B-vanilla", "paper/2.9B-kvshift",
                            "paper/6.7B-vanilla", "paper/6.7B-kvshift", "paper/13B-vanilla", "paper/13B-kvshift",
                            "paper/19B-vanilla", "paper/19B-kvshift", "toy/induction-1l-kvshift",
-                           "toy/induction-1l-vanilla", "toy/lm-small-kvshift", "toy/lm-small-vanilla"})
+                           "toy/induction-1l-vanilla", "toy/lm-small-kvshift", "toy/lm-small-vanilla",
+                           "toy/ngram-1l-kvshift", "toy/ngram-1l-vanilla", "toy/hopk-2l-kvshift",
+                           "toy/hopk-2l-vanilla"})
     EXPECT_TRUE(fs::exists(kRoot + "/configs/" + name + ".json")) << name;
 }
 
 TEST(Config, ShippedPairsDifferOnlyInTheShift) {
-  for (const char* stem : {"toy/induction-1l", "toy/lm-small", "paper/1.5B", "paper/2.9B", "paper/6.7B", "paper/13B",
+  for (const char* stem : {"toy/induction-1l", "toy/lm-small", "toy/ngram-1l", "toy/hopk-2l", "paper/1.5B", "paper/2.9B", "paper/6.7B", "paper/13B",
                            "paper/19B"}) {
     SCOPED_TRACE(stem);
     auto k = kvs::load_config(kRoot + "/configs/" + stem + "-kvshift.json");
@@ -276,6 +279,8 @@ TEST(Config, UnknownKeysNameTheFullPath) {
       {[](json& j) { j["model"]["kv_shift"]["windows"] = 1; }, "unknown key 'model.kv_shift.windows'"},
       {[](json& j) { j["data"]["induction"]["pad"] = 1; }, "unknown key 'data.induction.pad'"},
       {[](json& j) { j["data"]["shards"]["tran"] = json::array(); }, "unknown key 'data.shards.tran'"},
+      {[](json& j) { j["data"]["ngram"]["pairs"] = 5; }, "unknown key 'data.ngram.pairs'"},
+      {[](json& j) { j["data"]["hopk"]["hops"] = 2; }, "unknown key 'data.hopk.hops'"},
       {[](json& j) { j["data"]["typ"] = "x"; }, "unknown key 'data.typ'"},
       {[](json& j) { j["parallel"]["dp"] = 2; }, "unknown key 'parallel.dp'"},
   };
@@ -432,6 +437,18 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.data.induction.pad_token = 127; }, {"data.induction.pad_token"}},
       {[](C& c) { c.data.induction.pad_token = 128; c.data.induction.token_hi = 100; }, {"data.induction.pad_token"}},
       {[](C& c) { c.data.induction.pad_token = -1; }, {"data.induction.pad_token"}},
+      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_lo = -1; }, {"data.ngram.token_lo"}},
+      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 11; }, {"data.ngram.token_hi"}},
+      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 129; }, {"data.ngram.token_hi", "model.vocab_size"}},
+      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 128; c.data.ngram.num_pairs = 0; },
+       {"data.ngram.num_pairs"}},
+      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 21; c.data.ngram.num_pairs = 101; },
+       {"data.ngram.num_pairs", "100"}},
+      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_lo = -1; }, {"data.hopk.token_lo"}},
+      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 12; }, {"data.hopk.token_hi"}},
+      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 129; }, {"data.hopk.token_hi", "model.vocab_size"}},
+      {[](C& c) { c.data.type = "hopk"; c.data.hopk.k = 0; }, {"data.hopk.k"}},
+      {[](C& c) { c.data.type = "hopk"; c.data.hopk.k = c.train.seq_len - 1; }, {"data.hopk.k", "train.seq_len"}},
       {[](C& c) { c.data.type = "shards"; }, {"data.shards.train"}},
       {[](C& c) { c.data.type = "shards"; c.data.shards.train = {""}; }, {"data.shards.train[0]"}},
       {[](C& c) { c.data.type = "shards"; c.data.shards.train = {"a"}; c.data.shards.val_fraction = 1.0; },
@@ -472,6 +489,9 @@ TEST(Config, ValidationEdgesThatPass) {
   ok([](auto& c) { c.model.position_encoding = "none"; });
   ok([](auto& c) { c.data.type = "shards"; c.data.shards.train = {"x_*.bin"}; c.data.induction.token_hi = 99999; });
   ok([](auto& c) { c.data.type = "induction"; c.data.shards.val_fraction = 7; });  // unused section not checked
+  ok([](auto& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 21; c.data.ngram.num_pairs = 100; });  // = range^2
+  ok([](auto& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 13; c.data.hopk.k = c.train.seq_len - 2; });
+  ok([](auto& c) { c.data.type = "induction"; c.data.hopk.k = 0; c.data.ngram.num_pairs = 0; });  // unused
 }
 
 // ---------------------------------------------------------------------------
@@ -571,6 +591,8 @@ TEST(Config, ToJsonRoundTrips) {
   c.data.shards.train = {"a_*.bin", "b.bin"};
   c.data.shards.val = {"v.bin"};
   c.data.shards.val_fraction = 0.25;
+  c.data.ngram = {3, 77, 123, 0xFFFFFFFFFFFFFFF1ULL};
+  c.data.hopk = {5, 9, 6};
   json j = kvs::to_json(c);
   EXPECT_TRUE(kvs::config_from_json(j, "mem") == c);
   EXPECT_TRUE(kvs::config_from_json(json::parse(j.dump()), "mem") == c);  // through text, doubles exact
@@ -583,6 +605,8 @@ TEST(Config, ToJsonRoundTrips) {
   EXPECT_EQ(j["model"]["kv_shift"]["shift_q"], true);
   EXPECT_EQ(j["model"]["kv_shift"]["parametrization"], "clamp01");
   EXPECT_EQ(j["data"]["induction"].size(), 5u);
+  EXPECT_EQ(j["data"]["ngram"].size(), 4u);
+  EXPECT_EQ(j["data"]["hopk"].size(), 3u);
   EXPECT_EQ(j["data"]["shards"].size(), 3u);
   // Shipped files round-trip too.
   for (const auto& f : all_config_files()) {

@@ -10,10 +10,13 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/hopk.h"
 #include "data/induction.h"
+#include "data/ngram.h"
 #include "data/shard_dataset.h"
 #include "data/shards.h"
 
@@ -217,6 +220,226 @@ TEST(DataInduction, MakeDatasetAndDescribe) {
   EXPECT_EQ(ds->describe(), "induction: tokens [11, 200), pool 32");
   d.type = "bogus";
   EXPECT_KVS_ERROR(make_dataset(d, 32, 256, 1, ""), "data.type", "bogus");
+}
+
+// ---------------------------------------------------------------- ngram
+
+namespace {
+
+NgramDataConfig ngram_cfg(int pairs = 50) {
+  NgramDataConfig c;
+  c.token_lo = 11;
+  c.token_hi = 60;
+  c.num_pairs = pairs;
+  c.table_seed = 7;
+  return c;
+}
+
+}  // namespace
+
+TEST(DataNgram, TableIsDistinctInRangeAndFixedByTableSeed) {
+  const auto t = make_ngram_table(ngram_cfg());
+  ASSERT_EQ(t.size(), 50u);
+  std::set<std::pair<int, int>> pairs;
+  for (const auto& e : t) {
+    for (int x : {e.x1, e.x2, e.x3}) {
+      EXPECT_GE(x, 11);
+      EXPECT_LT(x, 60);
+    }
+    pairs.insert({e.x1, e.x2});
+  }
+  EXPECT_EQ(pairs.size(), 50u);
+  const auto again = make_ngram_table(ngram_cfg());
+  for (size_t i = 0; i < t.size(); ++i) EXPECT_TRUE(t[i].x1 == again[i].x1 && t[i].x2 == again[i].x2 && t[i].x3 == again[i].x3);
+  auto other = ngram_cfg();
+  other.table_seed = 8;
+  const auto t2 = make_ngram_table(other);
+  bool differs = false;
+  for (size_t i = 0; i < t.size(); ++i) differs |= t[i].x1 != t2[i].x1 || t[i].x2 != t2[i].x2 || t[i].x3 != t2[i].x3;
+  EXPECT_TRUE(differs);
+  // Every pair of a tiny range: num_pairs = range^2 is allowed and gives all of them.
+  NgramDataConfig full = ngram_cfg(9);
+  full.token_hi = 14;
+  std::set<std::pair<int, int>> all;
+  for (const auto& e : make_ngram_table(full)) all.insert({e.x1, e.x2});
+  EXPECT_EQ(all.size(), 9u);
+}
+
+TEST(DataNgram, DeterministicSplitsDifferTableShared) {
+  const int T = 64;
+  NgramDataset a(ngram_cfg(), T, 128, 1), b(ngram_cfg(), T, 128, 1), c(ngram_cfg(), T, 128, 2);
+  // The table depends on table_seed only, not on train.seed.
+  ASSERT_EQ(a.table().size(), c.table().size());
+  for (size_t i = 0; i < a.table().size(); ++i) EXPECT_EQ(a.table()[i].x3, c.table()[i].x3);
+  std::map<std::pair<int, int>, int> x3_of;
+  for (const auto& e : a.table()) x3_of[{e.x1, e.x2}] = e.x3;
+  int differ_split = 0, differ_seed = 0;
+  for (uint64_t i = 0; i < 50; ++i) {
+    for (Split sp : {Split::Train, Split::Val}) {
+      Seq s1 = get_seq(a, sp, i, T), s2 = get_seq(b, sp, i, T);
+      EXPECT_EQ(s1.in, s2.in);
+      EXPECT_EQ(s1.tg, s2.tg);
+      EXPECT_EQ(s1.mask, s2.mask);
+      int scored = 0;
+      for (int t = 0; t < T; ++t) {
+        if (t + 1 < T) {
+          EXPECT_EQ(s1.tg[t], s1.in[t + 1]);
+        }
+        if (s1.mask[t] == 0.0f) continue;
+        ++scored;
+        ASSERT_GE(t, 1);
+        // Scored target = the table's x3 of (x1, x2) at (t - 1, t), in train and validation alike.
+        auto it = x3_of.find({s1.in[t - 1], s1.in[t]});
+        ASSERT_NE(it, x3_of.end()) << "pair not in the table at t=" << t;
+        EXPECT_EQ(s1.tg[t], it->second);
+        EXPECT_EQ(t % 3, 1);
+      }
+      EXPECT_EQ(scored, (T + 1) / 3);  // x2 positions 1, 4, ..., < T
+    }
+    differ_split += get_seq(a, Split::Train, i, T).in != get_seq(a, Split::Val, i, T).in;
+    differ_seed += get_seq(a, Split::Train, i, T).in != get_seq(c, Split::Train, i, T).in;
+  }
+  EXPECT_GE(differ_split, 49);
+  EXPECT_GE(differ_seed, 49);
+  EXPECT_TRUE(a.reports_accuracy());
+  EXPECT_EQ(a.accuracy_name(), "3-gram");
+}
+
+TEST(DataNgram, InvalidConfigsNameTheKey) {
+  NgramDataConfig c = ngram_cfg();
+  c.token_hi = 200;
+  EXPECT_KVS_ERROR(NgramDataset(c, 64, 128, 1), "data.ngram.token_hi (200)", "model.vocab_size (128)");
+  c = ngram_cfg();
+  c.token_lo = -1;
+  EXPECT_KVS_ERROR(NgramDataset(c, 64, 128, 1), "data.ngram.token_lo");
+  c = ngram_cfg();
+  c.token_lo = 60;
+  EXPECT_KVS_ERROR(NgramDataset(c, 64, 128, 1), "data.ngram.token_lo");
+  c = ngram_cfg(0);
+  EXPECT_KVS_ERROR(NgramDataset(c, 64, 128, 1), "data.ngram.num_pairs (0)");
+  c = ngram_cfg(49 * 49 + 1);
+  EXPECT_KVS_ERROR(NgramDataset(c, 64, 128, 1), "data.ngram.num_pairs (2402)");
+  EXPECT_KVS_ERROR(NgramDataset(ngram_cfg(), 1, 128, 1), "train.seq_len");
+  EXPECT_TRUE(error_of([&] { NgramDataset(ngram_cfg(49 * 49), 64, 128, 1); }).empty());
+}
+
+// ---------------------------------------------------------------- hop-k
+
+namespace {
+
+HopkDataConfig hopk_cfg(int k, int lo = 11, int hi = 15) {
+  HopkDataConfig c;
+  c.token_lo = lo;
+  c.token_hi = hi;
+  c.k = k;
+  return c;
+}
+
+// Independent reference: hop_k by plain backward scans, O(T^2).
+// Returns -1 if some hop finds no earlier occurrence.
+int brute_hopk(const std::vector<int32_t>& x, int k) {
+  int i = static_cast<int>(x.size()) - 1;
+  for (int h = 0; h < k; ++h) {
+    int found = -1;
+    for (int j = i - 1; j >= 0; --j)
+      if (x[j] == x[i]) {
+        found = j;
+        break;
+      }
+    if (found < 0) return -1;
+    i = found + 1;
+  }
+  return x[i];
+}
+
+}  // namespace
+
+TEST(DataHopk, AnswersMatchBruteForceForManySequencesAndK) {
+  for (int k = 1; k <= 8; ++k) {
+    for (auto [lo, hi, T] : {std::tuple{11, 15, 64}, std::tuple{3, 5, 32}, std::tuple{20, 30, 128}}) {
+      HopkDataset ds(hopk_cfg(k, lo, hi), T, 128, 99);
+      for (uint64_t i = 0; i < 100; ++i) {
+        for (Split sp : {Split::Train, Split::Val}) {
+          Seq s = get_seq(ds, sp, i, T);
+          SCOPED_TRACE(::testing::Message() << "k=" << k << " T=" << T << " i=" << i);
+          for (int t = 0; t < T; ++t) {
+            ASSERT_GE(s.in[t], lo);
+            ASSERT_LT(s.in[t], hi);
+            if (t > 0) {
+              ASSERT_NE(s.in[t], s.in[t - 1]);  // no immediate repeats
+            }
+            EXPECT_EQ(s.mask[t], t == T - 1 ? 1.0f : 0.0f);
+            if (t + 1 < T) {
+              EXPECT_EQ(s.tg[t], s.in[t + 1]);
+            }
+          }
+          const int ref = brute_hopk(s.in, k);
+          ASSERT_NE(ref, -1);
+          EXPECT_EQ(s.tg[T - 1], ref);
+        }
+      }
+    }
+  }
+}
+
+TEST(DataHopk, ChainAndRedrawsAgreeWithReference) {
+  // A large alphabet forces redraws; the returned draw still matches the reference.
+  const HopkDataConfig c = hopk_cfg(3, 11, 41);
+  int redrawn = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    HopkSequence s = generate_hopk(c, 48, seed);
+    ASSERT_EQ(s.chain.size(), 4u);
+    for (size_t h = 1; h < s.chain.size(); ++h) EXPECT_LT(s.chain[h], s.chain[h - 1]);
+    EXPECT_EQ(s.answer, brute_hopk(s.tokens, 3));
+    EXPECT_EQ(s.answer, s.tokens[s.chain.back()]);
+    redrawn += s.attempts > 1;
+  }
+  EXPECT_GT(redrawn, 0);
+  // Impossible settings fail after the bounded attempts, naming the config.
+  EXPECT_KVS_ERROR(generate_hopk(hopk_cfg(6, 0, 100), 8, 1), "data.hopk", "train.seq_len 8");
+}
+
+TEST(DataHopk, DeterministicAndSplitsDiffer) {
+  const int T = 64;
+  HopkDataset a(hopk_cfg(4), T, 128, 5), b(hopk_cfg(4), T, 128, 5), c(hopk_cfg(4), T, 128, 6);
+  int differ_split = 0, differ_seed = 0;
+  for (uint64_t i = 0; i < 50; ++i) {
+    Seq s1 = get_seq(a, Split::Train, i, T), s2 = get_seq(b, Split::Train, i, T);
+    EXPECT_EQ(s1.in, s2.in);
+    EXPECT_EQ(s1.tg, s2.tg);
+    differ_split += s1.in != get_seq(a, Split::Val, i, T).in;
+    differ_seed += s1.in != get_seq(c, Split::Train, i, T).in;
+  }
+  EXPECT_GE(differ_split, 49);
+  EXPECT_GE(differ_seed, 49);
+  EXPECT_TRUE(a.reports_accuracy());
+  EXPECT_EQ(a.accuracy_name(), "hop-k");
+  EXPECT_EQ(a.describe(), "hopk: k 4, alphabet [11, 15)");
+}
+
+TEST(DataHopk, InvalidConfigsNameTheKey) {
+  EXPECT_KVS_ERROR(HopkDataset(hopk_cfg(2, 11, 200), 64, 128, 1), "data.hopk.token_hi (200)", "model.vocab_size (128)");
+  EXPECT_KVS_ERROR(HopkDataset(hopk_cfg(2, -1, 3), 64, 128, 1), "data.hopk.token_lo");
+  EXPECT_KVS_ERROR(HopkDataset(hopk_cfg(2, 11, 12), 64, 128, 1), "data.hopk.token_hi");
+  EXPECT_KVS_ERROR(HopkDataset(hopk_cfg(0), 64, 128, 1), "data.hopk.k (0)");
+  EXPECT_KVS_ERROR(HopkDataset(hopk_cfg(63), 64, 128, 1), "data.hopk.k (63)");
+  EXPECT_TRUE(error_of([&] { HopkDataset(hopk_cfg(62), 64, 128, 1); }).empty());
+}
+
+TEST(DataTasks, MakeDatasetPicksNgramAndHopk) {
+  DataConfig d;
+  d.type = "ngram";
+  d.ngram = ngram_cfg();
+  auto n = make_dataset(d, 32, 128, 1, "");
+  EXPECT_EQ(n->accuracy_name(), "3-gram");
+  EXPECT_EQ(n->describe(), "ngram: 3-gram table of 50 pairs over tokens [11, 60), table_seed 7");
+  d.type = "hopk";
+  d.hopk = hopk_cfg(3);
+  auto h = make_dataset(d, 32, 128, 1, "");
+  EXPECT_EQ(h->accuracy_name(), "hop-k");
+  d.type = "induction";
+  d.induction = small_cfg();
+  EXPECT_EQ(make_dataset(d, 32, 256, 1, "")->accuracy_name(), "induction");
 }
 
 // ---------------------------------------------------------------- shards

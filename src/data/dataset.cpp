@@ -2,7 +2,9 @@
 #include "data/dataset.h"
 
 #include "core/error.h"
+#include "data/hopk.h"
 #include "data/induction.h"
+#include "data/ngram.h"
 #include "data/shard_dataset.h"
 
 namespace kvs {
@@ -10,8 +12,10 @@ namespace kvs {
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
                                       const std::string& config_dir) {
   if (cfg.type == "induction") return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
+  if (cfg.type == "ngram") return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);
+  if (cfg.type == "hopk") return std::make_unique<HopkDataset>(cfg.hopk, seq_len, vocab_size, seed);
   if (cfg.type == "shards") return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
-  fail("data.type: unknown dataset type \"{}\" (expected \"induction\" or \"shards\")", cfg.type);
+  fail("data.type: unknown dataset type \"{}\" (expected \"induction\", \"ngram\", \"hopk\" or \"shards\")", cfg.type);
 }
 
 }  // namespace kvs

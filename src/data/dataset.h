@@ -23,8 +23,11 @@ class Dataset {
   virtual uint64_t size(Split split) const = 0;
   // One line for logs: "induction: tokens [11, 8000), pool 512" / "shards: 3 files, 1.2M train tokens".
   virtual std::string describe() const = 0;
-  // True for the induction task: evaluation reports induction accuracy.
+  // True for the generated tasks (induction, ngram, hopk): evaluation reports the
+  // argmax accuracy on the scored positions under accuracy_name().
   virtual bool reports_accuracy() const { return false; }
+  // What the accuracy measures, for logs: "induction" / "3-gram" / "hop-k" / "next-token".
+  virtual std::string accuracy_name() const { return "next-token"; }
 };
 
 // Builds the dataset of a config. `config_dir` resolves relative shard paths.

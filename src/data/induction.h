@@ -32,6 +32,7 @@ class InductionDataset : public Dataset {
   uint64_t size(Split) const override { return UINT64_MAX; }
   std::string describe() const override;
   bool reports_accuracy() const override { return true; }
+  std::string accuracy_name() const override { return "induction"; }
 
  private:
   InductionDataConfig cfg_;

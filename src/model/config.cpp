@@ -51,8 +51,10 @@ const std::vector<Section>& schema() {
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
         "checkpoint_every", "log_every", "threads"}},
-      {"data", {"type", "induction", "shards"}},
+      {"data", {"type", "induction", "ngram", "hopk", "shards"}},
       {"data.induction", {"token_lo", "token_hi", "pool_size", "max_repeats", "pad_token"}},
+      {"data.ngram", {"token_lo", "token_hi", "num_pairs", "table_seed"}},
+      {"data.hopk", {"token_lo", "token_hi", "k"}},
       {"data.shards", {"train", "val", "val_fraction"}},
       {"parallel", {"tp"}},
   };
@@ -461,6 +463,23 @@ Config config_from_json(const json& j, const std::string& origin) {
       io.get("max_repeats", d.max_repeats);
       io.get("pad_token", d.pad_token);
     }
+    if (auto* nv = o.find("ngram")) {
+      Obj no(*nv, origin, "data.ngram");
+      check_keys(*nv, origin, "data.ngram", find_section("data.ngram")->keys);
+      auto& d = c.data.ngram;
+      no.get("token_lo", d.token_lo);
+      no.get("token_hi", d.token_hi);
+      no.get("num_pairs", d.num_pairs);
+      no.get("table_seed", d.table_seed);
+    }
+    if (auto* hv = o.find("hopk")) {
+      Obj ho(*hv, origin, "data.hopk");
+      check_keys(*hv, origin, "data.hopk", find_section("data.hopk")->keys);
+      auto& d = c.data.hopk;
+      ho.get("token_lo", d.token_lo);
+      ho.get("token_hi", d.token_hi);
+      ho.get("k", d.k);
+    }
     if (auto* sv = o.find("shards")) {
       Obj so(*sv, origin, "data.shards");
       check_keys(*sv, origin, "data.shards", find_section("data.shards")->keys);
@@ -586,6 +605,29 @@ void validate(const Config& c, const std::string& origin) {
     if (in.pad_token >= in.token_lo && in.pad_token < in.token_hi)
       fail("{}: data.induction.pad_token: {} lies inside the sequence tokens [token_lo, token_hi) = [{}, {})", origin,
            in.pad_token, in.token_lo, in.token_hi);
+  } else if (d.type == "ngram") {
+    const auto& n = d.ngram;
+    if (n.token_lo < 0) fail("{}: data.ngram.token_lo: must be >= 0, got {}", origin, n.token_lo);
+    if (n.token_hi <= n.token_lo)
+      fail("{}: data.ngram.token_hi: must be > data.ngram.token_lo ({}), got {}", origin, n.token_lo, n.token_hi);
+    if (n.token_hi > m.vocab_size)
+      fail("{}: data.ngram.token_hi: {} exceeds model.vocab_size ({})", origin, n.token_hi, m.vocab_size);
+    const int64_t range = n.token_hi - n.token_lo;
+    if (n.num_pairs < 1 || n.num_pairs > range * range)
+      fail("{}: data.ngram.num_pairs: must be in [1, (token_hi - token_lo)^2 = {}], got {}", origin, range * range,
+           n.num_pairs);
+    if (t.seq_len < 2)
+      fail("{}: train.seq_len: the ngram task needs >= 2 positions (x1 x2 -> x3), got {}", origin, t.seq_len);
+  } else if (d.type == "hopk") {
+    const auto& h = d.hopk;
+    if (h.token_lo < 0) fail("{}: data.hopk.token_lo: must be >= 0, got {}", origin, h.token_lo);
+    if (h.token_hi - h.token_lo < 2)
+      fail("{}: data.hopk.token_hi: the alphabet [token_lo, token_hi) needs >= 2 tokens, got [{}, {})", origin,
+           h.token_lo, h.token_hi);
+    if (h.token_hi > m.vocab_size)
+      fail("{}: data.hopk.token_hi: {} exceeds model.vocab_size ({})", origin, h.token_hi, m.vocab_size);
+    if (h.k < 1 || h.k > t.seq_len - 2)
+      fail("{}: data.hopk.k: must be in [1, train.seq_len - 2 = {}], got {}", origin, t.seq_len - 2, h.k);
   } else if (d.type == "shards") {
     const auto& s = d.shards;
     if (s.train.empty()) fail("{}: data.shards.train: must list at least one shard file or glob", origin);
@@ -596,7 +638,7 @@ void validate(const Config& c, const std::string& origin) {
     if (!(s.val_fraction >= 0 && s.val_fraction < 1))
       fail("{}: data.shards.val_fraction: must be in [0, 1), got {}", origin, s.val_fraction);
   } else {
-    fail("{}: data.type: must be \"induction\" or \"shards\", got \"{}\"", origin, d.type);
+    fail("{}: data.type: must be \"induction\", \"ngram\", \"hopk\" or \"shards\", got \"{}\"", origin, d.type);
   }
 
   if (c.parallel.tp < 1) fail("{}: parallel.tp: must be >= 1, got {}", origin, c.parallel.tp);
@@ -639,6 +681,12 @@ json to_json(const Config& c) {
           {"pool_size", d.induction.pool_size},
           {"max_repeats", d.induction.max_repeats},
           {"pad_token", d.induction.pad_token}}},
+        {"ngram",
+         {{"token_lo", d.ngram.token_lo},
+          {"token_hi", d.ngram.token_hi},
+          {"num_pairs", d.ngram.num_pairs},
+          {"table_seed", d.ngram.table_seed}}},
+        {"hopk", {{"token_lo", d.hopk.token_lo}, {"token_hi", d.hopk.token_hi}, {"k", d.hopk.k}}},
         {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}}}},
       {"parallel", {{"tp", c.parallel.tp}}},
   };

@@ -68,9 +68,30 @@ struct ShardDataConfig {
   bool operator==(const ShardDataConfig&) const = default;
 };
 
+// The paper's 3-gram memorisation task (section 3.3; src/data/ngram.h).
+struct NgramDataConfig {
+  int token_lo = 11;        // tokens x1, x2, x3 drawn from [token_lo, token_hi)
+  int token_hi = 8000;
+  int num_pairs = 200;      // distinct (x1, x2) pairs of the table, each with its x3
+  uint64_t table_seed = 0;  // seeds the table (shared by train and validation)
+
+  bool operator==(const NgramDataConfig&) const = default;
+};
+
+// Multi-hop induction (appendix H, Sanford et al. 2024's hop_k; src/data/hopk.h).
+struct HopkDataConfig {
+  int token_lo = 11;        // the alphabet is [token_lo, token_hi): keep it small so tokens repeat
+  int token_hi = 15;
+  int k = 2;                // hops followed from the last position
+
+  bool operator==(const HopkDataConfig&) const = default;
+};
+
 struct DataConfig {
-  std::string type = "induction";  // "induction" | "shards"
+  std::string type = "induction";  // "induction" | "ngram" | "hopk" | "shards"
   InductionDataConfig induction;
+  NgramDataConfig ngram;
+  HopkDataConfig hopk;
   ShardDataConfig shards;
 
   bool operator==(const DataConfig&) const = default;

@@ -180,7 +180,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     metrics.write(j);
     progress.finish_line();
     spdlog::info("eval @ step {}: val_loss {:.4f}, {} {:.2f}%", done, r.loss,
-                 data->reports_accuracy() ? "induction accuracy" : "next-token accuracy", 100 * r.accuracy);
+                 data->accuracy_name() + " accuracy", 100 * r.accuracy);
     last_eval_acc = r.accuracy;
     return r;
   };

@@ -46,13 +46,17 @@ void add_eval(CLI::App& app) {
     auto engine = engine_for(ck, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.device);
     EvalResult r = evaluate(*engine, *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences);
     if (a->json) {
+      // accuracy_kind: the accuracy name with '_' for '-' ("induction", "next_token", "3_gram", "hop_k").
+      std::string kind = data->accuracy_name();
+      for (char& ch : kind)
+        if (ch == '-') ch = '_';
       nlohmann::json j = {{"checkpoint", dir},       {"val_loss", r.loss},         {"accuracy", r.accuracy},
                           {"sequences", r.sequences}, {"scored_tokens", r.scored_tokens},
-                          {"accuracy_kind", data->reports_accuracy() ? "induction" : "next_token"}};
+                          {"accuracy_kind", kind}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens\n", dir.c_str(), r.loss,
-                  data->reports_accuracy() ? "induction" : "next-token", 100 * r.accuracy,
+                  data->accuracy_name().c_str(), 100 * r.accuracy,
                   static_cast<long long>(r.sequences), static_cast<long long>(r.scored_tokens));
     }
   });

@@ -112,7 +112,8 @@ def fig1a_claims(stats):
     slower = v2.speed > kv1.speed
     out.append(
         "*2-layer vanilla learns induction (≥ 90%%) but more slowly than 1-layer KV shifting*: %s — vanilla-2l ends "
-        "at %s, %s, vs kvshift-1l %s." % (verdict(learns and slower), v2.acc_txt(), v2.speed_txt(), kv1.speed_txt()))
+        "at %s, %s, vs kvshift-1l %s%s." % (verdict(learns and slower), v2.acc_txt(), v2.speed_txt(), kv1.speed_txt(),
+                                              "" if learns else " (within the %s steps run)" % v2.max_steps))
     if math.isinf(v4.speed) and math.isinf(v2.speed):
         out.append("*4-layer vanilla is no faster than 2-layer vanilla*: **inconclusive** — neither reached 90%% in "
                    "every seed within %s steps (vanilla-4l %s, vanilla-2l %s)." % (
@@ -247,15 +248,12 @@ def section(sweep_dir, png_dir, out_dir):
         meta.get("seeds"), ", ".join(map(str, steps)) or "?",
         ", ".join("%d %s" % (n, s) for s, n in sorted(status.items(), key=lambda x: str(x[0])))))
     if meta.get("updated"):
-        binary = meta.get("kvshift")
-        commit = git_head(os.path.dirname(os.path.dirname(binary))) if binary else None
-        L.append("- runs last updated %s with `%s`%s" % (
-            meta["updated"], binary, " (built from a checkout at commit `%s`)" % commit if commit else ""))
+        L.append("- runs last updated %s with `%s`" % (meta["updated"], rel(meta.get("kvshift") or "?", ROOT)))
     unfinished = [c for c in cells if c.get("status") != "finished"]
     if unfinished:
-        L.append("- **incomplete**: %d of %d cells not finished (%s); numbers below are over the seeds with data." % (
-            len(unfinished), len(cells), ", ".join("%s seed%s: %s" % (c["label"], c["seed"], c.get("status"))
-                                                   for c in unfinished)))
+        labels = sorted({c["label"] for c in unfinished}, key=lambda l: list(groups).index(l) if l in groups else 0)
+        L.append("- **incomplete**: %d of %d cells not finished (labels: %s); numbers below are over the seeds "
+                 "with data." % (len(unfinished), len(cells), ", ".join(labels)))
     L.append("")
 
     os.makedirs(png_dir, exist_ok=True)

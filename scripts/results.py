@@ -387,7 +387,8 @@ def main(argv):
              rel(os.path.abspath(args.experiments), ROOT), rel(os.path.abspath(args.out), ROOT)),
          "```", "",
          "(run the sweeps first: `/usr/bin/python3 scripts/sweep.py --spec configs/experiments/<name>.json --jobs 2`,",
-         "see docs/EXPERIMENTS.md).", "",
+         "see docs/EXPERIMENTS.md)%s." % ("; the provenance lines below were given with `--note`" if args.note else ""),
+         "",
          "- generated %s at commit `%s`%s" % (
              datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), head or "unknown",
              " (with uncommitted changes)" if dirty else ""),

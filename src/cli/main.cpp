@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_backward(app);
   kvs::cli::add_info(app);
   kvs::cli::add_bench(app);
+  kvs::cli::add_inspect(app);
   try {
     kvs::init_logging();
     app.parse(argc, argv);

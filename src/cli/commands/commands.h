@@ -11,5 +11,6 @@ void add_forward(CLI::App& app);
 void add_backward(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_inspect(CLI::App& app);
 
 }  // namespace kvs::cli

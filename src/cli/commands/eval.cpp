@@ -25,9 +25,7 @@ void add_eval(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu or cuda (default: the config's)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
   cmd->callback([a]() {
-    std::string dir = a->checkpoint;
-    if (std::filesystem::exists(dir + "/checkpoints/latest")) dir += "/checkpoints";
-    if (std::filesystem::exists(dir + "/latest")) dir = latest_checkpoint(dir);
+    const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     LoadedCheckpoint ck = read_checkpoint(dir);
     Config cfg;
     if (!a->config.empty()) {

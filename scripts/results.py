@@ -1,0 +1,412 @@
+#!/usr/bin/python3
+"""Write docs/RESULTS.md from the sweeps under runs/experiments (scripts/sweep.py).
+
+    /usr/bin/python3 scripts/results.py --experiments runs/experiments --out docs/RESULTS.md
+
+For every sweep directory present (one with a sweep.json; fig1a and fig1b
+first, then the others alphabetically) it writes a section with the setup
+(spec name, description, base config, grid, seeds, steps), the accuracy plot
+(docs/results/<name>.png, drawn by scripts/plot_sweep.py), the results table
+(mean +- std over seeds, steps to 90%) and, for the sweeps that reproduce a
+paper figure (fig1a, fig1b), one sentence per paper claim saying whether the
+runs support it, computed from the numbers. Errors are one line,
+`results: error: ...`, exit code 1.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot_sweep  # noqa: E402
+
+PROG = "results"
+ORDER = ["fig1a", "fig1b"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ResultsError(Exception):
+    pass
+
+
+def git_head(path):
+    try:
+        out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def git_dirty(path):
+    try:
+        out = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True)
+        return bool(out.stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+# ----------------------------------------------------------------------------
+# Per-label numbers
+
+
+class LabelStats:
+    def __init__(self, label, seeds, max_steps):
+        self.label = label
+        with_data = [s for s in seeds if s["evals"]]
+        self.n = len(with_data)
+        self.n_seeds = len(seeds)
+        self.finished = sum(s["finished"] for s in seeds)
+        accs = [s["evals"][-1].get("accuracy") for s in with_data]
+        self.acc, self.acc_std = plot_sweep.mean_std(accs)
+        self.reach = [plot_sweep.steps_to(s["evals"]) for s in with_data]
+        self.all_reached = self.n > 0 and all(r is not None for r in self.reach)
+        # Mean steps to 90% with a seed that never got there counted as infinite.
+        self.speed = float(np.mean(self.reach)) if self.all_reached else math.inf
+        self.max_steps = max_steps
+
+    def acc_txt(self):
+        if self.acc is None:
+            return "no data"
+        return "%.1f%% ± %.1f" % (100 * self.acc, 100 * self.acc_std)
+
+    def speed_txt(self):
+        if self.n == 0:
+            return "no data"
+        if self.all_reached:
+            return "%.0f steps to 90%%" % self.speed
+        got = sum(r is not None for r in self.reach)
+        return "90%% not reached by %d of %d seeds" % (self.n - got, self.n)
+
+
+def verdict(ok):
+    return "**supported**" if ok else "**not supported**"
+
+
+def fig1a_claims(stats):
+    need = ["vanilla-1l", "vanilla-2l", "vanilla-4l", "kvshift-1l"]
+    missing = [k for k in need if k not in stats or stats[k].n == 0]
+    if missing:
+        return ["Claims not evaluated: no data for %s." % ", ".join(missing)]
+    kv1, v1, v2, v4 = (stats[k] for k in ("kvshift-1l", "vanilla-1l", "vanilla-2l", "vanilla-4l"))
+    out = []
+    others = [s for k, s in stats.items() if k != "kvshift-1l" and s.n > 0]
+    fastest = kv1.all_reached and all(kv1.speed <= s.speed for s in others)
+    ties = [s.label for s in others if s.speed == kv1.speed]
+    ok = kv1.acc >= 0.95 and fastest
+    out.append(
+        "*1-layer KV shifting learns induction fully (≥ 95%%) and fastest*: %s — kvshift-1l ends at %s, %s; "
+        "the others: %s%s." % (
+            verdict(ok), kv1.acc_txt(), kv1.speed_txt(),
+            "; ".join("%s %s" % (s.label, s.speed_txt()) for s in others),
+            " (tied with %s)" % ", ".join(ties) if ties else ""))
+    out.append("*1-layer vanilla fails to learn induction (< 50%%)*: %s — vanilla-1l ends at %s." % (
+        verdict(v1.acc < 0.5), v1.acc_txt()))
+    learns = v2.acc >= 0.9
+    slower = v2.speed > kv1.speed
+    out.append(
+        "*2-layer vanilla learns induction (≥ 90%%) but more slowly than 1-layer KV shifting*: %s — vanilla-2l ends "
+        "at %s, %s, vs kvshift-1l %s%s." % (verdict(learns and slower), v2.acc_txt(), v2.speed_txt(), kv1.speed_txt(),
+                                              "" if learns else " (within the %s steps run)" % v2.max_steps))
+    if math.isinf(v4.speed) and math.isinf(v2.speed):
+        out.append("*4-layer vanilla is no faster than 2-layer vanilla*: **inconclusive** — neither reached 90%% in "
+                   "every seed within %s steps (vanilla-4l %s, vanilla-2l %s)." % (
+                       v2.max_steps, v4.acc_txt(), v2.acc_txt()))
+    else:
+        out.append("*4-layer vanilla is no faster than 2-layer vanilla*: %s — vanilla-4l %s, vanilla-2l %s." % (
+            verdict(v4.speed >= v2.speed), v4.speed_txt(), v2.speed_txt()))
+    return out
+
+
+def fig1b_sizes(stats, configs):
+    """{hidden: {"vanilla-2l": LabelStats, "kvshift-1l": LabelStats}} from labels '<kind>-h<hidden>'."""
+    sizes = {}
+    for label, s in stats.items():
+        kind, _, h = label.rpartition("-h")
+        hidden = configs.get(label, {}).get("hidden_size")
+        if hidden is None and h.isdigit():
+            hidden = int(h)
+        if hidden is None:
+            continue
+        sizes.setdefault(hidden, {})[kind] = s
+    return dict(sorted(sizes.items()))
+
+
+def fig1b_claims(sizes):
+    rows, fails = [], []
+    for h, kinds in sizes.items():
+        kv, va = kinds.get("kvshift-1l"), kinds.get("vanilla-2l")
+        if kv is None or va is None or kv.n == 0 or va.n == 0:
+            rows.append("hidden %d: not evaluated (missing data)" % h)
+            continue
+        ok = kv.acc >= va.acc
+        if not ok:
+            fails.append(h)
+        rows.append("hidden %d: kvshift-1l %s vs vanilla-2l %s (%s)" % (
+            h, kv.acc_txt(), va.acc_txt(), "holds" if ok else "does not hold"))
+    evaluated = [r for r in rows if "not evaluated" not in r]
+    if not evaluated:
+        return ["Claim not evaluated: no (kvshift-1l, vanilla-2l) pair with data."]
+    if fails:
+        head = "*At each hidden size, 1-layer KV shifting reaches at least 2-layer vanilla's final accuracy*: " \
+               "**not supported** at hidden %s." % ", ".join(str(h) for h in fails)
+    else:
+        head = "*At each hidden size, 1-layer KV shifting reaches at least 2-layer vanilla's final accuracy*: " \
+               "**supported** at every hidden size run (%s)." % ", ".join(str(h) for h in sizes)
+    return [head] + ["- " + r for r in rows]
+
+
+def plot_fig1b(sizes, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for kind, color in (("vanilla-2l", "tab:blue"), ("kvshift-1l", "tab:orange")):
+        xs, ys, es = [], [], []
+        for h, kinds in sizes.items():
+            s = kinds.get(kind)
+            if s is not None and s.acc is not None:
+                xs.append(h)
+                ys.append(100 * s.acc)
+                es.append(100 * s.acc_std)
+        if xs:
+            n = max(kinds[kind].n for kinds in sizes.values() if kind in kinds)
+            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color, label="%s (n=%d)" % (kind, n))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(sizes))
+    ax.set_xticklabels([str(h) for h in sizes])
+    ax.set_xlabel("hidden size")
+    ax.set_ylabel("final induction accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("fig1b: final accuracy vs hidden size (mean ± 1 std over seeds)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------
+# Learned shift coefficients (kvshift inspect), the paper's Table 4
+
+
+def inspect_section(sweep_dir, cells, kvshift):
+    """Markdown lines: Table 4 counts summed over the finished KV shifting cells, per label."""
+    if not kvshift or not os.access(kvshift, os.X_OK):
+        return []
+    per_label = {}
+    for c in cells:
+        if c.get("status") != "finished":
+            continue
+        run_dir = os.path.join(sweep_dir, c["label"], "seed%d" % c["seed"])
+        try:
+            out = subprocess.run([kvshift, "inspect", "--json", "--checkpoint", run_dir],
+                                 capture_output=True, text=True, timeout=60)
+            j = json.loads(out.stdout) if out.returncode == 0 else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            j = None
+        if not j or not j.get("kv_shift") or not j.get("table4"):
+            continue
+        t = j["table4"]
+        d = per_label.setdefault(c["label"], {"n": [0, 0, 0, 0], "a": [], "b": [], "seeds": 0})
+        d["seeds"] += 1
+        d["n"][0] += t["a_cur_gt_a_prev"]["b_cur_gt_b_prev"]
+        d["n"][1] += t["a_cur_gt_a_prev"]["b_cur_le_b_prev"]
+        d["n"][2] += t["a_cur_le_a_prev"]["b_cur_gt_b_prev"]
+        d["n"][3] += t["a_cur_le_a_prev"]["b_cur_le_b_prev"]
+        for key, dst in (("k_shift", d["a"]), ("v_shift", d["b"])):
+            for layer in j[key]:
+                dst += [sum(h) for h in layer]
+    if not per_label:
+        return []
+    L = ["Learned shift coefficients (`kvshift inspect`, the paper's Table 4 and section 4.6), summed over the "
+         "finished seeds' final checkpoints; a = k_shift, b = v_shift, cur = weight of position t, prev = of t-1:", "",
+         "| label | seeds | (layer, KV head) pairs | a_cur > a_prev, b_cur > b_prev | a_cur > a_prev, b_cur ≤ b_prev "
+         "| a_cur ≤ a_prev, b_cur > b_prev | a_cur ≤ a_prev, b_cur ≤ b_prev | a_cur + a_prev min / mean / max "
+         "| b_cur + b_prev min / mean / max |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for label, d in per_label.items():
+        n = d["n"]
+        L.append("| %s | %d | %d | %d | %d | %d | %d | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f |" % (
+            label, d["seeds"], sum(n), n[0], n[1], n[2], n[3],
+            min(d["a"]), float(np.mean(d["a"])), max(d["a"]), min(d["b"]), float(np.mean(d["b"])), max(d["b"])))
+    tot = [sum(d["n"][i] for d in per_label.values()) for i in range(4)]
+    diag = tot[0] + tot[3]
+    L += ["", "The paper (2.9B model) finds the diagonal (same order for a and b) dominates; here the diagonal holds "
+          "%d of %d pairs (%s). These are small induction models after a few hundred steps, not the paper's "
+          "pretrained language model, so this is an observation, not a test of that claim." % (
+              diag, sum(tot), "it dominates" if 2 * diag > sum(tot) else "it does not dominate"),
+          ""]
+    return L
+
+
+# ----------------------------------------------------------------------------
+# Sections
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rel(path, start):
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:
+        return path
+
+
+def section(sweep_dir, png_dir, out_dir, kvshift):
+    meta = read_json(os.path.join(sweep_dir, "sweep.json")) or {}
+    name, groups = plot_sweep.load(sweep_dir, "step")
+    spec = read_json(meta.get("spec", "")) if meta.get("spec") else None
+    cells = meta.get("cells", [])
+    steps = sorted({c.get("steps") for c in cells if c.get("steps") is not None})
+    configs = {}
+    for label in groups:
+        for c in cells:
+            if c.get("label") == label:
+                cfg = read_json(os.path.join(sweep_dir, label, "seed%d" % c["seed"], "config.json"))
+                if cfg:
+                    configs[label] = cfg.get("model", {})
+                    break
+    max_steps = steps[-1] if steps else None
+    stats = {label: LabelStats(label, seeds, max_steps) for label, seeds in groups.items()}
+    status = {}
+    for c in cells:
+        status[c.get("status")] = status.get(c.get("status"), 0) + 1
+
+    L = ["## %s" % name, ""]
+    if meta.get("description"):
+        L += [meta["description"], ""]
+    L.append("- spec: `%s`; base config: `%s`" % (rel(meta.get("spec", "?"), ROOT), rel(meta.get("base", "?"), ROOT)))
+    if spec and spec.get("set"):
+        L.append("- every cell: %s" % ", ".join("`%s=%s`" % (k, json.dumps(v)) for k, v in spec["set"].items()))
+    if spec and spec.get("grid"):
+        L.append("- grid:")
+        for g in spec["grid"]:
+            L.append("  - `%s`: %s" % (g["label"], ", ".join("`%s=%s`" % (k, json.dumps(v))
+                                                            for k, v in g.get("set", {}).items()) or "base"))
+    L.append("- seeds: %s; steps: %s; cells: %s" % (
+        meta.get("seeds"), ", ".join(map(str, steps)) or "?",
+        ", ".join("%d %s" % (n, s) for s, n in sorted(status.items(), key=lambda x: str(x[0])))))
+    if meta.get("updated"):
+        L.append("- runs last updated %s with `%s`" % (meta["updated"], rel(meta.get("kvshift") or "?", ROOT)))
+    unfinished = [c for c in cells if c.get("status") != "finished"]
+    if unfinished:
+        labels = sorted({c["label"] for c in unfinished}, key=lambda l: list(groups).index(l) if l in groups else 0)
+        L.append("- **incomplete**: %d of %d cells not finished (labels: %s); numbers below are over the seeds "
+                 "with data." % (len(unfinished), len(cells), ", ".join(labels)))
+    L.append("")
+
+    os.makedirs(png_dir, exist_ok=True)
+    png = os.path.join(png_dir, "%s.png" % name)
+    try:
+        plot_sweep.plot(name, groups, "accuracy", "step", "minmax", png)
+        L += ["![%s: induction accuracy vs step](%s)" % (name, rel(png, out_dir)), ""]
+    except plot_sweep.PlotError as e:
+        L += ["(no plot: %s)" % e, ""]
+    sizes = None
+    if name == "fig1b":
+        sizes = fig1b_sizes(stats, configs)
+        if sizes:
+            png2 = os.path.join(png_dir, "%s-hidden.png" % name)
+            plot_fig1b(sizes, png2)
+            L += ["![%s: final accuracy vs hidden size](%s)" % (name, rel(png2, out_dir)), ""]
+    L += [plot_sweep.table(groups), ""]
+    L += inspect_section(sweep_dir, cells, kvshift)
+    if name == "fig1a":
+        L += ["Paper claims (section 3.2, Figure 1a), checked against the table:", ""]
+        L += ["- " + c for c in fig1a_claims(stats)] + [""]
+    elif name == "fig1b":
+        L += ["Paper claim (section 3.2, Figure 1b), checked against the table:", ""]
+        L += fig1b_claims(sizes) + [""]
+    return name, "\n".join(L), stats
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="results.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", default="runs/experiments", help="the sweeps' output root (sweep.py --out)")
+    p.add_argument("--out", default="docs/RESULTS.md", help="the Markdown page to write")
+    p.add_argument("--png-dir", help="where the plots go (default: <dir of --out>/results)")
+    p.add_argument("--kvshift", default=os.path.join(ROOT, "build", "kvshift"),
+                   help="the binary whose `inspect` reads the shift coefficients (default: build/kvshift)")
+    p.add_argument("--note", action="append", default=[], help="a line added under the header (repeatable)")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.experiments):
+        raise ResultsError("%s: no such directory" % args.experiments)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    png_dir = args.png_dir or os.path.join(out_dir, "results")
+    names = sorted(d for d in os.listdir(args.experiments)
+                   if os.path.isfile(os.path.join(args.experiments, d, "sweep.json")))
+    names.sort(key=lambda d: (ORDER.index(d) if d in ORDER else len(ORDER), d))
+    if not names:
+        raise ResultsError("%s: no sweep directories (with a sweep.json)" % args.experiments)
+    sections = []
+    for d in names:
+        try:
+            sections.append(section(os.path.join(args.experiments, d), png_dir, out_dir, args.kvshift))
+        except plot_sweep.PlotError as e:
+            raise ResultsError("%s: %s" % (d, e))
+    by_name = {n: st for n, _, st in sections}
+    if "fig1a-long" in by_name and "fig1a" in by_name:
+        v2, kv1 = by_name["fig1a-long"].get("vanilla-2l"), by_name["fig1a"].get("kvshift-1l")
+        if v2 and kv1 and v2.n and kv1.n:
+            k = sum(r is not None for r in v2.reach)
+            slower = all(r is None or r > kv1.speed for r in v2.reach)
+            if k == v2.n and slower:
+                word = verdict(True)
+            elif k and slower:
+                word = "**partly supported** (%d of %d seeds reach 90%%, all later than kvshift-1l)" % (k, v2.n)
+            else:
+                word = verdict(False)
+            claim = ("Paper claim (section 3.2, Figure 1a) with the longer budget: *2-layer vanilla learns induction "
+                     "(≥ 90%%) but more slowly than 1-layer KV shifting*: %s — vanilla-2l ends at %s after %s steps, "
+                     "%s (per seed: %s), vs fig1a's kvshift-1l %s.\n" % (
+                         word, v2.acc_txt(), v2.max_steps, v2.speed_txt(),
+                         ", ".join("—" if r is None else str(r) for r in v2.reach), kv1.speed_txt()))
+            sections = [(n, t + "\n" + claim if n == "fig1a-long" else t, st) for n, t, st in sections]
+    head = git_head(ROOT)
+    dirty = git_dirty(ROOT)
+    L = ["# Results", "",
+         "Generated by `scripts/results.py` from the sweeps under `%s` — do not edit by hand. Regenerate with:" %
+         rel(os.path.abspath(args.experiments), ROOT), "",
+         "```sh",
+         "/usr/bin/python3 scripts/results.py --experiments %s --out %s" % (
+             rel(os.path.abspath(args.experiments), ROOT), rel(os.path.abspath(args.out), ROOT)),
+         "```", "",
+         "(run the sweeps first: `/usr/bin/python3 scripts/sweep.py --spec configs/experiments/<name>.json --jobs 2`,",
+         "see docs/EXPERIMENTS.md)%s." % ("; the provenance lines below were given with `--note`" if args.note else ""),
+         "",
+         "- generated %s at commit `%s`%s" % (
+             datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), head or "unknown",
+             " (with uncommitted changes)" if dirty else ""),
+         "- sweeps: %s" % ", ".join(n for n, _, _ in sections)]
+    L += ["- " + n for n in args.note]
+    L.append("")
+    text = "\n".join(L) + "\n" + "\n".join(t for _, t, _ in sections)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, args.out)
+    print("wrote %s (%s)" % (args.out, ", ".join(n for n, _, _ in sections)))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ResultsError as e:
+        print("%s: error: %s" % (PROG, e), file=sys.stderr)
+        sys.exit(1)

@@ -753,4 +753,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
+std::string describe_kv_shift(const KvShiftConfig& k) {
+  if (!k.enabled) return "off";
+  std::string which;
+  if (k.shift_q) which += "Q+";
+  if (k.shift_k) which += "K+";
+  if (k.shift_v) which += "V+";
+  if (!which.empty()) which.pop_back();
+  return fmt::format("on ({}, window {}, {})", which.empty() ? "nothing shifted" : which, k.window,
+                     k.parametrization);
+}
+
 }  // namespace kvs

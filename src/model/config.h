@@ -139,6 +139,9 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// One phrase for logs: "off" or e.g. "on (K+V, window 1, free)".
+std::string describe_kv_shift(const KvShiftConfig& k);
+
 // Reads a config file, applies `key.path=value` overrides (value parsed as JSON,
 // falling back to a string), validates, and returns it. Throws kvs::Error with
 // a one-line message naming the file and key on any problem.

@@ -147,7 +147,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const ParamCounts counts = count_params(cfg.model);
   spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
                format_count(counts.total), format_count(counts.non_embedding),
-               cfg.model.kv_shift.enabled ? "on" : "off", data->describe(), cfg.device,
+               describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                tc.threads > 0 ? tc.threads : omp_get_num_procs());
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;

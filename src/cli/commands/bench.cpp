@@ -98,7 +98,7 @@ void add_bench(CLI::App& app) {
       return;
     }
     std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                cfg.device.c_str(), threads, B, T, accum, cfg.model.kv_shift.enabled ? "on" : "off");
+                cfg.device.c_str(), threads, B, T, accum, describe_kv_shift(cfg.model.kv_shift).c_str());
     std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)\n",
                 median, ms.front(), ms.back(), a->steps, tok_s, flops * tok_s / 1e12, kFlopsFormula);
     std::printf("peak memory (RSS) %.1f MiB | OpenBLAS kernels: %s\n", peak_mib, openblas_core_name().c_str());

@@ -52,7 +52,7 @@ void add_info(CLI::App& app) {
     std::printf("config          %s\n", a->config.c_str());
     std::printf("model           %d layers, hidden %d, heads %d (kv %d, head_dim %d), ffn %d, vocab %d, kv_shift %s\n",
                 m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim(),
-                m.intermediate_size, m.vocab_size, m.kv_shift.enabled ? "on" : "off");
+                m.intermediate_size, m.vocab_size, describe_kv_shift(m.kv_shift).c_str());
     std::printf("parameters      %lld total (shift scalars excluded)\n", static_cast<long long>(c.total));
     std::printf("  non-embedding %lld\n", static_cast<long long>(c.non_embedding));
     std::printf("  embedding     %lld\n", static_cast<long long>(c.embedding));

@@ -13,29 +13,18 @@
 #include <nlohmann/json.hpp>
 
 #include "data/shards.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using Result = kvs::testing_util::CommandResult;
 
-// Runs the binary with `prefix` (e.g. "env -u X Y=1") in front.
 Result run_with_env(const std::string& prefix, const std::string& args) {
-  const std::string cmd = prefix + " " + std::string(KVS_BINARY) + " " + args + " 2>&1";
-  Result r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return kvs::testing_util::run_kvshift(args, prefix);
 }
-
-Result run(const std::string& args) { return run_with_env("", args); }
+Result run(const std::string& args) { return kvs::testing_util::run_kvshift(args); }
 
 std::string src(const std::string& rel) { return std::string(KVS_SOURCE_DIR) + "/" + rel; }
 

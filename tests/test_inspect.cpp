@@ -23,21 +23,8 @@ using kvs::testing_util::TmpDir;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-Result run_kvshift(const std::string& args) {
-  const std::string cmd = std::string(KVS_BINARY) + " " + args + " 2>&1";
-  Result r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = kvs::testing_util::CommandResult;
+using kvs::testing_util::run_kvshift;
 
 // Trains one step of a 2-layer, 2-KV-head model and returns the run dir.
 std::string train_tiny(const std::string& run_dir, bool shift) {

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using kvs::Config;
@@ -135,12 +136,7 @@ TEST(Train, RefusesToOverwriteARun) {
   c.train.steps = 2;
   const std::string dir = fresh_dir("overwrite");
   kvs::train(c, {dir, false, true});
-  try {
-    kvs::train(c, {dir, false, true});
-    FAIL() << "expected an error";
-  } catch (const kvs::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
-  }
+  EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), "--resume");
 }
 
 TEST(Train, DivergenceStopsAndKeepsCheckpoint) {
@@ -174,21 +170,11 @@ TEST(Train, MissingOrCorruptCheckpointIsAClearError) {
   c.train.steps = 4;
   {  // truncate the weights
     fs::resize_file(ck + "/model.safetensors", 100);
-    try {
-      kvs::train(c, {dir, true, true});
-      FAIL();
-    } catch (const kvs::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
-    }
+    EXPECT_KVS_ERROR(kvs::train(c, {dir, true, true}), "model.safetensors");
   }
   {
     fs::remove(ck + "/model.safetensors");
-    try {
-      kvs::train(c, {dir, true, true});
-      FAIL();
-    } catch (const kvs::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
-    }
+    EXPECT_KVS_ERROR(kvs::train(c, {dir, true, true}), "model.safetensors");
   }
 }
 
@@ -203,12 +189,7 @@ TEST(Train, ResumeRejectsADifferentModel) {
   Config reseeded = c;
   reseeded.train.steps = 4;
   reseeded.train.seed = 4321;
-  try {
-    kvs::train(reseeded, {dir, true, true});
-    FAIL() << "expected an error";
-  } catch (const kvs::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train.seed"), std::string::npos) << e.what();
-  }
+  EXPECT_KVS_ERROR(kvs::train(reseeded, {dir, true, true}), "train.seed");
 }
 
 TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {

@@ -2,7 +2,11 @@
 // read/write, and a check that a call throws a one-line kvs::Error with given parts.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <array>
+#include <cstdio>
 
 #include <filesystem>
 #include <fstream>
@@ -56,6 +60,24 @@ std::string error_of(F&& fn) {
     return e.what();
   }
   return "";
+}
+
+// The kvshift binary run through the shell, as a user runs it.
+struct CommandResult {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+// `prefix` goes in front of the binary (e.g. "env -u X Y=1"; may be empty).
+inline CommandResult run_kvshift(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + " " + std::string(KVS_BINARY) + " " + args + " 2>&1";
+  CommandResult r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace kvs::testing_util

@@ -3,6 +3,7 @@
 // touching the last good checkpoint.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +53,26 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// Trains `c` uninterrupted, then again in a fresh run directory stopped after
+// `split` steps and resumed; every loss after the split and the final
+// evaluation must be bit-identical. Returns the uninterrupted run and the
+// resumed run's directory.
+std::pair<kvs::TrainSummary, std::string> expect_resume_is_bit_identical(const Config& c, int split,
+                                                                         const std::string& name) {
+  auto full = kvs::train(c, {fresh_dir(name + "_full"), false, true});
+  const std::string dir = fresh_dir(name + "_resumed");
+  Config head = c;
+  head.train.steps = split;
+  kvs::train(head, {dir, false, true});
+  auto rest = kvs::train(c, {dir, true, true});
+  const size_t after = static_cast<size_t>(c.train.steps - split);
+  EXPECT_EQ(rest.losses.size(), after);
+  for (size_t i = 0; i < std::min(after, rest.losses.size()); ++i)
+    EXPECT_EQ(rest.losses[i], full.losses[split + i]) << name << ": step " << split + 1 + i;
+  EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss) << name;
+  return {full, dir};
+}
+
 }  // namespace
 
 TEST(Train, LossDecreases) {
@@ -79,16 +100,7 @@ TEST(Train, SameSeedSameLosses) {
 
 TEST(Train, ResumeIsBitIdentical) {
   for (bool shift : {true, false}) {
-    Config c = tiny_induction(shift);
-    auto full = kvs::train(c, {fresh_dir("full"), false, true});
-    const std::string dir = fresh_dir("resumed");
-    Config first = c;
-    first.train.steps = 5;
-    kvs::train(first, {dir, false, true});
-    auto rest = kvs::train(c, {dir, true, true});
-    ASSERT_EQ(rest.losses.size(), 7u);
-    for (size_t i = 0; i < 7; ++i) EXPECT_EQ(rest.losses[i], full.losses[5 + i]) << "step " << 6 + i;
-    EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss);
+    const std::string dir = expect_resume_is_bit_identical(tiny_induction(shift), 5, shift ? "kv" : "va").second;
     // metrics.jsonl holds each step once.
     std::ifstream in(dir + "/metrics.jsonl");
     std::string line;
@@ -105,20 +117,12 @@ TEST(Train, Window2TrainsAndResumesBitIdentically) {
   c.model.kv_shift.window = 2;
   c.train.steps = 200;
   kvs::validate(c, "tiny");
-  auto full = kvs::train(c, {fresh_dir("w2_full"), false, true});
+  const auto [full, dir] = expect_resume_is_bit_identical(c, 80, "w2");
   ASSERT_EQ(full.losses.size(), 200u);
   // As in LossDecreases: most of the drop from ln(30) towards ln(8).
   const double first = (full.losses[0] + full.losses[1] + full.losses[2]) / 3;
   const double last = (full.losses[197] + full.losses[198] + full.losses[199]) / 3;
   EXPECT_LT(last, 2.5) << "first " << first << " last " << last;
-  const std::string dir = fresh_dir("w2_resumed");
-  Config head = c;
-  head.train.steps = 80;
-  kvs::train(head, {dir, false, true});
-  auto rest = kvs::train(c, {dir, true, true});
-  ASSERT_EQ(rest.losses.size(), 120u);
-  for (size_t i = 0; i < 120; ++i) ASSERT_EQ(rest.losses[i], full.losses[80 + i]) << "step " << 81 + i;
-  EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss);
   // The checkpoint holds the [num_key_value_heads, 3] shift tensors.
   const auto ck = kvs::load_checkpoint(kvs::latest_checkpoint(dir + "/checkpoints"));
   EXPECT_EQ(ck.hf_config["kv_shift"]["window"], 2);
@@ -207,17 +211,9 @@ TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {
     c.model.kv_shift.shift_q = v.shift_q;
     c.model.kv_shift.parametrization = v.parametrization;
     kvs::validate(c, "tiny");
-    auto full = kvs::train(c, {fresh_dir(std::string("var_full_") + v.name), false, true});
+    const auto full = expect_resume_is_bit_identical(c, 5, std::string("var_") + v.name).first;
     ASSERT_EQ(full.losses.size(), 12u);
     for (double l : full.losses) ASSERT_TRUE(std::isfinite(l));
     EXPECT_LT(full.losses.back(), full.losses.front());
-    const std::string dir = fresh_dir(std::string("var_resumed_") + v.name);
-    Config first = c;
-    first.train.steps = 5;
-    kvs::train(first, {dir, false, true});
-    auto rest = kvs::train(c, {dir, true, true});
-    ASSERT_EQ(rest.losses.size(), 7u);
-    for (size_t i = 0; i < 7; ++i) EXPECT_EQ(rest.losses[i], full.losses[5 + i]) << "step " << 6 + i;
-    EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss);
   }
 }

@@ -1,0 +1,49 @@
+// Matmuls through cuBLASLt: bf16 inputs, fp32 accumulation, bf16 activations
+// out, fp32 weight gradients accumulated in place. Row-major like the rest of
+// the code (weights [out, in], y = x W^T); the wrapper maps that onto
+// cuBLASLt's column-major view. One handle and one workspace, allocated in the
+// constructor (nothing is allocated per call); algorithm choices are cached
+// per shape so the heuristic query runs once per shape, not per step.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <tuple>
+
+namespace kvs::cuda {
+
+class Matmul {
+ public:
+  explicit Matmul(size_t workspace_bytes = size_t{32} << 20);
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  // out[N, OC] (row stride ld_out) = inp[N, C] (row stride ld_in) @ W[OC, C]^T.
+  void forward(__nv_bfloat16* out, int ld_out, const __nv_bfloat16* inp, int ld_in, const __nv_bfloat16* W, int N,
+               int C, int OC, cudaStream_t stream);
+  // dinp[N, C] (contiguous) = dout[N, OC] (row stride ld_dout) @ W[OC, C]   (overwritten).
+  void backward_input(__nv_bfloat16* dinp, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* W, int N,
+                      int C, int OC, cudaStream_t stream);
+  // dW[OC, C] (fp32) += dout[N, OC]^T (row stride ld_dout) @ inp[N, C] (row stride ld_in).
+  void backward_weight(float* dW, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* inp, int ld_in, int N,
+                       int C, int OC, cudaStream_t stream);
+
+  // One column-major GEMM D = alpha op(A) op(B) + beta C with C == D
+  // (cuBLASLt's terms): A, B bf16; D bf16 or fp32 (d_fp32). Public for tests.
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
+            int ldb, float beta, void* D, int ldd, bool d_fp32, cudaStream_t stream);
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32) -> heuristic result
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+  std::map<Key, cublasLtMatmulHeuristicResult_t> algos_;
+};
+
+}  // namespace kvs::cuda

@@ -1,0 +1,152 @@
+// CUDA kernels: the host-side launchers the CUDA engine calls.
+//
+// Mirrors kernels/cpu/ops.h op by op (the CPU op is each kernel's oracle in
+// tests/test_cuda_ops.cpp). Conventions, where they differ from the CPU ones:
+// - Storage is bf16 for activations and their gradients, fp32 for everything
+//   that is reduced or updated: parameter gradients, RMSNorm rstd, log-sum-exp,
+//   losses, master weights, AdamW moments. Every sum and every matmul
+//   accumulates in fp32.
+// - Activation gradients are OVERWRITTEN (din = ...), except where an argument
+//   says "added": bf16 read-modify-write chains would round twice.
+//   Parameter gradients (fp32) are ACCUMULATED (+=), as on the CPU, so
+//   gradient accumulation over micro-batches is just "don't zero".
+// - Deterministic: no floating-point atomics anywhere. Reductions across rows
+//   go through per-block partials in a caller-provided fp32 `scratch` and a
+//   second pass that sums them in a fixed order; the *_scratch_floats()
+//   functions say how much each launcher needs.
+// - Row strides: `ld_*` arguments are the distance in elements between rows of
+//   a [rows, ...] matrix, so a kernel can read Q, K and V straight out of the
+//   fused QKV projection [N, QD + 2 KD], or gate and up out of [N, 2F].
+// - Every launcher is asynchronous on `stream` and checks its launch
+//   (kvs::Error naming the kernel on failure).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvs::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---------------------------------------------------------------- conversion
+void f32_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
+void bf16_to_f32(float* out, const bf16* in, size_t n, cudaStream_t stream);
+void fill_f32(float* out, float value, size_t n, cudaStream_t stream);
+void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream);
+
+// ---------------------------------------------------------------- embedding
+// out[n, :] = wte[tokens[n], :]    (wte bf16 [V, C])
+void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, cudaStream_t stream);
+// Deterministic backward without atomics: the host groups positions by token
+// (embedding_backward_plan below); one block per distinct token sums its
+// positions' rows in position order and adds the sum into dwte (fp32).
+//   uniq[u]                 the u-th distinct token
+//   offsets[u]..offsets[u+1] its range in `positions` (ascending positions)
+void embedding_backward(float* dwte, const bf16* dout, const int32_t* uniq, const int32_t* offsets,
+                        const int32_t* positions, int U, int C, cudaStream_t stream);
+// Host helper: fills uniq [<= N], offsets [<= N+1] and positions [N] from
+// tokens [N]; returns U. Runs in O(N + V') with a counting pass.
+int embedding_backward_plan(const int32_t* tokens, int N, int32_t* uniq, int32_t* offsets, int32_t* positions);
+
+// ---------------------------------------------------------------- RMSNorm
+// Fused residual add + RMSNorm (the add is skipped when `b` is null):
+//   resid_out = a + b   (written when b is non-null; may alias a)
+//   out = RMSNorm(resid_out) * w,  rstd[n] = 1/sqrt(mean(resid_out[n]^2) + eps)
+// The normalisation reads the bf16-rounded resid_out, so the backward, which
+// only has the stored resid_out, differentiates exactly what the forward did.
+void residual_rmsnorm_forward(bf16* resid_out, bf16* out, float* rstd, const bf16* a, const bf16* b, const float* w,
+                              int N, int C, float eps, cudaStream_t stream);
+// dinp = RMSNorm'(inp)^T dout  (+ dresid when dresid is non-null: the gradient
+// arriving through the residual branch). dinp may alias dresid.
+// dw (fp32 [C]) += sum_n dout[n] * inp[n] * rstd[n], via scratch.
+void rmsnorm_backward(bf16* dinp, float* dw, const bf16* dout, const bf16* dresid, const bf16* inp, const float* w,
+                      const float* rstd, int N, int C, float* scratch, cudaStream_t stream);
+size_t rmsnorm_backward_scratch_floats(int N, int C);
+
+// ---------------------------------------------------------------- KV shift + RoPE
+// One pass over x [B, T, H, D] (row stride ld_in between consecutive (b, t)
+// rows; head h at column h*D) writing y (row stride ld_out):
+//   s_t = sum_{w=0..W} coef[h, w] * x_{t-W+w}   (x_{<0} = 0; coef null: s = x)
+//   y_t = RoPE_t(s_t)                            (cos/sin [T, D/2] fp32; null: no rotation)
+// This is the CPU's kv_shift_forward followed by rope_forward, fused so the raw
+// K (or V, or Q) is read once. coef is fp32 [H, W+1], oldest first (the engine
+// has already applied a sigmoid gate). W is 0 when coef is null.
+void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
+                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream);
+// The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
+// row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
+// (via scratch; dcoef may be null). coef null: dx = RoPE^T dy.
+void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
+                         const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
+                         float* scratch, cudaStream_t stream);
+size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W);
+// RoPE tables as kernels/cpu rope_tables computes them (fp32, HF convention),
+// computed on the host and copied: cos/sin device [T, D/2].
+void rope_tables_upload(float* cos, float* sin, int T, int D, double theta, cudaStream_t stream);
+
+// ---------------------------------------------------------------- attention
+// Causal flash attention, scale 1/sqrt(D), GQA: query head h reads KV head
+// h / (Hq / Hkv); K and V are never copied per query head.
+// q [B, T, Hq, D] (row stride ld_q), k and v [B, T, Hkv, D] (row stride ld_kv),
+// out [B, T, Hq, D] contiguous; lse fp32 [B, Hq, T] (natural log-sum-exp of the
+// scaled scores, saved for the backward). D in {16, 32, 64, 128}.
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, cudaStream_t stream);
+// dq (row stride ld_q), dk and dv (row stride ld_kv) are overwritten; dK/dV are
+// summed over the query heads of each group inside one block (deterministic).
+// scratch: fp32, flash_attention_backward_scratch_floats() (holds
+// delta = rowsum(dout * out) [B, Hq, T]).
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, float* scratch, cudaStream_t stream);
+size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D);
+
+// ---------------------------------------------------------------- SwiGLU
+// gate_up [N, 2F]: columns [0, F) gate, [F, 2F) up (the fused projection's output).
+// out [N, F] = silu(gate) * up.
+void swiglu_forward(bf16* out, const bf16* gate_up, int N, int F, cudaStream_t stream);
+// dgate_up [N, 2F] (overwritten) from dout [N, F].
+void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int N, int F, cudaStream_t stream);
+
+// ---------------------------------------------------------------- loss
+// Fused masked cross-entropy over logits bf16 [N, V] (row stride V), one block
+// per row, fp32 online max/sum (no fp32 probability buffer):
+//   losses[n] = mask[n] * (logsumexp(logits[n]) - logits[n, targets[n]])  (fp32)
+//   dlogits[n] = mask[n] * grad_scale * (softmax(logits[n]) - onehot(targets[n]))  (bf16;
+//                may alias logits; skipped when null)
+//   argmax[n] = first index of the row maximum (skipped when null).
+// mask null = all ones; a row with mask 0 does not read its target.
+void cross_entropy_forward_backward(float* losses, bf16* dlogits, int32_t* argmax, const bf16* logits,
+                                    const int32_t* targets, const float* mask, int N, int V, float grad_scale,
+                                    cudaStream_t stream);
+// Deterministic sum of x[0..n) in fp64 written to *out (device): fixed blocks, fixed order.
+void sum_f32(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream);
+size_t sum_scratch_doubles(size_t n);
+
+// ---------------------------------------------------------------- optimizer
+// *out = sum of g[i]^2 over [0, n) in fp64, deterministic (same bits every run).
+void sum_squares_f32(double* out, const float* g, size_t n, double* scratch, cudaStream_t stream);
+
+// One AdamW step over every parameter in one launch (multi-tensor): chunks of
+// the flat fp32 buffers, each chunk inside one tensor, described by a device
+// table built once (AdamWChunk). Per element, as CpuEngine::adamw_step:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   p = p * (decay ? 1 - lr*wd : 1) - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
+//   clamp01 tensors: p = clamp(p, 0, 1);   param_bf16[i] = bf16(p)
+struct AdamWChunk {
+  uint64_t begin, end;  // element range in the flat buffers
+  uint32_t flags;       // kAdamWDecay | kAdamWClamp01
+};
+constexpr uint32_t kAdamWDecay = 1, kAdamWClamp01 = 2;
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1, bias_correction2;  // 1 - beta^step, computed in double on the host
+  float grad_scale;
+};
+void adamw_step(float* master, bf16* param_bf16, const float* grad, float* exp_avg, float* exp_avg_sq,
+                const AdamWChunk* chunks, int num_chunks, const AdamWArgs& a, cudaStream_t stream);
+constexpr uint64_t kAdamWChunkElems = 1 << 16;
+
+}  // namespace kvs::cuda

@@ -1,0 +1,120 @@
+// Helpers for the CUDA tests: skip without a GPU, device buffers that upload
+// and download host vectors, bf16 rounding on the host, and comparisons that
+// print the worst element. Compiled only with KVS_CUDA.
+#pragma once
+#ifdef KVS_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/device.h"
+
+namespace kvs::cuda_test {
+
+using bf16 = __nv_bfloat16;
+
+inline bool have_gpu() {
+  std::string why;
+  return cuda::device_count(&why) > 0;
+}
+
+// First statement of every CUDA test.
+#define KVS_REQUIRE_GPU()                                          \
+  do {                                                             \
+    if (!::kvs::cuda_test::have_gpu()) GTEST_SKIP() << "skipped: no GPU"; \
+  } while (0)
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer of n elements of T. Filled with a poison byte pattern
+// (0xFF: NaN for float and bf16, -1 for ints) so that an element a kernel
+// forgets to write shows up as a mismatch.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n = 0) : n_(n) {
+    if (n_) {
+      check(cudaMalloc(&p_, n_ * sizeof(T)), "cudaMalloc");
+      poison();
+    }
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void poison() { check(cudaMemset(p_, 0xFF, n_ * sizeof(T)), "cudaMemset"); }
+  void zero() { check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset"); }
+  void upload(const std::vector<T>& host) {
+    check(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    check(cudaDeviceSynchronize(), "kernel");
+    check(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+inline std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16_rn(x[i]);
+  return y;
+}
+inline std::vector<float> to_f32(const std::vector<bf16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  return y;
+}
+// Random values already rounded to bf16, so the CPU oracle sees exactly the
+// kernel's inputs.
+inline std::vector<float> random_bf16_values(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = bf16_round(d(g));
+  return x;
+}
+
+// Every element within atol + rtol * |want|; on failure reports the worst one.
+inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                                            double atol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  size_t worst = 0, bad = 0;
+  double worst_excess = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = atol + rtol * std::fabs(static_cast<double>(want[i]));
+    const double excess = std::isnan(err) ? 1e30 : err - tol;
+    if (excess > 0) ++bad;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements out of tolerance (rtol " << rtol
+                                       << ", atol " << atol << "); worst at " << worst << ": got " << got[worst]
+                                       << ", want " << want[worst];
+}
+
+}  // namespace kvs::cuda_test
+#endif  // KVS_CUDA

@@ -45,6 +45,14 @@ bool draw_once(const HopkDataConfig& cfg, int seq_len, uint64_t seed, HopkSequen
     s->chain.push_back(p + 1);
   }
   s->answer = s->tokens[s->chain.back()];
+  // Every position's chain: pos[t] = i_h(t) after h hops, -1 once broken.
+  std::vector<int> pos(seq_len);
+  for (int t = 0; t < seq_len; ++t) pos[t] = t;
+  for (int h = 0; h < cfg.k; ++h)
+    for (int t = 0; t < seq_len; ++t)
+      if (pos[t] >= 0) pos[t] = prev[pos[t]] < 0 ? -1 : prev[pos[t]] + 1;
+  s->answers.resize(seq_len);
+  for (int t = 0; t < seq_len; ++t) s->answers[t] = pos[t] < 0 ? -1 : s->tokens[pos[t]];
   return true;
 }
 
@@ -82,8 +90,9 @@ void HopkDataset::get(Split split, uint64_t index, int32_t* inputs, int32_t* tar
   const HopkSequence s = generate_hopk(cfg_, seq_len_, mix_seed(mix_seed(seed_, salt), index));
   for (int t = 0; t < seq_len_; ++t) {
     inputs[t] = s.tokens[t];
-    targets[t] = t + 1 < seq_len_ ? s.tokens[t + 1] : s.answer;
-    mask[t] = t + 1 < seq_len_ ? 0.0f : 1.0f;
+    const bool defined = s.answers[t] >= 0;
+    targets[t] = defined ? s.answers[t] : s.tokens[t];  // unscored target: any valid token
+    mask[t] = defined ? 1.0f : 0.0f;
   }
 }
 

@@ -7,9 +7,11 @@
 // position i, hop(i) = p + 1 where p < i is the latest earlier position with
 // X[p] = X[i] ("find the previous occurrence of the current token and move to
 // what followed it"). Starting at i_0 = T - 1, i_h = hop(i_{h-1}); the answer
-// is X[i_k]. Only the last position is scored, with target = the answer. A
-// draw where some hop has no earlier occurrence is redrawn from a derived seed
-// (bounded attempts, then an error). See docs/DATA.md.
+// is X[i_k]. Like Sanford et al., every position t whose k-hop chain exists
+// is scored with target = hop_k(X)_t (dense supervision: the single-position
+// version gave one bit of signal per sequence and did not learn at toy scale).
+// A draw where the last position's chain does not exist is redrawn from a
+// derived seed (bounded attempts, then an error). See docs/DATA.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +25,7 @@ struct HopkSequence {
   std::vector<int32_t> tokens;  // X[0..T)
   std::vector<int> chain;       // i_0 = T - 1, i_1, ..., i_k (strictly decreasing)
   int32_t answer = 0;           // X[i_k]
+  std::vector<int32_t> answers; // hop_k(X)_t for every position t, -1 where the chain breaks
   int attempts = 0;             // draws it took (1 = the first)
 };
 

@@ -2,7 +2,7 @@
 """Run a multi-seed experiment sweep of `kvshift train` (grid x seeds), resumably.
 
     /usr/bin/python3 scripts/sweep.py --spec FILE [--kvshift build/kvshift]
-        [--out runs/experiments] [--jobs 1] [--dry-run] [--only LABEL ...]
+        [--out runs/experiments] [--jobs 1] [--dry-run] [--only LABEL ...] [--seed K ...]
 
 The spec (docs/EXPERIMENTS.md) names a base config, overrides for every cell,
 a grid of labelled override sets and a list of seeds. Every (label, seed) pair
@@ -366,6 +366,8 @@ def parse_args(argv):
     p.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     p.add_argument("--only", action="append", default=[], metavar="LABEL",
                    help="run only the cells of this label (repeatable); sweep.json still lists every cell")
+    p.add_argument("--seed", action="append", default=[], type=int, metavar="K", dest="only_seeds",
+                   help="run only the cells of this seed (repeatable; combines with --only)")
     return p.parse_args(argv)
 
 
@@ -385,6 +387,10 @@ def main(argv):
     for lab in args.only:
         if lab not in labels:
             raise SweepError("--only %s: no such label in %s (labels: %s)" % (lab, args.spec, ", ".join(labels)))
+    for k in args.only_seeds:
+        if k not in spec["seeds"]:
+            raise SweepError("--seed %d: no such seed in %s (seeds: %s)"
+                             % (k, args.spec, ", ".join(str(x) for x in spec["seeds"])))
     kvshift = os.path.abspath(args.kvshift)
     if not args.dry_run and not (os.path.isfile(kvshift) and os.access(kvshift, os.X_OK)):
         raise SweepError("%s: kvshift binary not found or not executable (build it: scripts/build.sh)" % kvshift)
@@ -394,7 +400,8 @@ def main(argv):
     for c in cells:
         c.inspect()
         c.status = {"finished": "finished", "stale": "stale"}.get(c.state, "todo")
-    selected = [c for c in cells if not args.only or c.label in args.only]
+    selected = [c for c in cells if (not args.only or c.label in args.only)
+                and (not args.only_seeds or c.seed in args.only_seeds)]
     todo = [c for c in selected if c.state in ("start", "resume", "restart")]
     stale = [c for c in selected if c.state == "stale"]
     n_finished = sum(c.state == "finished" for c in cells)
@@ -405,8 +412,9 @@ def main(argv):
     print("sweep %s: %d cells (%d labels x %d seeds), %d finished, %d todo%s -> %s"
           % (spec["name"], len(cells), len(labels), len(spec["seeds"]), n_finished, len(todo),
              (", %d stale" % len(stale)) if stale else "", out_root))
-    if args.only:
-        print("  only: %s (%d of %d cells)" % (", ".join(args.only), len(selected), len(cells)))
+    if args.only or args.only_seeds:
+        what = ", ".join(args.only + ["seed%d" % k for k in args.only_seeds])
+        print("  only: %s (%d of %d cells)" % (what, len(selected), len(cells)))
     if todo:
         print("  expected time: %s (%d todo x %s per run / %d jobs, %d threads each)"
               % (fmt_duration(expected) if expected is not None else "unknown (no estimate_seconds_per_run)",

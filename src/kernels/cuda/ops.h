@@ -82,9 +82,8 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
                          float* scratch, cudaStream_t stream);
 size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W);
-// RoPE tables as kernels/cpu rope_tables computes them (fp32, HF convention),
-// computed on the host and copied: cos/sin device [T, D/2].
-void rope_tables_upload(float* cos, float* sin, int T, int D, double theta, cudaStream_t stream);
+// The cos/sin tables [T, D/2] (fp32) are kernels/cpu rope_tables' output,
+// computed on the host by the engine and copied once.
 
 // ---------------------------------------------------------------- attention
 // Causal flash attention, scale 1/sqrt(D), GQA: query head h reads KV head

@@ -8,8 +8,8 @@ first, then the others alphabetically) it writes a section with the setup
 (spec name, description, base config, grid, seeds, steps), the accuracy plot
 (docs/results/<name>.png, drawn by scripts/plot_sweep.py), the results table
 (mean +- std over seeds, steps to 90%) and, for the sweeps that reproduce a
-paper figure (fig1a, fig1b), one sentence per paper claim saying whether the
-runs support it, computed from the numbers. Errors are one line,
+paper figure (fig1a, fig1a-long, fig1b, fig3, fig8, hopk), one sentence per
+paper claim saying whether the runs support it, computed from the numbers. Errors are one line,
 `results: error: ...`, exit code 1.
 """
 
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plot_sweep  # noqa: E402
 
 PROG = "results"
-ORDER = ["fig1a", "fig1b"]
+ORDER = ["fig1a", "fig1a-long", "fig1b", "fig3", "fig8", "hopk"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -195,6 +195,194 @@ def plot_fig1b(sizes, out):
 
 
 # ----------------------------------------------------------------------------
+# Comparisons under seed noise
+
+
+def final_values(seeds, key):
+    return [s["evals"][-1].get(key) for s in seeds if s["evals"] and s["evals"][-1].get(key) is not None]
+
+
+def spread(values):
+    return (max(values) - min(values)) if len(values) > 1 else 0.0
+
+
+def compare(a_vals, b_vals):
+    """(mean a - mean b, noise) with noise = the larger seed spread (max - min) of the two."""
+    return float(np.mean(a_vals)) - float(np.mean(b_vals)), max(spread(a_vals), spread(b_vals))
+
+
+def split_label(label):
+    """'vanilla-2l-h32' -> ('vanilla', '2l-h32'); 'kvshift' -> ('kvshift', '')."""
+    kind, _, rest = label.partition("-")
+    return kind, rest
+
+
+def fig3_claims(groups):
+    sizes = {}
+    for label, seeds in groups.items():
+        kind, size = split_label(label)
+        sizes.setdefault(size, {})[kind] = final_values(seeds, "accuracy")
+    rows, verdicts = [], []
+    for size, kinds in sizes.items():
+        kv, va = kinds.get("kvshift"), kinds.get("vanilla")
+        if not kv or not va:
+            rows.append("%s: not evaluated (missing data)" % size)
+            continue
+        d, noise = compare(kv, va)
+        tol = max(noise, 0.02)
+        if abs(d) <= tol:
+            word = "neither helps nor hurts"
+        elif d > 0:
+            word = "KV shifting helps"
+        else:
+            word = "KV shifting hurts"
+        verdicts.append(word == "neither helps nor hurts")
+        rows.append("%s: kvshift %.1f%% vs vanilla %.1f%%, difference %+.1f points, seed spread %.1f points: %s" % (
+            size, 100 * np.mean(kv), 100 * np.mean(va), 100 * d, 100 * noise, word))
+    if not verdicts:
+        return ["Claim not evaluated: no (kvshift, vanilla) pair with data."]
+    if all(verdicts):
+        head = verdict(True) + " at every size"
+    elif any(verdicts):
+        head = "**partly supported** (%d of %d sizes)" % (sum(verdicts), len(verdicts))
+    else:
+        head = verdict(False)
+    return ["*KV shifting neither helps nor hurts 3-gram memorisation* (a difference counts when it exceeds both "
+            "2 points and the larger seed spread): %s." % head] + ["- " + r for r in rows]
+
+
+def loss_table(groups, ref="kvshift", base="vanilla"):
+    rows = ["| label | seeds | final val_loss (mean ± std) | per seed | vs %s | vs %s |" % (base, ref),
+            "|---|---|---|---|---|---|"]
+    vals = {label: final_values(seeds, "val_loss") for label, seeds in groups.items()}
+    for label, v in vals.items():
+        if not v:
+            rows.append("| %s | 0 | %s | | | |" % (label, plot_sweep.DASH))
+            continue
+        m, sd = plot_sweep.mean_std(v)
+        rel_txt = []
+        for other in (base, ref):
+            if vals.get(other) and other != label:
+                rel_txt.append("%+.4f" % (m - float(np.mean(vals[other]))))
+            else:
+                rel_txt.append(plot_sweep.DASH)
+        rows.append("| %s | %d | %.4f ± %.4f | %s | %s | %s |" % (
+            label, len(v), m, sd, ", ".join("%.4f" % x for x in v), rel_txt[0], rel_txt[1]))
+    return "\n".join(rows), vals
+
+
+def fig8_claims(vals):
+    def cmp(a, b):
+        if not vals.get(a) or not vals.get(b):
+            return None
+        return compare(vals[a], vals[b])
+
+    out = []
+
+    def claim(text, a, b, want):
+        """want 'lower': a's loss below b's beyond the noise; 'not lower': a not below b beyond the noise;
+        'higher': a above b beyond the noise."""
+        c = cmp(a, b)
+        if c is None:
+            out.append("*%s*: not evaluated (no data for %s or %s)." % (text, a, b))
+            return
+        d, noise = c
+        if want == "lower":
+            word = verdict(True) if d < -noise else ("**inconclusive** (within seed spread)" if d < 0 else verdict(False))
+        elif want == "higher":
+            word = verdict(True) if d > noise else ("**inconclusive** (within seed spread)" if d > 0 else verdict(False))
+        else:  # not lower
+            word = verdict(True) if d >= -noise else verdict(False)
+        out.append("*%s*: %s — %s %.4f vs %s %.4f (difference %+.4f, seed spread %.4f)." % (
+            text, word, a, float(np.mean(vals[a])), b, float(np.mean(vals[b])), d, noise))
+
+    claim("KV shifting reaches a lower validation loss than vanilla", "kvshift", "vanilla", "lower")
+    claim("the sigmoid gate does not learn better than free coefficients (4.6)", "gate", "kvshift", "not lower")
+    claim("clamping to [0, 1] does not learn better than free coefficients (4.6)", "clamp01", "kvshift", "not lower")
+    claim("shifting K only is worse than shifting K and V (4.7)", "k-only", "kvshift", "higher")
+    claim("shifting V only is worse than shifting K and V (4.7)", "v-only", "kvshift", "higher")
+    claim("a window of 2 does not improve on window 1 (4.7)", "window2", "kvshift", "not lower")
+    claim("a window of 3 does not improve on window 1 (4.7)", "window3", "kvshift", "not lower")
+    claim("QKV shifting is not better than KV shifting (appendix J)", "qkv", "kvshift", "not lower")
+    return out
+
+
+def hopk_points(groups):
+    """{kind: {k: [final error per seed]}} from labels '<kind>-<layers>-k<k>'."""
+    pts = {}
+    for label, seeds in groups.items():
+        kind, rest = split_label(label)
+        _, _, k = rest.rpartition("-k")
+        if not k.isdigit():
+            continue
+        pts.setdefault(kind, {})[int(k)] = [1.0 - a for a in final_values(seeds, "accuracy")]
+    return {kind: dict(sorted(d.items())) for kind, d in pts.items()}
+
+
+def plot_hopk(pts, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for kind, color in (("vanilla", "tab:blue"), ("kvshift", "tab:orange")):
+        d = pts.get(kind, {})
+        xs = [k for k, v in d.items() if v]
+        if not xs:
+            continue
+        ys = [100 * float(np.mean(d[k])) for k in xs]
+        es = [100 * (float(np.std(d[k], ddof=1)) if len(d[k]) > 1 else 0.0) for k in xs]
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color, label="%s (n=%d)" % (kind, len(d[xs[0]])))
+    ax.set_xlabel("k (hops)")
+    ax.set_ylabel("final error rate (%)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("hop-k: error vs k (mean ± 1 std over seeds)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+
+
+def hopk_claims(pts):
+    kv, va = pts.get("kvshift", {}), pts.get("vanilla", {})
+    ks = [k for k in kv if kv[k] and va.get(k)]
+    if not ks:
+        return ["Claims not evaluated: no (kvshift, vanilla) pair with data."]
+    rows, lower = [], []
+    for k in ks:
+        d, noise = compare(kv[k], va[k])
+        lower.append(d < 0)
+        rows.append("k = %d: error kvshift %.1f%% vs vanilla %.1f%% (difference %+.1f points, seed spread %.1f)" % (
+            k, 100 * np.mean(kv[k]), 100 * np.mean(va[k]), 100 * d, 100 * noise))
+    gaps = [float(np.mean(va[k]) - np.mean(kv[k])) for k in ks]
+    out = ["*KV shifting has a lower hop-k error than vanilla*: %s (%d of %d k)." % (
+        verdict(all(lower)) if all(lower) or not any(lower) else "**partly supported**", sum(lower), len(lower))]
+    if len(ks) >= 2:
+        out.append("*The gap grows with k*: %s — vanilla minus kvshift error %+.1f points at k = %d, %+.1f at "
+                   "k = %d, %+.1f at its largest (k = %d)." % (
+                       verdict(gaps[-1] > gaps[0]), 100 * gaps[0], ks[0], 100 * gaps[-1], ks[-1], 100 * max(gaps),
+                       ks[int(np.argmax(gaps))]))
+    return out + ["- " + r for r in rows]
+
+
+def fig1a_long_claim(stats):
+    v4 = stats.get("vanilla-4l")
+    v2 = stats.get("vanilla-2l")
+    if not v4 or not v2 or not v4.n or not v2.n:
+        return []
+    if math.isinf(v4.speed) and math.isinf(v2.speed):
+        word = "**inconclusive** — neither reached 90% in every seed"
+    else:
+        word = verdict(v4.speed >= v2.speed)
+    return ["Paper claim (section 3.2, Figure 1a) with the longer budget: *4-layer vanilla is no faster than 2-layer "
+            "vanilla*: %s — vanilla-4l %s (per seed: %s), vanilla-2l %s (per seed: %s)." % (
+                word, v4.speed_txt(), ", ".join("—" if r is None else str(r) for r in v4.reach),
+                v2.speed_txt(), ", ".join("—" if r is None else str(r) for r in v2.reach)), ""]
+
+
+# ----------------------------------------------------------------------------
 # Learned shift coefficients (kvshift inspect), the paper's Table 4
 
 
@@ -312,9 +500,10 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
 
     os.makedirs(png_dir, exist_ok=True)
     png = os.path.join(png_dir, "%s.png" % name)
+    metric = "val_loss" if name == "fig8" else "accuracy"
     try:
-        plot_sweep.plot(name, groups, "accuracy", "step", "minmax", png)
-        L += ["![%s: induction accuracy vs step](%s)" % (name, rel(png, out_dir)), ""]
+        plot_sweep.plot(name, groups, metric, "step", "minmax", png)
+        L += ["![%s: %s vs step](%s)" % (name, metric.replace("_", " "), rel(png, out_dir)), ""]
     except plot_sweep.PlotError as e:
         L += ["(no plot: %s)" % e, ""]
     sizes = None
@@ -324,7 +513,17 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
             png2 = os.path.join(png_dir, "%s-hidden.png" % name)
             plot_fig1b(sizes, png2)
             L += ["![%s: final accuracy vs hidden size](%s)" % (name, rel(png2, out_dir)), ""]
-    L += [plot_sweep.table(groups), ""]
+    if name == "hopk":
+        pts = hopk_points(groups)
+        if pts:
+            png2 = os.path.join(png_dir, "%s-error.png" % name)
+            plot_hopk(pts, png2)
+            L += ["![%s: final error rate vs k](%s)" % (name, rel(png2, out_dir)), ""]
+    if name == "fig8":
+        tab, vals = loss_table(groups)
+        L += [tab, ""]
+    else:
+        L += [plot_sweep.table(groups), ""]
     L += inspect_section(sweep_dir, cells, kvshift)
     if name == "fig1a":
         L += ["Paper claims (section 3.2, Figure 1a), checked against the table:", ""]
@@ -332,6 +531,18 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
     elif name == "fig1b":
         L += ["Paper claim (section 3.2, Figure 1b), checked against the table:", ""]
         L += fig1b_claims(sizes) + [""]
+    elif name == "fig1a-long":
+        L += fig1a_long_claim(stats)
+    elif name == "fig3":
+        L += ["Paper claim (section 3.3, Figure 3), checked against the table:", ""]
+        L += fig3_claims(groups) + [""]
+    elif name == "fig8":
+        L += ["Paper claims (sections 4.6 and 4.7, Figure 8; appendix J), checked against the final validation "
+              "losses (a difference counts only when it exceeds the larger seed spread, max − min):", ""]
+        L += ["- " + c for c in fig8_claims(vals)] + [""]
+    elif name == "hopk":
+        L += ["Paper claim (appendix H, Figure 9), checked against the final error rates:", ""]
+        L += hopk_claims(hopk_points(groups)) + [""]
     return name, "\n".join(L), stats
 
 

@@ -22,6 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
 PLOT = os.path.join(ROOT, "scripts", "plot_sweep.py")
+REPRODUCE = os.path.join(ROOT, "scripts", "reproduce.py")
 SMOKE = os.path.join(ROOT, "configs", "experiments", "smoke.json")
 PY = sys.executable or "/usr/bin/python3"
 
@@ -219,6 +220,32 @@ def main():
     lines = p.stdout.strip().splitlines()
     check(p.returncode == 0 and len(lines) == 4 and all(l.startswith("|") for l in lines),
           "--table-only prints just the Markdown table", show(p))
+
+    # 7. --seed selects seeds; reproduce.py plans, runs and writes a results page.
+    out2 = os.path.join(work, "runs2")
+    p = run([SWEEP, "--spec", SMOKE, "--kvshift", a.kvshift, "--out", out2, "--seed", "2"])
+    ran = sorted(os.listdir(os.path.join(out2, "smoke", "kvshift"))) if p.returncode == 0 else []
+    check(p.returncode == 0 and "2 of 4 cells" in p.stdout and ran == ["seed2"], "--seed 2 runs only seed-2 cells",
+          show(p))
+    p = run([SWEEP, "--spec", SMOKE, "--kvshift", a.kvshift, "--out", out2, "--seed", "7"])
+    check(p.returncode == 1 and "--seed 7" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+          "--seed with an unknown seed: one-line error", show(p))
+    empty = os.path.join(work, "empty")  # nothing finished there, whatever runs/ holds
+    p = run([REPRODUCE, "--dry-run", "--out", empty])
+    names = ["fig1a", "fig3", "hopk", "fig1b", "fig8", "fig1a-long"]
+    check(p.returncode == 0 and "expected time:" in p.stdout and all(n in p.stdout for n in names),
+          "reproduce --dry-run plans the whole suite with an expected time", show(p))
+    p = run([REPRODUCE, "--dry-run", "--quick", "--out", empty])
+    check(p.returncode == 0 and "quick subset" in p.stdout and " 5 cells to run" in p.stdout
+          and "fig8" not in p.stdout, "reproduce --quick plans fig1a with one seed per model (5 cells)", show(p))
+    page = os.path.join(work, "results", "RESULTS.md")
+    p = run([REPRODUCE, "--spec", "smoke", "--kvshift", a.kvshift, "--out", out2, "--results", page, "--jobs", "2"])
+    text = open(page).read() if os.path.isfile(page) else ""
+    check(p.returncode == 0 and "## smoke" in text and "| kvshift |" in text
+          and os.path.isfile(os.path.join(work, "results", "results", "smoke.png")),
+          "reproduce --spec smoke runs the missing cells and writes the page with its plot", show(p))
+    p = run([REPRODUCE, "--spec", "nosuch", "--dry-run"])
+    check(p.returncode == 1 and "nosuch" in p.stderr, "reproduce: unknown spec is a one-line error", show(p))
 
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0

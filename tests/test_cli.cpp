@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/shards.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -157,6 +158,9 @@ TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
 }
 
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {
+#ifdef KVS_CUDA
+  if (kvs::cuda_test::have_gpu()) GTEST_SKIP() << "skipped: this machine has a GPU";
+#endif
   Result r = run("bench --device cuda --config " + src("configs/toy/induction-1l-kvshift.json"));
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(count_lines(r.out), 1) << r.out;

@@ -24,9 +24,6 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
-#ifdef KVS_CUDA
-#include "kernels/cuda/device.h"
-#endif
 
 namespace kvs {
 
@@ -151,19 +148,6 @@ void CpuEngine::write_optimizer_state(const float* m, const float* v) {
   std::copy(v, v + layout_.total, exp_avg_sq_.begin());
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
-
-void CpuEngine::check_batch(const Batch& b) const {
-  KVS_CHECK(b.B >= 1 && b.B <= max_B_, "engine: batch of {} sequences, engine sized for {}", b.B, max_B_);
-  KVS_CHECK(b.T >= 1 && b.T <= max_T_, "engine: sequence length {}, engine sized for {}", b.T, max_T_);
-  const size_t N = static_cast<size_t>(b.B) * b.T;
-  for (size_t i = 0; i < N; ++i) {
-    KVS_CHECK(b.inputs[i] >= 0 && b.inputs[i] < m_.vocab_size,
-              "input token {} at position {} is outside [0, vocab_size={})", b.inputs[i], i, m_.vocab_size);
-    if (b.targets)
-      KVS_CHECK(b.targets[i] >= 0 && b.targets[i] < m_.vocab_size,
-                "target token {} at position {} is outside [0, vocab_size={})", b.targets[i], i, m_.vocab_size);
-  }
-}
 
 void CpuEngine::forward_to_logits(const Batch& b) {
   const int B = b.B, T = b.T, N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
@@ -370,7 +354,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
 }
 
 double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
-  check_batch(b);
+  validate_batch(b, m_, max_B_, max_T_);
   forward_to_logits(b);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   float* a = acts_.data();
@@ -384,7 +368,7 @@ double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
 }
 
 double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
-  check_batch(b);
+  validate_batch(b, m_, max_B_, max_T_);
   forward_to_logits(b);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   float* a = acts_.data();
@@ -449,21 +433,6 @@ void CpuEngine::adamw_step(const AdamWHyper& hp) {
     if (t.kind == ParamKind::Shift && m_.kv_shift.parametrization == "clamp01")
       for (ptrdiff_t i = 0; i < n; ++i) p[i] = std::clamp(p[i], 0.0f, 1.0f);
   }
-}
-
-std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device) {
-  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
-  if (device == "cuda") {
-#ifdef KVS_CUDA
-    std::string why;
-    if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
-    fail("device 'cuda': the CUDA engine is not implemented yet (GPU found: {}); use --device cpu",
-         cuda::device_name(0));
-#else
-    fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
-#endif
-  }
-  fail("unknown device '{}' (expected 'cpu' or 'cuda')", device);
 }
 
 }  // namespace kvs

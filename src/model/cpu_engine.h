@@ -54,7 +54,6 @@ class CpuEngine : public Engine {
   size_t activation_floats() const { return plan_.total; }
 
  private:
-  void check_batch(const Batch& b) const;
   // Runs the model up to the logits; leaves every activation in acts_.
   void forward_to_logits(const Batch& b);
   void backward_from_dlogits(const Batch& b);

@@ -53,6 +53,10 @@ class Engine {
   virtual void adamw_step(const AdamWHyper& h) = 0;
 };
 
+// Checks a micro-batch against the engine's size and the vocabulary (host
+// data); throws kvs::Error naming the first bad token and its position.
+void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max_seq_len);
+
 // Builds the engine for `device` ("cpu" or "cuda"), sized for micro-batches of
 // up to max_batch sequences of up to max_seq_len tokens. All memory is
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device

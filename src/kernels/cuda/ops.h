@@ -85,6 +85,13 @@ size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W);
 // The cos/sin tables [T, D/2] (fp32) are kernels/cpu rope_tables' output,
 // computed on the host by the engine and copied once.
 
+// The "sigmoid_gate" parametrisation (window 1): the stored tensor is [H, 2]
+// with the gate logit g in column 1; the effective coefficients are
+// eff[h] = [1 - sigmoid(g), sigmoid(g)] (column 0 of the stored tensor unused).
+void shift_gate_forward(float* eff, const float* stored, int H, cudaStream_t stream);
+// dstored[h, 1] += sigmoid'(g) * (deff[h, 1] - deff[h, 0]); column 0 untouched.
+void shift_gate_backward(float* dstored, const float* deff, const float* stored, int H, cudaStream_t stream);
+
 // ---------------------------------------------------------------- attention
 // Causal flash attention, scale 1/sqrt(D), GQA: query head h reads KV head
 // h / (Hq / Hkv); K and V are never copied per query head.

@@ -1,0 +1,571 @@
+// The Llama + KV shifting forward and backward on one GPU. The op list is
+// CpuEngine's (cpu_engine.cpp) with three fusions that change no math:
+//   - Q, K and V come from one GEMM against the adjacent q/k/v_proj weights
+//     ([QD + 2 KD, C] in the parameter layout), gate and up from one GEMM
+//     against gate/up_proj ([2F, C]); their backward is one GEMM each too;
+//   - each residual add is fused into the RMSNorm that follows it
+//     (res_mid = resid + o_proj, ln2 = norm(res_mid); resid' = res_mid +
+//     down_proj, ln1' = norm(resid'));
+//   - the KV shift and RoPE are one kernel (shift_rope), reading Q, K and V
+//     straight out of the fused projection.
+// Every kernel is asynchronous on one stream; the host synchronises only to
+// read the loss sum, the gradient norm or results the caller asked for.
+#ifdef KVS_CUDA
+#include "model/cuda_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace kvs {
+
+namespace {
+
+using cuda::bf16;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B, int T) {
+  CudaPlan p;
+  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = m.hidden_size;
+  const size_t QD = m.q_dim(), KD = m.kv_dim(), F = m.intermediate_size, V = m.vocab_size;
+  const size_t Hq = m.num_attention_heads, Hkv = m.num_key_value_heads, D = m.head_dim();
+  const size_t W1 = static_cast<size_t>(m.kv_shift.window) + 1;
+  const size_t P = layout.total;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  const size_t h2 = sizeof(bf16), f4 = sizeof(float);
+  p.master = take(P * f4);
+  p.grads = take(P * f4);
+  p.exp_avg = take(P * f4);
+  p.exp_avg_sq = take(P * f4);
+  p.params16 = take(P * h2);
+
+  p.resid_stride = align256(N * C * h2);
+  p.ln_stride = p.resid_stride;
+  p.qkv_stride = align256(N * (QD + 2 * KD) * h2);
+  p.q_stride = align256(N * QD * h2);
+  p.kv_stride = align256(N * KD * h2);
+  p.ffn2_stride = align256(N * 2 * F * h2);
+  p.ffn_stride = align256(N * F * h2);
+  p.rstd_stride = align256(N * f4);
+  p.lse_stride = align256(static_cast<size_t>(B) * Hq * T * f4);
+  p.resid = take((L + 1) * p.resid_stride);
+  p.res_mid = take(L * p.resid_stride);
+  p.ln1 = take(L * p.ln_stride);
+  p.ln2 = take(L * p.ln_stride);
+  p.qkv = take(L * p.qkv_stride);
+  p.qhat = take(L * p.q_stride);
+  p.khat = take(L * p.kv_stride);
+  p.vhat = take(L * p.kv_stride);
+  p.attout = take(L * p.q_stride);
+  p.gate_up = take(L * p.ffn2_stride);
+  p.h = take(L * p.ffn_stride);
+  p.rstd1 = take(L * p.rstd_stride);
+  p.rstd2 = take(L * p.rstd_stride);
+  p.lse = take(L * p.lse_stride);
+
+  p.lnf = take(N * C * h2);
+  p.rstdf = take(N * f4);
+  p.logits = take(N * V * h2);
+  p.losses = take(N * f4);
+  p.proj = take(N * C * h2);
+  p.coef_stride = align256((Hq + 2 * Hkv) * W1 * f4);
+  p.coef = take(L * p.coef_stride);
+  p.rope_cos = take(static_cast<size_t>(T) * D / 2 * f4);
+  p.rope_sin = take(static_cast<size_t>(T) * D / 2 * f4);
+
+  p.dresid = take(N * C * h2);
+  p.dln = take(N * C * h2);
+  p.dh = take(N * F * h2);
+  p.dgate_up = take(N * 2 * F * h2);
+  p.dattout = take(N * QD * h2);
+  p.dqhat = take(N * QD * h2);
+  p.dkhat = take(N * KD * h2);
+  p.dvhat = take(N * KD * h2);
+  p.dqkv = take(N * (QD + 2 * KD) * h2);
+  p.dcoef = take((Hq + 2 * Hkv) * W1 * f4);
+  const int Bi = B, Ti = T, Ci = static_cast<int>(C), Di = static_cast<int>(D), W = m.kv_shift.window;
+  p.scratch_floats = std::max({cuda::rmsnorm_backward_scratch_floats(static_cast<int>(N), Ci),
+                               cuda::shift_rope_backward_scratch_floats(Bi, Ti, static_cast<int>(Hq), Di, W),
+                               cuda::shift_rope_backward_scratch_floats(Bi, Ti, static_cast<int>(Hkv), Di, W),
+                               cuda::flash_attention_backward_scratch_floats(Bi, Ti, static_cast<int>(Hq), Di),
+                               size_t{1}});
+  p.scratch = take(p.scratch_floats * f4);
+  p.dscratch_doubles = std::max(cuda::sum_scratch_doubles(N), cuda::sum_scratch_doubles(P));
+  p.dscratch = take(p.dscratch_doubles * sizeof(double));
+  p.dsum = take(sizeof(double));
+
+  p.tokens = take(N * sizeof(int32_t));
+  p.targets = take(N * sizeof(int32_t));
+  p.mask = take(N * f4);
+  p.emb_uniq = take(N * sizeof(int32_t));
+  p.emb_offsets = take((N + 1) * sizeof(int32_t));
+  p.emb_positions = take(N * sizeof(int32_t));
+  p.argmax = take(N * sizeof(int32_t));
+
+  size_t chunks = 0;
+  for (const ParamTensor& t : layout.tensors) chunks += (t.numel + cuda::kAdamWChunkElems - 1) / cuda::kAdamWChunkElems;
+  p.num_chunks = static_cast<int>(chunks);
+  p.chunks = take(chunks * sizeof(cuda::AdamWChunk));
+  p.total = off;
+  return p;
+}
+
+CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device)
+    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len) {
+  KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
+  const int D = m_.head_dim();
+  KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
+            "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
+            "kernels (16, 32, 64 or 128)",
+            D);
+  KVS_CHECK(!m_.kv_shift.sigmoid_gate() || m_.kv_shift.window == 1,
+            "device 'cuda': the sigmoid gate needs kv_shift.window 1");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_);
+  void* base = nullptr;
+  const cudaError_t e = cudaMalloc(&base, plan_.total);
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free): "
+         "lower train.micro_batch_size or train.seq_len",
+         plan_.total / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0);
+  }
+  base_ = static_cast<char*>(base);
+  check(cudaMemsetAsync(base_, 0, plan_.total, stream_), "cudaMemset");
+  mm_ = std::make_unique<cuda::Matmul>();
+
+  // Tensor offsets.
+  auto off = [&](const std::string& name) -> size_t {
+    const ParamTensor* t = layout_.find(name);
+    KVS_CHECK(t != nullptr, "CUDA engine: parameter {} missing from the layout", name);
+    return t->offset;
+  };
+  embed_off_ = off("model.embed_tokens.weight");
+  norm_off_ = off("model.norm.weight");
+  lm_head_off_ = m_.tie_word_embeddings ? embed_off_ : off("lm_head.weight");
+  for (int l = 0; l < m_.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerOffsets o{};
+    o.ln1 = off(p + "input_layernorm.weight");
+    o.wqkv = off(p + "self_attn.q_proj.weight");
+    KVS_CHECK(off(p + "self_attn.k_proj.weight") == o.wqkv + static_cast<size_t>(m_.q_dim()) * m_.hidden_size &&
+                  off(p + "self_attn.v_proj.weight") == off(p + "self_attn.k_proj.weight") +
+                                                            static_cast<size_t>(m_.kv_dim()) * m_.hidden_size,
+              "CUDA engine: q/k/v_proj are not adjacent in the parameter layout");
+    o.wo = off(p + "self_attn.o_proj.weight");
+    o.ln2 = off(p + "post_attention_layernorm.weight");
+    o.wgu = off(p + "mlp.gate_proj.weight");
+    KVS_CHECK(off(p + "mlp.up_proj.weight") == o.wgu + static_cast<size_t>(m_.intermediate_size) * m_.hidden_size,
+              "CUDA engine: gate/up_proj are not adjacent in the parameter layout");
+    o.wdown = off(p + "mlp.down_proj.weight");
+    auto opt = [&](const char* name, size_t* dst) {
+      const ParamTensor* t = layout_.find(p + name);
+      if (t) *dst = t->offset;
+      return t != nullptr;
+    };
+    o.has_q_shift = opt("self_attn.q_shift", &o.q_shift);
+    o.has_k_shift = opt("self_attn.k_shift", &o.k_shift);
+    o.has_v_shift = opt("self_attn.v_shift", &o.v_shift);
+    lo_.push_back(o);
+  }
+
+  // RoPE tables: the CPU function (one definition of HF's fp32 recipe).
+  const size_t half = static_cast<size_t>(max_T_) * D / 2;
+  std::vector<float> cos(half), sin(half);
+  cpu::rope_tables(cos.data(), sin.data(), max_T_, D, m_.rope_theta);
+  check(cudaMemcpyAsync(at<float>(plan_.rope_cos), cos.data(), half * sizeof(float), cudaMemcpyHostToDevice, stream_),
+        "upload RoPE cos");
+  check(cudaMemcpyAsync(at<float>(plan_.rope_sin), sin.data(), half * sizeof(float), cudaMemcpyHostToDevice, stream_),
+        "upload RoPE sin");
+
+  // AdamW chunk table: every chunk inside one tensor, with its flags.
+  std::vector<cuda::AdamWChunk> chunks;
+  const bool clamp = m_.kv_shift.enabled && m_.kv_shift.parametrization == "clamp01";
+  for (const ParamTensor& t : layout_.tensors) {
+    uint32_t flags = t.decay() ? cuda::kAdamWDecay : 0u;
+    if (t.kind == ParamKind::Shift && clamp) flags |= cuda::kAdamWClamp01;
+    for (size_t b = 0; b < t.numel; b += cuda::kAdamWChunkElems)
+      chunks.push_back({t.offset + b, t.offset + std::min(t.numel, b + cuda::kAdamWChunkElems), flags});
+  }
+  check(cudaMemcpyAsync(at<cuda::AdamWChunk>(plan_.chunks), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk),
+                        cudaMemcpyHostToDevice, stream_),
+        "upload AdamW chunks");
+
+  const size_t N = static_cast<size_t>(max_B_) * max_T_;
+  check(cudaMallocHost(&h_tokens_, (3 * N + 1) * sizeof(int32_t)), "cudaMallocHost");
+  check(cudaMallocHost(&h_positions_, N * sizeof(int32_t)), "cudaMallocHost");
+  check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
+  check(cudaStreamSynchronize(stream_), "engine set-up");
+}
+
+CudaEngine::~CudaEngine() {
+  mm_.reset();
+  if (h_tokens_) cudaFreeHost(h_tokens_);
+  if (h_positions_) cudaFreeHost(h_positions_);
+  if (h_sum_) cudaFreeHost(h_sum_);
+  if (base_) cudaFree(base_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ---------------------------------------------------------------- host copies
+
+void CudaEngine::read_params(float* host) const {
+  check(cudaMemcpyAsync(host, at<float>(plan_.master), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        "read params");
+  check(cudaStreamSynchronize(stream_), "read params");
+}
+void CudaEngine::write_params(const float* host) {
+  check(cudaMemcpyAsync(at<float>(plan_.master), host, layout_.total * sizeof(float), cudaMemcpyHostToDevice, stream_),
+        "write params");
+  cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
+  check(cudaStreamSynchronize(stream_), "write params");
+}
+void CudaEngine::read_grads(float* host) const {
+  check(cudaMemcpyAsync(host, at<float>(plan_.grads), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        "read grads");
+  check(cudaStreamSynchronize(stream_), "read grads");
+}
+void CudaEngine::read_optimizer_state(float* m, float* v) const {
+  const size_t bytes = layout_.total * sizeof(float);
+  check(cudaMemcpyAsync(m, at<float>(plan_.exp_avg), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
+  check(cudaMemcpyAsync(v, at<float>(plan_.exp_avg_sq), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg_sq");
+  check(cudaStreamSynchronize(stream_), "read optimizer state");
+}
+void CudaEngine::write_optimizer_state(const float* m, const float* v) {
+  const size_t bytes = layout_.total * sizeof(float);
+  check(cudaMemcpyAsync(at<float>(plan_.exp_avg), m, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
+  check(cudaMemcpyAsync(at<float>(plan_.exp_avg_sq), v, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg_sq");
+  check(cudaStreamSynchronize(stream_), "write optimizer state");
+}
+void CudaEngine::zero_grad() {
+  check(cudaMemsetAsync(at<float>(plan_.grads), 0, layout_.total * sizeof(float), stream_), "zero grads");
+}
+
+// ---------------------------------------------------------------- batch
+
+void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  // Pinned staging, so the copies are truly asynchronous; the stream is idle
+  // here (every public call ends synchronised), so reusing it is safe.
+  std::memcpy(h_tokens_, b.inputs, N * sizeof(int32_t));
+  check(cudaMemcpyAsync(at<int32_t>(plan_.tokens), h_tokens_, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "upload tokens");
+  if (with_targets) {
+    check(cudaMemcpyAsync(at<int32_t>(plan_.targets), b.targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "upload targets");
+    if (b.mask) {
+      check(cudaMemcpyAsync(at<float>(plan_.mask), b.mask, N * sizeof(float), cudaMemcpyHostToDevice, stream_),
+            "upload mask");
+    } else {
+      cuda::fill_f32(at<float>(plan_.mask), 1.0f, N, stream_);
+    }
+  }
+}
+
+CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
+  const LayerOffsets& o = lo_[l];
+  const float* master = at<float>(plan_.master);
+  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads;
+  const size_t W1 = static_cast<size_t>(m_.kv_shift.window) + 1;
+  LayerCoefs c{nullptr, nullptr, nullptr};
+  if (!m_.kv_shift.sigmoid_gate()) {
+    if (o.has_q_shift) c.q = master + o.q_shift;
+    if (o.has_k_shift) c.k = master + o.k_shift;
+    if (o.has_v_shift) c.v = master + o.v_shift;
+    return c;
+  }
+  float* eff = at<float>(plan_.coef + l * plan_.coef_stride);
+  float* eq = eff;
+  float* ek = eff + Hq * W1;
+  float* ev = eff + (Hq + Hkv) * W1;
+  if (o.has_q_shift) {
+    if (compute) cuda::shift_gate_forward(eq, master + o.q_shift, Hq, stream_);
+    c.q = eq;
+  }
+  if (o.has_k_shift) {
+    if (compute) cuda::shift_gate_forward(ek, master + o.k_shift, Hkv, stream_);
+    c.k = ek;
+  }
+  if (o.has_v_shift) {
+    if (compute) cuda::shift_gate_forward(ev, master + o.v_shift, Hkv, stream_);
+    c.v = ev;
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------- forward
+
+void CudaEngine::forward_to_logits(int B, int T) {
+  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
+  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
+  const int QD = m_.q_dim(), KD = m_.kv_dim(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
+  const CudaPlan& p = plan_;
+  const bf16* P16 = at<bf16>(p.params16);
+  const float* master = at<float>(p.master);
+  const bool rope = m_.position_encoding == "rope";
+  const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
+  const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
+  bf16* proj = at<bf16>(p.proj);
+
+  cuda::embedding_forward(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, stream_);
+  for (int l = 0; l < m_.num_hidden_layers; ++l) {
+    const LayerOffsets& o = lo_[l];
+    bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
+    bf16* res_mid = at<bf16>(p.res_mid + l * p.resid_stride);
+    bf16* ln1 = at<bf16>(p.ln1 + l * p.ln_stride);
+    bf16* ln2 = at<bf16>(p.ln2 + l * p.ln_stride);
+    bf16* qkv = at<bf16>(p.qkv + l * p.qkv_stride);
+    bf16* qhat = at<bf16>(p.qhat + l * p.q_stride);
+    bf16* khat = at<bf16>(p.khat + l * p.kv_stride);
+    bf16* vhat = at<bf16>(p.vhat + l * p.kv_stride);
+    bf16* attout = at<bf16>(p.attout + l * p.q_stride);
+    bf16* gate_up = at<bf16>(p.gate_up + l * p.ffn2_stride);
+    bf16* h = at<bf16>(p.h + l * p.ffn_stride);
+    float* rstd1 = at<float>(p.rstd1 + l * p.rstd_stride);
+    float* rstd2 = at<float>(p.rstd2 + l * p.rstd_stride);
+    float* lse = at<float>(p.lse + l * p.lse_stride);
+    const LayerCoefs c = layer_coefs(l, true);
+
+    // ln1 = norm(resid_l); for l > 0 resid_l = res_mid_{l-1} + down_proj output (in proj), added here.
+    if (l == 0) {
+      cuda::residual_rmsnorm_forward(nullptr, ln1, rstd1, resid, nullptr, master + o.ln1, N, C, eps, stream_);
+    } else {
+      const bf16* prev_mid = at<bf16>(p.res_mid + (l - 1) * p.resid_stride);
+      cuda::residual_rmsnorm_forward(resid, ln1, rstd1, prev_mid, proj, master + o.ln1, N, C, eps, stream_);
+    }
+    mm_->forward(qkv, QKV, ln1, C, P16 + o.wqkv, N, C, QKV, stream_);
+    // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
+    cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
+    cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
+    cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
+                             stream_);
+    cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
+    mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
+    cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
+    mm_->forward(gate_up, 2 * F, ln2, C, P16 + o.wgu, N, C, 2 * F, stream_);
+    cuda::swiglu_forward(h, gate_up, N, F, stream_);
+    mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
+  }
+  const int L = m_.num_hidden_layers;
+  bf16* last = at<bf16>(p.resid + L * p.resid_stride);
+  const bf16* mid = at<bf16>(p.res_mid + (L - 1) * p.resid_stride);
+  cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, proj, master + norm_off_, N, C, eps,
+                                 stream_);
+  mm_->forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V, stream_);
+}
+
+// ---------------------------------------------------------------- backward
+
+void CudaEngine::backward_from_dlogits(int B, int T) {
+  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
+  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
+  const int QD = m_.q_dim(), KD = m_.kv_dim(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  const size_t W1 = static_cast<size_t>(W) + 1;
+  const CudaPlan& p = plan_;
+  const bf16* P16 = at<bf16>(p.params16);
+  const float* master = at<float>(p.master);
+  float* G = at<float>(p.grads);
+  const bool rope = m_.position_encoding == "rope";
+  const bool gated = m_.kv_shift.sigmoid_gate();
+  const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
+  const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
+  float* scratch = at<float>(p.scratch);
+  bf16* dresid = at<bf16>(p.dresid);
+  bf16* dln = at<bf16>(p.dln);
+  const bf16* dlogits = at<bf16>(p.logits);  // written over the logits by the loss
+
+  // LM head and final norm.
+  mm_->backward_input(dln, dlogits, V, P16 + lm_head_off_, N, C, V, stream_);
+  mm_->backward_weight(G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, N, C, V, stream_);
+  const int L = m_.num_hidden_layers;
+  cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
+                         master + norm_off_, at<float>(p.rstdf), N, C, scratch, stream_);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const LayerOffsets& o = lo_[l];
+    const bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
+    const bf16* res_mid = at<bf16>(p.res_mid + l * p.resid_stride);
+    const bf16* ln1 = at<bf16>(p.ln1 + l * p.ln_stride);
+    const bf16* ln2 = at<bf16>(p.ln2 + l * p.ln_stride);
+    const bf16* qkv = at<bf16>(p.qkv + l * p.qkv_stride);
+    const bf16* qhat = at<bf16>(p.qhat + l * p.q_stride);
+    const bf16* khat = at<bf16>(p.khat + l * p.kv_stride);
+    const bf16* vhat = at<bf16>(p.vhat + l * p.kv_stride);
+    const bf16* attout = at<bf16>(p.attout + l * p.q_stride);
+    const bf16* gate_up = at<bf16>(p.gate_up + l * p.ffn2_stride);
+    const bf16* h = at<bf16>(p.h + l * p.ffn_stride);
+    const float* rstd1 = at<float>(p.rstd1 + l * p.rstd_stride);
+    const float* rstd2 = at<float>(p.rstd2 + l * p.rstd_stride);
+    const float* lse = at<float>(p.lse + l * p.lse_stride);
+    const LayerCoefs c = layer_coefs(l, false);  // computed by this step's forward
+
+    // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))); dresid holds d resid_{l+1}.
+    bf16* dh = at<bf16>(p.dh);
+    bf16* dgu = at<bf16>(p.dgate_up);
+    mm_->backward_input(dh, dresid, C, P16 + o.wdown, N, F, C, stream_);
+    mm_->backward_weight(G + o.wdown, dresid, C, h, F, N, F, C, stream_);
+    cuda::swiglu_backward(dgu, dh, gate_up, N, F, stream_);
+    mm_->backward_input(dln, dgu, 2 * F, P16 + o.wgu, N, C, 2 * F, stream_);
+    mm_->backward_weight(G + o.wgu, dgu, 2 * F, ln2, C, N, C, 2 * F, stream_);
+    cuda::rmsnorm_backward(dresid, G + o.ln2, dln, dresid, res_mid, master + o.ln2, rstd2, N, C, scratch, stream_);
+
+    // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
+    bf16* dattout = at<bf16>(p.dattout);
+    bf16* dqhat = at<bf16>(p.dqhat);
+    bf16* dkhat = at<bf16>(p.dkhat);
+    bf16* dvhat = at<bf16>(p.dvhat);
+    bf16* dqkv = at<bf16>(p.dqkv);
+    mm_->backward_input(dattout, dresid, C, P16 + o.wo, N, QD, C, stream_);
+    mm_->backward_weight(G + o.wo, dresid, C, attout, QD, N, QD, C, stream_);
+    cuda::flash_attention_backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv,
+                                   D, scratch, stream_);
+    // Through RoPE and the shifts into the fused projection's gradient. The
+    // coefficient gradients go straight into the gradient tensor, or for the
+    // sigmoid gate into dcoef and then through the gate.
+    float* dcoef = at<float>(p.dcoef);
+    auto unshift = [&](bf16* dx, const bf16* dy, int ld_dy, const bf16* x, const float* coef, bool has, size_t goff,
+                       const float* rc, const float* rs, int H) {
+      float* dc = nullptr;
+      if (has) {
+        if (gated) {
+          cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * W1, stream_);
+          dc = dcoef;
+        } else {
+          dc = G + goff;
+        }
+      }
+      cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, x, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
+                                stream_);
+      if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
+    };
+    unshift(dqkv, dqhat, QD, qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
+    unshift(dqkv + QD, dkhat, KD, qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
+    unshift(dqkv + QD + KD, dvhat, KD, qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
+    mm_->backward_input(dln, dqkv, QKV, P16 + o.wqkv, N, C, QKV, stream_);
+    mm_->backward_weight(G + o.wqkv, dqkv, QKV, ln1, C, N, C, QKV, stream_);
+    cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, resid, master + o.ln1, rstd1, N, C, scratch, stream_);
+  }
+  // Embedding: positions grouped by token on the host (deterministic, no atomics).
+  const int U = cuda::embedding_backward_plan(h_tokens_, N, h_tokens_ + N, h_tokens_ + 2 * N, h_positions_);
+  check(cudaMemcpyAsync(at<int32_t>(p.emb_uniq), h_tokens_ + N, U * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "upload embedding plan");
+  check(cudaMemcpyAsync(at<int32_t>(p.emb_offsets), h_tokens_ + 2 * N, (U + 1) * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, stream_),
+        "upload embedding plan");
+  check(cudaMemcpyAsync(at<int32_t>(p.emb_positions), h_positions_, N * sizeof(int32_t), cudaMemcpyHostToDevice,
+                        stream_),
+        "upload embedding plan");
+  cuda::embedding_backward(G + embed_off_, dresid, at<int32_t>(p.emb_uniq), at<int32_t>(p.emb_offsets),
+                           at<int32_t>(p.emb_positions), U, C, stream_);
+}
+
+double CudaEngine::device_sum_losses(size_t N) {
+  cuda::sum_f32(at<double>(plan_.dsum), at<float>(plan_.losses), N, at<double>(plan_.dscratch), stream_);
+  check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_), "loss sum");
+  check(cudaStreamSynchronize(stream_), "step");
+  return *h_sum_;
+}
+
+double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
+  validate_batch(b, m_, max_B_, max_T_);
+  KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
+  upload_batch(b, true);
+  forward_to_logits(b.B, b.T);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  bf16* logits = at<bf16>(plan_.logits);
+  cuda::cross_entropy_forward_backward(at<float>(plan_.losses), logits, nullptr, logits, at<int32_t>(plan_.targets),
+                                       at<float>(plan_.mask), static_cast<int>(N), m_.vocab_size,
+                                       static_cast<float>(grad_scale), stream_);
+  backward_from_dlogits(b.B, b.T);
+  return device_sum_losses(N);
+}
+
+double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
+  validate_batch(b, m_, max_B_, max_T_);
+  upload_batch(b, b.targets != nullptr);
+  forward_to_logits(b.B, b.T);
+  const size_t N = static_cast<size_t>(b.B) * b.T, V = m_.vocab_size;
+  if (logits) {
+    // bf16 -> fp32 on the host, in slices through the pinned staging buffer
+    // (no fp32 logits buffer on the device).
+    const bf16* src = at<bf16>(plan_.logits);
+    const size_t slice = 3 * static_cast<size_t>(max_B_) * max_T_ * 2;  // uint16 values that fit in h_tokens_
+    auto* stage = reinterpret_cast<uint16_t*>(h_tokens_);
+    for (size_t i = 0; i < N * V; i += slice) {
+      const size_t n = std::min(slice, N * V - i);
+      check(cudaMemcpyAsync(stage, src + i, n * sizeof(bf16), cudaMemcpyDeviceToHost, stream_), "read logits");
+      check(cudaStreamSynchronize(stream_), "read logits");
+      for (size_t j = 0; j < n; ++j) logits[i + j] = bf16_bits_to_float(stage[j]);
+    }
+    // The staging buffer held the tokens: upload_batch will refill it next call.
+  }
+  if (!b.targets) {
+    check(cudaStreamSynchronize(stream_), "forward");
+    return 0.0;
+  }
+  cuda::cross_entropy_forward_backward(at<float>(plan_.losses), nullptr, at<int32_t>(plan_.argmax),
+                                       at<bf16>(plan_.logits), at<int32_t>(plan_.targets), at<float>(plan_.mask),
+                                       static_cast<int>(N), m_.vocab_size, 1.0f, stream_);
+  if (token_losses)
+    check(cudaMemcpyAsync(token_losses, at<float>(plan_.losses), N * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "read losses");
+  if (argmax)
+    check(cudaMemcpyAsync(argmax, at<int32_t>(plan_.argmax), N * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+          "read argmax");
+  return device_sum_losses(N);
+}
+
+double CudaEngine::grad_norm() {
+  cuda::sum_squares_f32(at<double>(plan_.dsum), at<float>(plan_.grads), layout_.total, at<double>(plan_.dscratch),
+                        stream_);
+  check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_), "grad norm");
+  check(cudaStreamSynchronize(stream_), "grad norm");
+  return std::sqrt(*h_sum_);
+}
+
+void CudaEngine::adamw_step(const AdamWHyper& hp) {
+  cuda::AdamWArgs a{};
+  a.lr = static_cast<float>(hp.lr);
+  a.beta1 = static_cast<float>(hp.beta1);
+  a.beta2 = static_cast<float>(hp.beta2);
+  a.eps = static_cast<float>(hp.eps);
+  a.weight_decay = static_cast<float>(hp.weight_decay);
+  a.bias_correction1 = static_cast<float>(1.0 - std::pow(hp.beta1, static_cast<double>(hp.step)));
+  a.bias_correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step)));
+  a.grad_scale = static_cast<float>(hp.grad_scale);
+  cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads),
+                   at<float>(plan_.exp_avg), at<float>(plan_.exp_avg_sq), at<cuda::AdamWChunk>(plan_.chunks),
+                   plan_.num_chunks, a, stream_);
+  check(cudaStreamSynchronize(stream_), "AdamW step");
+}
+
+}  // namespace kvs
+#endif  // KVS_CUDA

@@ -1,0 +1,123 @@
+// The CUDA engine: the same model as CpuEngine (cpu_engine.cpp), op for op,
+// on one GPU with bf16 storage and fp32 accumulation (kernels/cuda/ops.h).
+//
+// Precision (docs/CUDA.md):
+// - fp32 master weights, fp32 AdamW moments, fp32 parameter gradients (the
+//   accumulation target of every weight-gradient GEMM, so gradient
+//   accumulation over micro-batches adds in fp32, as Megatron's main grads);
+// - a bf16 copy of every parameter, refreshed by the AdamW kernel, feeds the
+//   matmuls and the embedding; the tiny tensors (RMSNorm gains, shift
+//   coefficients) are read in fp32 from the master copy;
+// - activations and activation gradients in bf16; RMSNorm rstd, attention
+//   log-sum-exp and token losses in fp32.
+// Memory: one cudaMalloc in the constructor holds parameters, gradients,
+// optimizer state, activations and workspaces (CudaPlan); the step loop
+// allocates nothing. Compiled only with -DKVS_CUDA=ON.
+#pragma once
+#ifdef KVS_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/matmul.h"
+#include "model/engine.h"
+
+namespace kvs {
+
+// Byte offsets of every buffer in the one device allocation. Per-layer
+// activations sit at base + l * stride, sized for the largest micro-batch.
+struct CudaPlan {
+  size_t total = 0;  // bytes
+  // parameters and optimizer (fp32 unless noted), each [layout.total]
+  size_t master, grads, exp_avg, exp_avg_sq, params16 /* bf16 */;
+  // forward activations (bf16 unless noted), per layer
+  size_t resid, res_mid, ln1, ln2, qkv, qhat, khat, vhat, attout, gate_up, h;
+  size_t rstd1, rstd2, lse;  // fp32
+  size_t resid_stride, ln_stride, qkv_stride, q_stride, kv_stride, ffn2_stride, ffn_stride;
+  size_t rstd_stride, lse_stride;  // in bytes like every stride here
+  // once per step
+  size_t lnf, rstdf /* fp32 */, logits, losses /* fp32 */, proj /* [N, C]: o_proj or down_proj output */;
+  size_t coef /* fp32 effective coefficients, [L][(Hq + 2 Hkv)(W+1)] */, coef_stride;
+  size_t rope_cos, rope_sin;  // fp32 [T, D/2]
+  // backward scratch (bf16 unless noted), reused by every layer
+  size_t dresid, dln, dh, dgate_up, dattout, dqhat, dkhat, dvhat, dqkv;
+  size_t dcoef;        // fp32, one layer's effective-coefficient gradients
+  size_t scratch;      // fp32 kernel scratch, scratch_floats
+  size_t dscratch;     // fp64 reduction scratch, dscratch_doubles
+  size_t dsum;         // fp64, one reduction result
+  size_t scratch_floats = 0, dscratch_doubles = 0;
+  // batch inputs
+  size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
+  // AdamW chunk table
+  size_t chunks;
+  int num_chunks = 0;
+
+  static CudaPlan build(const ModelConfig& m, const ParamLayout& layout, int B, int T);
+};
+
+class CudaEngine : public Engine {
+ public:
+  CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0);
+  ~CudaEngine() override;
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const ModelConfig& model_config() const override { return m_; }
+  const ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return max_B_; }
+  int max_seq_len() const override { return max_T_; }
+
+  void read_params(float* host) const override;
+  void write_params(const float* host) override;
+  void read_grads(float* host) const override;
+  void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const override;
+  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) override;
+
+  void zero_grad() override;
+  double forward_backward(const Batch& b, double grad_scale) override;
+  double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
+  double grad_norm() override;
+  void adamw_step(const AdamWHyper& h) override;
+
+  size_t device_bytes() const { return plan_.total; }
+
+ private:
+  template <class T>
+  T* at(size_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+  void upload_batch(const Batch& b, bool with_targets);
+  void forward_to_logits(int B, int T);
+  void backward_from_dlogits(int B, int T);
+  double device_sum_losses(size_t N);
+  // Effective q/k/v shift coefficients of layer l (fp32, device); null if that
+  // tensor is not shifted. Applies the sigmoid gate into the plan's coef slice.
+  struct LayerCoefs {
+    const float *q, *k, *v;
+  };
+  LayerCoefs layer_coefs(int l, bool compute);
+
+  ModelConfig m_;
+  ParamLayout layout_;
+  int max_B_, max_T_;
+  CudaPlan plan_;
+  char* base_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Matmul> mm_;
+  // Tensor offsets (in elements) into the flat parameter buffers, per layer.
+  struct LayerOffsets {
+    size_t ln1, wqkv, wo, q_shift, k_shift, v_shift, ln2, wgu, wdown;
+    bool has_q_shift, has_k_shift, has_v_shift;
+  };
+  std::vector<LayerOffsets> lo_;
+  size_t embed_off_ = 0, norm_off_ = 0, lm_head_off_ = 0;
+  // Pinned host staging for batch uploads and result downloads.
+  int32_t* h_tokens_ = nullptr;  // [3 * N_max + 1]: tokens, uniq, offsets
+  int32_t* h_positions_ = nullptr;
+  double* h_sum_ = nullptr;
+};
+
+}  // namespace kvs
+#endif  // KVS_CUDA

@@ -1,0 +1,40 @@
+// Engine selection and the batch checks every engine shares.
+#include "model/engine.h"
+
+#include "core/error.h"
+#include "model/cpu_engine.h"
+#ifdef KVS_CUDA
+#include "kernels/cuda/device.h"
+#include "model/cuda_engine.h"
+#endif
+
+namespace kvs {
+
+void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max_seq_len) {
+  KVS_CHECK(b.B >= 1 && b.B <= max_batch, "engine: batch of {} sequences, engine sized for {}", b.B, max_batch);
+  KVS_CHECK(b.T >= 1 && b.T <= max_seq_len, "engine: sequence length {}, engine sized for {}", b.T, max_seq_len);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  for (size_t i = 0; i < N; ++i) {
+    KVS_CHECK(b.inputs[i] >= 0 && b.inputs[i] < m.vocab_size,
+              "input token {} at position {} is outside [0, vocab_size={})", b.inputs[i], i, m.vocab_size);
+    if (b.targets)
+      KVS_CHECK(b.targets[i] >= 0 && b.targets[i] < m.vocab_size,
+                "target token {} at position {} is outside [0, vocab_size={})", b.targets[i], i, m.vocab_size);
+  }
+}
+
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
+  if (device == "cuda") {
+#ifdef KVS_CUDA
+    std::string why;
+    if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
+    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len);
+#else
+    fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
+#endif
+  }
+  fail("unknown device '{}' (expected 'cpu' or 'cuda')", device);
+}
+
+}  // namespace kvs

@@ -7,11 +7,15 @@
 #include <chrono>
 
 #include "cli/commands/commands.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/runtime_env.h"
 #include "model/config.h"
 #include "model/engine.h"
 #include "model/flops.h"
+#ifdef KVS_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -22,6 +26,62 @@ std::string env_or(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
 }
+
+struct BenchResult {
+  double median_ms = 0, min_ms = 0, max_ms = 0, tokens = 0, tok_s = 0, tflops = 0, mfu = 0;
+  double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda)
+  std::string peak_what;
+};
+
+// Times whole optimizer steps of `cfg` on random tokens.
+BenchResult bench_one(const Config& cfg, int warmup, int steps) {
+  const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
+  auto engine = make_engine(cfg.model, B, T, cfg.device);
+  std::vector<float> init(engine->layout().total);
+  init_params(engine->layout(), cfg.model, cfg.train.seed, init.data());
+  engine->write_params(init.data());
+  const size_t N = static_cast<size_t>(B) * T;
+  std::vector<int32_t> inputs(N), targets(N);
+  std::vector<float> mask(N, 1.0f);
+  for (size_t i = 0; i < N; ++i) {
+    inputs[i] = static_cast<int32_t>(splitmix64(2 * i) % cfg.model.vocab_size);
+    targets[i] = static_cast<int32_t>(splitmix64(2 * i + 1) % cfg.model.vocab_size);
+  }
+  const Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
+  std::vector<double> ms;
+  for (int s = 0; s < warmup + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine->zero_grad();
+    for (int m = 0; m < accum; ++m) engine->forward_backward(batch, 1.0 / (N * accum));
+    const double gn = engine->grad_norm();  // synchronises: the step's time is all in
+    engine->adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, gn > 1.0 ? 1.0 / gn : 1.0});
+    const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) ms.push_back(dt);
+  }
+  std::sort(ms.begin(), ms.end());
+  BenchResult r;
+  r.median_ms = ms[ms.size() / 2];
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+  r.tokens = static_cast<double>(N) * accum;
+  r.tok_s = r.tokens / (r.median_ms / 1000.0);
+  r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / 1e12;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  r.peak_mib = ru.ru_maxrss / 1024.0;
+  r.peak_what = "host RSS";
+#ifdef KVS_CUDA
+  if (cfg.device == "cuda") {
+    // Everything is allocated up front, so the memory in use now is the peak.
+    r.peak_mib = static_cast<double>(cuda::device_memory_used(0)) / 1048576.0;
+    r.peak_what = "GPU memory in use";
+    const double peak = cuda::peak_bf16_tflops(0);
+    r.mfu = peak > 0 ? r.tflops / peak : 0;
+  }
+#endif
+  return r;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -30,7 +90,7 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false;
+    bool json = false, compare_shift = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -38,70 +98,69 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu or cuda (default: the config's)");
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Timed steps (the median is reported)")->capture_default_str();
-  cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
+  cmd->add_flag("--compare-shift", a->compare_shift,
+                "Time the config with kv_shift off and on in the same run and print the overhead of the shift");
+  cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
     if (!a->device.empty()) cfg.device = a->device;
+    KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
     const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
-    auto engine = make_engine(cfg.model, B, T, cfg.device);
-    std::vector<float> init(engine->layout().total);
-    init_params(engine->layout(), cfg.model, cfg.train.seed, init.data());
-    engine->write_params(init.data());
-    const size_t N = static_cast<size_t>(B) * T;
-    std::vector<int32_t> inputs(N), targets(N);
-    std::vector<float> mask(N, 1.0f);
-    for (size_t i = 0; i < N; ++i) {
-      inputs[i] = static_cast<int32_t>(splitmix64(2 * i) % cfg.model.vocab_size);
-      targets[i] = static_cast<int32_t>(splitmix64(2 * i + 1) % cfg.model.vocab_size);
+    std::vector<Config> runs;
+    if (a->compare_shift) {
+      Config off = cfg, on = cfg;
+      off.model.kv_shift.enabled = false;
+      on.model.kv_shift.enabled = true;
+      runs = {off, on};
+    } else {
+      runs = {cfg};
     }
-    const Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
-    std::vector<double> ms;
-    for (int s = 0; s < a->warmup + a->steps; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      engine->zero_grad();
-      for (int m = 0; m < accum; ++m) engine->forward_backward(batch, 1.0 / (N * accum));
-      const double gn = engine->grad_norm();
-      engine->adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, gn > 1.0 ? 1.0 / gn : 1.0});
-      const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= a->warmup) ms.push_back(dt);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
-    const double tokens = static_cast<double>(N) * accum;
-    const double tok_s = tokens / (median / 1000.0);
-    const double flops = train_flops_per_token(cfg.model, T);
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    const double peak_mib = ru.ru_maxrss / 1024.0;
+    std::vector<BenchResult> res;
+    for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps));
     if (a->json) {
-      nlohmann::json j = {{"config", a->config},
-                          {"device", cfg.device},
-                          {"threads", threads},
-                          {"kv_shift", cfg.model.kv_shift.enabled},
-                          {"tokens_per_step", tokens},
-                          {"median_ms_per_step", median},
-                          {"min_ms_per_step", ms.front()},
-                          {"max_ms_per_step", ms.back()},
-                          {"tokens_per_s", tok_s},
-                          {"model_tflops_per_s", flops * tok_s / 1e12},
-                          {"flops_formula", kFlopsFormula},
-                          {"peak_rss_mib", peak_mib},
-                          {"openblas_core", openblas_core_name()},
-                          {"env",
-                           {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
-                            {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
-                            {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
-      std::printf("%s\n", j.dump().c_str());
+      nlohmann::json all = nlohmann::json::array();
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const BenchResult& r = res[i];
+        nlohmann::json j = {{"config", a->config},
+                            {"device", runs[i].device},
+                            {"threads", threads},
+                            {"kv_shift", runs[i].model.kv_shift.enabled},
+                            {"tokens_per_step", r.tokens},
+                            {"median_ms_per_step", r.median_ms},
+                            {"min_ms_per_step", r.min_ms},
+                            {"max_ms_per_step", r.max_ms},
+                            {"tokens_per_s", r.tok_s},
+                            {"model_tflops_per_s", r.tflops},
+                            {"flops_formula", kFlopsFormula},
+                            {"peak_rss_mib", r.peak_mib},
+                            {"peak_memory_kind", r.peak_what},
+                            {"openblas_core", openblas_core_name()},
+                            {"env",
+                             {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
+                              {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
+                              {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
+        if (r.mfu > 0) j["mfu"] = r.mfu;
+        all.push_back(j);
+      }
+      std::printf("%s\n", (a->compare_shift ? all : all[0]).dump().c_str());
       return;
     }
-    std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                cfg.device.c_str(), threads, B, T, accum, describe_kv_shift(cfg.model.kv_shift).c_str());
-    std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)\n",
-                median, ms.front(), ms.back(), a->steps, tok_s, flops * tok_s / 1e12, kFlopsFormula);
-    std::printf("peak memory (RSS) %.1f MiB | OpenBLAS kernels: %s\n", peak_mib, openblas_core_name().c_str());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const BenchResult& r = res[i];
+      std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
+                  runs[i].device.c_str(), threads, B, T, accum, describe_kv_shift(runs[i].model.kv_shift).c_str());
+      std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)",
+                  r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
+      if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
+      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s\n", r.peak_what.c_str(), r.peak_mib,
+                  openblas_core_name().c_str());
+    }
+    if (a->compare_shift)
+      std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",
+                  100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);
   });
 }
 

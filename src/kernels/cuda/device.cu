@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "kernels/cuda/device.h"
 
 namespace kvs::cuda {
@@ -19,6 +21,27 @@ std::string device_name(int index) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return "unknown";
   return prop.name;
+}
+
+double peak_bf16_tflops(int index) {
+  if (const char* env = std::getenv("KVS_PEAK_TFLOPS")) return std::atof(env);
+  const std::string name = device_name(index);
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100") && has("PCIe")) return 756.0;
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989.0;
+  if (has("A100") || has("A800")) return 312.0;
+  if (has("L40S")) return 362.0;
+  return 0.0;
+}
+
+size_t device_memory_used(int index) {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(index);
+  size_t free_b = 0, total_b = 0;
+  const bool ok = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+  cudaSetDevice(prev);
+  return ok ? total_b - free_b : 0;
 }
 
 }  // namespace kvs::cuda

@@ -1,31 +1,77 @@
 #!/usr/bin/env bash
 # Builds, tests and benchmarks everything on a machine with an NVIDIA GPU and
-# prints one short table. Today the CUDA engine does not exist yet (issue 4):
-# the script checks that the CUDA build compiles, links and sees the GPU, runs
-# every test (CPU), and benchmarks the CPU engine for reference.
+# prints one short table (docs/CUDA.md). The lent GPU machines have no network:
+# run scripts/gpu_deps_fetch.sh on a networked machine first, carry .deps/
+# along, and this script unpacks it when the build dependencies are missing.
+#   usage: scripts/gpu_check.sh [--quick]     (--quick: toy benchmarks only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=$(mktemp -d)
-row() { printf '%-34s %s\n' "$1" "$2"; }
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+row() { printf '%-44s %s\n' "$1" "$2"; }
+t0=$(date +%s)
 
-bash scripts/setup.sh >"$out/setup.log" 2>&1 || { echo "setup failed: $out/setup.log"; exit 1; }
+if ! command -v cmake >/dev/null || [ ! -f /usr/include/spdlog/spdlog.h ]; then
+  if ls .deps/*.deb >/dev/null 2>&1; then
+    for f in .deps/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+  else
+    bash scripts/setup.sh >"$out/setup.log" 2>&1 || { echo "setup failed and no .deps/: $out/setup.log"; exit 1; }
+  fi
+fi
+export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON >"$out/cmake.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
 build_rc=$?
 gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+
 tests="not run"
+cuda_tests="not run"
 if [ $build_rc -eq 0 ]; then
-  (cd build-gpu && ctest -j4 >"$out/ctest.log" 2>&1)
-  tests=$(grep -E "tests passed" "$out/ctest.log" || echo "see $out/ctest.log")
+  (cd build-gpu && ctest -j8 --timeout 900 >"$out/ctest.log" 2>&1)
+  tests=$(grep -E "tests passed" "$out/ctest.log" || echo "see ctest.log")
+  ./build-gpu/kvshift_tests --gtest_filter='Cuda*' >"$out/cuda_tests.log" 2>&1
+  cuda_tests="$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log" | head -1) failed, $(grep -cE '^\[  SKIPPED \]' "$out/cuda_tests.log") skipped"
 fi
-cuda_probe=$(./build-gpu/kvshift bench --device cuda --config configs/toy/induction-1l-kvshift.json 2>&1 | tail -1)
-cpu_bench=$(./build-gpu/kvshift bench --json --config configs/toy/lm-small-kvshift.json 2>/dev/null |
-  python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.0f tokens/s, %.1f ms/step (%s, %d threads)" % (j["tokens_per_s"], j["median_ms_per_step"], j["openblas_core"], j["threads"]))' 2>/dev/null)
+
+bench() {  # label, args...
+  local label=$1
+  shift
+  local j
+  j=$(./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
+  if [ -z "$j" ]; then
+    row "$label" "FAILED: $(tail -1 "$out/bench_err.log")"
+    return
+  fi
+  echo "$j" >>"$out/bench.jsonl"
+  python3 - "$label" "$j" <<'PY'
+import json, sys
+label, j = sys.argv[1], json.loads(sys.argv[2])
+runs = j if isinstance(j, list) else [j]
+for r in runs:
+    name = "%s %s" % (label, "kvshift" if r["kv_shift"] else "vanilla")
+    print("%-44s %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%%  %7.0f MiB  %.1f ms/step" % (
+        name, r["tokens_per_s"], r["model_tflops_per_s"], 100 * r.get("mfu", 0), r["peak_rss_mib"],
+        r["median_ms_per_step"]))
+if len(runs) == 2:
+    print("%-44s %+.1f%%" % (label + " shift overhead", 100 * (runs[1]["median_ms_per_step"] / runs[0]["median_ms_per_step"] - 1)))
+PY
+}
 
 echo
 row "GPU" "${gpu:-none found}"
 row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo ok || echo "FAILED: $out/build.log")"
-row "tests" "$tests"
-row "--device cuda" "$cuda_probe"
-row "CPU engine, lm-small" "${cpu_bench:-n/a}"
+row "ctest (all tests)" "$tests"
+row "CUDA tests (Cuda*)" "$cuda_tests"
+if [ $build_rc -eq 0 ]; then
+  bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
+  if [ $quick -eq 0 ]; then
+    bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
+      --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
+  fi
+fi
+row "wall time" "$(( $(date +%s) - t0 )) s"
+echo "MFU = model FLOPs/s (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads per token) / peak dense bf16"
 echo "logs: $out"

@@ -4,7 +4,7 @@
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_bf16.h>
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>  // the templated cudaMalloc(T**) overload
 #include <gtest/gtest.h>
 
 #include <cmath>

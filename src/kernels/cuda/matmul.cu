@@ -1,0 +1,195 @@
+// cuBLASLt matmuls (see matmul.h for the contract).
+//
+// Row-major -> column-major mapping. cuBLASLt is column-major: a row-major
+// matrix X[R, K] with row stride ld is, byte for byte, the column-major matrix
+// X^T of shape [K, R] with leading dimension ld (ld >= K). Every row-major
+// product therefore becomes the transposed product on the transposed views:
+//
+//   forward         out[N,OC] = inp[N,C] W[OC,C]^T
+//                   out^T[OC,N] = W[OC,C] inp^T[C,N]
+//                   W's memory is W^T[C,OC] (ld C), needed as W -> op(A) = T;
+//                   inp's memory is inp^T[C,N] (ld ld_in)        -> op(B) = N
+//                   gemm(T, N, m=OC, n=N, k=C, A=W, lda=C, B=inp, ldb=ld_in, D=out, ldd=ld_out)
+//   backward_input  dinp[N,C] = dout[N,OC] W[OC,C]
+//                   dinp^T[C,N] = W^T[C,OC] dout^T[OC,N]
+//                   gemm(N, N, m=C, n=N, k=OC, A=W, lda=C, B=dout, ldb=ld_dout, D=dinp, ldd=C)
+//   backward_weight dW[OC,C] += dout^T[OC,N] inp[N,C]
+//                   dW^T[C,OC] += inp^T[C,N] dout[N,OC]
+//                   inp's memory is inp^T (op N); dout's memory is dout^T[OC,N], needed as dout -> op(B) = T
+//                   gemm(N, T, m=C, n=OC, k=N, A=inp, lda=ld_in, B=dout, ldb=ld_dout, D=dW, ldd=C, beta=1, fp32)
+//
+// In gemm(), the stored (pre-op) shapes are A: [m,k] (or [k,m] when
+// transposed), B: [k,n] (or [n,k]), D: [m,n]; each leading dimension must be at
+// least its matrix's stored row count, which gemm() checks.
+//
+// Numerics: CUBLAS_COMPUTE_32F (fp32 accumulation on the tensor cores), alpha
+// and beta fp32 on the host. Split-K algorithms are restricted to reduction
+// schemes that keep partial sums in fp32 and reduce them in a fixed order: the
+// "in place" scheme adds the parts in the output type (bf16 for activations)
+// through counters, and the "output type" scheme would round bf16 partials
+// before summing them. For an fp32 output the output type is the compute type,
+// so that scheme is allowed there.
+//
+// Alignment: the heuristic is told the buffers are 16-byte aligned (cudaMalloc
+// gives 256; offsets into the engine's buffers are multiples of 8 elements).
+// Only those choices are cached. A call with a less aligned pointer (a column
+// offset that is not a multiple of 8 bf16) queries the heuristic with the
+// real alignment every time: correct, but slower; it should not occur in the
+// engine's hot path.
+//
+// The single workspace means calls must not run concurrently on two streams.
+#include <cstdint>
+#include <cstdio>
+
+#include "core/error.h"
+#include "kernels/cuda/matmul.h"
+
+namespace kvs::cuda {
+
+namespace {
+
+constexpr uint32_t kCachedAlignment = 16;  // bytes
+
+void check_lt(cublasStatus_t st, const char* call, const char* shape) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt {} failed ({}) for {}", call, cublasLtGetStatusName(st), shape);
+}
+
+// Largest power of two (capped at 256) dividing the address.
+uint32_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+}  // namespace
+
+Matmul::Matmul(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  check_lt(cublasLtCreate(&handle_), "cublasLtCreate", "the handle");
+  if (workspace_bytes_ > 0) {
+    const cudaError_t e = cudaMalloc(&workspace_, workspace_bytes_);
+    if (e != cudaSuccess) {
+      cublasLtDestroy(handle_);
+      fail("cudaMalloc of the {}-byte cuBLASLt workspace failed: {}", workspace_bytes_, cudaGetErrorString(e));
+    }
+  }
+}
+
+Matmul::~Matmul() {
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+void Matmul::forward(__nv_bfloat16* out, int ld_out, const __nv_bfloat16* inp, int ld_in, const __nv_bfloat16* W,
+                     int N, int C, int OC, cudaStream_t stream) {
+  gemm(true, false, OC, N, C, W, C, inp, ld_in, 0.0f, out, ld_out, false, stream);
+}
+
+void Matmul::backward_input(__nv_bfloat16* dinp, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* W,
+                            int N, int C, int OC, cudaStream_t stream) {
+  gemm(false, false, C, N, OC, W, C, dout, ld_dout, 0.0f, dinp, C, false, stream);
+}
+
+void Matmul::backward_weight(float* dW, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* inp, int ld_in,
+                             int N, int C, int OC, cudaStream_t stream) {
+  gemm(false, true, C, OC, N, inp, ld_in, dout, ld_dout, 1.0f, dW, C, true, stream);
+}
+
+void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
+                  const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd, bool d_fp32, cudaStream_t stream) {
+  // One line naming the GEMM, for every error message below.
+  char shape[200];
+  snprintf(shape, sizeof shape, "gemm(%c%c, m=%d n=%d k=%d, lda=%d ldb=%d ldd=%d, D %s)", trans_a ? 'T' : 'N',
+           trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16");
+
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (m < 0 || n < 0 || k < 0) fail("cuBLASLt: negative dimension in {}", shape);
+  if (m == 0 || n == 0) return;
+  if (ldd < m) fail("cuBLASLt: leading dimension of D below its {} rows in {}", m, shape);
+  const size_t d_elem = d_fp32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  if (k == 0) {  // empty sum: D = beta * D (A and B are not read)
+    if (beta == 0.0f) {
+      const cudaError_t e = cudaMemset2DAsync(D, size_t(ldd) * d_elem, 0, size_t(m) * d_elem, size_t(n), stream);
+      if (e != cudaSuccess) fail("cudaMemset2DAsync failed ({}) for {}", cudaGetErrorString(e), shape);
+    } else if (beta != 1.0f) {
+      fail("cuBLASLt: k = 0 with beta {} is not supported in {}", beta, shape);
+    }
+    return;
+  }
+  if (lda < a_rows || ldb < b_rows)
+    fail("cuBLASLt: leading dimension below the stored rows (A {} x {}, B {} x {}) in {}", a_rows, a_cols, b_rows,
+         b_cols, shape);
+
+  // Descriptors live on the stack (the *Init functions fill caller-owned
+  // storage), so a call allocates nothing.
+  cublasLtMatmulDescOpaque_t op_storage;
+  cublasLtMatrixLayoutOpaque_t a_storage, b_storage, d_storage;
+  cublasLtMatmulDesc_t op = &op_storage;
+  cublasLtMatrixLayout_t a_desc = &a_storage, b_desc = &b_storage, d_desc = &d_storage;
+  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  check_lt(cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit", shape);
+  const int32_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+           "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+           "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
+  check_lt(cublasLtMatrixLayoutInit(a_desc, CUDA_R_16BF, uint64_t(a_rows), uint64_t(a_cols), int64_t(lda)),
+           "cublasLtMatrixLayoutInit(A)", shape);
+  check_lt(cublasLtMatrixLayoutInit(b_desc, CUDA_R_16BF, uint64_t(b_rows), uint64_t(b_cols), int64_t(ldb)),
+           "cublasLtMatrixLayoutInit(B)", shape);
+  check_lt(cublasLtMatrixLayoutInit(d_desc, d_type, uint64_t(m), uint64_t(n), int64_t(ldd)),
+           "cublasLtMatrixLayoutInit(D)", shape);
+
+  // The algorithm: cached for 16-byte-aligned pointers, queried each time otherwise.
+  const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
+  const bool cacheable = align_a >= kCachedAlignment && align_b >= kCachedAlignment && align_d >= kCachedAlignment;
+  auto query = [&](uint32_t al_a, uint32_t al_b, uint32_t al_d) {
+    cublasLtMatmulPreferenceOpaque_t pref_storage;
+    cublasLtMatmulPreference_t pref = &pref_storage;
+    check_lt(cublasLtMatmulPreferenceInit(pref), "cublasLtMatmulPreferenceInit", shape);
+    const uint64_t ws = workspace_bytes_;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shape);
+    const uint32_t schemes = d_fp32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) |
+                                          uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)
+                                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                  sizeof schemes),
+             "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)", shape);
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align_val[4] = {al_a, al_b, al_d, al_d};  // C is D
+    for (int i = 0; i < 4; ++i)
+      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align_val[i], sizeof align_val[i]),
+               "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", shape);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, op, a_desc, b_desc, d_desc, d_desc, pref, 1, &result, &found),
+             "cublasLtMatmulAlgoGetHeuristic", shape);
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+      fail("cuBLASLt cublasLtMatmulAlgoGetHeuristic found no algorithm for {} (alignment A {} B {} D {} bytes)",
+           shape, al_a, al_b, al_d);
+    return result;
+  };
+  cublasLtMatmulHeuristicResult_t uncached;
+  const cublasLtMatmulHeuristicResult_t* choice = nullptr;
+  if (cacheable) {
+    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32};
+    auto it = algos_.find(key);
+    if (it == algos_.end())
+      it = algos_.emplace(key, query(kCachedAlignment, kCachedAlignment, kCachedAlignment)).first;
+    choice = &it->second;
+  } else {
+    uncached = query(align_a, align_b, align_d);
+    choice = &uncached;
+  }
+
+  const float alpha = 1.0f;
+  check_lt(cublasLtMatmul(handle_, op, &alpha, A, a_desc, B, b_desc, &beta, D, d_desc, D, d_desc, &choice->algo,
+                          workspace_, workspace_bytes_, stream),
+           "cublasLtMatmul", shape);
+}
+
+}  // namespace kvs::cuda

@@ -35,6 +35,7 @@ __device__ __forceinline__ void load_bf16(float (&v)[V], const bf16* p) {
 // 16-byte load and store, when C % 8 == 0 and both pointers are aligned;
 // otherwise V = 1), chunks numbered row-major over [N, C / V], so a warp reads
 // and writes contiguous spans of a row. Grid-stride over the N * C / V chunks.
+// Tokens are not range-checked here (the data loader guarantees [0, V)).
 template <int V>
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C) {
   const int chunks_per_row = C / V;
@@ -59,7 +60,8 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
 // dout in fp32 registers, and adds the sum into dwte once. The order of every
 // sum is fixed by the plan, so the result is bitwise reproducible. The
 // position loop is unrolled so several independent row loads are in flight
-// while the adds stay in order.
+// while the adds stay in order. A very frequent token makes one long block
+// (its rows are summed serially); the plan lists tokens by id, not by count.
 template <int V>
 __global__ void embedding_backward_kernel(float* dwte, const bf16* dout, const int32_t* uniq, const int32_t* offsets,
                                           const int32_t* positions, int C) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vec.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace kvs::cuda {
@@ -14,7 +15,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr unsigned kMaxBlocks = 1u << 16;  // the kernels grid-stride beyond this
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Blocks for `items` units of work at kThreads per block, capped.
 unsigned blocks_for(size_t items) {

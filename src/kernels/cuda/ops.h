@@ -73,11 +73,13 @@ size_t rmsnorm_backward_scratch_floats(int N, int C);
 // This is the CPU's kv_shift_forward followed by rope_forward, fused so the raw
 // K (or V, or Q) is read once. coef is fp32 [H, W+1], oldest first (the engine
 // has already applied a sigmoid gate). W is 0 when coef is null.
+// y must not alias x when W > 0 (a tile's halo rows are another tile's rows).
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream);
 // The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
 // row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
-// (via scratch; dcoef may be null). coef null: dx = RoPE^T dy.
+// (via scratch; dcoef may be null; W <= 8 when dcoef is wanted). coef null:
+// dx = RoPE^T dy. dx must not alias dy when W > 0.
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
                          float* scratch, cudaStream_t stream);

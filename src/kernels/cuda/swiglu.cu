@@ -11,43 +11,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vec.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace kvs::cuda {
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// V consecutive bf16 <-> fp32 (V == 8: one 16-byte access; p 16-byte aligned).
-template <int V>
-__device__ __forceinline__ void load_bf16(float (&v)[V], const bf16* p) {
-  if constexpr (V == 8) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = to_f32(p[k]);
-  }
-}
-template <int V>
-__device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[V]) {
-  if constexpr (V == 8) {
-    uint4 packed;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(p) = packed;
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) p[k] = to_bf16(v[k]);
-  }
-}
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 

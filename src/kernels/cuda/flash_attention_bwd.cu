@@ -1,0 +1,402 @@
+// Causal flash attention, backward: three deterministic kernels, no atomics.
+// The contract is in kernels/cuda/ops.h; the fragment layouts and tile helpers
+// are in flash_attention_common.cuh.
+//
+// With S = Q K^T (raw), P = exp(scale S - lse) (lse saved by the forward),
+// dP = dO V^T and delta = rowsum(dO * O) = rowsum(P * dP):
+//   dS = P * (dP - delta),  dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K.
+// FlashAttention-2 accumulates dQ across key tiles with atomics; here dQ gets
+// its own pass (dq_kernel), which recomputes S, P, dP and dS once more. That is
+// ~1.4x the FLOPs of the fused version but every output element is summed by
+// one thread in a fixed order, so the gradients are bit-identical run to run.
+#include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace kvs::cuda {
+namespace flash {
+
+// delta[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d] in fp32. One warp per
+// (b, t, h) row (D contiguous bf16 in both tensors), two elements per lane and
+// step, then a warp sum: the pass is memory bound and reads each row once.
+__global__ void __launch_bounds__(kThreads) delta_kernel(float* __restrict__ delta, const bf16* __restrict__ dout,
+                                                         const bf16* __restrict__ out, int T, int Hq, int D,
+                                                         size_t rows) {
+  const size_t n = static_cast<size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // (b*T + t)*Hq + h
+  const int lane = threadIdx.x % 32;
+  if (n >= rows) return;  // whole warps leave together
+  const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(dout + n * D);
+  const __nv_bfloat162* o = reinterpret_cast<const __nv_bfloat162*>(out + n * D);
+  float acc = 0.f;
+  for (int i = lane; i < D / 2; i += 32) {
+    const float2 x = __bfloat1622float2(a[i]), y = __bfloat1622float2(o[i]);
+    acc = fmaf(x.x, y.x, acc);
+    acc = fmaf(x.y, y.y, acc);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    const int h = static_cast<int>(n % Hq);
+    const size_t bt = n / Hq;  // b*T + t
+    const size_t b = bt / T, t = bt % T;
+    delta[(b * Hq + h) * T + t] = acc;
+  }
+}
+
+// dK, dV for one tile of 64 keys of one (batch, KV head). 4 warps, each owning
+// 16 keys, so each warp works on transposed scores S^T (16 keys x BQ queries)
+// and its dK/dV rows stay in registers (2 x D/2 fp32 per thread) for the whole
+// block: the block loops over the G query heads of the group and, for each,
+// over the query tiles at or after the key tile (earlier queries cannot see
+// these keys), so the group's sum happens in registers in a fixed order and
+// nothing is written twice. Per query tile: Q and dO tiles go to shared memory
+// ([BQ][D+8] bf16 each) beside the block's K and V ([64][D+8], loaded once),
+// with lse (times log2 e) and delta for the tile's rows; then
+//   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e) (masked on the band
+//   around the diagonal), dV += P^T dO, dP^T = V dO^T,
+//   dS^T = P^T (dP^T - delta), dK += dS^T Q,
+// where P^T and dS^T feed the next MMA as A fragments straight from their
+// accumulator registers. BQ is 64 for D <= 64 and 32 for D = 128: the two
+// score tiles (BQ/2 floats each) and the two D-wide accumulators (D/2 floats
+// each) must fit next to each other (ptxas, sm_90: 166 registers at D = 64,
+// 243 at D = 128, no spills); the D = 128 variant needs 52 KB of dynamic
+// shared memory. Padded query rows
+// (>= T) get lse = +inf, so their P is exactly 0. The key tiles are launched
+// in order: tile 0 (the longest loop) first.
+template <int D>
+constexpr int dkdv_bq() {
+  return D <= 64 ? 64 : 32;
+}
+template <int D>
+constexpr size_t dkdv_smem_bytes() {
+  return static_cast<size_t>(2 * 64 + 2 * dkdv_bq<D>()) * row_stride<D>() * sizeof(bf16) +
+         2 * dkdv_bq<D>() * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
+                                                        const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                                        const float* __restrict__ delta, const bf16* __restrict__ q,
+                                                        int ld_q, const bf16* __restrict__ k,
+                                                        const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
+                                                        float scale, float scale_log2) {
+  constexpr int BKV = 16 * kWarps;  // keys per block
+  constexpr int BQ = dkdv_bq<D>();  // query rows per inner step
+  constexpr int LDS = row_stride<D>();
+  constexpr int KD = D / 16;  // k-steps over the head dimension
+  constexpr int ND = D / 8;   // n-tiles over the head dimension
+  constexpr int NQ = BQ / 8;  // n-tiles over the queries of a step
+  static_assert(BKV % BQ == 0, "the first query tile must start exactly at the key tile");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sV = sK + BKV * LDS;
+  bf16* sQ = sV + BKV * LDS;
+  bf16* sdO = sQ + BQ * LDS;
+  float* sLse = reinterpret_cast<float*>(sdO + BQ * LDS);  // lse * log2(e); +inf past T
+  float* sDelta = sLse + BQ;
+
+  const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int k0 = kb * BKV;
+  const int wkey = warp * 16;  // first key of this warp inside the tile
+  const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
+
+  const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  load_tile<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
+  load_tile<BKV, D>(sV, v + kv_off, ld_kv, k0, T);
+  // (made visible by the first __syncthreads inside the loop)
+
+  float dk_acc[ND][4], dv_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
+
+  const size_t ld_o = static_cast<size_t>(Hq) * D;  // dO is contiguous [B, T, Hq, D]
+  for (int gi = 0; gi < G; ++gi) {
+    const int h = hk * G + gi;
+    const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+    const bf16* doh = dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(h) * D;
+    const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
+    const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
+
+    for (int q0 = k0; q0 < T; q0 += BQ) {
+      __syncthreads();  // everyone is done with the previous sQ / sdO / sLse / sDelta
+      load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
+      load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
+      if (threadIdx.x < BQ) {
+        const int t = q0 + threadIdx.x;
+        sLse[threadIdx.x] = t < T ? lse_h[t] * kLog2e : INFINITY;
+        sDelta[threadIdx.x] = t < T ? delta_h[t] : 0.f;
+      }
+      __syncthreads();
+
+      // S^T = K Q^T: this warp's 16 keys x BQ queries.
+      float st[NQ][4];
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t ka[4];
+        ld_a<LDS>(ka, sK + wkey * LDS + kk * 16, g, c);
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+          uint32_t b0, b1;
+          ld_b_rows<LDS>(b0, b1, sQ + (j * 8) * LDS + kk * 16, g, c);
+          mma_16816(st[j], ka, b0, b1);
+        }
+      }
+
+      // P^T. Element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2.
+      // A key can exceed a query only when this warp's last key passes the
+      // tile's first query; padded queries (>= T) already give exp2(-inf) = 0.
+      const bool band = k0 + wkey + 15 > q0;
+#pragma unroll
+      for (int j = 0; j < NQ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = j * 8 + 2 * c + (e & 1);
+          float p = exp2f(fmaf(st[j][e], scale_log2, -sLse[qi]));
+          if (band && key[e >> 1] > q0 + qi) p = 0.f;
+          st[j][e] = p;
+        }
+
+      // dV += P^T dO (k = queries: dO's rows).
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t pa[4];
+        a_from_c(pa, st[2 * kk], st[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          uint32_t b0, b1;
+          ld_b_cols<LDS>(b0, b1, sdO + (kk * 16) * LDS + n * 8, g, c);
+          mma_16816(dv_acc[n], pa, b0, b1);
+        }
+      }
+
+      // dP^T = V dO^T: this warp's 16 keys x BQ queries.
+      float dpt[NQ][4];
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t va[4];
+        ld_a<LDS>(va, sV + wkey * LDS + kk * 16, g, c);
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+          uint32_t b0, b1;
+          ld_b_rows<LDS>(b0, b1, sdO + (j * 8) * LDS + kk * 16, g, c);
+          mma_16816(dpt[j], va, b0, b1);
+        }
+      }
+
+      // dS^T = P^T (dP^T - delta) (masked entries have P = 0, so dS = 0 there).
+#pragma unroll
+      for (int j = 0; j < NQ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sDelta[j * 8 + 2 * c + (e & 1)]);
+
+      // dK += dS^T Q (k = queries: Q's rows); scale is applied once at the end.
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t da[4];
+        a_from_c(da, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          uint32_t b0, b1;
+          ld_b_cols<LDS>(b0, b1, sQ + (kk * 16) * LDS + n * 8, g, c);
+          mma_16816(dk_acc[n], da, b0, b1);
+        }
+      }
+    }
+  }
+
+  bf16* dkh = dk + kv_off;
+  bf16* dvh = dv + kv_off;
+  store_rows<ND>(dkh, ld_kv, dk_acc, scale, scale, k0 + wkey, T, g, c);
+  store_rows<ND>(dvh, ld_kv, dv_acc, 1.f, 1.f, k0 + wkey, T, g, c);
+}
+
+// dQ for 64 query rows of one (batch, query head): the forward's shape (4
+// warps x 16 rows, key tiles of 64 from the start up to the diagonal, only the
+// diagonal tile masked) with the forward's softmax replaced by the saved lse.
+// Per key tile: S = Q K^T, P = exp2(S scale log2e - lse log2e), dP = dO V^T,
+// dS = P (dP - delta), dQ += dS K, with dS fed back as A fragments from its
+// registers. Q and dO stay in shared memory for the whole block and K, V
+// stream through it ([64][D+8] bf16 each: 68 KB of dynamic shared memory at
+// D = 128); the fragments of Q and dO are re-read from shared memory per key
+// tile instead of being pinned in registers: two 64-key score tiles (S, dP)
+// + one D-wide accumulator (ptxas, sm_90: 128 registers at D = 64, 238 at
+// D = 128, no spills). Each thread keeps lse and delta of its two rows in
+// registers.
+template <int D>
+constexpr size_t dq_smem_bytes() {
+  return static_cast<size_t>(4 * 64) * row_stride<D>() * sizeof(bf16);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                                                      const float* __restrict__ lse,
+                                                      const float* __restrict__ delta, const bf16* __restrict__ q,
+                                                      int ld_q, const bf16* __restrict__ k,
+                                                      const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
+                                                      float scale, float scale_log2) {
+  constexpr int BQ = 16 * kWarps;  // query rows per block
+  constexpr int BK = 64;           // keys per K/V tile
+  constexpr int LDS = row_stride<D>();
+  constexpr int KD = D / 16;
+  constexpr int ND = D / 8;
+  constexpr int NK = BK / 8;
+  static_assert(BQ == BK, "the diagonal tile is the last one only when BQ == BK");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sdO = sQ + BQ * LDS;
+  bf16* sK = sdO + BQ * LDS;
+  bf16* sV = sK + BK * LDS;
+
+  const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int q0 = qb * BQ;
+  const int wrow = warp * 16;
+  const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+
+  const size_t ld_o = static_cast<size_t>(Hq) * D;
+  const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  const bf16* doh = dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(h) * D;
+  const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  const bf16* kh = k + kv_off;
+  const bf16* vh = v + kv_off;
+  load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
+  load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
+  // (made visible by the second __syncthreads inside the loop)
+
+  float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
+  {
+    const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
+    const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lse2[r] = row[r] < T ? lse_h[row[r]] * kLog2e : INFINITY;
+      dlt[r] = row[r] < T ? delta_h[row[r]] : 0.f;
+    }
+  }
+
+  float dq_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
+
+  const int n_tiles = (min(T, q0 + BQ) + BK - 1) / BK;
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK;
+    __syncthreads();  // everyone is done with the previous sK / sV
+    load_tile<BK, D>(sK, kh, ld_kv, k0, T);
+    load_tile<BK, D>(sV, vh, ld_kv, k0, T);
+    __syncthreads();
+
+    // S = Q K^T and dP = dO V^T: this warp's 16 rows x BK keys.
+    float s[NK][4], dp[NK][4];
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t qa[4], da[4];
+      ld_a<LDS>(qa, sQ + wrow * LDS + kk * 16, g, c);
+      ld_a<LDS>(da, sdO + wrow * LDS + kk * 16, g, c);
+#pragma unroll
+      for (int j = 0; j < NK; ++j) {
+        uint32_t b0, b1;
+        ld_b_rows<LDS>(b0, b1, sK + (j * 8) * LDS + kk * 16, g, c);
+        mma_16816(s[j], qa, b0, b1);
+        ld_b_rows<LDS>(b0, b1, sV + (j * 8) * LDS + kk * 16, g, c);
+        mma_16816(dp[j], da, b0, b1);
+      }
+    }
+
+    // dS = P (dP - delta), P = 0 above the diagonal. Element e of s[j] is row
+    // row[e / 2], key k0 + 8 j + 2 c + e % 2.
+    const bool diag = k0 + BK - 1 > q0 + wrow;
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float p = exp2f(fmaf(s[j][e], scale_log2, -lse2[r]));
+        if (diag && k0 + j * 8 + 2 * c + (e & 1) > row[r]) p = 0.f;
+        s[j][e] = p * (dp[j][e] - dlt[r]);
+      }
+
+    // dQ += dS K (k = keys: K's rows); scale at the end.
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t dsa[4];
+      a_from_c(dsa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b0, b1;
+        ld_b_cols<LDS>(b0, b1, sK + (kk * 16) * LDS + n * 8, g, c);
+        mma_16816(dq_acc[n], dsa, b0, b1);
+      }
+    }
+  }
+
+  bf16* dqh = dq + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
+}
+
+template <int D>
+void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
+                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const int G = Hq / Hkv;
+
+  constexpr size_t kv_smem = dkdv_smem_bytes<D>();
+  if (kv_smem > 48 * 1024)
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kv_smem)));
+  const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
+  dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
+                                                         scale, scale * kLog2e);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)");
+
+  constexpr size_t q_smem = dq_smem_bytes<D>();
+  if (q_smem > 48 * 1024)
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(q_smem)));
+  const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
+  dq_kernel<D><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale,
+                                                     scale * kLog2e);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)");
+}
+
+}  // namespace flash
+
+size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D) {
+  (void)D;
+  return static_cast<size_t>(B) * Hq * T;  // delta
+}
+
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, float* scratch, cudaStream_t stream) {
+  flash::check_args("flash_attention_backward", {dq, dk, dv, dout, out, q, k, v}, {lse, scratch}, ld_q, ld_kv, B, T,
+                    Hq, Hkv, D);
+  if (B == 0 || T == 0) return;
+
+  float* delta = scratch;
+  const size_t rows = static_cast<size_t>(B) * T * Hq;
+  flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)");
+
+  switch (D) {
+    case 16: return flash::launch_bwd<16>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 32: return flash::launch_bwd<32>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 64: return flash::launch_bwd<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    default: return flash::launch_bwd<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+  }
+}
+
+}  // namespace kvs::cuda

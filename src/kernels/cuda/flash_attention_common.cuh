@@ -1,0 +1,172 @@
+// Building blocks shared by the flash attention forward (flash_attention_fwd.cu)
+// and backward (flash_attention_bwd.cu): one tensor-core MMA, its register
+// fragments read from shared memory, and tile loads. Included by those two
+// files only.
+//
+// The MMA is PTX mma.sync.m16n8k16 (bf16 inputs, fp32 accumulators), issued by
+// one warp. With g = lane / 4 ("group") and c = lane % 4 ("column pair"), a
+// warp holds its operands as (PTX ISA, "Matrix fragments for mma.m16n8k16"):
+//   A 16x16 (row-major), 4 x b32, two bf16 each (low half = lower column):
+//     a[0] = A[g][2c..2c+1]   a[1] = A[g+8][2c..2c+1]
+//     a[2] = A[g][2c+8..+9]   a[3] = A[g+8][2c+8..+9]
+//   B 16x8 (k x n, "col": indexed B[k][n]), 2 x b32:
+//     b[0] = B[2c..2c+1][g]   b[1] = B[2c+8..+9][g]
+//   C 16x8 fp32, 4 floats:
+//     c[0..1] = C[g][2c..2c+1]   c[2..3] = C[g+8][2c..2c+1]
+// Two adjacent C tiles (columns 0-7 and 8-15) hold, element for element, the A
+// fragment of the 16x16 block they form, so a score tile S computed as C can
+// be fed straight back as the A operand of P V (FlashAttention-2's register
+// reuse): see a_from_c below.
+//
+// Shared-memory tiles are [rows][D + kPad] bf16. The 8-element pad makes the
+// row stride (D/2 + 4) 32-bit words, which spreads the 8 rows x 4 words that
+// a fragment load touches over 32 distinct banks for every D in {16..128},
+// and keeps every row 16-byte aligned for the vectorised tile loads.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/cuda/common.cuh"
+
+namespace kvs::cuda::flash {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kPad = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+constexpr int row_stride() {
+  return D + kPad;
+}
+
+// c += a * b (one warp, m16n8k16, bf16 x bf16 -> fp32). Not volatile: a pure
+// function of its operands, so the compiler may schedule it freely.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one b32 of two bf16 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Two adjacent bf16 in shared memory (4-byte aligned) as one b32.
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Two bf16 from different rows (p[0] low, p[step] high) as one b32.
+__device__ __forceinline__ uint32_t ld_pair_strided(const bf16* p, int step) {
+  const uint32_t lo = *reinterpret_cast<const uint16_t*>(p);
+  const uint32_t hi = *reinterpret_cast<const uint16_t*>(p + step);
+  return lo | (hi << 16);
+}
+
+// A fragment of the 16x16 block of a [rows][LDS] smem tile whose top-left
+// element is `s` (the block's rows are contiguous in k, i.e. A[r][k] = s[r*LDS + k]).
+template <int LDS>
+__device__ __forceinline__ void ld_a(uint32_t (&a)[4], const bf16* s, int g, int c) {
+  a[0] = ld_pair(s + g * LDS + 2 * c);
+  a[1] = ld_pair(s + (g + 8) * LDS + 2 * c);
+  a[2] = ld_pair(s + g * LDS + 2 * c + 8);
+  a[3] = ld_pair(s + (g + 8) * LDS + 2 * c + 8);
+}
+
+// B fragment (16 k x 8 n) where B[k][n] = s[n*LDS + k]: the 8 n are rows of the
+// smem tile, k runs along a row (K for Q K^T, dO for dP = dO V^T, ...).
+template <int LDS>
+__device__ __forceinline__ void ld_b_rows(uint32_t& b0, uint32_t& b1, const bf16* s, int g, int c) {
+  b0 = ld_pair(s + g * LDS + 2 * c);
+  b1 = ld_pair(s + g * LDS + 2 * c + 8);
+}
+
+// B fragment (16 k x 8 n) where B[k][n] = s[k*LDS + n]: k runs down the rows of
+// the smem tile (V for P V, K for dS K, Q for dS^T Q, dO for P^T dO).
+template <int LDS>
+__device__ __forceinline__ void ld_b_cols(uint32_t& b0, uint32_t& b1, const bf16* s, int g, int c) {
+  const bf16* p = s + (2 * c) * LDS + g;
+  b0 = ld_pair_strided(p, LDS);
+  b1 = ld_pair_strided(p + 8 * LDS, LDS);
+}
+
+// The A fragment (16 rows x 16 k) made of two adjacent fp32 C tiles lo (k 0-7)
+// and hi (k 8-15), rounded to bf16.
+__device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Copies rows [r0, r0 + R) of a [T, D] slice (row stride ld elements; `src`
+// points at row 0, column 0 of the head) into the smem tile s [R][D + kPad],
+// 16 bytes per thread and step. Rows >= T are zero-filled: a zero K/V/Q/dO row
+// contributes nothing (and never a NaN) to any product, so the partial last
+// tile needs no other special case in the loads. All kThreads threads call it.
+template <int R, int D>
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* src, size_t ld, int r0, int T) {
+  constexpr int kChunksPerRow = D / 8;  // 8 bf16 = 16 bytes
+  constexpr int kChunks = R * kChunksPerRow;
+  constexpr int kLds = row_stride<D>();
+#pragma unroll
+  for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
+    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+    if (kChunks % kThreads == 0 || i < kChunks) {
+      const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(r0 + r) * ld + col);
+      *reinterpret_cast<uint4*>(s + r * kLds + col) = v;
+    }
+  }
+}
+
+// Writes a warp's 16 x D fp32 accumulator (NT = D/8 C tiles, rows row0 + g and
+// row0 + g + 8 of the [T, D] slice at `dst`, row stride ld), times `mul`, as
+// bf16; rows >= T are skipped.
+template <int NT>
+__device__ __forceinline__ void store_rows(bf16* dst, size_t ld, const float (&acc)[NT][4], float mul0, float mul1,
+                                           int row0, int T, int g, int c) {
+  const int ra = row0 + g, rb = row0 + g + 8;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    if (ra < T)
+      *reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(ra) * ld + n * 8 + 2 * c) =
+          pack_bf16(acc[n][0] * mul0, acc[n][1] * mul0);
+    if (rb < T)
+      *reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(rb) * ld + n * 8 + 2 * c) =
+          pack_bf16(acc[n][2] * mul1, acc[n][3] * mul1);
+  }
+}
+
+// Host side: the launchers' argument checks. The vectorised tile loads read 16
+// bytes at a time, so every bf16 tensor's base pointer must be 16-byte aligned
+// and every row stride a multiple of 8 elements (true for cudaMalloc'd buffers
+// and for the Q/K/V column blocks of a fused [N, (Hq + 2 Hkv) D] projection).
+// The fp32 tensors (lse, scratch) only need to be non-null.
+inline void check_args(const char* who, std::initializer_list<const void*> bf16_ptrs,
+                       std::initializer_list<const void*> f32_ptrs, int ld_q, int ld_kv, int B, int T, int Hq, int Hkv,
+                       int D) {
+  if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    ::kvs::fail("{}: bad shape B={} T={} Hq={} Hkv={} (need Hq % Hkv == 0)", who, B, T, Hq, Hkv);
+  if (D != 16 && D != 32 && D != 64 && D != 128) ::kvs::fail("{}: head_dim {} not in {{16, 32, 64, 128}}", who, D);
+  if (ld_q < Hq * D || ld_kv < Hkv * D || ld_q % 8 != 0 || ld_kv % 8 != 0)
+    ::kvs::fail("{}: row strides ld_q={} ld_kv={} must be multiples of 8 and at least Hq*D={} / Hkv*D={}", who, ld_q,
+                ld_kv, Hq * D, Hkv * D);
+  if (B == 0 || T == 0) return;
+  for (const void* p : bf16_ptrs)
+    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      ::kvs::fail("{}: every bf16 tensor must be non-null and 16-byte aligned", who);
+  for (const void* p : f32_ptrs)
+    if (p == nullptr) ::kvs::fail("{}: null fp32 tensor (lse / scratch)", who);
+}
+
+}  // namespace kvs::cuda::flash

@@ -1,0 +1,190 @@
+// Causal flash attention, forward (FlashAttention-2 structure). The contract
+// is in kernels/cuda/ops.h; the fragment layouts and tile helpers are in
+// flash_attention_common.cuh.
+#include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace kvs::cuda {
+namespace flash {
+
+// One block computes 64 query rows of one (batch, query head): 4 warps, each
+// owning 16 rows, so every softmax statistic lives in the registers of the 4
+// threads (a "quad") that hold a row's accumulator elements and the only
+// cross-thread communication is two quad shuffles per row reduction. The Q
+// tile is staged once through shared memory into registers (the A fragments,
+// D/4 b32 per thread). The block then walks the key/value tiles (64 keys)
+// from the start of the sequence up to the diagonal; tiles above the
+// diagonal are never visited and only the diagonal tile (the last one) is
+// masked. Per tile: K and V go to shared memory ([64][D+8] bf16 each, 34 KB
+// at D = 128, static), S = Q K^T runs on the tensor cores into fp32 (32 floats
+// per thread), the online softmax rescales the running output O (D/2 floats
+// per thread) by exp(m_old - m_new), and P, rounded to bf16 straight from the
+// S registers, multiplies V into O. The running sum l is kept per thread and
+// summed over the quad once at the end. Blocks are launched heaviest (last
+// query tile) first so the causal triangle's long rows do not trail. K and V
+// are read from the KV head h / G in place (GQA without copies).
+template <int D>
+__global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                                                       const bf16* __restrict__ q, int ld_q,
+                                                       const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                       int ld_kv, int T, int Hq, int G, float scale,
+                                                       float scale_log2) {
+  constexpr int BQ = 16 * kWarps;  // query rows per block
+  constexpr int BK = 64;           // keys per K/V tile
+  constexpr int LDS = row_stride<D>();
+  constexpr int KD = D / 16;  // k-steps over the head dimension
+  constexpr int ND = D / 8;   // n-tiles over the head dimension
+  constexpr int NK = BK / 8;  // n-tiles over the keys of a tile
+  static_assert(BQ == BK, "the diagonal tile is the last one only when BQ == BK");
+
+  __shared__ __align__(16) bf16 sK[BK * LDS];
+  __shared__ __align__(16) bf16 sV[BK * LDS];
+
+  const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int q0 = qb * BQ;
+  const int wrow = warp * 16;  // first row of this warp inside the tile
+
+  const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  const bf16* kh = k + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  const bf16* vh = v + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+
+  // Q -> registers, through sK (free until the first K tile load, which sits
+  // behind the loop's leading __syncthreads).
+  load_tile<BQ, D>(sK, qh, ld_q, q0, T);
+  __syncthreads();
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) ld_a<LDS>(qf[kk], sK + wrow * LDS + kk * 16, g, c);
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // Row statistics for the thread's two rows (g and g + 8 of the warp's 16):
+  // m in raw (unscaled) score units, l a per-thread partial sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+
+  const int kv_end = min(T, q0 + BQ);  // keys [0, kv_end) can be seen by this tile
+  const int n_tiles = (kv_end + BK - 1) / BK;
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK;
+    __syncthreads();  // everyone is done with the previous sK / sV (and with Q in sK)
+    load_tile<BK, D>(sK, kh, ld_kv, k0, T);
+    load_tile<BK, D>(sV, vh, ld_kv, k0, T);
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows x BK keys.
+    float s[NK][4];
+#pragma unroll
+    for (int j = 0; j < NK; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t b0, b1;
+        ld_b_rows<LDS>(b0, b1, sK + (j * 8) * LDS + kk * 16, g, c);
+        mma_16816(s[j], qf[kk], b0, b1);
+      }
+    }
+
+    // Causal mask (and keys past the end): only where a key can exceed a row
+    // of this warp, i.e. on the diagonal tile. Element e of s[j] is row
+    // row[e / 2], key k0 + 8 j + 2 c + e % 2.
+    if (k0 + BK - 1 > q0 + wrow || k0 + BK > T) {
+#pragma unroll
+      for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + j * 8 + 2 * c + (e & 1);
+          if (key > row[e >> 1] || key >= T) s[j][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax, per row r: new max over the quad, rescale O and l, P = exp(scale (S - m)).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int j = 0; j < NK; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with no visible key yet keeps mx = -inf; offset 0 then makes
+      // every exp2 below exp2(-inf) = 0 instead of NaN.
+      const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float alpha = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
+      m[r] = mx;
+      l[r] *= alpha;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+#pragma unroll
+      for (int j = 0; j < NK; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -offset));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -offset));
+        l[r] += s[j][2 * r] + s[j][2 * r + 1];
+      }
+    }
+
+    // O += P V: P's A fragments come from pairs of S tiles (bf16), V's B
+    // fragments run down the rows of sV.
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t pa[4];
+      a_from_c(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b0, b1;
+        ld_b_cols<LDS>(b0, b1, sV + (kk * 16) * LDS + n * 8, g, c);
+        mma_16816(o[n], pa, b0, b1);
+      }
+    }
+  }
+
+  // Finish: l over the quad, O / l, lse = scale m + log l.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const size_t ld_out = static_cast<size_t>(Hq) * D;
+  bf16* oh = out + static_cast<size_t>(b) * T * ld_out + static_cast<size_t>(h) * D;
+  store_rows<ND>(oh, ld_out, o, inv[0], inv[1], q0 + wrow, T, g, c);
+  if (c == 0) {
+    float* lh = lse + (static_cast<size_t>(b) * Hq + h) * T;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row[r] < T) lh[row[r]] = m[r] * scale + logf(l[r]);
+  }
+}
+
+template <int D>
+void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
+                int Hq, int Hkv, cudaStream_t stream) {
+  constexpr int BQ = 16 * kWarps;
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const dim3 grid(ceil_div(T, BQ), Hq, B);
+  fwd_kernel<D><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
+                                               scale * kLog2e);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_forward");
+}
+
+}  // namespace flash
+
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) {
+  flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
+  if (B == 0 || T == 0) return;
+  switch (D) {
+    case 16: return flash::launch_fwd<16>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 32: return flash::launch_fwd<32>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 64: return flash::launch_fwd<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    default: return flash::launch_fwd<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+  }
+}
+
+}  // namespace kvs::cuda

@@ -1,0 +1,48 @@
+// Communicators: the collectives the trainer needs, behind one interface, with
+// three backends (docs/PARALLEL.md):
+//   - SingleProcess: world size 1, every collective is a copy or a no-op;
+//   - MPI: CPU buffers, for the CPU engine (launched with mpirun);
+//   - NCCL: CUDA buffers on the communicator's own stream (compiled with
+//     KVS_CUDA; its unique id is handed out by the bootstrap, launch.h).
+// Buffers are float or double; `count` is in elements. A collective whose
+// sizes disagree across ranks, or a rank that does not arrive, must end in a
+// kvs::Error on every rank that can still report (not a hang): backends check
+// sizes first (an all-reduce of the counts) and use timeouts where the
+// library offers them.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace kvs::dist {
+
+enum class ReduceOp { Sum, Average };
+enum class DType { F32, F64 };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
+
+  // In place: buf[0..count) on every rank becomes the reduction over ranks.
+  virtual void all_reduce(void* buf, size_t count, DType t, ReduceOp op) = 0;
+  // send[0..count*size) on every rank; recv[0..count) on rank r receives the
+  // reduction of every rank's send[r*count .. (r+1)*count).
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) = 0;
+  // send[0..count) from every rank; recv[0..count*size) holds them in rank order.
+  virtual void all_gather(const void* send, void* recv, size_t count, DType t) = 0;
+  virtual void broadcast(void* buf, size_t count, DType t, int root) = 0;
+  // Bytes from root to every rank (for small host-side messages: ids, configs).
+  virtual void broadcast_bytes(void* buf, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // A sub-communicator of the ranks with the same color, ordered by key
+  // (MPI_Comm_split / ncclCommSplit semantics). Every rank must call it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// World size 1.
+std::unique_ptr<Communicator> make_single_process();
+
+}  // namespace kvs::dist

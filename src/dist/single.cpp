@@ -1,0 +1,37 @@
+// The world-size-1 communicator: reductions over one rank are the identity.
+#include <cstring>
+
+#include "core/error.h"
+#include "dist/comm.h"
+
+namespace kvs::dist {
+namespace {
+
+size_t elem_size(DType t) { return t == DType::F32 ? sizeof(float) : sizeof(double); }
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  void all_reduce(void*, size_t, DType, ReduceOp) override {}
+  void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp) override {
+    if (send != recv) std::memmove(recv, send, count * elem_size(t));
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    if (send != recv) std::memmove(recv, send, count * elem_size(t));
+  }
+  void broadcast(void*, size_t, DType, int root) override { check_root(root); }
+  void broadcast_bytes(void*, size_t, int root) override { check_root(root); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }
+
+ private:
+  static void check_root(int root) { KVS_CHECK(root == 0, "broadcast: root {} outside a world of 1 rank", root); }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_process() { return std::make_unique<SingleProcess>(); }
+
+}  // namespace kvs::dist

@@ -72,6 +72,12 @@ if [ $build_rc -eq 0 ]; then
       --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
   fi
 fi
+if [ $build_rc -eq 0 ]; then
+  echo "attention microbenchmark (ours; cuDNN SDPA beside it is not built yet):"
+  ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
+    $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
+    2>&1 | sed 's/^/  /'
+fi
 row "wall time" "$(( $(date +%s) - t0 )) s"
 echo "MFU = model FLOPs/s (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads per token) / peak dense bf16"
 echo "logs: $out"

@@ -42,7 +42,7 @@ int count_lines(const std::string& s) { return static_cast<int>(std::count(s.beg
 TEST(Cli, HelpListsEverySubcommandAndFlag) {
   Result r = run("--help");
   EXPECT_EQ(r.code, 0);
-  for (const char* sub : {"train", "eval", "forward", "backward", "info", "bench"})
+  for (const char* sub : {"train", "eval", "forward", "backward", "info", "bench", "bench-attention"})
     EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
   Result t = run("train --help");
   for (const char* flag : {"--config", "--set", "--run-dir", "--resume"})
@@ -155,6 +155,23 @@ TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_EQ(env_of(p)["GOMP_SPINCOUNT"], "");
   EXPECT_EQ(env_of(p)["OMP_WAIT_POLICY"], "PASSIVE");
+}
+
+TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {
+  const std::string cfg = src("configs/toy/induction-1l-vanilla.json");
+  Result r = run("bench --warmup 0 --steps 2 --compare-shift --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("kv_shift off"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv_shift on"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV shifting step-time overhead:"), std::string::npos) << r.out;
+  Result j = run("bench --json --warmup 0 --steps 1 --compare-shift --config " + cfg);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto arr = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(arr.is_array());
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_FALSE(arr[0]["kv_shift"].get<bool>());
+  EXPECT_TRUE(arr[1]["kv_shift"].get<bool>());
+  EXPECT_GT(arr[1]["median_ms_per_step"].get<double>(), 0.0);
 }
 
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {

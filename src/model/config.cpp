@@ -50,7 +50,7 @@ const std::vector<Section>& schema() {
       {"train",
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
-        "checkpoint_every", "log_every", "threads"}},
+        "checkpoint_every", "log_every", "threads", "recompute"}},
       {"data", {"type", "induction", "ngram", "hopk", "shards"}},
       {"data.induction", {"token_lo", "token_hi", "pool_size", "max_repeats", "pad_token"}},
       {"data.ngram", {"token_lo", "token_hi", "num_pairs", "table_seed"}},
@@ -448,6 +448,7 @@ Config config_from_json(const json& j, const std::string& origin) {
     o.get("checkpoint_every", t.checkpoint_every);
     o.get("log_every", t.log_every);
     o.get("threads", t.threads);
+    o.get("recompute", t.recompute);
   }
   if (auto* v = top.find("data")) {
     Obj o(*v, origin, "data");
@@ -592,6 +593,8 @@ void validate(const Config& c, const std::string& origin) {
   at_least("checkpoint_every", t.checkpoint_every, 0);
   at_least("log_every", t.log_every, 1);
   at_least("threads", t.threads, 0);
+  if (t.recompute != "none" && t.recompute != "attention" && t.recompute != "full")
+    fail("{}: train.recompute: must be \"none\", \"attention\" or \"full\", got \"{}\"", origin, t.recompute);
 
   const DataConfig& d = c.data;
   if (d.type == "induction") {
@@ -680,7 +683,8 @@ json to_json(const Config& c) {
         {"eval_sequences", t.eval_sequences},
         {"checkpoint_every", t.checkpoint_every},
         {"log_every", t.log_every},
-        {"threads", t.threads}}},
+        {"threads", t.threads},
+        {"recompute", t.recompute}}},
       {"data",
        {{"type", d.type},
         {"induction",

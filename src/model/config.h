@@ -115,6 +115,7 @@ struct TrainConfig {
   int checkpoint_every = 0;       // steps; 0 = only at the end
   int log_every = 1;              // metrics.jsonl lines every N steps
   int threads = 0;                // OpenMP threads; 0 = all cores
+  std::string recompute = "none";  // CUDA activation recomputation: "none" | "attention" | "full"
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -44,8 +44,10 @@ float bf16_bits_to_float(uint16_t bits) {
 
 }  // namespace
 
-CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B, int T) {
+CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B, int T, const std::string& recompute) {
   CudaPlan p;
+  KVS_CHECK(recompute == "none" || recompute == "attention" || recompute == "full",
+            "train.recompute: unknown level '{}'", recompute);
   const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = m.hidden_size;
   const size_t QD = m.q_dim(), KD = m.kv_dim(), F = m.intermediate_size, V = m.vocab_size;
   const size_t Hq = m.num_attention_heads, Hkv = m.num_key_value_heads, D = m.head_dim();
@@ -73,20 +75,23 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   p.ffn_stride = align256(N * F * h2);
   p.rstd_stride = align256(N * f4);
   p.lse_stride = align256(static_cast<size_t>(B) * Hq * T * f4);
-  p.resid = take((L + 1) * p.resid_stride);
-  p.res_mid = take(L * p.resid_stride);
-  p.ln1 = take(L * p.ln_stride);
-  p.ln2 = take(L * p.ln_stride);
-  p.qkv = take(L * p.qkv_stride);
-  p.qhat = take(L * p.q_stride);
-  p.khat = take(L * p.kv_stride);
-  p.vhat = take(L * p.kv_stride);
-  p.attout = take(L * p.q_stride);
-  p.gate_up = take(L * p.ffn2_stride);
-  p.h = take(L * p.ffn_stride);
-  p.rstd1 = take(L * p.rstd_stride);
-  p.rstd2 = take(L * p.rstd_stride);
-  p.lse = take(L * p.lse_stride);
+  p.attn_slots = recompute == "none" ? static_cast<int>(L) : 1;
+  p.rest_slots = recompute == "full" ? 1 : static_cast<int>(L);
+  const size_t A = p.attn_slots, R = p.rest_slots;
+  p.resid = take((L + 1) * p.resid_stride);  // layer inputs: always kept
+  p.res_mid = take(R * p.resid_stride);
+  p.ln1 = take(R * p.ln_stride);
+  p.ln2 = take(R * p.ln_stride);
+  p.qkv = take(R * p.qkv_stride);
+  p.qhat = take(A * p.q_stride);
+  p.khat = take(A * p.kv_stride);
+  p.vhat = take(A * p.kv_stride);
+  p.attout = take(A * p.q_stride);
+  p.gate_up = take(R * p.ffn2_stride);
+  p.h = take(R * p.ffn_stride);
+  p.rstd1 = take(R * p.rstd_stride);
+  p.rstd2 = take(R * p.rstd_stride);
+  p.lse = take(A * p.lse_stride);
 
   p.lnf = take(N * C * h2);
   p.rstdf = take(N * f4);
@@ -135,8 +140,8 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   return p;
 }
 
-CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device)
-    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len) {
+CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute)
+    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len), recompute_(recompute) {
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
@@ -147,14 +152,14 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
             "device 'cuda': the sigmoid gate needs kv_shift.window 1");
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_);
+  plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_, recompute_);
   void* base = nullptr;
   const cudaError_t e = cudaMalloc(&base, plan_.total);
   if (e != cudaSuccess) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free): "
-         "lower train.micro_batch_size or train.seq_len",
+         "lower train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
          plan_.total / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0);
   }
   base_ = static_cast<char*>(base);
@@ -322,8 +327,8 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
 
 // ---------------------------------------------------------------- forward
 
-void CudaEngine::forward_to_logits(int B, int T) {
-  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
+void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
+  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size;
   const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
   const int QD = m_.q_dim(), KD = m_.kv_dim(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
   const float eps = static_cast<float>(m_.rms_norm_eps);
@@ -334,51 +339,66 @@ void CudaEngine::forward_to_logits(int B, int T) {
   const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
   bf16* proj = at<bf16>(p.proj);
+  const LayerOffsets& o = lo_[l];
+  const size_t r = p.rest_slots == 1 ? 0 : l, a = p.attn_slots == 1 ? 0 : l;
+  bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
+  bf16* res_mid = at<bf16>(p.res_mid + r * p.resid_stride);
+  bf16* ln1 = at<bf16>(p.ln1 + r * p.ln_stride);
+  bf16* ln2 = at<bf16>(p.ln2 + r * p.ln_stride);
+  bf16* qkv = at<bf16>(p.qkv + r * p.qkv_stride);
+  bf16* gate_up = at<bf16>(p.gate_up + r * p.ffn2_stride);
+  bf16* h = at<bf16>(p.h + r * p.ffn_stride);
+  float* rstd1 = at<float>(p.rstd1 + r * p.rstd_stride);
+  float* rstd2 = at<float>(p.rstd2 + r * p.rstd_stride);
+  bf16* qhat = at<bf16>(p.qhat + a * p.q_stride);
+  bf16* khat = at<bf16>(p.khat + a * p.kv_stride);
+  bf16* vhat = at<bf16>(p.vhat + a * p.kv_stride);
+  bf16* attout = at<bf16>(p.attout + a * p.q_stride);
+  float* lse = at<float>(p.lse + a * p.lse_stride);
+  // The forward computes the effective (gated) coefficients; recomputation reuses them.
+  const LayerCoefs c = layer_coefs(l, pass == LayerPass::Forward);
 
-  cuda::embedding_forward(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, stream_);
-  for (int l = 0; l < m_.num_hidden_layers; ++l) {
-    const LayerOffsets& o = lo_[l];
-    bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
-    bf16* res_mid = at<bf16>(p.res_mid + l * p.resid_stride);
-    bf16* ln1 = at<bf16>(p.ln1 + l * p.ln_stride);
-    bf16* ln2 = at<bf16>(p.ln2 + l * p.ln_stride);
-    bf16* qkv = at<bf16>(p.qkv + l * p.qkv_stride);
-    bf16* qhat = at<bf16>(p.qhat + l * p.q_stride);
-    bf16* khat = at<bf16>(p.khat + l * p.kv_stride);
-    bf16* vhat = at<bf16>(p.vhat + l * p.kv_stride);
-    bf16* attout = at<bf16>(p.attout + l * p.q_stride);
-    bf16* gate_up = at<bf16>(p.gate_up + l * p.ffn2_stride);
-    bf16* h = at<bf16>(p.h + l * p.ffn_stride);
-    float* rstd1 = at<float>(p.rstd1 + l * p.rstd_stride);
-    float* rstd2 = at<float>(p.rstd2 + l * p.rstd_stride);
-    float* lse = at<float>(p.lse + l * p.lse_stride);
-    const LayerCoefs c = layer_coefs(l, true);
-
-    // ln1 = norm(resid_l); for l > 0 resid_l = res_mid_{l-1} + down_proj output (in proj), added here.
-    if (l == 0) {
+  if (pass != LayerPass::RecomputeAttention) {
+    // ln1 = norm(resid_l). In the forward, for l > 0, resid_l = res_mid_{l-1} +
+    // down_proj output (in proj) is added here; recomputation starts from the
+    // stored resid_l, whose normalisation gives the same bits.
+    if (l == 0 || pass == LayerPass::RecomputeLayer) {
       cuda::residual_rmsnorm_forward(nullptr, ln1, rstd1, resid, nullptr, master + o.ln1, N, C, eps, stream_);
     } else {
-      const bf16* prev_mid = at<bf16>(p.res_mid + (l - 1) * p.resid_stride);
+      const size_t prev = p.rest_slots == 1 ? 0 : l - 1;
+      const bf16* prev_mid = at<bf16>(p.res_mid + prev * p.resid_stride);
       cuda::residual_rmsnorm_forward(resid, ln1, rstd1, prev_mid, proj, master + o.ln1, N, C, eps, stream_);
     }
     mm_->forward(qkv, QKV, ln1, C, P16 + o.wqkv, N, C, QKV, stream_);
-    // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
-    cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
-    cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
-    cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
-                             stream_);
-    cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
-    mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
-    cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
-    mm_->forward(gate_up, 2 * F, ln2, C, P16 + o.wgu, N, C, 2 * F, stream_);
-    cuda::swiglu_forward(h, gate_up, N, F, stream_);
-    mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
   }
+  // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
+  cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
+  cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
+  cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0, stream_);
+  cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
+  if (pass == LayerPass::RecomputeAttention) return;
+  mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
+  cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
+  mm_->forward(gate_up, 2 * F, ln2, C, P16 + o.wgu, N, C, 2 * F, stream_);
+  cuda::swiglu_forward(h, gate_up, N, F, stream_);
+  // The backward does not need the down projection's output.
+  if (pass == LayerPass::Forward) mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
+}
+
+void CudaEngine::forward_to_logits(int B, int T) {
+  const int N = B * T, C = m_.hidden_size, V = m_.vocab_size;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
+  const CudaPlan& p = plan_;
+  const bf16* P16 = at<bf16>(p.params16);
+  const float* master = at<float>(p.master);
+  cuda::embedding_forward(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, stream_);
+  for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T, LayerPass::Forward);
   const int L = m_.num_hidden_layers;
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
-  const bf16* mid = at<bf16>(p.res_mid + (L - 1) * p.resid_stride);
-  cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, proj, master + norm_off_, N, C, eps,
-                                 stream_);
+  const size_t r = p.rest_slots == 1 ? 0 : L - 1;
+  const bf16* mid = at<bf16>(p.res_mid + r * p.resid_stride);
+  cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj),
+                                 master + norm_off_, N, C, eps, stream_);
   mm_->forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V, stream_);
 }
 
@@ -410,21 +430,29 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
                          master + norm_off_, at<float>(p.rstdf), N, C, scratch, stream_);
 
   for (int l = L - 1; l >= 0; --l) {
+    // Recompute what this layer did not keep (train.recompute).
+    // (The last layer's values are still in the single slots from the forward.)
+    if (p.rest_slots == 1 && l != L - 1) {
+      forward_layer(l, B, T, LayerPass::RecomputeLayer);
+    } else if (p.attn_slots == 1 && l != L - 1) {
+      forward_layer(l, B, T, LayerPass::RecomputeAttention);
+    }
     const LayerOffsets& o = lo_[l];
+    const size_t r = p.rest_slots == 1 ? 0 : l, a = p.attn_slots == 1 ? 0 : l;
     const bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
-    const bf16* res_mid = at<bf16>(p.res_mid + l * p.resid_stride);
-    const bf16* ln1 = at<bf16>(p.ln1 + l * p.ln_stride);
-    const bf16* ln2 = at<bf16>(p.ln2 + l * p.ln_stride);
-    const bf16* qkv = at<bf16>(p.qkv + l * p.qkv_stride);
-    const bf16* qhat = at<bf16>(p.qhat + l * p.q_stride);
-    const bf16* khat = at<bf16>(p.khat + l * p.kv_stride);
-    const bf16* vhat = at<bf16>(p.vhat + l * p.kv_stride);
-    const bf16* attout = at<bf16>(p.attout + l * p.q_stride);
-    const bf16* gate_up = at<bf16>(p.gate_up + l * p.ffn2_stride);
-    const bf16* h = at<bf16>(p.h + l * p.ffn_stride);
-    const float* rstd1 = at<float>(p.rstd1 + l * p.rstd_stride);
-    const float* rstd2 = at<float>(p.rstd2 + l * p.rstd_stride);
-    const float* lse = at<float>(p.lse + l * p.lse_stride);
+    const bf16* res_mid = at<bf16>(p.res_mid + r * p.resid_stride);
+    const bf16* ln1 = at<bf16>(p.ln1 + r * p.ln_stride);
+    const bf16* ln2 = at<bf16>(p.ln2 + r * p.ln_stride);
+    const bf16* qkv = at<bf16>(p.qkv + r * p.qkv_stride);
+    const bf16* qhat = at<bf16>(p.qhat + a * p.q_stride);
+    const bf16* khat = at<bf16>(p.khat + a * p.kv_stride);
+    const bf16* vhat = at<bf16>(p.vhat + a * p.kv_stride);
+    const bf16* attout = at<bf16>(p.attout + a * p.q_stride);
+    const bf16* gate_up = at<bf16>(p.gate_up + r * p.ffn2_stride);
+    const bf16* h = at<bf16>(p.h + r * p.ffn_stride);
+    const float* rstd1 = at<float>(p.rstd1 + r * p.rstd_stride);
+    const float* rstd2 = at<float>(p.rstd2 + r * p.rstd_stride);
+    const float* lse = at<float>(p.lse + a * p.lse_stride);
     const LayerCoefs c = layer_coefs(l, false);  // computed by this step's forward
 
     // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))); dresid holds d resid_{l+1}.

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/matmul.h"
@@ -37,6 +38,12 @@ struct CudaPlan {
   size_t rstd1, rstd2, lse;  // fp32
   size_t resid_stride, ln_stride, qkv_stride, q_stride, kv_stride, ffn2_stride, ffn_stride;
   size_t rstd_stride, lse_stride;  // in bytes like every stride here
+  // Activation recomputation (train.recompute): how many layers' worth of each
+  // group is stored. "none": L and L; "attention": the attention outputs
+  // (qhat, khat, vhat, attout, lse) get one slot, recomputed per layer in the
+  // backward from the stored qkv; "full": every group but the layer inputs
+  // (resid) gets one slot, and the backward recomputes the whole layer.
+  int attn_slots = 0, rest_slots = 0;
   // once per step
   size_t lnf, rstdf /* fp32 */, logits, losses /* fp32 */, proj /* [N, C]: o_proj or down_proj output */;
   size_t coef /* fp32 effective coefficients, [L][(Hq + 2 Hkv)(W+1)] */, coef_stride;
@@ -54,12 +61,14 @@ struct CudaPlan {
   size_t chunks;
   int num_chunks = 0;
 
-  static CudaPlan build(const ModelConfig& m, const ParamLayout& layout, int B, int T);
+  static CudaPlan build(const ModelConfig& m, const ParamLayout& layout, int B, int T,
+                        const std::string& recompute = "none");
 };
 
 class CudaEngine : public Engine {
  public:
-  CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0);
+  CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
+             const std::string& recompute = "none");
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -90,6 +99,12 @@ class CudaEngine : public Engine {
   }
   void upload_batch(const Batch& b, bool with_targets);
   void forward_to_logits(int B, int T);
+  // What forward_layer computes: the whole layer in the forward pass (the
+  // residual add from the previous layer fused in front); the layer again from
+  // its stored input before its backward ("full"); or only the attention
+  // outputs from the stored qkv ("attention").
+  enum class LayerPass { Forward, RecomputeLayer, RecomputeAttention };
+  void forward_layer(int l, int B, int T, LayerPass pass);
   void backward_from_dlogits(int B, int T);
   double device_sum_losses(size_t N);
   // Effective q/k/v shift coefficients of layer l (fp32, device); null if that
@@ -102,6 +117,7 @@ class CudaEngine : public Engine {
   ModelConfig m_;
   ParamLayout layout_;
   int max_B_, max_T_;
+  std::string recompute_;
   CudaPlan plan_;
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;

@@ -23,14 +23,16 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
   }
 }
 
-std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device) {
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
+                                    const std::string& recompute) {
   if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
   if (device == "cuda") {
 #ifdef KVS_CUDA
     std::string why;
     if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
-    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len);
+    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, 0, recompute);
 #else
+    (void)recompute;
     fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
 #endif
   }

@@ -60,7 +60,9 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // Builds the engine for `device` ("cpu" or "cuda"), sized for micro-batches of
 // up to max_batch sequences of up to max_seq_len tokens. All memory is
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device
-// this build or machine does not have.
-std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device);
+// this build or machine does not have. `recompute` (train.recompute) selects
+// the CUDA engine's activation recomputation; the CPU engine keeps everything.
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
+                                    const std::string& recompute = "none");
 
 }  // namespace kvs

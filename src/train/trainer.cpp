@@ -109,7 +109,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
-  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device);
+  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute);
 
   // Fresh start or resume.
   int64_t step = 0;

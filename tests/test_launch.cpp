@@ -368,6 +368,37 @@ TEST(Bootstrap, WorldSizeMismatchIsNamed) {
       << r1.out;
 }
 
+TEST(Bootstrap, DuplicateRankIsNamed) {
+  const int port = free_port();
+  FILE* a = start_rank(1, 3, port, "KVS_BOOTSTRAP_TIMEOUT_S=10");
+  FILE* b = start_rank(1, 3, port, "KVS_BOOTSTRAP_TIMEOUT_S=10");
+  FILE* root = start_rank(0, 3, port, "KVS_BOOTSTRAP_TIMEOUT_S=10");
+  const CommandResult r0 = finish(root);
+  finish(a);
+  finish(b);
+  EXPECT_EQ(r0.code, 1) << r0.out;
+  EXPECT_NE(r0.out.find("rank 0: rank 1 joined twice"), std::string::npos) << r0.out;
+}
+
+TEST(Bootstrap, BusyPortIsReported) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 1), 0);
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  const CommandResult r = finish(start_rank(0, 2, port, "KVS_BOOTSTRAP_TIMEOUT_S=2"));
+  ::close(s);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("rank 0: cannot listen on port " + std::to_string(port) + " for the bootstrap"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Bootstrap, BadEnvironmentFailsAtOnce) {
   const auto r = kvs::testing_util::run_kvshift("dist-check", "env RANK=x WORLD_SIZE=2 LOCAL_RANK=0");
   EXPECT_EQ(r.code, 1) << r.out;

@@ -61,6 +61,7 @@ class Nccl final : public Communicator {
     check_cuda(cudaMalloc(&scratch_, 4 * sizeof(int64_t)), "cudaMalloc");
   }
   ~Nccl() override {
+    cudaSetDevice(device_);
     if (comm_) {
       // Finalize flushes pending work; if that does not end in time, abort.
       const ncclResult_t r = ncclCommFinalize(comm_);
@@ -111,9 +112,10 @@ class Nccl final : public Communicator {
     run("broadcast_bytes", [&] { return ncclBroadcast(staging_, staging_, bytes, ncclUint8, root, comm_, stream_); });
     check_cuda(cudaMemcpy(buf, staging_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   }
-  // A one-element all-reduce that every rank must reach, then a stream sync.
+  // A one-element all-reduce that every rank must reach, then a stream sync
+  // (max, not sum: repeated barriers must not grow the scratch value).
   void barrier() override {
-    run("barrier", [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt64, ncclSum, comm_, stream_); });
+    run("barrier", [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt64, ncclMax, comm_, stream_); });
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
     KVS_CHECK(color >= 0, "NCCL split: color {} must be non-negative", color);

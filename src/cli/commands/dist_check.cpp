@@ -26,12 +26,15 @@ void check_nccl(const dist::LaunchInfo& l, const dist::BootstrapOptions& o, cons
   auto comm = dist::make_nccl(l, id_on_rank0, device, o.timeout_s);
   const size_t n = 1 << 20;
   std::vector<float> h(n, static_cast<float>(l.rank + 1));
+  auto cuda = [&](cudaError_t e, const char* what) {
+    KVS_CHECK(e == cudaSuccess, "rank {}: {} failed: {}", l.rank, what, cudaGetErrorString(e));
+  };
   float* d = nullptr;
-  KVS_CHECK(cudaMalloc(&d, n * sizeof(float)) == cudaSuccess, "rank {}: cudaMalloc failed", l.rank);
-  cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  cuda(cudaMalloc(&d, n * sizeof(float)), "cudaMalloc");
+  cuda(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   comm->all_reduce(d, n, dist::DType::F32, dist::ReduceOp::Sum);
-  cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(d);
+  cuda(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda(cudaFree(d), "cudaFree");
   const float want = static_cast<float>(l.world_size) * (l.world_size + 1) / 2;
   for (size_t i = 0; i < n; ++i)
     KVS_CHECK(h[i] == want, "rank {}: NCCL all-reduce gave {} at element {}, expected {}", l.rank, h[i], i, want);

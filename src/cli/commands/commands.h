@@ -13,5 +13,6 @@ void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_bench_attention(CLI::App& app);
+void add_dist_check(CLI::App& app);  // hidden
 
 }  // namespace kvs::cli

@@ -1,0 +1,256 @@
+// NCCL communicator. Every NCCL call is made on a non-blocking communicator
+// (config.blocking = 0): it may return ncclInProgress, and completion or
+// failure is read with ncclCommGetAsyncError, polled against a deadline. On a
+// timeout or an error the communicator is aborted (ncclCommAbort stops its
+// kernels) and the call throws; the object is unusable afterwards.
+#ifdef KVS_CUDA
+#include "dist/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kvs::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_cuda(cudaError_t e, const char* what) {
+  KVS_CHECK(e == cudaSuccess, "NCCL backend: {} failed: {}", what, cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(DType t) { return t == DType::F32 ? ncclFloat32 : ncclFloat64; }
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
+
+Clock::time_point after(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  return c;
+}
+
+// Polls a communicator until its pending NCCL call (init, split, enqueue,
+// finalize) has finished; the result, or ncclInProgress after the deadline.
+ncclResult_t wait_async(ncclComm_t comm, Clock::time_point deadline) {
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return r;
+    if (st != ncclInProgress || Clock::now() > deadline) return st;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+class Nccl final : public Communicator {
+ public:
+  Nccl(ncclComm_t comm, int device, double timeout_s) : comm_(comm), device_(device), timeout_s_(timeout_s) {
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCount(comm_, &size_), "ncclCommCount");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaMalloc(&scratch_, 4 * sizeof(int64_t)), "cudaMalloc");
+  }
+  ~Nccl() override {
+    cudaSetDevice(device_);
+    if (comm_) {
+      // Finalize flushes pending work; if that does not end in time, abort.
+      const ncclResult_t r = ncclCommFinalize(comm_);
+      if ((r == ncclSuccess || r == ncclInProgress) && wait_async(comm_, after(timeout_s_)) == ncclSuccess)
+        ncclCommDestroy(comm_);
+      else
+        ncclCommAbort(comm_);
+    }
+    if (staging_) cudaFree(staging_);
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    check_same("all_reduce", count, 0);
+    run("all_reduce", [&] { return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_); });
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+    check_same("reduce_scatter", count, 0);
+    run("reduce_scatter",
+        [&] { return ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_); });
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    check_same("all_gather", count, 0);
+    run("all_gather", [&] { return ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_); });
+  }
+  void broadcast(void* buf, size_t count, DType t, int root) override {
+    check_root(root);
+    check_same("broadcast", count, root);
+    run("broadcast", [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_); });
+  }
+  // Host bytes go through a device staging buffer (NCCL moves device memory only).
+  void broadcast_bytes(void* buf, size_t bytes, int root) override {
+    check_root(root);
+    check_same("broadcast_bytes", bytes, root);
+    if (bytes == 0) return;
+    if (bytes > staging_bytes_) {
+      if (staging_) check_cuda(cudaFree(staging_), "cudaFree");
+      staging_ = nullptr;
+      check_cuda(cudaMalloc(&staging_, bytes), "cudaMalloc");
+      staging_bytes_ = bytes;
+    }
+    if (rank_ == root) check_cuda(cudaMemcpy(staging_, buf, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    run("broadcast_bytes", [&] { return ncclBroadcast(staging_, staging_, bytes, ncclUint8, root, comm_, stream_); });
+    check_cuda(cudaMemcpy(buf, staging_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  // A one-element all-reduce that every rank must reach, then a stream sync
+  // (max, not sum: repeated barriers must not grow the scratch value).
+  void barrier() override {
+    run("barrier", [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt64, ncclMax, comm_, stream_); });
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    KVS_CHECK(color >= 0, "NCCL split: color {} must be non-negative", color);
+    usable("split");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    ncclConfig_t cfg = nonblocking_config();
+    ncclComm_t sub = nullptr;
+    const ncclResult_t r = ncclCommSplit(comm_, color, key, &sub, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) abort_and_fail("split", r);
+    const auto deadline = after(timeout_s_);
+    const ncclResult_t parent = wait_async(comm_, deadline);
+    const ncclResult_t child = sub ? wait_async(sub, deadline) : ncclInProgress;
+    if (parent != ncclSuccess || child != ncclSuccess) {
+      if (sub) ncclCommAbort(sub);
+      abort_and_fail("split", parent != ncclSuccess ? parent : child);
+    }
+    return std::make_unique<Nccl>(sub, device_, timeout_s_);
+  }
+
+ private:
+  void usable(const char* what) const {
+    KVS_CHECK(comm_, "NCCL {} on rank {}: the communicator was aborted after an earlier error", what, rank_);
+  }
+  void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) abort_and_fail(what, r);
+  }
+  void check_root(int root) const {
+    KVS_CHECK(root >= 0 && root < size_, "NCCL broadcast: root {} outside 0..{}", root, size_ - 1);
+  }
+
+  // ncclInProgress here means the deadline passed.
+  [[noreturn]] void abort_and_fail(const char* what, ncclResult_t r) {
+    std::string why = r == ncclInProgress ? fmt::format("did not complete within {} s (a rank is missing or stuck)",
+                                                        timeout_s_)
+                                          : fmt::format("failed: {}", ncclGetErrorString(r));
+    if (comm_) {
+      const char* last = ncclGetLastError(comm_);
+      if (r != ncclInProgress && last && *last) why += fmt::format(" ({})", last);
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    fail("NCCL {} on rank {} {}; communicator aborted", what, rank_, why);
+  }
+
+  // Enqueues one NCCL operation and waits for it (enqueue, then the stream).
+  template <class F>
+  void run(const char* what, F&& enqueue) {
+    usable(what);
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // inputs from any stream are ready
+    const ncclResult_t r = enqueue();
+    if (r != ncclSuccess && r != ncclInProgress) abort_and_fail(what, r);
+    const auto deadline = after(timeout_s_);
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
+      if (st != ncclSuccess && st != ncclInProgress) abort_and_fail(what, st);
+      if (st == ncclSuccess) {  // enqueued: now wait for the stream
+        const cudaError_t e = cudaStreamQuery(stream_);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) check_cuda(e, what);
+      }
+      if (Clock::now() > deadline) abort_and_fail(what, ncclInProgress);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // Every rank must pass the same count and root: max and min over ranks agree.
+  void check_same(const char* what, size_t count, int root) {
+    const int64_t c = static_cast<int64_t>(count);
+    const int64_t host[4] = {c, -c, root, -root};
+    check_cuda(cudaMemcpy(scratch_, host, sizeof host, cudaMemcpyHostToDevice), "cudaMemcpy");
+    run(what, [&] { return ncclAllReduce(scratch_, scratch_, 4, ncclInt64, ncclMax, comm_, stream_); });
+    int64_t m[4];
+    check_cuda(cudaMemcpy(m, scratch_, sizeof m, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    KVS_CHECK(m[0] == -m[1], "NCCL {} on rank {}: ranks disagree on the size (this rank {}, others from {} to {})",
+              what, rank_, c, -m[1], m[0]);
+    KVS_CHECK(m[2] == -m[3], "NCCL {} on rank {}: ranks disagree on the root (this rank {}, others from {} to {})",
+              what, rank_, root, -m[3], m[2]);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int device_ = 0;
+  double timeout_s_ = 120;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;  // 4 int64: size checks and the barrier
+  void* staging_ = nullptr;  // broadcast_bytes
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace
+
+int select_device(const LaunchInfo& info) {
+  int n = 0;
+  check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  KVS_CHECK(n > 0, "rank {}: no CUDA device visible", info.rank);
+  const int dev = info.local_rank % n;
+  check_cuda(cudaSetDevice(dev), "cudaSetDevice");
+  return dev;
+}
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  KVS_CHECK(r == ncclSuccess, "ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+  return std::string(id.internal, sizeof id.internal);
+}
+
+std::unique_ptr<Communicator> make_nccl(const LaunchInfo& info, const std::string& unique_id, int device,
+                                        double timeout_s) {
+  KVS_CHECK(unique_id.size() == NCCL_UNIQUE_ID_BYTES, "rank {}: the NCCL unique id has {} bytes, expected {}",
+            info.rank, unique_id.size(), NCCL_UNIQUE_ID_BYTES);
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  ncclConfig_t cfg = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, info.world_size, id, info.rank, &cfg);
+  if ((r == ncclSuccess || r == ncclInProgress) && comm) r = wait_async(comm, after(timeout_s));
+  if (r != ncclSuccess) {
+    const std::string last = comm && ncclGetLastError(comm) ? ncclGetLastError(comm) : "";
+    if (comm) ncclCommAbort(comm);
+    KVS_CHECK(r != ncclInProgress, "rank {}: NCCL init did not complete within {} s (a rank is missing or stuck)",
+              info.rank, timeout_s);
+    fail("rank {}: NCCL init failed: {}{}", info.rank, ncclGetErrorString(r), last.empty() ? "" : " (" + last + ")");
+  }
+  return std::make_unique<Nccl>(comm, device, timeout_s);
+}
+
+std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double timeout_s) {
+  const int device = select_device(info);
+  const std::string id = share(info.rank == 0 ? nccl_unique_id() : std::string());
+  return make_nccl(info, id, device, timeout_s);
+}
+
+}  // namespace kvs::dist
+#endif  // KVS_CUDA

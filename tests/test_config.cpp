@@ -590,6 +590,7 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.lr = 0.1 + 0.2;  // not short in decimal
   c.train.min_lr = 1e-7;
   c.train.schedule = "cosine";
+  c.train.recompute = "full";
   c.model.kv_shift.shift_v = false;
   c.model.kv_shift.shift_q = true;
   c.model.kv_shift.parametrization = "clamp01";
@@ -606,7 +607,7 @@ TEST(Config, ToJsonRoundTrips) {
   EXPECT_TRUE(kvs::config_from_json(json::parse(j.dump()), "mem") == c);  // through text, doubles exact
   // Every key is written.
   for (const char* k : {"name", "device", "model", "train", "data", "parallel"}) EXPECT_TRUE(j.contains(k)) << k;
-  EXPECT_EQ(j["train"].size(), 19u);
+  EXPECT_EQ(j["train"].size(), 20u);
   EXPECT_EQ(j["model"].size(), 13u);
   EXPECT_EQ(j["model"]["position_encoding"], "none");
   EXPECT_EQ(j["model"]["kv_shift"].size(), 6u);

@@ -463,6 +463,7 @@ TEST(Config, ValidationRulesNameTheKey) {
          c.model.kv_shift.window = 2;
        },
        {"sigmoid_gate", "window 1"}},
+      {[](C& c) { c.train.recompute = "layers"; }, {"train.recompute", "\"layers\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
       {[](C& c) { c.parallel.tp = 2; }, {"parallel.tp: tensor parallelism is not implemented yet"}},
   };

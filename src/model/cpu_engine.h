@@ -50,6 +50,11 @@ class CpuEngine : public Engine {
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
+  bool supports_sharded_step() const override { return true; }
+  float* host_params() override { return params_.data(); }
+  float* host_grads() override { return grads_.data(); }
+  double grad_sq_sum_range(size_t begin, size_t end) override;
+  void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
 
   size_t activation_floats() const { return plan_.total; }
 

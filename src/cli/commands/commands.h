@@ -12,5 +12,6 @@ void add_backward(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_dist_selftest(CLI::App& app);  // hidden
 
 }  // namespace kvs::cli

@@ -150,6 +150,22 @@ TEST(DistDp, GradAccumNotDivisibleIsAOneLineError) {
   EXPECT_FALSE(std::filesystem::exists(tmp / "run/metrics.jsonl"));
 }
 
+// A non-finite loss is an all-reduced value: every rank stops at the same
+// step (no rank left waiting), and the last checkpoint stays intact.
+TEST(DistDp, DivergenceStopsEveryRank) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", dir = tmp / "run";
+  kvs::testing_util::spit(cfg, tiny_config(true, 4).dump());
+  train(2, cfg, dir, "--set train.steps=3");
+  const auto r = run_kvshift("train --quiet --resume --config " + cfg + " --run-dir " + dir +
+                                 " --set train.lr=1e30 --set train.warmup_steps=0 --set train.grad_clip=0",
+                             mpirun(2));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
+  EXPECT_NE(r.out.find("stopping; the last checkpoint"), std::string::npos) << r.out;
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/checkpoints/latest"), "step_00000003\n");
+}
+
 TEST(DistDp, CollectivesSelftest) {
   for (int np : {2, 3}) {
     const auto r = run_kvshift("dist-selftest", mpirun(np));
@@ -224,10 +240,14 @@ TEST(DistDp, Zero1ShardUpdateEqualsAdamW) {
     ASSERT_EQ(ma, mb) << "step " << step;
     ASSERT_EQ(va, vb) << "step " << step;
   }
+  std::vector<float> p(layout.total);
+  whole.read_params(p.data());
+  int on_edge = 0;  // coefficients the projection moved onto 0 or 1
   for (const auto& t : layout.tensors)
-    if (t.kind == kvs::ParamKind::Shift) {
-      std::vector<float> p(layout.total);
-      whole.read_params(p.data());
-      for (size_t i = t.offset; i < t.offset + t.numel; ++i) ASSERT_TRUE(p[i] >= 0.0f && p[i] <= 1.0f) << t.name;
-    }
+    if (t.kind == kvs::ParamKind::Shift)
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+        ASSERT_TRUE(p[i] >= 0.0f && p[i] <= 1.0f) << t.name;
+        on_edge += p[i] == 0.0f || p[i] == 1.0f;
+      }
+  EXPECT_GT(on_edge, 0) << "the clamp01 projection was never exercised";
 }

@@ -251,3 +251,51 @@ TEST(DistDp, Zero1ShardUpdateEqualsAdamW) {
       }
   EXPECT_GT(on_edge, 0) << "the clamp01 projection was never exercised";
 }
+
+// An engine narrowed to one shard keeps only that shard's moments (zeros
+// outside on read), steps it exactly like the whole engine, and refuses to
+// step outside it.
+TEST(DistDp, Zero1EngineKeepsOnlyItsShard) {
+  kvs::Config c = kvs::config_from_json(tiny_config(true, 1), "zero1");
+  kvs::validate(c, "zero1");
+  kvs::CpuEngine whole(c.model, 2, 16), part(c.model, 2, 16);
+  const auto& layout = whole.layout();
+  const size_t n = layout.total;
+  std::vector<float> init(n);
+  kvs::init_params(layout, c.model, 3, init.data());
+  whole.write_params(init.data());
+  part.write_params(init.data());
+  const auto s = kvs::shard_range(n, 3, 1);
+  part.keep_optimizer_range(s.begin, s.end);
+  std::vector<int32_t> in(32), tg(32);
+  std::vector<float> mask(32, 1.0f);
+  for (int i = 0; i < 32; ++i) in[i] = tg[(i + 31) % 32] = 2 + (i * 5) % 30;
+  const kvs::Batch b{2, 16, in.data(), tg.data(), mask.data()};
+  for (int step = 1; step <= 3; ++step) {
+    for (auto* e : {&whole, &part}) {
+      e->zero_grad();
+      e->forward_backward(b, 1.0 / 32);
+    }
+    const kvs::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 1.0};
+    whole.adamw_step(h);
+    part.adamw_step_range(h, s.begin, s.end);
+    // The all-gather's part: the other shards' parameters come from their owners.
+    std::vector<float> pa(n), pb(n);
+    whole.read_params(pa.data());
+    part.read_params(pb.data());
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= s.begin && i < s.end) ASSERT_EQ(pb[i], pa[i]) << "step " << step << " element " << i;
+      pb[i] = pa[i];
+    }
+    part.write_params(pb.data());
+  }
+  std::vector<float> ma(n), mb(n), va(n), vb(n);
+  whole.read_optimizer_state(ma.data(), va.data());
+  part.read_optimizer_state(mb.data(), vb.data());
+  for (size_t i = 0; i < n; ++i) {
+    const bool in_shard = i >= s.begin && i < s.end;
+    ASSERT_EQ(mb[i], in_shard ? ma[i] : 0.0f) << i;
+    ASSERT_EQ(vb[i], in_shard ? va[i] : 0.0f) << i;
+  }
+  EXPECT_KVS_ERROR(part.adamw_step_range({}, 0, n), "outside the optimizer moments held");
+}

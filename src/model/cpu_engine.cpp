@@ -129,6 +129,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len)
   grads_.assign(layout_.total, 0.0f);
   exp_avg_.assign(layout_.total, 0.0f);
   exp_avg_sq_.assign(layout_.total, 0.0f);
+  opt_end_ = layout_.total;
   acts_.assign(plan_.total, 0.0f);
   argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
   P_ = bind_params(layout_, m_, params_.data());
@@ -140,12 +141,25 @@ void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), para
 void CpuEngine::write_params(const float* host) { std::copy(host, host + layout_.total, params_.begin()); }
 void CpuEngine::read_grads(float* host) const { std::copy(grads_.begin(), grads_.end(), host); }
 void CpuEngine::read_optimizer_state(float* m, float* v) const {
-  std::copy(exp_avg_.begin(), exp_avg_.end(), m);
-  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v);
+  std::fill(m, m + layout_.total, 0.0f);
+  std::fill(v, v + layout_.total, 0.0f);
+  std::copy(exp_avg_.begin(), exp_avg_.end(), m + opt_begin_);
+  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v + opt_begin_);
 }
 void CpuEngine::write_optimizer_state(const float* m, const float* v) {
-  std::copy(m, m + layout_.total, exp_avg_.begin());
-  std::copy(v, v + layout_.total, exp_avg_sq_.begin());
+  std::copy(m + opt_begin_, m + opt_end_, exp_avg_.begin());
+  std::copy(v + opt_begin_, v + opt_end_, exp_avg_sq_.begin());
+}
+
+void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
+  KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
+            "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  std::vector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
+  std::vector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
+  exp_avg_.swap(m);  // the old, larger buffers are freed here
+  exp_avg_sq_.swap(v);
+  opt_begin_ = begin;
+  opt_end_ = end;
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
@@ -409,8 +423,8 @@ double CpuEngine::grad_sq_sum_range(size_t begin, size_t end) {
 void CpuEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layout_.total); }
 
 void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
-  KVS_CHECK(begin <= end && end <= layout_.total, "adamw_step_range: [{}, {}) outside {} floats", begin, end,
-            layout_.total);
+  KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
+            "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
@@ -427,8 +441,8 @@ void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end)
     const float decay = t.decay() ? 1.0f - lr * static_cast<float>(hp.weight_decay) : 1.0f;
     float* p = params_.data() + lo;
     const float* g = grads_.data() + lo;
-    float* m = exp_avg_.data() + lo;
-    float* v = exp_avg_sq_.data() + lo;
+    float* m = exp_avg_.data() + (lo - opt_begin_);
+    float* v = exp_avg_sq_.data() + (lo - opt_begin_);
     const auto n = static_cast<ptrdiff_t>(hi - lo);
 #pragma omp parallel for schedule(static)
     for (ptrdiff_t i = 0; i < n; ++i) {

@@ -64,6 +64,11 @@ class Engine {
   // adamw_step restricted to [begin, end): the same per-element math, each
   // element treated by the kind of the tensor it belongs to (decay, clamp01).
   virtual void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end);
+  // Keeps the AdamW moments of [begin, end) only and frees the rest (ZeRO-1's
+  // memory saving). Afterwards read_optimizer_state gives zeros outside the
+  // range, write_optimizer_state keeps only the range, and adamw_step_range
+  // must stay inside it.
+  virtual void keep_optimizer_range(size_t begin, size_t end);
 };
 
 // Checks a micro-batch against the engine's size and the vocabulary (host

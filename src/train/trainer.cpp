@@ -163,7 +163,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     init_params(engine->layout(), cfg.model, tc.seed, init.data());
     engine->write_params(init.data());
   }
-  // Each rank holds the full state after a load; its shard is the part it updates.
+  // Each rank loaded the full state; from here on it keeps the moments of its shard only.
   std::unique_ptr<Zero1> zero1;
   if (dp > 1) zero1 = std::make_unique<Zero1>(*engine, *comm);
   MetricsWriter metrics;
@@ -193,12 +193,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   auto save = [&](int64_t done) {
     // One format whatever dp is: rank 0 writes full tensors, so the shards are gathered first.
-    if (zero1) zero1->gather_optimizer_state();
+    std::vector<float> exp_avg, exp_avg_sq;
+    if (zero1) zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
     if (!rank0) return;
     CheckpointData cd;
     cd.hf_config = model_to_hf_json(cfg.model);
     cd.model = model_tensors(*engine);
-    cd.optimizer = optimizer_tensors(*engine);
+    cd.optimizer = zero1 ? optimizer_tensors(engine->layout(), exp_avg, exp_avg_sq) : optimizer_tensors(*engine);
     cd.run_config = to_json(cfg);
     cd.trainer_state = {{"step", done},
                         {"next_train_sequence", static_cast<uint64_t>(done) * GB},

@@ -22,6 +22,7 @@ Zero1::Zero1(Engine& engine, dist::Communicator& comm)
             "data parallelism (ZeRO-1) needs an engine with a sharded optimizer step; this device has none yet");
   padded_.assign(shard_.padded_size * comm.size(), 0.0f);
   piece_.assign(shard_.padded_size, 0.0f);
+  engine.keep_optimizer_range(shard_.begin, shard_.end);
 }
 
 double Zero1::reduce_gradients() {
@@ -41,13 +42,13 @@ void Zero1::step(const AdamWHyper& h) {
   all_gather_shards(engine_.host_params());
 }
 
-void Zero1::gather_optimizer_state() {
+void Zero1::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
   const size_t total = engine_.layout().total;
-  std::vector<float> m(total), v(total);
-  engine_.read_optimizer_state(m.data(), v.data());
+  m.resize(total);
+  v.resize(total);
+  engine_.read_optimizer_state(m.data(), v.data());  // zeros outside this rank's shard
   all_gather_shards(m.data());
   all_gather_shards(v.data());
-  engine_.write_optimizer_state(m.data(), v.data());
 }
 
 void Zero1::all_gather_shards(float* full) {

@@ -1,8 +1,8 @@
 // ZeRO-1 over data-parallel ranks (docs/PARALLEL.md): the flat gradient
 // buffer is padded to a multiple of dp and reduce-scattered, so rank r holds
 // the summed gradients of its contiguous shard [r*S, min((r+1)*S, total)),
-// S = ceil(total/dp). Each rank runs AdamW on its shard only (its AdamW
-// moments are the only ones it updates), then the parameters are all-gathered.
+// S = ceil(total/dp). Each rank holds the AdamW moments of its shard only and
+// runs AdamW on it, then the parameters are all-gathered.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -22,6 +22,8 @@ ShardRange shard_range(size_t total, int dp, int rank);
 
 class Zero1 {
  public:
+  // Narrows the engine's moments to this rank's shard: load any full
+  // optimizer state into the engine before.
   Zero1(Engine& engine, dist::Communicator& comm);
 
   // Sums every rank's gradients into this rank's shard (reduce-scatter) and
@@ -29,9 +31,9 @@ class Zero1 {
   double reduce_gradients();
   // AdamW on this rank's shard, then every rank gets every parameter.
   void step(const AdamWHyper& h);
-  // Every rank gets the full AdamW moments (each shard from its owner), for a
-  // checkpoint written on rank 0.
-  void gather_optimizer_state();
+  // The full AdamW moments (each shard from its owner) on every rank, for a
+  // checkpoint written on rank 0; the engine keeps only its shard.
+  void gather_optimizer_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
 
   const ShardRange& shard() const { return shard_; }
 

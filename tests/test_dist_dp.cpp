@@ -147,6 +147,8 @@ TEST(DistDp, GradAccumNotDivisibleIsAOneLineError) {
   EXPECT_NE(r.out.find("train.grad_accum_steps (3) must be a multiple of the data-parallel size (2 ranks)"),
             std::string::npos)
       << r.out;
+  EXPECT_EQ(r.out.find("train.grad_accum_steps", r.out.find("train.grad_accum_steps") + 1), std::string::npos)
+      << "reported more than once: " << r.out;
   EXPECT_FALSE(std::filesystem::exists(tmp / "run/metrics.jsonl"));
 }
 

@@ -1,11 +1,12 @@
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/commands/commands.h"
 #include "cli/commands/world_guard.h"
 #include "core/error.h"
-#include "model/config.h"
 #include "core/log.h"
 #include "dist/world.h"
+#include "model/config.h"
 #include "train/trainer.h"
 
 namespace kvs::cli {
@@ -42,7 +43,15 @@ void add_train(CLI::App& app) {
     auto world = dist::make_world();
     const bool rank0 = world->rank() == 0;
     if (!rank0) spdlog::set_level(spdlog::level::warn);
-    check_data_parallel(cfg, world->size());  // the same on every rank: a plain error, no abort
+    // A config error is the same on every rank: rank 0 reports it, the others
+    // leave quietly (no abort needed, every rank finalises MPI).
+    try {
+      check_data_parallel(cfg, world->size());
+    } catch (const Error&) {
+      if (rank0) throw;
+      world.reset();
+      std::exit(1);
+    }
     TrainSummary s;
     run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get()}); });
     if (rank0)

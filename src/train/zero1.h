@@ -28,6 +28,7 @@ class Zero1 {
 
   // Sums every rank's gradients into this rank's shard (reduce-scatter) and
   // returns the global L2 norm (squared norms of the shards, all-reduced).
+  // Outside the shard the engine's gradients stay this rank's own partial sums.
   double reduce_gradients();
   // AdamW on this rank's shard, then every rank gets every parameter.
   void step(const AdamWHyper& h);

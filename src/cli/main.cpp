@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_inspect(app);
   kvs::cli::add_bench_attention(app);
   kvs::cli::add_dist_check(app);
+  kvs::cli::add_dist_selftest(app);
   try {
     kvs::init_logging();
     app.parse(argc, argv);

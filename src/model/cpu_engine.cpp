@@ -129,6 +129,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len)
   grads_.assign(layout_.total, 0.0f);
   exp_avg_.assign(layout_.total, 0.0f);
   exp_avg_sq_.assign(layout_.total, 0.0f);
+  opt_end_ = layout_.total;
   acts_.assign(plan_.total, 0.0f);
   argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
   P_ = bind_params(layout_, m_, params_.data());
@@ -140,12 +141,25 @@ void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), para
 void CpuEngine::write_params(const float* host) { std::copy(host, host + layout_.total, params_.begin()); }
 void CpuEngine::read_grads(float* host) const { std::copy(grads_.begin(), grads_.end(), host); }
 void CpuEngine::read_optimizer_state(float* m, float* v) const {
-  std::copy(exp_avg_.begin(), exp_avg_.end(), m);
-  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v);
+  std::fill(m, m + layout_.total, 0.0f);
+  std::fill(v, v + layout_.total, 0.0f);
+  std::copy(exp_avg_.begin(), exp_avg_.end(), m + opt_begin_);
+  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v + opt_begin_);
 }
 void CpuEngine::write_optimizer_state(const float* m, const float* v) {
-  std::copy(m, m + layout_.total, exp_avg_.begin());
-  std::copy(v, v + layout_.total, exp_avg_sq_.begin());
+  std::copy(m + opt_begin_, m + opt_end_, exp_avg_.begin());
+  std::copy(v + opt_begin_, v + opt_end_, exp_avg_sq_.begin());
+}
+
+void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
+  KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
+            "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  std::vector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
+  std::vector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
+  exp_avg_.swap(m);  // the old, larger buffers are freed here
+  exp_avg_sq_.swap(v);
+  opt_begin_ = begin;
+  opt_end_ = end;
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
@@ -383,26 +397,34 @@ double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, 
   return sum;
 }
 
-double CpuEngine::grad_norm() {
+double CpuEngine::grad_norm() { return std::sqrt(grad_sq_sum_range(0, grads_.size())); }
+
+double CpuEngine::grad_sq_sum_range(size_t begin, size_t end) {
   // Fixed chunks summed in a fixed order: the same bits for any thread count.
   constexpr size_t kChunk = 1 << 16;
-  const size_t n = grads_.size(), chunks = (n + kChunk - 1) / kChunk;
+  KVS_CHECK(begin <= end && end <= grads_.size(), "grad_sq_sum_range: [{}, {}) outside {} floats", begin, end,
+            grads_.size());
+  const size_t n = end - begin, chunks = (n + kChunk - 1) / kChunk;
   std::vector<double>& partial = norm_partials_;
   partial.assign(chunks, 0.0);
-  const float* g = grads_.data();
+  const float* g = grads_.data() + begin;
 #pragma omp parallel for schedule(static)
   for (size_t c = 0; c < chunks; ++c) {
     double s = 0;
-    const size_t end = std::min(n, (c + 1) * kChunk);
-    for (size_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+    const size_t e = std::min(n, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < e; ++i) s += static_cast<double>(g[i]) * g[i];
     partial[c] = s;
   }
   double total = 0;
   for (double s : partial) total += s;
-  return std::sqrt(total);
+  return total;
 }
 
-void CpuEngine::adamw_step(const AdamWHyper& hp) {
+void CpuEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layout_.total); }
+
+void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
+  KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
+            "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
@@ -411,13 +433,17 @@ void CpuEngine::adamw_step(const AdamWHyper& hp) {
   const float step_size = static_cast<float>(hp.lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   for (const ParamTensor& t : layout_.tensors) {
+    // The part of this tensor inside [begin, end): a shard boundary may cut a
+    // tensor, and each element keeps its own tensor's decay and projection.
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
     // Decoupled weight decay (as torch.optim.AdamW): p *= 1 - lr * wd, then the Adam update.
     const float decay = t.decay() ? 1.0f - lr * static_cast<float>(hp.weight_decay) : 1.0f;
-    float* p = params_.data() + t.offset;
-    const float* g = grads_.data() + t.offset;
-    float* m = exp_avg_.data() + t.offset;
-    float* v = exp_avg_sq_.data() + t.offset;
-    const auto n = static_cast<ptrdiff_t>(t.numel);
+    float* p = params_.data() + lo;
+    const float* g = grads_.data() + lo;
+    float* m = exp_avg_.data() + (lo - opt_begin_);
+    float* v = exp_avg_sq_.data() + (lo - opt_begin_);
+    const auto n = static_cast<ptrdiff_t>(hi - lo);
 #pragma omp parallel for schedule(static)
     for (ptrdiff_t i = 0; i < n; ++i) {
       const float gi = g[i] * scale;

@@ -50,6 +50,12 @@ class CpuEngine : public Engine {
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
+  bool supports_sharded_step() const override { return true; }
+  float* host_params() override { return params_.data(); }
+  float* host_grads() override { return grads_.data(); }
+  double grad_sq_sum_range(size_t begin, size_t end) override;
+  void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
+  void keep_optimizer_range(size_t begin, size_t end) override;
 
   size_t activation_floats() const { return plan_.total; }
 
@@ -62,7 +68,11 @@ class CpuEngine : public Engine {
   ParamLayout layout_;
   int max_B_, max_T_;
   ActivationPlan plan_;
-  std::vector<float> params_, grads_, exp_avg_, exp_avg_sq_, acts_;
+  std::vector<float> params_, grads_, acts_;
+  // AdamW moments of [opt_begin_, opt_end_) of the layout (all of it unless
+  // keep_optimizer_range narrowed it).
+  std::vector<float> exp_avg_, exp_avg_sq_;
+  size_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<int32_t> argmax_;
   std::vector<double> norm_partials_;
   ModelView P_, G_;

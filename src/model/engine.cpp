@@ -10,6 +10,18 @@
 
 namespace kvs {
 
+namespace {
+[[noreturn]] void no_sharded_step() {
+  fail("this engine has no sharded optimizer step (data parallelism needs device \"cpu\" for now)");
+}
+}  // namespace
+
+float* Engine::host_params() { no_sharded_step(); }
+float* Engine::host_grads() { no_sharded_step(); }
+double Engine::grad_sq_sum_range(size_t, size_t) { no_sharded_step(); }
+void Engine::adamw_step_range(const AdamWHyper&, size_t, size_t) { no_sharded_step(); }
+void Engine::keep_optimizer_range(size_t, size_t) { no_sharded_step(); }
+
 void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max_seq_len) {
   KVS_CHECK(b.B >= 1 && b.B <= max_batch, "engine: batch of {} sequences, engine sized for {}", b.B, max_batch);
   KVS_CHECK(b.T >= 1 && b.T <= max_seq_len, "engine: sequence length {}, engine sized for {}", b.T, max_seq_len);

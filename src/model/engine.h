@@ -51,6 +51,24 @@ class Engine {
 
   virtual double grad_norm() = 0;  // L2 norm over all gradients
   virtual void adamw_step(const AdamWHyper& h) = 0;
+
+  // ZeRO-1 (docs/PARALLEL.md): a data-parallel rank reduces the gradients,
+  // then updates only its slice [begin, end) of the flat buffers (indices into
+  // ParamLayout). Only engines with host-side flat buffers support it; the
+  // defaults throw (the CUDA engine: dp > 1 is not available there yet).
+  virtual bool supports_sharded_step() const { return false; }
+  virtual float* host_params();  // the flat fp32 parameters, writable
+  virtual float* host_grads();   // the flat fp32 gradients, writable
+  // Sum of squared gradients over [begin, end) (the caller all-reduces, then takes sqrt).
+  virtual double grad_sq_sum_range(size_t begin, size_t end);
+  // adamw_step restricted to [begin, end): the same per-element math, each
+  // element treated by the kind of the tensor it belongs to (decay, clamp01).
+  virtual void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end);
+  // Keeps the AdamW moments of [begin, end) only and frees the rest (ZeRO-1's
+  // memory saving). Afterwards read_optimizer_state gives zeros outside the
+  // range, write_optimizer_state keeps only the range, and adamw_step_range
+  // must stay inside it.
+  virtual void keep_optimizer_range(size_t begin, size_t end);
 };
 
 // Checks a micro-batch against the engine's size and the vocabulary (host

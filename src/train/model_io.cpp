@@ -40,8 +40,13 @@ std::vector<StTensor> model_tensors(const Engine& e) {
 std::vector<StTensor> optimizer_tensors(const Engine& e) {
   std::vector<float> m(e.layout().total), v(e.layout().total);
   e.read_optimizer_state(m.data(), v.data());
-  auto out = tensors_from(e.layout(), m, "exp_avg.");
-  auto sq = tensors_from(e.layout(), v, "exp_avg_sq.");
+  return optimizer_tensors(e.layout(), m, v);
+}
+
+std::vector<StTensor> optimizer_tensors(const ParamLayout& layout, const std::vector<float>& m,
+                                        const std::vector<float>& v) {
+  auto out = tensors_from(layout, m, "exp_avg.");
+  auto sq = tensors_from(layout, v, "exp_avg_sq.");
   for (auto& t : sq) out.push_back(std::move(t));
   return out;
 }

@@ -11,6 +11,9 @@ namespace kvs {
 
 std::vector<StTensor> model_tensors(const Engine& e);
 std::vector<StTensor> optimizer_tensors(const Engine& e);  // "exp_avg.<name>", "exp_avg_sq.<name>"
+// The same from full moment buffers held outside an engine (ZeRO-1 gathers them).
+std::vector<StTensor> optimizer_tensors(const ParamLayout& layout, const std::vector<float>& exp_avg,
+                                        const std::vector<float>& exp_avg_sq);
 
 // Copies tensors into the engine after checking names and shapes exactly;
 // errors name `file` and the tensor.

@@ -15,6 +15,7 @@
 #include "train/model_io.h"
 #include "train/progress.h"
 #include "train/schedule.h"
+#include "train/zero1.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -100,10 +101,32 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   return r;
 }
 
+void check_data_parallel(const Config& cfg, int dp) {
+  const int accum = cfg.train.grad_accum_steps;
+  KVS_CHECK(accum % dp == 0,
+            "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
+            "grad_accum_steps/dp micro-batches of the global batch",
+            accum, dp);
+  KVS_CHECK(dp == 1 || cfg.device == "cpu",
+            "data parallelism (dp = {}) needs device \"cpu\" for now; device \"{}\" has no sharded optimizer step yet",
+            dp, cfg.device);
+}
+
 TrainSummary train(const Config& config, const TrainOptions& opt) {
   const Config cfg = with_absolute_paths(config);
   const TrainConfig& tc = cfg.train;
   KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
+  // Data parallelism (docs/PARALLEL.md): every rank runs a contiguous slice of
+  // grad_accum_steps/dp micro-batches of the same global batch.
+  std::unique_ptr<dist::Communicator> own_comm;
+  dist::Communicator* comm = opt.comm;
+  if (!comm) {
+    own_comm = dist::make_single_process();
+    comm = own_comm.get();
+  }
+  const int dp = comm->size(), rank = comm->rank();
+  const bool rank0 = rank == 0;
+  check_data_parallel(cfg, dp);
   set_threads(tc.threads);
   make_dirs(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
@@ -132,7 +155,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     KVS_CHECK(ts.value("seed", tc.seed + 1) == tc.seed,
               "{}: train.seed changed (checkpoint {}, config {}); the data stream would not line up", latest,
               ts.value("seed", uint64_t{0}), tc.seed);
-    spdlog::info("resuming from {} (step {})", latest, step);
+    if (rank0) spdlog::info("resuming from {} (step {})", latest, step);
   } else {
     KVS_CHECK(latest.empty(), "{}: the run directory already has checkpoints; use --resume or another --run-dir",
               opt.run_dir);
@@ -140,30 +163,43 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     init_params(engine->layout(), cfg.model, tc.seed, init.data());
     engine->write_params(init.data());
   }
-  atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+  // Each rank loaded the full state; from here on it keeps the moments of its shard only.
+  std::unique_ptr<Zero1> zero1;
+  if (dp > 1) zero1 = std::make_unique<Zero1>(*engine, *comm);
   MetricsWriter metrics;
-  metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
+  if (rank0) {
+    atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+    metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
+    spdlog::info("parallel layout: dp {}, tp {}, backend {}{}", dp, cfg.parallel.tp, comm->backend(),
+                 dp > 1 ? ", ZeRO-1 optimizer shards" : "");
+  }
 
   const ParamCounts counts = count_params(cfg.model);
-  spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
+  if (rank0)
+    spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                tc.threads > 0 ? tc.threads : omp_get_num_procs());
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
+  const int LB = GB / dp;  // this rank's sequences: [rank * LB, (rank + 1) * LB) of each global batch
   BatchBuffers batch;
-  batch.resize(GB, T);
+  batch.resize(LB, T);
   TrainSummary summary;
   ProgressLine progress(tc.steps, step);
   double last_eval_acc = NAN;
   const bool has_val = data->size(Split::Val) > 0;
-  if (!has_val) spdlog::warn("the data have no validation split: evaluation is skipped");
+  if (!has_val && rank0) spdlog::warn("the data have no validation split: evaluation is skipped");
 
   auto save = [&](int64_t done) {
+    // One format whatever dp is: rank 0 writes full tensors, so the shards are gathered first.
+    std::vector<float> exp_avg, exp_avg_sq;
+    if (zero1) zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
+    if (!rank0) return;
     CheckpointData cd;
     cd.hf_config = model_to_hf_json(cfg.model);
     cd.model = model_tensors(*engine);
-    cd.optimizer = optimizer_tensors(*engine);
+    cd.optimizer = zero1 ? optimizer_tensors(engine->layout(), exp_avg, exp_avg_sq) : optimizer_tensors(*engine);
     cd.run_config = to_json(cfg);
     cd.trainer_state = {{"step", done},
                         {"next_train_sequence", static_cast<uint64_t>(done) * GB},
@@ -173,7 +209,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     summary.last_checkpoint = save_checkpoint(ckpt_root, done, cd, 0);
   };
   auto run_eval = [&](int64_t done) {
-    if (!has_val) return EvalResult{};
+    if (!has_val || !rank0) return EvalResult{};  // rank 0 evaluates alone: the same numbers as one process
     EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences);
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
@@ -190,17 +226,20 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(tc, step);
-    batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB, GB);
+    batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB + static_cast<uint64_t>(rank) * LB, LB);
     double scored = 0;
     for (float m : batch.mask) scored += m;
+    comm->all_reduce(&scored, 1, dist::DType::F64, dist::ReduceOp::Sum);  // exact: a sum of integers
     // The loss is the mean over every scored token of the global batch, so each
     // micro-batch's gradient is scaled by 1/(scored tokens of the whole batch).
     const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
     engine->zero_grad();
     double loss_sum = 0;
-    for (int s = 0; s < GB; s += MB) loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
+    for (int s = 0; s < LB; s += MB) loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
+    comm->all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
     const double loss = scored > 0 ? loss_sum / scored : 0.0;
-    const double gnorm = engine->grad_norm();
+    // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
+    const double gnorm = zero1 ? zero1->reduce_gradients() : engine->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
       fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,
@@ -209,18 +248,21 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     }
     AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
     if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
-    engine->adamw_step(hp);
+    if (zero1)
+      zero1->step(hp);
+    else
+      engine->adamw_step(hp);
 
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>(GB) * T / dt;
     smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
     summary.losses.push_back(loss);
-    if (done % tc.log_every == 0 || done == tc.steps)
+    if (rank0 && (done % tc.log_every == 0 || done == tc.steps))
       metrics.write({{"type", "train"}, {"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                      {"scored_tokens", static_cast<int64_t>(scored)}, {"tokens_per_s", tok_s},
                      {"step_time_s", dt}});
-    if (!opt.quiet)
+    if (!opt.quiet && rank0)
       progress.update(done, loss, lr, static_cast<double>(GB) * T / smoothed_step_s,
                       std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
     const bool last = done == tc.steps;
@@ -231,7 +273,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   summary.steps_done = step;
   if (summary.losses.empty() && summary.final_eval.sequences == 0) summary.final_eval = run_eval(step);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  spdlog::info("done: {} steps in {}", step, format_duration(total_s));
+  if (rank0) spdlog::info("done: {} steps in {}", step, format_duration(total_s));
   return summary;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "dist/comm.h"
 #include "model/config.h"
 #include "model/engine.h"
 
@@ -26,6 +27,8 @@ struct TrainOptions {
   std::string run_dir;
   bool resume = false;
   bool quiet = false;  // no progress line (tests)
+  // The data-parallel group (dp = its size; docs/PARALLEL.md); null = one process.
+  dist::Communicator* comm = nullptr;
 };
 
 struct TrainSummary {
@@ -35,9 +38,15 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
+// Checks that the config can run on `dp` data-parallel ranks (tp = 1):
+// train.grad_accum_steps must be a multiple of dp, and dp > 1 needs device "cpu".
+void check_data_parallel(const Config& cfg, int dp);
+
 // Runs (or resumes) training; throws kvs::Error on bad input, and on a
 // non-finite loss or gradient norm (naming the step; the last checkpoint is
-// left as it was).
+// left as it was). With opt.comm of size dp > 1 every rank calls this; rank 0
+// alone writes metrics, evaluations and checkpoints, and returns the
+// evaluations (other ranks' final_eval stays empty).
 TrainSummary train(const Config& cfg, const TrainOptions& opt);
 
 }  // namespace kvs

@@ -1,7 +1,11 @@
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/world_guard.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "dist/world.h"
 #include "model/config.h"
 #include "train/trainer.h"
 
@@ -34,8 +38,24 @@ void add_train(CLI::App& app) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       run_dir = "runs/" + stem;
     }
-    TrainSummary s = train(cfg, {run_dir, a->resume, a->quiet});
-    std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
+    // dp = the number of processes mpirun started (docs/PARALLEL.md); only
+    // rank 0 logs, shows the progress line and prints the summary.
+    auto world = dist::make_world();
+    const bool rank0 = world->rank() == 0;
+    if (!rank0) spdlog::set_level(spdlog::level::warn);
+    // A config error is the same on every rank: rank 0 reports it, the others
+    // leave quietly (no abort needed, every rank finalises MPI).
+    try {
+      check_data_parallel(cfg, world->size());
+    } catch (const Error&) {
+      if (rank0) throw;
+      world.reset();
+      std::exit(1);
+    }
+    TrainSummary s;
+    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get()}); });
+    if (rank0)
+      std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
                 static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);
   });
 }

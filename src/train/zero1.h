@@ -1,0 +1,51 @@
+// ZeRO-1 over data-parallel ranks (docs/PARALLEL.md): the flat gradient
+// buffer is padded to a multiple of dp and reduce-scattered, so rank r holds
+// the summed gradients of its contiguous shard [r*S, min((r+1)*S, total)),
+// S = ceil(total/dp). Each rank holds the AdamW moments of its shard only and
+// runs AdamW on it, then the parameters are all-gathered.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/engine.h"
+
+namespace kvs {
+
+struct ShardRange {
+  size_t begin = 0, end = 0;  // [begin, end) into the flat layout; may be empty
+  size_t padded_size = 0;     // floats per shard in the collectives (S)
+};
+
+// Rank `rank` of `dp`'s shard of `total` floats.
+ShardRange shard_range(size_t total, int dp, int rank);
+
+class Zero1 {
+ public:
+  // Narrows the engine's moments to this rank's shard: load any full
+  // optimizer state into the engine before.
+  Zero1(Engine& engine, dist::Communicator& comm);
+
+  // Sums every rank's gradients into this rank's shard (reduce-scatter) and
+  // returns the global L2 norm (squared norms of the shards, all-reduced).
+  // Outside the shard the engine's gradients stay this rank's own partial sums.
+  double reduce_gradients();
+  // AdamW on this rank's shard, then every rank gets every parameter.
+  void step(const AdamWHyper& h);
+  // The full AdamW moments (each shard from its owner) on every rank, for a
+  // checkpoint written on rank 0; the engine keeps only its shard.
+  void gather_optimizer_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
+
+  const ShardRange& shard() const { return shard_; }
+
+ private:
+  // Gathers each rank's shard of `full` (total floats) into `full` on every rank.
+  void all_gather_shards(float* full);
+
+  Engine& engine_;
+  dist::Communicator& comm_;
+  ShardRange shard_;
+  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step
+};
+
+}  // namespace kvs

@@ -27,7 +27,6 @@
 //    dP - delta remains).
 // An indexing or masking bug gives O(1) relative errors, far outside these.
 #ifdef KVS_CUDA
-#include <cuda_runtime.h>  // before cuda_test_util.h: DeviceBuffer needs the typed cudaMalloc<T>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -18,9 +18,6 @@
 //   double) and possible FMA contraction by the host compiler, so a few fp32
 //   ulps; the bf16 copy must be exactly bf16(master).
 #ifdef KVS_CUDA
-// cuda_runtime.h before cuda_test_util.h: DeviceBuffer<T> calls cudaMalloc(T**),
-// whose template overload lives there (cuda_runtime_api.h only has void**).
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

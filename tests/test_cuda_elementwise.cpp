@@ -8,9 +8,6 @@
 // 2.5 ulp) with a small atol for results near zero (kBf16Rtol, kBf16Atol). fp32
 // reductions (dwte, dw, rstd, dcoef) are compared much tighter, per test.
 #ifdef KVS_CUDA
-// cuda_runtime.h (not just cuda_runtime_api.h) declares the typed
-// cudaMalloc(T**, size_t) that cuda_test_util.h's DeviceBuffer calls.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,6 +3,8 @@
 // vanilla checkpoint says the shift is disabled; a missing one is a one-line error.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -27,7 +29,7 @@ using Result = kvs::testing_util::CommandResult;
 using kvs::testing_util::run_kvshift;
 
 // Trains one step of a 2-layer, 2-KV-head model and returns the run dir.
-std::string train_tiny(const std::string& run_dir, bool shift) {
+std::string train_tiny(const std::string& run_dir, bool shift, const char* parametrization = "free") {
   nlohmann::json j = {
       {"name", "inspect"},
       {"model",
@@ -38,7 +40,7 @@ std::string train_tiny(const std::string& run_dir, bool shift) {
         {"num_key_value_heads", 2},
         {"vocab_size", 32},
         {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", shift}}}}},
+        {"kv_shift", {{"enabled", shift}, {"parametrization", parametrization}}}}},
       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
       {"train",
        {{"seq_len", 16},
@@ -112,6 +114,29 @@ TEST(Inspect, ReportsKnownShiftCoefficientsAndTable4) {
   for (const char* part : {"k_shift (a):", "v_shift (b):", "t-1", "L1 H1", "1.5000", "0.0625", "Table 4",
                            "a_cur > a_prev", "b_cur <= b_prev", "min 0.9375"})
     EXPECT_NE(text.out.find(part), std::string::npos) << part << " in:\n" << text.out;
+}
+
+// The gate stores a logit; inspect reports the coefficients the model uses.
+TEST(Inspect, SigmoidGateReportsEffectiveCoefficients) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp / "run", true, "sigmoid_gate");
+  const std::string step = kvs::latest_checkpoint(run + "/checkpoints");
+  const std::string file = step + "/model.safetensors";
+  std::vector<kvs::StTensor> tensors = kvs::read_safetensors(file);
+  const float g[2][2] = {{0.0f, 2.0f}, {0.0f, -1.0f}};  // [unused, logit] per head
+  for (auto& t : tensors)
+    if (t.name == "model.layers.0.self_attn.k_shift") t = kvs::make_f32_tensor(t.name, {2, 2}, &g[0][0]);
+  kvs::write_safetensors(file, tensors);
+  Result r = run_kvshift("inspect --json --checkpoint " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  const double s0 = 1.0 / (1.0 + std::exp(-2.0)), s1 = 1.0 / (1.0 + std::exp(1.0));
+  EXPECT_NEAR(j["k_shift"][0][0][1].get<double>(), s0, 1e-6);
+  EXPECT_NEAR(j["k_shift"][0][0][0].get<double>(), 1 - s0, 1e-6);
+  EXPECT_NEAR(j["k_shift"][0][1][1].get<double>(), s1, 1e-6);
+  for (const char* kind : {"k_shift", "v_shift"})
+    for (const auto& layer : j[kind])
+      for (const auto& head : layer) EXPECT_NEAR(head[0].get<double>() + head[1].get<double>(), 1.0, 1e-6) << kind;
 }
 
 TEST(Inspect, VanillaCheckpointHasNoShiftParameters) {

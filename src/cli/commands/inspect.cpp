@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,7 +41,10 @@ struct Stats {
 std::string column_label(int c, int window) { return c == window ? "t" : "t-" + std::to_string(window - c); }
 
 // The coefficients of `kind` ("k_shift"/"v_shift") for every layer, or empty if
-// the checkpoint has none of them. Shapes are checked against the config.
+// the checkpoint has none of them. Shapes are checked against the config. For
+// the "sigmoid_gate" parametrisation the stored tensor holds the gate logit g
+// (column 1); what the model uses, and what is reported, is [1 - s, s] with
+// s = sigmoid(g), as the engines compute it.
 Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const StTensor*>& by_name,
                  const std::string& kind) {
   const int L = ck.model.num_hidden_layers, H = ck.model.num_key_value_heads;
@@ -59,8 +63,15 @@ Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const S
     const std::vector<float> v = tensor_to_f32(t);
     const int64_t cols = t.shape[1];
     std::vector<std::vector<double>> heads(H);
-    for (int h = 0; h < H; ++h)
+    const bool gated = ck.model.kv_shift.sigmoid_gate();
+    for (int h = 0; h < H; ++h) {
+      if (gated) {
+        const float sg = 1.0f / (1.0f + std::exp(-v[h * cols + 1]));
+        heads[h] = {1.0f - sg, sg};
+        continue;
+      }
       for (int64_t c = 0; c < cols; ++c) heads[h].push_back(v[h * cols + c]);
+    }
     if (!out.empty())
       KVS_CHECK(out[0][0].size() == static_cast<size_t>(cols), "{}/model.safetensors: tensor '{}' has {} columns, layer 0 has {}",
                 ck.dir, name, cols, out[0][0].size());

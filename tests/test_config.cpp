@@ -457,12 +457,6 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"data.shards.val_fraction"}},
       {[](C& c) { c.device = "cuda"; c.model.num_attention_heads = c.model.num_key_value_heads = 8; },
        {"device", "head_dim", "got 8"}},
-      {[](C& c) {
-         c.device = "cuda";
-         c.model.kv_shift.parametrization = "sigmoid_gate";
-         c.model.kv_shift.window = 2;
-       },
-       {"sigmoid_gate", "window 1"}},
       {[](C& c) { c.train.recompute = "layers"; }, {"train.recompute", "\"layers\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
       {[](C& c) { c.parallel.tp = 2; }, {"parallel.tp: tensor parallelism is not implemented yet"}},

@@ -562,8 +562,6 @@ void validate(const Config& c, const std::string& origin) {
     if (d != 16 && d != 32 && d != 64 && d != 128)
       fail("{}: device: \"cuda\" needs head_dim (hidden_size / num_attention_heads) of 16, 32, 64 or 128, got {}",
            origin, d);
-    if (m.kv_shift.sigmoid_gate() && m.kv_shift.window != 1)
-      fail("{}: model.kv_shift.parametrization: \"sigmoid_gate\" on device \"cuda\" needs window 1", origin);
   }
 
   const TrainConfig& t = c.train;

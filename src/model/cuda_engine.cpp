@@ -148,8 +148,6 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
             "kernels (16, 32, 64 or 128)",
             D);
-  KVS_CHECK(!m_.kv_shift.sigmoid_gate() || m_.kv_shift.window == 1,
-            "device 'cuda': the sigmoid gate needs kv_shift.window 1");
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_, recompute_);

@@ -90,8 +90,6 @@ class CudaEngine : public Engine {
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
 
-  size_t device_bytes() const { return plan_.total; }
-
  private:
   template <class T>
   T* at(size_t offset) const {

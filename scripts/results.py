@@ -116,14 +116,18 @@ def fig1a_claims(stats):
         "*2-layer vanilla learns induction (≥ 90%%) but more slowly than 1-layer KV shifting*: %s — vanilla-2l ends "
         "at %s, %s, vs kvshift-1l %s%s." % (verdict(learns and slower), v2.acc_txt(), v2.speed_txt(), kv1.speed_txt(),
                                               "" if learns else " (within the %s steps run)" % v2.max_steps))
-    if math.isinf(v4.speed) and math.isinf(v2.speed):
-        out.append("*4-layer vanilla is no faster than 2-layer vanilla*: **inconclusive** — neither reached 90%% in "
-                   "every seed within %s steps (vanilla-4l %s, vanilla-2l %s)." % (
-                       v2.max_steps, v4.acc_txt(), v2.acc_txt()))
-    else:
-        out.append("*4-layer vanilla is no faster than 2-layer vanilla*: %s — vanilla-4l %s, vanilla-2l %s." % (
-            verdict(v4.speed >= v2.speed), v4.speed_txt(), v2.speed_txt()))
+    out.append("*4-layer vanilla is no faster than 2-layer vanilla*: %s." % four_vs_two_layers(v4, v2))
     return out
+
+
+def four_vs_two_layers(v4, v2):
+    """The verdict on "4-layer vanilla is no faster than 2-layer" and the numbers behind it."""
+    seeds = lambda s: ", ".join("—" if r is None else str(r) for r in s.reach)
+    numbers = "vanilla-4l %s, %s (per seed: %s); vanilla-2l %s, %s (per seed: %s)" % (
+        v4.acc_txt(), v4.speed_txt(), seeds(v4), v2.acc_txt(), v2.speed_txt(), seeds(v2))
+    if math.isinf(v4.speed) and math.isinf(v2.speed):
+        return "**inconclusive** — neither reached 90%% in every seed within %s steps: %s" % (v2.max_steps, numbers)
+    return "%s — %s" % (verdict(v4.speed >= v2.speed), numbers)
 
 
 def fig1b_sizes(stats, configs):
@@ -395,14 +399,8 @@ def fig1a_long_claim(stats):
     v2 = stats.get("vanilla-2l")
     if not v4 or not v2 or not v4.n or not v2.n:
         return []
-    if math.isinf(v4.speed) and math.isinf(v2.speed):
-        word = "**inconclusive** — neither reached 90% in every seed"
-    else:
-        word = verdict(v4.speed >= v2.speed)
     return ["Paper claim (section 3.2, Figure 1a) with the longer budget: *4-layer vanilla is no faster than 2-layer "
-            "vanilla*: %s — vanilla-4l %s (per seed: %s), vanilla-2l %s (per seed: %s)." % (
-                word, v4.speed_txt(), ", ".join("—" if r is None else str(r) for r in v4.reach),
-                v2.speed_txt(), ", ".join("—" if r is None else str(r) for r in v2.reach)), ""]
+            "vanilla*: %s." % four_vs_two_layers(v4, v2), ""]
 
 
 # ----------------------------------------------------------------------------

@@ -16,7 +16,8 @@
 
 namespace kvs::dist {
 
-enum class ReduceOp { Sum, Average };
+// Max: element-wise maximum (the vocab-parallel cross-entropy's row maxima).
+enum class ReduceOp { Sum, Average, Max };
 enum class DType { F32, F64 };
 
 class Communicator {

@@ -28,6 +28,8 @@ void check(int rc, const char* what) {
 }
 
 MPI_Datatype mpi_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_DOUBLE; }
+// Average is a sum followed by a division (MPI has no average operation).
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
 
 std::shared_ptr<MpiRuntime> runtime() {
   // One runtime per process, shared by every communicator (weak: finalised
@@ -59,12 +61,12 @@ class MpiComm final : public Communicator {
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     agree(count, "all_reduce");
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count), mpi_type(t), MPI_SUM, comm_), "Allreduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count), mpi_type(t), mpi_op(op), comm_), "Allreduce");
     if (op == ReduceOp::Average) scale(buf, count, t);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
     agree(count, "reduce_scatter");
-    check(MPI_Reduce_scatter_block(send, recv, as_int(count), mpi_type(t), MPI_SUM, comm_), "Reduce_scatter_block");
+    check(MPI_Reduce_scatter_block(send, recv, as_int(count), mpi_type(t), mpi_op(op), comm_), "Reduce_scatter_block");
     if (op == ReduceOp::Average) scale(recv, count, t);
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {

@@ -27,7 +27,14 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 ncclDataType_t nccl_type(DType t) { return t == DType::F32 ? ncclFloat32 : ncclFloat64; }
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Average: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  return ncclSum;
+}
 
 Clock::time_point after(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));

@@ -1,0 +1,37 @@
+// Tokenizers: text <-> token ids, behind one interface (docs/TOKENIZER.md).
+//   - sentencepiece BPE models trained by `kvshift tokenizer train`: a
+//     directory holding tokenizer.model (the sentencepiece model) and
+//     kvshift_tokenizer.json (vocab size, special ids, the model's sha256);
+//   - the byte-level tokenizer of the built-in byte corpus: ids 0..255 are
+//     the bytes themselves, no special tokens.
+// A run config names its tokenizer directory in data.tokenizer; a run without
+// one (the toy tasks, the byte corpus) has none.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvs {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual int vocab_size() const = 0;
+  virtual int bos_id() const = 0;  // -1 if the tokenizer has none
+  virtual int eos_id() const = 0;  // -1 if the tokenizer has none
+  // No BOS/EOS are added; the caller frames documents.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Special tokens decode to nothing. Streaming callers decode the whole
+  // prefix and print what is new (a piece may complete a multi-byte character).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // One line for logs: "sentencepiece bpe, 8000 pieces (tok/)" / "bytes (256)".
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+// Loads the tokenizer directory `dir`; throws kvs::Error naming the file.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+}  // namespace kvs

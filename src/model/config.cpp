@@ -9,6 +9,8 @@
 // where <origin> is the file name (or whatever the caller passed).
 #include "model/config.h"
 
+#include "model/tensor_parallel.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -650,9 +652,11 @@ void validate(const Config& c, const std::string& origin) {
     fail("{}: data.type: must be \"induction\", \"ngram\", \"hopk\" or \"shards\", got \"{}\"", origin, d.type);
   }
 
-  if (c.parallel.tp < 1) fail("{}: parallel.tp: must be >= 1, got {}", origin, c.parallel.tp);
-  if (c.parallel.tp != 1)
-    fail("{}: parallel.tp: tensor parallelism is not implemented yet (got {}; use 1)", origin, c.parallel.tp);
+  check_tensor_parallel(c.model, c.parallel.tp, origin);
+  if (c.parallel.tp > 1 && c.device != "cpu")
+    fail("{}: parallel.tp: tensor parallelism (tp = {}) needs device \"cpu\" for now; the CUDA engine has no "
+         "tensor-parallel layers yet",
+         origin, c.parallel.tp);
 }
 
 json to_json(const Config& c) {

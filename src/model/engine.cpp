@@ -36,9 +36,11 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 }
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
-                                    const std::string& recompute) {
-  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
+                                    const std::string& recompute, TensorParallel tp) {
+  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp);
   if (device == "cuda") {
+    KVS_CHECK(tp.size == 1, "device 'cuda': tensor parallelism (tp = {}) is not available on the CUDA engine yet",
+              tp.size);
 #ifdef KVS_CUDA
     std::string why;
     if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

@@ -38,7 +38,7 @@ void add_train(CLI::App& app) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       run_dir = "runs/" + stem;
     }
-    // dp = the number of processes mpirun started (docs/PARALLEL.md); only
+    // dp x tp = the number of processes mpirun started (docs/PARALLEL.md); only
     // rank 0 logs, shows the progress line and prints the summary.
     auto world = dist::make_world();
     const bool rank0 = world->rank() == 0;
@@ -46,7 +46,7 @@ void add_train(CLI::App& app) {
     // A config error is the same on every rank: rank 0 reports it, the others
     // leave quietly (no abort needed, every rank finalises MPI).
     try {
-      check_data_parallel(cfg, world->size());
+      check_parallel_layout(cfg, world->size());
     } catch (const Error&) {
       if (rank0) throw;
       world.reset();

@@ -18,9 +18,16 @@
 namespace kvs::cpu {
 
 // out[n, :] = wte[tokens[n], :]
-template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C);
+// Vocabulary-parallel form: wte holds rows [v_begin, v_begin + v_count) only,
+// and rows of tokens outside them are 0 (the TP group sums the ranks' outputs).
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C, int v_begin = 0,
+                       int v_count = INT32_MAX);
 // dwte[tokens[n], :] += dout[n, :]
-template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C);
+// (vocabulary-parallel: only tokens in [v_begin, v_begin + v_count), into dwte's local rows)
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C, int v_begin = 0,
+                        int v_count = INT32_MAX);
 
 // RMSNorm over the last dimension: rstd[n] = 1/sqrt(mean(inp[n]^2) + eps),
 // out[n, c] = inp[n, c] * rstd[n] * w[c].

@@ -185,6 +185,9 @@ void CpuEngine::forward_to_logits(const Batch& b) {
   const bool rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
   const bool gated = m_.kv_shift.sigmoid_gate();
   const size_t W1 = static_cast<size_t>(W) + 1;
+  find_documents(b);
+  const int32_t* shift_doc = shift_doc_start();
+  const int32_t* attention_doc = attention_doc_start();
 
   cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V);
   tp_sum(a + p.resid, static_cast<size_t>(N) * C);  // each token's row lives on one rank
@@ -215,7 +218,7 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     if (w.q_shift) {
       float* qraw = a + p.qraw + l * p.qraw_stride;
       cpu::matmul_forward(qraw, ln1, w.wq, N, C, QD);
-      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W);
+      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W, shift_doc);
     } else {
       cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
     }
@@ -223,16 +226,16 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     cpu::matmul_forward(v, ln1, w.wv, N, C, KD);
     // KV shifting acts on the raw projections, before RoPE.
     if (w.k_shift) {
-      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W);
+      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W, shift_doc);
       if (rope) cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
     } else if (rope) {
       cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
     } else {
       std::copy(k, k + static_cast<size_t>(N) * KD, khat);
     }
-    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W);
+    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W, shift_doc);
     if (rope) cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
-    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D);
+    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D, attention_doc);
     cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
     tp_sum(res_mid, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over this rank's heads
     cpu::residual_forward(res_mid, res_mid, resid, static_cast<size_t>(N) * C);
@@ -268,6 +271,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
   const bool gated = m_.kv_shift.sigmoid_gate();
   const size_t W1 = static_cast<size_t>(W) + 1;
   float* dcoef = a + p.dcoef;
+  const int32_t* shift_doc = shift_doc_start();  // found by the forward of this batch
 
   // LM head and final norm (dlogits were written over the logits).
   zero(dln, NC);
@@ -305,11 +309,11 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     auto shift_backward = [&](float* din, float* dstored, const float* dout, const float* in, const float* stored,
                               const float* c, int H) {
       if (!gated) {
-        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W);
+        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W, shift_doc);
         return;
       }
       zero(dcoef, static_cast<size_t>(H) * W1);
-      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W);
+      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W, shift_doc);
       gate_backward(dstored, dcoef, stored, H);
     };
 
@@ -411,6 +415,27 @@ double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, 
   if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
   if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
   return sum;
+}
+
+void CpuEngine::find_documents(const Batch& b) {
+  if (m_.document_boundaries == "none") return;
+  doc_start_.resize(static_cast<size_t>(b.B) * b.T);
+  for (int i = 0; i < b.B; ++i) {
+    int start = 0;
+    for (int t = 0; t < b.T; ++t) {
+      const size_t at = static_cast<size_t>(i) * b.T + t;
+      if (b.inputs[at] == m_.bos_token_id) start = t;
+      doc_start_[at] = start;
+    }
+  }
+}
+
+const int32_t* CpuEngine::shift_doc_start() const {
+  return m_.document_boundaries == "none" ? nullptr : doc_start_.data();
+}
+
+const int32_t* CpuEngine::attention_doc_start() const {
+  return m_.document_boundaries == "shift_and_attention" ? doc_start_.data() : nullptr;
 }
 
 void CpuEngine::tp_sum(float* buf, size_t n) {

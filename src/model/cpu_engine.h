@@ -71,6 +71,12 @@ class CpuEngine : public Engine {
   // Runs the model up to the logits; leaves every activation in acts_.
   void forward_to_logits(const Batch& b);
   void backward_from_dlogits(const Batch& b);
+  // Document boundaries (ModelConfig::document_boundaries): the first
+  // position of each position's document, [B*T], for the shift and attention
+  // kernels (null when that kernel ignores documents).
+  void find_documents(const Batch& b);
+  const int32_t* shift_doc_start() const;
+  const int32_t* attention_doc_start() const;
   // Sums a partial activation (or activation gradient) over the TP group.
   void tp_sum(float* buf, size_t n);
   // Masked cross-entropy over this rank's logits (vocab-parallel when tp > 1).
@@ -87,7 +93,7 @@ class CpuEngine : public Engine {
   // keep_optimizer_range narrowed it).
   std::vector<float> exp_avg_, exp_avg_sq_;
   size_t opt_begin_ = 0, opt_end_ = 0;
-  std::vector<int32_t> argmax_;
+  std::vector<int32_t> argmax_, doc_start_;
   std::vector<double> norm_partials_, ce_scratch_;
   ModelView P_, G_;
 };

@@ -219,17 +219,20 @@ void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, in
 // out[b,t,h,:] = sum_{w=0..W} coef[h,w] in[b,t-W+w,h,:]  (terms with t-W+w < 0 dropped),
 // summed oldest first, starting from 0.
 
-template <class T> void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W) {
+template <class T>
+void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W,
+                      const int32_t* doc_start) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < Tn; ++t) {
       T* o = out + ((size_t)b * Tn + t) * row;
+      const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;  // first row that is not zero history
       for (int h = 0; h < H; ++h) {
         T* oh = o + (size_t)h * D;
         for (int d = 0; d < D; ++d) oh[d] = T(0);
-        for (int w = std::max(0, W - t); w <= W; ++w) {
+        for (int w = std::max(0, W - t + lo); w <= W; ++w) {
           const T c = coef[(size_t)h * (W + 1) + w];
           const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
           for (int d = 0; d < D; ++d) oh[d] += c * x[d];
@@ -244,7 +247,7 @@ template <class T> void kv_shift_forward(T* out, const T* in, const T* coef, int
 //                 summed over b, t, d in order, in double)
 template <class T>
 void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D,
-                       int W) {
+                       int W, const int32_t* doc_start) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
   if (din) {
@@ -257,6 +260,7 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
           for (int w = W; w >= 0; --w) {  // t = s + W - w, increasing
             const int t = s + W - w;
             if (t >= Tn) break;
+            if (doc_start && doc_start[(size_t)b * Tn + t] > s) continue;  // s is before t's document
             const T c = coef[(size_t)h * (W + 1) + w];
             const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
             for (int d = 0; d < D; ++d) dxh[d] += c * g[d];
@@ -275,7 +279,8 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
         for (int b = 0; b < B; ++b) {
           for (int t = 0; t < Tn; ++t) {
             const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
-            for (int w = std::max(w0, W - t); w < w1; ++w) {
+            const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;
+            for (int w = std::max(w0, W - t + lo); w < w1; ++w) {
               const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
               double s = 0.0;
               for (int d = 0; d < D; ++d) s += (double)g[d] * (double)x[d];

@@ -7,8 +7,9 @@ PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
+  python3-venv  # .venv-hf (transformers), below
   openmpi-bin libopenmpi-dev
-  python3 python3-torch python3-numpy python3-matplotlib python3-venv
+  python3 python3-torch python3-numpy python3-matplotlib
 )
 
 missing=()

@@ -135,9 +135,9 @@ class KvShiftAttention(nn.Module):
         q = self.q_proj(x).view(B, T, Hq, D)
         k = self.k_proj(x).view(B, T, Hkv, D)
         v = self.v_proj(x).view(B, T, Hkv, D)
-        if token_mask is not None:
-            m = token_mask.to(x.dtype).view(B, T, 1, 1)
-            q, k, v = q * m, k * m, v * m
+        if token_mask is not None:  # masked_fill, not a product: a padding row's garbage may be non-finite
+            pad = ~token_mask.bool().view(B, T, 1, 1)
+            q, k, v = q.masked_fill(pad, 0.0), k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         past = layer_past if layer_past is not None else (None,) * 5
         k_tail = v_tail = q_tail = None
         if self.shift_q:
@@ -157,8 +157,10 @@ class KvShiftAttention(nn.Module):
         group = Hq // Hkv
         kk = k.repeat_interleave(group, dim=1) if group > 1 else k
         vv = v.repeat_interleave(group, dim=1) if group > 1 else v
-        scores = (q @ kk.transpose(-1, -2)) / math.sqrt(D) + key_bias.to(q.dtype)
-        att = torch.softmax(scores.to(torch.float32), dim=-1).to(q.dtype)
+        # Scores and the (finite) mask in fp32 even for bf16/fp16 weights: a fully masked
+        # padding row then gets a uniform softmax, never NaN.
+        scores = (q @ kk.transpose(-1, -2)).to(torch.float32) / math.sqrt(D) + key_bias
+        att = torch.softmax(scores, dim=-1).to(q.dtype)
         out = (att @ vv).transpose(1, 2).reshape(B, T, Hq * D)
         return self.o_proj(out), new_past
 

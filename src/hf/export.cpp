@@ -31,16 +31,30 @@ json read_json(const std::string& path) {
   }
 }
 
-// The tokenizer directory to export: --tokenizer, else run_config.data.tokenizer.
-std::string find_tokenizer_dir(const ExportOptions& o, const json& run_config) {
-  if (!o.tokenizer.empty()) return o.tokenizer;
-  if (!run_config.is_object() || !run_config.contains("data") || !run_config["data"].is_object()) return "";
-  const json& d = run_config["data"];
-  if (!d.contains("tokenizer") || !d["tokenizer"].is_string()) return "";
-  const std::string dir = d["tokenizer"].get<std::string>();
-  KVS_CHECK(dir.empty() || fs::exists(dir + "/tokenizer.model"),
-            "{}/run_config.json: data.tokenizer '{}' has no tokenizer.model (pass --tokenizer DIR)", o.checkpoint,
-            dir);
+// The tokenizer directory to export: --tokenizer, else run_config.data.tokenizer
+// (as written there: absolute, or relative to the current directory). "" with
+// `why` set when there is none to export.
+std::string find_tokenizer_dir(const ExportOptions& o, const json& run_config, std::string& why) {
+  std::string dir = o.tokenizer, origin = "--tokenizer";
+  if (dir.empty()) {
+    const json* d = run_config.is_object() && run_config.contains("data") ? &run_config["data"] : nullptr;
+    if (!d || !d->is_object() || !d->contains("tokenizer") || !(*d)["tokenizer"].is_string()) {
+      why = "the run config names none and --tokenizer is not given";
+      return "";
+    }
+    dir = (*d)["tokenizer"].get<std::string>();
+    origin = o.checkpoint + "/run_config.json: data.tokenizer";
+  }
+  const std::string meta = dir + "/kvshift_tokenizer.json";
+  if (fs::exists(meta)) {
+    const json m = read_json(meta);
+    if (m.is_object() && m.value("type", "") == "bytes") {
+      why = "the byte-level tokenizer (" + dir + ") has no Hugging Face counterpart";
+      return "";
+    }
+  }
+  KVS_CHECK(fs::exists(dir + "/tokenizer.model"), "{} '{}': no tokenizer.model there{}", origin, dir,
+            o.tokenizer.empty() ? " (pass --tokenizer DIR)" : "");
   return dir;
 }
 
@@ -147,7 +161,8 @@ std::string export_hf(const ExportOptions& o) {
   const ModelConfig& m = ck.model;
   const std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
 
-  const std::string tok_dir = find_tokenizer_dir(o, ck.data.run_config);
+  std::string no_tok_reason;
+  const std::string tok_dir = find_tokenizer_dir(o, ck.data.run_config, no_tok_reason);
   TokenizerInfo tok;
   if (!tok_dir.empty()) tok = read_tokenizer(tok_dir, m.vocab_size);
 
@@ -163,7 +178,7 @@ std::string export_hf(const ExportOptions& o) {
   if (!tok_dir.empty()) write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings);
   out.commit();
   if (tok_dir.empty())  // after the commit, so that an error stays the only line of a failed run
-    spdlog::warn("no tokenizer (the run config names none and --tokenizer is not given): wrote no tokenizer files");
+    spdlog::warn("no tokenizer ({}): wrote no tokenizer files", no_tok_reason);
 
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.bytes.size();

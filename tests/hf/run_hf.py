@@ -138,6 +138,24 @@ def check_cache(t, case, model, tokens):
     t.record(case, "greedy generate (cache) == argmax of full", got == want, f"{got[4:]}")
 
 
+def check_padding_and_half(t, case, model, tokens):
+    """transformers only: left-padded batch generation equals each row alone, and bf16 runs."""
+    if not HF:
+        return
+    a, b = tokens[:5], tokens[2:9]
+    ids = torch.tensor([[0, 0] + a, b])
+    mask = torch.tensor([[0, 0] + [1] * len(a), [1] * len(b)])
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)
+    alone = [greedy(model, torch.tensor([r]), 5)[0].tolist() for r in (a, b)]
+    t.record(case, "left-padded batch generate == rows alone",
+             batch[0, 2:].tolist() == alone[0] and batch[1].tolist() == alone[1])
+    half = model.to(torch.bfloat16)
+    out = greedy(half, torch.tensor([tokens]), 3)
+    t.record(case, "bf16 model generates", out.shape[1] == len(tokens) + 3)
+    model.to(torch.float32)
+
+
 def export(binary, ckpt, out, *extra):
     shutil.rmtree(out, ignore_errors=True)
     return run([binary, "export-hf", "--checkpoint", ckpt, "--out", out, *extra])
@@ -186,6 +204,8 @@ def export_cases(t, binary, work):
                      type(model).__name__)
         t.compare(name, "logits == kvshift forward", logits_of(model, torch.tensor([TOKENS]))[0][0].numpy(), want)
         check_cache(t, name, model, TOKENS)
+        if name in ("shift_gqa", "window3_qkv"):
+            check_padding_and_half(t, name, model, TOKENS)
         back = os.path.join(d, "reimported")
         run([binary, "import-hf", "--model", out, "--out", back])
         a = read_safetensors(os.path.join(back, "model.safetensors"))
@@ -378,6 +398,14 @@ def tokenizer_case(t, binary, work, vanilla):
         and tc["bos_token"] == sp.id_to_piece(sp.bos_id()) and cfg["bos_token_id"] == sp.bos_id() \
         and cfg["eos_token_id"] == sp.eos_id() and os.path.exists(os.path.join(out, "special_tokens_map.json"))
     t.record("tokenizer", "tokenizer files and special ids", ok)
+    # The tokenizer named by a run config (data.tokenizer), without --tokenizer.
+    ck2 = os.path.join(d, "ckpt_with_run_config")
+    shutil.copytree(ckpt, ck2)
+    json.dump({"data": {"type": "shards", "tokenizer": tok}}, open(os.path.join(ck2, "run_config.json"), "w"))
+    out2 = os.path.join(d, "hf_from_run_config")
+    r = export(binary, ck2, out2)
+    t.record("tokenizer", "run_config data.tokenizer is exported",
+             os.path.exists(os.path.join(out2, "tokenizer.model")) and "warning" not in r.stderr)
     if HF:
         from transformers import AutoTokenizer
         s = "the cat sat on the mat"

@@ -8,7 +8,6 @@ The cache (past_key_values) is a tuple per layer:
      k_tail, v_tail, q_tail: the last W RAW projections [B, W, H, D] (None when not shifted))
 so that a new token's shifted key mixes the raw previous k, never an already-mixed one.
 """
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
@@ -17,6 +16,17 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_kvshift_llama import KvShiftLlamaConfig
 from .kvshift_core import KvShiftLlamaModel as _CoreModel
 from .kvshift_core import past_length, reorder_past
+
+
+def _own_past(past_key_values):
+    """Our tuple cache, or None. An empty transformers Cache object (newer generate() versions
+    create one for every model) means "no cache yet"; a filled one cannot hold the raw tails."""
+    if past_key_values is None or isinstance(past_key_values, (tuple, list)):
+        return tuple(past_key_values) if past_key_values else None
+    if getattr(past_key_values, "get_seq_length", lambda: 0)() == 0:
+        return None
+    raise ValueError("KvShiftLlamaForCausalLM keeps its own cache (shifted k, v plus the raw k/v tails); "
+                     "pass back the past_key_values it returned, not a transformers Cache object")
 
 
 class KvShiftLlamaPreTrainedModel(PreTrainedModel):
@@ -57,7 +67,7 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, cache_position=None, **kwargs):
-        h, past = self.model(input_ids, past_key_values or None, attention_mask, position_ids, inputs_embeds)
+        h, past = self.model(input_ids, _own_past(past_key_values), attention_mask, position_ids, inputs_embeds)
         logits = self.lm_head(h).float()
         loss = None
         if labels is not None:
@@ -72,11 +82,10 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
+        past_key_values = _own_past(past_key_values)
         if past_key_values:
             input_ids = input_ids[:, past_length(past_key_values):]
             inputs_embeds = None
-        else:
-            past_key_values = None
         inputs = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": input_ids}
         inputs.update(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache)
         return inputs

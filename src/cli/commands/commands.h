@@ -9,11 +9,11 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_forward(CLI::App& app);
 void add_backward(CLI::App& app);
+void add_export_hf(CLI::App& app);
+void add_import_hf(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);
-void add_export_hf(CLI::App& app);
-void add_import_hf(CLI::App& app);
 void add_bench_attention(CLI::App& app);
 void add_dist_check(CLI::App& app);  // hidden
 void add_dist_selftest(CLI::App& app);  // hidden

@@ -125,6 +125,11 @@ row "ctest (all tests)" "$tests"
 row "CUDA tests (Cuda*)" "$cuda_tests"
 [ $build_rc -eq 0 ] && launch_rows
 if [ $build_rc -eq 0 ]; then
+  # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
+  KVS_HF_NO_VENV=1 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
+  row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
+fi
+if [ $build_rc -eq 0 ]; then
   bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
   if [ $quick -eq 0 ]; then
     bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \

@@ -74,6 +74,25 @@ Config with_absolute_paths(const Config& in) {
   return c;
 }
 
+// The weights of checkpoint `dir` for a fresh run of `model`: the
+// architecture must match (training-only keys aside) and every tensor is
+// checked by name and shape.
+std::vector<float> initial_weights_from(const std::string& dir, const ModelConfig& model, const ParamLayout& full) {
+  const LoadedCheckpoint ck = read_checkpoint(dir);
+  auto architecture = [](ModelConfig m) {
+    m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
+    m.document_boundaries = "none";
+    m.bos_token_id = -1;
+    return model_to_hf_json(m);
+  };
+  if (architecture(ck.model) != architecture(model))
+    fail("--init-from {}: the checkpoint's model ({}) differs from the config's model section ({})", dir,
+         architecture(ck.model).dump(), architecture(model).dump());
+  std::vector<float> flat;
+  flat_from_tensors(full, ck.data.model, "", dir + "/model.safetensors", flat);
+  return flat;
+}
+
 }  // namespace
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences) {
@@ -177,7 +196,12 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               opt.run_dir);
     // The full model is initialised and sliced, so every layout starts from the same weights.
     std::vector<float> init(io.full_layout().total);
-    init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+    if (opt.init_from.empty()) {
+      init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+    } else {
+      init = initial_weights_from(opt.init_from, cfg.model, io.full_layout());
+      if (rank0) spdlog::info("weights from {}", opt.init_from);
+    }
     engine->write_params(io.to_local(init).data());
   }
   // Each rank loaded the full state; from here on it keeps the moments of its shard only.

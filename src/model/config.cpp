@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "tokenizer/tokenizer_meta.h"
 
 namespace kvs {
 
@@ -51,7 +52,7 @@ const std::vector<Section>& schema() {
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
         "checkpoint_every", "log_every", "threads", "recompute"}},
-      {"data", {"type", "induction", "ngram", "hopk", "shards"}},
+      {"data", {"type", "induction", "ngram", "hopk", "shards", "tokenizer"}},
       {"data.induction", {"token_lo", "token_hi", "pool_size", "max_repeats", "pad_token"}},
       {"data.ngram", {"token_lo", "token_hi", "num_pairs", "table_seed"}},
       {"data.hopk", {"token_lo", "token_hi", "k"}},
@@ -454,6 +455,7 @@ Config config_from_json(const json& j, const std::string& origin) {
     Obj o(*v, origin, "data");
     check_keys(*v, origin, "data", find_section("data")->keys);
     o.get("type", c.data.type);
+    o.get("tokenizer", c.data.tokenizer);
     if (auto* iv = o.find("induction")) {
       Obj io(*iv, origin, "data.induction");
       check_keys(*iv, origin, "data.induction", find_section("data.induction")->keys);
@@ -545,6 +547,28 @@ void apply_override(json& j, const std::string& assignment, const std::string& o
   if (value.is_discarded()) value = text;  // not JSON: take it as a string (e.g. device=cuda)
   (*cur)[parts.back()] = std::move(value);
 }
+
+namespace {
+
+// data.tokenizer is relative to the config file, like the shard paths.
+void validate_tokenizer_key(const Config& c, const std::string& origin) {
+  namespace fs = std::filesystem;
+  fs::path p(c.data.tokenizer);
+  if (p.is_relative() && !c.source_path.empty()) p = fs::absolute(c.source_path).parent_path() / p;
+  if (!fs::is_directory(p))
+    fail("{}: data.tokenizer: {} is not a directory (make one with `kvshift tokenizer train`)", origin, p.string());
+  TokenizerMeta meta;
+  try {
+    meta = read_tokenizer_meta(p.string());
+  } catch (const Error& e) {
+    fail("{}: data.tokenizer: {}", origin, e.what());
+  }
+  if (meta.vocab_size > c.model.vocab_size)
+    fail("{}: data.tokenizer: the tokenizer's vocab_size {} exceeds model.vocab_size {} ({})", origin,
+         meta.vocab_size, c.model.vocab_size, p.string());
+}
+
+}  // namespace
 
 void validate(const Config& c, const std::string& origin) {
   if (c.device != "cpu" && c.device != "cuda")
@@ -649,6 +673,7 @@ void validate(const Config& c, const std::string& origin) {
   } else {
     fail("{}: data.type: must be \"induction\", \"ngram\", \"hopk\" or \"shards\", got \"{}\"", origin, d.type);
   }
+  if (!d.tokenizer.empty()) validate_tokenizer_key(c, origin);
 
   if (c.parallel.tp < 1) fail("{}: parallel.tp: must be >= 1, got {}", origin, c.parallel.tp);
   if (c.parallel.tp != 1)
@@ -697,7 +722,8 @@ json to_json(const Config& c) {
           {"num_pairs", d.ngram.num_pairs},
           {"table_seed", d.ngram.table_seed}}},
         {"hopk", {{"token_lo", d.hopk.token_lo}, {"token_hi", d.hopk.token_hi}, {"k", d.hopk.k}}},
-        {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}}}},
+        {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}},
+        {"tokenizer", d.tokenizer}}},
       {"parallel", {{"tp", c.parallel.tp}}},
   };
 }

@@ -23,7 +23,11 @@ esac
 
 [ -x "$KVSHIFT" ] || { echo "prepare_corpus: $KVSHIFT not found; build first (scripts/build.sh) or set KVSHIFT" >&2; exit 1; }
 SRC=$(ls -d /usr/share/doc/linux-doc-*/html/_sources 2>/dev/null | sort -V | tail -n 1 || true)
-[ -n "$SRC" ] || { echo "prepare_corpus: the kernel documentation is not installed; run scripts/setup.sh (Debian package linux-doc)" >&2; exit 1; }
+if [ -z "$SRC" ]; then
+  echo "prepare_corpus: no /usr/share/doc/linux-doc-*/html/_sources: run scripts/setup.sh (Debian package linux-doc);" \
+       "slim container images may drop /usr/share/doc (a path-exclude in /etc/dpkg/dpkg.cfg.d/)" >&2
+  exit 1
+fi
 
 mkdir -p data
 # LC_ALL=C: the same order (and so the same shards) on every machine.

@@ -93,7 +93,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
 
   const TokenizerMeta meta = read_tokenizer_meta(o.tokenizer);
   const auto tok = load_tokenizer(o.tokenizer);
-  const uint32_t token_bytes = tok->vocab_size() <= 65536 ? 2 : 4;
+  const uint32_t token_bytes = shard_token_bytes(tok->vocab_size());
   const int bos = tok->bos_id(), eos = tok->eos_id();
 
   std::vector<int64_t> sizes;

@@ -40,5 +40,7 @@ struct PrepareResult {
 };
 
 PrepareResult prepare_data(const PrepareOptions& o);
+// Bytes per token in the shards: 2 (u16) if every id fits, else 4 (u32).
+inline uint32_t shard_token_bytes(int vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
 }  // namespace kvs

@@ -22,7 +22,6 @@
 #include <utility>
 
 #include "core/error.h"
-#include "tokenizer/tokenizer_meta.h"
 
 namespace kvs {
 
@@ -548,28 +547,6 @@ void apply_override(json& j, const std::string& assignment, const std::string& o
   (*cur)[parts.back()] = std::move(value);
 }
 
-namespace {
-
-// data.tokenizer is relative to the config file, like the shard paths.
-void validate_tokenizer_key(const Config& c, const std::string& origin) {
-  namespace fs = std::filesystem;
-  fs::path p(c.data.tokenizer);
-  if (p.is_relative() && !c.source_path.empty()) p = fs::absolute(c.source_path).parent_path() / p;
-  if (!fs::is_directory(p))
-    fail("{}: data.tokenizer: {} is not a directory (make one with `kvshift tokenizer train`)", origin, p.string());
-  TokenizerMeta meta;
-  try {
-    meta = read_tokenizer_meta(p.string());
-  } catch (const Error& e) {
-    fail("{}: data.tokenizer: {}", origin, e.what());
-  }
-  if (meta.vocab_size > c.model.vocab_size)
-    fail("{}: data.tokenizer: the tokenizer's vocab_size {} exceeds model.vocab_size {} ({})", origin,
-         meta.vocab_size, c.model.vocab_size, p.string());
-}
-
-}  // namespace
-
 void validate(const Config& c, const std::string& origin) {
   if (c.device != "cpu" && c.device != "cuda")
     fail("{}: device: must be \"cpu\" or \"cuda\", got \"{}\"", origin, c.device);
@@ -673,7 +650,6 @@ void validate(const Config& c, const std::string& origin) {
   } else {
     fail("{}: data.type: must be \"induction\", \"ngram\", \"hopk\" or \"shards\", got \"{}\"", origin, d.type);
   }
-  if (!d.tokenizer.empty()) validate_tokenizer_key(c, origin);
 
   if (c.parallel.tp < 1) fail("{}: parallel.tp: must be >= 1, got {}", origin, c.parallel.tp);
   if (c.parallel.tp != 1)
@@ -683,7 +659,7 @@ void validate(const Config& c, const std::string& origin) {
 json to_json(const Config& c) {
   const TrainConfig& t = c.train;
   const DataConfig& d = c.data;
-  return json{
+  json j = json{
       {"name", c.name},
       {"device", c.device},
       {"model", model_keys_to_json(c.model)},
@@ -722,10 +698,12 @@ json to_json(const Config& c) {
           {"num_pairs", d.ngram.num_pairs},
           {"table_seed", d.ngram.table_seed}}},
         {"hopk", {{"token_lo", d.hopk.token_lo}, {"token_hi", d.hopk.token_hi}, {"k", d.hopk.k}}},
-        {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}},
-        {"tokenizer", d.tokenizer}}},
+        {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}}}},
       {"parallel", {{"tp", c.parallel.tp}}},
   };
+  // Absent = none, so configs without a tokenizer (toy tasks, byte corpus) round-trip unchanged.
+  if (!d.tokenizer.empty()) j["data"]["tokenizer"] = d.tokenizer;
+  return j;
 }
 
 json model_to_hf_json(const ModelConfig& m) {

@@ -38,6 +38,8 @@ void add_data_prepare(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_flag("--force", a->o.force, "Replace an existing --out directory");
   cmd->add_flag("--quiet", a->quiet, "No progress line");
+  // Hidden, for tests: simulate a crash (no clean-up) after this many shards.
+  cmd->add_option("--crash-after-shards", a->o.crash_after_shards)->group("");
   cmd->callback([a]() {
     PrepareOptions o = a->o;
     o.progress = !a->quiet;

@@ -87,6 +87,8 @@ TEST(TokenizerTrain, ByteFallbackAndSplitDigits) {
   for (int32_t id : crab)
     if (id >= 3 && id < 259) bytes.push_back(id - 3);
   EXPECT_EQ(bytes, (std::vector<int32_t>{0xF0, 0x9F, 0xA6, 0x80})) << "ids: " << ::testing::PrintToString(crab);
+  EXPECT_EQ(t->id_to_piece(3 + 0xF0), "<0xF0>");
+  EXPECT_EQ(t->id_to_piece(1), "<s>");
   // split_digits: every digit is its own piece (a leading "▁" piece is allowed).
   const auto ids = t->encode("9876543210");
   std::string digits;

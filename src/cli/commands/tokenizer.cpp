@@ -49,7 +49,7 @@ void add_tokenizer_train(CLI::App& parent) {
 }
 
 void add_tokenizer_encode(CLI::App& parent) {
-  auto* cmd = parent.add_subcommand("encode", "Show the token ids and pieces of a text (no BOS/EOS added)");
+  auto* cmd = parent.add_subcommand("encode", "Show the token ids and vocabulary pieces of a text (no BOS/EOS added)");
   struct Args {
     std::string tokenizer, text;
     bool json = false;
@@ -62,9 +62,9 @@ void add_tokenizer_encode(CLI::App& parent) {
     const auto tok = load_tokenizer(a->tokenizer);
     const auto ids = tok->encode(a->text);
     std::vector<std::string> pieces;
-    for (int32_t id : ids) pieces.push_back(tok->decode({id}));
+    for (int32_t id : ids) pieces.push_back(tok->id_to_piece(id));
     if (a->json) {
-      // Pieces may be partial UTF-8 (byte fallback): replace rather than throw.
+      // The byte tokenizer's pieces may be partial UTF-8: replace rather than throw.
       std::printf("%s\n", nlohmann::json({{"ids", ids}, {"pieces", pieces}})
                               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                               .c_str());

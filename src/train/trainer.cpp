@@ -63,7 +63,7 @@ std::string config_dir(const Config& c) {
   return fs::absolute(c.source_path).parent_path().string();
 }
 
-// Shard paths are relative to the config file; the copies saved in the run
+// Shard and tokenizer paths are relative to the config file; the copies saved in the run
 // directory and in checkpoints must work from anywhere, so they are stored absolute.
 Config with_absolute_paths(const Config& in) {
   Config c = in;
@@ -71,6 +71,8 @@ Config with_absolute_paths(const Config& in) {
   for (auto* list : {&c.data.shards.train, &c.data.shards.val})
     for (auto& p : *list)
       if (!fs::path(p).is_absolute()) p = (dir / p).lexically_normal().string();
+  if (!c.data.tokenizer.empty() && !fs::path(c.data.tokenizer).is_absolute())
+    c.data.tokenizer = (dir / c.data.tokenizer).lexically_normal().string();
   return c;
 }
 

@@ -24,7 +24,10 @@ import sweep  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC_DIR = os.path.join(ROOT, "configs", "experiments")
 # The whole suite, in the order it runs (the quick subset's spec first).
-FULL = ["fig1a", "fig3", "hopk", "fig1b", "fig8", "fig1a-long"]
+FULL = ["fig1a", "fig3", "hopk", "fig1b", "fig8", "fig1a-long", "lm-text"]
+# Specs whose data must be prepared first: the command, and the file that says it is done.
+PREPARE = {"lm-text": (["bash", os.path.join(ROOT, "scripts", "prepare_corpus.sh")],
+                       os.path.join(ROOT, "data", "corpus", "manifest.json"))}
 QUICK = ["fig1a"]
 QUICK_SEEDS = [1]
 
@@ -88,6 +91,12 @@ def main(argv):
     start = time.time()
     failed = []
     for name, path, _, _ in rows:
+        if name in PREPARE and not os.path.isfile(PREPARE[name][1]):
+            print("reproduce: %s needs its corpus first: %s" % (name, " ".join(PREPARE[name][0])))
+            sys.stdout.flush()
+            if subprocess.call(PREPARE[name][0], env=dict(os.environ, KVSHIFT=args.kvshift)) != 0:
+                failed.append(name)
+                continue
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--spec", path, "--jobs", str(args.jobs),
                "--out", out_root, "--kvshift", args.kvshift]
         for s in seeds:

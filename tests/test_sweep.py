@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
 PLOT = os.path.join(ROOT, "scripts", "plot_sweep.py")
 REPRODUCE = os.path.join(ROOT, "scripts", "reproduce.py")
+RESULTS = os.path.join(ROOT, "scripts", "results.py")
 SMOKE = os.path.join(ROOT, "configs", "experiments", "smoke.json")
 PY = sys.executable or "/usr/bin/python3"
 
@@ -232,7 +233,7 @@ def main():
           "--seed with an unknown seed: one-line error", show(p))
     empty = os.path.join(work, "empty")  # nothing finished there, whatever runs/ holds
     p = run([REPRODUCE, "--dry-run", "--out", empty])
-    names = ["fig1a", "fig3", "hopk", "fig1b", "fig8", "fig1a-long"]
+    names = ["fig1a", "fig3", "hopk", "fig1b", "fig8", "fig1a-long", "lm-text"]
     check(p.returncode == 0 and "expected time:" in p.stdout and all(n in p.stdout for n in names),
           "reproduce --dry-run plans the whole suite with an expected time", show(p))
     p = run([REPRODUCE, "--dry-run", "--quick", "--out", empty])
@@ -244,6 +245,18 @@ def main():
     check(p.returncode == 0 and "## smoke" in text and "| kvshift |" in text
           and os.path.isfile(os.path.join(work, "results", "results", "smoke.png")),
           "reproduce --spec smoke runs the missing cells and writes the page with its plot", show(p))
+    # 8. results.py --update keeps the sections of sweeps it does not find (runs/ is not in the repository).
+    with open(page, "a") as f:
+        f.write("\n## fig8\n\nan older section, kept\n")
+    p = run([RESULTS, "--experiments", out2, "--out", page, "--kvshift", a.kvshift, "--update"])
+    text = open(page).read() if os.path.isfile(page) else ""
+    check(p.returncode == 0 and "## smoke" in text and "an older section, kept" in text
+          and text.index("## fig8") < text.index("## smoke") and "sweeps: fig8, smoke" in text,
+          "results.py --update refreshes smoke, keeps fig8 in its place", show(p))
+    p = run([RESULTS, "--experiments", out2, "--out", page, "--kvshift", a.kvshift])
+    text = open(page).read() if os.path.isfile(page) else ""
+    check(p.returncode == 0 and "older section" not in text, "without --update the page is rebuilt from the runs",
+          show(p))
     p = run([REPRODUCE, "--spec", "nosuch", "--dry-run"])
     check(p.returncode == 1 and "nosuch" in p.stderr, "reproduce: unknown spec is a one-line error", show(p))
 

@@ -14,7 +14,7 @@ namespace kvs::cli {
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model from a JSON config (or resume a run)");
   struct Args {
-    std::string config, run_dir;
+    std::string config, run_dir, init_from;
     std::vector<std::string> sets;
     bool resume = false, quiet = false;
   };
@@ -25,6 +25,10 @@ void add_train(CLI::App& app) {
   cmd->add_option("--run-dir", a->run_dir,
                   "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)");
   cmd->add_flag("--resume", a->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_option("--init-from", a->init_from,
+                  "Start a new run (step 0, fresh optimizer) from the weights of a checkpoint directory, e.g. one "
+                  "written by `kvshift import-hf` (the model must match the config's)")
+      ->excludes("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {
     std::string config = a->config;
@@ -38,22 +42,23 @@ void add_train(CLI::App& app) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       run_dir = "runs/" + stem;
     }
-    // dp = the number of processes mpirun started (docs/PARALLEL.md); only
-    // rank 0 logs, shows the progress line and prints the summary.
-    auto world = dist::make_world();
+    // dp x tp = the number of processes the launcher started (docs/PARALLEL.md,
+    // docs/LAUNCH.md); only rank 0 logs, shows the progress line and prints
+    // the summary. The device picks the backend (NCCL for cuda under torchrun).
+    auto world = dist::make_world(cfg.device);
     const bool rank0 = world->rank() == 0;
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     // A config error is the same on every rank: rank 0 reports it, the others
     // leave quietly (no abort needed, every rank finalises MPI).
     try {
-      check_data_parallel(cfg, world->size());
+      check_parallel_layout(cfg, world->size());
     } catch (const Error&) {
       if (rank0) throw;
       world.reset();
       std::exit(1);
     }
     TrainSummary s;
-    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get()}); });
+    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), a->init_from}); });
     if (rank0)
       std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
                 static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);

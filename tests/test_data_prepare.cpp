@@ -264,6 +264,14 @@ TEST(DataPrepare, CliErrorsAndHelp) {
   r = run_kvshift("tokenizer train --input " + (tmp / "bad.txt") + " --out " + (tmp / "tok"));
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.out, "kvshift: error: " + (tmp / "bad.txt") + ": not UTF-8 text: invalid byte 0xff at byte offset 3\n");
+  // The progress line (stderr is not a terminal here: plain lines, the final one always).
+  spit(tmp / "good.txt", corpus_text(50, 3));
+  r = run_kvshift("data prepare --tokenizer " + shared_tokenizer_dir() + " --input " + (tmp / "good.txt") + " --out " +
+                  (tmp / "out"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("prepare: 0.0/0.0 MB (100%) | 1 docs |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" MB/s | took "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(tmp / "out" + ": "), std::string::npos) << r.out;
   r = run_kvshift("data prepare --help");
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--tokenizer", "--input", "--input-list", "--out", "--val-fraction", "--threads",
@@ -290,6 +298,32 @@ TEST(DataPrepareSplit, DocumentModes) {
   EXPECT_EQ(split_documents(" \n\t\n", DocSplit{}), V{});
   EXPECT_EQ(split_documents("x", DocSplit{"lines", ""}), V{"x"});
   EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"words", ""}), "--doc-split", "words");
+}
+
+TEST(DataPrepareSplit, InputList) {
+  TmpDir tmp;
+  spit(tmp / "list.txt", "# the corpus\na.txt\n\n/abs/b.txt\r\n  c d.txt\n");
+  EXPECT_EQ(read_input_list(tmp / "list.txt"), (std::vector<std::string>{"a.txt", "/abs/b.txt", "  c d.txt"}));
+  spit(tmp / "empty.txt", "# nothing\n\n");
+  EXPECT_KVS_ERROR(read_input_list(tmp / "empty.txt"), tmp / "empty.txt", "names no files");
+  EXPECT_KVS_ERROR(read_input_list(tmp / "missing.txt"), tmp / "missing.txt", "cannot read");
+}
+
+TEST(DataPrepare, ByteTokenizerHasNoFraming) {
+  TmpDir tmp;
+  fs::create_directories(tmp / "bytes");
+  spit(tmp / "bytes/kvshift_tokenizer.json", R"({"type": "bytes"})");
+  spit(tmp / "a.txt", "héllo\n");
+  spit(tmp / "b.txt", "x");
+  auto o = options(tmp, {tmp / "a.txt", tmp / "b.txt"}, "out");
+  o.tokenizer = tmp / "bytes";
+  o.val_fraction = 0;
+  prepare_data(o);
+  // Bytes as they are, documents back to back (each without its final line break).
+  EXPECT_EQ(split_stream(o.out, "train"), (std::vector<uint32_t>{'h', 0xc3, 0xa9, 'l', 'l', 'o', 'x'}));
+  const auto m = nlohmann::json::parse(slurp(o.out + "/manifest.json"));
+  EXPECT_EQ(m["framing"]["bos_id"], -1);
+  EXPECT_EQ(m["tokenizer"]["type"], "bytes");
 }
 
 TEST(DataPrepareSplit, Utf8Validation) {

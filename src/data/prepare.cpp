@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>

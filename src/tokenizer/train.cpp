@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// sentencepiece skips sentences longer than this (Llama 2's value); we cut long
+// Every non-blank line is a sentence. sentencepiece skips sentences longer than this (Llama 2's value); we cut long
 // lines instead, at a space or at least at a character boundary.
 constexpr size_t kMaxSentenceBytes = 4192;
 
@@ -31,6 +31,8 @@ void for_each_sentence(std::string_view text, F&& f) {
     if (nl == std::string_view::npos) nl = text.size();
     std::string_view line = text.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    pos = nl + 1;
+    if (line.find_first_not_of(" \t\f\v") == std::string_view::npos) continue;  // blank: nothing to learn
     while (line.size() > kMaxSentenceBytes) {
       size_t cut = line.rfind(' ', kMaxSentenceBytes);
       if (cut == std::string_view::npos || cut == 0) {
@@ -41,7 +43,6 @@ void for_each_sentence(std::string_view text, F&& f) {
       line.remove_prefix(cut);
     }
     if (!line.empty()) f(line);
-    pos = nl + 1;
   }
 }
 

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -48,12 +49,18 @@ void add_train(CLI::App& app) {
     auto world = dist::make_world(cfg.device);
     const bool rank0 = world->rank() == 0;
     if (!rank0) spdlog::set_level(spdlog::level::warn);
-    // A config error is the same on every rank: rank 0 reports it, the others
-    // leave quietly (no abort needed, every rank finalises MPI).
+    // A config error is the same on every rank: rank 0 reports it, and the
+    // barrier keeps every rank alive until it has (a rank exiting non-zero
+    // first would let mpirun kill rank 0 before its message is out).
     try {
       check_parallel_layout(cfg, world->size());
-    } catch (const Error&) {
-      if (rank0) throw;
+    } catch (const Error& e) {
+      if (world->size() == 1) throw;
+      if (rank0) {
+        std::fprintf(stderr, "kvshift: error: %s\n", e.what());
+        std::fflush(stderr);
+      }
+      world->barrier();
       world.reset();
       std::exit(1);
     }

@@ -1,0 +1,78 @@
+// Incremental decoding on the CPU with a KV cache: one token in, the logits of
+// the next one out, in O(t) per token instead of a full forward over the
+// prefix. It runs the same ops as CpuEngine (kernels/cpu) on the same
+// parameter views (bind_params), one position at a time.
+//
+// The cache of each layer holds two things (docs/ARCHITECTURE.md, "Generation"):
+//   - K̂ and V̂ as attention reads them (K̂ = RoPE(Shift(k)), V̂ = Shift(v)) for
+//     every past position, [max_len, kv_dim] each, allocated once;
+//   - a window of the last W RAW projections k, v (and q under shift_q), before
+//     the shift and before RoPE. The shift of position t mixes its raw
+//     projection with the raw ones of t-1..t-W: mixing with the already-shifted
+//     K̂_{t-1} (or with zeros) would give a different model than the one trained.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace kvs {
+
+// What the shift window remembers of the past. Only Raw is the model; the
+// others are the classic cache bugs, kept so tests can show they are caught.
+enum class ShiftHistory {
+  Raw,    // the raw projections (correct)
+  Mixed,  // the already-shifted values (bug: K̂_t mixes with K̂_{t-1})
+  Zeros,  // nothing (bug: every position mixes with zeros, as position 0 does)
+};
+
+class Generator {
+ public:
+  // `params` is the flat fp32 buffer in ParamLayout::build(m) order (as
+  // Engine::read_params gives it). The cache holds max_len positions, which
+  // must not exceed m.max_position_embeddings.
+  Generator(const ModelConfig& m, std::vector<float> params, int max_len, ShiftHistory history = ShiftHistory::Raw);
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  const ModelConfig& model() const { return m_; }
+  int max_len() const { return max_len_; }
+  int pos() const { return pos_; }  // positions filled so far
+  int vocab_size() const { return m_.vocab_size; }
+
+  // Forgets the sequence (the cache's memory is kept).
+  void reset();
+  // Appends `token` at position pos() and returns the logits [vocab_size]
+  // predicting position pos()+1; valid until the next call.
+  const float* step(int32_t token);
+  // Steps through `tokens`; returns the logits after the last one.
+  const float* prefill(const std::vector<int32_t>& tokens);
+
+ private:
+  struct LayerCache {
+    std::vector<float> khat, vhat;        // [max_len, KD]: what attention reads
+    std::vector<float> kwin, vwin, qwin;  // [W+1, row]: raw projections of t-W..t (zeros before 0)
+    const float *qc = nullptr, *kc = nullptr, *vc = nullptr;  // effective shift coefficients, [H, W+1]
+  };
+  // Writes the raw projection of the current position into row W of `win`,
+  // returns the shifted row (kv_shift_forward on the window's W+1 rows).
+  const float* shift_row(std::vector<float>& win, const float* coef, int H);
+  // Moves the window on by one position, keeping what `history_` says.
+  void slide(std::vector<float>& win, const float* shifted, size_t row);
+  void attend(float* out, const float* q, const LayerCache& c, int n);
+
+  ModelConfig m_;
+  ParamLayout layout_;
+  std::vector<float> params_;
+  ModelView P_;
+  int max_len_, pos_ = 0;
+  ShiftHistory history_;
+  std::vector<LayerCache> cache_;
+  std::vector<float> gate_coef_;  // "sigmoid_gate": [1 - s, s] per head, per layer
+  std::vector<float> rope_cos_, rope_sin_;
+  // Scratch for one position.
+  std::vector<float> x_, ln_, rstd_, q_, k_, v_, att_, scores_, proj_, gate_, up_, h_, shift_out_, logits_;
+};
+
+}  // namespace kvs

@@ -9,6 +9,8 @@ PACKAGES=(
   libopenblas-openmp-dev
   openmpi-bin libopenmpi-dev
   python3 python3-torch python3-numpy python3-matplotlib
+  # the tokenizer: sentencepiece's C++ library (training + encoding), its CLI and Python module
+  libsentencepiece-dev sentencepiece python3-sentencepiece
 )
 
 missing=()

@@ -1,0 +1,97 @@
+#include "data/text_input.h"
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace kvs {
+
+size_t first_invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) len = 3;
+    else if (c == 0xED) len = 3, hi = 0x9F;  // no surrogates
+    else if (c >= 0xEE && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;  // <= U+10FFFF
+    else return i;
+    if (i + len > n) return i;
+    if (p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::string s = read_file(path);
+  const size_t bad = first_invalid_utf8(s);
+  if (bad != std::string_view::npos)
+    fail("{}: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", path, static_cast<unsigned char>(s[bad]), bad);
+  return s;
+}
+
+void validate_doc_split(const DocSplit& s) {
+  KVS_CHECK(s.mode == "file" || s.mode == "blank-lines" || s.mode == "lines",
+            "--doc-split must be file, blank-lines or lines (got \"{}\")", s.mode);
+  KVS_CHECK(s.delimiter.find('\n') == std::string::npos, "--doc-delimiter must be a single line");
+}
+
+namespace {
+
+bool blank(std::string_view s) { return s.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos; }
+
+// A line without its '\n' (and a '\r' before it, for delimiter comparison only).
+std::string_view strip_cr(std::string_view line) {
+  return !line.empty() && line.back() == '\r' ? line.substr(0, line.size() - 1) : line;
+}
+
+}  // namespace
+
+std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s) {
+  std::vector<std::string_view> docs;
+  auto emit = [&](size_t begin, size_t end) {
+    std::string_view d = text.substr(begin, end - begin);
+    if (!d.empty() && d.back() == '\n') d.remove_suffix(1);  // the break that ends it separates, not content
+    if (!blank(d)) docs.push_back(d);
+  };
+  if (s.delimiter.empty() && s.mode == "file") {
+    emit(0, text.size());
+    return docs;
+  }
+  size_t doc_begin = 0, pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    const size_t line_end = nl == std::string_view::npos ? text.size() : nl + 1;
+    const std::string_view line = strip_cr(text.substr(pos, (nl == std::string_view::npos ? text.size() : nl) - pos));
+    if (!s.delimiter.empty()) {
+      if (line == s.delimiter) {
+        emit(doc_begin, pos);
+        doc_begin = line_end;
+      }
+    } else if (s.mode == "lines") {
+      emit(pos, line_end);
+      doc_begin = line_end;
+    } else if (blank(line)) {  // blank-lines
+      emit(doc_begin, pos);
+      doc_begin = line_end;
+    }
+    pos = line_end;
+  }
+  emit(doc_begin, text.size());
+  return docs;
+}
+
+}  // namespace kvs

@@ -1,0 +1,34 @@
+// Reading a text corpus: whole files checked for UTF-8 (the tokenizer trainer
+// and `data prepare` take only valid UTF-8, and say where it is not), and the
+// split of a file into documents.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvs {
+
+// Offset of the first byte that is not part of a valid UTF-8 sequence
+// (overlongs, surrogates and code points above U+10FFFF are invalid), or npos.
+size_t first_invalid_utf8(std::string_view s);
+
+// The file's bytes; throws kvs::Error naming the file: unreadable, or
+// "<path>: not UTF-8 text: invalid byte 0xff at byte offset 1234".
+std::string read_text_file(const std::string& path);
+
+// How a file is cut into documents (docs/DATA.md, "data prepare"):
+//   "file"        the whole file is one document;
+//   "blank-lines" documents are separated by one or more empty lines;
+//   "lines"       every line is a document (one-document-per-line exports).
+// A non-empty `delimiter` overrides the mode: documents are separated by lines
+// equal to it (e.g. "<|endoftext|>"). Documents are trimmed of the line break
+// that ends them; empty (or whitespace-only) documents are dropped.
+struct DocSplit {
+  std::string mode = "file";
+  std::string delimiter;
+};
+void validate_doc_split(const DocSplit& s);  // throws naming --doc-split
+std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s);
+
+}  // namespace kvs

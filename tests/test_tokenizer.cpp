@@ -1,0 +1,228 @@
+// Tokenizers: the byte tokenizer, sentencepiece training (Llama 2 options,
+// determinism, atomic output, input errors) and loading a tokenizer directory.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/sha256.h"
+#include "test_util.h"
+#include "text_corpus_util.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_meta.h"
+#include "tokenizer/train.h"
+
+namespace kvs {
+namespace {
+
+using testing_util::corpus_text;
+using testing_util::shared_tokenizer_dir;
+using testing_util::slurp;
+using testing_util::spit;
+using testing_util::TmpDir;
+
+// Text the trainer never saw: emoji, CJK, tabs, whitespace runs, CRLF, digits,
+// a ligature NFKC would rewrite ("ﬁ" -> "fi"), leading/trailing spaces.
+const std::vector<std::string> kVaried = {
+    "the attention model learns to copy tokens.",
+    "  leading spaces, trailing spaces   ",
+    "tabs\tand\t\ttabs, runs     of spaces\n\n\nand newlines\r\n",
+    "digits 1234567890 and 3.14159 and -42",
+    "unicode: café naïve Grüße Ελληνικά 日本語 🦀 ﬁne ①",
+    "\n starts with a newline",
+    "",
+    " ",
+    "a",
+};
+
+TEST(TokenizerBytes, RoundTripAndIds) {
+  auto t = make_byte_tokenizer();
+  EXPECT_EQ(t->vocab_size(), 256);
+  EXPECT_EQ(t->bos_id(), -1);
+  EXPECT_EQ(t->eos_id(), -1);
+  const std::string text("h\xc3\xa9\x00\xff!", 6);
+  const auto ids = t->encode(text);
+  EXPECT_EQ(ids, (std::vector<int32_t>{'h', 0xc3, 0xa9, 0, 0xff, '!'}));
+  EXPECT_EQ(t->decode(ids), text);
+  EXPECT_EQ(t->describe(), "bytes (256)");
+  EXPECT_KVS_ERROR(t->decode({1, 256}), "256", "position 1");
+}
+
+TEST(TokenizerTrain, LlamaSpecialsAndMeta) {
+  const std::string dir = shared_tokenizer_dir();
+  auto t = load_tokenizer(dir);
+  EXPECT_EQ(t->vocab_size(), 500);
+  EXPECT_EQ(t->bos_id(), 1);
+  EXPECT_EQ(t->eos_id(), 2);
+  const TokenizerMeta m = read_tokenizer_meta(dir);
+  EXPECT_EQ(m.type, "sentencepiece");
+  EXPECT_EQ(m.model_type, "bpe");
+  EXPECT_EQ(m.unk_id, 0);
+  EXPECT_EQ(m.pad_id, -1);
+  EXPECT_EQ(m.sha256, sha256_file(dir + "/tokenizer.model"));
+  EXPECT_EQ(m.trainer["byte_fallback"], "true");
+  EXPECT_EQ(m.trainer["normalization_rule_name"], "identity");
+  EXPECT_NE(t->describe().find("500 pieces"), std::string::npos) << t->describe();
+  // Special tokens decode to nothing.
+  EXPECT_EQ(t->decode({1, 2}), "");
+}
+
+TEST(TokenizerTrain, RoundTripVariedText) {
+  auto t = load_tokenizer(shared_tokenizer_dir());
+  for (const std::string& s : kVaried) EXPECT_EQ(t->decode(t->encode(s)), s) << "text: [" << s << "]";
+  const std::string corpus = corpus_text(200, 7);  // unseen lines of the training distribution
+  const auto ids = t->encode(corpus);
+  EXPECT_EQ(t->decode(ids), corpus);
+  EXPECT_LT(ids.size(), corpus.size() / 2) << "BPE should compress its own training distribution";
+  for (int32_t id : ids) EXPECT_NE(id, 0) << "byte fallback means no <unk>";
+}
+
+TEST(TokenizerTrain, ByteFallbackAndSplitDigits) {
+  auto t = load_tokenizer(shared_tokenizer_dir());
+  // An unseen character becomes its UTF-8 bytes: pieces <0x00>..<0xFF> are ids 3..258.
+  const auto crab = t->encode("🦀");
+  std::vector<int32_t> bytes;
+  for (int32_t id : crab)
+    if (id >= 3 && id < 259) bytes.push_back(id - 3);
+  EXPECT_EQ(bytes, (std::vector<int32_t>{0xF0, 0x9F, 0xA6, 0x80})) << "ids: " << ::testing::PrintToString(crab);
+  // split_digits: every digit is its own piece (a leading "▁" piece is allowed).
+  const auto ids = t->encode("9876543210");
+  std::string digits;
+  for (int32_t id : ids) {
+    const std::string piece = t->decode({id});
+    if (piece.empty() || piece == " ") continue;
+    EXPECT_EQ(piece.size(), 1u) << "piece [" << piece << "]";
+    digits += piece;
+  }
+  EXPECT_EQ(digits, "9876543210");
+  // Identity normalization: no NFKC ("ﬁ" stays a ligature, "①" stays a circled one).
+  EXPECT_EQ(t->decode(t->encode("ﬁ①")), "ﬁ①");
+}
+
+TEST(TokenizerTrain, DeterministicAcrossRuns) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(800, 3));
+  spit(tmp / "b.txt", corpus_text(300, 4));
+  TokenizerTrainOptions o;
+  o.inputs = {tmp / "a.txt", tmp / "b.txt"};
+  o.vocab_size = 400;
+  o.out = tmp / "t1";
+  train_tokenizer(o);
+  o.out = tmp / "t2";
+  train_tokenizer(o);
+  const std::string m1 = slurp(tmp / "t1/tokenizer.model");
+  ASSERT_GT(m1.size(), 1000u);
+  EXPECT_EQ(m1, slurp(tmp / "t2/tokenizer.model"));
+  EXPECT_EQ(slurp(tmp / "t1/kvshift_tokenizer.json"), slurp(tmp / "t2/kvshift_tokenizer.json"));
+}
+
+TEST(TokenizerTrain, SubsampleIsEvenlySpacedAndDeterministic) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(1000, 5));
+  TokenizerTrainOptions o;
+  o.inputs = {tmp / "a.txt"};
+  o.vocab_size = 380;
+  o.max_sentences = 300;
+  o.out = tmp / "t1";
+  const auto r = train_tokenizer(o);
+  EXPECT_EQ(r.sentences_total, 1000);
+  EXPECT_EQ(r.sentences_used, 300);
+  o.out = tmp / "t2";
+  train_tokenizer(o);
+  EXPECT_EQ(slurp(tmp / "t1/tokenizer.model"), slurp(tmp / "t2/tokenizer.model"));
+}
+
+TEST(TokenizerTrain, InputErrorsNameTheFileAndLeaveNoOutput) {
+  TmpDir tmp;
+  spit(tmp / "good.txt", corpus_text(50, 1));
+  spit(tmp / "bad.txt", "fine text\nthen \xff a bad byte\n");
+  spit(tmp / "empty.txt", "");
+  spit(tmp / "blank.txt", "\n\n\n");
+  TokenizerTrainOptions o;
+  o.vocab_size = 400;
+  o.out = tmp / "tok";
+  o.inputs = {tmp / "good.txt", tmp / "bad.txt"};
+  EXPECT_KVS_ERROR(train_tokenizer(o), tmp / "bad.txt", "not UTF-8", "0xff", "byte offset 15");
+  o.inputs = {tmp / "good.txt", tmp / "missing.txt"};
+  EXPECT_KVS_ERROR(train_tokenizer(o), tmp / "missing.txt", "cannot read");
+  o.inputs = {tmp / "empty.txt", tmp / "blank.txt"};
+  EXPECT_KVS_ERROR(train_tokenizer(o), "empty corpus", tmp / "empty.txt");
+  o.inputs = {tmp / "good.txt"};
+  o.vocab_size = 100;
+  EXPECT_KVS_ERROR(train_tokenizer(o), "--vocab-size 100");
+  // Nothing was left behind: no tokenizer, no temp directory.
+  for (const auto& e : std::filesystem::directory_iterator(tmp.str()))
+    EXPECT_EQ(e.path().extension(), ".txt") << e.path();
+}
+
+TEST(TokenizerTrain, ExistingOutputNeedsForceAndIsReplacedWhole) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(300, 1));
+  spit(tmp / "b.txt", corpus_text(300, 2) + "zzzz qqqq zzzz qqqq xxxx\n");
+  TokenizerTrainOptions o;
+  o.inputs = {tmp / "a.txt"};
+  o.vocab_size = 390;
+  o.out = tmp / "tok";
+  train_tokenizer(o);
+  const std::string first = slurp(tmp / "tok/tokenizer.model");
+  o.inputs = {tmp / "b.txt"};
+  EXPECT_KVS_ERROR(train_tokenizer(o), tmp / "tok", "already exists", "--force");
+  EXPECT_EQ(slurp(tmp / "tok/tokenizer.model"), first);
+  o.force = true;
+  train_tokenizer(o);
+  EXPECT_NE(slurp(tmp / "tok/tokenizer.model"), first);
+  EXPECT_NO_THROW(load_tokenizer(tmp / "tok"));
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.str())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.txt", "b.txt", "tok"}));
+}
+
+TEST(TokenizerLoad, ErrorsNameTheFile) {
+  TmpDir tmp;
+  EXPECT_KVS_ERROR(load_tokenizer(tmp / "nope"), tmp / "nope", "not a tokenizer directory");
+  std::filesystem::create_directories(tmp / "empty");
+  EXPECT_KVS_ERROR(load_tokenizer(tmp / "empty"), tmp / "empty/kvshift_tokenizer.json", "missing");
+  // A copy of the shared tokenizer, then broken in different ways.
+  const std::string src = shared_tokenizer_dir();
+  const std::string dir = tmp / "tok";
+  std::filesystem::copy(src, dir);
+  ASSERT_NO_THROW(load_tokenizer(dir));
+  const std::string meta = slurp(dir + "/kvshift_tokenizer.json");
+  const std::string model = slurp(dir + "/tokenizer.model");
+
+  spit(dir + "/tokenizer.model", model.substr(0, model.size() / 2));
+  EXPECT_KVS_ERROR(load_tokenizer(dir), dir + "/tokenizer.model", "sha256");
+  spit(dir + "/tokenizer.model", model);
+
+  auto j = nlohmann::json::parse(meta);
+  j["vocab_size"] = 501;
+  spit(dir + "/kvshift_tokenizer.json", j.dump());
+  EXPECT_KVS_ERROR(load_tokenizer(dir), dir + "/tokenizer.model", "500 pieces", "501");
+  j = nlohmann::json::parse(meta);
+  j["type"] = "wordpiece";
+  spit(dir + "/kvshift_tokenizer.json", j.dump());
+  EXPECT_KVS_ERROR(load_tokenizer(dir), dir + "/kvshift_tokenizer.json", "'type'", "wordpiece");
+  j = nlohmann::json::parse(meta);
+  j.erase("eos_id");
+  spit(dir + "/kvshift_tokenizer.json", j.dump());
+  EXPECT_KVS_ERROR(load_tokenizer(dir), dir + "/kvshift_tokenizer.json", "'eos_id'");
+  spit(dir + "/kvshift_tokenizer.json", "{not json");
+  EXPECT_KVS_ERROR(load_tokenizer(dir), dir + "/kvshift_tokenizer.json", "invalid JSON");
+
+  // "type": "bytes" needs no model file.
+  spit(dir + "/kvshift_tokenizer.json", R"({"type": "bytes"})");
+  EXPECT_EQ(load_tokenizer(dir)->describe(), "bytes (256)");
+}
+
+TEST(TokenizerSha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  std::string million(1000000, 'a');  // FIPS 180-2 long message; also crosses block buffering
+  EXPECT_EQ(sha256_hex(million), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+}  // namespace
+}  // namespace kvs

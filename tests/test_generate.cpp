@@ -19,6 +19,8 @@
 #include "model/params.h"
 #include "model/sampler.h"
 #include "test_util.h"
+#include "text_corpus_util.h"
+#include "tokenizer/tokenizer.h"
 
 using kvs::testing_util::TmpDir;
 
@@ -323,7 +325,7 @@ std::string train_tiny(const TmpDir& tmp, int vocab) {
         {"num_attention_heads", 4},
         {"num_key_value_heads", 2},
         {"vocab_size", vocab},
-        {"max_position_embeddings", 32},
+        {"max_position_embeddings", 48},
         {"kv_shift", {{"enabled", true}, {"window", 2}}}}},
       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", vocab}, {"pool_size", 8}}}}},
       {"train",
@@ -408,15 +410,71 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
     for (const auto& p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << "missing '" << p << "' in " << r.out;
   };
-  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,2,3 --max-new-tokens 30"),
-                 {"--max-new-tokens 30", "3 tokens", "max_position_embeddings 32"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,2,3 --max-new-tokens 46"),
+                 {"--max-new-tokens 46", "3 tokens", "max_position_embeddings 48"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt hello"), {"--tokenizer", "--prompt-ids"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,x"), {"--prompt-ids", "'x'"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,99"), {"--prompt-ids", "99", "vocab_size 64"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --top-p 0"), {"--top-p"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --max-new-tokens 0"), {"--max-new-tokens 0"});
   one_line_error(run_kvshift("generate --checkpoint " + run), {"--prompt"});
   const auto h = run_kvshift("generate --help");
   for (const char* flag : {"--checkpoint", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
-                           "--top-p", "--seed", "--tokenizer", "--json"})
+                           "--top-p", "--seed", "--tokenizer", "--threads", "--json"})
     EXPECT_NE(h.out.find(flag), std::string::npos) << flag;
+}
+
+// The text path: a sentencepiece tokenizer (BOS first, text streamed), found
+// through --tokenizer or the run config's data.tokenizer.
+TEST(GenerateCli, TextWithSentencepieceTokenizer) {
+  TmpDir tmp;
+  const std::string tok_dir = kvs::testing_util::shared_tokenizer_dir();
+  const auto tok = kvs::load_tokenizer(tok_dir);
+  ASSERT_GE(tok->bos_id(), 0);
+  const std::string run = train_tiny(tmp, tok->vocab_size());
+  const std::string base = "generate --checkpoint " + run + " --prompt 'the model learns' --max-new-tokens 12 --temperature 0";
+  const auto r = run_kvshift(base + " --json --tokenizer " + tok_dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = json_line(r.out);
+  std::vector<int32_t> prompt = {tok->bos_id()};
+  for (int32_t id : tok->encode("the model learns")) prompt.push_back(id);
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), prompt);
+  std::vector<int32_t> all = prompt;
+  for (int32_t id : j["ids"].get<std::vector<int32_t>>()) all.push_back(id);
+  const std::string want = tok->decode(all).substr(tok->decode(prompt).size());
+  EXPECT_EQ(j["text"].get<std::string>(), want);
+  // Streaming prints the same text (then a newline, then the summary on stderr).
+  const auto s = run_kvshift(base + " --tokenizer " + tok_dir);
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(s.out.substr(0, want.size() + 1), want + "\n") << s.out;
+  // No --tokenizer: the run config's data.tokenizer.
+  const std::string rc_path = run + "/checkpoints/step_00000002/run_config.json";
+  nlohmann::json rc = nlohmann::json::parse(kvs::testing_util::slurp(rc_path));
+  rc["data"]["tokenizer"] = tok_dir;
+  kvs::testing_util::spit(rc_path, rc.dump());
+  const auto c = run_kvshift(base + " --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_EQ(json_line(c.out)["ids"], j["ids"]);
+  rc["data"]["tokenizer"] = tmp / "nowhere";
+  kvs::testing_util::spit(rc_path, rc.dump());
+  const auto e = run_kvshift(base);
+  EXPECT_EQ(e.code, 1);
+  EXPECT_NE(e.out.find("nowhere"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("--tokenizer"), std::string::npos) << e.out;
+}
+
+// A 256-token model reads and writes bytes without being told (the byte-level LM configs).
+TEST(GenerateCli, ByteModelTakesText) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp, 256);
+  const std::string base = "generate --checkpoint " + run + " --prompt hi --max-new-tokens 10 --temperature 0.7 --seed 3";
+  const auto r = run_kvshift(base + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = json_line(r.out);
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), (std::vector<int32_t>{'h', 'i'}));  // no BOS
+  std::string bytes;
+  for (int32_t id : j["ids"].get<std::vector<int32_t>>()) bytes += static_cast<char>(id);
+  const auto s = run_kvshift(base);
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(s.out.substr(0, bytes.size() + 1), bytes + "\n") << s.out;
 }

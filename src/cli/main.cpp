@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_info(app);
   kvs::cli::add_bench(app);
   kvs::cli::add_inspect(app);
+  kvs::cli::add_generate(app);
   kvs::cli::add_bench_attention(app);
   kvs::cli::add_dist_check(app);
   kvs::cli::add_dist_selftest(app);

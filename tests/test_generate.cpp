@@ -304,6 +304,8 @@ TEST(TextStream, HoldsBackIncompleteCharacters) {
   EXPECT_EQ(s.update("abc" + euro + "\xEF\xBF\xBD"), "");  // U+FFFD may still be completed
   EXPECT_EQ(s.update("abc" + euro + "\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
   EXPECT_EQ(s.finish("abc" + euro + "\xF0\x9F\x98\x80" + "\xC3"), "\xC3");
+  TextStream split("ab\xE2\x82");  // the prompt ends inside a character
+  EXPECT_EQ(split.update("ab" + euro), euro);
   EXPECT_EQ(kvs::cli::stable_utf8_length("x\xC3\xA9"), 3u);
   EXPECT_EQ(kvs::cli::stable_utf8_length("x\xC3"), 1u);
 }

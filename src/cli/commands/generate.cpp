@@ -181,7 +181,8 @@ void run_generate(const Args& a) {
                         {"ids", out},              {"stop", stop},
                         {"tokens_per_second", tps}, {"prefill_seconds", prefill_s}, {"threads", threads}};
     if (tok) {
-      j["text"] = full.substr(std::min(full.size(), tok->decode({ids.begin(), ids.begin() + n_prompt}).size()));
+      const std::string prompt_text = tok->decode({ids.begin(), ids.begin() + n_prompt});
+      j["text"] = full.substr(std::min(full.size(), stable_utf8_length(prompt_text)));
       j["tokenizer"] = tok->describe();
     }
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

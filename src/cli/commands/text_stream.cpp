@@ -23,7 +23,8 @@ size_t stable_utf8_length(const std::string& s) {
   }
 }
 
-TextStream::TextStream(const std::string& shown) : shown_(shown) {}
+// An incomplete character at the end of `shown` is printed whole once it completes.
+TextStream::TextStream(const std::string& shown) : shown_(shown.substr(0, stable_utf8_length(shown))) {}
 
 std::string TextStream::update(const std::string& full) {
   const size_t n = stable_utf8_length(full);

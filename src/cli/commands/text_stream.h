@@ -8,7 +8,8 @@ namespace kvs::cli {
 
 class TextStream {
  public:
-  // `shown`: text already on the screen (or deliberately not printed, e.g. the prompt).
+  // `shown`: text not to print (the prompt's decode); a character it leaves
+  // incomplete is printed whole once the generated tokens complete it.
   explicit TextStream(const std::string& shown);
   // The decode of the whole sequence so far -> what to print now: the new
   // text, minus a trailing incomplete UTF-8 character or U+FFFD (a

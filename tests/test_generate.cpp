@@ -58,6 +58,8 @@ const Variant kVariants[] = {
     {"vanilla_nope_tied", false, 1, true, true, false, "free", "none", 2, true},
 };
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
 kvs::ModelConfig model_of(const Variant& v) {
   kvs::ModelConfig m;
   m.hidden_size = 32;
@@ -110,7 +112,7 @@ struct Decoded {
 // Greedy decoding with the cache: the prompt token by token, then n tokens.
 Decoded greedy(const kvs::ModelConfig& m, const std::vector<float>& params, const std::vector<int32_t>& prompt, int n,
            kvs::ShiftHistory history = kvs::ShiftHistory::Raw) {
-  kvs::Generator g(m, params, static_cast<int>(prompt.size()) + n, history);
+  kvs::Generator g(m, params, static_cast<int>(prompt.size()) + n, {history});
   Decoded r{prompt, {}};
   const float* logits = nullptr;
   for (size_t i = 0; i < r.ids.size(); ++i) {
@@ -150,6 +152,30 @@ TEST_P(GenerateVariant, CachedGreedyEqualsFullForwardAtEveryStep) {
   }
 }
 
+// A prompt run as blocks (chunks of 3 and one of 64: blocks shorter and longer
+// than the shift window, a window crossing block boundaries), then token by
+// token: the same logits as the full forward.
+TEST_P(GenerateVariant, BlockPrefillEqualsFullForward) {
+  const kvs::ModelConfig m = model_of(GetParam());
+  const std::vector<float> params = params_of(m);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(static_cast<int32_t>(kvs::splitmix64(i + 100) % m.vocab_size));
+  const std::vector<float> ref = full_logits(m, params, ids);
+  const size_t V = m.vocab_size;
+  for (int chunk : {3, 64}) {
+    kvs::Generator g(m, params, static_cast<int>(ids.size()), {kvs::ShiftHistory::Raw, chunk});
+    const int n_prompt = 10;
+    const float* l = g.prefill(std::vector<int32_t>(ids.begin(), ids.begin() + n_prompt));
+    std::vector<float> got(ref.begin(), ref.begin() + (n_prompt - 1) * V);  // rows the prefill does not return
+    got.insert(got.end(), l, l + V);
+    for (size_t t = n_prompt; t < ids.size(); ++t) {
+      l = g.step(ids[t]);
+      got.insert(got.end(), l, l + V);
+    }
+    EXPECT_LE(worst_ratio(got, ref, ref.size()), 1.0) << "chunk " << chunk;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, GenerateVariant, ::testing::ValuesIn(kVariants),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -164,7 +190,7 @@ TEST(Generate, CacheBugsAreCaught) {
     const std::vector<float> ref = full_logits(m, params, ids);
     const size_t V = m.vocab_size;
     for (auto history : {kvs::ShiftHistory::Mixed, kvs::ShiftHistory::Zeros}) {
-      kvs::Generator g(m, params, static_cast<int>(ids.size()), history);
+      kvs::Generator g(m, params, static_cast<int>(ids.size()), {history});
       std::vector<float> got;
       for (int32_t id : ids) {
         const float* l = g.step(id);

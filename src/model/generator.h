@@ -27,12 +27,20 @@ enum class ShiftHistory {
   Zeros,  // nothing (bug: every position mixes with zeros, as position 0 does)
 };
 
+struct GeneratorOptions {
+  ShiftHistory history = ShiftHistory::Raw;  // tests only
+  // Prompt tokens run through the layers together, this many at a time (one
+  // matrix product per projection instead of one per token); the scratch
+  // buffers hold this many rows. The cache bugs above run token by token.
+  int prefill_chunk = 64;
+};
+
 class Generator {
  public:
   // `params` is the flat fp32 buffer in ParamLayout::build(m) order (as
   // Engine::read_params gives it). The cache holds max_len positions, which
   // must not exceed m.max_position_embeddings.
-  Generator(const ModelConfig& m, std::vector<float> params, int max_len, ShiftHistory history = ShiftHistory::Raw);
+  Generator(const ModelConfig& m, std::vector<float> params, int max_len, GeneratorOptions opt = {});
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
 
@@ -46,33 +54,37 @@ class Generator {
   // Appends `token` at position pos() and returns the logits [vocab_size]
   // predicting position pos()+1; valid until the next call.
   const float* step(int32_t token);
-  // Steps through `tokens`; returns the logits after the last one.
+  // Appends `tokens` (in chunks of prefill_chunk); returns the logits after
+  // the last one. The same numbers as stepping token by token, up to rounding.
   const float* prefill(const std::vector<int32_t>& tokens);
 
  private:
   struct LayerCache {
     std::vector<float> khat, vhat;        // [max_len, KD]: what attention reads
-    std::vector<float> kwin, vwin, qwin;  // [W+1, row]: raw projections of t-W..t (zeros before 0)
+    // Raw projections, [W + chunk, row]: rows 0..W-1 hold positions t-W..t-1
+    // (zeros before position 0), the rows after them the n new positions.
+    std::vector<float> kwin, vwin, qwin;
     const float *qc = nullptr, *kc = nullptr, *vc = nullptr;  // effective shift coefficients, [H, W+1]
   };
-  // Writes the raw projection of the current position into row W of `win`,
-  // returns the shifted row (kv_shift_forward on the window's W+1 rows).
-  const float* shift_row(std::vector<float>& win, const float* coef, int H);
-  // Moves the window on by one position, keeping what `history_` says.
-  void slide(std::vector<float>& win, const float* shifted, size_t row);
-  void attend(float* out, const float* q, const LayerCache& c, int n);
+  // Runs tokens[0..n) at positions pos_..pos_+n-1; the logits of the last one.
+  const float* forward_block(const int32_t* tokens, int n);
+  // The raw projections of the n new positions are in rows W.. of `win`:
+  // shifts them into `out` [n, row] and moves the window on by n positions.
+  void shift_block(std::vector<float>& win, const float* coef, int H, int n, float* out);
+  void attend(float* out, const float* q, const LayerCache& c, int n_keys);
 
   ModelConfig m_;
   ParamLayout layout_;
   std::vector<float> params_;
   ModelView P_;
   int max_len_, pos_ = 0;
-  ShiftHistory history_;
+  GeneratorOptions opt_;
+  int chunk_;  // rows per block
   std::vector<LayerCache> cache_;
   std::vector<float> gate_coef_;  // "sigmoid_gate": [1 - s, s] per head, per layer
   std::vector<float> rope_cos_, rope_sin_;
-  // Scratch for one position.
-  std::vector<float> x_, ln_, rstd_, q_, k_, v_, att_, scores_, proj_, gate_, up_, h_, shift_out_, logits_;
+  // Scratch for one block of up to chunk_ rows.
+  std::vector<float> x_, ln_, rstd_, q_, att_, scores_, proj_, gate_, up_, h_, shift_out_, logits_;
 };
 
 }  // namespace kvs

@@ -89,7 +89,8 @@ std::vector<float> params_of(const kvs::ModelConfig& m, uint64_t seed = 3) {
   kvs::init_params(layout, m, seed, p.data());
   for (const auto& t : layout.tensors)
     if (t.kind != kvs::ParamKind::Matrix && t.kind != kvs::ParamKind::Embedding)
-      for (size_t i = 0; i < t.numel; ++i) p[t.offset + i] += 0.3f * static_cast<float>(kvs::normal01(seed + 9, t.offset + i));
+      for (size_t i = 0; i < t.numel; ++i)
+        p[t.offset + i] += 0.3f * static_cast<float>(kvs::normal01(seed + 9, t.offset + i));
   return p;
 }
 
@@ -105,13 +106,13 @@ std::vector<float> full_logits(const kvs::ModelConfig& m, const std::vector<floa
 }
 
 struct Decoded {
-  std::vector<int32_t> ids;     // prompt + generated
-  std::vector<float> logits;    // [T - 1, V]: the logits after each fed token
+  std::vector<int32_t> ids;   // prompt + generated
+  std::vector<float> logits;  // [T - 1, V]: the logits after each fed token
 };
 
 // Greedy decoding with the cache: the prompt token by token, then n tokens.
 Decoded greedy(const kvs::ModelConfig& m, const std::vector<float>& params, const std::vector<int32_t>& prompt, int n,
-           kvs::ShiftHistory history = kvs::ShiftHistory::Raw) {
+               kvs::ShiftHistory history = kvs::ShiftHistory::Raw) {
   kvs::Generator g(m, params, static_cast<int>(prompt.size()) + n, {history});
   Decoded r{prompt, {}};
   const float* logits = nullptr;
@@ -383,7 +384,8 @@ nlohmann::json json_line(const std::string& out) {
 TEST(GenerateCli, GreedyIdsEqualFullForwardArgmax) {
   TmpDir tmp;
   const std::string run = train_tiny(tmp, 64);
-  const auto r = run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9,4,7 --max-new-tokens 10 --temperature 0 --json");
+  const auto r =
+      run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9,4,7 --max-new-tokens 10 --temperature 0 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = json_line(r.out);
   const auto out = j["ids"].get<std::vector<int32_t>>();
@@ -399,8 +401,8 @@ TEST(GenerateCli, GreedyIdsEqualFullForwardArgmax) {
   std::string text;
   for (int32_t id : ids) text += std::to_string(id) + " ";
   kvs::testing_util::spit(tokens, text);
-  const auto f = run_kvshift("forward --checkpoint " + run + "/checkpoints/step_00000002 --tokens " + tokens +
-                             " --out " + npy);
+  const auto f =
+      run_kvshift("forward --checkpoint " + run + "/checkpoints/step_00000002 --tokens " + tokens + " --out " + npy);
   ASSERT_EQ(f.code, 0) << f.out;
   const std::string raw = kvs::testing_util::slurp(npy);
   const size_t V = 64, T = ids.size();
@@ -410,7 +412,8 @@ TEST(GenerateCli, GreedyIdsEqualFullForwardArgmax) {
     EXPECT_EQ(ids[t + 1], kvs::argmax(logits + t * V, static_cast<int>(V))) << "position " << t;
 
   // Streaming ids (no tokenizer for a 64-token model): the same ids, space-separated.
-  const auto s = run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9,4,7 --max-new-tokens 10 --temperature 0");
+  const auto s =
+      run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9,4,7 --max-new-tokens 10 --temperature 0");
   ASSERT_EQ(s.code, 0) << s.out;
   std::string want;
   for (size_t i = 0; i < out.size(); ++i) want += (i ? " " : "") + std::to_string(out[i]);
@@ -421,8 +424,9 @@ TEST(GenerateCli, SamplingIsDeterministicBySeed) {
   TmpDir tmp;
   const std::string run = train_tiny(tmp, 64);
   auto ids = [&](int seed) {
-    const auto r = run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9 --max-new-tokens 20 --temperature 1 " +
-                               "--top-k 20 --top-p 0.95 --json --seed " + std::to_string(seed));
+    const auto r =
+        run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9 --max-new-tokens 20 --temperature 1 " +
+                    "--top-k 20 --top-p 0.95 --json --seed " + std::to_string(seed));
     EXPECT_EQ(r.code, 0) << r.out;
     return json_line(r.out)["ids"].get<std::vector<int32_t>>();
   };
@@ -442,9 +446,11 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
                  {"--max-new-tokens 46", "3 tokens", "max_position_embeddings 48"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt hello"), {"--tokenizer", "--prompt-ids"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,x"), {"--prompt-ids", "'x'"});
-  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,99"), {"--prompt-ids", "99", "vocab_size 64"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,99"),
+                 {"--prompt-ids", "99", "vocab_size 64"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --top-p 0"), {"--top-p"});
-  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --max-new-tokens 0"), {"--max-new-tokens 0"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --max-new-tokens 0"),
+                 {"--max-new-tokens 0"});
   one_line_error(run_kvshift("generate --checkpoint " + run), {"--prompt"});
   const auto h = run_kvshift("generate --help");
   for (const char* flag : {"--checkpoint", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
@@ -460,7 +466,8 @@ TEST(GenerateCli, TextWithSentencepieceTokenizer) {
   const auto tok = kvs::load_tokenizer(tok_dir);
   ASSERT_GE(tok->bos_id(), 0);
   const std::string run = train_tiny(tmp, tok->vocab_size());
-  const std::string base = "generate --checkpoint " + run + " --prompt 'the model learns' --max-new-tokens 12 --temperature 0";
+  const std::string base =
+      "generate --checkpoint " + run + " --prompt 'the model learns' --max-new-tokens 12 --temperature 0";
   const auto r = run_kvshift(base + " --json --tokenizer " + tok_dir);
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = json_line(r.out);
@@ -495,7 +502,8 @@ TEST(GenerateCli, TextWithSentencepieceTokenizer) {
 TEST(GenerateCli, ByteModelTakesText) {
   TmpDir tmp;
   const std::string run = train_tiny(tmp, 256);
-  const std::string base = "generate --checkpoint " + run + " --prompt hi --max-new-tokens 10 --temperature 0.7 --seed 3";
+  const std::string base =
+      "generate --checkpoint " + run + " --prompt hi --max-new-tokens 10 --temperature 0.7 --seed 3";
   const auto r = run_kvshift(base + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = json_line(r.out);

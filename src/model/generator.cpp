@@ -28,8 +28,8 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   KVS_CHECK(max_len >= 1 && max_len <= m.max_position_embeddings,
             "generate: {} positions requested, the model's max_position_embeddings is {}", max_len,
             m.max_position_embeddings);
-  KVS_CHECK(m.position_encoding == "rope" || m.position_encoding == "none",
-            "generate: unknown position_encoding '{}'", m.position_encoding);
+  KVS_CHECK(m.position_encoding == "rope" || m.position_encoding == "none", "generate: unknown position_encoding '{}'",
+            m.position_encoding);
   KVS_CHECK(opt.prefill_chunk >= 1, "generate: prefill_chunk {} must be >= 1", opt.prefill_chunk);
   P_ = bind_params(layout_, m_, params_.data());
   // The cache bugs are bugs of a token-by-token cache: keep them that way.

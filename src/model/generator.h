@@ -60,7 +60,7 @@ class Generator {
 
  private:
   struct LayerCache {
-    std::vector<float> khat, vhat;        // [max_len, KD]: what attention reads
+    std::vector<float> khat, vhat;  // [max_len, KD]: what attention reads
     // Raw projections, [W + chunk, row]: rows 0..W-1 hold positions t-W..t-1
     // (zeros before position 0), the rows after them the n new positions.
     std::vector<float> kwin, vwin, qwin;

@@ -1,12 +1,13 @@
 // `kvshift generate`: text (or token ids) in, a continuation out, decoded on
 // the CPU with a KV cache (model/generator.h) and streamed as it is produced.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <omp.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,7 +29,7 @@ namespace {
 struct Args {
   std::string checkpoint, prompt, prompt_ids, tokenizer;
   bool has_prompt = false, json = false;
-  int threads = 0;  // 0 = auto
+  int threads = 0;         // 0 = auto
   int max_new_tokens = 0;  // not given (max_new_given false): 128, or fewer to fit the model's positions
   bool max_new_given = false;
   SamplingConfig sampling;
@@ -48,8 +49,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     item.clear();
   };
   for (char ch : text) {
-    if (ch == ',' || ch == ' ') flush();
-    else item += ch;
+    if (ch == ',' || ch == ' ')
+      flush();
+    else
+      item += ch;
   }
   flush();
   KVS_CHECK(!ids.empty(), "--prompt-ids: no ids in '{}'", text);
@@ -178,9 +181,13 @@ void run_generate(const Args& a) {
     emit(tok ? text.finish(full) : std::string());
     emit("\n");
   } else {
-    nlohmann::json j = {{"checkpoint", dir},       {"prompt_ids", std::vector<int32_t>(ids.begin(), ids.begin() + n_prompt)},
-                        {"ids", out},              {"stop", stop},
-                        {"tokens_per_second", tps}, {"prefill_seconds", prefill_s}, {"threads", threads}};
+    nlohmann::json j = {{"checkpoint", dir},
+                        {"prompt_ids", std::vector<int32_t>(ids.begin(), ids.begin() + n_prompt)},
+                        {"ids", out},
+                        {"stop", stop},
+                        {"tokens_per_second", tps},
+                        {"prefill_seconds", prefill_s},
+                        {"threads", threads}};
     if (tok) {
       const std::string prompt_text = tok->decode({ids.begin(), ids.begin() + n_prompt});
       j["text"] = full.substr(std::min(full.size(), stable_utf8_length(prompt_text)));
@@ -189,9 +196,10 @@ void run_generate(const Args& a) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     std::fflush(stdout);  // before the stderr summary
   }
-  std::fprintf(stderr,
-               "kvshift generate: %zu tokens in %.3f s, %.1f tokens/s (prompt: %d tokens in %.3f s; stop: %s; %d thread%s)\n",
-               out.size(), gen_s, tps, n_prompt, prefill_s, stop.c_str(), threads, threads == 1 ? "" : "s");
+  std::fprintf(
+      stderr,
+      "kvshift generate: %zu tokens in %.3f s, %.1f tokens/s (prompt: %d tokens in %.3f s; stop: %s; %d thread%s)\n",
+      out.size(), gen_s, tps, n_prompt, prefill_s, stop.c_str(), threads, threads == 1 ? "" : "s");
 }
 
 }  // namespace
@@ -206,8 +214,8 @@ void add_generate(CLI::App& app) {
       cmd->add_option("--prompt", a->prompt, "Prompt text (encoded with the tokenizer, BOS first if it has one)");
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 1,2,3 (taken as given: no BOS added)");
   auto* max_new = cmd->add_option("--max-new-tokens", a->max_new_tokens,
-                  "Tokens to generate at most; prompt + these <= max_position_embeddings "
-                  "(default: 128, or fewer to fit)");
+                                  "Tokens to generate at most; prompt + these <= max_position_embeddings "
+                                  "(default: 128, or fewer to fit)");
   cmd->add_option("--temperature", a->sampling.temperature, "Softmax temperature; 0 = greedy (argmax)")
       ->capture_default_str();
   cmd->add_option("--top-k", a->sampling.top_k, "Sample among the K most likely tokens only; 0 = off")
@@ -223,8 +231,9 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");
-  cmd->add_flag("--json", a->json,
-                "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");
+  cmd->add_flag(
+      "--json", a->json,
+      "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");
   cmd->callback([a, prompt, max_new]() {
     a->has_prompt = prompt->count() > 0;  // --prompt "" is a prompt too (BOS alone)
     a->max_new_given = max_new->count() > 0;

@@ -36,6 +36,64 @@ if [ $build_rc -eq 0 ]; then
   cuda_tests="$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log" | head -1) failed, $(grep -cE '^\[  SKIPPED \]' "$out/cuda_tests.log") skipped"
 fi
 
+# Runs "$@" as $1 ranks on this node: under `torchrun --no_python` when the
+# machine has a working one (Debian's torch 1.13 torchrun crashes on Python 3.11),
+# else with torchrun's variables set by hand (all that kvshift reads from
+# torchrun). Output of every rank in $3. Underscore options: torchrun < 2.0 has
+# no dashed forms, later ones accept both.
+export KVS_BOOTSTRAP_TIMEOUT_S=60
+launcher="torchrun variables"
+if timeout 120 torchrun --no_python --nproc_per_node 1 --master_port 29590 true >"$out/torchrun_probe.log" 2>&1; then
+  launcher=torchrun
+fi
+torchrun_like() {
+  local n=$1 port=$2 log=$3 pids=() rc=0 r
+  shift 3
+  if [ "$launcher" = torchrun ]; then
+    timeout 600 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
+    return
+  fi
+  for ((r = 0; r < n; r++)); do
+    env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout 600 "$@" >"$log.$r" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
+  cat "$log".* >"$log"
+  rm -f "$log".*
+  return $rc
+}
+why() { grep -m1 'kvshift: error' "$1" || tail -1 "$1"; }
+launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
+  local log=$out/nccl_w1.log ngpu
+  if torchrun_like 1 29600 "$log" ./build-gpu/kvshift dist-check --nccl; then
+    row "NCCL world of 1 ($launcher)" "$(grep -m1 'NCCL all-reduce' "$log")"
+  else
+    row "NCCL world of 1 ($launcher)" "FAILED: $(why "$log")"
+  fi
+  # Two ranks: one GPU each when there are two; on one GPU NCCL normally refuses
+  # two ranks of a communicator on the same device ("Duplicate GPU detected").
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  log=$out/nccl_w2.log
+  if torchrun_like 2 29610 "$log" ./build-gpu/kvshift dist-check --nccl; then
+    row "NCCL 2 ranks on $ngpu GPU(s)" "ok: $(grep -m1 'NCCL all-reduce' "$log")"
+  elif grep -qiE "duplicate GPU|invalid usage" "$log"; then
+    row "NCCL 2 ranks on $ngpu GPU(s)" "refused by NCCL: two ranks on one GPU ($(grep -m1 -oiE 'duplicate GPU[^)]*|invalid usage' "$log"))"
+  else
+    row "NCCL 2 ranks on $ngpu GPU(s)" "FAILED: $(why "$log")"
+  fi
+  # A short training run under the same launcher (a world of one: the single-process backend).
+  log=$out/torchrun_train.log
+  rm -rf "$out/torchrun-train"
+  if torchrun_like 1 29620 "$log" ./build-gpu/kvshift train --quiet \
+      --config configs/toy/induction-1l-kvshift.json --set device=cuda --set train.steps=50 \
+      --set train.eval_every=50 --set train.checkpoint_every=50 --run-dir "$out/torchrun-train"; then
+    row "train, device cuda, world of 1 ($launcher)" "$(grep -m1 '^run ' "$log" | sed 's/^run [^:]*: //')"
+  else
+    row "train, device cuda, world of 1 ($launcher)" "FAILED: $(why "$log")"
+  fi
+}
+
 bench() {  # label, args...
   local label=$1
   shift
@@ -65,6 +123,12 @@ row "GPU" "${gpu:-none found}"
 row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo ok || echo "FAILED: $out/build.log")"
 row "ctest (all tests)" "$tests"
 row "CUDA tests (Cuda*)" "$cuda_tests"
+[ $build_rc -eq 0 ] && launch_rows
+if [ $build_rc -eq 0 ]; then
+  # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
+  KVS_HF_NO_VENV=1 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
+  row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
+fi
 if [ $build_rc -eq 0 ]; then
   bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
   if [ $quick -eq 0 ]; then

@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
+  python3-venv  # .venv-hf (transformers), below
   openmpi-bin libopenmpi-dev
   python3 python3-torch python3-numpy python3-matplotlib
   # the tokenizer: sentencepiece's C++ library (training + encoding), its CLI and Python module
@@ -20,13 +21,33 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Hugging Face transformers is not packaged by Debian: a venv on top of the
+# system python (so it sees Debian's torch 1.13) with pinned versions from PyPI.
+# Optional: without it the HF tests use the modeling file's pure-torch core.
+# KVS_SKIP_HF_VENV=1 skips it (offline machines).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv-hf"
+REQ="$ROOT/scripts/hf-requirements.txt"
+if [ "${KVS_SKIP_HF_VENV:-0}" = 1 ]; then
+  echo "setup: skipping .venv-hf (KVS_SKIP_HF_VENV=1)"
+elif [ -x "$VENV/bin/python" ] && cmp -s "$REQ" "$VENV/.requirements"; then
+  echo "setup: .venv-hf up to date"
+else
+  echo "setup: creating .venv-hf (transformers for torch 1.13, from PyPI)"
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+  if "$VENV/bin/pip" install -q -r "$REQ"; then
+    cp "$REQ" "$VENV/.requirements"
+  else
+    echo "setup: warning: pip could not install scripts/hf-requirements.txt; HF tests will use the pure-torch core" >&2
+  fi
+fi
 echo "setup: done"

@@ -459,7 +459,14 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"device", "head_dim", "got 8"}},
       {[](C& c) { c.train.recompute = "layers"; }, {"train.recompute", "\"layers\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
-      {[](C& c) { c.parallel.tp = 2; }, {"parallel.tp: tensor parallelism is not implemented yet"}},
+      {[](C& c) { c.model.document_boundaries = "docs"; }, {"model.document_boundaries", "\"docs\""}},
+      {[](C& c) { c.model.document_boundaries = "shift"; }, {"model.document_boundaries", "model.bos_token_id"}},
+      {[](C& c) { c.model.bos_token_id = 128; }, {"model.bos_token_id", "128"}},
+      {[](C& c) { c.model.document_boundaries = "shift"; c.model.bos_token_id = 1; c.device = "cuda"; },
+       {"model.document_boundaries", "device \"cpu\""}},
+      {[](C& c) { c.parallel.tp = 4; }, {"parallel.tp (4) must divide model.num_key_value_heads (2)"}},
+      {[](C& c) { c.parallel.tp = 2; c.model.intermediate_size = 255; }, {"parallel.tp (2)", "intermediate_size (255)"}},
+      {[](C& c) { c.parallel.tp = 2; c.device = "cuda"; }, {"parallel.tp", "device \"cpu\""}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(i);
@@ -555,7 +562,8 @@ TEST(Config, LoadConfigAppliesOverridesAndValidates) {
   EXPECT_DOUBLE_EQ(c.train.lr, 5e-4);
   EXPECT_FALSE(c.model.kv_shift.enabled);
   EXPECT_EQ(c.source_path, p);
-  expect_error([&] { kvs::load_config(p, {"parallel.tp=2"}); }, {p, "parallel.tp"});
+  expect_error([&] { kvs::load_config(p, {"parallel.tp=3"}); }, {p, "parallel.tp (3) must divide"});
+  EXPECT_EQ(kvs::load_config(p, {"parallel.tp=2"}).parallel.tp, 2);
   expect_error([&] { kvs::load_config(p, {"bogus"}); }, {p, "bogus"});
 }
 

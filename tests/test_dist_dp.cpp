@@ -12,96 +12,15 @@
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/params.h"
-#include "test_util.h"
+#include "dist_test_util.h"
 #include "train/zero1.h"
 
 using kvs::testing_util::run_kvshift;
 using kvs::testing_util::TmpDir;
 
+using namespace kvs::testing_util;
+
 namespace {
-
-// Runs as root on 2 cores in CI: mpirun needs the root opt-in and
-// --oversubscribe; shared memory without the CMA single copy works in containers.
-std::string mpirun(int np) {
-  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 mpirun --oversubscribe --bind-to none -np " +
-         std::to_string(np);
-}
-
-nlohmann::json tiny_config(bool shift, int accum) {
-  return {{"name", "dp"},
-          {"model",
-           {{"hidden_size", 16},
-            {"intermediate_size", 32},
-            {"num_hidden_layers", 2},
-            {"num_attention_heads", 4},
-            {"num_key_value_heads", 2},  // GQA
-            {"vocab_size", 32},
-            {"max_position_embeddings", 16},
-            {"kv_shift", {{"enabled", shift}}}}},
-          {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-          {"train",
-           {{"seq_len", 16},
-            {"micro_batch_size", 2},
-            {"grad_accum_steps", accum},
-            {"steps", 20},
-            {"lr", 1e-2},
-            {"warmup_steps", 2},
-            {"eval_every", 10},
-            {"eval_sequences", 8},
-            {"checkpoint_every", 10},
-            {"threads", 1}}}};
-}
-
-struct Curve {
-  std::map<int, double> train, eval;  // step -> loss / val_loss
-};
-
-Curve read_metrics(const std::string& run_dir) {
-  Curve c;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") c.train[j["step"].get<int>()] = j["loss"].get<double>();
-    if (j["type"] == "eval") c.eval[j["step"].get<int>()] = j["val_loss"].get<double>();
-  }
-  return c;
-}
-
-// Runs `kvshift train` on np processes (np = 0: without mpirun).
-void train(int np, const std::string& config, const std::string& run_dir, const std::string& extra = "") {
-  const auto r = run_kvshift("train --quiet --config " + config + " --run-dir " + run_dir + " " + extra,
-                             np == 0 ? "" : mpirun(np));
-  ASSERT_EQ(r.code, 0) << r.out;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
-
-// Every step from `from` on, and every evaluation, agree within 1e-5 (relative).
-double expect_close(const Curve& got, const Curve& want, int from, const std::string& what) {
-  double worst = 0;
-  int compared = 0;
-  for (const auto& [step, loss] : want.train) {
-    if (step < from) continue;
-    ++compared;
-    auto it = got.train.find(step);
-    if (it == got.train.end()) {
-      ADD_FAILURE() << what << ": no loss at step " << step;
-      continue;
-    }
-    worst = std::max(worst, rel(it->second, loss));
-    EXPECT_LT(rel(it->second, loss), 1e-5) << what << " step " << step << ": " << it->second << " vs " << loss;
-  }
-  for (const auto& [step, loss] : want.eval) {
-    if (step < from || !got.eval.count(step)) continue;
-    worst = std::max(worst, rel(got.eval.at(step), loss));
-    EXPECT_LT(rel(got.eval.at(step), loss), 1e-5) << what << " eval @ " << step;
-  }
-  EXPECT_GT(compared, 0) << what;
-  std::printf("[ %s ] max relative loss difference %.3g over %d steps\n", what.c_str(), worst, compared);
-  return worst;
-}
 
 void dp_follows_single(bool shift, const std::string& name) {
   TmpDir tmp;

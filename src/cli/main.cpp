@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   kvs::cli::add_eval(app);
   kvs::cli::add_forward(app);
   kvs::cli::add_backward(app);
+  kvs::cli::add_export_hf(app);
+  kvs::cli::add_import_hf(app);
   kvs::cli::add_info(app);
   kvs::cli::add_bench(app);
   kvs::cli::add_inspect(app);

@@ -9,6 +9,8 @@
 // where <origin> is the file name (or whatever the caller passed).
 #include "model/config.h"
 
+#include "model/tensor_parallel.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -45,7 +47,7 @@ const std::vector<Section>& schema() {
       {"model",
        {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "rms_norm_eps", "rope_theta", "position_encoding", "vocab_size", "max_position_embeddings",
-        "tie_word_embeddings", "initializer_range", "kv_shift"}},
+        "tie_word_embeddings", "initializer_range", "kv_shift", "document_boundaries", "bos_token_id"}},
       {"model.kv_shift", {"enabled", "window", "shift_k", "shift_v", "shift_q", "parametrization"}},
       {"train",
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
@@ -291,6 +293,8 @@ ModelConfig parse_model(const Obj& o, bool hf) {
   o.get("max_position_embeddings", m.max_position_embeddings);
   o.get("tie_word_embeddings", m.tie_word_embeddings);
   o.get("initializer_range", m.initializer_range);
+  o.get("document_boundaries", m.document_boundaries);  // absent (older checkpoints): "none"
+  o.get("bos_token_id", m.bos_token_id);
   if (auto* v = o.find("kv_shift")) {
     m.kv_shift = parse_kv_shift(*v, o.origin(), o.at("kv_shift"));
   } else if (hf) {
@@ -325,6 +329,16 @@ void validate_model(const ModelConfig& m, const std::string& origin, const std::
     fail("{}: {}position_encoding: must be \"rope\" or \"none\", got \"{}\"", origin, p, m.position_encoding);
   if (!(m.initializer_range > 0))
     fail("{}: {}initializer_range: must be > 0, got {}", origin, p, m.initializer_range);
+  const std::string& db = m.document_boundaries;
+  if (db != "none" && db != "shift" && db != "shift_and_attention")
+    fail("{}: {}document_boundaries: must be \"none\", \"shift\" or \"shift_and_attention\", got \"{}\"", origin, p,
+         db);
+  if (m.bos_token_id < -1 || m.bos_token_id >= m.vocab_size)
+    fail("{}: {}bos_token_id: must be -1 (none) or a token id in [0, vocab_size={}), got {}", origin, p, m.vocab_size,
+         m.bos_token_id);
+  if (db != "none" && m.bos_token_id < 0)
+    fail("{}: {}document_boundaries: \"{}\" needs {}bos_token_id (the token that starts a document)", origin, p, db,
+         p);
   if (m.kv_shift.window < 1 || m.kv_shift.window > 8)
     fail("{}: {}kv_shift.window: must be in [1, 8], got {}", origin, p, m.kv_shift.window);
   const std::string& par = m.kv_shift.parametrization;
@@ -342,19 +356,23 @@ json kv_shift_to_json(const KvShiftConfig& k) {
 }
 
 json model_keys_to_json(const ModelConfig& m) {
-  return json{{"hidden_size", m.hidden_size},
-              {"intermediate_size", m.intermediate_size},
-              {"num_hidden_layers", m.num_hidden_layers},
-              {"num_attention_heads", m.num_attention_heads},
-              {"num_key_value_heads", m.num_key_value_heads},
-              {"rms_norm_eps", m.rms_norm_eps},
-              {"rope_theta", m.rope_theta},
-              {"position_encoding", m.position_encoding},
-              {"vocab_size", m.vocab_size},
-              {"max_position_embeddings", m.max_position_embeddings},
-              {"tie_word_embeddings", m.tie_word_embeddings},
-              {"initializer_range", m.initializer_range},
-              {"kv_shift", kv_shift_to_json(m.kv_shift)}};
+  json j{{"hidden_size", m.hidden_size},
+         {"intermediate_size", m.intermediate_size},
+         {"num_hidden_layers", m.num_hidden_layers},
+         {"num_attention_heads", m.num_attention_heads},
+         {"num_key_value_heads", m.num_key_value_heads},
+         {"rms_norm_eps", m.rms_norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"position_encoding", m.position_encoding},
+         {"vocab_size", m.vocab_size},
+         {"max_position_embeddings", m.max_position_embeddings},
+         {"tie_word_embeddings", m.tie_word_embeddings},
+         {"initializer_range", m.initializer_range},
+         {"kv_shift", kv_shift_to_json(m.kv_shift)}};
+  // Written only when set, so configs and checkpoints that predate them read the same.
+  if (m.document_boundaries != "none") j["document_boundaries"] = m.document_boundaries;
+  if (m.bos_token_id >= 0) j["bos_token_id"] = m.bos_token_id;
+  return j;
 }
 
 // JSON text -> json, with duplicate keys rejected (nlohmann would silently keep the last).
@@ -557,6 +575,10 @@ void validate(const Config& c, const std::string& origin) {
   if (m.kv_shift.window > 3)
     fail("{}: model.kv_shift.window: training supports windows 1 to 3 (the paper's), got {}", origin,
          m.kv_shift.window);
+  if (c.device == "cuda" && m.document_boundaries != "none")
+    fail("{}: model.document_boundaries: \"{}\" needs device \"cpu\" for now (the CUDA kernels have no document "
+         "masks yet)",
+         origin, m.document_boundaries);
   if (c.device == "cuda") {
     const int d = m.head_dim();
     if (d != 16 && d != 32 && d != 64 && d != 128)
@@ -650,9 +672,11 @@ void validate(const Config& c, const std::string& origin) {
     fail("{}: data.type: must be \"induction\", \"ngram\", \"hopk\" or \"shards\", got \"{}\"", origin, d.type);
   }
 
-  if (c.parallel.tp < 1) fail("{}: parallel.tp: must be >= 1, got {}", origin, c.parallel.tp);
-  if (c.parallel.tp != 1)
-    fail("{}: parallel.tp: tensor parallelism is not implemented yet (got {}; use 1)", origin, c.parallel.tp);
+  check_tensor_parallel(c.model, c.parallel.tp, origin);
+  if (c.parallel.tp > 1 && c.device != "cpu")
+    fail("{}: parallel.tp: tensor parallelism (tp = {}) needs device \"cpu\" for now; the CUDA engine has no "
+         "tensor-parallel layers yet",
+         origin, c.parallel.tp);
 }
 
 json to_json(const Config& c) {

@@ -42,6 +42,15 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;  // std of the normal init of matrices
   KvShiftConfig kv_shift;
+  // Packed documents (docs/DATA.md "Document boundaries"): a document starts
+  // at each bos_token_id in the inputs (and at position 0).
+  //   "none"                every position sees the whole sequence (default)
+  //   "shift"               the KV shift restarts at each document: the rows
+  //                         before it count as the zeros before position 0, so
+  //                         K_{t-1}/V_{t-1} never leak across documents
+  //   "shift_and_attention" also causal attention within the document only
+  std::string document_boundaries = "none";
+  int bos_token_id = -1;  // -1: none (needed when document_boundaries is not "none")
 
   int head_dim() const { return hidden_size / num_attention_heads; }
   int q_dim() const { return num_attention_heads * head_dim(); }

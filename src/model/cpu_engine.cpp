@@ -23,7 +23,9 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "kernels/cpu/ops.h"
+#include "model/vocab_parallel_loss.h"
 
 namespace kvs {
 
@@ -55,11 +57,11 @@ void gate_backward(float* dstored, const float* deff, const float* stored, int H
 }
 }  // namespace
 
-ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
+ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T) {
   ActivationPlan p;
-  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = m.hidden_size;
-  const size_t QD = m.q_dim(), KD = m.kv_dim(), F = m.intermediate_size, V = m.vocab_size;
-  const size_t H = m.num_attention_heads, D = m.head_dim();
+  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = d.C;
+  const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
+  const size_t H = d.Hq, D = d.D;
   size_t off = 0;
   auto take = [&](size_t n) {
     size_t at = off;
@@ -76,7 +78,7 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
   p.ffn_stride = N * F;
   const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
   p.qraw_stride = shift_q ? N * QD : 0;
-  p.coef_stride = (H + 2 * static_cast<size_t>(m.num_key_value_heads)) * (m.kv_shift.window + 1);
+  p.coef_stride = (H + 2 * static_cast<size_t>(d.Hkv)) * (m.kv_shift.window + 1);
   p.resid = take((L + 1) * p.resid_stride);
   p.res_mid = take(L * p.res_mid_stride);
   p.ln1 = take(L * p.ln_stride);
@@ -121,10 +123,18 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, int B, int T) {
   return p;
 }
 
-CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len)
-    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len) {
+CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp)
+    : m_(m),
+      tp_(tp),
+      d_(LocalDims::of(m, tp.rank, tp.size)),
+      layout_(ParamLayout::build(m, tp.rank, tp.size)),
+      max_B_(max_batch),
+      max_T_(max_seq_len) {
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
-  plan_ = ActivationPlan::build(m, max_batch, max_seq_len);
+  KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
+            "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
+  check_tensor_parallel(m, tp.size, "engine");
+  plan_ = ActivationPlan::build(m, d_, max_batch, max_seq_len);
   params_.assign(layout_.total, 0.0f);
   grads_.assign(layout_.total, 0.0f);
   exp_avg_.assign(layout_.total, 0.0f);
@@ -164,9 +174,10 @@ void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
 void CpuEngine::forward_to_logits(const Batch& b) {
-  const int B = b.B, T = b.T, N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
-  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
-  const int QD = m_.q_dim(), KD = m_.kv_dim(), W = m_.kv_shift.window;
+  // This rank's sizes (the whole model without tensor parallelism).
+  const int B = b.B, T = b.T, N = B * T, C = d_.C, F = d_.F, V = d_.V;
+  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
+  const int QD = d_.QD(), KD = d_.KD(), W = m_.kv_shift.window;
   const ActivationPlan& p = plan_;
   float* a = acts_.data();
   const float* cos = a + p.rope_cos;
@@ -174,8 +185,12 @@ void CpuEngine::forward_to_logits(const Batch& b) {
   const bool rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
   const bool gated = m_.kv_shift.sigmoid_gate();
   const size_t W1 = static_cast<size_t>(W) + 1;
+  find_documents(b);
+  const int32_t* shift_doc = shift_doc_start();
+  const int32_t* attention_doc = attention_doc_start();
 
-  cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C);
+  cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V);
+  tp_sum(a + p.resid, static_cast<size_t>(N) * C);  // each token's row lives on one rank
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
     const LayerView& w = P_.layers[l];
     float* resid = a + p.resid + l * p.resid_stride;
@@ -203,7 +218,7 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     if (w.q_shift) {
       float* qraw = a + p.qraw + l * p.qraw_stride;
       cpu::matmul_forward(qraw, ln1, w.wq, N, C, QD);
-      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W);
+      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W, shift_doc);
     } else {
       cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
     }
@@ -211,17 +226,18 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     cpu::matmul_forward(v, ln1, w.wv, N, C, KD);
     // KV shifting acts on the raw projections, before RoPE.
     if (w.k_shift) {
-      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W);
+      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W, shift_doc);
       if (rope) cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
     } else if (rope) {
       cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
     } else {
       std::copy(k, k + static_cast<size_t>(N) * KD, khat);
     }
-    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W);
+    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W, shift_doc);
     if (rope) cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
-    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D);
+    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D, attention_doc);
     cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
+    tp_sum(res_mid, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over this rank's heads
     cpu::residual_forward(res_mid, res_mid, resid, static_cast<size_t>(N) * C);
 
     cpu::rmsnorm_forward(ln2, rstd2, res_mid, w.ln2, N, C, m_.rms_norm_eps);
@@ -230,6 +246,7 @@ void CpuEngine::forward_to_logits(const Batch& b) {
     cpu::swiglu_forward(h, gate, up, static_cast<size_t>(N) * F);
     float* next = a + p.resid + (l + 1) * p.resid_stride;
     cpu::matmul_forward(next, h, w.w_down, N, F, C);
+    tp_sum(next, static_cast<size_t>(N) * C);  // row-parallel down_proj
     cpu::residual_forward(next, next, res_mid, static_cast<size_t>(N) * C);
   }
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
@@ -238,9 +255,10 @@ void CpuEngine::forward_to_logits(const Batch& b) {
 }
 
 void CpuEngine::backward_from_dlogits(const Batch& b) {
-  const int B = b.B, T = b.T, N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
-  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
-  const int QD = m_.q_dim(), KD = m_.kv_dim(), W = m_.kv_shift.window;
+  // This rank's sizes (the whole model without tensor parallelism).
+  const int B = b.B, T = b.T, N = B * T, C = d_.C, F = d_.F, V = d_.V;
+  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
+  const int QD = d_.QD(), KD = d_.KD(), W = m_.kv_shift.window;
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
   const size_t NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
   const ActivationPlan& p = plan_;
@@ -253,10 +271,12 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
   const bool gated = m_.kv_shift.sigmoid_gate();
   const size_t W1 = static_cast<size_t>(W) + 1;
   float* dcoef = a + p.dcoef;
+  const int32_t* shift_doc = shift_doc_start();  // found by the forward of this batch
 
   // LM head and final norm (dlogits were written over the logits).
   zero(dln, NC);
   cpu::matmul_backward(dln, G_.lm_head, a + p.logits, a + p.lnf, P_.lm_head, N, C, V);
+  tp_sum(dln, NC);  // each rank's vocabulary slice contributes to d lnf
   zero(dresid, NC);
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
   cpu::rmsnorm_backward(dresid, G_.norm, dln, last, P_.norm, a + p.rstdf, N, C);
@@ -289,11 +309,11 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     auto shift_backward = [&](float* din, float* dstored, const float* dout, const float* in, const float* stored,
                               const float* c, int H) {
       if (!gated) {
-        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W);
+        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W, shift_doc);
         return;
       }
       zero(dcoef, static_cast<size_t>(H) * W1);
-      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W);
+      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W, shift_doc);
       gate_backward(dstored, dcoef, stored, H);
     };
 
@@ -309,6 +329,7 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     zero(dln, NC);
     cpu::matmul_backward(dln, g.w_gate, dgate, ln2, w.w_gate, N, C, F);
     cpu::matmul_backward(dln, g.w_up, dup, ln2, w.w_up, N, C, F);
+    tp_sum(dln, NC);  // column-parallel gate/up: d ln2 summed over the ranks' columns
     cpu::rmsnorm_backward(dresid, g.ln2, dln, res_mid, w.ln2, rstd2, N, C);  // dresid is now d res_mid
 
     // Attention: res_mid = resid_l + o_proj(attout).
@@ -362,9 +383,10 @@ void CpuEngine::backward_from_dlogits(const Batch& b) {
     cpu::matmul_backward(dln, g.wq, dq_raw, ln1, w.wq, N, C, QD);
     cpu::matmul_backward(dln, g.wk, dk, ln1, w.wk, N, C, KD);
     cpu::matmul_backward(dln, g.wv, dv_raw, ln1, w.wv, N, C, KD);
+    tp_sum(dln, NC);  // column-parallel q/k/v: d ln1 summed over the ranks' heads
     cpu::rmsnorm_backward(dresid, g.ln1, dln, resid, w.ln1, rstd1, N, C);  // dresid is now d resid_l
   }
-  cpu::embedding_backward(G_.embed, dresid, b.inputs, N, C);
+  cpu::embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V);
 }
 
 double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
@@ -372,9 +394,7 @@ double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
   forward_to_logits(b);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   float* a = acts_.data();
-  cpu::cross_entropy_forward_backward(a + plan_.losses, a + plan_.logits, static_cast<int32_t*>(nullptr),
-                                      a + plan_.logits, b.targets, b.mask, static_cast<int>(N), m_.vocab_size,
-                                      grad_scale);
+  cross_entropy(a + plan_.logits, nullptr, b, grad_scale);
   double sum = 0;
   for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
   backward_from_dlogits(b);
@@ -386,15 +406,52 @@ double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, 
   forward_to_logits(b);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   float* a = acts_.data();
+  KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
   if (logits) std::copy(a + plan_.logits, a + plan_.logits + N * m_.vocab_size, logits);
   if (!b.targets) return 0.0;
-  cpu::cross_entropy_forward_backward(a + plan_.losses, static_cast<float*>(nullptr), argmax_.data(),
-                                      a + plan_.logits, b.targets, b.mask, static_cast<int>(N), m_.vocab_size, 1.0);
+  cross_entropy(nullptr, argmax_.data(), b, 1.0);
   double sum = 0;
   for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
   if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
   if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
   return sum;
+}
+
+void CpuEngine::find_documents(const Batch& b) {
+  if (m_.document_boundaries == "none") return;
+  doc_start_.resize(static_cast<size_t>(b.B) * b.T);
+  for (int i = 0; i < b.B; ++i) {
+    int start = 0;
+    for (int t = 0; t < b.T; ++t) {
+      const size_t at = static_cast<size_t>(i) * b.T + t;
+      if (b.inputs[at] == m_.bos_token_id) start = t;
+      doc_start_[at] = start;
+    }
+  }
+}
+
+const int32_t* CpuEngine::shift_doc_start() const {
+  return m_.document_boundaries == "none" ? nullptr : doc_start_.data();
+}
+
+const int32_t* CpuEngine::attention_doc_start() const {
+  return m_.document_boundaries == "shift_and_attention" ? doc_start_.data() : nullptr;
+}
+
+void CpuEngine::tp_sum(float* buf, size_t n) {
+  if (tp_.size > 1) tp_.comm->all_reduce(buf, n, dist::DType::F32, dist::ReduceOp::Sum);
+}
+
+void CpuEngine::cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale) {
+  float* a = acts_.data();
+  const int N = b.B * b.T;
+  if (tp_.size == 1) {
+    cpu::cross_entropy_forward_backward(a + plan_.losses, dlogits, argmax, a + plan_.logits, b.targets, b.mask, N,
+                                        m_.vocab_size, grad_scale);
+    return;
+  }
+  vocab_parallel_cross_entropy(a + plan_.losses, dlogits, argmax, a + plan_.logits, b.targets, b.mask, N, d_,
+                               grad_scale, *tp_.comm, ce_scratch_);
 }
 
 double CpuEngine::grad_norm() { return std::sqrt(grad_sq_sum_range(0, grads_.size())); }

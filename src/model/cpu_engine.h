@@ -4,12 +4,14 @@
 #include <vector>
 
 #include "model/engine.h"
+#include "model/tensor_parallel.h"
 
 namespace kvs {
 
 // Sizes of every forward activation and backward scratch buffer, as slices
 // of one allocation. Per-layer tensors are stored at a stride sized for the
-// largest micro-batch, so smaller batches reuse the same plan.
+// largest micro-batch, so smaller batches reuse the same plan. Sizes are
+// those of one tensor-parallel rank (LocalDims; the whole model at tp = 1).
 struct ActivationPlan {
   size_t total = 0;  // floats
   // forward, per layer l at base + l * stride
@@ -27,12 +29,18 @@ struct ActivationPlan {
   size_t dqs;    // d raw q under shift_q
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
 
-  static ActivationPlan build(const ModelConfig& m, int B, int T);
+  static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T);
 };
 
+// With tensor parallelism (tp.size > 1) the engine holds its rank's slice of
+// the model (ParamLayout::build(m, tp.rank, tp.size)) and every rank of the
+// TP group calls forward/forward_backward together on the same batch: the
+// all-reduces of Megatron's column/row-parallel layers and the
+// vocab-parallel embedding and cross-entropy run inside (docs/PARALLEL.md).
+// Gradients and the norms of grad_norm/grad_sq_sum_range are then local.
 class CpuEngine : public Engine {
  public:
-  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len);
+  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp = {});
 
   const ModelConfig& model_config() const override { return m_; }
   const ParamLayout& layout() const override { return layout_; }
@@ -63,8 +71,20 @@ class CpuEngine : public Engine {
   // Runs the model up to the logits; leaves every activation in acts_.
   void forward_to_logits(const Batch& b);
   void backward_from_dlogits(const Batch& b);
+  // Document boundaries (ModelConfig::document_boundaries): the first
+  // position of each position's document, [B*T], for the shift and attention
+  // kernels (null when that kernel ignores documents).
+  void find_documents(const Batch& b);
+  const int32_t* shift_doc_start() const;
+  const int32_t* attention_doc_start() const;
+  // Sums a partial activation (or activation gradient) over the TP group.
+  void tp_sum(float* buf, size_t n);
+  // Masked cross-entropy over this rank's logits (vocab-parallel when tp > 1).
+  void cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale);
 
   ModelConfig m_;
+  TensorParallel tp_;
+  LocalDims d_;
   ParamLayout layout_;
   int max_B_, max_T_;
   ActivationPlan plan_;
@@ -73,8 +93,8 @@ class CpuEngine : public Engine {
   // keep_optimizer_range narrowed it).
   std::vector<float> exp_avg_, exp_avg_sq_;
   size_t opt_begin_ = 0, opt_end_ = 0;
-  std::vector<int32_t> argmax_;
-  std::vector<double> norm_partials_;
+  std::vector<int32_t> argmax_, doc_start_;
+  std::vector<double> norm_partials_, ce_scratch_;
   ModelView P_, G_;
 };
 

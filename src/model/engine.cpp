@@ -4,6 +4,8 @@
 #include "core/error.h"
 #include "model/cpu_engine.h"
 #ifdef KVS_CUDA
+#include "dist/launch.h"
+#include "dist/nccl_comm.h"
 #include "kernels/cuda/device.h"
 #include "model/cuda_engine.h"
 #endif
@@ -36,13 +38,17 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 }
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
-                                    const std::string& recompute) {
-  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len);
+                                    const std::string& recompute, TensorParallel tp) {
+  if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp);
   if (device == "cuda") {
+    KVS_CHECK(tp.size == 1, "device 'cuda': tensor parallelism (tp = {}) is not available on the CUDA engine yet",
+              tp.size);
 #ifdef KVS_CUDA
     std::string why;
     if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
-    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, 0, recompute);
+    // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
+    const int gpu = dist::select_device(dist::detect_launch());
+    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute);
 #else
     (void)recompute;
     fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace kvs {
 
@@ -80,7 +81,8 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device
 // this build or machine does not have. `recompute` (train.recompute) selects
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
+// `tp` makes the engine one tensor-parallel rank's slice of the model (CPU only).
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
-                                    const std::string& recompute = "none");
+                                    const std::string& recompute = "none", TensorParallel tp = {});
 
 }  // namespace kvs

@@ -7,15 +7,26 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/tensor_parallel.h"
 
 namespace kvs {
 
-ParamLayout ParamLayout::build(const ModelConfig& m) {
+ParamLayout ParamLayout::build(const ModelConfig& m, int tp_rank, int tp) {
+  KVS_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "ParamLayout: tensor-parallel rank {} of {}", tp_rank, tp);
   ParamLayout L;
-  auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind) {
+  // full: the whole tensor's shape; split_dim: cut into tp equal slices along it (-1: replicated).
+  auto add = [&](std::string name, std::vector<int64_t> full, int split_dim, ParamKind kind) {
     ParamTensor t;
     t.name = std::move(name);
-    t.shape = std::move(shape);
+    t.full_shape = full;
+    t.shape = std::move(full);
+    t.split_dim = split_dim;
+    if (split_dim >= 0) {
+      int64_t& d = t.shape[split_dim];
+      if (kind == ParamKind::Embedding || t.name == "lm_head.weight") d = padded_vocab(m, tp);
+      KVS_CHECK(d % tp == 0, "ParamLayout: {} dimension {} ({}) does not split into {} ranks", t.name, split_dim, d, tp);
+      d /= tp;
+    }
     t.numel = 1;
     for (auto d : t.shape) t.numel *= static_cast<size_t>(d);
     t.offset = L.total;
@@ -30,24 +41,25 @@ ParamLayout ParamLayout::build(const ModelConfig& m) {
   const bool shift_v = m.kv_shift.enabled && m.kv_shift.shift_v;
   const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
   const int64_t HQ = m.num_attention_heads;
-  add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding);
+  constexpr int kRows = 0, kCols = 1, kReplicated = -1;
+  add("model.embed_tokens.weight", {V, C}, kRows, ParamKind::Embedding);
   for (int i = 0; i < m.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    add(p + "input_layernorm.weight", {C}, ParamKind::Norm);
-    add(p + "self_attn.q_proj.weight", {QD, C}, ParamKind::Matrix);
-    add(p + "self_attn.k_proj.weight", {KD, C}, ParamKind::Matrix);
-    add(p + "self_attn.v_proj.weight", {KD, C}, ParamKind::Matrix);
-    add(p + "self_attn.o_proj.weight", {C, QD}, ParamKind::Matrix);
-    if (shift_k) add(p + "self_attn.k_shift", {HKV, W1}, ParamKind::Shift);
-    if (shift_v) add(p + "self_attn.v_shift", {HKV, W1}, ParamKind::Shift);
-    if (shift_q) add(p + "self_attn.q_shift", {HQ, W1}, ParamKind::Shift);
-    add(p + "post_attention_layernorm.weight", {C}, ParamKind::Norm);
-    add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::Matrix);
-    add(p + "mlp.up_proj.weight", {F, C}, ParamKind::Matrix);
-    add(p + "mlp.down_proj.weight", {C, F}, ParamKind::Matrix);
+    add(p + "input_layernorm.weight", {C}, kReplicated, ParamKind::Norm);
+    add(p + "self_attn.q_proj.weight", {QD, C}, kRows, ParamKind::Matrix);
+    add(p + "self_attn.k_proj.weight", {KD, C}, kRows, ParamKind::Matrix);
+    add(p + "self_attn.v_proj.weight", {KD, C}, kRows, ParamKind::Matrix);
+    add(p + "self_attn.o_proj.weight", {C, QD}, kCols, ParamKind::Matrix);
+    if (shift_k) add(p + "self_attn.k_shift", {HKV, W1}, kRows, ParamKind::Shift);
+    if (shift_v) add(p + "self_attn.v_shift", {HKV, W1}, kRows, ParamKind::Shift);
+    if (shift_q) add(p + "self_attn.q_shift", {HQ, W1}, kRows, ParamKind::Shift);
+    add(p + "post_attention_layernorm.weight", {C}, kReplicated, ParamKind::Norm);
+    add(p + "mlp.gate_proj.weight", {F, C}, kRows, ParamKind::Matrix);
+    add(p + "mlp.up_proj.weight", {F, C}, kRows, ParamKind::Matrix);
+    add(p + "mlp.down_proj.weight", {C, F}, kCols, ParamKind::Matrix);
   }
-  add("model.norm.weight", {C}, ParamKind::Norm);
-  if (!m.tie_word_embeddings) add("lm_head.weight", {V, C}, ParamKind::Matrix);
+  add("model.norm.weight", {C}, kReplicated, ParamKind::Norm);
+  if (!m.tie_word_embeddings) add("lm_head.weight", {V, C}, kRows, ParamKind::Matrix);
   return L;
 }
 

@@ -27,6 +27,11 @@ struct ParamTensor {
   size_t offset = 0;  // in floats, into the flat buffer
   size_t numel = 0;
   ParamKind kind = ParamKind::Matrix;
+  // Tensor parallelism (model/tensor_parallel.h): the dimension this tensor is
+  // cut along across TP ranks (-1: replicated) and the full tensor's shape
+  // (vocabulary padding excluded). shape is this rank's slice.
+  int split_dim = -1;
+  std::vector<int64_t> full_shape;
   bool decay() const { return kind == ParamKind::Embedding || kind == ParamKind::Matrix; }
 };
 
@@ -34,7 +39,8 @@ struct ParamLayout {
   std::vector<ParamTensor> tensors;
   size_t total = 0;  // floats
 
-  static ParamLayout build(const ModelConfig& m);
+  // The tensors of tensor-parallel rank tp_rank of tp (tp = 1: the full model).
+  static ParamLayout build(const ModelConfig& m, int tp_rank = 0, int tp = 1);
   const ParamTensor* find(const std::string& name) const;  // nullptr if absent
 };
 

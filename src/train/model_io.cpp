@@ -6,19 +6,17 @@
 
 namespace kvs {
 
-namespace {
-
-std::vector<StTensor> tensors_from(const ParamLayout& layout, const std::vector<float>& flat,
-                                   const std::string& prefix) {
+std::vector<StTensor> tensors_from_flat(const ParamLayout& layout, const std::vector<float>& flat,
+                                        const std::string& prefix) {
   std::vector<StTensor> out;
   out.reserve(layout.tensors.size());
   for (const auto& t : layout.tensors) out.push_back(make_f32_tensor(prefix + t.name, t.shape, flat.data() + t.offset));
   return out;
 }
 
-// Fills `flat` from tensors named prefix + layout name; exact name set and shapes.
-void flat_from(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& prefix,
-               const std::string& file, std::vector<float>& flat) {
+void flat_from_tensors(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& prefix,
+                       const std::string& file, std::vector<float>& flat) {
+  flat.resize(layout.total);
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
   for (const auto& t : layout.tensors) expected.emplace_back(prefix + t.name, t.shape);
   validate_model_tensors(tensors, expected, file);
@@ -29,12 +27,10 @@ void flat_from(const ParamLayout& layout, const std::vector<StTensor>& tensors, 
   }
 }
 
-}  // namespace
-
 std::vector<StTensor> model_tensors(const Engine& e) {
   std::vector<float> flat(e.layout().total);
   e.read_params(flat.data());
-  return tensors_from(e.layout(), flat, "");
+  return tensors_from_flat(e.layout(), flat, "");
 }
 
 std::vector<StTensor> optimizer_tensors(const Engine& e) {
@@ -45,19 +41,20 @@ std::vector<StTensor> optimizer_tensors(const Engine& e) {
 
 std::vector<StTensor> optimizer_tensors(const ParamLayout& layout, const std::vector<float>& m,
                                         const std::vector<float>& v) {
-  auto out = tensors_from(layout, m, "exp_avg.");
-  auto sq = tensors_from(layout, v, "exp_avg_sq.");
+  auto out = tensors_from_flat(layout, m, "exp_avg.");
+  auto sq = tensors_from_flat(layout, v, "exp_avg_sq.");
   for (auto& t : sq) out.push_back(std::move(t));
   return out;
 }
 
 void load_model_tensors(Engine& e, const std::vector<StTensor>& tensors, const std::string& file) {
   std::vector<float> flat(e.layout().total);
-  flat_from(e.layout(), tensors, "", file, flat);
+  flat_from_tensors(e.layout(), tensors, "", file, flat);
   e.write_params(flat.data());
 }
 
-void load_optimizer_tensors(Engine& e, const std::vector<StTensor>& tensors, const std::string& file) {
+void moments_from_tensors(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& file,
+                          std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) {
   std::vector<StTensor> m, v;
   for (const auto& t : tensors) {
     if (t.name.rfind("exp_avg_sq.", 0) == 0)
@@ -65,9 +62,13 @@ void load_optimizer_tensors(Engine& e, const std::vector<StTensor>& tensors, con
     else
       m.push_back(t);  // exp_avg.* and anything unexpected (reported by the check below)
   }
-  std::vector<float> fm(e.layout().total), fv(e.layout().total);
-  flat_from(e.layout(), m, "exp_avg.", file, fm);
-  flat_from(e.layout(), v, "exp_avg_sq.", file, fv);
+  flat_from_tensors(layout, m, "exp_avg.", file, exp_avg);
+  flat_from_tensors(layout, v, "exp_avg_sq.", file, exp_avg_sq);
+}
+
+void load_optimizer_tensors(Engine& e, const std::vector<StTensor>& tensors, const std::string& file) {
+  std::vector<float> fm, fv;
+  moments_from_tensors(e.layout(), tensors, file, fm, fv);
   e.write_optimizer_state(fm.data(), fv.data());
 }
 

@@ -10,6 +10,17 @@
 namespace kvs {
 
 std::vector<StTensor> model_tensors(const Engine& e);
+// The same from a flat buffer laid out by `layout` (a full model gathered
+// from tensor-parallel ranks), with `prefix` before every name.
+std::vector<StTensor> tensors_from_flat(const ParamLayout& layout, const std::vector<float>& flat,
+                                        const std::string& prefix = "");
+// Fills `flat` (layout.total floats) from tensors named prefix + layout name,
+// after checking the exact name set and shapes; errors name `file`.
+void flat_from_tensors(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& prefix,
+                       const std::string& file, std::vector<float>& flat);
+// Splits optimizer tensors into full exp_avg / exp_avg_sq buffers laid out by `layout`.
+void moments_from_tensors(const ParamLayout& layout, const std::vector<StTensor>& tensors, const std::string& file,
+                          std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
 std::vector<StTensor> optimizer_tensors(const Engine& e);  // "exp_avg.<name>", "exp_avg_sq.<name>"
 // The same from full moment buffers held outside an engine (ZeRO-1 gathers them).
 std::vector<StTensor> optimizer_tensors(const ParamLayout& layout, const std::vector<float>& exp_avg,

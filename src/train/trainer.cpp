@@ -11,8 +11,11 @@
 #include "core/log.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
+#include "train/full_model_io.h"
+#include "train/grad_norm.h"
 #include "train/metrics.h"
 #include "train/model_io.h"
+#include "train/parallel_groups.h"
 #include "train/progress.h"
 #include "train/schedule.h"
 #include "train/zero1.h"
@@ -101,7 +104,11 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   return r;
 }
 
-void check_data_parallel(const Config& cfg, int dp) {
+void check_parallel_layout(const Config& cfg, int world_size) {
+  const int tp = cfg.parallel.tp;
+  KVS_CHECK(world_size % tp == 0,
+            "parallel.tp ({}) must divide the number of processes ({}): the world is dp x tp ranks", tp, world_size);
+  const int dp = world_size / tp;
   const int accum = cfg.train.grad_accum_steps;
   KVS_CHECK(accum % dp == 0,
             "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
@@ -116,23 +123,29 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const Config cfg = with_absolute_paths(config);
   const TrainConfig& tc = cfg.train;
   KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
-  // Data parallelism (docs/PARALLEL.md): every rank runs a contiguous slice of
-  // grad_accum_steps/dp micro-batches of the same global batch.
+  // Data parallelism (docs/PARALLEL.md): every data-parallel replica runs a
+  // contiguous slice of grad_accum_steps/dp micro-batches of the same global
+  // batch; the tp ranks of a replica each hold a slice of the model.
   std::unique_ptr<dist::Communicator> own_comm;
   dist::Communicator* comm = opt.comm;
   if (!comm) {
     own_comm = dist::make_single_process();
     comm = own_comm.get();
   }
-  const int dp = comm->size(), rank = comm->rank();
+  check_parallel_layout(cfg, comm->size());
+  const ParallelGroups groups = ParallelGroups::make(*comm, cfg.parallel.tp);
+  const TensorParallel tp = groups.tensor_parallel();
+  dist::Communicator& dp_comm = *groups.dp_comm;
+  const int dp = groups.dp, rank = comm->rank();
   const bool rank0 = rank == 0;
-  check_data_parallel(cfg, dp);
   set_threads(tc.threads);
   make_dirs(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
-  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute);
+  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp);
+  // Checkpoints hold full tensors; this moves them in and out of the rank's slice.
+  const FullModelIO io(cfg.model, engine->layout(), tp);
 
   // Fresh start or resume.
   int64_t step = 0;
@@ -144,8 +157,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               "{}: the checkpoint's model differs from the config's model section", latest);
     KVS_CHECK(!ck.data.optimizer.empty() && !ck.data.trainer_state.is_null(),
               "{}: no optimizer or trainer state: cannot resume training from it", latest);
-    load_model_tensors(*engine, ck.data.model, latest + "/model.safetensors");
-    load_optimizer_tensors(*engine, ck.data.optimizer, latest + "/optimizer.safetensors");
+    std::vector<float> full, exp_avg, exp_avg_sq;
+    flat_from_tensors(io.full_layout(), ck.data.model, "", latest + "/model.safetensors", full);
+    moments_from_tensors(io.full_layout(), ck.data.optimizer, latest + "/optimizer.safetensors", exp_avg, exp_avg_sq);
+    engine->write_params(io.to_local(full).data());
+    engine->write_optimizer_state(io.to_local(exp_avg).data(), io.to_local(exp_avg_sq).data());
     const auto& ts = ck.data.trainer_state;
     KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
     step = ts["step"].get<int64_t>();
@@ -159,19 +175,21 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   } else {
     KVS_CHECK(latest.empty(), "{}: the run directory already has checkpoints; use --resume or another --run-dir",
               opt.run_dir);
-    std::vector<float> init(engine->layout().total);
-    init_params(engine->layout(), cfg.model, tc.seed, init.data());
-    engine->write_params(init.data());
+    // The full model is initialised and sliced, so every layout starts from the same weights.
+    std::vector<float> init(io.full_layout().total);
+    init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+    engine->write_params(io.to_local(init).data());
   }
   // Each rank loaded the full state; from here on it keeps the moments of its shard only.
   std::unique_ptr<Zero1> zero1;
-  if (dp > 1) zero1 = std::make_unique<Zero1>(*engine, *comm);
+  if (dp > 1) zero1 = std::make_unique<Zero1>(*engine, dp_comm, tp);
   MetricsWriter metrics;
   if (rank0) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
-    spdlog::info("parallel layout: dp {}, tp {}, backend {}{}", dp, cfg.parallel.tp, comm->backend(),
-                 dp > 1 ? ", ZeRO-1 optimizer shards" : "");
+    spdlog::info("parallel layout: dp {}, tp {}, backend {}{}{}", dp, groups.tp, comm->backend(),
+                 dp > 1 ? ", ZeRO-1 optimizer shards" : "",
+                 groups.tp > 1 ? fmt::format(", vocabulary padded to {}", padded_vocab(cfg.model, groups.tp)) : "");
   }
 
   const ParamCounts counts = count_params(cfg.model);
@@ -182,7 +200,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                tc.threads > 0 ? tc.threads : omp_get_num_procs());
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
-  const int LB = GB / dp;  // this rank's sequences: [rank * LB, (rank + 1) * LB) of each global batch
+  const int LB = GB / dp;  // this replica's sequences: [dp_rank * LB, (dp_rank + 1) * LB) of each global batch
   BatchBuffers batch;
   batch.resize(LB, T);
   TrainSummary summary;
@@ -192,14 +210,23 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (!has_val && rank0) spdlog::warn("the data have no validation split: evaluation is skipped");
 
   auto save = [&](int64_t done) {
-    // One format whatever dp is: rank 0 writes full tensors, so the shards are gathered first.
-    std::vector<float> exp_avg, exp_avg_sq;
-    if (zero1) zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
+    // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
+    // shards (over dp) and the tensor-parallel slices (over tp) are gathered first.
+    const size_t n = engine->layout().total;
+    std::vector<float> params(n), exp_avg(n), exp_avg_sq(n);
+    engine->read_params(params.data());
+    if (zero1)
+      zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
+    else
+      engine->read_optimizer_state(exp_avg.data(), exp_avg_sq.data());
+    params = io.to_full(params);
+    exp_avg = io.to_full(exp_avg);
+    exp_avg_sq = io.to_full(exp_avg_sq);
     if (!rank0) return;
     CheckpointData cd;
     cd.hf_config = model_to_hf_json(cfg.model);
-    cd.model = model_tensors(*engine);
-    cd.optimizer = zero1 ? optimizer_tensors(engine->layout(), exp_avg, exp_avg_sq) : optimizer_tensors(*engine);
+    cd.model = tensors_from_flat(io.full_layout(), params);
+    cd.optimizer = optimizer_tensors(io.full_layout(), exp_avg, exp_avg_sq);
     cd.run_config = to_json(cfg);
     cd.trainer_state = {{"step", done},
                         {"next_train_sequence", static_cast<uint64_t>(done) * GB},
@@ -209,8 +236,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     summary.last_checkpoint = save_checkpoint(ckpt_root, done, cd, 0);
   };
   auto run_eval = [&](int64_t done) {
-    if (!has_val || !rank0) return EvalResult{};  // rank 0 evaluates alone: the same numbers as one process
+    // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.
+    if (!has_val || groups.dp_rank != 0) return EvalResult{};
     EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences);
+    if (!rank0) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
     metrics.write(j);
@@ -226,20 +255,32 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(tc, step);
-    batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB + static_cast<uint64_t>(rank) * LB, LB);
+    batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB + static_cast<uint64_t>(groups.dp_rank) * LB,
+               LB);
     double scored = 0;
     for (float m : batch.mask) scored += m;
-    comm->all_reduce(&scored, 1, dist::DType::F64, dist::ReduceOp::Sum);  // exact: a sum of integers
+    dp_comm.all_reduce(&scored, 1, dist::DType::F64, dist::ReduceOp::Sum);  // exact: a sum of integers
     // The loss is the mean over every scored token of the global batch, so each
     // micro-batch's gradient is scaled by 1/(scored tokens of the whole batch).
     const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
     engine->zero_grad();
     double loss_sum = 0;
     for (int s = 0; s < LB; s += MB) loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
-    comm->all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
+    // The TP ranks of a replica computed the same losses (the vocab-parallel
+    // cross-entropy gives every rank whole rows), so only replicas are summed.
+    dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
     const double loss = scored > 0 ? loss_sum / scored : 0.0;
     // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
-    const double gnorm = zero1 ? zero1->reduce_gradients() : engine->grad_norm();
+    double gnorm = 0;
+    if (zero1) {
+      gnorm = zero1->reduce_gradients();
+    } else if (tp.size > 1) {
+      double sq = local_grad_sq_sum(*engine, 0, engine->layout().total, tp);
+      tp.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
+      gnorm = std::sqrt(sq);
+    } else {
+      gnorm = engine->grad_norm();
+    }
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
       fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,

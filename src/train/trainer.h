@@ -27,7 +27,7 @@ struct TrainOptions {
   std::string run_dir;
   bool resume = false;
   bool quiet = false;  // no progress line (tests)
-  // The data-parallel group (dp = its size; docs/PARALLEL.md); null = one process.
+  // Every process of the run (dp x tp ranks; docs/PARALLEL.md); null = one process.
   dist::Communicator* comm = nullptr;
 };
 
@@ -38,9 +38,10 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
-// Checks that the config can run on `dp` data-parallel ranks (tp = 1):
-// train.grad_accum_steps must be a multiple of dp, and dp > 1 needs device "cpu".
-void check_data_parallel(const Config& cfg, int dp);
+// Checks that the config can run on `world_size` processes: parallel.tp
+// divides it (dp = world_size / tp), train.grad_accum_steps is a multiple of
+// dp, and dp > 1 needs device "cpu".
+void check_parallel_layout(const Config& cfg, int world_size);
 
 // Runs (or resumes) training; throws kvs::Error on bad input, and on a
 // non-finite loss or gradient norm (naming the step; the last checkpoint is

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "train/grad_norm.h"
 
 namespace kvs {
 
@@ -16,8 +17,8 @@ ShardRange shard_range(size_t total, int dp, int rank) {
   return r;
 }
 
-Zero1::Zero1(Engine& engine, dist::Communicator& comm)
-    : engine_(engine), comm_(comm), shard_(shard_range(engine.layout().total, comm.size(), comm.rank())) {
+Zero1::Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp)
+    : engine_(engine), comm_(comm), tp_(tp), shard_(shard_range(engine.layout().total, comm.size(), comm.rank())) {
   KVS_CHECK(engine.supports_sharded_step(),
             "data parallelism (ZeRO-1) needs an engine with a sharded optimizer step; this device has none yet");
   padded_.assign(shard_.padded_size * comm.size(), 0.0f);
@@ -32,8 +33,9 @@ double Zero1::reduce_gradients() {
   std::copy(g, g + total, padded_.begin());
   comm_.reduce_scatter(padded_.data(), piece_.data(), shard_.padded_size, dist::DType::F32, dist::ReduceOp::Sum);
   std::copy(piece_.begin(), piece_.begin() + (shard_.end - shard_.begin), g + shard_.begin);
-  double sq = engine_.grad_sq_sum_range(shard_.begin, shard_.end);
+  double sq = local_grad_sq_sum(engine_, shard_.begin, shard_.end, tp_);
   comm_.all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
+  if (tp_.size > 1) tp_.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
   return std::sqrt(sq);
 }
 

@@ -24,7 +24,9 @@ class Zero1 {
  public:
   // Narrows the engine's moments to this rank's shard: load any full
   // optimizer state into the engine before.
-  Zero1(Engine& engine, dist::Communicator& comm);
+  // comm: the data-parallel group. With tensor parallelism the engine holds
+  // one TP slice and the gradient norm is also summed over `tp`'s group.
+  Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp = {});
 
   // Sums every rank's gradients into this rank's shard (reduce-scatter) and
   // returns the global L2 norm (squared norms of the shards, all-reduced).
@@ -44,6 +46,7 @@ class Zero1 {
 
   Engine& engine_;
   dist::Communicator& comm_;
+  TensorParallel tp_;
   ShardRange shard_;
   std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step
 };

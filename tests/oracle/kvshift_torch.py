@@ -55,8 +55,13 @@ class KvShiftLlamaConfig:
                  num_key_value_heads, rms_norm_eps, rope_theta, vocab_size,
                  max_position_embeddings=2048, tie_word_embeddings=False,
                  initializer_range=0.02, kv_shift=None, model_type="llama",
-                 position_encoding="rope", **_ignored):
+                 position_encoding="rope", document_boundaries="none", bos_token_id=-1, **_ignored):
         self.model_type = model_type
+        # Packed documents: a document starts at every bos_token_id after position 0.
+        self.document_boundaries = str(document_boundaries)
+        if self.document_boundaries not in ("none", "shift", "shift_and_attention"):
+            raise ValueError(f"document_boundaries: unknown {document_boundaries!r}")
+        self.bos_token_id = int(bos_token_id)
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
         self.num_hidden_layers = int(num_hidden_layers)
@@ -136,16 +141,28 @@ class KvShiftLlamaConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "initializer_range": self.initializer_range,
             "kv_shift": dict(self.kv_shift),
+            **({"document_boundaries": self.document_boundaries, "bos_token_id": self.bos_token_id}
+               if self.document_boundaries != "none" else {}),
         }
 
 
 # ----------------------------------------------------------------------------- functional pieces
 
-def kv_shift(x, coef):
+def document_ids(input_ids, bos_token_id):
+    """[B, T] -> [B, T]: the index of each position's document (a BOS after position 0
+    starts a new one). Two positions are in the same document iff their ids are equal."""
+    starts = (input_ids == bos_token_id).long()
+    starts[:, 0] = 0
+    return torch.cumsum(starts, dim=1)
+
+
+def kv_shift(x, coef, doc=None):
     """KV shifting along time.
 
     x: [B, T, H, D]; coef: [H, W+1], columns oldest -> current.
     Returns y with y[:, t, h] = sum_{w=0..W} coef[h, w] * x[:, t-W+w, h]  (x[:, <0] = 0).
+    With doc ([B, T] document ids) a term whose position lies in another
+    document than t is dropped, as if that document began the sequence.
     """
     B, T, H, D = x.shape
     W = coef.shape[1] - 1
@@ -160,6 +177,10 @@ def kv_shift(x, coef):
             y = y + c * x
         else:
             shifted = torch.cat([x.new_zeros(B, lag, H, D), x[:, :T - lag]], dim=1)
+            if doc is not None:
+                same = torch.zeros(B, T, dtype=torch.bool, device=x.device)
+                same[:, lag:] = doc[:, lag:] == doc[:, :T - lag]
+                shifted = shifted * same.view(B, T, 1, 1).to(x.dtype)
             y = y + c * shifted
     return y
 
@@ -241,19 +262,21 @@ class KvShiftAttention(nn.Module):
         if cfg.shift_q:
             self.q_shift = nn.Parameter(torch.zeros(self.n_heads, W + 1))
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, doc=None):
         B, T, _ = x.shape
         Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        mode = self.cfg.document_boundaries
+        shift_doc = doc if mode != "none" else None
         q = self.q_proj(x).view(B, T, Hq, D)
         k = self.k_proj(x).view(B, T, Hkv, D)
         v = self.v_proj(x).view(B, T, Hkv, D)
         gate = self.cfg.sigmoid_gate
         if self.cfg.shift_q:
-            q = kv_shift(q, shift_coefficients(self.q_shift, gate))
+            q = kv_shift(q, shift_coefficients(self.q_shift, gate), shift_doc)
         if self.cfg.shift_k:
-            k = kv_shift(k, shift_coefficients(self.k_shift, gate))
+            k = kv_shift(k, shift_coefficients(self.k_shift, gate), shift_doc)
         if self.cfg.shift_v:
-            v = kv_shift(v, shift_coefficients(self.v_shift, gate))
+            v = kv_shift(v, shift_coefficients(self.v_shift, gate), shift_doc)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [B, H, T, D]
         if self.cfg.position_encoding == "rope":
             q = apply_rope(q, cos, sin)
@@ -264,6 +287,8 @@ class KvShiftAttention(nn.Module):
         v = v[:, kv_index]
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)      # [B, Hq, T, T]
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        if mode == "shift_and_attention":  # keys of other documents are masked too
+            causal = causal | (doc.unsqueeze(2) != doc.unsqueeze(1)).unsqueeze(1)
         scores = scores.masked_fill(causal, float("-inf"))
         att = torch.softmax(scores, dim=-1)
         out = (att @ v).transpose(1, 2).reshape(B, T, Hq * D)
@@ -290,8 +315,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, doc=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, doc)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -308,8 +333,9 @@ class KvShiftLlamaModel(nn.Module):
         T = input_ids.shape[1]
         x = self.embed_tokens(input_ids.long())
         cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype, x.device)
+        doc = document_ids(input_ids, self.cfg.bos_token_id) if self.cfg.document_boundaries != "none" else None
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, doc)
         return self.norm(x)
 
 

@@ -67,7 +67,7 @@ class Tally:
 
 def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled,
                 window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5, position_encoding=None,
-                shift_q=None, parametrization=None):
+                shift_q=None, parametrization=None, document_boundaries=None, bos_token_id=None):
     cfg = {
         "model_type": "llama",
         "hidden_size": hidden,
@@ -90,6 +90,9 @@ def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled
         cfg["kv_shift"]["shift_q"] = shift_q
     if parametrization is not None:  # left out otherwise: a missing key must read as "free"
         cfg["kv_shift"]["parametrization"] = parametrization
+    if document_boundaries is not None:  # left out otherwise: a missing key must read as "none"
+        cfg["document_boundaries"] = document_boundaries
+        cfg["bos_token_id"] = bos_token_id
     return cfg
 
 
@@ -110,6 +113,12 @@ CASES = [
      2, 10, 110),
     ("11_gate_qkv_gqa_4x1", make_config(32, 4, 1, 40, 1, 37, False, True, shift_q=True,
                                         parametrization="sigmoid_gate"), 2, 10, 111),
+    # Packed documents (BOS = 1 is planted at several positions by draw_batch).
+    ("12_docs_shift_gqa_4x2", make_config(32, 4, 2, 40, 2, 37, False, True,
+                                          document_boundaries="shift", bos_token_id=1), 2, 12, 112),
+    ("13_docs_attention_qkv_window2", make_config(32, 4, 2, 40, 2, 37, False, True, window=2, shift_q=True,
+                                                  document_boundaries="shift_and_attention", bos_token_id=1),
+     2, 12, 113),
 ]
 
 
@@ -192,6 +201,11 @@ def run_case(binary, workdir, name, cfg_dict, B, T, seed, tally):
     weights = draw_weights(cfg_dict, seed)
     write_checkpoint(ckpt, cfg_dict, weights)
     inputs, targets, mask = draw_batch(cfg_dict["vocab_size"], B, T, seed)
+    bos = cfg_dict.get("bos_token_id", -1)
+    if cfg_dict.get("document_boundaries", "none") != "none":
+        inputs[inputs == bos] = bos + 1  # only the planted BOS tokens start documents
+        inputs[0, [0, 4, 5, 9]] = bos   # a one-token document (4) and one near the end
+        inputs[1, [3, 7]] = bos         # the second row starts mid-document
     batch_path = os.path.join(cdir, "batch.safetensors")
     write_safetensors(batch_path, {"inputs": inputs, "targets": targets, "mask": mask})
     tokens_path = os.path.join(cdir, "tokens.txt")
@@ -200,6 +214,13 @@ def run_case(binary, workdir, name, cfg_dict, B, T, seed, tally):
 
     model, logits, L, grads, fwd_logits = oracle_outputs(ckpt, inputs, targets, mask)
     np.save(os.path.join(cdir, "oracle_logits.npy"), logits)
+    if cfg_dict.get("document_boundaries", "none") != "none":
+        # Negative control: the planted documents must matter, or the case proves nothing.
+        plain = dict(cfg_dict, document_boundaries="none")
+        write_checkpoint(ckpt + "_plain", plain, weights)
+        plain_logits = oracle_outputs(ckpt + "_plain", inputs, targets, mask)[1]
+        d = float(np.abs(plain_logits - logits).max())
+        tally.record(name, "documents change the logits (control)", d > 1e-3, f"maxabs={d:.1e}")
 
     # forward
     fwd_out = os.path.join(cdir, "forward_logits.npy")

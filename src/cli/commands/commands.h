@@ -9,6 +9,8 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_forward(CLI::App& app);
 void add_backward(CLI::App& app);
+void add_export_hf(CLI::App& app);
+void add_import_hf(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);

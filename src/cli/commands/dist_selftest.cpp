@@ -27,6 +27,12 @@ void selftest(dist::Communicator& w, bool mismatch) {
   double s[2] = {r + 1.0, r + 1.0};
   w.all_reduce(s, 1, DType::F64, ReduceOp::Sum);
   w.all_reduce(s + 1, 1, DType::F64, ReduceOp::Average);
+  // Max (the vocab-parallel cross-entropy's row maxima): the largest rank wins, in both types.
+  float mf = static_cast<float>(r);
+  double md = -static_cast<double>(r);
+  w.all_reduce(&mf, 1, DType::F32, ReduceOp::Max);
+  w.all_reduce(&md, 1, DType::F64, ReduceOp::Max);
+  KVS_CHECK(mf == n - 1 && md == 0.0, "all_reduce max: got {} and {}", mf, md);
   KVS_CHECK(s[0] == n * (n + 1) / 2.0 && std::abs(s[1] - (n + 1) / 2.0) < 1e-12, "all_reduce: got {} and {}", s[0],
             s[1]);
   // reduce_scatter: element i of every rank is i, so rank r receives n * (2r, 2r+1).
@@ -59,7 +65,7 @@ void add_dist_selftest(CLI::App& app) {
   auto mismatch = std::make_shared<bool>(false);
   cmd->add_flag("--mismatch", *mismatch, "Make the ranks pass different sizes to one all-reduce (must fail cleanly)");
   cmd->callback([mismatch]() {
-    auto world = dist::make_world();
+    auto world = dist::make_world("cpu");  // host buffers: the MPI (or single) backend
     run_on_world(*world, [&] { selftest(*world, *mismatch); });
     if (world->rank() == 0)
       std::printf("dist-selftest: %d ranks, backend %s: ok\n", world->size(), world->backend().c_str());

@@ -27,7 +27,7 @@ void add_info(CLI::App& app) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const double all = static_cast<double>(c.total + c.shift);
     const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
-    const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, B, T).total);
+    const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
     if (a->json) {
       nlohmann::json j = {{"config", a->config},
                           {"params_total", c.total},

@@ -38,15 +38,16 @@ void add_train(CLI::App& app) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       run_dir = "runs/" + stem;
     }
-    // dp = the number of processes mpirun started (docs/PARALLEL.md); only
-    // rank 0 logs, shows the progress line and prints the summary.
-    auto world = dist::make_world();
+    // dp x tp = the number of processes the launcher started (docs/PARALLEL.md,
+    // docs/LAUNCH.md); only rank 0 logs, shows the progress line and prints
+    // the summary. The device picks the backend (NCCL for cuda under torchrun).
+    auto world = dist::make_world(cfg.device);
     const bool rank0 = world->rank() == 0;
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     // A config error is the same on every rank: rank 0 reports it, the others
     // leave quietly (no abort needed, every rank finalises MPI).
     try {
-      check_data_parallel(cfg, world->size());
+      check_parallel_layout(cfg, world->size());
     } catch (const Error&) {
       if (rank0) throw;
       world.reset();

@@ -144,22 +144,26 @@ void cols_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* A, size_t lda,
   }
 }
 
-// Stable causal softmax of rows [t0, t1) of S (in place): columns s <= t become
-// probabilities, columns t < s < Tn become 0.
-template <class T> void causal_softmax_rows(T* S, size_t lds, int t0, int t1, int Tn) {
+// Stable causal softmax of rows [t0, t1) of S (in place): columns lo <= s <= t
+// become probabilities, the others 0 (lo = doc_start[t], or 0 without documents).
+template <class T> void causal_softmax_rows(T* S, size_t lds, int t0, int t1, int Tn, const int32_t* doc_start) {
   for (int t = t0; t < t1; ++t) {
     T* r = S + (size_t)t * lds;
-    const int n = t + 1;
-    const T mx = row_max(r, n);
-    for (int s = 0; s < n; ++s) r[s] = exp_fast(r[s] - mx);
-    const T inv = T(1) / row_sum(r, n);
-    for (int s = 0; s < n; ++s) r[s] *= inv;
-    for (int s = n; s < Tn; ++s) r[s] = T(0);
+    const int lo = doc_start ? doc_start[t] : 0;
+    const int n = t + 1 - lo;
+    T* x = r + lo;
+    const T mx = row_max(x, n);
+    for (int s = 0; s < n; ++s) x[s] = exp_fast(x[s] - mx);
+    const T inv = T(1) / row_sum(x, n);
+    for (int s = 0; s < n; ++s) x[s] *= inv;
+    for (int s = 0; s < lo; ++s) r[s] = T(0);
+    for (int s = t + 1; s < Tn; ++s) r[s] = T(0);
   }
 }
 
 template <class T, int DC>
-void forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D) {
+void forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D,
+             const int32_t* doc_start) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const int nqb = (Tn + kQB - 1) / kQB;
@@ -176,7 +180,7 @@ void forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, 
         T* oh = out + (size_t)b * Tn * ldq + (size_t)h * D;
         T* P = att + ((size_t)b * Hq + h) * Tn * Tn;
         scores<T, DC>(P, Tn, qh, ldq, kh, ldk, t0, t1, D, scale);
-        causal_softmax_rows(P, Tn, t0, t1, Tn);
+        causal_softmax_rows(P, Tn, t0, t1, Tn, doc_start ? doc_start + (size_t)b * Tn : nullptr);
         rows_mm<T, DC, false>(oh, ldq, P, Tn, vh, ldk, t0, t1, D, T(1));
       }
     }
@@ -225,14 +229,15 @@ void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* 
 }  // namespace detail::attn
 
 template <class T>
-void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D) {
+void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D,
+                       const int32_t* doc_start) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   switch (D) {
-    case 32: return a::forward<T, 32>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
-    case 64: return a::forward<T, 64>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
-    case 128: return a::forward<T, 128>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
-    default: return a::forward<T, 0>(out, att, q, k, v, B, Tn, Hq, Hkv, D);
+    case 32: return a::forward<T, 32>(out, att, q, k, v, B, Tn, Hq, Hkv, D, doc_start);
+    case 64: return a::forward<T, 64>(out, att, q, k, v, B, Tn, Hq, Hkv, D, doc_start);
+    case 128: return a::forward<T, 128>(out, att, q, k, v, B, Tn, Hq, Hkv, D, doc_start);
+    default: return a::forward<T, 0>(out, att, q, k, v, B, Tn, Hq, Hkv, D, doc_start);
   }
 }
 

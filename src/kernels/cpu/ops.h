@@ -18,9 +18,16 @@
 namespace kvs::cpu {
 
 // out[n, :] = wte[tokens[n], :]
-template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C);
+// Vocabulary-parallel form: wte holds rows [v_begin, v_begin + v_count) only,
+// and rows of tokens outside them are 0 (the TP group sums the ranks' outputs).
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C, int v_begin = 0,
+                       int v_count = INT32_MAX);
 // dwte[tokens[n], :] += dout[n, :]
-template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C);
+// (vocabulary-parallel: only tokens in [v_begin, v_begin + v_count), into dwte's local rows)
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C, int v_begin = 0,
+                        int v_count = INT32_MAX);
 
 // RMSNorm over the last dimension: rstd[n] = 1/sqrt(mean(inp[n]^2) + eps),
 // out[n, c] = inp[n, c] * rstd[n] * w[c].
@@ -37,9 +44,15 @@ void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, in
 // KV shifting (generalised to a window of W past positions):
 // out[b, t, h, :] = sum_{w=0..W} coef[h, w] * in[b, t - W + w, h, :], with in[b, t<0] = 0.
 // coef is [H, W+1], oldest position first (window 1: coef[h,0] weights t-1, coef[h,1] weights t).
-template <class T> void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W);
+// Document boundaries: with doc_start ([B, T], the first position of t's
+// document within its sequence) the rows before doc_start[b, t] count as zero
+// too, so the shift restarts at every document as at the sequence start.
 template <class T>
-void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D, int W);
+void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W,
+                      const int32_t* doc_start = nullptr);
+template <class T>
+void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D, int W,
+                       const int32_t* doc_start = nullptr);
 
 // RoPE tables in Hugging Face's convention, computed in fp32 like HF:
 // inv_freq[i] = 1 / theta^(2i/D), angle[t, i] = float(t) * inv_freq[i], i < D/2.
@@ -54,9 +67,13 @@ template <class T> void rope_backward(T* din, const T* dout, const T* cos, const
 // Causal grouped-query attention with scale 1/sqrt(D). q/out are [B, T, Hq, D],
 // k/v are [B, T, Hkv, D]; query head h reads KV head h / (Hq / Hkv) (K/V are
 // never copied per query head). att [B, Hq, T, T] receives the softmax
-// probabilities (entries above the diagonal are written as 0).
+// probabilities (entries above the diagonal are written as 0). With doc_start
+// ([B, T], as for kv_shift) query t attends to keys [doc_start[b, t], t] only
+// (document masking); the probabilities outside are 0, so the backward needs
+// nothing more.
 template <class T>
-void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D);
+void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D,
+                       const int32_t* doc_start = nullptr);
 // datt is scratch of the same shape as att (overwritten).
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,

@@ -88,19 +88,26 @@ template <class T> T row_dot(const T* a, const T* b, int n) {
 
 // ---------------------------------------------------------------- embedding
 
-template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C, int v_begin, int v_count) {
   static_assert(detail::kSupported<T>);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const T* src = wte + (size_t)tokens[n] * C;
     T* dst = out + (size_t)n * C;
+    const int64_t row = (int64_t)tokens[n] - v_begin;
+    if (row < 0 || row >= v_count) {
+      for (int c = 0; c < C; ++c) dst[c] = T(0);
+      continue;
+    }
+    const T* src = wte + (size_t)row * C;
     for (int c = 0; c < C; ++c) dst[c] = src[c];
   }
 }
 
 // Several rows may share a token, so rows cannot be split across threads.
 // Threads own disjoint column ranges instead and walk the rows in order.
-template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C) {
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C, int v_begin, int v_count) {
   static_assert(detail::kSupported<T>);
   if (!dwte) return;
   constexpr int kCols = 64;
@@ -109,7 +116,9 @@ template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t
   for (int ch = 0; ch < nchunks; ++ch) {
     const int c0 = ch * kCols, c1 = std::min(C, c0 + kCols);
     for (int n = 0; n < N; ++n) {
-      T* dst = dwte + (size_t)tokens[n] * C;
+      const int64_t row = (int64_t)tokens[n] - v_begin;
+      if (row < 0 || row >= v_count) continue;
+      T* dst = dwte + (size_t)row * C;
       const T* src = dout + (size_t)n * C;
       for (int c = c0; c < c1; ++c) dst[c] += src[c];
     }
@@ -210,17 +219,20 @@ void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, in
 // out[b,t,h,:] = sum_{w=0..W} coef[h,w] in[b,t-W+w,h,:]  (terms with t-W+w < 0 dropped),
 // summed oldest first, starting from 0.
 
-template <class T> void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W) {
+template <class T>
+void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W,
+                      const int32_t* doc_start) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < Tn; ++t) {
       T* o = out + ((size_t)b * Tn + t) * row;
+      const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;  // first row that is not zero history
       for (int h = 0; h < H; ++h) {
         T* oh = o + (size_t)h * D;
         for (int d = 0; d < D; ++d) oh[d] = T(0);
-        for (int w = std::max(0, W - t); w <= W; ++w) {
+        for (int w = std::max(0, W - t + lo); w <= W; ++w) {
           const T c = coef[(size_t)h * (W + 1) + w];
           const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
           for (int d = 0; d < D; ++d) oh[d] += c * x[d];
@@ -235,7 +247,7 @@ template <class T> void kv_shift_forward(T* out, const T* in, const T* coef, int
 //                 summed over b, t, d in order, in double)
 template <class T>
 void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D,
-                       int W) {
+                       int W, const int32_t* doc_start) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
   if (din) {
@@ -248,6 +260,7 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
           for (int w = W; w >= 0; --w) {  // t = s + W - w, increasing
             const int t = s + W - w;
             if (t >= Tn) break;
+            if (doc_start && doc_start[(size_t)b * Tn + t] > s) continue;  // s is before t's document
             const T c = coef[(size_t)h * (W + 1) + w];
             const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
             for (int d = 0; d < D; ++d) dxh[d] += c * g[d];
@@ -266,7 +279,8 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
         for (int b = 0; b < B; ++b) {
           for (int t = 0; t < Tn; ++t) {
             const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
-            for (int w = std::max(w0, W - t); w < w1; ++w) {
+            const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;
+            for (int w = std::max(w0, W - t + lo); w < w1; ++w) {
               const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
               double s = 0.0;
               for (int d = 0; d < D; ++d) s += (double)g[d] * (double)x[d];

@@ -1,0 +1,299 @@
+"""KV shifting Llama in plain torch: the math of the Hugging Face modeling file.
+
+Needs only torch, so tests can run it where transformers is missing; the
+transformers wrapper (modeling_kvshift_llama.py) holds these modules and adds
+nothing but the PreTrainedModel / generate() plumbing.
+
+Model (Xu et al., "KV Shifting Attention Enhances Language Modeling"; no biases):
+    x = embed_tokens[ids]
+    per layer: x += o_proj(Attn(input_layernorm(x))); x += down(silu(gate(h)) * up(h)), h = post_attention_layernorm(x)
+    logits = lm_head(norm(x))
+Attn, per KV head, on the RAW projections and BEFORE RoPE (columns oldest -> current):
+    k^_t = sum_{w=0..W} k_shift[h, w] * k_{t-W+w},  v^ likewise,  (q^ too with shift_q, per query head)
+with k_{<0} = 0 at the true start of a sequence. Then RoPE (rotate_half) on q and k^,
+causal softmax(q k^T / sqrt(D)) v^, GQA query head j reading KV head j // (Hq / Hkv).
+"sigmoid_gate" stores [unused, g] per head; the coefficients are [1 - sigmoid(g), sigmoid(g)].
+
+The cache rule: a layer's cache holds the rotated shifted keys and shifted values of
+every past position (what attention reads) AND the last W raw (un-shifted, un-rotated)
+k, v (and q) projections. A new token's k^_t mixes k_t with those raw projections:
+never with an already-mixed k^, never with zeros except at the true sequence start.
+"""
+import json
+import math
+import types
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Cache layout per layer (a tuple, so transformers' legacy-cache code can read
+# past[layer][0].shape[2] as the cached length):
+K_CACHE, V_CACHE, K_TAIL, V_TAIL, Q_TAIL = range(5)
+
+
+def shift_settings(cfg):
+    """(shift_q, shift_k, shift_v, window, sigmoid_gate) of a config whose kv_shift may be missing."""
+    ks = getattr(cfg, "kv_shift", None) or {}
+    on = bool(ks.get("enabled", False))
+    par = ks.get("parametrization", "free")
+    if par not in ("free", "clamp01", "sigmoid_gate"):
+        raise ValueError(f"kv_shift.parametrization: unknown {par!r}")
+    return (on and bool(ks.get("shift_q", False)), on and bool(ks.get("shift_k", True)),
+            on and bool(ks.get("shift_v", True)), int(ks.get("window", 1)), on and par == "sigmoid_gate")
+
+
+def shift_coefficients(stored, sigmoid_gate):
+    """The [H, W+1] coefficients a stored shift tensor stands for."""
+    if not sigmoid_gate:
+        return stored
+    s = torch.sigmoid(stored[:, 1])
+    return torch.stack([1.0 - s, s], dim=1)
+
+
+def shift_with_tail(x, tail, coef):
+    """Shift new raw positions x [B, T, H, D] given the raw positions before them.
+
+    tail: [B, P, H, D] raw projections of the P positions just before x (P < W only at
+    the true sequence start, where the missing ones are zeros), or None (P = 0).
+    Returns (y [B, T, H, D], new_tail: the last min(W, P + T) raw positions)."""
+    B, T, H, D = x.shape
+    W = coef.shape[1] - 1
+    full = x if tail is None or tail.shape[1] == 0 else torch.cat([tail, x], dim=1)
+    P = full.shape[1] - T
+    if P < W:
+        full_padded = torch.cat([x.new_zeros(B, W - P, H, D), full], dim=1)
+    else:
+        full_padded = full[:, P - W:]
+    # position t of x sits at index W + t of full_padded; column w weights t - W + w, index t + w.
+    y = torch.zeros_like(x)
+    for w in range(W + 1):
+        y = y + coef[:, w].to(x.dtype).view(1, 1, H, 1) * full_padded[:, w:w + T]
+    return y, full[:, -W:]
+
+
+def rope_cos_sin(position_ids, head_dim, theta, dtype):
+    """cos, sin [B, T, D] for integer positions [B, T] (Hugging Face layout, fp32 angles)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                             device=position_ids.device) / head_dim))
+    freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, H, T, D], cos/sin [B, T, D]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+class KvShiftAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        C = cfg.hidden_size
+        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = C // self.n_heads
+        self.rope = getattr(cfg, "position_encoding", "rope") == "rope"
+        self.theta = float(getattr(cfg, "rope_theta", 10000.0))
+        self.q_proj = nn.Linear(C, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, C, bias=False)
+        self.shift_q, self.shift_k, self.shift_v, W, self.gate = shift_settings(cfg)
+        if self.shift_k:
+            self.k_shift = nn.Parameter(torch.zeros(self.n_kv_heads, W + 1))
+        if self.shift_v:
+            self.v_shift = nn.Parameter(torch.zeros(self.n_kv_heads, W + 1))
+        if self.shift_q:
+            self.q_shift = nn.Parameter(torch.zeros(self.n_heads, W + 1))
+
+    def _shift(self, name, x, tail):
+        return shift_with_tail(x, tail, shift_coefficients(getattr(self, name), self.gate))
+
+    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None):
+        """x [B, T, C]; position_ids [B, T]; key_bias [B, 1, T, S] additive (0 / -large);
+        layer_past: this layer's cache tuple or None; token_mask [B, T] (0 = padding, whose raw
+        projections are zeroed so a padded sequence starts like a fresh one). -> (out, new cache)."""
+        B, T, _ = x.shape
+        Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, Hq, D)
+        k = self.k_proj(x).view(B, T, Hkv, D)
+        v = self.v_proj(x).view(B, T, Hkv, D)
+        if token_mask is not None:  # masked_fill, not a product: a padding row's garbage may be non-finite
+            pad = ~token_mask.bool().view(B, T, 1, 1)
+            q, k, v = q.masked_fill(pad, 0.0), k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+        past = layer_past if layer_past is not None else (None,) * 5
+        k_tail = v_tail = q_tail = None
+        if self.shift_q:
+            q, q_tail = self._shift("q_shift", q, past[Q_TAIL])
+        if self.shift_k:
+            k, k_tail = self._shift("k_shift", k, past[K_TAIL])
+        if self.shift_v:
+            v, v_tail = self._shift("v_shift", v, past[V_TAIL])
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        if self.rope:
+            cos, sin = rope_cos_sin(position_ids, D, self.theta, x.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past[K_CACHE] is not None:
+            k = torch.cat([past[K_CACHE], k], dim=2)
+            v = torch.cat([past[V_CACHE], v], dim=2)
+        new_past = (k, v, k_tail, v_tail, q_tail)
+        group = Hq // Hkv
+        kk = k.repeat_interleave(group, dim=1) if group > 1 else k
+        vv = v.repeat_interleave(group, dim=1) if group > 1 else v
+        # Scores and the (finite) mask in fp32 even for bf16/fp16 weights: a fully masked
+        # padding row then gets a uniform softmax, never NaN.
+        scores = (q @ kk.transpose(-1, -2)).to(torch.float32) / math.sqrt(D) + key_bias
+        att = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = (att @ vv).transpose(1, 2).reshape(B, T, Hq * D)
+        return self.o_proj(out), new_past
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        C, Fd = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(C, Fd, bias=False)
+        self.up_proj = nn.Linear(C, Fd, bias=False)
+        self.down_proj = nn.Linear(Fd, C, bias=False)
+
+    def forward(self, h):
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = KvShiftAttention(cfg)
+        self.mlp = Mlp(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None):
+        a, new_past = self.self_attn(self.input_layernorm(x), position_ids, key_bias, layer_past, token_mask)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_past
+
+
+def past_length(past):
+    return 0 if not past else past[0][K_CACHE].shape[2]
+
+
+def key_bias_for(attention_mask, T, S, dtype, device):
+    """Additive bias [B or 1, 1, T, S]: causal (query i sits at key index S - T + i) and padding."""
+    big = torch.finfo(torch.float32).min
+    q_pos = torch.arange(S - T, S, device=device)[:, None]
+    k_pos = torch.arange(S, device=device)[None, :]
+    allowed = (k_pos <= q_pos)[None, None]  # [1, 1, T, S]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, -S:].bool()
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill(~allowed, big)
+    return bias
+
+
+class KvShiftLlamaModel(nn.Module):
+    """The decoder stack (Hugging Face's `model.` prefix)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids=None, past=None, attention_mask=None, position_ids=None, inputs_embeds=None):
+        """-> (last hidden state [B, T, C], new past: one tuple per layer).
+        attention_mask [B, past + T] (1 = token, 0 = padding) covers the cached positions too."""
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T, _ = x.shape
+        P = past_length(past)
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+            else:
+                position_ids = torch.arange(P, P + T, device=x.device)[None].expand(B, T)
+        key_bias = key_bias_for(attention_mask, T, P + T, x.dtype, x.device)
+        token_mask = attention_mask[:, -T:] if attention_mask is not None else None
+        new_past = []
+        for i, layer in enumerate(self.layers):
+            x, lp = layer(x, position_ids, key_bias, past[i] if past else None, token_mask)
+            new_past.append(lp)
+        return self.norm(x), tuple(new_past)
+
+
+def reorder_past(past, beam_idx):
+    """Beam search: pick batch rows of every cached tensor."""
+    return tuple(tuple(t.index_select(0, beam_idx.to(t.device)) if t is not None else None for t in lp)
+                 for lp in past)
+
+
+def config_from_dict(d):
+    """A plain attribute object from a config.json dict (for use without transformers)."""
+    c = dict(d)
+    c.setdefault("num_key_value_heads", c["num_attention_heads"])
+    c.setdefault("rms_norm_eps", 1e-6)
+    c.setdefault("rope_theta", 10000.0)
+    c.setdefault("tie_word_embeddings", False)
+    c.setdefault("position_encoding", "rope")
+    c.setdefault("kv_shift", None)
+    return types.SimpleNamespace(**c)
+
+
+class KvShiftLlamaCore(nn.Module):
+    """The causal LM without transformers: same parameter names as the exported safetensors."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = config_from_dict(cfg)
+        self.cfg = cfg
+        self.model = KvShiftLlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, past=None, attention_mask=None):
+        h, new_past = self.model(input_ids, past, attention_mask)
+        return self.lm_head(h), new_past
+
+    @torch.no_grad()
+    def greedy(self, input_ids, max_new_tokens):
+        """Greedy decoding with the cache: prefill, then one token per step."""
+        logits, past = self(input_ids)
+        out = input_ids
+        for _ in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            logits, past = self(nxt, past)
+        return out
+
+    @classmethod
+    def from_dir(cls, path, tensors, dtype=torch.float32):
+        """Builds from `path`/config.json and a {name: numpy array} dict of weights."""
+        with open(f"{path}/config.json") as f:
+            model = cls(json.load(f))
+        params = dict(model.named_parameters())
+        missing = sorted(set(params) - set(tensors) - ({"lm_head.weight"} if model.cfg.tie_word_embeddings else set()))
+        extra = sorted(set(tensors) - set(params))
+        if missing or extra:
+            raise ValueError(f"{path}: tensors do not match the config: missing {missing}, unexpected {extra}")
+        with torch.no_grad():
+            for name, arr in tensors.items():
+                params[name].copy_(torch.as_tensor(arr).to(torch.float32))
+        return model.to(dtype)

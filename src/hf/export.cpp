@@ -1,0 +1,191 @@
+#include "hf/export.h"
+
+#include <cmath>
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "hf/hf_config.h"
+#include "hf/shard_plan.h"
+#include "hf/sp_pieces.h"
+#include "hf/staged_dir.h"
+#include "hf_python_files.h"  // generated from python/hf/*.py (cmake/EmbedFiles.cmake)
+#include "model/params.h"
+#include "train/model_io.h"
+
+namespace kvs::hf {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_json(const std::string& path, const json& j) { atomic_write_file(path, j.dump(2) + "\n"); }
+
+json read_json(const std::string& path) {
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::parse_error& e) {
+    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
+  }
+}
+
+// The tokenizer directory to export: --tokenizer, else run_config.data.tokenizer
+// (as written there: absolute, or relative to the current directory). "" with
+// `why` set when there is none to export.
+std::string find_tokenizer_dir(const ExportOptions& o, const json& run_config, std::string& why) {
+  std::string dir = o.tokenizer, origin = "--tokenizer";
+  if (dir.empty()) {
+    const json* d = run_config.is_object() && run_config.contains("data") ? &run_config["data"] : nullptr;
+    if (!d || !d->is_object() || !d->contains("tokenizer") || !(*d)["tokenizer"].is_string()) {
+      why = "the run config names none and --tokenizer is not given";
+      return "";
+    }
+    dir = (*d)["tokenizer"].get<std::string>();
+    origin = o.checkpoint + "/run_config.json: data.tokenizer";
+  }
+  const std::string meta = dir + "/kvshift_tokenizer.json";
+  if (fs::exists(meta)) {
+    const json m = read_json(meta);
+    if (m.is_object() && m.value("type", "") == "bytes") {
+      why = "the byte-level tokenizer (" + dir + ") has no Hugging Face counterpart";
+      return "";
+    }
+  }
+  KVS_CHECK(fs::exists(dir + "/tokenizer.model"), "{} '{}': no tokenizer.model there{}", origin, dir,
+            o.tokenizer.empty() ? " (pass --tokenizer DIR)" : "");
+  return dir;
+}
+
+struct TokenizerInfo {
+  SpecialIds ids;
+  std::vector<std::string> pieces;
+};
+
+TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
+  const std::string meta_path = dir + "/kvshift_tokenizer.json";
+  const std::string model_path = dir + "/tokenizer.model";
+  KVS_CHECK(fs::exists(model_path), "{}: missing tokenizer.model (not a tokenizer directory?)", dir);
+  TokenizerInfo t;
+  t.pieces = read_sentencepiece_pieces(model_path);
+  int vocab = static_cast<int>(t.pieces.size());
+  if (fs::exists(meta_path)) {
+    const json m = read_json(meta_path);
+    auto id = [&](const char* key) {
+      KVS_CHECK(!m.contains(key) || m[key].is_number_integer(), "{}: {} must be an integer", meta_path, key);
+      return m.value(key, -1);
+    };
+    t.ids = {id("bos_id"), id("eos_id"), id("pad_id"), id("unk_id")};
+    vocab = m.value("vocab_size", vocab);
+  } else {
+    t.ids = {1, 2, -1, 0};  // sentencepiece's defaults
+    spdlog::warn("{}: no kvshift_tokenizer.json; assuming sentencepiece's ids (unk 0, bos 1, eos 2)", dir);
+  }
+  KVS_CHECK(vocab <= model_vocab, "{}: the tokenizer has {} pieces but the model's vocab_size is {}", dir, vocab,
+            model_vocab);
+  for (int id : {t.ids.bos, t.ids.eos, t.ids.pad, t.ids.unk})
+    KVS_CHECK(id < static_cast<int>(t.pieces.size()), "{}: special id {} is beyond the model's {} pieces", dir, id,
+              t.pieces.size());
+  return t;
+}
+
+void write_tokenizer_files(const StagedDir& out, const std::string& dir, const TokenizerInfo& t, int max_len) {
+  fs::copy_file(dir + "/tokenizer.model", out.file("tokenizer.model"));
+  auto piece = [&](int id) { return id >= 0 ? json(t.pieces[id]) : json(nullptr); };
+  json special = json::object();
+  for (auto [key, id] : {std::pair{"bos_token", t.ids.bos}, {"eos_token", t.ids.eos}, {"unk_token", t.ids.unk},
+                         {"pad_token", t.ids.pad}})
+    if (id >= 0) special[key] = t.pieces[id];
+  json cfg = {{"tokenizer_class", "LlamaTokenizer"},
+              {"add_bos_token", t.ids.bos >= 0},
+              {"add_eos_token", false},
+              {"bos_token", piece(t.ids.bos)},
+              {"eos_token", piece(t.ids.eos)},
+              {"unk_token", piece(t.ids.unk)},
+              {"pad_token", piece(t.ids.pad)},
+              {"model_max_length", max_len},
+              {"clean_up_tokenization_spaces", false},
+              {"legacy", false},
+              {"sp_model_kwargs", json::object()}};
+  write_json(out.file("tokenizer_config.json"), cfg);
+  write_json(out.file("special_tokens_map.json"), special);
+}
+
+std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
+  const ParamLayout layout = ParamLayout::build(ck.model);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const auto& t : layout.tensors) expected.emplace_back(t.name, t.shape);
+  const std::string file = ck.dir + "/model.safetensors";
+  validate_model_tensors(ck.data.model, expected, file);
+  std::vector<StTensor> out;
+  for (const auto& t : layout.tensors) {  // our layout order: embeddings, layer by layer, norm, lm_head
+    const StTensor* st = nullptr;
+    for (const auto& s : ck.data.model)
+      if (s.name == t.name) st = &s;
+    const std::vector<float> v = tensor_to_f32(*st);
+    for (size_t i = 0; i < v.size(); ++i)
+      KVS_CHECK(std::isfinite(v[i]), "{}: tensor '{}' element {} is {} (refusing to export a broken model)", file,
+                t.name, i, v[i]);
+    out.push_back(bf16 ? make_bf16_tensor(t.name, t.shape, v.data()) : make_f32_tensor(t.name, t.shape, v.data()));
+  }
+  return out;
+}
+
+// model.safetensors, or shards + model.safetensors.index.json above the limit. Returns the shard count.
+size_t write_weights(const StagedDir& out, const std::vector<StTensor>& tensors, uint64_t limit) {
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};  // transformers requires it
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const auto& t : tensors) bytes.push_back(t.bytes.size()), total += t.bytes.size();
+  const auto shards = plan_shards(bytes, limit);
+  if (shards.size() == 1) {
+    write_safetensors(out.file("model.safetensors"), tensors, meta);
+    return 1;
+  }
+  json map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<StTensor> part;
+    for (size_t i : shards[s]) part.push_back(tensors[i]), map[tensors[i].name] = shard_file_name(s, shards.size());
+    write_safetensors(out.file(shard_file_name(s, shards.size())), part, meta);
+  }
+  write_json(out.file("model.safetensors.index.json"), {{"metadata", {{"total_size", total}}}, {"weight_map", map}});
+  return shards.size();
+}
+
+}  // namespace
+
+std::string export_hf(const ExportOptions& o) {
+  KVS_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "--dtype: must be bf16 or fp32, got '{}'", o.dtype);
+  const LoadedCheckpoint ck = read_checkpoint(o.checkpoint);
+  const ModelConfig& m = ck.model;
+  const std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
+
+  std::string no_tok_reason;
+  const std::string tok_dir = find_tokenizer_dir(o, ck.data.run_config, no_tok_reason);
+  TokenizerInfo tok;
+  if (!tok_dir.empty()) tok = read_tokenizer(tok_dir, m.vocab_size);
+
+  std::vector<std::string> inputs = {o.checkpoint};
+  if (!tok_dir.empty()) inputs.push_back(tok_dir);
+  StagedDir out(o.out, o.force, inputs);
+  const bool remote = needs_remote_code(m);
+  write_json(out.file("config.json"), export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids));
+  write_json(out.file("generation_config.json"), generation_config(tok.ids));
+  const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
+  if (remote)
+    for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);
+  if (!tok_dir.empty()) write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings);
+  out.commit();
+  if (tok_dir.empty())  // after the commit, so that an error stays the only line of a failed run
+    spdlog::warn("no tokenizer ({}): wrote no tokenizer files", no_tok_reason);
+
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.bytes.size();
+  return fmt::format("exported {} -> {}: {} tensors, {:.1f} MB {} in {} file{}, {}{}", o.checkpoint, o.out,
+                     tensors.size(), bytes / 1e6, o.dtype, n_shards, n_shards == 1 ? "" : "s",
+                     remote ? "KvShiftLlamaForCausalLM (load with trust_remote_code=True)" : "LlamaForCausalLM",
+                     tok_dir.empty() ? ", no tokenizer" : ", tokenizer from " + tok_dir);
+}
+
+}  // namespace kvs::hf

@@ -1,0 +1,131 @@
+#include "hf/hf_config.h"
+
+#include "core/error.h"
+
+namespace kvs::hf {
+
+using nlohmann::json;
+
+bool needs_remote_code(const ModelConfig& m) {
+  const auto& k = m.kv_shift;
+  const bool shifted = k.enabled && (k.shift_k || k.shift_v || k.shift_q);
+  return shifted || m.position_encoding != "rope";
+}
+
+namespace {
+
+json id_or_null(int id) { return id >= 0 ? json(id) : json(nullptr); }
+
+}  // namespace
+
+json export_config(const ModelConfig& m, const std::string& torch_dtype, const SpecialIds& ids) {
+  json j = model_to_hf_json(m);  // LlamaConfig keys (+ kv_shift, position_encoding)
+  j["torch_dtype"] = torch_dtype;
+  j["bos_token_id"] = id_or_null(ids.bos);
+  j["eos_token_id"] = id_or_null(ids.eos);
+  if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
+  j["rope_scaling"] = nullptr;
+  j["pretraining_tp"] = 1;
+  j["attention_dropout"] = 0.0;
+  j["use_cache"] = true;
+  if (!needs_remote_code(m)) {
+    j.erase("kv_shift");
+    j.erase("position_encoding");
+    j["architectures"] = json::array({"LlamaForCausalLM"});
+    j["model_type"] = "llama";
+    return j;
+  }
+  j["architectures"] = json::array({"KvShiftLlamaForCausalLM"});
+  j["model_type"] = "kvshift_llama";
+  j["auto_map"] = {{"AutoConfig", "configuration_kvshift_llama.KvShiftLlamaConfig"},
+                   {"AutoModelForCausalLM", "modeling_kvshift_llama.KvShiftLlamaForCausalLM"}};
+  return j;
+}
+
+json generation_config(const SpecialIds& ids) {
+  json j = {{"_from_model_config", true}};
+  if (ids.bos >= 0) j["bos_token_id"] = ids.bos;
+  if (ids.eos >= 0) j["eos_token_id"] = ids.eos;
+  if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
+  return j;
+}
+
+namespace {
+
+// Typed access with a one-line error naming the file and key.
+template <class T>
+T get_or(const json& j, const char* key, T dflt, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail("{}: {}: unexpected value {}", origin, key, it->dump());
+  }
+}
+
+int required_int(const json& j, const char* key, const std::string& origin) {
+  KVS_CHECK(j.contains(key) && j[key].is_number_integer(), "{}: missing or non-integer key '{}'", origin, key);
+  return j[key].get<int>();
+}
+
+}  // namespace
+
+ModelConfig import_config(const json& j, const std::string& origin) {
+  KVS_CHECK(j.is_object(), "{}: expected a JSON object", origin);
+  const std::string type = get_or<std::string>(j, "model_type", "llama", origin);
+  KVS_CHECK(type == "llama" || type == "mistral" || type == "kvshift_llama",
+            "{}: model_type \"{}\" is not a Llama-architecture model (llama, mistral or kvshift_llama)", origin, type);
+  ModelConfig m;
+  m.hidden_size = required_int(j, "hidden_size", origin);
+  m.intermediate_size = required_int(j, "intermediate_size", origin);
+  m.num_hidden_layers = required_int(j, "num_hidden_layers", origin);
+  m.num_attention_heads = required_int(j, "num_attention_heads", origin);
+  m.vocab_size = required_int(j, "vocab_size", origin);
+  m.num_key_value_heads = get_or<int>(j, "num_key_value_heads", m.num_attention_heads, origin);
+  // Defaults are LlamaConfig's / MistralConfig's, for configs that leave keys out.
+  m.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, origin);
+  m.rope_theta = get_or<double>(j, "rope_theta", 10000.0, origin);
+  m.max_position_embeddings =
+      get_or<int>(j, "max_position_embeddings", type == "mistral" ? 4096 * 32 : 2048, origin);
+  m.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
+  m.initializer_range = get_or<double>(j, "initializer_range", 0.02, origin);
+  m.kv_shift.enabled = false;
+  if (type == "kvshift_llama") {
+    m.position_encoding = get_or<std::string>(j, "position_encoding", "rope", origin);
+    if (j.contains("kv_shift") && j["kv_shift"].is_object()) {
+      const json& k = j["kv_shift"];
+      const std::string o = origin + ": kv_shift";
+      m.kv_shift.enabled = get_or<bool>(k, "enabled", true, o);
+      m.kv_shift.window = get_or<int>(k, "window", 1, o);
+      m.kv_shift.shift_k = get_or<bool>(k, "shift_k", true, o);
+      m.kv_shift.shift_v = get_or<bool>(k, "shift_v", true, o);
+      m.kv_shift.shift_q = get_or<bool>(k, "shift_q", false, o);
+      m.kv_shift.parametrization = get_or<std::string>(k, "parametrization", "free", o);
+    }
+  }
+
+  // What the model would do differently from ours.
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu", origin);
+  KVS_CHECK(act == "silu", "{}: hidden_act \"{}\" cannot be expressed (kvshift's MLP is SwiGLU with silu)", origin,
+            act);
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    KVS_CHECK(!get_or<bool>(j, key, false, origin), "{}: {} true cannot be expressed (kvshift has no biases)", origin,
+              key);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    fail("{}: rope_scaling {} cannot be expressed (kvshift implements plain RoPE only)", origin,
+         j["rope_scaling"].dump());
+  const int window = get_or<int>(j, "sliding_window", 0, origin);
+  if (window > 0 && window < m.max_position_embeddings && get_or<bool>(j, "use_sliding_window", true, origin))
+    fail("{}: sliding_window {} < max_position_embeddings {} cannot be expressed (kvshift attends to every "
+         "position; set sliding_window to null, or max_position_embeddings to {}, if that is what you want)",
+         origin, window, m.max_position_embeddings, window);
+  const int head_dim = get_or<int>(j, "head_dim", 0, origin);
+  KVS_CHECK(head_dim == 0 || m.num_attention_heads <= 0 || head_dim == m.hidden_size / m.num_attention_heads,
+            "{}: head_dim {} != hidden_size / num_attention_heads = {} cannot be expressed", origin, head_dim,
+            m.num_attention_heads > 0 ? m.hidden_size / m.num_attention_heads : 0);
+  // The rest of the checks (positive sizes, divisibility, window range, ...): ours.
+  return model_from_hf_json(model_to_hf_json(m), origin);
+}
+
+}  // namespace kvs::hf

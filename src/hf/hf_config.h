@@ -1,0 +1,32 @@
+// config.json of a Hugging Face export and of a Llama/Mistral-style model to
+// import: the mapping between Hugging Face's keys and ModelConfig.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/config.h"
+
+namespace kvs::hf {
+
+// Special token ids of the exported tokenizer; -1 = none.
+struct SpecialIds {
+  int bos = -1, eos = -1, pad = -1, unk = -1;
+};
+
+// A model without any shift and with RoPE is a plain LlamaForCausalLM; anything
+// else needs the modeling file (trust_remote_code).
+bool needs_remote_code(const ModelConfig& m);
+
+// config.json of an export. `torch_dtype` is "float32" or "bfloat16".
+nlohmann::json export_config(const ModelConfig& m, const std::string& torch_dtype, const SpecialIds& ids);
+
+// generation_config.json of an export.
+nlohmann::json generation_config(const SpecialIds& ids);
+
+// Reads a Hugging Face config.json of model_type llama, mistral or kvshift_llama.
+// Keys without a meaning for the model (bos ids, dtype, ...) are ignored; keys
+// that would change the model in a way kvshift cannot express (rope_scaling,
+// biases, a sliding window, another activation) are one-line errors naming `origin`.
+ModelConfig import_config(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace kvs::hf

@@ -1,0 +1,149 @@
+#include "hf/import.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/safetensors.h"
+#include "hf/hf_config.h"
+#include "hf/staged_dir.h"
+#include "model/params.h"
+
+namespace kvs::hf {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json read_json(const std::string& path) {
+  KVS_CHECK(fs::exists(path), "{}: missing (not a Hugging Face model directory?)", path);
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::parse_error& e) {
+    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
+  }
+}
+
+struct Located {
+  std::string file;
+  StTensor tensor;
+};
+
+// Every tensor of model.safetensors, or of the shards an index names.
+std::map<std::string, Located> read_weights(const std::string& dir) {
+  std::vector<std::string> files;
+  const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+  if (fs::exists(single)) {
+    files.push_back(single);
+  } else if (fs::exists(index)) {
+    const json j = read_json(index);
+    KVS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{}: no weight_map object", index);
+    std::set<std::string> seen;
+    for (const auto& [name, f] : j["weight_map"].items()) {
+      KVS_CHECK(f.is_string(), "{}: weight_map['{}'] is not a file name", index, name);
+      if (seen.insert(f.get<std::string>()).second) files.push_back(dir + "/" + f.get<std::string>());
+    }
+  } else {
+    fail("{}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are supported)",
+         dir);
+  }
+  std::map<std::string, Located> out;
+  for (const auto& f : files) {
+    KVS_CHECK(fs::exists(f), "{}: missing (named by model.safetensors.index.json)", f);
+    for (auto& t : read_safetensors(f)) {
+      KVS_CHECK(!out.count(t.name), "{}: tensor '{}' also appears in {}", f, t.name, out[t.name].file);
+      std::string name = t.name;
+      out[name] = Located{f, std::move(t)};
+    }
+  }
+  return out;
+}
+
+// Buffers Hugging Face once saved beside the weights; they are not parameters.
+bool ignorable(const std::string& name, const ModelConfig& m) {
+  if (name.find("rotary_emb.inv_freq") != std::string::npos) return true;
+  return m.tie_word_embeddings && name == "lm_head.weight";  // some tied checkpoints still store it
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// Adds shift tensors to a model without them: "paper" = init_params' rule, "identity" = prev 0, cur 1.
+void add_shift(const ImportOptions& o, ModelConfig& m) {
+  KVS_CHECK(o.window >= 1 && o.window <= 3, "--window: must be 1, 2 or 3 (the windows training supports), got {}",
+            o.window);
+  m.kv_shift = KvShiftConfig{};
+  m.kv_shift.enabled = true;
+  m.kv_shift.window = o.window;
+}
+
+}  // namespace
+
+std::string import_hf(const ImportOptions& o) {
+  const std::string& init = o.kv_shift_init;
+  KVS_CHECK(init == "none" || init == "paper" || init == "identity",
+            "--kv-shift-init: must be none, paper or identity, got '{}'", init);
+  KVS_CHECK(fs::is_directory(o.model), "{}: not a directory", o.model);
+  const std::string cfg_path = o.model + "/config.json";
+  ModelConfig m = import_config(read_json(cfg_path), cfg_path);
+  const bool had_shift = m.kv_shift.enabled;
+  if (init != "none") {
+    KVS_CHECK(!had_shift, "{}: the model already has KV shift parameters (use --kv-shift-init none)", cfg_path);
+    add_shift(o, m);
+  }
+  auto weights = read_weights(o.model);
+
+  const ParamLayout layout = ParamLayout::build(m);
+  std::vector<float> flat(layout.total);
+  init_params(layout, m, o.seed, flat.data());  // only the added shift tensors keep these values
+  for (const auto& t : layout.tensors) {
+    if (t.kind == ParamKind::Shift && !had_shift) {
+      if (init == "identity") {
+        const int64_t cols = t.shape[1];
+        for (int64_t i = 0; i < t.shape[0] * cols; ++i) flat[t.offset + i] = (i % cols == cols - 1) ? 1.0f : 0.0f;
+      }
+      continue;
+    }
+    auto it = weights.find(t.name);
+    KVS_CHECK(it != weights.end(), "{}: missing tensor '{}'", o.model, t.name);
+    const Located& w = it->second;
+    const DType d = w.tensor.dtype;
+    KVS_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::F64,
+              "{}: tensor '{}' has dtype {} (supported: F32, BF16, F16)", w.file, t.name, dtype_name(d));
+    KVS_CHECK(w.tensor.shape == t.shape, "{}: tensor '{}' has shape {}, expected {} from config.json", w.file, t.name,
+              shape_str(w.tensor.shape), shape_str(t.shape));
+    const std::vector<float> v = tensor_to_f32(w.tensor);
+    std::copy(v.begin(), v.end(), flat.begin() + static_cast<std::ptrdiff_t>(t.offset));
+    weights.erase(it);
+  }
+  for (const auto& [name, w] : weights)
+    KVS_CHECK(ignorable(name, m), "{}: unexpected tensor '{}' (not part of a {}-layer model of this config)", w.file,
+              name, m.num_hidden_layers);
+  weights.clear();
+
+  std::vector<StTensor> tensors;
+  for (const auto& t : layout.tensors) tensors.push_back(make_f32_tensor(t.name, t.shape, flat.data() + t.offset));
+  std::vector<float>().swap(flat);
+
+  StagedDir out(o.out, o.force, {o.model});
+  atomic_write_file(out.file("config.json"), model_to_hf_json(m).dump(2) + "\n");
+  write_safetensors(out.file("model.safetensors"), tensors);
+  const bool tok = fs::exists(o.model + "/tokenizer.model");
+  if (tok) {
+    make_dirs(out.file("tokenizer"));
+    fs::copy_file(o.model + "/tokenizer.model", out.file("tokenizer/tokenizer.model"));
+  }
+  out.commit();
+  return fmt::format("imported {} -> {}: {} tensors, KV shift {}{}{}", o.model, o.out, tensors.size(),
+                     describe_kv_shift(m.kv_shift),
+                     init == "none" ? "" : fmt::format(" (new, {} init)", init),
+                     tok ? ", tokenizer.model copied to tokenizer/" : "");
+}
+
+}  // namespace kvs::hf

@@ -1,0 +1,75 @@
+#include "hf/staged_dir.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace kvs::hf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++o, ++i)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
+}
+
+}  // namespace
+
+StagedDir::StagedDir(std::string final_path, bool force, const std::vector<std::string>& inputs)
+    : final_(std::move(final_path)) {
+  KVS_CHECK(!final_.empty(), "--out: empty path");
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(final_), ec);
+  for (const auto& in : inputs) {
+    const fs::path p = fs::weakly_canonical(fs::absolute(in), ec);
+    KVS_CHECK(!is_within(p, out), "{}: --out must not be (or contain) the input {}", final_, in);
+  }
+  if (fs::exists(out, ec)) {
+    KVS_CHECK(fs::is_directory(out, ec), "{}: exists and is not a directory", final_);
+    KVS_CHECK(force || fs::is_empty(out, ec), "{}: exists and is not empty (use --force to replace it)", final_);
+  }
+  const fs::path parent = out.parent_path();
+  make_dirs(parent.string());
+  tmp_ = (parent / (".tmp-" + out.filename().string() + "-" + std::to_string(getpid()))).string();
+  fs::remove_all(tmp_, ec);
+  make_dirs(tmp_);
+  final_ = out.string();
+}
+
+StagedDir::~StagedDir() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);
+}
+
+void StagedDir::commit() {
+  std::error_code ec;
+  fsync_path(tmp_);
+  std::string old;
+  if (fs::exists(final_, ec)) {
+    old = final_ + ".old-" + std::to_string(getpid());
+    fs::rename(final_, old, ec);
+    KVS_CHECK(!ec, "{}: cannot move the old directory aside: {}", final_, ec.message());
+  }
+  fs::rename(tmp_, final_, ec);
+  if (ec) {
+    if (!old.empty()) fs::rename(old, final_);
+    fail("{}: cannot move {} into place: {}", final_, tmp_, ec.message());
+  }
+  committed_ = true;
+  fsync_path(fs::path(final_).parent_path().string());
+  if (!old.empty()) {
+    fs::remove_all(old, ec);
+    if (ec) spdlog::warn("could not remove {}: {}", old, ec.message());
+  }
+}
+
+}  // namespace kvs::hf

@@ -1,0 +1,66 @@
+// Megatron-style tensor parallelism (docs/PARALLEL.md): which slice of every
+// full tensor a tensor-parallel (TP) rank holds, and the per-rank sizes the
+// engine computes with.
+//   q/k/v_proj, gate/up_proj: column-parallel, rows split (by whole heads for
+//     q/k/v: rank r holds query heads [r*Hq/tp, (r+1)*Hq/tp) and KV heads
+//     [r*Hkv/tp, ...), so the GQA group of a local query head stays local);
+//   q/k/v_shift: rows (heads) split with their projections;
+//   o_proj, down_proj: row-parallel, columns split;
+//   embed_tokens, lm_head: vocab-parallel, rows split after padding the
+//     vocabulary to a multiple of 128*tp (padding rows are zero and never
+//     predicted);
+//   norms: replicated.
+// At tp = 1 nothing is split or padded: the local layout is the full one.
+#pragma once
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace kvs {
+
+namespace dist {
+class Communicator;
+}
+
+// This process's place in its tensor-parallel group. comm is null (or of
+// size 1) without tensor parallelism.
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+  dist::Communicator* comm = nullptr;
+};
+
+// The vocabulary rows the embedding and LM head have across the TP group:
+// vocab_size at tp = 1, else rounded up to a multiple of 128 * tp.
+int64_t padded_vocab(const ModelConfig& m, int tp);
+
+// Sizes one TP rank computes with.
+struct LocalDims {
+  int C = 0;         // hidden size (replicated)
+  int D = 0;         // head dim
+  int Hq = 0, Hkv = 0;
+  int F = 0;         // intermediate size of this rank
+  int V = 0;         // vocabulary rows of this rank (padding included)
+  int v_begin = 0;   // the first global vocabulary id of this rank
+  int v_valid = 0;   // the model's vocab_size: ids >= v_valid are padding
+  int QD() const { return Hq * D; }
+  int KD() const { return Hkv * D; }
+  static LocalDims of(const ModelConfig& m, int tp_rank, int tp);
+};
+
+// Checks that tp divides what it must split; throws kvs::Error naming the key.
+void check_tensor_parallel(const ModelConfig& m, int tp, const std::string& origin);
+
+// Copies rank tp_rank's slice of every tensor from `full` (laid out by
+// ParamLayout::build(m)) into `local` (laid out by ParamLayout::build(m,
+// tp_rank, tp)). Vocabulary padding rows become 0.
+void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp_rank, const float* full,
+                    float* local);
+// The inverse: `gathered` holds every rank's local buffer in rank order
+// ([tp][local_layout.total]); replicated tensors are taken from rank 0, after
+// checking that every rank's copy is bit-identical (kvs::Error otherwise).
+void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp, const float* gathered,
+                   float* full);
+
+}  // namespace kvs

@@ -1,0 +1,32 @@
+#include "train/full_model_io.h"
+
+#include "core/error.h"
+#include "dist/comm.h"
+
+namespace kvs {
+
+FullModelIO::FullModelIO(const ModelConfig& m, const ParamLayout& local_layout, TensorParallel tp)
+    : full_(ParamLayout::build(m)), local_(local_layout), tp_(tp) {}
+
+std::vector<float> FullModelIO::to_local(const std::vector<float>& full) const {
+  KVS_CHECK(full.size() == full_.total, "FullModelIO: {} floats given, the model has {}", full.size(), full_.total);
+  std::vector<float> local(local_.total);
+  slice_to_local(full_, local_, tp_.rank, full.data(), local.data());
+  return local;
+}
+
+std::vector<float> FullModelIO::to_full(const std::vector<float>& local) const {
+  KVS_CHECK(local.size() == local_.total, "FullModelIO: {} floats given, the slice has {}", local.size(),
+            local_.total);
+  std::vector<float> full(full_.total);
+  if (tp_.size == 1) {
+    assemble_full(full_, local_, 1, local.data(), full.data());
+    return full;
+  }
+  std::vector<float> gathered(local_.total * static_cast<size_t>(tp_.size));
+  tp_.comm->all_gather(local.data(), gathered.data(), local_.total, dist::DType::F32);
+  assemble_full(full_, local_, tp_.size, gathered.data(), full.data());
+  return full;
+}
+
+}  // namespace kvs

@@ -1,0 +1,451 @@
+#!/usr/bin/python3
+"""Hugging Face export/import checks (CTest `hf_export`).
+
+    /usr/bin/python3 tests/hf/run_hf.py --kvshift BUILD/kvshift --workdir BUILD/hf_test
+
+Runs under .venv-hf/bin/python (scripts/setup.sh: transformers pinned for torch 1.13)
+when that venv exists, else under this python with the modeling file's pure-torch
+core (python/hf/kvshift_core.py); the first line says which.
+
+Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kvshift train`:
+  - export-hf, load (AutoModelForCausalLM with trust_remote_code, or the core), logits equal
+    `kvshift forward` within 1e-4 relative: vanilla (a plain LlamaForCausalLM), shifted, GQA,
+    tied, window 2, sigmoid gate, shift_q, NoPE;
+  - with the cache: logits fed one token at a time equal the full forward, and greedy
+    generate() equals the argmax of a full forward at every step (shifted models);
+  - import-hf(export-hf(ckpt)) equals ckpt bit for bit (fp32), also from shards;
+  - import of a HF-layout model with --kv-shift-init identity gives the vanilla logits;
+  - tokenizer files (when sentencepiece is importable);
+  - bad inputs give one-line errors and leave no output behind.
+Prints one line per check and `N passed, N failed`; exits 1 on any failure.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_PY = os.path.join(REPO, ".venv-hf", "bin", "python")
+if os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(REPO, ".venv-hf")) \
+        and not os.environ.get("KVS_HF_NO_VENV"):
+    os.execv(VENV_PY, [VENV_PY, os.path.abspath(__file__)] + sys.argv[1:])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "tests", "oracle"))
+sys.path.insert(0, os.path.join(REPO, "python", "hf"))
+import kvshift_core as kc  # noqa: E402
+from run_oracle import draw_weights, make_config, write_checkpoint  # noqa: E402
+from safetensors_io import read_safetensors  # noqa: E402
+
+try:
+    import transformers  # noqa: E402
+    from transformers import AutoModelForCausalLM  # noqa: E402
+    HF = True
+except ImportError:
+    HF = False
+
+REL_TOL = 1e-4
+PY_FILES = ["configuration_kvshift_llama.py", "kvshift_core.py", "modeling_kvshift_llama.py"]
+
+
+class Tally:
+    def __init__(self):
+        self.passed, self.failed, self.failures = 0, 0, []
+
+    def record(self, case, name, ok, detail=""):
+        print(f"{case:<18} {name:<50} {detail:<40} {'PASS' if ok else 'FAIL'}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            self.failures.append(f"{case}: {name}")
+
+    def compare(self, case, name, got, want, tol=REL_TOL):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.shape != want.shape:
+            return self.record(case, name, False, f"shape {got.shape} != {want.shape}")
+        rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12))
+        self.record(case, name, bool(np.isfinite(got).all()) and rel < tol, f"rel={rel:.2e}")
+
+
+def run(cmd, check=True):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    return r
+
+
+def kvshift_logits(binary, ckpt, tokens, workdir):
+    tok = os.path.join(workdir, "tokens.txt")
+    with open(tok, "w") as f:
+        f.write(" ".join(map(str, tokens)) + "\n")
+    out = os.path.join(workdir, "logits.npy")
+    run([binary, "forward", "--checkpoint", ckpt, "--tokens", tok, "--out", out])
+    return np.load(out)
+
+
+def load_export(out_dir):
+    """The exported model: through transformers when present, else the core."""
+    if HF:
+        return AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True).eval()
+    index = os.path.join(out_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        tensors = {}
+        for f in sorted(set(json.load(open(index))["weight_map"].values())):
+            tensors.update(read_safetensors(os.path.join(out_dir, f)))
+    else:
+        tensors = read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    return kc.KvShiftLlamaCore.from_dir(out_dir, tensors).eval()
+
+
+@torch.no_grad()
+def logits_of(model, ids, past=None):
+    """(logits [B, T, V], past) of either model kind."""
+    if HF:
+        o = model(input_ids=ids, past_key_values=past, use_cache=True)
+        return o.logits.float(), o.past_key_values
+    return model(ids, past)
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    if HF:
+        # An explicit all-ones mask: generate() would otherwise treat tokens equal to pad_token_id as padding.
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                              min_new_tokens=n, pad_token_id=0, eos_token_id=None)
+    return model.greedy(ids, n)
+
+
+def check_cache(t, case, model, tokens):
+    ids = torch.tensor([tokens])
+    full = logits_of(model, ids)[0][0]
+    lg, past = logits_of(model, ids[:, :3])
+    steps = [lg[0]]
+    for i in range(3, ids.shape[1]):
+        lg, past = logits_of(model, ids[:, i:i + 1], past)
+        steps.append(lg[0])
+    t.compare(case, "cached step logits == full forward", torch.cat(steps).numpy(), full.numpy())
+    n = 8
+    got = greedy(model, ids[:, :4], n)[0].tolist()
+    want = ids[0, :4].tolist()
+    for _ in range(n):
+        want.append(int(logits_of(model, torch.tensor([want]))[0][0, -1].argmax()))
+    t.record(case, "greedy generate (cache) == argmax of full", got == want, f"{got[4:]}")
+
+
+def check_padding_and_half(t, case, model, tokens):
+    """transformers only: left-padded batch generation equals each row alone, and bf16 runs."""
+    if not HF:
+        return
+    a, b = tokens[:5], tokens[2:9]
+    ids = torch.tensor([[0, 0] + a, b])
+    mask = torch.tensor([[0, 0] + [1] * len(a), [1] * len(b)])
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)
+    alone = [greedy(model, torch.tensor([r]), 5)[0].tolist() for r in (a, b)]
+    t.record(case, "left-padded batch generate == rows alone",
+             batch[0, 2:].tolist() == alone[0] and batch[1].tolist() == alone[1])
+    half = model.to(torch.bfloat16)
+    out = greedy(half, torch.tensor([tokens]), 3)
+    t.record(case, "bf16 model generates", out.shape[1] == len(tokens) + 3)
+    model.to(torch.float32)
+
+
+def export(binary, ckpt, out, *extra):
+    shutil.rmtree(out, ignore_errors=True)
+    return run([binary, "export-hf", "--checkpoint", ckpt, "--out", out, *extra])
+
+
+def check_export_files(t, case, out, shifted):
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    if shifted:
+        ok = cfg["model_type"] == "kvshift_llama" and "auto_map" in cfg and all(
+            open(os.path.join(out, f)).read() == open(os.path.join(REPO, "python", "hf", f)).read() for f in PY_FILES)
+        t.record(case, "config kvshift_llama + auto_map + .py files", ok)
+    else:
+        ok = cfg["model_type"] == "llama" and "auto_map" not in cfg and "kv_shift" not in cfg and not any(
+            f.endswith(".py") for f in os.listdir(out))
+        t.record(case, "config plain llama, no remote code", ok)
+
+
+# name, config, seed; all from the oracle's config maker
+CASES = [
+    ("vanilla_gqa", make_config(32, 4, 2, 40, 2, 37, False, False), 201),
+    ("shift_gqa", make_config(32, 4, 2, 40, 2, 37, False, True, theta=500000.0), 202),
+    ("shift_tied_mha", make_config(24, 3, 3, 40, 1, 37, True, True, eps=1e-6), 203),
+    ("window2_v_only", make_config(16, 2, 1, 40, 1, 37, False, True, window=2, shift_k=False), 204),
+    ("gate_qkv", make_config(32, 4, 2, 40, 2, 37, False, True, shift_q=True, parametrization="sigmoid_gate"), 205),
+    ("window3_qkv", make_config(32, 4, 1, 40, 1, 37, False, True, window=3, shift_q=True), 206),
+    ("nope_shift", make_config(32, 4, 2, 40, 1, 37, False, True, position_encoding="none"), 207),
+]
+TOKENS = [0, 5, 9, 5, 9, 33, 1, 5, 36, 12, 7, 5, 9]
+
+
+def export_cases(t, binary, work):
+    vanilla_dirs = None
+    for name, cfg, seed in CASES:
+        d = os.path.join(work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        ckpt = os.path.join(d, "ckpt")
+        write_checkpoint(ckpt, cfg, draw_weights(cfg, seed))
+        want = kvshift_logits(binary, ckpt, TOKENS, d)
+        out = os.path.join(d, "hf")
+        export(binary, ckpt, out, "--dtype", "fp32")
+        shifted = cfg["kv_shift"]["enabled"] or cfg.get("position_encoding") == "none"
+        check_export_files(t, name, out, shifted)
+        model = load_export(out)
+        if HF and not shifted:
+            t.record(name, "loads as transformers' LlamaForCausalLM", type(model) is transformers.LlamaForCausalLM,
+                     type(model).__name__)
+        t.compare(name, "logits == kvshift forward", logits_of(model, torch.tensor([TOKENS]))[0][0].numpy(), want)
+        check_cache(t, name, model, TOKENS)
+        if name in ("shift_gqa", "window3_qkv"):
+            check_padding_and_half(t, name, model, TOKENS)
+        back = os.path.join(d, "reimported")
+        run([binary, "import-hf", "--model", out, "--out", back])
+        a = read_safetensors(os.path.join(back, "model.safetensors"))
+        b = read_safetensors(os.path.join(ckpt, "model.safetensors"))  # written by numpy: compare tensors, not files
+        same = sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+        t.record(name, "import(export(ckpt)) tensors bit for bit", same)
+        if name == "vanilla_gqa":
+            vanilla_dirs = (ckpt, out, want)
+    return vanilla_dirs
+
+
+def trained_case(t, binary, work):
+    """A checkpoint from `kvshift train`: bf16 and sharded exports, exact config round trip."""
+    d = os.path.join(work, "trained")
+    shutil.rmtree(d, ignore_errors=True)
+    run([binary, "train", "--config", os.path.join(REPO, "configs", "toy", "induction-1l-kvshift.json"),
+         "--set", "train.steps=3", "--set", "train.micro_batch_size=2", "--set", "train.seq_len=16",
+         "--set", "train.eval_sequences=2", "--set", "train.eval_every=0", "--set", "model.num_key_value_heads=2",
+         "--run-dir", os.path.join(d, "run"), "--quiet"])
+    run_dir = os.path.join(d, "run")
+    ckpt = os.path.join(run_dir, "checkpoints", open(os.path.join(run_dir, "checkpoints", "latest")).read().strip())
+    want = kvshift_logits(binary, ckpt, TOKENS, d)
+    # bf16 (the default dtype): loads and stays close; the run names no tokenizer -> a warning
+    out = os.path.join(d, "hf_bf16")
+    r = export(binary, run_dir, out)
+    t.record("trained", "no-tokenizer warning, no tokenizer files",
+             "tokenizer" in r.stderr and not os.path.exists(os.path.join(out, "tokenizer_config.json")),
+             r.stderr.strip().splitlines()[-1][:40] if r.stderr.strip() else "")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    t.record("trained", "bf16 export: torch_dtype bfloat16", cfg.get("torch_dtype") == "bfloat16")
+    t.compare("trained", "bf16 logits ~ kvshift forward (2e-2)",
+              logits_of(load_export(out), torch.tensor([TOKENS]))[0][0].numpy(), want, tol=2e-2)
+    # sharded fp32
+    out = os.path.join(d, "hf_sharded")
+    export(binary, ckpt, out, "--dtype", "fp32", "--max-shard-size", "40KB")
+    index = os.path.join(out, "model.safetensors.index.json")
+    shards = sorted(f for f in os.listdir(out) if f.startswith("model-") and f.endswith(".safetensors"))
+    t.record("trained", "sharded: index + shards", os.path.exists(index) and len(shards) > 1, f"{len(shards)} shards")
+    model = load_export(out)
+    t.compare("trained", "sharded logits == kvshift forward", logits_of(model, torch.tensor([TOKENS]))[0][0].numpy(),
+              want)
+    check_cache(t, "trained", model, TOKENS)
+    back = os.path.join(d, "reimported")
+    run([binary, "import-hf", "--model", out, "--out", back])
+    for f in ("model.safetensors", "config.json"):
+        t.record("trained", f"import(export) {f} bit for bit",
+                 open(os.path.join(back, f), "rb").read() == open(os.path.join(ckpt, f), "rb").read())
+
+
+def write_st(path, tensors):
+    """safetensors with explicit dtypes: {name: (dtype, np array)} (F16 / I32 inputs for import)."""
+    header, blobs, off = {}, [], 0
+    for name, (dt, arr) in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def import_cases(t, binary, work, vanilla):
+    ckpt, hf_dir, vanilla_logits = vanilla
+    d = os.path.join(work, "import")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    # A HF-layout Llama in F16 with a stray rotary buffer, as older checkpoints have.
+    src = os.path.join(d, "llama_f16")
+    os.makedirs(src)
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    json.dump(cfg, open(os.path.join(src, "config.json"), "w"))
+    weights = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    f16 = {n: ("F16", w.astype(np.float16)) for n, w in weights.items()}
+    f16["model.layers.0.self_attn.rotary_emb.inv_freq"] = ("F32", np.ones(4, np.float32))
+    write_st(os.path.join(src, "model.safetensors"), f16)
+    ref = os.path.join(d, "ref")
+    run([binary, "import-hf", "--model", src, "--out", ref])
+    ref_logits = kvshift_logits(binary, ref, TOKENS, d)
+    t.compare("import", "F16 import ~ fp32 vanilla logits (1e-2)", ref_logits, vanilla_logits, tol=1e-2)
+    ident = os.path.join(d, "identity")
+    r = run([binary, "import-hf", "--model", src, "--out", ident, "--kv-shift-init", "identity"])
+    t.compare("import", "identity shift == vanilla logits", kvshift_logits(binary, ident, TOKENS, d), ref_logits,
+              tol=1e-6)
+    paper = os.path.join(d, "paper")
+    run([binary, "import-hf", "--model", src, "--out", paper, "--kv-shift-init", "paper", "--window", "2"])
+    w = read_safetensors(os.path.join(paper, "model.safetensors"))["model.layers.0.self_attn.k_shift"]
+    ok = w.shape == (2, 3) and np.allclose(w.sum(1), 1.0, atol=1e-6) and (w[:, :2] >= 0).all() and \
+        (w[:, :2] <= 1).all() and not np.allclose(w[:, :2], 0)
+    t.record("import", "paper init: older ~ U(0,1), rows sum to 1", ok, np.array2string(w[0], precision=3))
+    if HF:  # a checkpoint written by transformers itself
+        tf = os.path.join(d, "from_transformers")
+        transformers.LlamaForCausalLM.from_pretrained(hf_dir).save_pretrained(tf, safe_serialization=True)
+        out = os.path.join(d, "tf_imported")
+        run([binary, "import-hf", "--model", tf, "--out", out])
+        t.compare("import", "transformers save_pretrained -> import", kvshift_logits(binary, out, TOKENS, d),
+                  vanilla_logits)
+    return src
+
+
+def expect_error(t, name, cmd, needle, out=None):
+    r = run(cmd, check=False)
+    lines = r.stderr.strip().splitlines()
+    ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("kvshift: error:") and needle in lines[0]
+    if out is not None:
+        parent = os.path.dirname(os.path.abspath(out))
+        ok = ok and not os.path.exists(out) and not any(f.startswith(".tmp-") for f in os.listdir(parent))
+    t.record("errors", name, ok, (lines[-1] if lines else "")[-40:])
+    if not ok:
+        print("  stderr:", r.stderr.strip()[-500:])
+
+
+def error_cases(t, binary, work, vanilla, src):
+    ckpt, hf_dir, _ = vanilla
+    d = os.path.join(work, "errors")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    new = os.path.join(d, "out")
+    busy = os.path.join(d, "busy")
+    os.makedirs(busy)
+    open(os.path.join(busy, "keep.txt"), "w").write("mine\n")
+    expect_error(t, "export: non-empty --out without --force",
+                 [binary, "export-hf", "--checkpoint", ckpt, "--out", busy], "use --force")
+    t.record("errors", "non-empty --out untouched", os.listdir(busy) == ["keep.txt"])
+    expect_error(t, "export: bad --dtype", [binary, "export-hf", "--checkpoint", ckpt, "--out", new,
+                                            "--dtype", "fp16"], "--dtype", out=new)
+    expect_error(t, "export: bad --max-shard-size", [binary, "export-hf", "--checkpoint", ckpt, "--out", new,
+                                                     "--max-shard-size", "5XB"], "not a size", out=new)
+    expect_error(t, "export: --out inside the checkpoint", [binary, "export-hf", "--checkpoint", ckpt, "--out",
+                                                            os.path.dirname(ckpt), "--force"], "must not be")
+
+    def broken(name, mutate_cfg=None, mutate_w=None):
+        b = os.path.join(d, name)
+        os.makedirs(b)
+        cfg = json.load(open(os.path.join(src, "config.json")))
+        if mutate_cfg:
+            mutate_cfg(cfg)
+        json.dump(cfg, open(os.path.join(b, "config.json"), "w"))
+        w = {n: ("F32", a) for n, a in read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
+        if mutate_w:
+            mutate_w(w)
+        write_st(os.path.join(b, "model.safetensors"), w)
+        return b
+
+    imp = lambda b: [binary, "import-hf", "--model", b, "--out", new]  # noqa: E731
+    b = broken("missing", mutate_w=lambda w: w.pop("model.layers.1.mlp.up_proj.weight"))
+    expect_error(t, "import: missing tensor", imp(b), "missing tensor 'model.layers.1.mlp.up_proj.weight'", out=new)
+    b = broken("shape", mutate_w=lambda w: w.update({"model.norm.weight": ("F32", np.ones(31, np.float32))}))
+    expect_error(t, "import: wrong shape", imp(b), "'model.norm.weight' has shape [31]", out=new)
+    b = broken("dtype", mutate_w=lambda w: w.update({"model.norm.weight": ("I32", np.ones(32, np.int32))}))
+    expect_error(t, "import: unsupported dtype", imp(b), "dtype I32", out=new)
+    b = broken("rope", mutate_cfg=lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}))
+    expect_error(t, "import: rope_scaling", imp(b), "rope_scaling", out=new)
+    b = broken("gpt2", mutate_cfg=lambda c: c.update(model_type="gpt2"))
+    expect_error(t, "import: not a Llama", imp(b), "gpt2", out=new)
+    b = broken("extra", mutate_w=lambda w: w.update({"model.layers.9.foo": ("F32", np.ones(2, np.float32))}))
+    expect_error(t, "import: unexpected tensor", imp(b), "unexpected tensor 'model.layers.9.foo'", out=new)
+    expect_error(t, "import: shift init on a shifted model",
+                 [binary, "import-hf", "--model", os.path.join(work, "shift_gqa", "hf"), "--out", new,
+                  "--kv-shift-init", "paper"], "already has KV shift", out=new)
+
+
+def tokenizer_case(t, binary, work, vanilla):
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        return print("tokenizer          skipped: no sentencepiece module", flush=True)
+    ckpt = vanilla[0]
+    d = os.path.join(work, "tokenizer")
+    shutil.rmtree(d, ignore_errors=True)
+    tok = os.path.join(d, "tok")
+    os.makedirs(tok)
+    text = os.path.join(d, "text.txt")
+    with open(text, "w") as f:
+        for i in range(200):
+            f.write(f"the cat {i} sat on the mat and the dog ran after it number {i * 7}\n")
+    spm.SentencePieceTrainer.train(input=text, model_prefix=os.path.join(tok, "tokenizer"), vocab_size=37,
+                                   model_type="bpe", byte_fallback=False, minloglevel=2,
+                                   hard_vocab_limit=False)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(tok, "tokenizer.model"))
+    json.dump({"vocab_size": sp.get_piece_size(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
+               "unk_id": sp.unk_id(), "pad_id": sp.pad_id(), "sha256": ""},
+              open(os.path.join(tok, "kvshift_tokenizer.json"), "w"))
+    out = os.path.join(d, "hf")
+    export(binary, ckpt, out, "--tokenizer", tok)
+    tc = json.load(open(os.path.join(out, "tokenizer_config.json")))
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    ok = os.path.exists(os.path.join(out, "tokenizer.model")) and tc["add_bos_token"] and not tc["add_eos_token"] \
+        and tc["bos_token"] == sp.id_to_piece(sp.bos_id()) and cfg["bos_token_id"] == sp.bos_id() \
+        and cfg["eos_token_id"] == sp.eos_id() and os.path.exists(os.path.join(out, "special_tokens_map.json"))
+    t.record("tokenizer", "tokenizer files and special ids", ok)
+    # The tokenizer named by a run config (data.tokenizer), without --tokenizer.
+    ck2 = os.path.join(d, "ckpt_with_run_config")
+    shutil.copytree(ckpt, ck2)
+    json.dump({"data": {"type": "shards", "tokenizer": tok}}, open(os.path.join(ck2, "run_config.json"), "w"))
+    out2 = os.path.join(d, "hf_from_run_config")
+    r = export(binary, ck2, out2)
+    t.record("tokenizer", "run_config data.tokenizer is exported",
+             os.path.exists(os.path.join(out2, "tokenizer.model")) and "warning" not in r.stderr)
+    if HF:
+        from transformers import AutoTokenizer
+        s = "the cat sat on the mat"
+        try:
+            got = AutoTokenizer.from_pretrained(out, use_fast=False)(s)["input_ids"]
+            want = [sp.bos_id()] + sp.encode(s)
+            t.record("tokenizer", "AutoTokenizer ids == [bos] + sentencepiece", got == want, f"{got[:6]}")
+        except Exception as e:  # noqa: BLE001
+            t.record("tokenizer", "AutoTokenizer loads", False, f"{type(e).__name__}: {e}"[:40])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvshift", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    torch.set_num_threads(2)
+    if HF:
+        transformers.logging.set_verbosity_error()
+        print(f"mode: transformers {transformers.__version__} ({sys.executable}), torch {torch.__version__}")
+    else:
+        print(f"mode: pure-torch core (transformers not importable by {sys.executable}; run scripts/setup.sh "
+              f"for .venv-hf), torch {torch.__version__}")
+    t = Tally()
+    try:
+        vanilla = export_cases(t, a.kvshift, a.workdir)
+        trained_case(t, a.kvshift, a.workdir)
+        src = import_cases(t, a.kvshift, a.workdir, vanilla)
+        error_cases(t, a.kvshift, a.workdir, vanilla, src)
+        tokenizer_case(t, a.kvshift, a.workdir, vanilla)
+    except Exception as e:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        t.record("driver", "ran to the end", False, f"{type(e).__name__}")
+    print(f"{t.passed} passed, {t.failed} failed")
+    for f in t.failures:
+        print("FAILED:", f)
+    return 1 if t.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+// `kvshift train` under torchrun-style variables (docs/LAUNCH.md): the world
+// backend chosen for each launcher and device, a CPU run on 2 torchrun ranks
+// failing at once on both with the mpirun hint (no hang, nothing written), and
+// a torchrun world of one training as a single process. The bootstrap itself
+// (joins, a missing rank) is tested with dist-check in test_launch.cpp.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "dist/world.h"
+#include "test_util.h"
+
+namespace {
+
+using kvs::dist::LaunchInfo;
+using kvs::dist::world_backend;
+using kvs::testing_util::CommandResult;
+using kvs::testing_util::TmpDir;
+
+LaunchInfo launch(const std::string& launcher, int rank, int world) {
+  LaunchInfo l;
+  l.launcher = launcher;
+  l.rank = rank;
+  l.world_size = world;
+  l.local_rank = rank;
+  l.local_world_size = world;
+  return l;
+}
+
+// A tiny model whose head_dim (16) the CUDA engine accepts too.
+std::string tiny_config(const std::string& device) {
+  return R"({"name": "torchrun", "device": ")" + device + R"(",
+    "model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 32, "max_position_embeddings": 16,
+              "kv_shift": {"enabled": true}},
+    "data": {"type": "induction", "induction": {"token_lo": 2, "token_hi": 32, "pool_size": 8}},
+    "train": {"seq_len": 16, "micro_batch_size": 2, "grad_accum_steps": 2, "steps": 3, "warmup_steps": 1,
+              "eval_every": 3, "eval_sequences": 4, "checkpoint_every": 3, "threads": 1}})";
+}
+
+// torchrun's variables for one rank; `timeout` ends a hang as a failed test.
+std::string torchrun_env(int rank, int world) {
+  return "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK -u KVS_BOOTSTRAP_PORT "
+         "KVS_BOOTSTRAP_TIMEOUT_S=5 RANK=" +
+         std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) + " LOCAL_RANK=" + std::to_string(rank) +
+         " LOCAL_WORLD_SIZE=" + std::to_string(world) +
+         (world > 1 ? " MASTER_ADDR=127.0.0.1 MASTER_PORT=29400" : "") + " timeout 60 ";
+}
+
+CommandResult finish(FILE* p) {
+  CommandResult r{0, ""};
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(LaunchWorld, BackendForEachLauncherAndDevice) {
+  for (const char* dev : {"cpu", "cuda"}) {
+    EXPECT_EQ(world_backend(LaunchInfo{}, dev), "single");
+    EXPECT_EQ(world_backend(launch("mpirun", 1, 4), dev), "mpi");
+    EXPECT_EQ(world_backend(launch("torchrun", 0, 1), dev), "single");  // a torchrun world of one
+  }
+  EXPECT_EQ(world_backend(launch("torchrun", 1, 2), "cuda"), "nccl");
+  EXPECT_KVS_ERROR(world_backend(launch("torchrun", 1, 4), "cpu"), "rank 1/4", "torchrun started 4 ranks",
+                   "device \"cpu\"", "mpirun -np 4");
+}
+
+TEST(LaunchWorld, TorchrunCpuRunFailsOnEveryRankAtOnce) {
+  TmpDir tmp;
+  kvs::testing_util::spit(tmp / "c.json", tiny_config("cpu"));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<FILE*> procs;
+  for (int r = 0; r < 2; ++r) {
+    const std::string cmd = torchrun_env(r, 2) + KVS_BINARY + " train --quiet --config " + (tmp / "c.json") +
+                            " --run-dir " + (tmp / "run") + " 2>&1";
+    procs.push_back(::popen(cmd.c_str(), "r"));
+    ASSERT_NE(procs.back(), nullptr);
+  }
+  for (int r = 0; r < 2; ++r) {
+    const CommandResult res = finish(procs[r]);
+    EXPECT_EQ(res.code, 1) << res.out;  // not 124 (timeout: a hang)
+    EXPECT_NE(res.out.find("kvshift: error: rank " + std::to_string(r) +
+                           "/2: torchrun started 2 ranks on device \"cpu\""),
+              std::string::npos)
+        << res.out;
+    EXPECT_NE(res.out.find("mpirun -np 2 kvshift"), std::string::npos) << res.out;
+  }
+  // Detected from the environment alone: no bootstrap wait, no files written.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  EXPECT_FALSE(std::filesystem::exists(tmp / "run")) << "a failed launch wrote its run directory";
+}
+
+TEST(LaunchWorld, TorchrunWorldOfOneTrains) {
+  TmpDir tmp;
+  kvs::testing_util::spit(tmp / "c.json", tiny_config("cpu"));
+  const auto r = kvs::testing_util::run_kvshift(
+      "train --quiet --config " + (tmp / "c.json") + " --run-dir " + (tmp / "run"), torchrun_env(0, 1));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parallel layout: dp 1, tp 1, backend single"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 steps"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run/metrics.jsonl"));
+}
+
+#ifndef KVS_CUDA
+// GPU runs under torchrun need NCCL: a CPU-only build says so on every rank.
+TEST(LaunchWorld, TorchrunCudaNeedsACudaBuild) {
+  TmpDir tmp;
+  kvs::testing_util::spit(tmp / "c.json", tiny_config("cuda"));
+  const auto r = kvs::testing_util::run_kvshift(
+      "train --quiet --config " + (tmp / "c.json") + " --run-dir " + (tmp / "run"), torchrun_env(1, 2));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("kvshift: error: rank 1: device \"cuda\" under torchrun needs NCCL"), std::string::npos)
+      << r.out;
+}
+#endif
+
+}  // namespace

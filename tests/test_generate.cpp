@@ -41,6 +41,8 @@ struct Variant {
   const char* pe = "rope";
   int kv_heads = 2;
   bool tied = false;
+  const char* docs = "none";  // model.document_boundaries
+  int bos = -1;               // model.bos_token_id (3: position 2 of kPrompt)
 };
 
 const Variant kVariants[] = {
@@ -56,6 +58,9 @@ const Variant kVariants[] = {
     {"shift_nope", true, 1, true, true, false, "free", "none"},
     {"vanilla", false},
     {"vanilla_nope_tied", false, 1, true, true, false, "free", "none", 2, true},
+    {"docs_shift_w2", true, 2, true, true, false, "free", "rope", 2, false, "shift", 3},
+    {"docs_attention_shift_q", true, 1, true, true, true, "free", "rope", 2, false, "shift_and_attention", 3},
+    {"docs_attention_vanilla", false, 1, true, true, false, "free", "rope", 2, false, "shift_and_attention", 3},
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -79,6 +84,8 @@ kvs::ModelConfig model_of(const Variant& v) {
   m.kv_shift.shift_v = v.shift_v;
   m.kv_shift.shift_q = v.shift_q;
   m.kv_shift.parametrization = v.parametrization;
+  m.document_boundaries = v.docs;
+  m.bos_token_id = v.bos;
   return m;
 }
 
@@ -161,8 +168,20 @@ TEST_P(GenerateVariant, BlockPrefillEqualsFullForward) {
   const std::vector<float> params = params_of(m);
   std::vector<int32_t> ids;
   for (int i = 0; i < 20; ++i) ids.push_back(static_cast<int32_t>(kvs::splitmix64(i + 100) % m.vocab_size));
+  if (m.bos_token_id >= 0) {
+    for (int32_t& id : ids)
+      if (id == m.bos_token_id) id = m.bos_token_id + 1;
+    // Documents start inside a prefill block, at a step, and twice in a row.
+    for (int at : {5, 11, 12}) ids[at] = m.bos_token_id;
+  }
   const std::vector<float> ref = full_logits(m, params, ids);
   const size_t V = m.vocab_size;
+  if (m.document_boundaries != "none") {  // the boundaries matter, so matching them means something
+    kvs::ModelConfig packed = m;
+    packed.document_boundaries = "none";
+    const std::vector<float> other = full_logits(packed, params, ids);
+    EXPECT_GT(worst_ratio(other, ref, ref.size()), 100.0);
+  }
   for (int chunk : {3, 64}) {
     kvs::Generator g(m, params, static_cast<int>(ids.size()), {kvs::ShiftHistory::Raw, chunk});
     const int n_prompt = 10;

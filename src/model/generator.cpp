@@ -83,11 +83,14 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   up_.assign(R * F, 0.0f);
   h_.assign(R * F, 0.0f);
   shift_out_.assign((W + R) * std::max(QD, KD), 0.0f);
+  doc_.assign(R, 0);
+  win_doc_.assign(W + R, 0);
   logits_.assign(m.vocab_size, 0.0f);
 }
 
 void Generator::reset() {
   pos_ = 0;
+  doc_start_ = 0;
   for (LayerCache& c : cache_) {
     std::fill(c.kwin.begin(), c.kwin.end(), 0.0f);  // the shift's zeros before position 0
     std::fill(c.vwin.begin(), c.vwin.end(), 0.0f);
@@ -101,7 +104,8 @@ void Generator::shift_block(std::vector<float>& win, const float* coef, int H, i
   float* fresh = win.data() + W * row;  // the n new raw rows
   // Rows 0..W-1 only feed the new rows; their own outputs (which would see
   // zeros before them) are discarded.
-  cpu::kv_shift_forward(shift_out_.data(), win.data(), coef, 1, W + n, H, D, W);
+  const bool docs = m_.document_boundaries != "none";
+  cpu::kv_shift_forward(shift_out_.data(), win.data(), coef, 1, W + n, H, D, W, docs ? win_doc_.data() : nullptr);
   std::copy(shift_out_.data() + W * row, shift_out_.data() + (W + n) * row, out);
   if (opt_.history == ShiftHistory::Mixed) std::copy(out, out + n * row, fresh);
   if (opt_.history == ShiftHistory::Zeros) std::fill(fresh, fresh + n * row, 0.0f);
@@ -109,21 +113,21 @@ void Generator::shift_block(std::vector<float>& win, const float* coef, int H, i
   std::memmove(win.data(), win.data() + n * row, W * row * sizeof(float));
 }
 
-// Causal attention of one query row over cache rows 0..n-1 (grouped-query:
+// Causal attention of one query row over cache rows [first, end) (grouped-query:
 // query head h reads KV head h / (Hq / Hkv)), scale 1/sqrt(D).
-void Generator::attend(float* out, const float* q, const LayerCache& c, int n) {
+void Generator::attend(float* out, const float* q, const LayerCache& c, int first, int end) {
   const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
   const size_t KD = m_.kv_dim();
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // Threads only pay off once the context is long.
-#pragma omp parallel for schedule(static) if (static_cast<long>(n) * Hq * D > (1L << 16))
+#pragma omp parallel for schedule(static) if (static_cast<long>(end - first) * Hq * D > (1L << 16))
   for (int h = 0; h < Hq; ++h) {
     const float* qh = q + static_cast<size_t>(h) * D;
     const size_t koff = static_cast<size_t>(h / group) * D;
     float* s = scores_.data() + static_cast<size_t>(h) * max_len_;
     float mx = -INFINITY;
-    for (int j = 0; j < n; ++j) {
+    for (int j = first; j < end; ++j) {
       const float* kr = c.khat.data() + j * KD + koff;
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += qh[d] * kr[d];
@@ -131,14 +135,14 @@ void Generator::attend(float* out, const float* q, const LayerCache& c, int n) {
       mx = std::max(mx, s[j]);
     }
     float sum = 0.0f;
-    for (int j = 0; j < n; ++j) {
+    for (int j = first; j < end; ++j) {
       s[j] = std::exp(s[j] - mx);
       sum += s[j];
     }
     const float inv = 1.0f / sum;
     float* oh = out + static_cast<size_t>(h) * D;
     std::fill(oh, oh + D, 0.0f);
-    for (int j = 0; j < n; ++j) {
+    for (int j = first; j < end; ++j) {
       const float p = s[j] * inv;
       const float* vr = c.vhat.data() + j * KD + koff;
       for (int d = 0; d < D; ++d) oh[d] += p * vr[d];
@@ -174,6 +178,18 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
   float* ln = ln_.data();
   float* q = q_.data();
 
+  // Documents (model.document_boundaries): a BOS starts one at its own position.
+  if (m_.document_boundaries != "none") {
+    for (int i = 0; i < n; ++i) {
+      if (tokens[i] == m_.bos_token_id) doc_start_ = t + i;
+      doc_[i] = doc_start_;
+    }
+    // Window row r holds position t - W + r; rows before a document's start are zero history.
+    for (int r = 0; r < W; ++r) win_doc_[r] = r;  // the past rows' own outputs are discarded
+    for (int i = 0; i < n; ++i) win_doc_[W + i] = std::max(0, doc_[i] - (t - W));
+  }
+  const bool doc_attention = m_.document_boundaries == "shift_and_attention";
+
   cpu::embedding_forward(x, tokens, P_.embed, n, C);
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
     const LayerView& w = P_.layers[l];
@@ -207,7 +223,8 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
       cpu::rope_forward(q, q, cos, sin, 1, n, Hq, D);
     }
     for (int i = 0; i < n; ++i)
-      attend(att_.data() + static_cast<size_t>(i) * QD, q + static_cast<size_t>(i) * QD, c, t + i + 1);
+      attend(att_.data() + static_cast<size_t>(i) * QD, q + static_cast<size_t>(i) * QD, c, doc_attention ? doc_[i] : 0,
+             t + i + 1);
     cpu::matmul_forward(proj_.data(), att_.data(), w.wo, n, QD, C);
     cpu::residual_forward(x, x, proj_.data(), nC);
 

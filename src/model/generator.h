@@ -10,6 +10,8 @@
 //     the shift and before RoPE. The shift of position t mixes its raw
 //     projection with the raw ones of t-1..t-W: mixing with the already-shifted
 //     K̂_{t-1} (or with zeros) would give a different model than the one trained.
+// With model.document_boundaries, a BOS token restarts the shift (and, for
+// "shift_and_attention", the attention) as CpuEngine does for packed documents.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -71,13 +73,19 @@ class Generator {
   // The raw projections of the n new positions are in rows W.. of `win`:
   // shifts them into `out` [n, row] and moves the window on by n positions.
   void shift_block(std::vector<float>& win, const float* coef, int H, int n, float* out);
-  void attend(float* out, const float* q, const LayerCache& c, int n_keys);
+  // Query row over cache rows [first, end).
+  void attend(float* out, const float* q, const LayerCache& c, int first, int end);
 
   ModelConfig m_;
   ParamLayout layout_;
   std::vector<float> params_;
   ModelView P_;
   int max_len_, pos_ = 0;
+  // model.document_boundaries: where the current document started (a BOS
+  // starts one), and per row of a block: its document's start (doc_) and, in
+  // the shift window's coordinates, the first row that is not zero history (win_doc_).
+  int doc_start_ = 0;
+  std::vector<int32_t> doc_, win_doc_;
   GeneratorOptions opt_;
   int chunk_;  // rows per block
   std::vector<LayerCache> cache_;

@@ -12,6 +12,8 @@ PACKAGES=(
   python3 python3-torch python3-numpy python3-matplotlib
   # the tokenizer: sentencepiece's C++ library (training + encoding), its CLI and Python module
   libsentencepiece-dev sentencepiece python3-sentencepiece
+  # the real-text corpus (scripts/prepare_corpus.sh): the kernel's English documentation, 21 MB of .rst text
+  linux-doc
 )
 
 missing=()

@@ -99,12 +99,12 @@ TEST(Config, EveryShippedFileLoadsAndValidates) {
                            "paper/19B-vanilla", "paper/19B-kvshift", "toy/induction-1l-kvshift",
                            "toy/induction-1l-vanilla", "toy/lm-small-kvshift", "toy/lm-small-vanilla",
                            "toy/ngram-1l-kvshift", "toy/ngram-1l-vanilla", "toy/hopk-2l-kvshift",
-                           "toy/hopk-2l-vanilla"})
+                           "toy/hopk-2l-vanilla", "toy/lm-text-kvshift", "toy/lm-text-vanilla"})
     EXPECT_TRUE(fs::exists(kRoot + "/configs/" + name + ".json")) << name;
 }
 
 TEST(Config, ShippedPairsDifferOnlyInTheShift) {
-  for (const char* stem : {"toy/induction-1l", "toy/lm-small", "toy/ngram-1l", "toy/hopk-2l", "paper/1.5B", "paper/2.9B", "paper/6.7B", "paper/13B",
+  for (const char* stem : {"toy/induction-1l", "toy/lm-small", "toy/lm-text", "toy/ngram-1l", "toy/hopk-2l", "paper/1.5B", "paper/2.9B", "paper/6.7B", "paper/13B",
                            "paper/19B"}) {
     SCOPED_TRACE(stem);
     auto k = kvs::load_config(kRoot + "/configs/" + stem + "-kvshift.json");

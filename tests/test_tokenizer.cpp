@@ -87,6 +87,8 @@ TEST(TokenizerTrain, ByteFallbackAndSplitDigits) {
   for (int32_t id : crab)
     if (id >= 3 && id < 259) bytes.push_back(id - 3);
   EXPECT_EQ(bytes, (std::vector<int32_t>{0xF0, 0x9F, 0xA6, 0x80})) << "ids: " << ::testing::PrintToString(crab);
+  EXPECT_EQ(t->id_to_piece(3 + 0xF0), "<0xF0>");
+  EXPECT_EQ(t->id_to_piece(1), "<s>");
   // split_digits: every digit is its own piece (a leading "▁" piece is allowed).
   const auto ids = t->encode("9876543210");
   std::string digits;
@@ -134,12 +136,28 @@ TEST(TokenizerTrain, SubsampleIsEvenlySpacedAndDeterministic) {
   EXPECT_EQ(slurp(tmp / "t1/tokenizer.model"), slurp(tmp / "t2/tokenizer.model"));
 }
 
+// sentencepiece drops sentences over 4192 bytes; we cut long lines instead.
+TEST(TokenizerTrain, LongLinesAreCutNotDropped) {
+  TmpDir tmp;
+  std::string line;
+  for (int i = 0; i < 3000; ++i) line += i % 3 ? "kernel memory " : "scheduler ";
+  spit(tmp / "long.txt", line + "\n");
+  TokenizerTrainOptions o;
+  o.inputs = {tmp / "long.txt"};
+  o.vocab_size = 300;
+  o.out = tmp / "tok";
+  const auto r = train_tokenizer(o);
+  EXPECT_EQ(r.sentences_total, static_cast<int64_t>((line.size() - 1) / 4192 + 1));
+  auto t = load_tokenizer(o.out);
+  EXPECT_EQ(t->encode("scheduler kernel memory").size(), 3u) << "the long line was learned from";
+}
+
 TEST(TokenizerTrain, InputErrorsNameTheFileAndLeaveNoOutput) {
   TmpDir tmp;
   spit(tmp / "good.txt", corpus_text(50, 1));
   spit(tmp / "bad.txt", "fine text\nthen \xff a bad byte\n");
   spit(tmp / "empty.txt", "");
-  spit(tmp / "blank.txt", "\n\n\n");
+  spit(tmp / "blank.txt", "\n \n\t\n");
   TokenizerTrainOptions o;
   o.vocab_size = 400;
   o.out = tmp / "tok";

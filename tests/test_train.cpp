@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "train/checkpoint.h"
+#include "train/model_io.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -216,4 +217,36 @@ TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {
     for (double l : full.losses) ASSERT_TRUE(std::isfinite(l));
     EXPECT_LT(full.losses.back(), full.losses.front());
   }
+}
+
+// --init-from: a fresh run (step 0, fresh optimizer) starts from a
+// checkpoint's weights. With lr 0 the first step changes nothing, so its
+// checkpoint holds exactly the source weights; a different model is an error.
+TEST(Train, InitFromStartsFromTheCheckpointWeights) {
+  Config c = tiny_induction(true);
+  c.train.steps = 3;
+  const std::string src = fresh_dir("init_src");
+  kvs::train(c, {src, false, true});
+  const std::string ck = kvs::latest_checkpoint(src + "/checkpoints");
+  Config d = c;
+  d.train.steps = 1;
+  d.train.lr = 0;
+  d.train.min_lr = 0;
+  d.train.weight_decay = 0;
+  d.train.seed = c.train.seed + 1;  // a different seed: the weights must come from the checkpoint
+  const std::string dst = fresh_dir("init_dst");
+  kvs::TrainOptions o{dst, false, true};
+  o.init_from = ck;
+  kvs::train(d, o);
+  const auto a = kvs::read_checkpoint(ck), b = kvs::read_checkpoint(kvs::latest_checkpoint(dst + "/checkpoints"));
+  ASSERT_EQ(a.data.model.size(), b.data.model.size());
+  for (size_t i = 0; i < a.data.model.size(); ++i)
+    EXPECT_EQ(kvs::tensor_to_f32(a.data.model[i]), kvs::tensor_to_f32(b.data.model[i])) << a.data.model[i].name;
+  EXPECT_EQ(b.data.trainer_state["step"], 1);
+
+  Config other = d;
+  other.model.kv_shift.enabled = false;
+  kvs::TrainOptions o2{fresh_dir("init_bad"), false, true};
+  o2.init_from = ck;
+  EXPECT_KVS_ERROR(kvs::train(other, o2), {"--init-from", ck, "differs from the config's model"});
 }

@@ -6,11 +6,13 @@
 #include "data/induction.h"
 #include "data/ngram.h"
 #include "data/shard_dataset.h"
+#include "data/tokenizer_check.h"
 
 namespace kvs {
 
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
                                       const std::string& config_dir) {
+  if (!cfg.tokenizer.empty()) check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
   if (cfg.type == "induction") return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
   if (cfg.type == "ngram") return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);
   if (cfg.type == "hopk") return std::make_unique<HopkDataset>(cfg.hopk, seq_len, vocab_size, seed);

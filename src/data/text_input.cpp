@@ -43,6 +43,22 @@ std::string read_text_file(const std::string& path) {
   return s;
 }
 
+std::vector<std::string> read_input_list(const std::string& list_file) {
+  const std::string text = read_file(list_file);
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(pos, nl - pos);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line[0] != '#') out.push_back(line);
+    pos = nl + 1;
+  }
+  KVS_CHECK(!out.empty(), "{}: the input list names no files", list_file);
+  return out;
+}
+
 void validate_doc_split(const DocSplit& s) {
   KVS_CHECK(s.mode == "file" || s.mode == "blank-lines" || s.mode == "lines",
             "--doc-split must be file, blank-lines or lines (got \"{}\")", s.mode);

@@ -17,6 +17,10 @@ size_t first_invalid_utf8(std::string_view s);
 // "<path>: not UTF-8 text: invalid byte 0xff at byte offset 1234".
 std::string read_text_file(const std::string& path);
 
+// The paths listed in `list_file`, one per line (blank lines and lines starting
+// with '#' skipped), for corpora with more files than a command line holds.
+std::vector<std::string> read_input_list(const std::string& list_file);
+
 // How a file is cut into documents (docs/DATA.md, "data prepare"):
 //   "file"        the whole file is one document;
 //   "blank-lines" documents are separated by one or more empty lines;

@@ -53,7 +53,7 @@ const std::vector<Section>& schema() {
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
         "checkpoint_every", "log_every", "threads", "recompute"}},
-      {"data", {"type", "induction", "ngram", "hopk", "shards"}},
+      {"data", {"type", "induction", "ngram", "hopk", "shards", "tokenizer"}},
       {"data.induction", {"token_lo", "token_hi", "pool_size", "max_repeats", "pad_token"}},
       {"data.ngram", {"token_lo", "token_hi", "num_pairs", "table_seed"}},
       {"data.hopk", {"token_lo", "token_hi", "k"}},
@@ -472,6 +472,7 @@ Config config_from_json(const json& j, const std::string& origin) {
     Obj o(*v, origin, "data");
     check_keys(*v, origin, "data", find_section("data")->keys);
     o.get("type", c.data.type);
+    o.get("tokenizer", c.data.tokenizer);
     if (auto* iv = o.find("induction")) {
       Obj io(*iv, origin, "data.induction");
       check_keys(*iv, origin, "data.induction", find_section("data.induction")->keys);
@@ -682,7 +683,7 @@ void validate(const Config& c, const std::string& origin) {
 json to_json(const Config& c) {
   const TrainConfig& t = c.train;
   const DataConfig& d = c.data;
-  return json{
+  json j = json{
       {"name", c.name},
       {"device", c.device},
       {"model", model_keys_to_json(c.model)},
@@ -724,6 +725,9 @@ json to_json(const Config& c) {
         {"shards", {{"train", d.shards.train}, {"val", d.shards.val}, {"val_fraction", d.shards.val_fraction}}}}},
       {"parallel", {{"tp", c.parallel.tp}}},
   };
+  // Absent = none, so configs without a tokenizer (toy tasks, byte corpus) round-trip unchanged.
+  if (!d.tokenizer.empty()) j["data"]["tokenizer"] = d.tokenizer;
+  return j;
 }
 
 json model_to_hf_json(const ModelConfig& m) {

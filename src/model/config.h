@@ -102,6 +102,10 @@ struct DataConfig {
   NgramDataConfig ngram;
   HopkDataConfig hopk;
   ShardDataConfig shards;
+  // The tokenizer directory the data was prepared with (relative to the config
+  // file; "" = none: the toy tasks and the byte corpus). Its vocab_size must not
+  // exceed model.vocab_size; generate/export-hf read it.
+  std::string tokenizer;
 
   bool operator==(const DataConfig&) const = default;
 };

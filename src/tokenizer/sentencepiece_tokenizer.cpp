@@ -52,6 +52,10 @@ class SentencePieceTokenizer final : public Tokenizer {
     KVS_CHECK(st.ok(), "{}: sentencepiece cannot decode: {}", dir_, st.ToString());
     return out;
   }
+  std::string id_to_piece(int32_t id) const override {
+    KVS_CHECK(id >= 0 && id < meta_.vocab_size, "{}: id {} is outside [0, {})", dir_, id, meta_.vocab_size);
+    return sp_.IdToPiece(id);
+  }
   std::string describe() const override {
     return "sentencepiece " + meta_.model_type + ", " + std::to_string(meta_.vocab_size) + " pieces (" + dir_ + ")";
   }

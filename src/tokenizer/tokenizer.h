@@ -26,6 +26,9 @@ class Tokenizer {
   // Special tokens decode to nothing. Streaming callers decode the whole
   // prefix and print what is new (a piece may complete a multi-byte character).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The vocabulary entry of `id` for display ("▁The", "<0x0A>", "<s>");
+  // by default its decoded text.
+  virtual std::string id_to_piece(int32_t id) const { return decode({id}); }
   // One line for logs: "sentencepiece bpe, 8000 pieces (tok/)" / "bytes (256)".
   virtual std::string describe() const = 0;
 };

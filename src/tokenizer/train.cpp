@@ -2,12 +2,12 @@
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string_view>
 #include <unordered_map>
 
+#include "core/atomic_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/sha256.h"
@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// sentencepiece skips sentences longer than this (Llama 2's value); we cut long
+// Every non-blank line is a sentence. sentencepiece skips sentences longer than this (Llama 2's value); we cut long
 // lines instead, at a space or at least at a character boundary.
 constexpr size_t kMaxSentenceBytes = 4192;
 
@@ -31,6 +31,8 @@ void for_each_sentence(std::string_view text, F&& f) {
     if (nl == std::string_view::npos) nl = text.size();
     std::string_view line = text.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    pos = nl + 1;
+    if (line.find_first_not_of(" \t\f\v") == std::string_view::npos) continue;  // blank: nothing to learn
     while (line.size() > kMaxSentenceBytes) {
       size_t cut = line.rfind(' ', kMaxSentenceBytes);
       if (cut == std::string_view::npos || cut == 0) {
@@ -41,7 +43,6 @@ void for_each_sentence(std::string_view text, F&& f) {
       line.remove_prefix(cut);
     }
     if (!line.empty()) f(line);
-    pos = nl + 1;
   }
 }
 
@@ -57,30 +58,6 @@ class VectorIterator : public sentencepiece::SentenceIterator {
   const std::vector<std::string>& v_;
   size_t i_ = 0;
 };
-
-// Writes dir/ under a temp name beside it and renames it into place, so `out`
-// is either absent, the previous tokenizer, or complete.
-void write_dir_atomically(const std::string& out, const std::vector<std::pair<std::string, std::string>>& files) {
-  const fs::path target = fs::absolute(out);
-  const std::string tmp = target.string() + ".tmp." + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  make_dirs(tmp);
-  try {
-    for (const auto& [name, data] : files) atomic_write_file((fs::path(tmp) / name).string(), data);
-    std::string old;
-    if (fs::exists(target)) {
-      old = target.string() + ".old." + std::to_string(::getpid());
-      if (::rename(target.c_str(), old.c_str()) != 0) fail("{}: cannot move the old tokenizer aside", out);
-    }
-    if (::rename(tmp.c_str(), target.c_str()) != 0) fail("{}: cannot rename {} into place", out, tmp);
-    if (!old.empty()) fs::remove_all(old, ec);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-  fsync_path(target.parent_path().string());
-}
 
 }  // namespace
 
@@ -175,10 +152,17 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   trainer["input_bytes"] = r.bytes;
   m.trainer = trainer;  // nlohmann's object is a sorted map: stable bytes
   r.sha256 = m.sha256;
-  write_dir_atomically(o.out,
-                       {{kTokenizerModelFile, model},
-                        {"tokenizer.vocab", vocab},
-                        {kTokenizerMetaFile, tokenizer_meta_json(m).dump(2) + "\n"}});
+  // The directory appears whole or not at all (core/atomic_dir.h).
+  const std::string tmp = begin_atomic_dir(o.out);
+  try {
+    atomic_write_file(tmp + "/" + kTokenizerModelFile, model);
+    atomic_write_file(tmp + "/tokenizer.vocab", vocab);
+    atomic_write_file(tmp + "/" + kTokenizerMetaFile, tokenizer_meta_json(m).dump(2) + "\n");
+    commit_atomic_dir(tmp, o.out, o.force);
+  } catch (...) {
+    abandon_atomic_dir(tmp);
+    throw;
+  }
   return r;
 }
 

@@ -63,7 +63,7 @@ std::string config_dir(const Config& c) {
   return fs::absolute(c.source_path).parent_path().string();
 }
 
-// Shard paths are relative to the config file; the copies saved in the run
+// Shard and tokenizer paths are relative to the config file; the copies saved in the run
 // directory and in checkpoints must work from anywhere, so they are stored absolute.
 Config with_absolute_paths(const Config& in) {
   Config c = in;
@@ -71,7 +71,28 @@ Config with_absolute_paths(const Config& in) {
   for (auto* list : {&c.data.shards.train, &c.data.shards.val})
     for (auto& p : *list)
       if (!fs::path(p).is_absolute()) p = (dir / p).lexically_normal().string();
+  if (!c.data.tokenizer.empty() && !fs::path(c.data.tokenizer).is_absolute())
+    c.data.tokenizer = (dir / c.data.tokenizer).lexically_normal().string();
   return c;
+}
+
+// The weights of checkpoint `dir` for a fresh run of `model`: the
+// architecture must match (training-only keys aside) and every tensor is
+// checked by name and shape.
+std::vector<float> initial_weights_from(const std::string& dir, const ModelConfig& model, const ParamLayout& full) {
+  const LoadedCheckpoint ck = read_checkpoint(dir);
+  auto architecture = [](ModelConfig m) {
+    m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
+    m.document_boundaries = "none";
+    m.bos_token_id = -1;
+    return model_to_hf_json(m);
+  };
+  if (architecture(ck.model) != architecture(model))
+    fail("--init-from {}: the checkpoint's model ({}) differs from the config's model section ({})", dir,
+         architecture(ck.model).dump(), architecture(model).dump());
+  std::vector<float> flat;
+  flat_from_tensors(full, ck.data.model, "", dir + "/model.safetensors", flat);
+  return flat;
 }
 
 }  // namespace
@@ -177,7 +198,12 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               opt.run_dir);
     // The full model is initialised and sliced, so every layout starts from the same weights.
     std::vector<float> init(io.full_layout().total);
-    init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+    if (opt.init_from.empty()) {
+      init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+    } else {
+      init = initial_weights_from(opt.init_from, cfg.model, io.full_layout());
+      if (rank0) spdlog::info("weights from {}", opt.init_from);
+    }
     engine->write_params(io.to_local(init).data());
   }
   // Each rank loaded the full state; from here on it keeps the moments of its shard only.

@@ -29,6 +29,9 @@ struct TrainOptions {
   bool quiet = false;  // no progress line (tests)
   // Every process of the run (dp x tp ranks; docs/PARALLEL.md); null = one process.
   dist::Communicator* comm = nullptr;
+  // A fresh run (not resume) starts from this checkpoint's weights instead of
+  // the seeded initialisation (continued pretraining, e.g. after import-hf).
+  std::string init_from = "";
 };
 
 struct TrainSummary {

@@ -16,6 +16,8 @@ void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench_attention(CLI::App& app);
+void add_tokenizer(CLI::App& app);
+void add_data(CLI::App& app);
 void add_dist_check(CLI::App& app);  // hidden
 void add_dist_selftest(CLI::App& app);  // hidden
 

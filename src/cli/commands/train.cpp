@@ -14,7 +14,7 @@ namespace kvs::cli {
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model from a JSON config (or resume a run)");
   struct Args {
-    std::string config, run_dir;
+    std::string config, run_dir, init_from;
     std::vector<std::string> sets;
     bool resume = false, quiet = false;
   };
@@ -25,6 +25,10 @@ void add_train(CLI::App& app) {
   cmd->add_option("--run-dir", a->run_dir,
                   "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)");
   cmd->add_flag("--resume", a->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_option("--init-from", a->init_from,
+                  "Start a new run (step 0, fresh optimizer) from the weights of a checkpoint directory, e.g. one "
+                  "written by `kvshift import-hf` (the model must match the config's)")
+      ->excludes("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {
     std::string config = a->config;
@@ -54,7 +58,7 @@ void add_train(CLI::App& app) {
       std::exit(1);
     }
     TrainSummary s;
-    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get()}); });
+    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), a->init_from}); });
     if (rank0)
       std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
                 static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);

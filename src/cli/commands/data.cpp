@@ -1,0 +1,66 @@
+// `kvshift data prepare`: text files -> token shards + manifest.json with a
+// trained tokenizer (docs/DATA.md, "data prepare").
+#include <cstdio>
+
+#include "cli/commands/commands.h"
+#include "core/error.h"
+#include "data/prepare.h"
+#include "data/text_input.h"
+
+namespace kvs::cli {
+
+namespace {
+
+void add_data_prepare(CLI::App& parent) {
+  auto* cmd = parent.add_subcommand("prepare", "Tokenize text files into train/val token shards with a manifest");
+  struct Args {
+    PrepareOptions o;
+    std::string input_list;
+    bool quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--tokenizer", a->o.tokenizer, "Tokenizer directory (from `kvshift tokenizer train`)")->required();
+  cmd->add_option("--input", a->o.inputs, "UTF-8 text files, in this order (repeatable)");
+  cmd->add_option("--input-list", a->input_list, "A file listing input paths, one per line (added after --input)");
+  cmd->add_option("--out", a->o.out, "Output directory (written whole under a temp name, then renamed)")->required();
+  cmd->add_option("--val-fraction", a->o.val_fraction,
+                  "Fraction of documents held out for validation: every (1/F)-th document, in input order")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->o.threads, "Encoding threads (0 = every core); the output does not depend on it")
+      ->capture_default_str();
+  cmd->add_option("--doc-split", a->o.split.mode,
+                  "What a document is: file (each file), blank-lines (paragraphs between empty lines) or lines "
+                  "(each line)")
+      ->capture_default_str();
+  cmd->add_option("--doc-delimiter", a->o.split.delimiter,
+                  "Documents are separated by lines equal to this text (e.g. '<|endoftext|>'); overrides --doc-split");
+  cmd->add_option("--shard-tokens", a->o.shard_tokens, "Tokens per shard file (the last one of a split is shorter)")
+      ->capture_default_str();
+  cmd->add_flag("--force", a->o.force, "Replace an existing --out directory");
+  cmd->add_flag("--quiet", a->quiet, "No progress line");
+  // Hidden, for tests: simulate a crash (no clean-up) after this many shards.
+  cmd->add_option("--crash-after-shards", a->o.crash_after_shards)->group("");
+  cmd->callback([a]() {
+    PrepareOptions o = a->o;
+    o.progress = !a->quiet;
+    if (!a->input_list.empty())
+      for (auto& p : read_input_list(a->input_list)) o.inputs.push_back(p);
+    KVS_CHECK(!o.inputs.empty(), "data prepare: give --input FILE... or --input-list FILE");
+    const PrepareResult r = prepare_data(o);
+    std::printf("%s: %lld train tokens (%lld docs), %lld val tokens (%lld docs), %zu shards from %.1f MB in %.1f s "
+                "(%.2f MB/s)\n",
+                o.out.c_str(), static_cast<long long>(r.train_tokens), static_cast<long long>(r.train_docs),
+                static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_docs), r.shards.size(),
+                r.bytes / 1e6, r.seconds, r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0);
+  });
+}
+
+}  // namespace
+
+void add_data(CLI::App& app) {
+  auto* cmd = app.add_subcommand("data", "Prepare training data: text files -> token shards (docs/DATA.md)");
+  cmd->require_subcommand(1);
+  add_data_prepare(*cmd);
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,75 @@
+#include "core/atomic_dir.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace kvs {
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path absolute_target(const std::string& target) {
+  fs::path p = fs::absolute(target).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "out/" -> "out"
+  return p;
+}
+
+bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+// "<name>.tmp.<pid>" / "<name>.old.<pid>" siblings left by runs that died.
+void remove_stale(const fs::path& target) {
+  std::error_code ec;
+  const fs::path parent = target.parent_path();
+  if (!fs::is_directory(parent, ec)) return;
+  const std::string name = target.filename().string();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string f = e.path().filename().string();
+    for (const char* tag : {".tmp.", ".old."}) {
+      const std::string prefix = name + tag;
+      if (f.size() <= prefix.size() || f.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string pid = f.substr(prefix.size());
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (!process_alive(std::stol(pid))) fs::remove_all(e.path(), ec);
+    }
+  }
+}
+
+}  // namespace
+
+std::string begin_atomic_dir(const std::string& target) {
+  const fs::path t = absolute_target(target);
+  remove_stale(t);
+  const std::string tmp = t.string() + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  make_dirs(tmp);
+  return tmp;
+}
+
+void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force) {
+  const fs::path t = absolute_target(target);
+  std::string old;
+  if (fs::exists(t)) {
+    KVS_CHECK(force, "{}: already exists; pass --force to replace it", target);
+    old = t.string() + ".old." + std::to_string(::getpid());
+    if (::rename(t.c_str(), old.c_str()) != 0) fail("{}: cannot move the old directory aside: {}", target, std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), t.c_str()) != 0) fail("{}: cannot rename {} into place: {}", target, tmp, std::strerror(errno));
+  fsync_path(t.parent_path().string());
+  std::error_code ec;
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
+void abandon_atomic_dir(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+}  // namespace kvs

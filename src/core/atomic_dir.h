@@ -1,0 +1,19 @@
+// Output directories that appear whole or not at all: build under
+// "<dir>.tmp.<pid>" beside the target, then rename it into place. A killed
+// run leaves only its ".tmp.<pid>" directory, which the next run removes.
+#pragma once
+#include <string>
+
+namespace kvs {
+
+// The temp directory for `target` (created empty; a stale one of this pid is
+// removed first). Also removes "<target>.tmp.<pid>" / "<target>.old.<pid>"
+// siblings whose process no longer exists.
+std::string begin_atomic_dir(const std::string& target);
+// Renames `tmp` to `target`; an existing `target` is replaced only with
+// `force` (moved aside, then deleted), else an error naming it.
+void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force);
+// Best-effort removal of `tmp` after a failure.
+void abandon_atomic_dir(const std::string& tmp);
+
+}  // namespace kvs

@@ -1,0 +1,46 @@
+// `kvshift data prepare`: text files -> token shards (docs/DATA.md).
+//   - Documents: each input file is cut into documents (DocSplit); each
+//     document becomes BOS + its tokens + EOS (no framing for tokenizers
+//     without BOS/EOS, e.g. bytes).
+//   - Split: document g (0-based, in input order, empty ones dropped) goes to
+//     val iff floor((g+1)*f) > floor(g*f): every (1/f)-th document, no RNG.
+//   - Shards: each split is one token stream cut every `shard_tokens` tokens
+//     into OUT/{train,val}_NNNNNN.bin (u16 if vocab_size <= 65536, else u32).
+//   - Parallel: documents are encoded on `threads` threads and appended in
+//     input order, so the output is byte-identical for any thread count.
+//   - Atomic: everything is written under OUT.tmp.<pid> (shards each written
+//     to a temp name and renamed, manifest.json last) and the directory is
+//     renamed to OUT at the end: OUT is complete or absent.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/text_input.h"
+
+namespace kvs {
+
+struct PrepareOptions {
+  std::string tokenizer;            // tokenizer directory
+  std::vector<std::string> inputs;  // UTF-8 text files, in this order
+  std::string out;                  // output directory (created whole)
+  double val_fraction = 0.05;
+  int threads = 0;                  // 0 = every core
+  int64_t shard_tokens = int64_t(1) << 25;
+  DocSplit split;
+  bool force = false;               // replace an existing `out`
+  bool progress = true;
+  int crash_after_shards = -1;      // tests: _Exit(3) once this many shards are written (a simulated crash)
+};
+
+struct PrepareResult {
+  int64_t bytes = 0, train_tokens = 0, val_tokens = 0, train_docs = 0, val_docs = 0;
+  std::vector<std::string> shards;  // file names, train then val
+  double seconds = 0;
+};
+
+PrepareResult prepare_data(const PrepareOptions& o);
+// Bytes per token in the shards: 2 (u16) if every id fits, else 4 (u32).
+inline uint32_t shard_token_bytes(int vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+}  // namespace kvs

@@ -1,0 +1,386 @@
+// `data prepare`: framing, the val split rule, shard cutting, determinism across
+// runs and thread counts, input errors, the crash guarantee, document splitting,
+// UTF-8 validation, and the data.tokenizer config key.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/sha256.h"
+#include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/shards.h"
+#include "data/text_input.h"
+#include "model/config.h"
+#include "test_util.h"
+#include "text_corpus_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvs {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::corpus_text;
+using testing_util::run_kvshift;
+using testing_util::shared_tokenizer_dir;
+using testing_util::slurp;
+using testing_util::spit;
+using testing_util::TmpDir;
+
+std::vector<uint32_t> read_tokens(const std::string& path) {
+  ShardFile f(path);
+  std::vector<uint32_t> v(f.size());
+  for (uint64_t i = 0; i < f.size(); ++i) v[i] = f.token(i);
+  return v;
+}
+
+// Every token of a split, shards in order.
+std::vector<uint32_t> split_stream(const std::string& dir, const std::string& split) {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(split + "_", 0) == 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::vector<uint32_t> all;
+  for (const auto& f : files) {
+    const auto t = read_tokens(f);
+    all.insert(all.end(), t.begin(), t.end());
+  }
+  return all;
+}
+
+std::vector<uint32_t> framed(const Tokenizer& tok, const std::vector<std::string>& docs) {
+  std::vector<uint32_t> out;
+  for (const auto& d : docs) {
+    out.push_back(1);
+    for (int32_t id : tok.encode(d)) out.push_back(static_cast<uint32_t>(id));
+    out.push_back(2);
+  }
+  return out;
+}
+
+PrepareOptions options(const TmpDir& tmp, std::vector<std::string> inputs, const std::string& out) {
+  PrepareOptions o;
+  o.tokenizer = shared_tokenizer_dir();
+  o.inputs = std::move(inputs);
+  o.out = tmp / out;
+  o.progress = false;
+  return o;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(DataPrepare, FramesEveryDocumentWithBosAndEos) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", "the model learns.\n");
+  spit(tmp / "b.txt", "café naïve 1234\n\nsecond paragraph\n");
+  auto o = options(tmp, {tmp / "a.txt", tmp / "b.txt"}, "out");
+  o.val_fraction = 0;
+  const auto r = prepare_data(o);
+  const auto tok = load_tokenizer(o.tokenizer);
+  // One document per file (the file's last line break is not part of it).
+  const auto expected = framed(*tok, {"the model learns.", "café naïve 1234\n\nsecond paragraph"});
+  EXPECT_EQ(split_stream(o.out, "train"), expected);
+  EXPECT_EQ(r.train_tokens, static_cast<int64_t>(expected.size()));
+  EXPECT_EQ(r.train_docs, 2);
+  EXPECT_EQ(r.val_docs, 0);
+  EXPECT_EQ(names_in(o.out), (std::vector<std::string>{"manifest.json", "train_000000.bin"}));
+
+  // blank-lines: the second file holds two documents.
+  o.out = tmp / "para";
+  o.split.mode = "blank-lines";
+  prepare_data(o);
+  EXPECT_EQ(split_stream(o.out, "train"),
+            framed(*tok, {"the model learns.", "café naïve 1234", "second paragraph"}));
+}
+
+TEST(DataPrepare, ValIsEveryOneOverFthDocumentAndManifestCounts) {
+  TmpDir tmp;
+  std::string text;
+  std::vector<std::string> docs;
+  for (int i = 0; i < 20; ++i) {
+    docs.push_back("document number " + std::to_string(i) + " of the corpus");
+    text += docs.back() + "\n";
+  }
+  spit(tmp / "docs.txt", text);
+  auto o = options(tmp, {tmp / "docs.txt"}, "out");
+  o.split.mode = "lines";
+  o.val_fraction = 0.1;  // g = 9 and g = 19
+  const auto r = prepare_data(o);
+  const auto tok = load_tokenizer(o.tokenizer);
+  std::vector<std::string> train_docs, val_docs;
+  for (int i = 0; i < 20; ++i) (i == 9 || i == 19 ? val_docs : train_docs).push_back(docs[i]);
+  EXPECT_EQ(split_stream(o.out, "train"), framed(*tok, train_docs));
+  EXPECT_EQ(split_stream(o.out, "val"), framed(*tok, val_docs));
+
+  const auto m = nlohmann::json::parse(slurp(o.out + "/manifest.json"));
+  EXPECT_EQ(m["splits"]["train"]["documents"], 18);
+  EXPECT_EQ(m["splits"]["val"]["documents"], 2);
+  EXPECT_EQ(m["splits"]["train"]["tokens"], r.train_tokens);
+  EXPECT_EQ(m["splits"]["val"]["tokens"], r.val_tokens);
+  EXPECT_EQ(m["tokenizer"]["sha256"], sha256_file(o.tokenizer + "/tokenizer.model"));
+  EXPECT_EQ(m["token_bytes"], 2);
+  EXPECT_EQ(m["framing"]["bos_id"], 1);
+  EXPECT_EQ(m["framing"]["eos_id"], 2);
+  ASSERT_EQ(m["sources"].size(), 1u);
+  EXPECT_EQ(m["sources"][0]["path"], tmp / "docs.txt");
+  EXPECT_EQ(m["sources"][0]["bytes"], text.size());
+  EXPECT_EQ(m["sources"][0]["sha256"], sha256_hex(text));
+  EXPECT_EQ(m["sources"][0]["documents"], 20);
+}
+
+TEST(DataPrepare, ShardsAreCutEveryShardTokens) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(120, 11));
+  auto o = options(tmp, {tmp / "a.txt"}, "out");
+  o.split.mode = "lines";
+  o.val_fraction = 0;
+  prepare_data(o);
+  const auto whole = split_stream(o.out, "train");
+  o.out = tmp / "cut";
+  o.shard_tokens = 100;
+  const auto r = prepare_data(o);
+  const auto m = nlohmann::json::parse(slurp(o.out + "/manifest.json"));
+  const auto& shards = m["splits"]["train"]["shards"];
+  ASSERT_EQ(shards.size(), (whole.size() + 99) / 100);
+  ASSERT_GT(shards.size(), 3u);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string path = o.out + "/" + shards[i]["file"].get<std::string>();
+    EXPECT_EQ(shards[i]["file"], fmt::format("train_{:06d}.bin", i));
+    EXPECT_EQ(shards[i]["tokens"], i + 1 < shards.size() ? 100u : whole.size() - 100 * i);
+    EXPECT_EQ(shards[i]["sha256"], sha256_file(path));
+    EXPECT_EQ(slurp(path).substr(12, 4), std::string("\x02\0\0\0", 4)) << "u16 shards";
+  }
+  EXPECT_EQ(split_stream(o.out, "train"), whole);
+  EXPECT_EQ(r.shards.size(), shards.size());
+  EXPECT_EQ(shard_token_bytes(65536), 2u);
+  EXPECT_EQ(shard_token_bytes(65537), 4u);
+}
+
+TEST(DataPrepare, ByteIdenticalAcrossRunsAndThreadCounts) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(300, 21));
+  spit(tmp / "b.txt", corpus_text(200, 22));
+  spit(tmp / "c.txt", corpus_text(5, 23));
+  auto o = options(tmp, {tmp / "a.txt", tmp / "b.txt", tmp / "c.txt"}, "t1");
+  o.split.mode = "blank-lines";
+  o.val_fraction = 0.2;
+  o.shard_tokens = 700;
+  o.threads = 1;
+  prepare_data(o);
+  for (const auto& [name, threads] : std::vector<std::pair<std::string, int>>{{"t2", 2}, {"t2b", 2}, {"t3", 3}}) {
+    o.out = tmp / name;
+    o.threads = threads;
+    prepare_data(o);
+    const auto files = names_in(tmp / "t1");
+    ASSERT_EQ(names_in(o.out), files);
+    ASSERT_GT(files.size(), 4u);  // several train and val shards
+    for (const auto& f : files) EXPECT_EQ(slurp(o.out + "/" + f), slurp(tmp / "t1/" + f)) << name << "/" << f;
+  }
+}
+
+TEST(DataPrepare, BadInputIsOneLineNamingTheFileAndLeavesNothing) {
+  TmpDir tmp;
+  spit(tmp / "good.txt", "fine text\n");
+  spit(tmp / "bad.txt", "caf\xc3\xa9 ok, then \xc3\x28 broken\n");
+  spit(tmp / "empty.txt", "");
+  spit(tmp / "blank.txt", " \n\n\t\n");
+  fs::create_directories(tmp / "adir");
+  auto o = options(tmp, {tmp / "good.txt", tmp / "bad.txt"}, "out");
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "bad.txt", "not UTF-8", "0xc3", "byte offset 15");
+  o.inputs = {tmp / "good.txt", tmp / "missing.txt"};
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "missing.txt", "cannot read", "No such file");
+  o.inputs = {tmp / "adir"};
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "adir", "not a regular file");
+  o.inputs = {tmp / "empty.txt", tmp / "blank.txt"};
+  EXPECT_KVS_ERROR(prepare_data(o), "empty corpus", tmp / "empty.txt");
+  o.inputs = {tmp / "good.txt"};
+  o.val_fraction = 1.0;
+  EXPECT_KVS_ERROR(prepare_data(o), "--val-fraction");
+  o.val_fraction = 0;
+  o.split.mode = "paragraphs";
+  EXPECT_KVS_ERROR(prepare_data(o), "--doc-split", "paragraphs");
+  o.split.mode = "file";
+  o.tokenizer = tmp / "adir";
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "adir/kvshift_tokenizer.json", "missing");
+  // Nothing was created: no output, no temp directory.
+  EXPECT_EQ(names_in(tmp.str()),
+            (std::vector<std::string>{"adir", "bad.txt", "blank.txt", "empty.txt", "good.txt"}));
+  // An existing output needs --force.
+  o.tokenizer = shared_tokenizer_dir();
+  fs::create_directories(tmp / "out");
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "out", "already exists", "--force");
+}
+
+// A run killed after writing a shard (no clean-up at all) leaves the output
+// absent (or the previous complete one), never shards without a manifest.
+TEST(DataPrepare, CrashLeavesNoCompleteLookingOutput) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(300, 31));
+  const std::string tok = shared_tokenizer_dir();
+  const std::string args = "data prepare --quiet --tokenizer " + tok + " --input " + (tmp / "a.txt") +
+                           " --doc-split lines --shard-tokens 200 --out " + (tmp / "out");
+  auto r = run_kvshift(args + " --crash-after-shards 2");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  std::vector<std::string> names = names_in(tmp.str());
+  ASSERT_EQ(names.size(), 2u) << ::testing::PrintToString(names);
+  const std::string partial = tmp / names[1];
+  EXPECT_EQ(names[1].rfind("out.tmp.", 0), 0u) << names[1];
+  EXPECT_EQ(names_in(partial), (std::vector<std::string>{"train_000000.bin", "train_000001.bin"}));
+
+  // The next run succeeds and removes the dead run's temp directory.
+  r = run_kvshift(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
+  const std::string manifest = slurp(tmp / "out/manifest.json");
+  ASSERT_FALSE(manifest.empty());
+
+  // A crashing --force run keeps the previous complete output untouched.
+  spit(tmp / "a.txt", corpus_text(300, 32));
+  r = run_kvshift(args + " --force --crash-after-shards 1");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(slurp(tmp / "out/manifest.json"), manifest);
+  r = run_kvshift(args + " --force");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(tmp / "out/manifest.json"), manifest);
+  EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
+}
+
+TEST(DataPrepare, CliErrorsAndHelp) {
+  TmpDir tmp;
+  spit(tmp / "bad.txt", std::string("ok\n\xff\n"));
+  auto r = run_kvshift("data prepare --tokenizer " + shared_tokenizer_dir() + " --input " + (tmp / "bad.txt") +
+                       " --out " + (tmp / "out"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "kvshift: error: " + (tmp / "bad.txt") + ": not UTF-8 text: invalid byte 0xff at byte offset 3\n");
+  r = run_kvshift("tokenizer train --input " + (tmp / "bad.txt") + " --out " + (tmp / "tok"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "kvshift: error: " + (tmp / "bad.txt") + ": not UTF-8 text: invalid byte 0xff at byte offset 3\n");
+  // The progress line (stderr is not a terminal here: plain lines, the final one always).
+  spit(tmp / "good.txt", corpus_text(50, 3));
+  r = run_kvshift("data prepare --tokenizer " + shared_tokenizer_dir() + " --input " + (tmp / "good.txt") + " --out " +
+                  (tmp / "out"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("prepare: 0.0/0.0 MB (100%) | 1 docs |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" MB/s | took "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(tmp / "out" + ": "), std::string::npos) << r.out;
+  r = run_kvshift("data prepare --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--tokenizer", "--input", "--input-list", "--out", "--val-fraction", "--threads",
+                           "--doc-split", "--doc-delimiter", "--shard-tokens", "--force", "--quiet"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  EXPECT_EQ(r.out.find("crash"), std::string::npos) << "the test hook stays hidden";
+  r = run_kvshift("tokenizer train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--input", "--vocab-size", "--out", "--max-sentences", "--character-coverage", "--force"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
+TEST(DataPrepareSplit, DocumentModes) {
+  using V = std::vector<std::string_view>;
+  const std::string text = "a b\nc\n\n\n  \nd\r\n\r\ne\n<|endoftext|>\nf\n";
+  DocSplit s;
+  EXPECT_EQ(split_documents(text, s), V{"a b\nc\n\n\n  \nd\r\n\r\ne\n<|endoftext|>\nf"});
+  s.mode = "blank-lines";
+  EXPECT_EQ(split_documents(text, s), (V{"a b\nc", "d\r", "e\n<|endoftext|>\nf"}));
+  s.mode = "lines";
+  EXPECT_EQ(split_documents(text, s), (V{"a b", "c", "d\r", "e", "<|endoftext|>", "f"}));
+  s.delimiter = "<|endoftext|>";
+  EXPECT_EQ(split_documents(text, s), (V{"a b\nc\n\n\n  \nd\r\n\r\ne", "f"}));
+  EXPECT_EQ(split_documents(" \n\t\n", DocSplit{}), V{});
+  EXPECT_EQ(split_documents("x", DocSplit{"lines", ""}), V{"x"});
+  EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"words", ""}), "--doc-split", "words");
+}
+
+TEST(DataPrepareSplit, InputList) {
+  TmpDir tmp;
+  spit(tmp / "list.txt", "# the corpus\na.txt\n\n/abs/b.txt\r\n  c d.txt\n");
+  EXPECT_EQ(read_input_list(tmp / "list.txt"), (std::vector<std::string>{"a.txt", "/abs/b.txt", "  c d.txt"}));
+  spit(tmp / "empty.txt", "# nothing\n\n");
+  EXPECT_KVS_ERROR(read_input_list(tmp / "empty.txt"), tmp / "empty.txt", "names no files");
+  EXPECT_KVS_ERROR(read_input_list(tmp / "missing.txt"), tmp / "missing.txt", "cannot read");
+}
+
+TEST(DataPrepare, ByteTokenizerHasNoFraming) {
+  TmpDir tmp;
+  fs::create_directories(tmp / "bytes");
+  spit(tmp / "bytes/kvshift_tokenizer.json", R"({"type": "bytes"})");
+  spit(tmp / "a.txt", "héllo\n");
+  spit(tmp / "b.txt", "x");
+  auto o = options(tmp, {tmp / "a.txt", tmp / "b.txt"}, "out");
+  o.tokenizer = tmp / "bytes";
+  o.val_fraction = 0;
+  prepare_data(o);
+  // Bytes as they are, documents back to back (each without its final line break).
+  EXPECT_EQ(split_stream(o.out, "train"), (std::vector<uint32_t>{'h', 0xc3, 0xa9, 'l', 'l', 'o', 'x'}));
+  const auto m = nlohmann::json::parse(slurp(o.out + "/manifest.json"));
+  EXPECT_EQ(m["framing"]["bos_id"], -1);
+  EXPECT_EQ(m["tokenizer"]["type"], "bytes");
+}
+
+TEST(DataPrepareSplit, Utf8Validation) {
+  const auto npos = std::string_view::npos;
+  EXPECT_EQ(first_invalid_utf8("plain ascii"), npos);
+  EXPECT_EQ(first_invalid_utf8("é 日本 🦀 \xf4\x8f\xbf\xbf"), npos);  // up to U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("ab\xc0\x80"), 2u);                  // overlong NUL
+  EXPECT_EQ(first_invalid_utf8("ab\xe0\x80\x80"), 2u);              // overlong 3-byte
+  EXPECT_EQ(first_invalid_utf8("a\xed\xa0\x80"), 1u);               // surrogate U+D800
+  EXPECT_EQ(first_invalid_utf8("\xf4\x90\x80\x80"), 0u);            // above U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("ok\x80"), 2u);                      // lone continuation
+  EXPECT_EQ(first_invalid_utf8("ok\xe6\x97"), 2u);                  // truncated at the end
+  EXPECT_EQ(first_invalid_utf8("\xe6\x97x"), 0u);                   // bad continuation
+}
+
+// data.tokenizer: relative to the config file, checked when the data is opened
+// (so configs load before the data is prepared), stored absolute in runs.
+TEST(DataPrepareConfig, TokenizerKey) {
+  TmpDir tmp;
+  auto j = nlohmann::json::parse(slurp(std::string(KVS_SOURCE_DIR) + "/configs/toy/induction-1l-kvshift.json"));
+  fs::create_directories(tmp / "cfg");
+  fs::copy(shared_tokenizer_dir(), tmp / "tok");
+  auto load = [&](const nlohmann::json& tokenizer, int vocab) {
+    j["data"]["tokenizer"] = tokenizer;
+    j["model"]["vocab_size"] = vocab;
+    spit(tmp / "cfg/c.json", j.dump(2));
+    return load_config(tmp / "cfg/c.json");
+  };
+  auto open = [&](const Config& c) { return make_dataset(c.data, 64, c.model.vocab_size, 1, tmp / "cfg"); };
+  EXPECT_EQ(load("../tok", 512).data.tokenizer, "../tok");
+  EXPECT_NO_THROW(open(load("../tok", 512)));  // 500 pieces <= 512
+  EXPECT_NO_THROW(open(load(tmp / "tok", 512)));  // absolute
+  const Config small = load("../tok", 499);  // loads: the directory is checked when the data is opened
+  EXPECT_KVS_ERROR(open(small), "data.tokenizer:", "vocab_size 500", "model.vocab_size 499");
+  EXPECT_KVS_ERROR(open(load("tok", 512)), "data.tokenizer:", tmp / "cfg/tok", "not a directory");
+  fs::create_directories(tmp / "cfg/empty");
+  EXPECT_KVS_ERROR(open(load("empty", 512)), "data.tokenizer:", "kvshift_tokenizer.json", "missing");
+  EXPECT_KVS_ERROR(load(5, 512), tmp / "cfg/c.json", "data.tokenizer");
+  // Written out only when set: configs without one round-trip unchanged.
+  EXPECT_FALSE(to_json(load("", 512))["data"].contains("tokenizer"));
+  EXPECT_EQ(to_json(load("../tok", 512))["data"]["tokenizer"], "../tok");
+
+  // A run stores it absolute (run config and checkpoints work from anywhere),
+  // and refuses to start with a bad one.
+  load("../tok", 512);
+  const std::string cfg = tmp / "cfg/c.json";
+  const std::string run = " --set train.steps=1 --set train.eval_every=0 --set train.checkpoint_every=0 --run-dir ";
+  auto r = run_kvshift("train --quiet --config " + cfg + run + (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto saved = nlohmann::json::parse(slurp(tmp / "run/config.json"));
+  EXPECT_EQ(saved["data"]["tokenizer"], (fs::path(tmp.str()) / "tok").string());
+  r = run_kvshift("train --quiet --config " + cfg + " --set model.vocab_size=300" + run + (tmp / "run2"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("kvshift: error: data.tokenizer: the tokenizer's vocab_size 500 exceeds model.vocab_size 300"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace kvs

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_info(app);
   kvs::cli::add_bench(app);
   kvs::cli::add_inspect(app);
+  kvs::cli::add_generate(app);
   kvs::cli::add_bench_attention(app);
   kvs::cli::add_tokenizer(app);
   kvs::cli::add_data(app);

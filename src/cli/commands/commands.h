@@ -14,6 +14,7 @@ void add_import_hf(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_generate(CLI::App& app);
 void add_bench_attention(CLI::App& app);
 void add_tokenizer(CLI::App& app);
 void add_data(CLI::App& app);

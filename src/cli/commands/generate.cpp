@@ -1,0 +1,244 @@
+// `kvshift generate`: text (or token ids) in, a continuation out, decoded on
+// the CPU with a KV cache (model/generator.h) and streamed as it is produced.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands/commands.h"
+#include "cli/commands/common.h"
+#include "cli/commands/text_stream.h"
+#include "core/error.h"
+#include "model/generator.h"
+#include "model/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace kvs::cli {
+
+namespace {
+
+struct Args {
+  std::string checkpoint, prompt, prompt_ids, tokenizer;
+  bool has_prompt = false, json = false;
+  int threads = 0;         // 0 = auto
+  int max_new_tokens = 0;  // not given (max_new_given false): 128, or fewer to fit the model's positions
+  bool max_new_given = false;
+  SamplingConfig sampling;
+};
+
+// "1,2,3" (commas and/or spaces) -> ids.
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string item;
+  auto flush = [&] {
+    if (item.empty()) return;
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    KVS_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX,
+              "--prompt-ids: item {} ('{}') is not a non-negative integer", ids.size(), item);
+    ids.push_back(static_cast<int32_t>(v));
+    item.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == ' ')
+      flush();
+    else
+      item += ch;
+  }
+  flush();
+  KVS_CHECK(!ids.empty(), "--prompt-ids: no ids in '{}'", text);
+  return ids;
+}
+
+// The checkpoint's parameters as one flat buffer in ParamLayout order.
+std::vector<float> checkpoint_params(const LoadedCheckpoint& ck) {
+  const ParamLayout layout = ParamLayout::build(ck.model);
+  const std::string file = ck.dir + "/model.safetensors";
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const auto& t : layout.tensors) expected.emplace_back(t.name, t.shape);
+  validate_model_tensors(ck.data.model, expected, file);
+  std::vector<float> flat(layout.total);
+  for (const auto& st : ck.data.model) {
+    const std::vector<float> v = tensor_to_f32(st);
+    std::memcpy(flat.data() + layout.find(st.name)->offset, v.data(), v.size() * sizeof(float));
+  }
+  return flat;
+}
+
+// --tokenizer, else the run config's data.tokenizer, else bytes for a
+// 256-token model; nullptr when there is none (ids in, ids out).
+std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
+  if (!a.tokenizer.empty()) return load_tokenizer(a.tokenizer);
+  const nlohmann::json& rc = ck.data.run_config;
+  if (rc.is_object() && rc.contains("data") && rc["data"].is_object() && rc["data"].contains("tokenizer")) {
+    const auto& t = rc["data"]["tokenizer"];
+    KVS_CHECK(t.is_string(), "{}/run_config.json: data.tokenizer is not a string", ck.dir);
+    const std::string dir = t.get<std::string>();
+    KVS_CHECK(std::filesystem::exists(dir),
+              "{}/run_config.json: tokenizer directory '{}' (data.tokenizer) not found from {}; pass --tokenizer DIR",
+              ck.dir, dir, std::filesystem::current_path().string());
+    return load_tokenizer(dir);
+  }
+  if (ck.model.vocab_size == 256) return make_byte_tokenizer();
+  return nullptr;
+}
+
+// One token's ops are small (rows of 1), so a thread team mostly waits at its
+// barriers: lm-small (hidden 256) decoded 20x slower with 2 threads than with
+// 1 on the shared 2-core development machine. Auto is one thread below hidden
+// size 1024 (a guess, not measured above 256) and every core from there on.
+int pick_threads(int requested, const ModelConfig& m) {
+  if (requested > 0) return requested;
+  return m.hidden_size < 1024 ? 1 : omp_get_num_procs();
+}
+
+// Prints `text` at once (streaming).
+void emit(const std::string& text) {
+  if (text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_generate(const Args& a) {
+  KVS_CHECK(a.has_prompt != !a.prompt_ids.empty(), "give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
+  KVS_CHECK(!a.max_new_given || a.max_new_tokens >= 1, "--max-new-tokens {} must be >= 1", a.max_new_tokens);
+  validate_sampling(a.sampling);
+  const std::string dir = resolve_checkpoint_dir(a.checkpoint);
+  LoadedCheckpoint ck = read_checkpoint(dir);
+  const ModelConfig& m = ck.model;
+  std::unique_ptr<Tokenizer> tok = find_tokenizer(a, ck);
+  KVS_CHECK(tok || !a.has_prompt,
+            "{}: no tokenizer for this {}-token model (no data.tokenizer in its run_config.json); pass --tokenizer DIR "
+            "or --prompt-ids 1,2,3",
+            dir, m.vocab_size);
+  if (tok)
+    KVS_CHECK(tok->vocab_size() <= m.vocab_size, "tokenizer ({}) has {} tokens, the model only {}", tok->describe(),
+              tok->vocab_size(), m.vocab_size);
+
+  // Data preparation frames each document with BOS, so a text prompt starts with it too.
+  std::vector<int32_t> ids;
+  if (a.has_prompt) {
+    if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+    for (int32_t id : tok->encode(a.prompt)) ids.push_back(id);
+    KVS_CHECK(!ids.empty(), "--prompt: empty text and the tokenizer has no BOS to start from; give some text");
+  } else {
+    ids = parse_ids(a.prompt_ids);
+  }
+  const int n_prompt = static_cast<int>(ids.size());
+  for (int i = 0; i < n_prompt; ++i)
+    KVS_CHECK(ids[i] < m.vocab_size, "{}: token {} at position {} is >= vocab_size {}",
+              a.has_prompt ? "--prompt" : "--prompt-ids", ids[i], i, m.vocab_size);
+  KVS_CHECK(n_prompt < m.max_position_embeddings, "the prompt's {} tokens leave no room in max_position_embeddings {}",
+            n_prompt, m.max_position_embeddings);
+  const int max_new = a.max_new_given ? a.max_new_tokens : std::min(128, m.max_position_embeddings - n_prompt);
+  KVS_CHECK(static_cast<int64_t>(n_prompt) + max_new <= m.max_position_embeddings,
+            "--max-new-tokens {}: the prompt's {} tokens + {} new ones exceed the model's max_position_embeddings {}",
+            max_new, n_prompt, max_new, m.max_position_embeddings);
+
+  const int threads = pick_threads(a.threads, m);
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  Generator gen(m, checkpoint_params(ck), n_prompt + max_new);
+  Sampler sampler(a.sampling);
+  const int eos = tok ? tok->eos_id() : -1;
+  const bool stream = !a.json;
+  TextStream text(tok ? tok->decode(ids) : std::string());  // the prompt is not printed again
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const float* logits = gen.prefill(ids);
+  const double prefill_s = seconds_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<int32_t> out;
+  std::string stop = "length";
+  for (int i = 0; i < max_new; ++i) {
+    const int32_t next = sampler.sample(logits, m.vocab_size);
+    if (next == eos) {
+      stop = "eos";
+      break;
+    }
+    out.push_back(next);
+    ids.push_back(next);
+    if (stream) emit(tok ? text.update(tok->decode(ids)) : (out.size() > 1 ? " " : "") + std::to_string(next));
+    if (i + 1 < max_new) logits = gen.step(next);
+  }
+  const double gen_s = seconds_since(t1);
+  const std::string full = tok ? tok->decode(ids) : std::string();
+  const double tps = out.empty() ? 0.0 : static_cast<double>(out.size()) / gen_s;
+  if (stream) {
+    emit(tok ? text.finish(full) : std::string());
+    emit("\n");
+  } else {
+    nlohmann::json j = {{"checkpoint", dir},
+                        {"prompt_ids", std::vector<int32_t>(ids.begin(), ids.begin() + n_prompt)},
+                        {"ids", out},
+                        {"stop", stop},
+                        {"tokens_per_second", tps},
+                        {"prefill_seconds", prefill_s},
+                        {"threads", threads}};
+    if (tok) {
+      const std::string prompt_text = tok->decode({ids.begin(), ids.begin() + n_prompt});
+      j["text"] = full.substr(std::min(full.size(), stable_utf8_length(prompt_text)));
+      j["tokenizer"] = tok->describe();
+    }
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::fflush(stdout);  // before the stderr summary
+  }
+  std::fprintf(
+      stderr,
+      "kvshift generate: %zu tokens in %.3f s, %.1f tokens/s (prompt: %d tokens in %.3f s; stop: %s; %d thread%s)\n",
+      out.size(), gen_s, tps, n_prompt, prefill_s, stop.c_str(), threads, threads == 1 ? "" : "s");
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint (CPU, KV cache), streaming tokens");
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint (step_* dir), a checkpoints/ dir or a run dir (their latest checkpoint)")
+      ->required();
+  auto* prompt =
+      cmd->add_option("--prompt", a->prompt, "Prompt text (encoded with the tokenizer, BOS first if it has one)");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 1,2,3 (taken as given: no BOS added)");
+  auto* max_new = cmd->add_option("--max-new-tokens", a->max_new_tokens,
+                                  "Tokens to generate at most; prompt + these <= max_position_embeddings "
+                                  "(default: 128, or fewer to fit)");
+  cmd->add_option("--temperature", a->sampling.temperature, "Softmax temperature; 0 = greedy (argmax)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->sampling.top_k, "Sample among the K most likely tokens only; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--top-p", a->sampling.top_p,
+                  "Nucleus sampling: among the fewest most likely tokens whose probability reaches P; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (the same seed gives the same text)")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads,
+                  "CPU threads; 0 = auto (1 below hidden size 1024, where a token's ops are too small to share; "
+                  "else all cores)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");
+  cmd->add_flag(
+      "--json", a->json,
+      "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");
+  cmd->callback([a, prompt, max_new]() {
+    a->has_prompt = prompt->count() > 0;  // --prompt "" is a prompt too (BOS alone)
+    a->max_new_given = max_new->count() > 0;
+    run_generate(*a);
+  });
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,98 @@
+// Incremental decoding on the CPU with a KV cache: one token in, the logits of
+// the next one out, in O(t) per token instead of a full forward over the
+// prefix. It runs the same ops as CpuEngine (kernels/cpu) on the same
+// parameter views (bind_params), one position at a time.
+//
+// The cache of each layer holds two things (docs/ARCHITECTURE.md, "Generation"):
+//   - K̂ and V̂ as attention reads them (K̂ = RoPE(Shift(k)), V̂ = Shift(v)) for
+//     every past position, [max_len, kv_dim] each, allocated once;
+//   - a window of the last W RAW projections k, v (and q under shift_q), before
+//     the shift and before RoPE. The shift of position t mixes its raw
+//     projection with the raw ones of t-1..t-W: mixing with the already-shifted
+//     K̂_{t-1} (or with zeros) would give a different model than the one trained.
+// With model.document_boundaries, a BOS token restarts the shift (and, for
+// "shift_and_attention", the attention) as CpuEngine does for packed documents.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace kvs {
+
+// What the shift window remembers of the past. Only Raw is the model; the
+// others are the classic cache bugs, kept so tests can show they are caught.
+enum class ShiftHistory {
+  Raw,    // the raw projections (correct)
+  Mixed,  // the already-shifted values (bug: K̂_t mixes with K̂_{t-1})
+  Zeros,  // nothing (bug: every position mixes with zeros, as position 0 does)
+};
+
+struct GeneratorOptions {
+  ShiftHistory history = ShiftHistory::Raw;  // tests only
+  // Prompt tokens run through the layers together, this many at a time (one
+  // matrix product per projection instead of one per token); the scratch
+  // buffers hold this many rows. The cache bugs above run token by token.
+  int prefill_chunk = 64;
+};
+
+class Generator {
+ public:
+  // `params` is the flat fp32 buffer in ParamLayout::build(m) order (as
+  // Engine::read_params gives it). The cache holds max_len positions, which
+  // must not exceed m.max_position_embeddings.
+  Generator(const ModelConfig& m, std::vector<float> params, int max_len, GeneratorOptions opt = {});
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  const ModelConfig& model() const { return m_; }
+  int max_len() const { return max_len_; }
+  int pos() const { return pos_; }  // positions filled so far
+  int vocab_size() const { return m_.vocab_size; }
+
+  // Forgets the sequence (the cache's memory is kept).
+  void reset();
+  // Appends `token` at position pos() and returns the logits [vocab_size]
+  // predicting position pos()+1; valid until the next call.
+  const float* step(int32_t token);
+  // Appends `tokens` (in chunks of prefill_chunk); returns the logits after
+  // the last one. The same numbers as stepping token by token, up to rounding.
+  const float* prefill(const std::vector<int32_t>& tokens);
+
+ private:
+  struct LayerCache {
+    std::vector<float> khat, vhat;  // [max_len, KD]: what attention reads
+    // Raw projections, [W + chunk, row]: rows 0..W-1 hold positions t-W..t-1
+    // (zeros before position 0), the rows after them the n new positions.
+    std::vector<float> kwin, vwin, qwin;
+    const float *qc = nullptr, *kc = nullptr, *vc = nullptr;  // effective shift coefficients, [H, W+1]
+  };
+  // Runs tokens[0..n) at positions pos_..pos_+n-1; the logits of the last one.
+  const float* forward_block(const int32_t* tokens, int n);
+  // The raw projections of the n new positions are in rows W.. of `win`:
+  // shifts them into `out` [n, row] and moves the window on by n positions.
+  void shift_block(std::vector<float>& win, const float* coef, int H, int n, float* out);
+  // Query row over cache rows [first, end).
+  void attend(float* out, const float* q, const LayerCache& c, int first, int end);
+
+  ModelConfig m_;
+  ParamLayout layout_;
+  std::vector<float> params_;
+  ModelView P_;
+  int max_len_, pos_ = 0;
+  // model.document_boundaries: where the current document started (a BOS
+  // starts one), and per row of a block: its document's start (doc_) and, in
+  // the shift window's coordinates, the first row that is not zero history (win_doc_).
+  int doc_start_ = 0;
+  std::vector<int32_t> doc_, win_doc_;
+  GeneratorOptions opt_;
+  int chunk_;  // rows per block
+  std::vector<LayerCache> cache_;
+  std::vector<float> gate_coef_;  // "sigmoid_gate": [1 - s, s] per head, per layer
+  std::vector<float> rope_cos_, rope_sin_;
+  // Scratch for one block of up to chunk_ rows.
+  std::vector<float> x_, ln_, rstd_, q_, att_, scores_, proj_, gate_, up_, h_, shift_out_, logits_;
+};
+
+}  // namespace kvs

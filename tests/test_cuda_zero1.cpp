@@ -9,13 +9,17 @@
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "dist/comm.h"
+#include "kernels/cuda/device.h"
 #include "dist_test_util.h"
 #include "model/config.h"
 #include "model/cuda_engine.h"
@@ -235,6 +239,38 @@ TEST(CudaZero1, TwoMpiRanksOnOneGpuFollowTheSingleProcessCurve) {
     expect_close(read_metrics(tmp / "dp2"), ref, 1, std::string(shift ? "shifted" : "vanilla") + " cuda dp=2 (mpi)",
                  2e-3);
   }
+}
+
+// Two NCCL ranks, one GPU each, launched with torchrun's variables: ZeRO-1
+// on the device buffers with each layer's reduction overlapped with the
+// backward. Same tolerance and reasoning as above. Needs 2 GPUs.
+TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
+  KVS_REQUIRE_GPU();
+  std::string why;
+  if (kvs::cuda::device_count(&why) < 2) GTEST_SKIP() << "skipped: needs 2 GPUs";
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, cuda_config(true, 4).dump());
+  train(0, cfg, tmp / "dp1");
+  std::vector<FILE*> procs;
+  for (int r = 0; r < 2; ++r) {
+    const std::string cmd =
+        "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK KVS_BOOTSTRAP_TIMEOUT_S=60 "
+        "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+        " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29450 timeout 300 " + KVS_BINARY +
+        " train --quiet --config " + cfg + " --run-dir " + (tmp / "dp2") + " 2>&1";
+    procs.push_back(::popen(cmd.c_str(), "r"));
+    ASSERT_NE(procs.back(), nullptr);
+  }
+  std::string out;
+  for (FILE* p : procs) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    const int status = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  }
+  EXPECT_NE(out.find("parallel layout: dp 2, tp 1, backend nccl, ZeRO-1"), std::string::npos) << out;
+  expect_close(read_metrics(tmp / "dp2"), read_metrics(tmp / "dp1"), 1, "shifted cuda dp=2 (nccl, overlap)", 2e-3);
 }
 
 // No GPU needed: the configurations above are valid, and dp > 1 on device

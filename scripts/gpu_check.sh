@@ -94,6 +94,57 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
   fi
 }
 
+# Data parallel with ZeRO-1 on the CUDA engine (docs/PARALLEL.md): the same
+# 50 steps in one process and as 2 ranks, loss curves compared. On one GPU the
+# 2 ranks are MPI processes sharing it (CUDA buffers staged through the host);
+# with 2+ GPUs also NCCL ranks (reduction overlapped with the backward).
+dp_train() {  # dir, launcher-prefix...
+  local dir=$1
+  shift
+  rm -rf "$dir"
+  "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
+    --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
+    --set train.eval_every=50 --set train.checkpoint_every=50 --run-dir "$dir"
+}
+curve_diff() {  # metrics of run A vs run B: the largest relative train-loss difference
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if j["type"] == "train"}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+d = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
+print("%d steps, max rel loss diff %.2e vs one process, final loss %.4f" % (len(b), d, a[max(a)]))
+PY
+}
+dp_rows() {
+  local ngpu log
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if ! dp_train "$out/dp1" >"$out/dp1.log" 2>&1; then
+    row "train, device cuda, dp=1 (reference)" "FAILED: $(why "$out/dp1.log")"
+    return
+  fi
+  log=$out/dp2_mpi.log
+  if dp_train "$out/dp2-mpi" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      timeout 600 mpirun --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+    row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
+  else
+    row "train cuda, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
+  fi
+  if [ "$ngpu" -ge 2 ]; then
+    log=$out/dp2_nccl.log
+    rm -rf "$out/dp2-nccl"
+    if torchrun_like 2 29630 "$log" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json \
+        --set device=cuda --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
+        --set train.eval_every=50 --set train.checkpoint_every=50 --run-dir "$out/dp2-nccl"; then
+      row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "$(curve_diff "$out/dp2-nccl" "$out/dp1")"
+    else
+      row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "FAILED: $(why "$log")"
+    fi
+  else
+    row "train cuda, NCCL dp=2 (overlap)" "not run: needs 2 GPUs (found $ngpu)"
+  fi
+}
+
 bench() {  # label, args...
   local label=$1
   shift
@@ -124,6 +175,7 @@ row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo ok || echo "FAILED
 row "ctest (all tests)" "$tests"
 row "CUDA tests (Cuda*)" "$cuda_tests"
 [ $build_rc -eq 0 ] && launch_rows
+[ $build_rc -eq 0 ] && dp_rows
 if [ $build_rc -eq 0 ]; then
   # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
   KVS_HF_NO_VENV=1 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1

@@ -73,8 +73,9 @@ inline void train(int np, const std::string& config, const std::string& run_dir,
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-// Every step from `from` on, and every evaluation, agree within 1e-5 (relative).
-inline double expect_close(const Curve& got, const Curve& want, int from, const std::string& what) {
+// Every step from `from` on, and every evaluation, agree within `tol` (relative).
+inline double expect_close(const Curve& got, const Curve& want, int from, const std::string& what,
+                           double tol = 1e-5) {
   double worst = 0;
   int compared = 0;
   for (const auto& [step, loss] : want.train) {
@@ -86,12 +87,12 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
       continue;
     }
     worst = std::max(worst, rel(it->second, loss));
-    EXPECT_LT(rel(it->second, loss), 1e-5) << what << " step " << step << ": " << it->second << " vs " << loss;
+    EXPECT_LT(rel(it->second, loss), tol) << what << " step " << step << ": " << it->second << " vs " << loss;
   }
   for (const auto& [step, loss] : want.eval) {
     if (step < from || !got.eval.count(step)) continue;
     worst = std::max(worst, rel(got.eval.at(step), loss));
-    EXPECT_LT(rel(got.eval.at(step), loss), 1e-5) << what << " eval @ " << step;
+    EXPECT_LT(rel(got.eval.at(step), loss), tol) << what << " eval @ " << step;
   }
   EXPECT_GT(compared, 0) << what;
   std::printf("[ %s ] max relative loss difference %.3g over %d steps\n", what.c_str(), worst, compared);

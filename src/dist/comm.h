@@ -3,7 +3,9 @@
 //   - SingleProcess: world size 1, every collective is a copy or a no-op;
 //   - MPI: CPU buffers, for the CPU engine (launched with mpirun);
 //   - NCCL: CUDA buffers on the communicator's own stream (compiled with
-//     KVS_CUDA; its unique id is handed out by the bootstrap, launch.h).
+//     KVS_CUDA; its unique id is handed out by the bootstrap, launch.h). Host
+//     buffers are accepted too and staged through a device buffer, so the
+//     trainer's host scalars (token counts, loss sums) need no second path.
 // Buffers are float or double; `count` is in elements. A collective whose
 // sizes disagree across ranks, or a rank that does not arrive, must end in a
 // kvs::Error on every rank that can still report (not a hang): backends check
@@ -26,6 +28,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
+  // Whether collectives take GPU memory directly (NCCL). The other backends
+  // take host memory only: a caller with GPU buffers stages them (ZeRO-1 on the
+  // CUDA engine under mpirun, src/train/zero1_device.h).
+  virtual bool device_memory() const { return false; }
 
   // In place: buf[0..count) on every rank becomes the reduction over ranks.
   virtual void all_reduce(void* buf, size_t count, DType t, ReduceOp op) = 0;

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -58,7 +59,20 @@ ncclResult_t wait_async(ncclComm_t comm, Clock::time_point deadline) {
   }
 }
 
-class Nccl final : public Communicator {
+size_t elem_bytes(DType t) { return t == DType::F32 ? sizeof(float) : sizeof(double); }
+
+// Pageable or pinned host memory: NCCL moves device memory only. Older CUDA
+// versions report an unregistered host pointer as an error: also host.
+bool is_host(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) error
+    return true;
+  }
+  return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+class Nccl final : public Communicator, public AsyncDeviceCollectives {
  public:
   Nccl(ncclComm_t comm, int device, double timeout_s) : comm_(comm), device_(device), timeout_s_(timeout_s) {
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
@@ -85,36 +99,43 @@ class Nccl final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  bool device_memory() const override { return true; }
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     check_same("all_reduce", count, 0);
-    run("all_reduce", [&] { return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_); });
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("all_reduce", buf, bytes, buf, bytes, [&](const void* s, void* r) {
+      return ncclAllReduce(s, r, count, nccl_type(t), nccl_op(op), comm_, stream_);
+    });
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
     check_same("reduce_scatter", count, 0);
-    run("reduce_scatter",
-        [&] { return ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_); });
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("reduce_scatter", send, bytes * size_, recv, bytes, [&](const void* s, void* r) {
+      return ncclReduceScatter(s, r, count, nccl_type(t), nccl_op(op), comm_, stream_);
+    });
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
     check_same("all_gather", count, 0);
-    run("all_gather", [&] { return ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_); });
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("all_gather", send, bytes, recv, bytes * size_, [&](const void* s, void* r) {
+      return ncclAllGather(s, r, count, nccl_type(t), comm_, stream_);
+    });
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
     check_root(root);
     check_same("broadcast", count, root);
-    run("broadcast", [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_); });
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("broadcast", buf, bytes, buf, bytes, [&](const void* s, void* r) {
+      return ncclBroadcast(s, r, count, nccl_type(t), root, comm_, stream_);
+    });
   }
   // Host bytes go through a device staging buffer (NCCL moves device memory only).
   void broadcast_bytes(void* buf, size_t bytes, int root) override {
     check_root(root);
     check_same("broadcast_bytes", bytes, root);
     if (bytes == 0) return;
-    if (bytes > staging_bytes_) {
-      if (staging_) check_cuda(cudaFree(staging_), "cudaFree");
-      staging_ = nullptr;
-      check_cuda(cudaMalloc(&staging_, bytes), "cudaMalloc");
-      staging_bytes_ = bytes;
-    }
+    grow_staging(bytes);
     if (rank_ == root) check_cuda(cudaMemcpy(staging_, buf, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
     run("broadcast_bytes", [&] { return ncclBroadcast(staging_, staging_, bytes, ncclUint8, root, comm_, stream_); });
     check_cuda(cudaMemcpy(buf, staging_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -124,6 +145,34 @@ class Nccl final : public Communicator {
   void barrier() override {
     run("barrier", [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt64, ncclMax, comm_, stream_); });
   }
+  // AsyncDeviceCollectives: enqueue and return; synchronize() waits.
+  void stream_wait(void* cuda_event) override {
+    usable("stream_wait");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0), "cudaStreamWaitEvent");
+  }
+  void reduce_sum_async(const std::vector<Piece>& pieces) override {
+    if (pieces.empty()) return;
+    enqueue("reduce (ZeRO-1 gradients)", [&] {
+      return grouped(pieces, [&](const Piece& p) {
+        return ncclReduce(p.buf, p.buf, p.count, ncclFloat32, ncclSum, p.root, comm_, stream_);
+      });
+    });
+  }
+  void broadcast_async(const std::vector<Piece>& pieces) override {
+    if (pieces.empty()) return;
+    enqueue("broadcast (ZeRO-1 parameters)", [&] {
+      return grouped(pieces, [&](const Piece& p) {
+        return ncclBroadcast(p.buf, p.buf, p.count, ncclFloat32, p.root, comm_, stream_);
+      });
+    });
+  }
+  void synchronize() override {
+    usable("synchronize");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    wait_stream("synchronize");
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     KVS_CHECK(color >= 0, "NCCL split: color {} must be non-negative", color);
     usable("split");
@@ -169,26 +218,97 @@ class Nccl final : public Communicator {
 
   // Enqueues one NCCL operation and waits for it (enqueue, then the stream).
   template <class F>
-  void run(const char* what, F&& enqueue) {
+  void run(const char* what, F&& op) {
     usable(what);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // inputs from any stream are ready
-    const ncclResult_t r = enqueue();
+    enqueue(what, op);
+    wait_stream(what);
+  }
+
+  // Makes the NCCL call(s) and polls until the non-blocking communicator has
+  // enqueued them (not until they ran: the GPU may still be busy).
+  template <class F>
+  void enqueue(const char* what, F&& op) {
+    usable(what);
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    const ncclResult_t r = op();
     if (r != ncclSuccess && r != ncclInProgress) abort_and_fail(what, r);
     const auto deadline = after(timeout_s_);
     for (;;) {
       ncclResult_t st = ncclSuccess;
       check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
-      if (st != ncclSuccess && st != ncclInProgress) abort_and_fail(what, st);
-      if (st == ncclSuccess) {  // enqueued: now wait for the stream
-        const cudaError_t e = cudaStreamQuery(stream_);
-        if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) check_cuda(e, what);
-      }
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) abort_and_fail(what, st);
       if (Clock::now() > deadline) abort_and_fail(what, ncclInProgress);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
+
+  // Waits for everything on the stream, watching for asynchronous NCCL errors.
+  void wait_stream(const char* what) {
+    const auto deadline = after(timeout_s_);
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
+      if (st != ncclSuccess && st != ncclInProgress) abort_and_fail(what, st);
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) check_cuda(e, what);
+      if (Clock::now() > deadline) abort_and_fail(what, ncclInProgress);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // One NCCL group of `call(piece)` for every piece.
+  template <class F>
+  static ncclResult_t grouped(const std::vector<Piece>& pieces, F&& call) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (const Piece& p : pieces) {
+      r = call(p);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        ncclGroupEnd();
+        return r;
+      }
+    }
+    return ncclGroupEnd();
+  }
+
+  void grow_staging(size_t bytes) {
+    if (bytes <= staging_bytes_) return;
+    if (staging_) check_cuda(cudaFree(staging_), "cudaFree");
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    check_cuda(cudaMalloc(&staging_, bytes), "cudaMalloc");
+    staging_bytes_ = bytes;
+  }
+
+  // run() with device addresses for host buffers: host send data is copied
+  // into staging_ first, host results copied out after (in place: one region).
+  template <class F>
+  void run_staged(const char* what, const void* send, size_t send_bytes, void* recv, size_t recv_bytes, F&& op) {
+    const bool host_send = is_host(send), host_recv = is_host(recv), in_place = send == recv;
+    if (!host_send && !host_recv) {
+      run(what, [&] { return op(send, recv); });
+      return;
+    }
+    const size_t recv_at = host_send ? (send_bytes + 255) / 256 * 256 : 0;
+    const size_t need = std::max<size_t>(1, in_place ? send_bytes : recv_at + (host_recv ? recv_bytes : 0));
+    grow_staging(need);
+    char* st = static_cast<char*>(staging_);
+    const void* dsend = host_send ? st : send;
+    void* drecv = in_place ? st : (host_recv ? st + recv_at : recv);
+    if (host_send && send_bytes) check_cuda(cudaMemcpy(st, send, send_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    run(what, [&] { return op(dsend, drecv); });
+    if (host_recv && recv_bytes) check_cuda(cudaMemcpy(recv, drecv, recv_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (staging_bytes_ > kKeepStagingBytes) {  // a one-off large transfer: give the memory back
+      check_cuda(cudaFree(staging_), "cudaFree");
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+    }
+  }
+  static constexpr size_t kKeepStagingBytes = size_t{64} << 20;
 
   // Every rank must pass the same count and root: max and min over ranks agree.
   void check_same(const char* what, size_t count, int root) {
@@ -210,11 +330,13 @@ class Nccl final : public Communicator {
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;  // 4 int64: size checks and the barrier
-  void* staging_ = nullptr;  // broadcast_bytes
+  void* staging_ = nullptr;  // host buffers' device copies (broadcast_bytes, run_staged)
   size_t staging_bytes_ = 0;
 };
 
 }  // namespace
+
+AsyncDeviceCollectives* async_device_collectives(Communicator& comm) { return dynamic_cast<Nccl*>(&comm); }
 
 int select_device(const LaunchInfo& info) {
   int n = 0;

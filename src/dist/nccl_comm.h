@@ -5,11 +5,14 @@
 //
 // Collectives are synchronous: each one first waits for the device to be idle
 // (so inputs written on any stream are complete), then returns once the result
-// is in the buffer.
+// is in the buffer. Host buffers (detected with cudaPointerGetAttributes) are
+// staged through a device buffer of the communicator, grown on demand.
+// AsyncDeviceCollectives below is the exception: ops that do not wait.
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/comm.h"
 #include "dist/launch.h"
@@ -30,6 +33,31 @@ std::unique_ptr<Communicator> make_nccl(const LaunchInfo& info, const std::strin
 // Hands rank 0's id to every rank: bootstrap_exchange under torchrun, an
 // MPI_Bcast under mpirun. Given rank 0's id (ignored elsewhere), returns it.
 using ShareId = std::function<std::string(const std::string& id_on_rank0)>;
+
+// Device collectives that return without waiting, for ZeRO-1's gradient
+// reduction overlapped with the backward (docs/PARALLEL.md). Everything goes
+// onto the communicator's stream in call order; every rank must make the same
+// calls in the same order (no size check is exchanged: the caller's plan is
+// checked once). The NCCL communicator is the only implementation.
+class AsyncDeviceCollectives {
+ public:
+  struct Piece {
+    float* buf;    // device, fp32, in place
+    size_t count;  // elements
+    int root;
+  };
+  virtual ~AsyncDeviceCollectives() = default;
+  // Later ops wait for `cuda_event` (a cudaEvent_t recorded on another stream).
+  virtual void stream_wait(void* cuda_event) = 0;
+  // Each piece summed over ranks onto its root (ncclReduce in place), one NCCL group.
+  virtual void reduce_sum_async(const std::vector<Piece>& pieces) = 0;
+  // Each piece from its root to every rank (ncclBroadcast in place), one NCCL group.
+  virtual void broadcast_async(const std::vector<Piece>& pieces) = 0;
+  // Blocks until everything enqueued has finished; a kvs::Error after the timeout.
+  virtual void synchronize() = 0;
+};
+// The communicator's async interface, or null when it is not NCCL.
+AsyncDeviceCollectives* async_device_collectives(Communicator& comm);
 
 // select_device + nccl_unique_id on rank 0 + `share` + make_nccl.
 std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double timeout_s);

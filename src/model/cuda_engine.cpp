@@ -62,8 +62,6 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   const size_t h2 = sizeof(bf16), f4 = sizeof(float);
   p.master = take(P * f4);
   p.grads = take(P * f4);
-  p.exp_avg = take(P * f4);
-  p.exp_avg_sq = take(P * f4);
   p.params16 = take(P * h2);
 
   p.resid_stride = align256(N * C * h2);
@@ -136,6 +134,7 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   for (const ParamTensor& t : layout.tensors) chunks += (t.numel + cuda::kAdamWChunkElems - 1) / cuda::kAdamWChunkElems;
   p.num_chunks = static_cast<int>(chunks);
   p.chunks = take(chunks * sizeof(cuda::AdamWChunk));
+  p.range_chunks = take(chunks * sizeof(cuda::AdamWChunk));
   p.total = off;
   return p;
 }
@@ -152,15 +151,23 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_, recompute_);
   void* base = nullptr;
-  const cudaError_t e = cudaMalloc(&base, plan_.total);
+  void* moments = nullptr;
+  const size_t moment_bytes = 2 * layout_.total * sizeof(float);
+  cudaError_t e = cudaMalloc(&base, plan_.total);
+  if (e == cudaSuccess) e = cudaMalloc(&moments, moment_bytes);
   if (e != cudaSuccess) {
+    if (base) cudaFree(base);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free): "
          "lower train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
-         plan_.total / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0);
+         (plan_.total + moment_bytes) / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0);
   }
   base_ = static_cast<char*>(base);
+  moments_ = static_cast<float*>(moments);
+  opt_begin_ = 0;
+  opt_end_ = layout_.total;
+  check(cudaMemsetAsync(moments_, 0, moment_bytes, stream_), "cudaMemset");
   check(cudaMemsetAsync(base_, 0, plan_.total, stream_), "cudaMemset");
   mm_ = std::make_unique<cuda::Matmul>();
 
@@ -198,6 +205,14 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
     o.has_v_shift = opt("self_attn.v_shift", &o.v_shift);
     lo_.push_back(o);
   }
+  // Overlap buckets in backward order; each layer's tensors are contiguous,
+  // from its input_layernorm to the next layer's (params.cpp).
+  const int L = m_.num_hidden_layers;
+  buckets_.push_back({norm_off_, layout_.total});
+  for (int l = L - 1; l >= 0; --l) buckets_.push_back({lo_[l].ln1, l + 1 < L ? lo_[l + 1].ln1 : norm_off_});
+  buckets_.push_back({0, L > 0 ? lo_[0].ln1 : norm_off_});
+  events_.resize(buckets_.size(), nullptr);
+  for (auto& ev : events_) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
 
   // RoPE tables: the CPU function (one definition of HF's fp32 recipe).
   const size_t half = static_cast<size_t>(max_T_) * D / 2;
@@ -220,6 +235,7 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   check(cudaMemcpyAsync(at<cuda::AdamWChunk>(plan_.chunks), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk),
                         cudaMemcpyHostToDevice, stream_),
         "upload AdamW chunks");
+  chunk_table_ = chunks;  // kept for ZeRO-1's clipped tables
 
   const size_t N = static_cast<size_t>(max_B_) * max_T_;
   check(cudaMallocHost(&h_tokens_, (3 * N + 1) * sizeof(int32_t)), "cudaMallocHost");
@@ -234,6 +250,9 @@ CudaEngine::~CudaEngine() {
   if (h_positions_) cudaFreeHost(h_positions_);
   if (h_sum_) cudaFreeHost(h_sum_);
   if (base_) cudaFree(base_);
+  if (moments_) cudaFree(moments_);
+  for (cudaEvent_t ev : events_)
+    if (ev) cudaEventDestroy(ev);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -255,16 +274,21 @@ void CudaEngine::read_grads(float* host) const {
         "read grads");
   check(cudaStreamSynchronize(stream_), "read grads");
 }
+// Only [opt_begin_, opt_end_) is held (keep_optimizer_range): zeros elsewhere on read.
 void CudaEngine::read_optimizer_state(float* m, float* v) const {
-  const size_t bytes = layout_.total * sizeof(float);
-  check(cudaMemcpyAsync(m, at<float>(plan_.exp_avg), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
-  check(cudaMemcpyAsync(v, at<float>(plan_.exp_avg_sq), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg_sq");
+  std::fill(m, m + layout_.total, 0.0f);
+  std::fill(v, v + layout_.total, 0.0f);
+  const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
+  check(cudaMemcpyAsync(m + opt_begin_, exp_avg_base(), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
+  check(cudaMemcpyAsync(v + opt_begin_, exp_avg_sq_base(), bytes, cudaMemcpyDeviceToHost, stream_),
+        "read exp_avg_sq");
   check(cudaStreamSynchronize(stream_), "read optimizer state");
 }
 void CudaEngine::write_optimizer_state(const float* m, const float* v) {
-  const size_t bytes = layout_.total * sizeof(float);
-  check(cudaMemcpyAsync(at<float>(plan_.exp_avg), m, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
-  check(cudaMemcpyAsync(at<float>(plan_.exp_avg_sq), v, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg_sq");
+  const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
+  check(cudaMemcpyAsync(exp_avg_base(), m + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
+  check(cudaMemcpyAsync(exp_avg_sq_base(), v + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_),
+        "write exp_avg_sq");
   check(cudaStreamSynchronize(stream_), "write optimizer state");
 }
 void CudaEngine::zero_grad() {
@@ -426,6 +450,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   const int L = m_.num_hidden_layers;
   cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
                          master + norm_off_, at<float>(p.rstdf), N, C, scratch, stream_);
+  grads_final(0);  // final norm and (untied) LM head
 
   for (int l = L - 1; l >= 0; --l) {
     // Recompute what this layer did not keep (train.recompute).
@@ -498,6 +523,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
     mm_->backward_input(dln, dqkv, QKV, P16 + o.wqkv, N, C, QKV, stream_);
     mm_->backward_weight(G + o.wqkv, dqkv, QKV, ln1, C, N, C, QKV, stream_);
     cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, resid, master + o.ln1, rstd1, N, C, scratch, stream_);
+    grads_final(L - l);  // every weight gradient of layer l is written
   }
   // Embedding: positions grouped by token on the host (deterministic, no atomics).
   const int U = cuda::embedding_backward_plan(h_tokens_, N, h_tokens_ + N, h_tokens_ + 2 * N, h_positions_);
@@ -511,6 +537,13 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
         "upload embedding plan");
   cuda::embedding_backward(G + embed_off_, dresid, at<int32_t>(p.emb_uniq), at<int32_t>(p.emb_offsets),
                            at<int32_t>(p.emb_positions), U, C, stream_);
+  grads_final(L + 1);  // the embedding (and a tied LM head)
+}
+
+void CudaEngine::grads_final(int i) {
+  if (!hook_) return;
+  check(cudaEventRecord(events_[i], stream_), "cudaEventRecord");
+  hook_->grads_ready(buckets_[i].begin, buckets_[i].end, events_[i]);
 }
 
 double CudaEngine::device_sum_losses(size_t N) {
@@ -577,7 +610,34 @@ double CudaEngine::grad_norm() {
   return std::sqrt(*h_sum_);
 }
 
-void CudaEngine::adamw_step(const AdamWHyper& hp) {
+void CudaEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layout_.total); }
+
+void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
+  KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
+            "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  if (begin == end) return;
+  // The whole model uses the constructor's table; a shard, the same chunks
+  // clipped to it (uploaded once: a rank's shard does not change).
+  const cuda::AdamWChunk* table = at<cuda::AdamWChunk>(plan_.chunks);
+  int count = plan_.num_chunks;
+  if (begin != 0 || end != layout_.total) {
+    if (range_count_ < 0 || range_begin_ != begin || range_end_ != end) {
+      std::vector<cuda::AdamWChunk> clipped;
+      for (const cuda::AdamWChunk& c : chunk_table_) {
+        const uint64_t lo = std::max<uint64_t>(c.begin, begin), hi = std::min<uint64_t>(c.end, end);
+        if (lo < hi) clipped.push_back({lo, hi, c.flags});
+      }
+      check(cudaMemcpyAsync(at<cuda::AdamWChunk>(plan_.range_chunks), clipped.data(),
+                            clipped.size() * sizeof(cuda::AdamWChunk), cudaMemcpyHostToDevice, stream_),
+            "upload AdamW shard chunks");
+      check(cudaStreamSynchronize(stream_), "upload AdamW shard chunks");
+      range_begin_ = begin;
+      range_end_ = end;
+      range_count_ = static_cast<int>(clipped.size());
+    }
+    table = at<cuda::AdamWChunk>(plan_.range_chunks);
+    count = range_count_;
+  }
   cuda::AdamWArgs a{};
   a.lr = static_cast<float>(hp.lr);
   a.beta1 = static_cast<float>(hp.beta1);
@@ -587,10 +647,49 @@ void CudaEngine::adamw_step(const AdamWHyper& hp) {
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(hp.beta1, static_cast<double>(hp.step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step)));
   a.grad_scale = static_cast<float>(hp.grad_scale);
+  // The kernel indexes the moments by flat element i like every other buffer;
+  // ours start at opt_begin_, so it gets pointers shifted back by opt_begin_
+  // (only elements of the table, all inside [opt_begin_, opt_end_), are touched).
   cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads),
-                   at<float>(plan_.exp_avg), at<float>(plan_.exp_avg_sq), at<cuda::AdamWChunk>(plan_.chunks),
-                   plan_.num_chunks, a, stream_);
+                   exp_avg_base() - opt_begin_, exp_avg_sq_base() - opt_begin_, table, count, a, stream_);
   check(cudaStreamSynchronize(stream_), "AdamW step");
+}
+
+double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
+  KVS_CHECK(begin <= end && end <= layout_.total, "grad_sq_sum_range: [{}, {}) outside {} floats", begin, end,
+            layout_.total);
+  if (begin == end) return 0.0;
+  cuda::sum_squares_f32(at<double>(plan_.dsum), at<float>(plan_.grads) + begin, end - begin,
+                        at<double>(plan_.dscratch), stream_);
+  check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_),
+        "grad norm");
+  check(cudaStreamSynchronize(stream_), "grad norm");
+  return *h_sum_;
+}
+
+void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
+  KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
+            "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  const size_t n = end - begin, skip = begin - opt_begin_;
+  float* kept = nullptr;
+  if (n > 0) {
+    check(cudaMalloc(&kept, 2 * n * sizeof(float)), "cudaMalloc (ZeRO-1 moments)");
+    check(cudaMemcpyAsync(kept, exp_avg_base() + skip, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+          "keep exp_avg");
+    check(cudaMemcpyAsync(kept + n, exp_avg_sq_base() + skip, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+          "keep exp_avg_sq");
+  }
+  check(cudaStreamSynchronize(stream_), "keep optimizer range");
+  if (moments_) check(cudaFree(moments_), "cudaFree (ZeRO-1 moments)");
+  moments_ = kept;
+  opt_begin_ = begin;
+  opt_end_ = end;
+  range_count_ = -1;
+}
+
+void CudaEngine::flat_params_written() {
+  cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
+  check(cudaStreamSynchronize(stream_), "refresh bf16 parameters");
 }
 
 }  // namespace kvs

@@ -11,7 +11,8 @@
 // - activations and activation gradients in bf16; RMSNorm rstd, attention
 //   log-sum-exp and token losses in fp32.
 // Memory: one cudaMalloc in the constructor holds parameters, gradients,
-// optimizer state, activations and workspaces (CudaPlan); the step loop
+// activations and workspaces (CudaPlan), a second one the AdamW moments (so
+// that ZeRO-1's keep_optimizer_range can free all but a shard); the step loop
 // allocates nothing. Compiled only with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/ops.h"
 #include "model/engine.h"
 
 namespace kvs {
@@ -31,8 +33,9 @@ namespace kvs {
 // activations sit at base + l * stride, sized for the largest micro-batch.
 struct CudaPlan {
   size_t total = 0;  // bytes
-  // parameters and optimizer (fp32 unless noted), each [layout.total]
-  size_t master, grads, exp_avg, exp_avg_sq, params16 /* bf16 */;
+  // parameters (fp32 unless noted), each [layout.total]; the moments are a
+  // separate allocation (CudaEngine::moments_)
+  size_t master, grads, params16 /* bf16 */;
   // forward activations (bf16 unless noted), per layer
   size_t resid, res_mid, ln1, ln2, qkv, qhat, khat, vhat, attout, gate_up, h;
   size_t rstd1, rstd2, lse;  // fp32
@@ -57,8 +60,9 @@ struct CudaPlan {
   size_t scratch_floats = 0, dscratch_doubles = 0;
   // batch inputs
   size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
-  // AdamW chunk table
-  size_t chunks;
+  // AdamW chunk tables: every tensor (num_chunks), and the same clipped to a
+  // ZeRO-1 shard (range_chunks, at most num_chunks entries)
+  size_t chunks, range_chunks;
   int num_chunks = 0;
 
   static CudaPlan build(const ModelConfig& m, const ParamLayout& layout, int B, int T,
@@ -90,6 +94,19 @@ class CudaEngine : public Engine {
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
 
+  // ZeRO-1 on device buffers (engine.h): flat_params()/flat_grads() are GPU
+  // pointers; every call returns with the engine's stream idle.
+  bool supports_sharded_step() const override { return true; }
+  bool flat_on_device() const override { return true; }
+  float* flat_params() override { return at<float>(plan_.master); }
+  float* flat_grads() override { return at<float>(plan_.grads); }
+  void flat_params_written() override;
+  double grad_sq_sum_range(size_t begin, size_t end) override;
+  void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
+  void keep_optimizer_range(size_t begin, size_t end) override;
+  bool announces_ready_grads() const override { return true; }
+  void set_grad_ready_hook(GradReadyHook* hook) override { hook_ = hook; }
+
  private:
   template <class T>
   T* at(size_t offset) const {
@@ -111,6 +128,11 @@ class CudaEngine : public Engine {
     const float *q, *k, *v;
   };
   LayerCoefs layer_coefs(int l, bool compute);
+  // Bucket `i` of buckets_ is final: record its event, tell the hook (if any).
+  void grads_final(int i);
+  // The moments of element i (valid for opt_begin_ <= i < opt_end_).
+  float* exp_avg_base() const { return moments_; }
+  float* exp_avg_sq_base() const { return moments_ + (opt_end_ - opt_begin_); }
 
   ModelConfig m_;
   ParamLayout layout_;
@@ -131,6 +153,20 @@ class CudaEngine : public Engine {
   int32_t* h_tokens_ = nullptr;  // [3 * N_max + 1]: tokens, uniq, offsets
   int32_t* h_positions_ = nullptr;
   double* h_sum_ = nullptr;
+  // AdamW moments of [opt_begin_, opt_end_) only: exp_avg, then exp_avg_sq.
+  float* moments_ = nullptr;
+  size_t opt_begin_ = 0, opt_end_ = 0;
+  std::vector<cuda::AdamWChunk> chunk_table_;  // host copy of plan_.chunks
+  size_t range_begin_ = 0, range_end_ = 0;     // what plan_.range_chunks holds
+  int range_count_ = -1;                       // -1: nothing uploaded yet
+  // Overlap: contiguous layout ranges in backward order (tail = final norm and
+  // LM head, then layers L-1..0, then the embedding), one event each.
+  struct Bucket {
+    size_t begin, end;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<cudaEvent_t> events_;
+  GradReadyHook* hook_ = nullptr;
 };
 
 }  // namespace kvs

@@ -14,7 +14,7 @@ namespace kvs {
 
 namespace {
 [[noreturn]] void no_sharded_step() {
-  fail("this engine has no sharded optimizer step (data parallelism needs device \"cpu\" for now)");
+  fail("this engine has no sharded optimizer step (ZeRO-1 data parallelism)");
 }
 }  // namespace
 

@@ -55,11 +55,19 @@ class Engine {
 
   // ZeRO-1 (docs/PARALLEL.md): a data-parallel rank reduces the gradients,
   // then updates only its slice [begin, end) of the flat buffers (indices into
-  // ParamLayout). Only engines with host-side flat buffers support it; the
-  // defaults throw (the CUDA engine: dp > 1 is not available there yet).
+  // ParamLayout). The defaults throw (an engine without a sharded step).
   virtual bool supports_sharded_step() const { return false; }
-  virtual float* host_params();  // the flat fp32 parameters, writable
-  virtual float* host_grads();   // the flat fp32 gradients, writable
+  // Where the flat fp32 buffers live: host memory (CPU engine) or GPU memory
+  // (CUDA engine). flat_params()/flat_grads() point there, writable; for a
+  // host engine they are host_params()/host_grads().
+  virtual bool flat_on_device() const { return false; }
+  virtual float* flat_params() { return host_params(); }
+  virtual float* flat_grads() { return host_grads(); }
+  virtual float* host_params();  // the flat fp32 parameters, writable (host engines)
+  virtual float* host_grads();   // the flat fp32 gradients, writable (host engines)
+  // The caller wrote flat_params() directly (ZeRO-1's all-gather): refresh
+  // what the engine derives from them (the CUDA engine's bf16 copy).
+  virtual void flat_params_written() {}
   // Sum of squared gradients over [begin, end) (the caller all-reduces, then takes sqrt).
   virtual double grad_sq_sum_range(size_t begin, size_t end);
   // adamw_step restricted to [begin, end): the same per-element math, each
@@ -70,6 +78,20 @@ class Engine {
   // range, write_optimizer_state keeps only the range, and adamw_step_range
   // must stay inside it.
   virtual void keep_optimizer_range(size_t begin, size_t end);
+
+  // Overlapped gradient reduction (docs/PARALLEL.md, "Overlap"). While a hook
+  // is set, every backward calls it as soon as the gradients of a contiguous
+  // layout range are final (a layer's tensors; the final norm and LM head; the
+  // embedding), in backward order; together the calls cover [0, total) once.
+  // `cuda_event` is a cudaEvent_t recorded on the engine's stream after the
+  // range's last gradient kernel: work that reads the range waits for it.
+  class GradReadyHook {
+   public:
+    virtual ~GradReadyHook() = default;
+    virtual void grads_ready(size_t begin, size_t end, void* cuda_event) = 0;
+  };
+  virtual bool announces_ready_grads() const { return false; }
+  virtual void set_grad_ready_hook(GradReadyHook* hook) { (void)hook; }  // null: stop
 };
 
 // Checks a micro-batch against the engine's size and the vocabulary (host

@@ -135,9 +135,6 @@ void check_parallel_layout(const Config& cfg, int world_size) {
             "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
             "grad_accum_steps/dp micro-batches of the global batch",
             accum, dp);
-  KVS_CHECK(dp == 1 || cfg.device == "cpu",
-            "data parallelism (dp = {}) needs device \"cpu\" for now; device \"{}\" has no sharded optimizer step yet",
-            dp, cfg.device);
 }
 
 TrainSummary train(const Config& config, const TrainOptions& opt) {
@@ -291,7 +288,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
     engine->zero_grad();
     double loss_sum = 0;
-    for (int s = 0; s < LB; s += MB) loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
+    for (int s = 0; s < LB; s += MB) {
+      // ZeRO-1 on CUDA + NCCL: the last micro-batch's backward starts the gradient reduction.
+      if (zero1 && s + MB >= LB) zero1->overlap_next_backward();
+      loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
+    }
     // The TP ranks of a replica computed the same losses (the vocab-parallel
     // cross-entropy gives every rank whole rows), so only replicas are summed.
     dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);

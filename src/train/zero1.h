@@ -3,8 +3,12 @@
 // the summed gradients of its contiguous shard [r*S, min((r+1)*S, total)),
 // S = ceil(total/dp). Each rank holds the AdamW moments of its shard only and
 // runs AdamW on it, then the parameters are all-gathered.
+// Engines with host buffers (CPU) move them here; engines with GPU buffers
+// (CUDA) go through DeviceFlatSync (zero1_device.h): NCCL on the device
+// buffers, overlapped with the backward, or MPI staged through the host.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "dist/comm.h"
@@ -20,6 +24,8 @@ struct ShardRange {
 // Rank `rank` of `dp`'s shard of `total` floats.
 ShardRange shard_range(size_t total, int dp, int rank);
 
+class DeviceFlatSync;
+
 class Zero1 {
  public:
   // Narrows the engine's moments to this rank's shard: load any full
@@ -27,6 +33,12 @@ class Zero1 {
   // comm: the data-parallel group. With tensor parallelism the engine holds
   // one TP slice and the gradient norm is also summed over `tp`'s group.
   Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp = {});
+  ~Zero1();
+
+  // Call before the last micro-batch's forward_backward of a step: its
+  // backward starts reducing each layer's gradients as soon as they are final
+  // (CUDA engine + NCCL; elsewhere a no-op and reduce_gradients does it all).
+  void overlap_next_backward();
 
   // Sums every rank's gradients into this rank's shard (reduce-scatter) and
   // returns the global L2 norm (squared norms of the shards, all-reduced).
@@ -48,7 +60,8 @@ class Zero1 {
   dist::Communicator& comm_;
   TensorParallel tp_;
   ShardRange shard_;
-  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step
+  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step (host)
+  std::unique_ptr<DeviceFlatSync> device_;  // set when the engine's flat buffers are on a GPU
 };
 
 }  // namespace kvs

@@ -205,7 +205,9 @@ TEST(DistDp, Zero1EngineKeepsOnlyItsShard) {
     whole.read_params(pa.data());
     part.read_params(pb.data());
     for (size_t i = 0; i < n; ++i) {
-      if (i >= s.begin && i < s.end) ASSERT_EQ(pb[i], pa[i]) << "step " << step << " element " << i;
+      if (i >= s.begin && i < s.end) {
+        ASSERT_EQ(pb[i], pa[i]) << "step " << step << " element " << i;
+      }
       pb[i] = pa[i];
     }
     part.write_params(pb.data());

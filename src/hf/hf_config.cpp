@@ -20,6 +20,8 @@ json id_or_null(int id) { return id >= 0 ? json(id) : json(nullptr); }
 
 json export_config(const ModelConfig& m, const std::string& torch_dtype, const SpecialIds& ids) {
   json j = model_to_hf_json(m);  // LlamaConfig keys (+ kv_shift, position_encoding)
+  // Packed-document masking is a training option: inference inputs are one document.
+  j.erase("document_boundaries");
   j["torch_dtype"] = torch_dtype;
   j["bos_token_id"] = id_or_null(ids.bos);
   j["eos_token_id"] = id_or_null(ids.eos);

@@ -476,8 +476,8 @@ def inspect_section(sweep_dir, cells, kvshift):
     tot = [sum(d["n"][i] for d in per_label.values()) for i in range(4)]
     diag = tot[0] + tot[3]
     L += ["", "The paper (2.9B model) finds the diagonal (same order for a and b) dominates; here the diagonal holds "
-          "%d of %d pairs (%s). These are small induction models after a few hundred steps, not the paper's "
-          "pretrained language model, so this is an observation, not a test of that claim." % (
+          "%d of %d pairs (%s). These are small models after a few hundred steps, not the paper's "
+          "pretrained 2.9B language model, so this is an observation, not a test of that claim." % (
               diag, sum(tot), "it dominates" if 2 * diag > sum(tot) else "it does not dominate"),
           ""]
     return L

@@ -11,7 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/engine.h"
 #include "test_util.h"
+#include "train/zero1.h"
 
 namespace kvs::testing_util {
 
@@ -97,6 +99,46 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
   EXPECT_GT(compared, 0) << what;
   std::printf("[ %s ] max relative loss difference %.3g over %d steps\n", what.c_str(), worst, compared);
   return worst;
+}
+
+// ZeRO-1's shard update against the unsharded step, on any engine: four steps
+// in which `whole` runs adamw_step and `sharded` runs adamw_step_range shard by
+// shard (dp 3 and 5 alternately, the last shard first). Parameters and moments
+// must agree bit for bit, and the shards' squared norms sum to the whole norm.
+// A large lr pushes shift coefficients out of [0, 1], so clamp01 matters.
+inline void expect_shard_steps_equal_whole(kvs::Engine& whole, kvs::Engine& sharded, const kvs::Batch& b) {
+  const size_t n = whole.layout().total;
+  auto params = [n](const kvs::Engine& e) {
+    std::vector<float> p(n);
+    e.read_params(p.data());
+    return p;
+  };
+  auto moments = [n](const kvs::Engine& e) {
+    std::vector<float> m(n), v(n);
+    e.read_optimizer_state(m.data(), v.data());
+    return std::pair{m, v};
+  };
+  for (int step = 1; step <= 4; ++step) {
+    for (auto* e : {&whole, &sharded}) {
+      e->zero_grad();
+      e->forward_backward(b, 1.0 / 32);
+    }
+    const int dp = step % 2 ? 3 : 5;
+    double sq = 0;
+    for (int r = 0; r < dp; ++r) {
+      const auto s = kvs::shard_range(n, dp, r);
+      sq += sharded.grad_sq_sum_range(s.begin, s.end);
+    }
+    EXPECT_NEAR(std::sqrt(sq), whole.grad_norm(), 1e-9 * whole.grad_norm());
+    const kvs::AdamWHyper h{0.5, 0.9, 0.95, 1e-8, 0.1, step, 0.7};
+    whole.adamw_step(h);
+    for (int r = dp - 1; r >= 0; --r) {
+      const auto s = kvs::shard_range(n, dp, r);
+      sharded.adamw_step_range(h, s.begin, s.end);
+    }
+    ASSERT_EQ(params(whole), params(sharded)) << "step " << step;
+    ASSERT_EQ(moments(whole), moments(sharded)) << "step " << step;
+  }
 }
 
 }  // namespace kvs::testing_util

@@ -94,27 +94,7 @@ TEST(CudaZero1, ShardUpdateEqualsUnshardedCudaAdamW) {
   whole.write_params(init.data());
   sharded.write_params(init.data());
   const Data d = data(7);
-  for (int step = 1; step <= 4; ++step) {
-    for (auto* e : {&whole, &sharded}) {
-      e->zero_grad();
-      e->forward_backward(d.batch(), 1.0 / 32);
-    }
-    const int dp = step % 2 ? 3 : 5;
-    double sq = 0;
-    for (int r = 0; r < dp; ++r) {
-      const auto s = kvs::shard_range(layout.total, dp, r);
-      sq += sharded.grad_sq_sum_range(s.begin, s.end);
-    }
-    EXPECT_NEAR(std::sqrt(sq), whole.grad_norm(), 1e-9 * whole.grad_norm());
-    const kvs::AdamWHyper h{0.5, 0.9, 0.95, 1e-8, 0.1, step, 0.7};
-    whole.adamw_step(h);
-    for (int r = dp - 1; r >= 0; --r) {
-      const auto s = kvs::shard_range(layout.total, dp, r);
-      sharded.adamw_step_range(h, s.begin, s.end);
-    }
-    ASSERT_EQ(params_of(whole), params_of(sharded)) << "step " << step;
-    ASSERT_EQ(moments_of(whole), moments_of(sharded)) << "step " << step;
-  }
+  expect_shard_steps_equal_whole(whole, sharded, d.batch());
 }
 
 // keep_optimizer_range frees the other moments: zeros outside on read, the

@@ -132,35 +132,7 @@ TEST(DistDp, Zero1ShardUpdateEqualsAdamW) {
     }
     EXPECT_TRUE(cut) << "no shard boundary inside a tensor at dp=" << dp;
   }
-  for (int step = 1; step <= 4; ++step) {
-    for (auto* e : {&whole, &sharded}) {
-      e->zero_grad();
-      e->forward_backward(b, 1.0 / 32);
-    }
-    const int dp = step % 2 ? 3 : 5;
-    double sq = 0;
-    for (int r = 0; r < dp; ++r) {
-      const auto s = kvs::shard_range(layout.total, dp, r);
-      sq += sharded.grad_sq_sum_range(s.begin, s.end);
-    }
-    EXPECT_NEAR(std::sqrt(sq), whole.grad_norm(), 1e-9 * whole.grad_norm());
-    // A large lr pushes shift coefficients out of [0, 1], so the projection matters.
-    const kvs::AdamWHyper h{0.5, 0.9, 0.95, 1e-8, 0.1, step, 0.7};
-    whole.adamw_step(h);
-    for (int r = dp - 1; r >= 0; --r) {
-      const auto s = kvs::shard_range(layout.total, dp, r);
-      sharded.adamw_step_range(h, s.begin, s.end);
-    }
-    std::vector<float> pa(layout.total), pb(layout.total), ma(layout.total), mb(layout.total), va(layout.total),
-        vb(layout.total);
-    whole.read_params(pa.data());
-    sharded.read_params(pb.data());
-    whole.read_optimizer_state(ma.data(), va.data());
-    sharded.read_optimizer_state(mb.data(), vb.data());
-    ASSERT_EQ(pa, pb) << "step " << step;
-    ASSERT_EQ(ma, mb) << "step " << step;
-    ASSERT_EQ(va, vb) << "step " << step;
-  }
+  expect_shard_steps_equal_whole(whole, sharded, b);
   std::vector<float> p(layout.total);
   whole.read_params(p.data());
   int on_edge = 0;  // coefficients the projection moved onto 0 or 1

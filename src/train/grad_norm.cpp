@@ -1,6 +1,9 @@
 #include "train/grad_norm.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "dist/comm.h"
 
 namespace kvs {
 
@@ -13,6 +16,13 @@ double local_grad_sq_sum(Engine& e, size_t begin, size_t end, const TensorParall
     if (lo < hi) sq += e.grad_sq_sum_range(lo, hi);
   }
   return sq;
+}
+
+double global_grad_norm(Engine& e, const TensorParallel& tp) {
+  if (tp.size == 1) return e.grad_norm();
+  double sq = local_grad_sq_sum(e, 0, e.layout().total, tp);
+  tp.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
+  return std::sqrt(sq);
 }
 
 }  // namespace kvs

@@ -14,4 +14,8 @@ namespace kvs {
 // exactly Engine::grad_sq_sum_range(begin, end).
 double local_grad_sq_sum(Engine& e, size_t begin, size_t end, const TensorParallel& tp);
 
+// The full model's gradient norm without ZeRO-1 (zero1.h has its own): the
+// engine's at tp = 1, else local_grad_sq_sum over the TP group.
+double global_grad_norm(Engine& e, const TensorParallel& tp);
+
 }  // namespace kvs

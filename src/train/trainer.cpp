@@ -298,16 +298,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
     const double loss = scored > 0 ? loss_sum / scored : 0.0;
     // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
-    double gnorm = 0;
-    if (zero1) {
-      gnorm = zero1->reduce_gradients();
-    } else if (tp.size > 1) {
-      double sq = local_grad_sq_sum(*engine, 0, engine->layout().total, tp);
-      tp.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
-      gnorm = std::sqrt(sq);
-    } else {
-      gnorm = engine->grad_norm();
-    }
+    const double gnorm = zero1 ? zero1->reduce_gradients() : global_grad_norm(*engine, tp);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
       fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,

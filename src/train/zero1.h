@@ -3,9 +3,9 @@
 // the summed gradients of its contiguous shard [r*S, min((r+1)*S, total)),
 // S = ceil(total/dp). Each rank holds the AdamW moments of its shard only and
 // runs AdamW on it, then the parameters are all-gathered.
-// Engines with host buffers (CPU) move them here; engines with GPU buffers
-// (CUDA) go through DeviceFlatSync (zero1_device.h): NCCL on the device
-// buffers, overlapped with the backward, or MPI staged through the host.
+// The collectives themselves are a FlatSync (flat_sync.h): host collectives
+// on host buffers (CPU engine, or a GPU engine's buffers staged through the
+// host under MPI), or NCCL in place on GPU buffers, overlapped with the backward.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -24,7 +24,7 @@ struct ShardRange {
 // Rank `rank` of `dp`'s shard of `total` floats.
 ShardRange shard_range(size_t total, int dp, int rank);
 
-class DeviceFlatSync;
+class FlatSync;
 
 class Zero1 {
  public:
@@ -53,15 +53,11 @@ class Zero1 {
   const ShardRange& shard() const { return shard_; }
 
  private:
-  // Gathers each rank's shard of `full` (total floats) into `full` on every rank.
-  void all_gather_shards(float* full);
-
   Engine& engine_;
   dist::Communicator& comm_;
   TensorParallel tp_;
   ShardRange shard_;
-  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step (host)
-  std::unique_ptr<DeviceFlatSync> device_;  // set when the engine's flat buffers are on a GPU
+  std::unique_ptr<FlatSync> sync_;  // the collectives on the engine's buffers (flat_sync.h)
 };
 
 }  // namespace kvs

@@ -1,7 +1,9 @@
-// DeviceFlatSync's two implementations (zero1_device.h). Written for a GPU
-// and compiled, but the sessions that wrote it had none: scripts/gpu_check.sh
-// runs the staged path (2 MPI ranks on one GPU); the NCCL path needs 2 GPUs.
-#include "train/zero1_device.h"
+// ZeRO-1's data movement for engines whose flat buffers are in GPU memory
+// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Written for a
+// GPU and compiled, but the sessions that wrote it had none:
+// scripts/gpu_check.sh runs the staged path (2 MPI ranks on one GPU); the
+// NCCL path needs 2 GPUs.
+#include "train/flat_sync.h"
 
 #include "core/error.h"
 #ifdef KVS_CUDA
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "dist/nccl_comm.h"
+#include "train/zero1.h"
 #endif
 
 namespace kvs {
@@ -23,58 +26,15 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("ZeRO-1 (device buffers): {}: {}", what, cudaGetErrorString(e));
 }
 
-// MPI or single process: copy to pinned host buffers, run the host
-// collectives, copy back. Engine calls return with the GPU idle, so plain
-// cudaMemcpy needs no stream ordering.
-class StagedThroughHost final : public DeviceFlatSync {
- public:
-  StagedThroughHost(Engine& e, dist::Communicator& comm, const ShardRange& s)
-      : engine_(e), comm_(comm), shard_(s), total_(e.layout().total), padded_n_(s.padded_size * comm.size()) {
-    check(cudaMallocHost(&padded_, padded_n_ * sizeof(float)), "cudaMallocHost");
-    check(cudaMallocHost(&piece_, shard_.padded_size * sizeof(float)), "cudaMallocHost");
-    std::memset(padded_, 0, padded_n_ * sizeof(float));  // the padding stays zero
-    std::memset(piece_, 0, shard_.padded_size * sizeof(float));
-  }
-  ~StagedThroughHost() override {
-    if (padded_) cudaFreeHost(padded_);
-    if (piece_) cudaFreeHost(piece_);
-  }
-  void overlap_next_backward() override {}  // the host needs the whole buffer: nothing to overlap
-  void reduce_grads() override {
-    float* g = engine_.flat_grads();
-    check(cudaMemcpy(padded_, g, total_ * sizeof(float), cudaMemcpyDeviceToHost), "gradients to the host");
-    comm_.reduce_scatter(padded_, piece_, shard_.padded_size, dist::DType::F32, dist::ReduceOp::Sum);
-    check(cudaMemcpy(g + shard_.begin, piece_, (shard_.end - shard_.begin) * sizeof(float), cudaMemcpyHostToDevice),
-          "gradient shard to the device");
-  }
-  void all_gather_params() override {
-    float* p = engine_.flat_params();
-    const size_t n = shard_.end - shard_.begin;
-    check(cudaMemcpy(piece_, p + shard_.begin, n * sizeof(float), cudaMemcpyDeviceToHost), "parameter shard to the host");
-    std::fill(piece_ + n, piece_ + shard_.padded_size, 0.0f);
-    comm_.all_gather(piece_, padded_, shard_.padded_size, dist::DType::F32);
-    check(cudaMemcpy(p, padded_, total_ * sizeof(float), cudaMemcpyHostToDevice), "parameters to the device");
-    engine_.flat_params_written();
-  }
-
- private:
-  Engine& engine_;
-  dist::Communicator& comm_;
-  ShardRange shard_;
-  size_t total_, padded_n_;
-  float* padded_ = nullptr;  // dp*S, pinned
-  float* piece_ = nullptr;   // S, pinned
-};
-
 // NCCL on the engine's device buffers, no padding or copies: a range's
 // gradients are reduced piece by piece onto the ranks that own them
 // (ncclReduce in place, the pieces of one range in one NCCL group), and the
 // parameters are broadcast shard by shard from their owners. The sums land
 // exactly where a reduce-scatter of the padded buffer puts them.
-class DirectNccl final : public DeviceFlatSync, public Engine::GradReadyHook {
+class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
  public:
   DirectNccl(Engine& e, dist::Communicator& comm, dist::AsyncDeviceCollectives& async, const ShardRange& s)
-      : engine_(e), async_(async), S_(s.padded_size), total_(e.layout().total) {
+      : engine_(e), comm_(comm), async_(async), S_(s.padded_size), total_(e.layout().total) {
     // The async ops exchange no sizes: check once that every rank has the same layout.
     double t[2] = {static_cast<double>(total_), -static_cast<double>(total_)};
     comm.all_reduce(t, 2, dist::DType::F64, dist::ReduceOp::Max);
@@ -113,6 +73,13 @@ class DirectNccl final : public DeviceFlatSync, public Engine::GradReadyHook {
     async_.synchronize();
     engine_.flat_params_written();
   }
+  // A host buffer: NCCL stages host memory on the GPU, so one shard at a time, not the whole model.
+  void all_gather_host(float* full) override {
+    for (int r = 0; r < comm_.size(); ++r) {
+      const ShardRange s = shard_range(total_, comm_.size(), r);
+      if (s.end > s.begin) comm_.broadcast(full + s.begin, s.end - s.begin, dist::DType::F32, r);
+    }
+  }
 
  private:
   // [begin, end) cut at shard boundaries, each piece with its owner as root.
@@ -127,6 +94,7 @@ class DirectNccl final : public DeviceFlatSync, public Engine::GradReadyHook {
   }
 
   Engine& engine_;
+  dist::Communicator& comm_;
   dist::AsyncDeviceCollectives& async_;
   size_t S_, total_;
   bool armed_ = false;
@@ -135,9 +103,18 @@ class DirectNccl final : public DeviceFlatSync, public Engine::GradReadyHook {
 
 }  // namespace
 
-std::unique_ptr<DeviceFlatSync> make_device_flat_sync(Engine& engine, dist::Communicator& comm,
-                                                      const ShardRange& shard) {
-  if (!comm.device_memory()) return std::make_unique<StagedThroughHost>(engine, comm, shard);
+std::unique_ptr<FlatSync> make_device_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard) {
+  if (!comm.device_memory()) {
+    // MPI or single process: through host buffers. Engine calls return with
+    // the GPU idle, so plain cudaMemcpy needs no stream ordering.
+    auto copy = [](cudaMemcpyKind kind, const char* what) {
+      return [kind, what](float* dst, const float* src, size_t n) {
+        check(cudaMemcpy(dst, src, n * sizeof(float), kind), what);
+      };
+    };
+    return std::make_unique<StagedFlatSync>(engine, comm, shard, copy(cudaMemcpyDeviceToHost, "device to host"),
+                                            copy(cudaMemcpyHostToDevice, "host to device"));
+  }
   dist::AsyncDeviceCollectives* async = dist::async_device_collectives(comm);
   KVS_CHECK(async != nullptr, "ZeRO-1: backend {} takes device memory but has no asynchronous collectives",
             comm.backend());
@@ -146,7 +123,7 @@ std::unique_ptr<DeviceFlatSync> make_device_flat_sync(Engine& engine, dist::Comm
 
 #else
 
-std::unique_ptr<DeviceFlatSync> make_device_flat_sync(Engine&, dist::Communicator&, const ShardRange&) {
+std::unique_ptr<FlatSync> make_device_flat_sync(Engine&, dist::Communicator&, const ShardRange&) {
   fail("ZeRO-1: the engine's buffers are on a GPU, but this kvshift was built without CUDA");
 }
 

@@ -1,0 +1,66 @@
+// ZeRO-1's data movement (docs/PARALLEL.md): the collectives that give rank r
+// the summed gradients of its shard [r*S, min((r+1)*S, total)) (shard_range,
+// zero1.h) and every rank every parameter, on the engine's flat buffers.
+//   - StagedFlatSync: host collectives (MPI, single process) on padded host
+//     buffers; the engine's buffers are copied in and out with the given copy
+//     functions (memcpy for the CPU engine, cudaMemcpy for a GPU engine whose
+//     communicator takes host memory);
+//   - DirectNccl (zero1_device.cpp): in place on GPU buffers, each layer's
+//     gradients reduced as soon as its backward ends.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/engine.h"
+
+namespace kvs {
+
+struct ShardRange;
+
+class FlatSync {
+ public:
+  virtual ~FlatSync() = default;
+  // The next backward reduces its buckets as they finish (where supported).
+  virtual void overlap_next_backward() {}
+  // Every rank's gradients summed into this rank's shard of the engine's
+  // gradients; outside the shard they stay this rank's own.
+  virtual void reduce_grads() = 0;
+  // Every shard of the engine's fp32 parameters from its owner, then the
+  // engine's derived copies refreshed (Engine::flat_params_written).
+  virtual void all_gather_params() = 0;
+  // Every shard of a host buffer of `total` floats from its owner (the AdamW
+  // moments for a checkpoint).
+  virtual void all_gather_host(float* full) = 0;
+};
+
+class StagedFlatSync final : public FlatSync {
+ public:
+  // copy(dst, src, n): between the engine's memory and host memory.
+  using Copy = std::function<void(float* dst, const float* src, size_t n)>;
+  StagedFlatSync(Engine& engine, dist::Communicator& comm, const ShardRange& shard, Copy to_host, Copy from_host);
+
+  void reduce_grads() override;
+  void all_gather_params() override;
+  void all_gather_host(float* full) override;
+
+ private:
+  // Gathers the shards of `full` (in the memory `to_host`/`from_host` reach).
+  void all_gather(float* full, const Copy& to_host, const Copy& from_host);
+
+  Engine& engine_;
+  dist::Communicator& comm_;
+  size_t begin_, end_, S_, total_;
+  Copy to_host_, from_host_;
+  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step; the padding stays zero
+};
+
+// The engine's kind: StagedFlatSync with memcpy for host buffers, else make_device_flat_sync.
+std::unique_ptr<FlatSync> make_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard);
+
+// GPU buffers (zero1_device.cpp): DirectNccl when the communicator takes GPU
+// memory, else StagedFlatSync with cudaMemcpy; a kvs::Error without CUDA.
+std::unique_ptr<FlatSync> make_device_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard);
+
+}  // namespace kvs

@@ -117,17 +117,6 @@ TEST(TensorParallel, SliceAndAssembleRoundTrip) {
     }
 }
 
-// Initialisation is a function of the full model: the same seed gives the
-// same full weights whatever the layout (the trainer slices a full init).
-TEST(TensorParallel, SameSeedSameFullWeights) {
-  const kvs::Config c = tp_config(true);
-  const auto full_layout = kvs::ParamLayout::build(c.model);
-  std::vector<float> a(full_layout.total), b(full_layout.total);
-  kvs::init_params(full_layout, c.model, 7, a.data());
-  kvs::init_params(full_layout, c.model, 7, b.data());
-  EXPECT_EQ(round_trip(c.model, 2, a), b);
-}
-
 TEST(TensorParallel, VanillaFollowsSingleProcess) { tp_follows_single(false); }
 TEST(TensorParallel, ShiftedGqaFollowsSingleProcess) { tp_follows_single(true); }
 

@@ -142,6 +142,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   opt_end_ = layout_.total;
   acts_.assign(plan_.total, 0.0f);
   argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
+  if (m_.document_boundaries != "none") doc_start_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
   cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
@@ -419,7 +420,6 @@ double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, 
 
 void CpuEngine::find_documents(const Batch& b) {
   if (m_.document_boundaries == "none") return;
-  doc_start_.resize(static_cast<size_t>(b.B) * b.T);
   for (int i = 0; i < b.B; ++i) {
     int start = 0;
     for (int t = 0; t < b.T; ++t) {

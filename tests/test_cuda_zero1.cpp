@@ -254,7 +254,7 @@ TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
 }
 
 // No GPU needed: the configurations above are valid, and dp > 1 on device
-// cuda passes the layout check (tp > 1 on cuda is still refused by make_engine).
+// cuda passes the layout check (tp > 1 on cuda: test_cuda_tp.cpp).
 TEST(CudaZero1, TestConfigurationsAreValidAndDpIsAllowed) {
   for (bool shift : {true, false}) EXPECT_NO_THROW(config_of(cuda_config(shift, 4)));
   const kvs::Config c = config_of(cuda_config(true, 4));

@@ -167,6 +167,13 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       });
     });
   }
+  void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) override {
+    if (count == 0) return;
+    enqueue("all-reduce (tensor parallel)", [&] {
+      return ncclAllReduce(buf, buf, count, t == Elem::BF16 ? ncclBfloat16 : ncclFloat32,
+                           nccl_op(op), comm_, static_cast<cudaStream_t>(cuda_stream));
+    });
+  }
   void synchronize() override {
     usable("synchronize");
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");

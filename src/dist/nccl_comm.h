@@ -55,6 +55,12 @@ class AsyncDeviceCollectives {
   virtual void broadcast_async(const std::vector<Piece>& pieces) = 0;
   // Blocks until everything enqueued has finished; a kvs::Error after the timeout.
   virtual void synchronize() = 0;
+  // In-place all-reduce of a device buffer enqueued on the CALLER's stream
+  // (a cudaStream_t), not the communicator's: tensor parallelism's
+  // activation all-reduces, ordered with the engine's kernels without a host
+  // wait. bf16 is summed by NCCL (ncclBfloat16), as Megatron does.
+  enum class Elem { F32, BF16 };
+  virtual void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) = 0;
 };
 // The communicator's async interface, or null when it is not NCCL.
 AsyncDeviceCollectives* async_device_collectives(Communicator& comm);

@@ -674,10 +674,6 @@ void validate(const Config& c, const std::string& origin) {
   }
 
   check_tensor_parallel(c.model, c.parallel.tp, origin);
-  if (c.parallel.tp > 1 && c.device != "cpu")
-    fail("{}: parallel.tp: tensor parallelism (tp = {}) needs device \"cpu\" for now; the CUDA engine has no "
-         "tensor-parallel layers yet",
-         origin, c.parallel.tp);
 }
 
 json to_json(const Config& c) {

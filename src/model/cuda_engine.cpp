@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/vocab_parallel_ce.h"
 
 namespace kvs {
 
@@ -44,13 +45,14 @@ float bf16_bits_to_float(uint16_t bits) {
 
 }  // namespace
 
-CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B, int T, const std::string& recompute) {
+CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
+                         const std::string& recompute) {
   CudaPlan p;
   KVS_CHECK(recompute == "none" || recompute == "attention" || recompute == "full",
             "train.recompute: unknown level '{}'", recompute);
-  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = m.hidden_size;
-  const size_t QD = m.q_dim(), KD = m.kv_dim(), F = m.intermediate_size, V = m.vocab_size;
-  const size_t Hq = m.num_attention_heads, Hkv = m.num_key_value_heads, D = m.head_dim();
+  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = d.C;
+  const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
+  const size_t Hq = d.Hq, Hkv = d.Hkv, D = d.D;
   const size_t W1 = static_cast<size_t>(m.kv_shift.window) + 1;
   const size_t P = layout.total;
   size_t off = 0;
@@ -129,6 +131,7 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   p.emb_offsets = take((N + 1) * sizeof(int32_t));
   p.emb_positions = take(N * sizeof(int32_t));
   p.argmax = take(N * sizeof(int32_t));
+  if (tp > 1) p.ce_stats = take(cuda::VocabCeStats::floats(N) * f4);
 
   size_t chunks = 0;
   for (const ParamTensor& t : layout.tensors) chunks += (t.numel + cuda::kAdamWChunkElems - 1) / cuda::kAdamWChunkElems;
@@ -139,9 +142,19 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   return p;
 }
 
-CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute)
-    : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len), recompute_(recompute) {
+CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute,
+                       TensorParallel tp)
+    : m_(m),
+      tp_(tp),
+      d_(LocalDims::of(m, tp.rank, tp.size)),
+      layout_(ParamLayout::build(m, tp.rank, tp.size)),
+      max_B_(max_batch),
+      max_T_(max_seq_len),
+      recompute_(recompute) {
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
+  KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
+            "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
+  check_tensor_parallel(m, tp.size, "engine");
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
@@ -149,7 +162,7 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
             D);
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_, recompute_);
+  plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_);
   void* base = nullptr;
   void* moments = nullptr;
   const size_t moment_bytes = 2 * layout_.total * sizeof(float);
@@ -170,6 +183,10 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   check(cudaMemsetAsync(moments_, 0, moment_bytes, stream_), "cudaMemset");
   check(cudaMemsetAsync(base_, 0, plan_.total, stream_), "cudaMemset");
   mm_ = std::make_unique<cuda::Matmul>();
+  {
+    const size_t N = static_cast<size_t>(max_B_) * max_T_;
+    tp_reduce_ = std::make_unique<CudaTpReduce>(tp_, stream_, std::max(N * d_.C, 2 * N));
+  }
 
   // Tensor offsets.
   auto off = [&](const std::string& name) -> size_t {
@@ -185,14 +202,14 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
     LayerOffsets o{};
     o.ln1 = off(p + "input_layernorm.weight");
     o.wqkv = off(p + "self_attn.q_proj.weight");
-    KVS_CHECK(off(p + "self_attn.k_proj.weight") == o.wqkv + static_cast<size_t>(m_.q_dim()) * m_.hidden_size &&
-                  off(p + "self_attn.v_proj.weight") == off(p + "self_attn.k_proj.weight") +
-                                                            static_cast<size_t>(m_.kv_dim()) * m_.hidden_size,
+    KVS_CHECK(off(p + "self_attn.k_proj.weight") == o.wqkv + static_cast<size_t>(d_.QD()) * d_.C &&
+                  off(p + "self_attn.v_proj.weight") ==
+                      off(p + "self_attn.k_proj.weight") + static_cast<size_t>(d_.KD()) * d_.C,
               "CUDA engine: q/k/v_proj are not adjacent in the parameter layout");
     o.wo = off(p + "self_attn.o_proj.weight");
     o.ln2 = off(p + "post_attention_layernorm.weight");
     o.wgu = off(p + "mlp.gate_proj.weight");
-    KVS_CHECK(off(p + "mlp.up_proj.weight") == o.wgu + static_cast<size_t>(m_.intermediate_size) * m_.hidden_size,
+    KVS_CHECK(off(p + "mlp.up_proj.weight") == o.wgu + static_cast<size_t>(d_.F) * d_.C,
               "CUDA engine: gate/up_proj are not adjacent in the parameter layout");
     o.wdown = off(p + "mlp.down_proj.weight");
     auto opt = [&](const char* name, size_t* dst) {
@@ -319,7 +336,7 @@ void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
 CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
   const LayerOffsets& o = lo_[l];
   const float* master = at<float>(plan_.master);
-  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads;
+  const int Hq = d_.Hq, Hkv = d_.Hkv;
   const size_t W1 = static_cast<size_t>(m_.kv_shift.window) + 1;
   LayerCoefs c{nullptr, nullptr, nullptr};
   if (!m_.kv_shift.sigmoid_gate()) {
@@ -350,9 +367,10 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
 // ---------------------------------------------------------------- forward
 
 void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
-  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size;
-  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
-  const int QD = m_.q_dim(), KD = m_.kv_dim(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  // This rank's sizes: under tensor parallelism its heads and FFN columns.
+  const int N = B * T, C = d_.C, F = d_.F;
+  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
+  const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
@@ -400,20 +418,26 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
   if (pass == LayerPass::RecomputeAttention) return;
   mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
+  tp_reduce_->sum_bf16(proj, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over the ranks' heads
   cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
   mm_->forward(gate_up, 2 * F, ln2, C, P16 + o.wgu, N, C, 2 * F, stream_);
   cuda::swiglu_forward(h, gate_up, N, F, stream_);
   // The backward does not need the down projection's output.
-  if (pass == LayerPass::Forward) mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
+  if (pass == LayerPass::Forward) {
+    mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
+    tp_reduce_->sum_bf16(proj, static_cast<size_t>(N) * C);  // row-parallel down_proj
+  }
 }
 
 void CudaEngine::forward_to_logits(int B, int T) {
-  const int N = B * T, C = m_.hidden_size, V = m_.vocab_size;
+  const int N = B * T, C = d_.C, V = d_.V;
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
-  cuda::embedding_forward(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, stream_);
+  cuda::embedding_forward_vocab_slice(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, d_.v_begin,
+                                      d_.V, stream_);
+  tp_reduce_->sum_bf16(at<bf16>(p.resid), static_cast<size_t>(N) * C);  // each token's row lives on one rank
   for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T, LayerPass::Forward);
   const int L = m_.num_hidden_layers;
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
@@ -427,9 +451,10 @@ void CudaEngine::forward_to_logits(int B, int T) {
 // ---------------------------------------------------------------- backward
 
 void CudaEngine::backward_from_dlogits(int B, int T) {
-  const int N = B * T, C = m_.hidden_size, F = m_.intermediate_size, V = m_.vocab_size;
-  const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
-  const int QD = m_.q_dim(), KD = m_.kv_dim(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  const int N = B * T, C = d_.C, F = d_.F, V = d_.V;
+  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
+  const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  const size_t NC = static_cast<size_t>(N) * C;
   const size_t W1 = static_cast<size_t>(W) + 1;
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
@@ -446,6 +471,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
 
   // LM head and final norm.
   mm_->backward_input(dln, dlogits, V, P16 + lm_head_off_, N, C, V, stream_);
+  tp_reduce_->sum_bf16(dln, NC);  // each rank's vocabulary slice contributes to d lnf
   mm_->backward_weight(G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, N, C, V, stream_);
   const int L = m_.num_hidden_layers;
   cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
@@ -485,6 +511,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
     mm_->backward_weight(G + o.wdown, dresid, C, h, F, N, F, C, stream_);
     cuda::swiglu_backward(dgu, dh, gate_up, N, F, stream_);
     mm_->backward_input(dln, dgu, 2 * F, P16 + o.wgu, N, C, 2 * F, stream_);
+    tp_reduce_->sum_bf16(dln, NC);  // column-parallel gate/up: d ln2 summed over the ranks' columns
     mm_->backward_weight(G + o.wgu, dgu, 2 * F, ln2, C, N, C, 2 * F, stream_);
     cuda::rmsnorm_backward(dresid, G + o.ln2, dln, dresid, res_mid, master + o.ln2, rstd2, N, C, scratch, stream_);
 
@@ -521,12 +548,20 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
     unshift(dqkv + QD, dkhat, KD, qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
     unshift(dqkv + QD + KD, dvhat, KD, qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
     mm_->backward_input(dln, dqkv, QKV, P16 + o.wqkv, N, C, QKV, stream_);
+    tp_reduce_->sum_bf16(dln, NC);  // column-parallel q/k/v: d ln1 summed over the ranks' heads
     mm_->backward_weight(G + o.wqkv, dqkv, QKV, ln1, C, N, C, QKV, stream_);
     cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, resid, master + o.ln1, rstd1, N, C, scratch, stream_);
     grads_final(L - l);  // every weight gradient of layer l is written
   }
   // Embedding: positions grouped by token on the host (deterministic, no atomics).
   const int U = cuda::embedding_backward_plan(h_tokens_, N, h_tokens_ + N, h_tokens_ + 2 * N, h_positions_);
+  // Under tensor parallelism this rank scatters only into its vocabulary rows:
+  // the plan lists tokens by ascending id, so they are one run [u0, u1) of it,
+  // renumbered to local rows (the offsets into `positions` stay absolute).
+  int32_t* uniq = h_tokens_ + N;
+  const int u0 = static_cast<int>(std::lower_bound(uniq, uniq + U, d_.v_begin) - uniq);
+  const int u1 = static_cast<int>(std::lower_bound(uniq, uniq + U, d_.v_begin + d_.V) - uniq);
+  for (int u = u0; u < u1; ++u) uniq[u] -= d_.v_begin;
   check(cudaMemcpyAsync(at<int32_t>(p.emb_uniq), h_tokens_ + N, U * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
         "upload embedding plan");
   check(cudaMemcpyAsync(at<int32_t>(p.emb_offsets), h_tokens_ + 2 * N, (U + 1) * sizeof(int32_t),
@@ -535,8 +570,8 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   check(cudaMemcpyAsync(at<int32_t>(p.emb_positions), h_positions_, N * sizeof(int32_t), cudaMemcpyHostToDevice,
                         stream_),
         "upload embedding plan");
-  cuda::embedding_backward(G + embed_off_, dresid, at<int32_t>(p.emb_uniq), at<int32_t>(p.emb_offsets),
-                           at<int32_t>(p.emb_positions), U, C, stream_);
+  cuda::embedding_backward(G + embed_off_, dresid, at<int32_t>(p.emb_uniq) + u0, at<int32_t>(p.emb_offsets) + u0,
+                           at<int32_t>(p.emb_positions), u1 - u0, C, stream_);
   grads_final(L + 1);  // the embedding (and a tied LM head)
 }
 
@@ -553,22 +588,44 @@ double CudaEngine::device_sum_losses(size_t N) {
   return *h_sum_;
 }
 
+void CudaEngine::loss(int N, bool with_dlogits, float grad_scale, bool with_argmax) {
+  bf16* logits = at<bf16>(plan_.logits);
+  bf16* dlogits = with_dlogits ? logits : nullptr;
+  float* losses = at<float>(plan_.losses);
+  int32_t* argmax = with_argmax ? at<int32_t>(plan_.argmax) : nullptr;
+  const int32_t* targets = at<int32_t>(plan_.targets);
+  const float* mask = at<float>(plan_.mask);
+  if (tp_.size == 1) {
+    cuda::cross_entropy_forward_backward(losses, dlogits, argmax, logits, targets, mask, N, m_.vocab_size, grad_scale,
+                                         stream_);
+    return;
+  }
+  // Vocab-parallel: every rank ends with the same token losses (and argmax).
+  const int valid = std::clamp(d_.v_valid - d_.v_begin, 0, d_.V);
+  const cuda::VocabCeStats st = cuda::VocabCeStats::at(at<float>(plan_.ce_stats), N);
+  cuda::vocab_parallel_ce_local(st, logits, targets, mask, N, d_.V, valid, d_.v_begin, with_argmax, stream_);
+  tp_reduce_->reduce_f32(st.gmax, N, dist::ReduceOp::Max);
+  cuda::vocab_parallel_ce_rescale(st, mask, N, d_.v_begin, stream_);
+  tp_reduce_->reduce_f32(st.sums, 2 * static_cast<size_t>(N), dist::ReduceOp::Sum);
+  if (with_argmax) tp_reduce_->reduce_f32(st.cand, N, dist::ReduceOp::Max);
+  cuda::vocab_parallel_ce_finish(losses, dlogits, argmax, st, logits, targets, mask, N, d_.V, valid, d_.v_begin,
+                                 grad_scale, stream_);
+}
+
 double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
   validate_batch(b, m_, max_B_, max_T_);
   KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
   upload_batch(b, true);
   forward_to_logits(b.B, b.T);
-  const size_t N = static_cast<size_t>(b.B) * b.T;
-  bf16* logits = at<bf16>(plan_.logits);
-  cuda::cross_entropy_forward_backward(at<float>(plan_.losses), logits, nullptr, logits, at<int32_t>(plan_.targets),
-                                       at<float>(plan_.mask), static_cast<int>(N), m_.vocab_size,
-                                       static_cast<float>(grad_scale), stream_);
+  const int N = b.B * b.T;
+  loss(N, true, static_cast<float>(grad_scale), false);
   backward_from_dlogits(b.B, b.T);
   return device_sum_losses(N);
 }
 
 double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
   validate_batch(b, m_, max_B_, max_T_);
+  KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
   upload_batch(b, b.targets != nullptr);
   forward_to_logits(b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T, V = m_.vocab_size;
@@ -590,9 +647,7 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
     check(cudaStreamSynchronize(stream_), "forward");
     return 0.0;
   }
-  cuda::cross_entropy_forward_backward(at<float>(plan_.losses), nullptr, at<int32_t>(plan_.argmax),
-                                       at<bf16>(plan_.logits), at<int32_t>(plan_.targets), at<float>(plan_.mask),
-                                       static_cast<int>(N), m_.vocab_size, 1.0f, stream_);
+  loss(static_cast<int>(N), false, 1.0f, argmax != nullptr);
   if (token_losses)
     check(cudaMemcpyAsync(token_losses, at<float>(plan_.losses), N * sizeof(float), cudaMemcpyDeviceToHost, stream_),
           "read losses");

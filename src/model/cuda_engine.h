@@ -13,7 +13,10 @@
 // Memory: one cudaMalloc in the constructor holds parameters, gradients,
 // activations and workspaces (CudaPlan), a second one the AdamW moments (so
 // that ZeRO-1's keep_optimizer_range can free all but a shard); the step loop
-// allocates nothing. Compiled only with -DKVS_CUDA=ON.
+// allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
+// holds its rank's slice (LocalDims) and all-reduces as CpuEngine does, with
+// the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h. Compiled only
+// with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_bf16.h>
@@ -25,7 +28,9 @@
 
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
+#include "model/cuda_tp_reduce.h"
 #include "model/engine.h"
+#include "model/tensor_parallel.h"
 
 namespace kvs {
 
@@ -60,19 +65,21 @@ struct CudaPlan {
   size_t scratch_floats = 0, dscratch_doubles = 0;
   // batch inputs
   size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
+  size_t ce_stats = 0;  // fp32 vocab-parallel loss statistics (tp > 1 only), VocabCeStats::floats(N)
   // AdamW chunk tables: every tensor (num_chunks), and the same clipped to a
   // ZeRO-1 shard (range_chunks, at most num_chunks entries)
   size_t chunks, range_chunks;
   int num_chunks = 0;
 
-  static CudaPlan build(const ModelConfig& m, const ParamLayout& layout, int B, int T,
+  // d: this rank's sizes (the whole model at tp = 1); tp: the group size.
+  static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
                         const std::string& recompute = "none");
 };
 
 class CudaEngine : public Engine {
  public:
   CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
-             const std::string& recompute = "none");
+             const std::string& recompute = "none", TensorParallel tp = {});
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -113,6 +120,10 @@ class CudaEngine : public Engine {
     return reinterpret_cast<T*>(base_ + offset);
   }
   void upload_batch(const Batch& b, bool with_targets);
+  // The masked loss (and dlogits over the logits when grad_scale is given,
+  // argmax when asked) for the N rows of this micro-batch: the fused kernel,
+  // or the vocab-parallel one with its all-reduces under tensor parallelism.
+  void loss(int N, bool with_dlogits, float grad_scale, bool with_argmax);
   void forward_to_logits(int B, int T);
   // What forward_layer computes: the whole layer in the forward pass (the
   // residual add from the previous layer fused in front); the layer again from
@@ -135,6 +146,8 @@ class CudaEngine : public Engine {
   float* exp_avg_sq_base() const { return moments_ + (opt_end_ - opt_begin_); }
 
   ModelConfig m_;
+  TensorParallel tp_;
+  LocalDims d_;  // this rank's sizes (LocalDims::of; the whole model at tp = 1)
   ParamLayout layout_;
   int max_B_, max_T_;
   std::string recompute_;
@@ -142,6 +155,7 @@ class CudaEngine : public Engine {
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Matmul> mm_;
+  std::unique_ptr<CudaTpReduce> tp_reduce_;
   // Tensor offsets (in elements) into the flat parameter buffers, per layer.
   struct LayerOffsets {
     size_t ln1, wqkv, wo, q_shift, k_shift, v_shift, ln2, wgu, wdown;

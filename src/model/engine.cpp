@@ -41,14 +41,12 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
                                     const std::string& recompute, TensorParallel tp) {
   if (device == "cpu") return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp);
   if (device == "cuda") {
-    KVS_CHECK(tp.size == 1, "device 'cuda': tensor parallelism (tp = {}) is not available on the CUDA engine yet",
-              tp.size);
 #ifdef KVS_CUDA
     std::string why;
     if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
     // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
     const int gpu = dist::select_device(dist::detect_launch());
-    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute);
+    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, tp);
 #else
     (void)recompute;
     fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");

@@ -2,6 +2,7 @@
 // dout's rows back into dwte without atomics, from a host-built grouping of
 // the positions by token (embedding_backward_plan).
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -20,15 +21,28 @@ namespace {
 // otherwise V = 1), chunks numbered row-major over [N, C / V], so a warp reads
 // and writes contiguous spans of a row. Grid-stride over the N * C / V chunks.
 // Tokens are not range-checked here (the data loader guarantees [0, V)).
+// Under tensor parallelism wte holds the vocabulary rows [v_begin, v_begin +
+// v_rows) only; a token outside them gets a zero row (another rank's row is
+// added by the all-reduce that follows).
 template <int V>
-__global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C) {
+__global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, int v_begin,
+                                         int v_rows) {
   const int chunks_per_row = C / V;
   const size_t total = (size_t)N * chunks_per_row;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const size_t n = i / chunks_per_row;
     const int c = (int)(i % chunks_per_row) * V;
-    const bf16* src = wte + (size_t)tokens[n] * C + c;
+    const int row = tokens[n] - v_begin;
     bf16* dst = out + n * C + c;
+    if (row < 0 || row >= v_rows) {
+      if constexpr (V == 8) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);  // bf16 +0 is all-zero bits
+      } else {
+        *dst = __float2bfloat16_rn(0.0f);
+      }
+      continue;
+    }
+    const bf16* src = wte + (size_t)row * C + c;
     if constexpr (V == 8) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     } else {
@@ -84,15 +98,20 @@ int row_threads(int chunks) {
 }  // namespace
 
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, cudaStream_t stream) {
+  embedding_forward_vocab_slice(out, tokens, wte, N, C, 0, INT_MAX, stream);
+}
+
+void embedding_forward_vocab_slice(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, int v_begin,
+                                   int v_rows, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
   constexpr int kThreads = 256;
   const bool vec = C % 8 == 0 && aligned16(out) && aligned16(wte);
   const size_t chunks = (size_t)N * (vec ? C / 8 : C);
   const unsigned blocks = (unsigned)std::min<size_t>((chunks + kThreads - 1) / kThreads, 1u << 16);
   if (vec) {
-    embedding_forward_kernel<8><<<blocks, kThreads, 0, stream>>>(out, tokens, wte, N, C);
+    embedding_forward_kernel<8><<<blocks, kThreads, 0, stream>>>(out, tokens, wte, N, C, v_begin, v_rows);
   } else {
-    embedding_forward_kernel<1><<<blocks, kThreads, 0, stream>>>(out, tokens, wte, N, C);
+    embedding_forward_kernel<1><<<blocks, kThreads, 0, stream>>>(out, tokens, wte, N, C, v_begin, v_rows);
   }
   KVS_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
 }

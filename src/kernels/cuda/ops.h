@@ -39,6 +39,11 @@ void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream);
 // ---------------------------------------------------------------- embedding
 // out[n, :] = wte[tokens[n], :]    (wte bf16 [V, C])
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, cudaStream_t stream);
+// Tensor parallelism (vocab-parallel embedding): wte holds the rows of ids
+// [v_begin, v_begin + v_rows); out[n, :] = wte[tokens[n] - v_begin, :], or
+// zeros when this rank does not hold tokens[n].
+void embedding_forward_vocab_slice(bf16* out, const int32_t* tokens, const bf16* wte, int N, int C, int v_begin,
+                                   int v_rows, cudaStream_t stream);
 // Deterministic backward without atomics: the host groups positions by token
 // (embedding_backward_plan below); one block per distinct token sums its
 // positions' rows in position order and adds the sum into dwte (fp32).

@@ -1,0 +1,93 @@
+#ifdef KVS_CUDA
+#include "model/cuda_tp_reduce.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+#include "dist/nccl_comm.h"
+
+namespace kvs {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("tensor-parallel all-reduce: {}: {}", what, cudaGetErrorString(e));
+}
+
+float bf16_bits_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as __float2bfloat16_rn; NaN stays NaN.
+uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+CudaTpReduce::CudaTpReduce(const TensorParallel& tp, cudaStream_t stream, size_t max_elems)
+    : tp_(tp), stream_(stream), max_elems_(max_elems) {
+  if (tp_.size == 1) return;
+  KVS_CHECK(tp_.comm != nullptr, "CUDA engine: tensor parallelism (tp = {}) without a communicator", tp_.size);
+  nccl_ = dist::async_device_collectives(*tp_.comm);
+  if (!nccl_) {
+    check(cudaMallocHost(&pinned_, max_elems_ * sizeof(float)), "cudaMallocHost");
+    wide_.resize(max_elems_);
+  }
+}
+
+CudaTpReduce::~CudaTpReduce() {
+  if (pinned_) cudaFreeHost(pinned_);
+}
+
+void CudaTpReduce::stage_down(const void* dev, size_t bytes) {
+  check(cudaMemcpyAsync(pinned_, dev, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  check(cudaStreamSynchronize(stream_), "copy to host");
+}
+
+void CudaTpReduce::stage_up(void* dev, size_t bytes) {
+  check(cudaMemcpyAsync(dev, pinned_, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+  // The pinned buffer is reused by the next call: wait for the copy.
+  check(cudaStreamSynchronize(stream_), "copy to device");
+}
+
+void CudaTpReduce::sum_bf16(__nv_bfloat16* buf, size_t n) {
+  if (tp_.size == 1 || n == 0) return;
+  KVS_CHECK(n <= max_elems_, "tensor-parallel all-reduce: {} elements, planned for {}", n, max_elems_);
+  if (nccl_) {
+    nccl_->all_reduce_on_stream(buf, n, dist::AsyncDeviceCollectives::Elem::BF16, dist::ReduceOp::Sum, stream_);
+    return;
+  }
+  stage_down(buf, n * sizeof(uint16_t));
+  const auto* bits = static_cast<const uint16_t*>(pinned_);
+  for (size_t i = 0; i < n; ++i) wide_[i] = bf16_bits_to_f32(bits[i]);
+  tp_.comm->all_reduce(wide_.data(), n, dist::DType::F32, dist::ReduceOp::Sum);
+  auto* out = static_cast<uint16_t*>(pinned_);
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16_bits(wide_[i]);
+  stage_up(buf, n * sizeof(uint16_t));
+}
+
+void CudaTpReduce::reduce_f32(float* buf, size_t n, dist::ReduceOp op) {
+  if (tp_.size == 1 || n == 0) return;
+  KVS_CHECK(n <= max_elems_, "tensor-parallel all-reduce: {} elements, planned for {}", n, max_elems_);
+  if (nccl_) {
+    nccl_->all_reduce_on_stream(buf, n, dist::AsyncDeviceCollectives::Elem::F32, op, stream_);
+    return;
+  }
+  stage_down(buf, n * sizeof(float));
+  tp_.comm->all_reduce(pinned_, n, dist::DType::F32, op);
+  stage_up(buf, n * sizeof(float));
+}
+
+}  // namespace kvs
+#endif  // KVS_CUDA

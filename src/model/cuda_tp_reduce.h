@@ -1,0 +1,56 @@
+// The CUDA engine's tensor-parallel all-reduces (docs/PARALLEL.md "Tensor
+// parallel on CUDA"): bf16 activations after the row-parallel matmuls and the
+// column-parallel input gradients, and the fp32 row statistics of the
+// vocab-parallel loss. Two ways, chosen by the TP communicator:
+//   - NCCL: enqueued on the engine's stream (ncclAllReduce, bf16 summed by
+//     NCCL as in Megatron): no host wait, ordered with the kernels around it;
+//   - any host backend (MPI, e.g. two ranks sharing one GPU in the checks):
+//     the engine's stream is drained, the buffer copied to pinned host memory,
+//     bf16 widened to fp32, all-reduced, rounded back (nearest even) and
+//     copied up again. Slow, and there to run the TP code paths with the CUDA
+//     kernels where NCCL cannot (docs/LAUNCH.md).
+// At tp = 1 every call is a no-op. Compiled only with -DKVS_CUDA=ON.
+#pragma once
+#ifdef KVS_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/tensor_parallel.h"
+
+namespace kvs {
+
+namespace dist {
+class AsyncDeviceCollectives;
+}
+
+class CudaTpReduce {
+ public:
+  // max_elems: the largest buffer any call passes (elements of either type).
+  CudaTpReduce(const TensorParallel& tp, cudaStream_t stream, size_t max_elems);
+  ~CudaTpReduce();
+  CudaTpReduce(const CudaTpReduce&) = delete;
+  CudaTpReduce& operator=(const CudaTpReduce&) = delete;
+
+  bool active() const { return tp_.size > 1; }
+  // buf[0..n) (device) summed over the TP group, in place.
+  void sum_bf16(__nv_bfloat16* buf, size_t n);
+  // buf[0..n) (device, fp32) reduced over the TP group with op (Sum or Max), in place.
+  void reduce_f32(float* buf, size_t n, dist::ReduceOp op);
+
+ private:
+  void stage_down(const void* dev, size_t bytes);
+  void stage_up(void* dev, size_t bytes);
+  TensorParallel tp_;
+  cudaStream_t stream_;
+  size_t max_elems_;
+  dist::AsyncDeviceCollectives* nccl_ = nullptr;  // null: staged through the host
+  void* pinned_ = nullptr;                        // staged path: [max_elems] fp32 or bf16
+  std::vector<float> wide_;                       // staged path: bf16 widened to fp32
+};
+
+}  // namespace kvs
+#endif  // KVS_CUDA

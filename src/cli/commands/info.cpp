@@ -3,6 +3,10 @@
 #include "model/cpu_engine.h"
 #include "model/flops.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
+#ifdef KVS_CUDA
+#include "model/cuda_engine.h"
+#endif
 
 namespace kvs::cli {
 
@@ -28,6 +32,29 @@ void add_info(CLI::App& app) {
     const double all = static_cast<double>(c.total + c.shift);
     const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
     const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
+    // The CUDA engine's device memory on TP rank 0 (the largest slice), from
+    // the same plan its constructor allocates (host arithmetic, no GPU): the
+    // one arena (fp32 master + fp32 grads + bf16 copy, activations for the
+    // micro-batch, workspaces), the two fp32 moments before ZeRO-1 shards them
+    // over dp, and the 32 MiB cuBLASLt workspace. CUDA builds only.
+    nlohmann::json cuda_mem = nullptr;
+#ifdef KVS_CUDA
+    {
+      const int tp = cfg.parallel.tp;
+      const ParamLayout layout = ParamLayout::build(m, 0, tp);
+      const CudaPlan plan = CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, layout, B, T, cfg.train.recompute);
+      const double P = static_cast<double>(layout.total);
+      const double arena = static_cast<double>(plan.total), weights = 10.0 * P, moments = 8.0 * P;
+      const double cublas = 32.0 * 1024 * 1024;
+      cuda_mem = {{"engine", "cuda-bf16"},
+                  {"tp", tp},
+                  {"recompute", cfg.train.recompute},
+                  {"weights_and_grads", weights},
+                  {"activations_and_workspaces", arena - weights + cublas},
+                  {"optimizer_unsharded", moments},
+                  {"total_unsharded", arena + cublas + moments}};
+    }
+#endif
     if (a->json) {
       nlohmann::json j = {{"config", a->config},
                           {"params_total", c.total},
@@ -44,6 +71,7 @@ void add_info(CLI::App& app) {
                             {"optimizer", opt_b},
                             {"activations", acts_b},
                             {"total", params_b + grads_b + opt_b + acts_b}}},
+                          {"memory_bytes_cuda", cuda_mem},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
       std::printf("%s\n", j.dump().c_str());
@@ -62,6 +90,15 @@ void add_info(CLI::App& app) {
     std::printf("memory (CPU fp32 engine, micro-batch %d x %d):\n", B, T);
     std::printf("  params %.3f GiB, grads %.3f GiB, AdamW %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
                 params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
+    if (!cuda_mem.is_null()) {
+      std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
+                  cuda_mem["tp"].get<int>(), B, T, cfg.train.recompute.c_str());
+      std::printf("  fp32 master + fp32 grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB, "
+                  "AdamW %.3f GiB (before ZeRO-1 shards it over dp), total %.3f GiB\n",
+                  cuda_mem["weights_and_grads"].get<double>() / GiB,
+                  cuda_mem["activations_and_workspaces"].get<double>() / GiB,
+                  cuda_mem["optimizer_unsharded"].get<double>() / GiB, cuda_mem["total_unsharded"].get<double>() / GiB);
+    }
   });
 }
 

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -248,6 +249,7 @@ BootstrapOptions bootstrap_options(const LaunchInfo& l) {
   BootstrapOptions o;
   o.addr = l.master_addr;
   o.timeout_s = env_double("KVS_BOOTSTRAP_TIMEOUT_S", 120);
+  o.collective_timeout_s = std::max(o.timeout_s, env_double("KVS_COLLECTIVE_TIMEOUT_S", 1800));
   if (l.world_size == 1) return o;
   KVS_CHECK(!o.addr.empty(), "rank {}: the bootstrap needs MASTER_ADDR (rank 0's host) and MASTER_PORT ({} launch)",
             l.rank, l.launcher);

@@ -14,7 +14,12 @@ namespace kvs::dist {
 struct BootstrapOptions {
   std::string addr;        // rank 0's host (MASTER_ADDR)
   int port = 0;            // KVS_BOOTSTRAP_PORT, default MASTER_PORT+1
-  double timeout_s = 120;  // KVS_BOOTSTRAP_TIMEOUT_S
+  double timeout_s = 120;  // KVS_BOOTSTRAP_TIMEOUT_S: the rendezvous and NCCL init
+  // KVS_COLLECTIVE_TIMEOUT_S (default 1800, never below timeout_s): how long a
+  // collective may wait for the other ranks once training runs. Long, because
+  // rank 0 alone writes checkpoints (minutes for a large model) and replica 0
+  // alone evaluates while the others already wait in the next collective.
+  double collective_timeout_s = 1800;
 };
 
 // The options for this launch, from the environment; errors name the variable.

@@ -49,6 +49,11 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
+// Callers with large HOST buffers (checkpoint gathers) issue collectives in
+// pieces of at most this many floats (64 MiB): NCCL stages host memory
+// through a device buffer, which must stay small beside a full engine.
+constexpr size_t kHostPieceFloats = size_t{16} << 20;
+
 // World size 1.
 std::unique_ptr<Communicator> make_single_process();
 

@@ -174,6 +174,11 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
                            nccl_op(op), comm_, static_cast<cudaStream_t>(cuda_stream));
     });
   }
+  void wait_for_stream(void* cuda_stream, const char* what) override {
+    usable(what);
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    poll_stream(static_cast<cudaStream_t>(cuda_stream), what);
+  }
   void synchronize() override {
     usable("synchronize");
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
@@ -253,13 +258,14 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   }
 
   // Waits for everything on the stream, watching for asynchronous NCCL errors.
-  void wait_stream(const char* what) {
+  void wait_stream(const char* what) { poll_stream(stream_, what); }
+  void poll_stream(cudaStream_t stream, const char* what) {
     const auto deadline = after(timeout_s_);
     for (;;) {
       ncclResult_t st = ncclSuccess;
       check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
       if (st != ncclSuccess && st != ncclInProgress) abort_and_fail(what, st);
-      const cudaError_t e = cudaStreamQuery(stream_);
+      const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) check_cuda(e, what);
       if (Clock::now() > deadline) abort_and_fail(what, ncclInProgress);
@@ -362,7 +368,7 @@ std::string nccl_unique_id() {
 }
 
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& info, const std::string& unique_id, int device,
-                                        double timeout_s) {
+                                        double timeout_s, double collective_timeout_s) {
   KVS_CHECK(unique_id.size() == NCCL_UNIQUE_ID_BYTES, "rank {}: the NCCL unique id has {} bytes, expected {}",
             info.rank, unique_id.size(), NCCL_UNIQUE_ID_BYTES);
   ncclUniqueId id;
@@ -379,13 +385,14 @@ std::unique_ptr<Communicator> make_nccl(const LaunchInfo& info, const std::strin
               info.rank, timeout_s);
     fail("rank {}: NCCL init failed: {}{}", info.rank, ncclGetErrorString(r), last.empty() ? "" : " (" + last + ")");
   }
-  return std::make_unique<Nccl>(comm, device, timeout_s);
+  return std::make_unique<Nccl>(comm, device, collective_timeout_s);
 }
 
-std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double timeout_s) {
+std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double init_timeout_s,
+                                              double collective_timeout_s) {
   const int device = select_device(info);
   const std::string id = share(info.rank == 0 ? nccl_unique_id() : std::string());
-  return make_nccl(info, id, device, timeout_s);
+  return make_nccl(info, id, device, init_timeout_s, collective_timeout_s);
 }
 
 }  // namespace kvs::dist

@@ -25,10 +25,11 @@ int select_device(const LaunchInfo& info);
 // A fresh NCCL unique id (NCCL_UNIQUE_ID_BYTES bytes); rank 0 makes it.
 std::string nccl_unique_id();
 
-// All ranks' communicator on `device`, from the id every rank holds. Init and
-// every collective give up after `timeout_s` (and abort the communicator).
+// All ranks' communicator on `device`, from the id every rank holds. Init
+// gives up after `init_timeout_s`, every later collective (and split) after
+// `collective_timeout_s`, aborting the communicator.
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& info, const std::string& unique_id, int device,
-                                        double timeout_s);
+                                        double init_timeout_s, double collective_timeout_s);
 
 // Hands rank 0's id to every rank: bootstrap_exchange under torchrun, an
 // MPI_Bcast under mpirun. Given rank 0's id (ignored elsewhere), returns it.
@@ -61,11 +62,16 @@ class AsyncDeviceCollectives {
   // wait. bf16 is summed by NCCL (ncclBfloat16), as Megatron does.
   enum class Elem { F32, BF16 };
   virtual void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) = 0;
+  // Blocks until `cuda_stream` (the caller's, holding all_reduce_on_stream
+  // work) is idle, watching this communicator's asynchronous errors: a peer
+  // that died or stalls ends in a kvs::Error after the timeout, not a hang.
+  virtual void wait_for_stream(void* cuda_stream, const char* what) = 0;
 };
 // The communicator's async interface, or null when it is not NCCL.
 AsyncDeviceCollectives* async_device_collectives(Communicator& comm);
 
 // select_device + nccl_unique_id on rank 0 + `share` + make_nccl.
-std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double timeout_s);
+std::unique_ptr<Communicator> make_nccl_world(const LaunchInfo& info, const ShareId& share, double init_timeout_s,
+                                              double collective_timeout_s);
 
 }  // namespace kvs::dist

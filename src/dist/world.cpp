@@ -29,11 +29,13 @@ std::unique_ptr<Communicator> make_world(const std::string& device) {
   if (backend == "single") return make_single_process();
 #ifdef KVS_CUDA
   // The bootstrap hands rank 0's NCCL id to every rank (torchrun's agent owns
-  // MASTER_PORT, so it listens on MASTER_PORT+1); NCCL init and every
-  // collective share its timeout, so a missing rank is an error, not a hang.
+  // MASTER_PORT, so it listens on MASTER_PORT+1); NCCL init shares its
+  // timeout and collectives have their own, longer one (bootstrap.h), so a
+  // missing rank is an error, not a hang.
   const BootstrapOptions opt = bootstrap_options(l);
   return make_nccl_world(
-      l, [&](const std::string& id) { return bootstrap_exchange(l, opt, id); }, opt.timeout_s);
+      l, [&](const std::string& id) { return bootstrap_exchange(l, opt, id); }, opt.timeout_s,
+      opt.collective_timeout_s);
 #else
   fail("rank {}: device \"cuda\" under torchrun needs NCCL, but this kvshift was built without CUDA (configure with "
        "-DKVS_CUDA=ON)",

@@ -155,6 +155,9 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
             "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
   check_tensor_parallel(m, tp.size, "engine");
+  KVS_CHECK(m.document_boundaries == "none",
+            "device 'cuda': model.document_boundaries \"{}\" is not supported by the CUDA kernels (CPU only)",
+            m.document_boundaries);
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
@@ -278,18 +281,18 @@ CudaEngine::~CudaEngine() {
 void CudaEngine::read_params(float* host) const {
   check(cudaMemcpyAsync(host, at<float>(plan_.master), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "read params");
-  check(cudaStreamSynchronize(stream_), "read params");
+  sync("read params");
 }
 void CudaEngine::write_params(const float* host) {
   check(cudaMemcpyAsync(at<float>(plan_.master), host, layout_.total * sizeof(float), cudaMemcpyHostToDevice, stream_),
         "write params");
   cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
-  check(cudaStreamSynchronize(stream_), "write params");
+  sync("write params");
 }
 void CudaEngine::read_grads(float* host) const {
   check(cudaMemcpyAsync(host, at<float>(plan_.grads), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "read grads");
-  check(cudaStreamSynchronize(stream_), "read grads");
+  sync("read grads");
 }
 // Only [opt_begin_, opt_end_) is held (keep_optimizer_range): zeros elsewhere on read.
 void CudaEngine::read_optimizer_state(float* m, float* v) const {
@@ -299,14 +302,14 @@ void CudaEngine::read_optimizer_state(float* m, float* v) const {
   check(cudaMemcpyAsync(m + opt_begin_, exp_avg_base(), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
   check(cudaMemcpyAsync(v + opt_begin_, exp_avg_sq_base(), bytes, cudaMemcpyDeviceToHost, stream_),
         "read exp_avg_sq");
-  check(cudaStreamSynchronize(stream_), "read optimizer state");
+  sync("read optimizer state");
 }
 void CudaEngine::write_optimizer_state(const float* m, const float* v) {
   const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
   check(cudaMemcpyAsync(exp_avg_base(), m + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
   check(cudaMemcpyAsync(exp_avg_sq_base(), v + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_),
         "write exp_avg_sq");
-  check(cudaStreamSynchronize(stream_), "write optimizer state");
+  sync("write optimizer state");
 }
 void CudaEngine::zero_grad() {
   check(cudaMemsetAsync(at<float>(plan_.grads), 0, layout_.total * sizeof(float), stream_), "zero grads");
@@ -575,6 +578,8 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   grads_final(L + 1);  // the embedding (and a tied LM head)
 }
 
+void CudaEngine::sync(const char* what) const { tp_reduce_->wait(what); }
+
 void CudaEngine::grads_final(int i) {
   if (!hook_) return;
   check(cudaEventRecord(events_[i], stream_), "cudaEventRecord");
@@ -584,7 +589,7 @@ void CudaEngine::grads_final(int i) {
 double CudaEngine::device_sum_losses(size_t N) {
   cuda::sum_f32(at<double>(plan_.dsum), at<float>(plan_.losses), N, at<double>(plan_.dscratch), stream_);
   check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_), "loss sum");
-  check(cudaStreamSynchronize(stream_), "step");
+  sync("step");
   return *h_sum_;
 }
 
@@ -638,13 +643,13 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
     for (size_t i = 0; i < N * V; i += slice) {
       const size_t n = std::min(slice, N * V - i);
       check(cudaMemcpyAsync(stage, src + i, n * sizeof(bf16), cudaMemcpyDeviceToHost, stream_), "read logits");
-      check(cudaStreamSynchronize(stream_), "read logits");
+      sync("read logits");
       for (size_t j = 0; j < n; ++j) logits[i + j] = bf16_bits_to_float(stage[j]);
     }
     // The staging buffer held the tokens: upload_batch will refill it next call.
   }
   if (!b.targets) {
-    check(cudaStreamSynchronize(stream_), "forward");
+    sync("forward");
     return 0.0;
   }
   loss(static_cast<int>(N), false, 1.0f, argmax != nullptr);
@@ -661,7 +666,7 @@ double CudaEngine::grad_norm() {
   cuda::sum_squares_f32(at<double>(plan_.dsum), at<float>(plan_.grads), layout_.total, at<double>(plan_.dscratch),
                         stream_);
   check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_), "grad norm");
-  check(cudaStreamSynchronize(stream_), "grad norm");
+  sync("grad norm");
   return std::sqrt(*h_sum_);
 }
 
@@ -685,7 +690,7 @@ void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end
       check(cudaMemcpyAsync(at<cuda::AdamWChunk>(plan_.range_chunks), clipped.data(),
                             clipped.size() * sizeof(cuda::AdamWChunk), cudaMemcpyHostToDevice, stream_),
             "upload AdamW shard chunks");
-      check(cudaStreamSynchronize(stream_), "upload AdamW shard chunks");
+      sync("upload AdamW shard chunks");
       range_begin_ = begin;
       range_end_ = end;
       range_count_ = static_cast<int>(clipped.size());
@@ -707,7 +712,7 @@ void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end
   // (only elements of the table, all inside [opt_begin_, opt_end_), are touched).
   cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads),
                    exp_avg_base() - opt_begin_, exp_avg_sq_base() - opt_begin_, table, count, a, stream_);
-  check(cudaStreamSynchronize(stream_), "AdamW step");
+  sync("AdamW step");
 }
 
 double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
@@ -718,7 +723,7 @@ double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
                         at<double>(plan_.dscratch), stream_);
   check(cudaMemcpyAsync(h_sum_, at<double>(plan_.dsum), sizeof(double), cudaMemcpyDeviceToHost, stream_),
         "grad norm");
-  check(cudaStreamSynchronize(stream_), "grad norm");
+  sync("grad norm");
   return *h_sum_;
 }
 
@@ -726,16 +731,25 @@ void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   const size_t n = end - begin, skip = begin - opt_begin_;
+  // Through the host, so that the old moments are freed before the shard is
+  // allocated: the peak stays at the full moments, not full + shard.
+  std::vector<float> host(2 * n);
+  if (n > 0) {
+    check(cudaMemcpyAsync(host.data(), exp_avg_base() + skip, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "keep exp_avg");
+    check(cudaMemcpyAsync(host.data() + n, exp_avg_sq_base() + skip, n * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "keep exp_avg_sq");
+  }
+  sync("keep optimizer range");
+  if (moments_) check(cudaFree(moments_), "cudaFree (ZeRO-1 moments)");
+  moments_ = nullptr;
   float* kept = nullptr;
   if (n > 0) {
     check(cudaMalloc(&kept, 2 * n * sizeof(float)), "cudaMalloc (ZeRO-1 moments)");
-    check(cudaMemcpyAsync(kept, exp_avg_base() + skip, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-          "keep exp_avg");
-    check(cudaMemcpyAsync(kept + n, exp_avg_sq_base() + skip, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-          "keep exp_avg_sq");
+    check(cudaMemcpy(kept, host.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice), "keep optimizer range");
+    check(cudaDeviceSynchronize(), "keep optimizer range");  // a pageable copy's DMA may still be in flight
   }
-  check(cudaStreamSynchronize(stream_), "keep optimizer range");
-  if (moments_) check(cudaFree(moments_), "cudaFree (ZeRO-1 moments)");
   moments_ = kept;
   opt_begin_ = begin;
   opt_end_ = end;
@@ -744,7 +758,7 @@ void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
 
 void CudaEngine::flat_params_written() {
   cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
-  check(cudaStreamSynchronize(stream_), "refresh bf16 parameters");
+  sync("refresh bf16 parameters");
 }
 
 }  // namespace kvs

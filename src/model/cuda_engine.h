@@ -119,6 +119,9 @@ class CudaEngine : public Engine {
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);
   }
+  // Waits for the stream (every public call ends idle); bounded by the NCCL
+  // timeout when tensor-parallel all-reduces may be on it (CudaTpReduce::wait).
+  void sync(const char* what) const;
   void upload_batch(const Batch& b, bool with_targets);
   // The masked loss (and dlogits over the logits when grad_scale is given,
   // argmax when asked) for the N rows of this micro-batch: the fused kernel,

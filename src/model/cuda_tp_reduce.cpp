@@ -61,6 +61,15 @@ void CudaTpReduce::stage_up(void* dev, size_t bytes) {
   check(cudaStreamSynchronize(stream_), "copy to device");
 }
 
+void CudaTpReduce::wait(const char* what) {
+  if (nccl_) {
+    nccl_->wait_for_stream(stream_, what);
+    return;
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
+}
+
 void CudaTpReduce::sum_bf16(__nv_bfloat16* buf, size_t n) {
   if (tp_.size == 1 || n == 0) return;
   KVS_CHECK(n <= max_elems_, "tensor-parallel all-reduce: {} elements, planned for {}", n, max_elems_);

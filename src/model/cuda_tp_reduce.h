@@ -36,6 +36,10 @@ class CudaTpReduce {
   CudaTpReduce& operator=(const CudaTpReduce&) = delete;
 
   bool active() const { return tp_.size > 1; }
+  // Waits for the engine's stream: cudaStreamSynchronize, or, when NCCL
+  // all-reduces may be on it, a poll that fails after the communicator's
+  // timeout if a peer died (instead of waiting forever).
+  void wait(const char* what);
   // buf[0..n) (device) summed over the TP group, in place.
   void sum_bf16(__nv_bfloat16* buf, size_t n);
   // buf[0..n) (device, fp32) reduced over the TP group with op (Sum or Max), in place.

@@ -1,5 +1,7 @@
 #include "train/full_model_io.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "dist/comm.h"
 
@@ -23,8 +25,16 @@ std::vector<float> FullModelIO::to_full(const std::vector<float>& local) const {
     assemble_full(full_, local_, 1, local.data(), full.data());
     return full;
   }
-  std::vector<float> gathered(local_.total * static_cast<size_t>(tp_.size));
-  tp_.comm->all_gather(local.data(), gathered.data(), local_.total, dist::DType::F32);
+  // In pieces: NCCL stages host buffers on the GPU (tp + 1 times the piece),
+  // and a whole model's worth would not fit beside the engine.
+  const size_t n = local_.total, tp = static_cast<size_t>(tp_.size);
+  std::vector<float> gathered(n * tp), piece;
+  for (size_t at = 0; at < n; at += dist::kHostPieceFloats) {
+    const size_t k = std::min(dist::kHostPieceFloats, n - at);
+    piece.resize(k * tp);
+    tp_.comm->all_gather(local.data() + at, piece.data(), k, dist::DType::F32);
+    for (size_t r = 0; r < tp; ++r) std::copy_n(piece.data() + r * k, k, gathered.data() + r * n + at);
+  }
   assemble_full(full_, local_, tp_.size, gathered.data(), full.data());
   return full;
 }

@@ -73,11 +73,13 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
     async_.synchronize();
     engine_.flat_params_written();
   }
-  // A host buffer: NCCL stages host memory on the GPU, so one shard at a time, not the whole model.
+  // A host buffer: NCCL stages host memory on the GPU, so a bounded piece of
+  // one shard at a time, never a shard of a large model at once.
   void all_gather_host(float* full) override {
     for (int r = 0; r < comm_.size(); ++r) {
       const ShardRange s = shard_range(total_, comm_.size(), r);
-      if (s.end > s.begin) comm_.broadcast(full + s.begin, s.end - s.begin, dist::DType::F32, r);
+      for (size_t at = s.begin; at < s.end; at += dist::kHostPieceFloats)
+        comm_.broadcast(full + at, std::min(dist::kHostPieceFloats, s.end - at), dist::DType::F32, r);
     }
   }
 
@@ -106,10 +108,14 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
 std::unique_ptr<FlatSync> make_device_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard) {
   if (!comm.device_memory()) {
     // MPI or single process: through host buffers. Engine calls return with
-    // the GPU idle, so plain cudaMemcpy needs no stream ordering.
+    // the GPU idle, so plain cudaMemcpy needs no ordering before the copy; but
+    // a copy from pageable memory may return before its DMA has landed, and
+    // the engine's non-blocking stream does not wait for the legacy stream:
+    // wait for the device after every host-to-device copy.
     auto copy = [](cudaMemcpyKind kind, const char* what) {
       return [kind, what](float* dst, const float* src, size_t n) {
         check(cudaMemcpy(dst, src, n * sizeof(float), kind), what);
+        if (kind == cudaMemcpyHostToDevice) check(cudaDeviceSynchronize(), what);
       };
     };
     return std::make_unique<StagedFlatSync>(engine, comm, shard, copy(cudaMemcpyDeviceToHost, "device to host"),

@@ -23,7 +23,7 @@ namespace {
 // Each rank contributes rank+1 to every element: the sum is W(W+1)/2 everywhere.
 void check_nccl(const dist::LaunchInfo& l, const dist::BootstrapOptions& o, const std::string& id_on_rank0) {
   const int device = dist::select_device(l);
-  auto comm = dist::make_nccl(l, id_on_rank0, device, o.timeout_s);
+  auto comm = dist::make_nccl(l, id_on_rank0, device, o.timeout_s, o.timeout_s);
   const size_t n = 1 << 20;
   std::vector<float> h(n, static_cast<float>(l.rank + 1));
   auto cuda = [&](cudaError_t e, const char* what) {

@@ -139,7 +139,8 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const ParamLayout& layout, int B,
   return p;
 }
 
-CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute)
+CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute,
+                       const std::string& attention_backend)
     : m_(m), layout_(ParamLayout::build(m)), max_B_(max_batch), max_T_(max_seq_len), recompute_(recompute) {
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
   const int D = m_.head_dim();
@@ -149,6 +150,8 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
             D);
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, m_.num_attention_heads,
+                                       m_.num_key_value_heads, D, m_.q_dim(), m_.kv_dim());
   plan_ = CudaPlan::build(m_, layout_, max_B_, max_T_, recompute_);
   void* base = nullptr;
   void* moments = nullptr;
@@ -246,6 +249,7 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
 
 CudaEngine::~CudaEngine() {
   mm_.reset();
+  attn_.reset();
   if (h_tokens_) cudaFreeHost(h_tokens_);
   if (h_positions_) cudaFreeHost(h_positions_);
   if (h_sum_) cudaFreeHost(h_sum_);
@@ -397,7 +401,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
   cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
   cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0, stream_);
-  cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
+  attn_->forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
   if (pass == LayerPass::RecomputeAttention) return;
   mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
   cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
@@ -496,8 +500,8 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
     bf16* dqkv = at<bf16>(p.dqkv);
     mm_->backward_input(dattout, dresid, C, P16 + o.wo, N, QD, C, stream_);
     mm_->backward_weight(G + o.wo, dresid, C, attout, QD, N, QD, C, stream_);
-    cuda::flash_attention_backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv,
-                                   D, scratch, stream_);
+    attn_->backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, scratch,
+                    stream_);
     // Through RoPE and the shifts into the fused projection's gradient. The
     // coefficient gradients go straight into the gradient tensor, or for the
     // sigmoid gate into dcoef and then through the gate.

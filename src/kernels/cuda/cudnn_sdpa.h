@@ -23,11 +23,12 @@
 // Plans: an execution plan pair (forward, backward) per (B, T, ld_q, ld_kv),
 // built on first use and cached. The constructor builds the pair for the
 // largest shape (max_B, max_T) and allocates one device workspace of the
-// largest size any plan for shapes up to that one needs (the plans' own
-// workspace plus the fp32 dQ accumulator, B Hq T D floats). A later, smaller
-// shape builds its plans on the host (milliseconds to a second, once) and
-// runs in the same workspace; a shape whose plan would need more workspace
-// than was allocated fails with an error instead of allocating in the step.
+// size that pair needs (the plans' own workspace plus the fp32 dQ
+// accumulator, B Hq T D floats), on the expectation that smaller shapes need
+// no more. A later, smaller shape builds its plans on the host (once; up to
+// seconds when cuDNN compiles the fused kernel at run time) and runs in the
+// same workspace; a shape whose plans would need more workspace than was
+// allocated fails with an error instead of allocating in the step.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,6 @@
 // The cuDNN SDPA attention backend (kernels/cuda/cudnn_sdpa.cpp):
+//  - without a GPU: every tensor/operation descriptor of both graphs
+//    finalizes (cuDNN validates them on the host), and backend names;
 //  - op level: forward out + lse and backward dq/dk/dv against the CPU
 //    attention (kernels/cpu attention_forward / attention_backward) run in
 //    double on the same bf16-rounded inputs; MHA and GQA (Hq / Hkv = 1, 2, 4),
@@ -271,6 +273,29 @@ TEST(CudaCudnnSdpa, BackendSelectionErrors) {
     ADD_FAILURE() << "\"cudnn\" was accepted by a build without cuDNN";
   } catch (const kvs::Error& e) {
     EXPECT_NE(std::string(e.what()).find("this build has no cuDNN"), std::string::npos) << e.what();
+  }
+}
+
+// Runs without a GPU (only without cuDNN in the build it skips): every tensor
+// and operation descriptor of both graphs finalizes, i.e. cuDNN accepts each
+// attribute's type, value and the tensors' dims/strides, for the shapes the
+// GPU tests and the engine use. Finding an engine for the graphs still needs
+// the GPU tests.
+TEST(CudaCudnnSdpa, GraphDescriptorsFinalizeWithoutAGpu) {
+  if (!kc::cudnn_available()) GTEST_SKIP() << "skipped: built without cuDNN";
+  for (int D : {64, 128})
+    for (int Hkv : {4, 2, 1})
+      for (int T : {37, 257, 2048})
+        for (bool fused : {false, true})
+          for (bool deterministic : {false, true}) {
+            const int ld_q = fused ? (4 + 2 * Hkv) * D : 4 * D, ld_kv = fused ? ld_q : Hkv * D;
+            SCOPED_TRACE(describe(Shape{2, T, 4, Hkv, D}, fused) + (deterministic ? " deterministic" : ""));
+            EXPECT_NO_THROW(kc::CudnnSdpa::check_graphs(2, T, 4, Hkv, D, ld_q, ld_kv, deterministic));
+          }
+  try {
+    kc::CudnnSdpa::check_graphs(2, 64, 4, 2, 64, 256, 128);
+  } catch (const kvs::Error& e) {
+    ADD_FAILURE() << e.what();  // the message, if the loop above failed without showing it
   }
 }
 

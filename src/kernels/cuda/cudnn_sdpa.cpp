@@ -32,6 +32,9 @@ CudnnSdpa::CudnnSdpa(int, int, int, int, int, int, int, bool) {
        "libcudnn where CMake looks, see docs/CUDA.md)");
 }
 CudnnSdpa::~CudnnSdpa() = default;
+void CudnnSdpa::check_graphs(int, int, int, int, int, int, int, bool) {
+  fail("attention backend \"cudnn\": this build has no cuDNN");
+}
 void CudnnSdpa::forward(bf16*, float*, const bf16*, int, const bf16*, const bf16*, int, int, int, int, int, int,
                         cudaStream_t) {
   fail("attention backend \"cudnn\": this build has no cuDNN");
@@ -316,16 +319,16 @@ void CudnnSdpa::check_shape(const char* what, int Hq, int Hkv, int D) const {
             D, Hq_, Hkv_, D_);
 }
 
-CudnnSdpa::Plans& CudnnSdpa::plans_for(int B, int T, int ld_q, int ld_kv) {
-  const auto key = std::make_tuple(B, T, ld_q, ld_kv);
-  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  KVS_CHECK(ld_q >= Hq_ * D_ && ld_q % 8 == 0 && ld_kv >= Hkv_ * D_ && ld_kv % 8 == 0,
-            "cuDNN SDPA: row strides ld_q={} / ld_kv={} must cover the heads ({} / {}) and be multiples of 8", ld_q,
-            ld_kv, Hq_ * D_, Hkv_ * D_);
-  const int64_t b = B, hq = Hq_, hk = Hkv_, s = T, d = D_, lq = ld_q, lk = ld_kv;
-  auto p = std::make_unique<Plans>();
-  p->scale = 1.0f / std::sqrt(static_cast<float>(D_));
-  cudnnHandle_t h = impl_->handle;
+namespace {
+
+// Adds the forward and the backward graph's tensors and operations (each
+// finalized: cuDNN checks every descriptor here, no GPU needed) for one shape
+// to fwd and bwd. Returns the bytes of the fp32 dQ accumulator the backward
+// binds (0 when deterministic).
+size_t build_graphs(Graph& fwd, Graph& bwd, int B, int T, int Hq, int Hkv, int D, int ld_q, int ld_kv,
+                    bool deterministic) {
+  const int64_t b = B, hq = Hq, hk = Hkv, s = T, d = D, lq = ld_q, lk = ld_kv;
+  size_t dqacc_bytes = 0;
 
   // Our buffers, described in place ([b, h, s, d] dims, our strides).
   const Dims q_dims{b, hq, s, d}, q_str{s * lq, d, lq, 1};
@@ -350,8 +353,7 @@ CudnnSdpa::Plans& CudnnSdpa::plans_for(int B, int T, int ld_q, int ld_kv) {
   };
 
   {  // ---------------------------------------------------------------- forward
-    p->fwd_graph = std::make_unique<Graph>(h, "forward");
-    Graph& g = *p->fwd_graph;
+    Graph& g = fwd;
     Desc Q = g.tensor(kQ, BF, q_dims, q_str, false);
     Desc KT = g.tensor(kK, BF, kt_dims, kt_str, false);
     Desc V = g.tensor(kV, BF, kv_dims, kv_str, false);
@@ -373,12 +375,10 @@ CudnnSdpa::Plans& CudnnSdpa::plans_for(int B, int T, int ld_q, int ld_kv) {
     Desc P = g.virt(BF, s_dims, s_str);  // the second matmul takes P in the I/O type
     g.pointwise(CUDNN_POINTWISE_DIV, e, l, P);
     g.matmul(P, V, O);
-    p->fwd = g.build_plan(&p->fwd_ws);
   }
 
   {  // ---------------------------------------------------------------- backward
-    p->bwd_graph = std::make_unique<Graph>(h, "backward");
-    Graph& g = *p->bwd_graph;
+    Graph& g = bwd;
     Desc Q = g.tensor(kQ, BF, q_dims, q_str, false);
     Desc KT = g.tensor(kK, BF, kt_dims, kt_str, false);
     Desc VT = g.tensor(kV, BF, kt_dims, kt_str, false);
@@ -434,16 +434,38 @@ CudnnSdpa::Plans& CudnnSdpa::plans_for(int B, int T, int ld_q, int ld_kv) {
     // dQ = dS K: K is K^T reshaped back; through an fp32 accumulator unless deterministic.
     Desc K = g.virt(BF, kv_dims, kv_str);
     g.reshape(KT, K);
-    if (deterministic_) {
+    if (deterministic) {
       g.matmul(dS, K, dQ);
     } else {
       Desc acc = g.tensor(kDQAcc, F, full_dims, full_str, false, false, true);
       g.matmul(dS, K, acc);
       g.pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, dQ);
-      p->dqacc_bytes = static_cast<size_t>(b * hq * s * d) * sizeof(float);
+      dqacc_bytes = static_cast<size_t>(b * hq * s * d) * sizeof(float);
     }
-    p->bwd = g.build_plan(&p->bwd_ws);
   }
+  return dqacc_bytes;
+}
+
+}  // namespace
+
+void CudnnSdpa::check_graphs(int B, int T, int Hq, int Hkv, int D, int ld_q, int ld_kv, bool deterministic) {
+  Graph fwd(nullptr, "forward"), bwd(nullptr, "backward");
+  build_graphs(fwd, bwd, B, T, Hq, Hkv, D, ld_q, ld_kv, deterministic);
+}
+
+CudnnSdpa::Plans& CudnnSdpa::plans_for(int B, int T, int ld_q, int ld_kv) {
+  const auto key = std::make_tuple(B, T, ld_q, ld_kv);
+  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+  KVS_CHECK(ld_q >= Hq_ * D_ && ld_q % 8 == 0 && ld_kv >= Hkv_ * D_ && ld_kv % 8 == 0,
+            "cuDNN SDPA: row strides ld_q={} / ld_kv={} must cover the heads ({} / {}) and be multiples of 8", ld_q,
+            ld_kv, Hq_ * D_, Hkv_ * D_);
+  auto p = std::make_unique<Plans>();
+  p->scale = 1.0f / std::sqrt(static_cast<float>(D_));
+  p->fwd_graph = std::make_unique<Graph>(impl_->handle, "forward");
+  p->bwd_graph = std::make_unique<Graph>(impl_->handle, "backward");
+  p->dqacc_bytes = build_graphs(*p->fwd_graph, *p->bwd_graph, B, T, Hq_, Hkv_, D_, ld_q, ld_kv, deterministic_);
+  p->fwd = p->fwd_graph->build_plan(&p->fwd_ws);
+  p->bwd = p->bwd_graph->build_plan(&p->bwd_ws);
   p->dqacc_offset = align256(static_cast<size_t>(p->bwd_ws));
   p->need = std::max(static_cast<size_t>(p->fwd_ws), p->dqacc_offset + p->dqacc_bytes);
   Plans& ref = *p;

@@ -59,8 +59,13 @@ class CudnnSdpa final : public AttentionBackend {
                 float* scratch, cudaStream_t stream) override;
   size_t backward_scratch_floats(int, int, int, int) const override { return 0; }
   size_t device_bytes() const override { return workspace_bytes_; }
-  // Plans built so far (one per forward or backward shape).
+  // Plan pairs (forward + backward) built so far, one per shape.
   int plans_built() const { return static_cast<int>(plans_.size()); }
+  // Builds and finalizes every tensor and operation descriptor of both graphs
+  // for one shape, without a handle or a GPU (cuDNN validates descriptors on
+  // the host); throws kvs::Error naming the first call cuDNN refuses. The
+  // operation graph and the engines still need a GPU.
+  static void check_graphs(int B, int T, int Hq, int Hkv, int D, int ld_q, int ld_kv, bool deterministic = false);
 
   struct Impl;  // cuDNN types stay in cudnn_sdpa.cpp
 

@@ -45,7 +45,9 @@ class CudnnSdpa final : public AttentionBackend {
  public:
   // deterministic: build the backward without the fp32 dQ accumulator (cuDNN's
   // deterministic "dP workspace" algorithm) instead of the default one, which
-  // accumulates dQ with atomics (not bit-reproducible run to run).
+  // accumulates dQ with atomics (not bit-reproducible run to run). On Hopper
+  // the deterministic graph runs with a dP workspace of B Hq T^2 bf16
+  // (quadratic in T; cuDNN reports it as the plan's workspace).
   CudnnSdpa(int max_B, int max_T, int Hq, int Hkv, int D, int ld_q, int ld_kv, bool deterministic = false);
   ~CudnnSdpa() override;
   CudnnSdpa(const CudnnSdpa&) = delete;

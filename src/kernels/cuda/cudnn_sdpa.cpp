@@ -431,8 +431,10 @@ size_t build_graphs(Graph& fwd, Graph& bwd, int B, int T, int Hq, int Hkv, int D
       g.matmul(dST, Q, dk_full);
       g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dK);
     }
-    // dQ = dS K: K is K^T reshaped back; through an fp32 accumulator unless deterministic.
-    Desc K = g.virt(BF, kv_dims, kv_str);
+    // dQ = dS K: K is K^T reshaped back (a virtual tensor: the intermediate
+    // type fp32, as cudnn-frontend declares it); through an fp32 accumulator
+    // unless deterministic.
+    Desc K = g.virt(F, kv_dims, kv_str);
     g.reshape(KT, K);
     if (deterministic) {
       g.matmul(dS, K, dQ);

@@ -25,6 +25,14 @@ export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON >"$out/cmake.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
 build_rc=$?
+# cuDNN (optional, for attention backend "cudnn"): a pip wheel's libcudnn.so.9
+# loads its engine libraries from its own directory, which the loader may not search.
+cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:FILEPATH=//p' build-gpu/CMakeCache.txt 2>/dev/null)
+if [ -n "$cudnn_lib" ] && [ "${cudnn_lib%NOTFOUND}" = "$cudnn_lib" ]; then
+  export LD_LIBRARY_PATH="$(dirname "$cudnn_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  cudnn_lib=""
+fi
 gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
 
 tests="not run"
@@ -166,6 +174,31 @@ dp_rows() {
   fi
 }
 
+# The cuDNN attention backend in training: the dp=1 reference run (flash) again with
+# train.attention_backend=cudnn, loss curves compared.
+cudnn_rows() {
+  local log=$out/train_cudnn.log
+  if [ -z "$cudnn_lib" ]; then
+    row "train cuda, attention cudnn vs flash" "n/a: built without cuDNN"
+    return
+  fi
+  if dp_train_cudnn "$out/train-cudnn" >"$log" 2>&1; then
+    if [ -f "$out/dp1/metrics.jsonl" ]; then
+      row "train cuda, attention cudnn vs flash" "$(curve_diff "$out/train-cudnn" "$out/dp1")"
+    else
+      row "train cuda, attention cudnn" "ran; no flash reference run to compare"
+    fi
+  else
+    row "train cuda, attention cudnn" "FAILED: $(why "$log")"
+  fi
+}
+dp_train_cudnn() {
+  rm -rf "$1"
+  ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
+    --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
+    --set train.eval_every=50 --set train.checkpoint_every=50 --set train.attention_backend=cudnn --run-dir "$1"
+}
+
 bench() {  # label, args...
   local label=$1
   shift
@@ -195,8 +228,10 @@ row "GPU" "${gpu:-none found}"
 row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo ok || echo "FAILED: $out/build.log")"
 row "ctest (all tests)" "$tests"
 row "CUDA tests (Cuda*)" "$cuda_tests"
+row "cuDNN (attention backend \"cudnn\")" "${cudnn_lib:-not found: backend not built}"
 [ $build_rc -eq 0 ] && launch_rows
 [ $build_rc -eq 0 ] && dp_rows
+[ $build_rc -eq 0 ] && cudnn_rows
 if [ $build_rc -eq 0 ]; then
   # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
   KVS_HF_NO_VENV=1 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
@@ -210,10 +245,15 @@ if [ $build_rc -eq 0 ]; then
   fi
 fi
 if [ $build_rc -eq 0 ]; then
-  echo "attention microbenchmark (ours; cuDNN SDPA beside it is not built yet):"
+  echo "attention microbenchmark (ours beside cuDNN SDPA, same shapes, same run; then shift+RoPE vs copy):"
   ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
     $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
-    2>&1 | sed 's/^/  /'
+    >"$out/bench_attention.log" 2>&1
+  sed 's/^/  /' "$out/bench_attention.log"
+  # One row per sequence length: ours/cuDNN fwd+bwd throughput (issue 4's target: >= 0.8).
+  awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
+    $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+      printf "%-44s %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log"
 fi
 row "wall time" "$(( $(date +%s) - t0 )) s"
 echo "MFU = model FLOPs/s (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads per token) / peak dense bf16"

@@ -458,6 +458,8 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.device = "cuda"; c.model.num_attention_heads = c.model.num_key_value_heads = 8; },
        {"device", "head_dim", "got 8"}},
       {[](C& c) { c.train.recompute = "layers"; }, {"train.recompute", "\"layers\""}},
+      {[](C& c) { c.train.attention_backend = "xformers"; }, {"train.attention_backend", "\"xformers\""}},
+      {[](C& c) { c.train.attention_backend = "cudnn"; }, {"train.attention_backend", "needs device \"cuda\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
       {[](C& c) { c.model.document_boundaries = "docs"; }, {"model.document_boundaries", "\"docs\""}},
       {[](C& c) { c.model.document_boundaries = "shift"; }, {"model.document_boundaries", "model.bos_token_id"}},
@@ -593,6 +595,8 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.min_lr = 1e-7;
   c.train.schedule = "cosine";
   c.train.recompute = "full";
+  c.train.attention_backend = "cudnn";
+  c.device = "cuda";
   c.model.kv_shift.shift_v = false;
   c.model.kv_shift.shift_q = true;
   c.model.kv_shift.parametrization = "clamp01";
@@ -609,7 +613,7 @@ TEST(Config, ToJsonRoundTrips) {
   EXPECT_TRUE(kvs::config_from_json(json::parse(j.dump()), "mem") == c);  // through text, doubles exact
   // Every key is written.
   for (const char* k : {"name", "device", "model", "train", "data", "parallel"}) EXPECT_TRUE(j.contains(k)) << k;
-  EXPECT_EQ(j["train"].size(), 20u);
+  EXPECT_EQ(j["train"].size(), 21u);
   EXPECT_EQ(j["model"].size(), 13u);
   EXPECT_EQ(j["model"]["position_encoding"], "none");
   EXPECT_EQ(j["model"]["kv_shift"].size(), 6u);

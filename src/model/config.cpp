@@ -52,7 +52,7 @@ const std::vector<Section>& schema() {
       {"train",
        {"seed", "steps", "micro_batch_size", "grad_accum_steps", "seq_len", "lr", "min_lr", "warmup_steps",
         "schedule", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "eval_every", "eval_sequences",
-        "checkpoint_every", "log_every", "threads", "recompute"}},
+        "checkpoint_every", "log_every", "threads", "recompute", "attention_backend"}},
       {"data", {"type", "induction", "ngram", "hopk", "shards", "tokenizer"}},
       {"data.induction", {"token_lo", "token_hi", "pool_size", "max_repeats", "pad_token"}},
       {"data.ngram", {"token_lo", "token_hi", "num_pairs", "table_seed"}},
@@ -467,6 +467,7 @@ Config config_from_json(const json& j, const std::string& origin) {
     o.get("log_every", t.log_every);
     o.get("threads", t.threads);
     o.get("recompute", t.recompute);
+    o.get("attention_backend", t.attention_backend);
   }
   if (auto* v = top.find("data")) {
     Obj o(*v, origin, "data");
@@ -616,6 +617,10 @@ void validate(const Config& c, const std::string& origin) {
   at_least("threads", t.threads, 0);
   if (t.recompute != "none" && t.recompute != "attention" && t.recompute != "full")
     fail("{}: train.recompute: must be \"none\", \"attention\" or \"full\", got \"{}\"", origin, t.recompute);
+  if (t.attention_backend != "flash" && t.attention_backend != "cudnn")
+    fail("{}: train.attention_backend: must be \"flash\" or \"cudnn\", got \"{}\"", origin, t.attention_backend);
+  if (t.attention_backend == "cudnn" && c.device != "cuda")
+    fail("{}: train.attention_backend: \"cudnn\" needs device \"cuda\" (device is \"{}\")", origin, c.device);
 
   const DataConfig& d = c.data;
   if (d.type == "induction") {
@@ -703,7 +708,8 @@ json to_json(const Config& c) {
         {"checkpoint_every", t.checkpoint_every},
         {"log_every", t.log_every},
         {"threads", t.threads},
-        {"recompute", t.recompute}}},
+        {"recompute", t.recompute},
+        {"attention_backend", t.attention_backend}}},
       {"data",
        {{"type", d.type},
         {"induction",

@@ -129,6 +129,7 @@ struct TrainConfig {
   int log_every = 1;              // metrics.jsonl lines every N steps
   int threads = 0;                // OpenMP threads; 0 = all cores
   std::string recompute = "none";  // CUDA activation recomputation: "none" | "attention" | "full"
+  std::string attention_backend = "flash";  // CUDA attention: "flash" (ours) | "cudnn" (cuDNN fused SDPA)
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -143,7 +143,7 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
 }
 
 CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute,
-                       TensorParallel tp)
+                       const std::string& attention_backend, TensorParallel tp)
     : m_(m),
       tp_(tp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
@@ -165,6 +165,8 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
             D);
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  // This rank's heads: under tensor parallelism a slice of whole GQA groups.
+  attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, d_.Hq, d_.Hkv, D, d_.QD(), d_.KD());
   plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_);
   void* base = nullptr;
   void* moments = nullptr;
@@ -266,6 +268,7 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
 
 CudaEngine::~CudaEngine() {
   mm_.reset();
+  attn_.reset();
   if (h_tokens_) cudaFreeHost(h_tokens_);
   if (h_positions_) cudaFreeHost(h_positions_);
   if (h_sum_) cudaFreeHost(h_sum_);
@@ -418,7 +421,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
   cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
   cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0, stream_);
-  cuda::flash_attention_forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
+  attn_->forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
   if (pass == LayerPass::RecomputeAttention) return;
   mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
   tp_reduce_->sum_bf16(proj, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over the ranks' heads
@@ -526,8 +529,8 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
     bf16* dqkv = at<bf16>(p.dqkv);
     mm_->backward_input(dattout, dresid, C, P16 + o.wo, N, QD, C, stream_);
     mm_->backward_weight(G + o.wo, dresid, C, attout, QD, N, QD, C, stream_);
-    cuda::flash_attention_backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv,
-                                   D, scratch, stream_);
+    attn_->backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, scratch,
+                    stream_);
     // Through RoPE and the shifts into the fused projection's gradient. The
     // coefficient gradients go straight into the gradient tensor, or for the
     // sigmoid gate into dcoef and then through the gate.

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_backend.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda_tp_reduce.h"
@@ -78,8 +79,10 @@ struct CudaPlan {
 
 class CudaEngine : public Engine {
  public:
+  // attention_backend (train.attention_backend): "flash" or "cudnn" (attention_backend.h).
   CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
-             const std::string& recompute = "none", TensorParallel tp = {});
+             const std::string& recompute = "none", const std::string& attention_backend = "flash",
+             TensorParallel tp = {});
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -159,6 +162,7 @@ class CudaEngine : public Engine {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Matmul> mm_;
   std::unique_ptr<CudaTpReduce> tp_reduce_;
+  std::unique_ptr<cuda::AttentionBackend> attn_;  // flash or cuDNN SDPA; built for max_B_ x max_T_
   // Tensor offsets (in elements) into the flat parameter buffers, per layer.
   struct LayerOffsets {
     size_t ln1, wqkv, wo, q_shift, k_shift, v_shift, ln2, wgu, wdown;

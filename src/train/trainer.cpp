@@ -161,7 +161,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
-  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp);
+  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp,
+                            tc.attention_backend);
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice.
   const FullModelIO io(cfg.model, engine->layout(), tp);
 

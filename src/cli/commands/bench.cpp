@@ -36,7 +36,7 @@ struct BenchResult {
 // Times whole optimizer steps of `cfg` on random tokens.
 BenchResult bench_one(const Config& cfg, int warmup, int steps) {
   const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
-  auto engine = make_engine(cfg.model, B, T, cfg.device, cfg.train.recompute);
+  auto engine = make_engine(cfg.model, B, T, cfg.device, cfg.train.recompute, {}, cfg.train.attention_backend);
   std::vector<float> init(engine->layout().total);
   init_params(engine->layout(), cfg.model, cfg.train.seed, init.data());
   engine->write_params(init.data());

@@ -1,9 +1,15 @@
 // `bench-attention`: forward and backward TFLOP/s of our flash attention
-// kernels at the shapes of a real model (causal, bf16), timed with CUDA
-// events, median over repetitions. FLOPs follow FlashAttention's convention:
-// forward 4·B·Hq·T²·D / 2 (two matmuls, causal half), backward 2.5x forward.
+// kernels at the shapes of a real model (causal, bf16), and of cuDNN's fused
+// SDPA (kernels/cuda/cudnn_sdpa.cpp) at the same shapes in the same run, with
+// the ratio ours/cuDNN of fwd+bwd throughput; then the KV shift + RoPE kernel
+// against a device-to-device copy of the same bytes. Timed with CUDA events,
+// median over repetitions after two warm-ups. FLOPs follow FlashAttention's
+// convention: forward 4·B·Hq·T²·D / 2 (two matmuls, causal half), backward
+// 2.5x forward.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "cli/commands/commands.h"
@@ -11,6 +17,8 @@
 #ifdef KVS_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/attention_backend.h"
+#include "kernels/cuda/cudnn_sdpa.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 #endif
@@ -24,75 +32,144 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("bench-attention: {}: {}", what, cudaGetErrorString(e));
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device buffers freed together.
+struct Buffers {
+  std::vector<void*> ptrs;
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 256)), "cudaMalloc");
+    ptrs.push_back(p);
+    return p;
+  }
+  ~Buffers() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+struct Events {
+  cudaEvent_t e[3];
+  Events() {
+    for (auto& x : e) check(cudaEventCreate(&x), "cudaEventCreate");
+  }
+  ~Events() {
+    for (auto& x : e) cudaEventDestroy(x);
+  }
+};
+
 struct AttnTiming {
   double fwd_ms, bwd_ms;
 };
 
-AttnTiming time_attention(int B, int T, int Hq, int Hkv, int D, int reps) {
+// Median forward and backward times of one backend at one shape.
+AttnTiming time_attention(cuda::AttentionBackend& attn, int B, int T, int Hq, int Hkv, int D, int reps) {
   const size_t nq = static_cast<size_t>(B) * T * Hq * D, nkv = static_cast<size_t>(B) * T * Hkv * D;
   const size_t nlse = static_cast<size_t>(B) * Hq * T;
-  const size_t scratch = cuda::flash_attention_backward_scratch_floats(B, T, Hq, D);
-  std::vector<void*> bufs;
-  auto alloc = [&](size_t bytes) {
-    void* p = nullptr;
-    check(cudaMalloc(&p, bytes), "cudaMalloc");
-    bufs.push_back(p);
-    return p;
-  };
+  Buffers buf;
   using cuda::bf16;
-  auto* q = static_cast<bf16*>(alloc(nq * 2));
-  auto* k = static_cast<bf16*>(alloc(nkv * 2));
-  auto* v = static_cast<bf16*>(alloc(nkv * 2));
-  auto* o = static_cast<bf16*>(alloc(nq * 2));
-  auto* dout = static_cast<bf16*>(alloc(nq * 2));
-  auto* dq = static_cast<bf16*>(alloc(nq * 2));
-  auto* dk = static_cast<bf16*>(alloc(nkv * 2));
-  auto* dv = static_cast<bf16*>(alloc(nkv * 2));
-  auto* lse = static_cast<float*>(alloc(nlse * 4));
-  auto* scr = static_cast<float*>(alloc(std::max<size_t>(scratch, 1) * 4));
+  auto* q = static_cast<bf16*>(buf.alloc(nq * 2));
+  auto* k = static_cast<bf16*>(buf.alloc(nkv * 2));
+  auto* v = static_cast<bf16*>(buf.alloc(nkv * 2));
+  auto* o = static_cast<bf16*>(buf.alloc(nq * 2));
+  auto* dout = static_cast<bf16*>(buf.alloc(nq * 2));
+  auto* dq = static_cast<bf16*>(buf.alloc(nq * 2));
+  auto* dk = static_cast<bf16*>(buf.alloc(nkv * 2));
+  auto* dv = static_cast<bf16*>(buf.alloc(nkv * 2));
+  auto* lse = static_cast<float*>(buf.alloc(nlse * 4));
+  auto* scr = static_cast<float*>(buf.alloc(attn.backward_scratch_floats(B, T, Hq, D) * 4));
   // Small values (0.05) keep the softmax away from one-hot, as in training.
   cuda::fill_bf16(q, 0.05f, nq, nullptr);
   cuda::fill_bf16(k, 0.05f, nkv, nullptr);
   cuda::fill_bf16(v, 0.05f, nkv, nullptr);
   cuda::fill_bf16(dout, 0.05f, nq, nullptr);
-  cudaEvent_t e0, e1, e2;
-  check(cudaEventCreate(&e0), "event");
-  check(cudaEventCreate(&e1), "event");
-  check(cudaEventCreate(&e2), "event");
+  Events ev;
   std::vector<double> f, b;
   for (int r = 0; r < reps + 2; ++r) {
-    check(cudaEventRecord(e0), "record");
-    cuda::flash_attention_forward(o, lse, q, Hq * D, k, v, Hkv * D, B, T, Hq, Hkv, D, nullptr);
-    check(cudaEventRecord(e1), "record");
-    cuda::flash_attention_backward(dq, dk, dv, dout, o, lse, q, Hq * D, k, v, Hkv * D, B, T, Hq, Hkv, D, scr, nullptr);
-    check(cudaEventRecord(e2), "record");
-    check(cudaEventSynchronize(e2), "attention kernels");
+    check(cudaEventRecord(ev.e[0]), "record");
+    attn.forward(o, lse, q, Hq * D, k, v, Hkv * D, B, T, Hq, Hkv, D, nullptr);
+    check(cudaEventRecord(ev.e[1]), "record");
+    attn.backward(dq, dk, dv, dout, o, lse, q, Hq * D, k, v, Hkv * D, B, T, Hq, Hkv, D, scr, nullptr);
+    check(cudaEventRecord(ev.e[2]), "record");
+    check(cudaEventSynchronize(ev.e[2]), "attention");
     float fm = 0, bm = 0;
-    cudaEventElapsedTime(&fm, e0, e1);
-    cudaEventElapsedTime(&bm, e1, e2);
+    cudaEventElapsedTime(&fm, ev.e[0], ev.e[1]);
+    cudaEventElapsedTime(&bm, ev.e[1], ev.e[2]);
     if (r >= 2) {  // two warm-up repetitions
       f.push_back(fm);
       b.push_back(bm);
     }
   }
-  for (void* p : bufs) cudaFree(p);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaEventDestroy(e2);
-  std::sort(f.begin(), f.end());
-  std::sort(b.begin(), b.end());
-  return {f[f.size() / 2], b[b.size() / 2]};
+  return {median(f), median(b)};
+}
+
+struct BandwidthTiming {
+  double fwd_ms, bwd_ms, copy_ms;
+};
+
+// shift_rope_forward / _backward on x [B, T, H, D] (window 1, RoPE on) and a
+// cudaMemcpyAsync of the same tensor, device to device.
+BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps) {
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  const int W = 1;
+  Buffers buf;
+  using cuda::bf16;
+  auto* x = static_cast<bf16*>(buf.alloc(n * 2));
+  auto* y = static_cast<bf16*>(buf.alloc(n * 2));
+  auto* dy = static_cast<bf16*>(buf.alloc(n * 2));
+  auto* dx = static_cast<bf16*>(buf.alloc(n * 2));
+  auto* coef = static_cast<float*>(buf.alloc(static_cast<size_t>(H) * (W + 1) * 4));
+  auto* dcoef = static_cast<float*>(buf.alloc(static_cast<size_t>(H) * (W + 1) * 4));
+  auto* cos = static_cast<float*>(buf.alloc(static_cast<size_t>(T) * D / 2 * 4));
+  auto* sin = static_cast<float*>(buf.alloc(static_cast<size_t>(T) * D / 2 * 4));
+  auto* scr = static_cast<float*>(buf.alloc(cuda::shift_rope_backward_scratch_floats(B, T, H, D, W) * 4));
+  cuda::fill_bf16(x, 0.05f, n, nullptr);
+  cuda::fill_bf16(dy, 0.05f, n, nullptr);
+  cuda::fill_f32(coef, 0.5f, static_cast<size_t>(H) * (W + 1), nullptr);
+  cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * (W + 1), nullptr);
+  cuda::fill_f32(cos, 0.8f, static_cast<size_t>(T) * D / 2, nullptr);
+  cuda::fill_f32(sin, 0.6f, static_cast<size_t>(T) * D / 2, nullptr);
+  const int ld = H * D;
+  Events ev;
+  std::vector<double> f, b, c;
+  for (int r = 0; r < reps + 2; ++r) {
+    check(cudaEventRecord(ev.e[0]), "record");
+    cuda::shift_rope_forward(y, ld, x, ld, coef, cos, sin, B, T, H, D, W, nullptr);
+    check(cudaEventRecord(ev.e[1]), "record");
+    cuda::shift_rope_backward(dx, ld, dcoef, dy, ld, x, ld, coef, cos, sin, B, T, H, D, W, scr, nullptr);
+    check(cudaEventRecord(ev.e[2]), "record");
+    check(cudaEventSynchronize(ev.e[2]), "shift_rope");
+    float fm = 0, bm = 0, cm = 0;
+    cudaEventElapsedTime(&fm, ev.e[0], ev.e[1]);
+    cudaEventElapsedTime(&bm, ev.e[1], ev.e[2]);
+    check(cudaEventRecord(ev.e[0]), "record");
+    check(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+    check(cudaEventRecord(ev.e[1]), "record");
+    check(cudaEventSynchronize(ev.e[1]), "copy");
+    cudaEventElapsedTime(&cm, ev.e[0], ev.e[1]);
+    if (r >= 2) {
+      f.push_back(fm);
+      b.push_back(bm);
+      c.push_back(cm);
+    }
+  }
+  return {median(f), median(b), median(c)};
 }
 
 }  // namespace
 #endif
 
 void add_bench_attention(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench-attention",
-                                 "Forward/backward TFLOP/s of the CUDA flash attention kernels (causal, bf16)");
+  auto* cmd = app.add_subcommand(
+      "bench-attention",
+      "Forward/backward TFLOP/s of our flash attention beside cuDNN SDPA (causal, bf16), and shift+RoPE GB/s vs a copy");
   struct Args {
     int batch = 4, heads = 16, kv_heads = 16, head_dim = 128, reps = 10;
     std::vector<int> seq_lens{1024, 2048, 4096, 8192};
+    bool no_cudnn = false, cudnn_deterministic = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--batch", a->batch, "Sequences per call")->capture_default_str();
@@ -101,6 +178,9 @@ void add_bench_attention(CLI::App& app) {
   cmd->add_option("--head-dim", a->head_dim, "Head dimension: 16, 32, 64 or 128")->capture_default_str();
   cmd->add_option("--seq-len", a->seq_lens, "Sequence lengths to time (repeatable)")->capture_default_str();
   cmd->add_option("--reps", a->reps, "Timed repetitions per shape (median reported)")->capture_default_str();
+  cmd->add_flag("--no-cudnn", a->no_cudnn, "Skip the cuDNN SDPA columns (printed as n/a)");
+  cmd->add_flag("--cudnn-deterministic", a->cudnn_deterministic,
+                "Time cuDNN's deterministic backward (no fp32 dQ accumulator) instead of its default");
   cmd->callback([a]() {
 #ifdef KVS_CUDA
     std::string why;
@@ -108,14 +188,56 @@ void add_bench_attention(CLI::App& app) {
     KVS_CHECK(a->heads % a->kv_heads == 0, "bench-attention: --heads ({}) must be a multiple of --kv-heads ({})",
               a->heads, a->kv_heads);
     KVS_CHECK(a->reps >= 1, "bench-attention: --reps must be >= 1");
-    std::printf("flash attention on %s: batch %d, heads %d/%d, head_dim %d, causal, bf16 (median of %d)\n",
-                cuda::device_name(0).c_str(), a->batch, a->heads, a->kv_heads, a->head_dim, a->reps);
-    std::printf("%8s %10s %10s %10s %10s\n", "seq_len", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
+    const int B = a->batch, Hq = a->heads, Hkv = a->kv_heads, D = a->head_dim;
+    const bool with_cudnn = cuda::cudnn_available() && !a->no_cudnn;
+    std::printf("attention on %s: batch %d, heads %d/%d, head_dim %d, causal, bf16 (median of %d)\n",
+                cuda::device_name(0).c_str(), B, Hq, Hkv, D, a->reps);
+    std::printf("cuDNN SDPA: %s\n",
+                !cuda::cudnn_available() ? "n/a (this build has no cuDNN)"
+                : a->no_cudnn            ? "n/a (--no-cudnn)"
+                                         : (cuda::cudnn_version_string() +
+                                            (a->cudnn_deterministic ? ", deterministic backward"
+                                                                    : ", default backward (fp32 dQ accumulator)"))
+                                               .c_str());
+    std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "fwd ms", "fwd TF/s", "bwd ms",
+                "bwd TF/s", "cuDNN fwd", "TF/s", "cuDNN bwd", "TF/s", "ours/cuDNN fwd+bwd");
+    cuda::FlashAttentionBackend flash;
     for (int T : a->seq_lens) {
-      const AttnTiming t = time_attention(a->batch, T, a->heads, a->kv_heads, a->head_dim, a->reps);
-      const double fwd_flops = 4.0 * a->batch * a->heads * static_cast<double>(T) * T * a->head_dim / 2;
-      std::printf("%8d %10.3f %10.1f %10.3f %10.1f\n", T, t.fwd_ms, fwd_flops / (t.fwd_ms * 1e9), t.bwd_ms,
+      const AttnTiming t = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
+      const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
+      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | ", T, t.fwd_ms, fwd_flops / (t.fwd_ms * 1e9), t.bwd_ms,
                   2.5 * fwd_flops / (t.bwd_ms * 1e9));
+      if (!with_cudnn) {
+        std::printf("%9s %9s %9s %9s | %s\n", "n/a", "n/a", "n/a", "n/a", "n/a");
+        continue;
+      }
+      try {
+        cuda::CudnnSdpa sdpa(B, T, Hq, Hkv, D, Hq * D, Hkv * D, a->cudnn_deterministic);
+        const AttnTiming c = time_attention(sdpa, B, T, Hq, Hkv, D, a->reps);
+        std::printf("%9.3f %9.1f %9.3f %9.1f | %.2f\n", c.fwd_ms, fwd_flops / (c.fwd_ms * 1e9), c.bwd_ms,
+                    2.5 * fwd_flops / (c.bwd_ms * 1e9), (c.fwd_ms + c.bwd_ms) / (t.fwd_ms + t.bwd_ms));
+      } catch (const Error& e) {
+        std::printf("%9s %9s %9s %9s | n/a (%s)\n", "failed", "", "", "", e.what());
+      }
+      std::fflush(stdout);
+    }
+    std::printf("ours/cuDNN fwd+bwd = cuDNN (fwd+bwd ms) / ours (fwd+bwd ms): above 1 means ours is faster "
+                "(target >= 0.8)\n");
+
+    // The KV shift + RoPE kernels are memory bound: their bytes moved per
+    // second against cudaMemcpyAsync's on the same tensor. Forward reads x and
+    // writes y (2 tensors), backward reads dy and x and writes dx (3), a copy
+    // reads and writes one (2); cos/sin, coefficients and scratch are ignored.
+    std::printf("\nKV shift + RoPE (window 1, on a [B, T, %d, %d] tensor) vs a device-to-device copy of it:\n", Hq, D);
+    std::printf("%8s | %9s %9s %9s %9s | %9s %9s | %9s %9s\n", "seq_len", "fwd ms", "fwd GB/s", "bwd ms", "bwd GB/s",
+                "copy ms", "copy GB/s", "fwd/copy", "bwd/copy");
+    for (int T : a->seq_lens) {
+      const BandwidthTiming t = time_shift_rope(B, T, Hq, D, a->reps);
+      const double bytes = static_cast<double>(B) * T * Hq * D * 2;  // one bf16 tensor
+      const double fg = 2 * bytes / (t.fwd_ms * 1e6), bg = 3 * bytes / (t.bwd_ms * 1e6),
+                   cg = 2 * bytes / (t.copy_ms * 1e6);
+      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f | %9.2f %9.2f\n", T, t.fwd_ms, fg, t.bwd_ms, bg,
+                  t.copy_ms, cg, fg / cg, bg / cg);
     }
 #else
     fail("bench-attention: this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");

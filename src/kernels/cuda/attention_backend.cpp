@@ -1,0 +1,43 @@
+// make_attention_backend and the cuDNN build/runtime facts (attention_backend.h).
+#include "kernels/cuda/attention_backend.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/cuda/cudnn_sdpa.h"
+
+#ifdef KVS_CUDNN
+#include <cudnn.h>
+#endif
+
+namespace kvs::cuda {
+
+bool cudnn_available() {
+#ifdef KVS_CUDNN
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string cudnn_version_string() {
+#ifdef KVS_CUDNN
+  const size_t rt = cudnnGetVersion();  // major*10000 + minor*100 + patch since cuDNN 9
+  return fmt::format("{}.{}.{} (runtime {}.{}.{})", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, rt / 10000,
+                     rt / 100 % 100, rt % 100);
+#else
+  return "none";
+#endif
+}
+
+std::unique_ptr<AttentionBackend> make_attention_backend(const std::string& name, int max_B, int max_T, int Hq,
+                                                         int Hkv, int D, int ld_q, int ld_kv) {
+  if (name == "flash") return std::make_unique<FlashAttentionBackend>();
+  if (name == "cudnn") {
+    if (!cudnn_available()) fail("attention backend \"cudnn\": this build has no cuDNN (see docs/CUDA.md)");
+    return std::make_unique<CudnnSdpa>(max_B, max_T, Hq, Hkv, D, ld_q, ld_kv);
+  }
+  fail("unknown attention backend \"{}\" (expected \"flash\" or \"cudnn\")", name);
+}
+
+}  // namespace kvs::cuda

@@ -1,0 +1,71 @@
+// The attention op behind one interface, so the CUDA engine (and
+// bench-attention) can run either our hand-written flash attention
+// (flash_attention_*.cu) or cuDNN's fused SDPA (cudnn_sdpa.cpp) through a
+// pointer. Both implement exactly the contract of flash_attention_forward /
+// flash_attention_backward in kernels/cuda/ops.h: causal, scale 1/sqrt(D),
+// GQA (query head h reads KV head h / (Hq / Hkv)), q [B, T, Hq, D] with row
+// stride ld_q, k/v [B, T, Hkv, D] with row stride ld_kv, out [B, T, Hq, D]
+// contiguous, lse fp32 [B, Hq, T] (natural log-sum-exp of the scaled scores),
+// dq/dk/dv overwritten with the strides of q/k/v.
+//
+// Construction fixes the model's shape (Hq, Hkv, D) and the largest
+// micro-batch (max_B x max_T); everything a backend needs on the device is
+// allocated there, never in forward()/backward().
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/ops.h"
+
+namespace kvs::cuda {
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual const char* name() const = 0;
+  virtual void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
+                       int T, int Hq, int Hkv, int D, cudaStream_t stream) = 0;
+  // scratch: fp32, backward_scratch_floats() of them (the flash backward's
+  // delta buffer; cuDNN keeps its own workspace and ignores it).
+  virtual void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                        const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                        int Hkv, int D, float* scratch, cudaStream_t stream) = 0;
+  virtual size_t backward_scratch_floats(int B, int T, int Hq, int D) const = 0;
+  // Device bytes the backend holds besides the caller's buffers (workspace).
+  virtual size_t device_bytes() const { return 0; }
+};
+
+// "flash": the kernels in flash_attention_*.cu (holds nothing).
+class FlashAttentionBackend final : public AttentionBackend {
+ public:
+  const char* name() const override { return "flash"; }
+  void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
+               int Hq, int Hkv, int D, cudaStream_t stream) override {
+    flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, stream);
+  }
+  void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse, const bf16* q,
+                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, int D,
+                float* scratch, cudaStream_t stream) override {
+    flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, scratch, stream);
+  }
+  size_t backward_scratch_floats(int B, int T, int Hq, int D) const override {
+    return flash_attention_backward_scratch_floats(B, T, Hq, D);
+  }
+};
+
+// True when this binary was built with cuDNN (-DKVS_CUDNN).
+bool cudnn_available();
+// The cuDNN version this binary was compiled against and the one loaded at
+// run time, e.g. "9.19.0 (runtime 9.10.2)"; "none" without cuDNN.
+std::string cudnn_version_string();
+
+// `name` is "flash" or "cudnn" (train.attention_backend). ld_q / ld_kv are
+// the row strides the engine will pass (plans are built for them).
+// "cudnn" in a build without cuDNN: kvs::Error "this build has no cuDNN".
+std::unique_ptr<AttentionBackend> make_attention_backend(const std::string& name, int max_B, int max_T, int Hq,
+                                                         int Hkv, int D, int ld_q, int ld_kv);
+
+}  // namespace kvs::cuda

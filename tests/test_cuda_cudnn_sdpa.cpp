@@ -1,0 +1,424 @@
+// The cuDNN SDPA attention backend (kernels/cuda/cudnn_sdpa.cpp):
+//  - without a GPU: every tensor/operation descriptor of both graphs
+//    finalizes (cuDNN validates them on the host), and backend names;
+//  - op level: forward out + lse and backward dq/dk/dv against the CPU
+//    attention (kernels/cpu attention_forward / attention_backward) run in
+//    double on the same bf16-rounded inputs; MHA and GQA (Hq / Hkv = 1, 2, 4),
+//    head_dim 64 and 128, T = 37, 64, 130, 257 through ONE CudnnSdpa object
+//    built for the largest shape (so the smaller shapes exercise the plan
+//    cache and the shared workspace), contiguous and fused-QKV layouts;
+//  - model level: CudaEngine with attention_backend "cudnn" against the same
+//    engine with "flash" on the same weights: logits, loss, every gradient.
+// Every output buffer starts NaN-poisoned (DeviceBuffer), so an element the
+// backend does not write fails the comparison. Skipped without a GPU, and
+// without cuDNN in the build ("skipped: built without cuDNN").
+//
+// Tolerances (inputs ~N(0, 1), bf16 storage, fp32 accumulation):
+//  - out: rtol 1e-2, atol 1e-2, ||err|| <= 5e-3 ||ref|| (the flash tests'
+//    bounds: the bf16 store and P rounded to bf16 before P V).
+//  - lse: rtol 1e-4, atol 1e-3. Looser than the flash test's 2e-4 because
+//    cuDNN's exponentials/logs are not ours (it may use exp2 with folded
+//    log2(e) and fast-math approximations); a wrong scale, mask or sign moves
+//    lse by O(0.1 .. 1).
+//  - dq, dk, dv: rtol 2e-2, atol 1e-2 max|ref| + 1e-3, ||err|| <= 1e-2 ||ref||
+//    (the flash tests' bounds; see test_cuda_attention.cpp for the budget).
+#ifdef KVS_CUDA
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention_backend.h"
+#include "kernels/cuda/cudnn_sdpa.h"
+#include "model/config.h"
+#include "model/cuda_engine.h"
+#include "model/params.h"
+
+namespace {
+
+using namespace kvs::cuda_test;
+namespace kc = kvs::cuda;
+
+#define KVS_REQUIRE_CUDNN()                                                                   \
+  do {                                                                                        \
+    KVS_REQUIRE_GPU();                                                                        \
+    if (!::kvs::cuda::cudnn_available()) GTEST_SKIP() << "skipped: built without cuDNN"; \
+  } while (0)
+
+struct Shape {
+  int B, T, Hq, Hkv, D;
+  size_t rows() const { return static_cast<size_t>(B) * T; }
+  size_t qd() const { return static_cast<size_t>(Hq) * D; }
+  size_t kd() const { return static_cast<size_t>(Hkv) * D; }
+  size_t lse_size() const { return static_cast<size_t>(B) * Hq * T; }
+};
+
+std::string describe(const Shape& s, bool fused) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " Hq=" + std::to_string(s.Hq) +
+         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) + (fused ? " fused qkv" : " contiguous");
+}
+
+// Inputs (bf16-rounded, contiguous [B, T, H, D]) and the double reference.
+struct Problem {
+  Shape s;
+  std::vector<float> q, k, v, dout;
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Problem make_problem(const Shape& s, uint64_t seed) {
+  Problem p{s, random_bf16_values(s.rows() * s.qd(), seed + 1), random_bf16_values(s.rows() * s.kd(), seed + 2),
+            random_bf16_values(s.rows() * s.kd(), seed + 3), random_bf16_values(s.rows() * s.qd(), seed + 4),
+            {}, {}, {}, {}, {}};
+  const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end()),
+      dout(p.dout.begin(), p.dout.end());
+  std::vector<double> att(static_cast<size_t>(s.B) * s.Hq * s.T * s.T), datt(att.size());
+  p.out.assign(q.size(), 0.0);
+  kvs::cpu::attention_forward<double>(p.out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.Hq, s.Hkv,
+                                      s.D);
+  p.dq.assign(q.size(), 0.0);  // the CPU backward accumulates
+  p.dk.assign(k.size(), 0.0);
+  p.dv.assign(v.size(), 0.0);
+  kvs::cpu::attention_backward<double>(p.dq.data(), p.dk.data(), p.dv.data(), datt.data(), dout.data(), q.data(),
+                                       k.data(), v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
+  // lse[b, h, t] = log sum_{j <= t} exp(<q_t, k_j> / sqrt(D)), from the definition.
+  p.lse.assign(s.lse_size(), 0.0);
+  const int G = s.Hq / s.Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
+  std::vector<double> sc(s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.Hq; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        const double* qr = q.data() + (static_cast<size_t>(b) * s.T + t) * s.qd() + static_cast<size_t>(h) * s.D;
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          const double* kr =
+              k.data() + (static_cast<size_t>(b) * s.T + j) * s.kd() + static_cast<size_t>(h / G) * s.D;
+          double dot = 0;
+          for (int d = 0; d < s.D; ++d) dot += qr[d] * kr[d];
+          sc[j] = dot * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+        p.lse[(static_cast<size_t>(b) * s.Hq + h) * s.T + t] = mx + std::log(sum);
+      }
+  return p;
+}
+
+// Q/K/V (and dQ/dK/dV with the same strides) on the device: contiguous, or
+// one fused [N, QD + 2 KD] buffer as the engine's QKV projection.
+struct DeviceQKV {
+  int ld_q = 0, ld_kv = 0;
+  std::unique_ptr<DeviceBuffer<bf16>> qb, kb, vb, dqb, dkb, dvb;
+  bf16 *q = nullptr, *k = nullptr, *v = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
+DeviceQKV upload_qkv(const Problem& p, bool fused) {
+  const Shape& s = p.s;
+  const size_t N = s.rows(), QD = s.qd(), KD = s.kd();
+  DeviceQKV d;
+  d.ld_q = static_cast<int>(fused ? QD + 2 * KD : QD);
+  d.ld_kv = static_cast<int>(fused ? QD + 2 * KD : KD);
+  std::vector<bf16> qh(N * d.ld_q), kh(fused ? 0 : N * KD), vh(kh.size());
+  bf16* kdst = fused ? qh.data() + QD : kh.data();
+  bf16* vdst = fused ? qh.data() + QD + KD : vh.data();
+  for (size_t n = 0; n < N; ++n) {
+    for (size_t i = 0; i < QD; ++i) qh[n * d.ld_q + i] = __float2bfloat16_rn(p.q[n * QD + i]);
+    for (size_t i = 0; i < KD; ++i) {
+      kdst[n * d.ld_kv + i] = __float2bfloat16_rn(p.k[n * KD + i]);
+      vdst[n * d.ld_kv + i] = __float2bfloat16_rn(p.v[n * KD + i]);
+    }
+  }
+  d.qb = std::make_unique<DeviceBuffer<bf16>>(qh);
+  d.dqb = std::make_unique<DeviceBuffer<bf16>>(qh.size());  // poisoned
+  d.q = d.qb->get();
+  d.dq = d.dqb->get();
+  if (fused) {
+    d.k = d.q + QD;
+    d.v = d.q + QD + KD;
+    d.dk = d.dq + QD;
+    d.dv = d.dq + QD + KD;
+  } else {
+    d.kb = std::make_unique<DeviceBuffer<bf16>>(kh);
+    d.vb = std::make_unique<DeviceBuffer<bf16>>(vh);
+    d.dkb = std::make_unique<DeviceBuffer<bf16>>(kh.size());
+    d.dvb = std::make_unique<DeviceBuffer<bf16>>(vh.size());
+    d.k = d.kb->get();
+    d.v = d.vb->get();
+    d.dk = d.dkb->get();
+    d.dv = d.dvb->get();
+  }
+  return d;
+}
+
+std::vector<float> download_strided(const bf16* dev, size_t N, size_t width, int ld) {
+  std::vector<bf16> h((N - 1) * ld + width);
+  check(cudaDeviceSynchronize(), "cuDNN SDPA");
+  check(cudaMemcpy(h.data(), dev, h.size() * sizeof(bf16), cudaMemcpyDeviceToHost), "download");
+  std::vector<float> out(N * width);
+  for (size_t n = 0; n < N; ++n)
+    for (size_t i = 0; i < width; ++i) out[n * width + i] = __bfloat162float(h[n * ld + i]);
+  return out;
+}
+
+std::vector<float> to_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+::testing::AssertionResult norm_close(const std::vector<float>& got, const std::vector<double>& want, double rel) {
+  double e2 = 0, w2 = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    e2 += e * e;
+    w2 += want[i] * want[i];
+  }
+  const double err = std::sqrt(e2), bound = rel * std::sqrt(w2) + 1e-3 * std::sqrt(static_cast<double>(want.size()));
+  if (err <= bound) return ::testing::AssertionSuccess();  // NaN fails: err <= bound is false
+  return ::testing::AssertionFailure() << "||err|| = " << err << " > " << bound << " (||ref|| = " << std::sqrt(w2)
+                                       << ")";
+}
+
+// ||a - b|| / ||b|| over one tensor (NaN anywhere gives NaN).
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+void expect_forward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
+  const Shape& s = p.s;
+  SCOPED_TRACE(describe(s, fused));
+  DeviceQKV d = upload_qkv(p, fused);
+  DeviceBuffer<bf16> out(s.rows() * s.qd());
+  DeviceBuffer<float> lse(s.lse_size());
+  sdpa.forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D, nullptr);
+  const std::vector<float> got_out = to_f32(out.download()), got_lse = lse.download();
+  EXPECT_TRUE(all_close(got_out, to_float(p.out), 1e-2, 1e-2)) << "out";
+  EXPECT_TRUE(norm_close(got_out, p.out, 5e-3)) << "out";
+  EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-4, 1e-3)) << "lse";
+}
+
+// From the reference out (bf16-rounded) and lse, so a failure points at the backward.
+void expect_backward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
+  const Shape& s = p.s;
+  SCOPED_TRACE(describe(s, fused));
+  DeviceQKV d = upload_qkv(p, fused);
+  DeviceBuffer<bf16> out(to_bf16(to_float(p.out))), dout(to_bf16(p.dout));
+  DeviceBuffer<float> lse(to_float(p.lse));
+  sdpa.backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq,
+                s.Hkv, s.D, nullptr, nullptr);
+  const std::vector<float> dq = download_strided(d.dq, s.rows(), s.qd(), d.ld_q);
+  const std::vector<float> dk = download_strided(d.dk, s.rows(), s.kd(), d.ld_kv);
+  const std::vector<float> dv = download_strided(d.dv, s.rows(), s.kd(), d.ld_kv);
+  EXPECT_TRUE(all_close(dq, to_float(p.dq), 2e-2, 1e-2 * max_abs(p.dq) + 1e-3)) << "dq";
+  EXPECT_TRUE(all_close(dk, to_float(p.dk), 2e-2, 1e-2 * max_abs(p.dk) + 1e-3)) << "dk";
+  EXPECT_TRUE(all_close(dv, to_float(p.dv), 2e-2, 1e-2 * max_abs(p.dv) + 1e-3)) << "dv";
+  EXPECT_TRUE(norm_close(dq, p.dq, 1e-2)) << "dq";
+  EXPECT_TRUE(norm_close(dk, p.dk, 1e-2)) << "dk";
+  EXPECT_TRUE(norm_close(dv, p.dv, 1e-2)) << "dv";
+}
+
+// head_dim x GQA ratio x layout; per combination one CudnnSdpa built for the
+// largest T, then every T (largest first) through it.
+template <class F>
+void for_each_case(F&& f) {
+  const int kT[] = {257, 130, 64, 37};
+  int i = 0;
+  for (int D : {64, 128})
+    for (int Hkv : {4, 2, 1}) {
+      const bool fused = i % 2 == 1;
+      const Shape max_shape{2, kT[0], 4, Hkv, D};
+      const int ld_q = static_cast<int>(fused ? max_shape.qd() + 2 * max_shape.kd() : max_shape.qd());
+      const int ld_kv = static_cast<int>(fused ? max_shape.qd() + 2 * max_shape.kd() : max_shape.kd());
+      kc::CudnnSdpa sdpa(2, kT[0], 4, Hkv, D, ld_q, ld_kv);
+      for (int T : kT) f(sdpa, make_problem(Shape{2, T, 4, Hkv, D}, 2000 + 10 * i + T), fused);
+      EXPECT_EQ(sdpa.plans_built(), 4) << "one cached plan pair per (B, T)";
+      ++i;
+    }
+}
+
+}  // namespace
+
+// Runs everywhere: the backend names are checked before any GPU work.
+TEST(CudaCudnnSdpa, BackendSelectionErrors) {
+  try {
+    kc::make_attention_backend("xformers", 1, 8, 2, 2, 64, 128, 128);
+    ADD_FAILURE() << "an unknown backend was accepted";
+  } catch (const kvs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"xformers\""), std::string::npos) << e.what();
+  }
+  if (kc::cudnn_available()) {
+    EXPECT_NE(kc::cudnn_version_string().find("runtime"), std::string::npos);
+    return;
+  }
+  try {
+    kc::make_attention_backend("cudnn", 1, 8, 2, 2, 64, 128, 128);
+    ADD_FAILURE() << "\"cudnn\" was accepted by a build without cuDNN";
+  } catch (const kvs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this build has no cuDNN"), std::string::npos) << e.what();
+  }
+}
+
+// Runs without a GPU (only without cuDNN in the build it skips): every tensor
+// and operation descriptor of both graphs finalizes, i.e. cuDNN accepts each
+// attribute's type, value and the tensors' dims/strides, for the shapes the
+// GPU tests and the engine use. Finding an engine for the graphs still needs
+// the GPU tests.
+TEST(CudaCudnnSdpa, GraphDescriptorsFinalizeWithoutAGpu) {
+  if (!kc::cudnn_available()) GTEST_SKIP() << "skipped: built without cuDNN";
+  for (int D : {64, 128})
+    for (int Hkv : {4, 2, 1})
+      for (int T : {37, 257, 2048})
+        for (bool fused : {false, true})
+          for (bool deterministic : {false, true}) {
+            const int ld_q = fused ? (4 + 2 * Hkv) * D : 4 * D, ld_kv = fused ? ld_q : Hkv * D;
+            SCOPED_TRACE(describe(Shape{2, T, 4, Hkv, D}, fused) + (deterministic ? " deterministic" : ""));
+            EXPECT_NO_THROW(kc::CudnnSdpa::check_graphs(2, T, 4, Hkv, D, ld_q, ld_kv, deterministic));
+          }
+  try {
+    kc::CudnnSdpa::check_graphs(2, 64, 4, 2, 64, 256, 128);
+  } catch (const kvs::Error& e) {
+    ADD_FAILURE() << e.what();  // the message, if the loop above failed without showing it
+  }
+}
+
+TEST(CudaCudnnSdpa, ForwardMatchesCpu) {
+  KVS_REQUIRE_CUDNN();
+  for_each_case([](kc::CudnnSdpa& sdpa, const Problem& p, bool fused) { expect_forward_matches(sdpa, p, fused); });
+}
+
+TEST(CudaCudnnSdpa, BackwardMatchesCpu) {
+  KVS_REQUIRE_CUDNN();
+  for_each_case([](kc::CudnnSdpa& sdpa, const Problem& p, bool fused) { expect_backward_matches(sdpa, p, fused); });
+}
+
+// Many query tiles, an MQA group of 8, and the deterministic backward
+// (no fp32 dQ accumulator): two runs must give the same bits.
+TEST(CudaCudnnSdpa, LongSequenceMqaAndDeterministicBackward) {
+  KVS_REQUIRE_CUDNN();
+  const Shape s{1, 700, 8, 1, 128};
+  const Problem p = make_problem(s, 77);
+  kc::CudnnSdpa sdpa(s.B, s.T, s.Hq, s.Hkv, s.D, static_cast<int>(s.qd()), static_cast<int>(s.kd()),
+                     /*deterministic=*/true);
+  expect_forward_matches(sdpa, p, false);
+  expect_backward_matches(sdpa, p, false);
+  DeviceQKV d = upload_qkv(p, false);
+  DeviceBuffer<bf16> out(to_bf16(to_float(p.out))), dout(to_bf16(p.dout));
+  DeviceBuffer<float> lse(to_float(p.lse));
+  std::vector<bf16> first;
+  for (int run = 0; run < 2; ++run) {
+    d.dqb->poison();
+    sdpa.backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq,
+                  s.Hkv, s.D, nullptr, nullptr);
+    std::vector<bf16> g = d.dqb->download();
+    if (run == 0)
+      first = g;
+    else
+      EXPECT_EQ(0, std::memcmp(g.data(), first.data(), g.size() * sizeof(bf16))) << "dq differs between runs";
+  }
+}
+
+TEST(CudaCudnnSdpa, RejectsShapesItWasNotBuiltFor) {
+  KVS_REQUIRE_CUDNN();
+  DeviceBuffer<bf16> buf(1 << 16);
+  DeviceBuffer<float> lse(1 << 12);
+  kc::CudnnSdpa sdpa(1, 64, 4, 2, 64, 256, 128);
+  bf16* p = buf.get();
+  // other heads / head_dim than built for
+  EXPECT_THROW(sdpa.forward(p, lse.get(), p, 256, p, p, 128, 1, 64, 4, 4, 64, nullptr), kvs::Error);
+  EXPECT_THROW(sdpa.forward(p, lse.get(), p, 256, p, p, 128, 1, 64, 2, 2, 128, nullptr), kvs::Error);
+  // a misaligned pointer
+  EXPECT_THROW(sdpa.forward(p + 1, lse.get(), p, 256, p, p, 128, 1, 64, 4, 2, 64, nullptr), kvs::Error);
+  // a row stride that is not a multiple of 8 elements
+  EXPECT_THROW(sdpa.forward(p, lse.get(), p, 260, p, p, 128, 1, 32, 4, 2, 64, nullptr), kvs::Error);
+}
+
+// The whole model with attention_backend "cudnn" against "flash" on the same
+// weights and batch. Engines are built for T = 64 and run at T = 37 (a second
+// plan). Tolerances: the two differ only in the attention's internal
+// rounding (both bf16 out, fp32 lse), which the following layers carry on:
+// the CUDA-vs-CPU engine test's bounds (2% relative L2 on the logits, 1% on
+// the loss, 3% relative L2 per gradient tensor) hold with room; an indexing,
+// scaling or masking error is O(1).
+TEST(CudaCudnnSdpa, EngineMatchesTheFlashBackendOnLogitsLossAndEveryGradient) {
+  KVS_REQUIRE_CUDNN();
+  struct V {
+    const char* name;
+    int hidden, heads, kv_heads;
+  };
+  for (const V& v : {V{"gqa-d64", 128, 2, 1}, V{"mha-d128", 256, 2, 2}, V{"gqa4-d64", 256, 4, 1}}) {
+    SCOPED_TRACE(v.name);
+    nlohmann::json j = {
+        {"name", v.name},
+        {"device", "cuda"},
+        {"model",
+         {{"hidden_size", v.hidden},
+          {"intermediate_size", 2 * v.hidden + 8},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", v.heads},
+          {"num_key_value_heads", v.kv_heads},
+          {"vocab_size", 96},
+          {"max_position_embeddings", 64},
+          {"kv_shift", {{"enabled", true}}}}},
+        {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
+        {"train", {{"seq_len", 64}, {"attention_backend", "cudnn"}}}};
+    kvs::Config c = kvs::config_from_json(j, v.name);
+    kvs::validate(c, v.name);
+    const kvs::ModelConfig& m = c.model;
+    const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+    std::vector<float> params(layout.total);
+    kvs::init_params(layout, m, 7, params.data());
+    for (float& x : params) x = bf16_round(x);
+    const int B = 3, T = 37;
+    std::mt19937 g(11);
+    std::vector<int32_t> inputs(B * T), targets(B * T);
+    std::vector<float> mask(B * T);
+    for (int i = 0; i < B * T; ++i) {
+      inputs[i] = static_cast<int32_t>(g() % m.vocab_size);
+      targets[i] = static_cast<int32_t>(g() % m.vocab_size);
+      mask[i] = (g() % 4 == 0) ? 0.0f : 1.0f;
+    }
+    kvs::Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
+    kvs::CudaEngine flash(m, B, 64, 0, "none", "flash");
+    kvs::CudaEngine cudnn(m, B, 64, 0, "none", "cudnn");
+    flash.write_params(params.data());
+    cudnn.write_params(params.data());
+
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> lf(static_cast<size_t>(B) * T * m.vocab_size, nan), lc(lf.size(), nan);
+    flash.forward(batch, nullptr, nullptr, lf.data());
+    cudnn.forward(batch, nullptr, nullptr, lc.data());
+    EXPECT_LT(rel_l2(lc.data(), lf.data(), lf.size()), 2e-2) << "logits";  // NaN fails: NaN < x is false
+
+    flash.zero_grad();
+    cudnn.zero_grad();
+    const double scale = 1.0 / 50;
+    const double loss_f = flash.forward_backward(batch, scale);
+    const double loss_c = cudnn.forward_backward(batch, scale);
+    EXPECT_NEAR(loss_c, loss_f, 1e-2 * std::fabs(loss_f)) << "loss";
+    std::vector<float> gf(layout.total, nan), gc(layout.total, nan);
+    flash.read_grads(gf.data());
+    cudnn.read_grads(gc.data());
+    for (const kvs::ParamTensor& t : layout.tensors)
+      EXPECT_LT(rel_l2(gc.data() + t.offset, gf.data() + t.offset, t.numel), 3e-2) << t.name;
+  }
+}
+
+#endif  // KVS_CUDA

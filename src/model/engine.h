@@ -103,7 +103,7 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device
 // this build or machine does not have. `recompute` (train.recompute) selects
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
-// `tp` makes the engine one tensor-parallel rank's slice of the model (CPU only).
+// `tp` makes the engine one tensor-parallel rank's slice of the model.
 // `attention_backend` (train.attention_backend) picks the CUDA engine's
 // attention: "flash" (ours) or "cudnn" (cuDNN SDPA); the CPU engine takes only "flash".
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,

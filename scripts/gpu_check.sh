@@ -161,12 +161,12 @@ torchrun_like() {
   local n=$1 port=$2 log=$3 pids=() rc=0 r
   shift 3
   if [ "$launcher" = torchrun ]; then
-    timeout 600 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
+    timeout 300 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
     return
   fi
   for ((r = 0; r < n; r++)); do
     env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout 600 "$@" >"$log.$r" 2>&1 &
+      timeout 300 "$@" >"$log.$r" 2>&1 &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
@@ -236,7 +236,7 @@ dp_rows() {
   fi
   log=$out/dp2_mpi.log
   if dp_train "$out/dp2-mpi" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-      timeout 600 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+      timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"

@@ -115,6 +115,7 @@ if want build; then
     fi
   fi
   find_nccl
+  rm -f "$out/cmake.log" "$out/build.log"
   if preflight; then
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" \
       >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1

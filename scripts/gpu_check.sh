@@ -117,7 +117,10 @@ if want build; then
   find_nccl
   rm -f "$out/cmake.log" "$out/build.log"
   if preflight; then
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" \
+    # CMAKE_POLICY_VERSION_MINIMUM: a pip CMake 4 on the image refuses package
+    # config files that still ask for policies below 3.5 (3.x ignores it).
+    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+      "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" \
       >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
     build_rc=$?
   else

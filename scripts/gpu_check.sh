@@ -3,28 +3,152 @@
 # prints one short table (docs/CUDA.md). The lent GPU machines have no network:
 # run scripts/gpu_deps_fetch.sh on a networked machine first, carry .deps/
 # along, and this script unpacks it when the build dependencies are missing.
-#   usage: scripts/gpu_check.sh [--quick]     (--quick: toy benchmarks only)
+#   usage: scripts/gpu_check.sh [--quick] [--only SECTIONS]
+#     --quick          toy benchmarks only
+#     --only a,b,...   run only these sections, in this order of priority:
+#                      build cuda bench attention launch dp hf ctest
+#                      (default: all). A lent machine gives one command at most
+#                      10 minutes, so run it in pieces, e.g.
+#                        --only build,cuda     then     --only bench,attention,launch,dp,hf
+#                      the build in build-gpu/ and the logs in build-gpu/check/
+#                      stay on the machine between calls while it is warm.
+# Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to
+# its summary.txt. With $OUT set (the device tool), summary.txt and a
+# logs.tar.gz of the *.log / *.jsonl files are copied there at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
-out=${OUT:-$(mktemp -d)}
+only="build,cuda,bench,attention,launch,dp,hf,ctest"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) quick=1 ;;
+    --only) only=${2:?--only needs a list}; shift ;;
+    --only=*) only=${1#--only=} ;;
+    *) echo "usage: $0 [--quick] [--only build,cuda,bench,attention,launch,dp,hf,ctest]" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+out=${KVS_CHECK_LOGS:-$PWD/build-gpu/check}
 mkdir -p "$out"
-row() { printf '%-44s %s\n' "$1" "$2"; }
+summary=$out/summary.txt
+row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$summary"; }
 t0=$(date +%s)
+bundle() {  # the summary and the logs, back through the device tool's $OUT
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  cp "$summary" "$OUT/summary.txt" 2>/dev/null
+  (cd "$out" && find . \( -name '*.log' -o -name '*.jsonl' -o -name '*.txt' \) -size -4M -print0 |
+    tar czf "$OUT/logs.tar.gz" --null -T -) 2>/dev/null
+}
+trap bundle EXIT
+echo "== gpu_check $(date -u +%FT%TZ) sections: $only" >>"$summary"
 
-if ! command -v cmake >/dev/null || [ ! -f /usr/include/spdlog/spdlog.h ]; then
-  if ls .deps/*.deb >/dev/null 2>&1; then
-    for f in .deps/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-  else
-    bash scripts/setup.sh >"$out/setup.log" 2>&1 || { echo "setup failed and no .deps/: $out/setup.log"; exit 1; }
+# ---------------------------------------------------------------- dependencies
+# Unpacks the carried .deb files that the machine lacks. Packages dpkg already
+# has are skipped (an older Debian library unpacked over the image's own can
+# break the image: the device notes say to unpack elsewhere than /), and so is
+# cmake when one is on PATH. dpkg -x runs no maintainer scripts, so the
+# update-alternatives links (/usr/bin/mpicxx, mpirun, ...) are made here.
+mpi_cmake_args=()
+mpirun_bin=mpirun
+unpack_deps() {
+  local f pkg unpacked=() skipped=() t
+  for f in .deps/*.deb; do
+    pkg=$(dpkg-deb -f "$f" Package 2>/dev/null || basename "$f")
+    if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
+      skipped+=("$pkg")
+      continue
+    fi
+    case $pkg in cmake | cmake-data) if command -v cmake >/dev/null; then skipped+=("$pkg"); continue; fi ;; esac
+    dpkg -x "$f" / && unpacked+=("$pkg")
+  done
+  for t in mpicc mpicxx mpic++ mpiCC mpirun mpiexec; do
+    if [ ! -e /usr/bin/$t ] && [ -e /usr/bin/$t.openmpi ]; then ln -sf $t.openmpi /usr/bin/$t; fi
+  done
+  ldconfig
+  echo "unpacked: ${unpacked[*]:-none}" >"$out/deps.log"
+  echo "skipped (already there): ${skipped[*]:-none}" >>"$out/deps.log"
+  # Our OpenMPI, not another one that may come first on PATH.
+  case " ${unpacked[*]:-} " in
+    *" libopenmpi-dev "*)
+      mpi_cmake_args=(-DMPI_CXX_COMPILER=/usr/bin/mpicxx.openmpi -DMPI_C_COMPILER=/usr/bin/mpicc.openmpi)
+      mpirun_bin=/usr/bin/mpirun.openmpi ;;
+  esac
+}
+# What CMakeLists.txt needs and a bare image may lack, named before cmake runs
+# (a failed configure costs minutes of a short lease).
+preflight() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=("cmake (cmake, cmake-data)")
+  command -v pkg-config >/dev/null || missing+=("pkg-config (Debian: pkg-config pkgconf pkgconf-bin libpkgconf3)")
+  [ -f /usr/include/spdlog/spdlog.h ] || missing+=("spdlog (libspdlog-dev libspdlog1.10 libfmt-dev libfmt9)")
+  [ -f /usr/include/sentencepiece_processor.h ] || missing+=("sentencepiece (libsentencepiece-dev libsentencepiece0)")
+  [ -e /usr/include/gtest/gtest.h ] || missing+=("googletest (libgtest-dev libgmock-dev googletest)")
+  command -v mpicxx >/dev/null || [ -e /usr/bin/mpicxx.openmpi ] || missing+=("OpenMPI (libopenmpi-dev openmpi-bin ...)")
+  # Shared libraries the unpacked ones need at run time (kvshift_tests runs at
+  # build time too, to list its tests): OpenBLAS needs gfortran's runtime, hwloc
+  # needs libudev, ... A missing one fails the link step or every test.
+  local lib so
+  for lib in /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 /usr/lib/x86_64-linux-gnu/libmpi.so.40 \
+    /usr/lib/x86_64-linux-gnu/libspdlog.so.1* /usr/lib/x86_64-linux-gnu/libsentencepiece*.so.0; do
+    [ -e "$lib" ] || continue
+    for so in $(ldd "$lib" 2>/dev/null | awk '/not found/ {print $1}'); do
+      missing+=("$so, needed by $(basename "$lib") (Debian: libgfortran5 libquadmath0 libudev1 zlib1g ...)")
+    done
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "missing build dependencies (add them to scripts/gpu_deps_fetch.sh and carry .deps/):" | tee -a "$out/deps.log"
+    printf '  %s\n' "${missing[@]}" | tee -a "$out/deps.log"
+    return 1
   fi
-fi
+}
+# NCCL: the toolkit's, the system's, or the pip wheel's that PyTorch brings.
+nccl_cmake_args=()
+find_nccl() {
+  local d lib
+  for d in /usr/local/cuda/include /usr/include /usr/local/include; do [ -f $d/nccl.h ] && return 0; done
+  d=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null) || return 0
+  lib=$(ls "$d"/lib/libnccl.so* 2>/dev/null | head -1)
+  [ -f "$d/include/nccl.h" ] && [ -n "$lib" ] && nccl_cmake_args=(-DKVS_NCCL_INCLUDE="$d/include" -DKVS_NCCL_LIB="$lib")
+}
+
 export PATH=/usr/local/cuda/bin:$PATH
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON >"$out/cmake.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
-build_rc=$?
+build_rc=0
+if want build; then
+  tb=$(date +%s)
+  if ! command -v cmake >/dev/null || [ ! -f /usr/include/spdlog/spdlog.h ] ||
+    [ ! -f /usr/include/sentencepiece_processor.h ] || ! command -v mpicxx >/dev/null; then
+    if ls .deps/*.deb >/dev/null 2>&1; then
+      unpack_deps
+    else
+      bash scripts/setup.sh >"$out/setup.log" 2>&1 || echo "setup failed and no .deps/: $out/setup.log"
+    fi
+  fi
+  find_nccl
+  rm -f "$out/cmake.log" "$out/build.log"
+  if preflight; then
+    # CMAKE_POLICY_VERSION_MINIMUM: a pip CMake 4 on the image refuses package
+    # config files that still ask for policies below 3.5 (3.x ignores it).
+    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+      "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" \
+      >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
+    build_rc=$?
+  else
+    build_rc=1
+  fi
+  if [ $build_rc -ne 0 ]; then
+    echo "--- last lines of the configure/build log:"
+    tail -25 "$out/build.log" 2>/dev/null || tail -25 "$out/cmake.log" 2>/dev/null
+  fi
+  row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo "ok ($(($(date +%s) - tb)) s)" || echo "FAILED: $out/cmake.log, build.log")"
+elif [ ! -x build-gpu/kvshift ] || [ ! -x build-gpu/kvshift_tests ]; then
+  build_rc=1
+  row "CUDA build" "not built: run with --only build first"
+fi
+[ -e /usr/bin/mpirun.openmpi ] && ! command -v mpirun >/dev/null && mpirun_bin=/usr/bin/mpirun.openmpi
+# Shared memory without the CMA single copy (fails in containers), one thread per rank.
+mpi_env=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1)
 # cuDNN (optional, for attention backend "cudnn"): a pip wheel's libcudnn.so.9
 # loads its engine libraries from its own directory, which the loader may not search.
 cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:FILEPATH=//p' build-gpu/CMakeCache.txt 2>/dev/null)
@@ -34,14 +158,18 @@ else
   cudnn_lib=""
 fi
 gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+row "GPU" "${gpu:-none found}"
+row "cuDNN (attention backend \"cudnn\")" "${cudnn_lib:-not found: backend not built}"
 
-tests="not run"
-cuda_tests="not run"
-if [ $build_rc -eq 0 ]; then
-  (cd build-gpu && ctest -j8 --timeout 900 >"$out/ctest.log" 2>&1)
-  tests=$(grep -E "tests passed" "$out/ctest.log" || echo "see ctest.log")
-  ./build-gpu/kvshift_tests --gtest_filter='Cuda*' >"$out/cuda_tests.log" 2>&1
-  cuda_tests="$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log" | head -1) failed, $(grep -cE '^\[  SKIPPED \]' "$out/cuda_tests.log") skipped"
+if [ $build_rc -eq 0 ] && want cuda; then
+  # The CUDA tests first: they are what this machine is for (the rest pass in CI).
+  tc=$(date +%s)
+  # Inside the lease's 10-minute command limit, so the summary and logs still
+  # come back when a test hangs (KVS_CUDA_TIMEOUT seconds, default 480).
+  timeout "${KVS_CUDA_TIMEOUT:-480}" ./build-gpu/kvshift_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" \
+    >"$out/cuda_tests.log" 2>&1 || echo "kvshift_tests exit status $? (124: timed out)" >>"$out/cuda_tests.log"
+  row "CUDA tests (${KVS_CUDA_FILTER:-Cuda*})" "$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$out/cuda_tests.log") skipped ($(($(date +%s) - tc)) s)"
+  grep -E '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log" | sort -u | head -20
 fi
 
 # Runs "$@" as $1 ranks on this node: under `torchrun --no_python` when the
@@ -51,19 +179,20 @@ fi
 # no dashed forms, later ones accept both.
 export KVS_BOOTSTRAP_TIMEOUT_S=60
 launcher="torchrun variables"
-if timeout 120 torchrun --no_python --nproc_per_node 1 --master_port 29590 true >"$out/torchrun_probe.log" 2>&1; then
+if { want launch || want dp; } &&
+  timeout 120 torchrun --no_python --nproc_per_node 1 --master_port 29590 true >"$out/torchrun_probe.log" 2>&1; then
   launcher=torchrun
 fi
 torchrun_like() {
   local n=$1 port=$2 log=$3 pids=() rc=0 r
   shift 3
   if [ "$launcher" = torchrun ]; then
-    timeout 600 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
+    timeout 300 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
     return
   fi
   for ((r = 0; r < n; r++)); do
     env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout 600 "$@" >"$log.$r" 2>&1 &
+      timeout 300 "$@" >"$log.$r" 2>&1 &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
@@ -132,8 +261,8 @@ dp_rows() {
     return
   fi
   log=$out/dp2_mpi.log
-  if dp_train "$out/dp2-mpi" 1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-      timeout 600 mpirun --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+  if dp_train "$out/dp2-mpi" 1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
+      timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
@@ -143,8 +272,8 @@ dp_rows() {
   local np
   for np in 2 4; do
     log=$out/tp2_np$np.log
-    if dp_train "$out/tp2-np$np" 2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        timeout 600 mpirun --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
+    if dp_train "$out/tp2-np$np" 2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
+        timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
     else
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "FAILED: $(why "$log")"
@@ -203,13 +332,13 @@ bench() {  # label, args...
   local label=$1
   shift
   local j
-  j=$(./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
+  j=$(timeout 400 ./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
   if [ -z "$j" ]; then
     row "$label" "FAILED: $(tail -1 "$out/bench_err.log")"
     return
   fi
   echo "$j" >>"$out/bench.jsonl"
-  python3 - "$label" "$j" <<'PY'
+  python3 - "$label" "$j" <<'PY' | tee -a "$summary"
 import json, sys
 label, j = sys.argv[1], json.loads(sys.argv[2])
 runs = j if isinstance(j, list) else [j]
@@ -223,38 +352,39 @@ if len(runs) == 2:
 PY
 }
 
-echo
-row "GPU" "${gpu:-none found}"
-row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo ok || echo "FAILED: $out/build.log")"
-row "ctest (all tests)" "$tests"
-row "CUDA tests (Cuda*)" "$cuda_tests"
-row "cuDNN (attention backend \"cudnn\")" "${cudnn_lib:-not found: backend not built}"
-[ $build_rc -eq 0 ] && launch_rows
-[ $build_rc -eq 0 ] && dp_rows
-[ $build_rc -eq 0 ] && cudnn_rows
 if [ $build_rc -eq 0 ]; then
-  # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
-  KVS_HF_NO_VENV=1 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
-  row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
-fi
-if [ $build_rc -eq 0 ]; then
-  bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
-  if [ $quick -eq 0 ]; then
-    bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
-      --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
+  if want bench; then
+    bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
+    if [ $quick -eq 0 ]; then
+      bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
+        --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
+    fi
+  fi
+  if want attention; then
+    echo "attention microbenchmark (ours beside cuDNN SDPA, same shapes, same run; then shift+RoPE vs copy):" |
+      tee -a "$summary"
+    timeout 300 ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
+      $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
+      >"$out/bench_attention.log" 2>&1
+    sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
+    # One row per sequence length: ours/cuDNN fwd+bwd throughput (issue 4's target: >= 0.8).
+    awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
+      $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+        printf "%-44s %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log" | tee -a "$summary"
+  fi
+  want launch && launch_rows
+  want dp && { dp_rows; cudnn_rows; }
+  if want hf; then
+    # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
+    KVS_HF_NO_VENV=1 timeout 300 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
+    row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
+  fi
+  if want ctest; then
+    # Everything else (CPU tests, python tests); the Cuda* tests ran above.
+    (cd build-gpu && timeout "${KVS_CTEST_TIMEOUT:-480}" ctest -j"$(nproc)" -E '^Cuda' --timeout 400 >"$out/ctest.log" 2>&1)
+    row "ctest (all but Cuda*)" "$(grep -E 'tests passed' "$out/ctest.log" || echo "see $out/ctest.log")"
   fi
 fi
-if [ $build_rc -eq 0 ]; then
-  echo "attention microbenchmark (ours beside cuDNN SDPA, same shapes, same run; then shift+RoPE vs copy):"
-  ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
-    $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
-    >"$out/bench_attention.log" 2>&1
-  sed 's/^/  /' "$out/bench_attention.log"
-  # One row per sequence length: ours/cuDNN fwd+bwd throughput (issue 4's target: >= 0.8).
-  awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
-    $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
-      printf "%-44s %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log"
-fi
-row "wall time" "$(( $(date +%s) - t0 )) s"
+row "wall time" "$(($(date +%s) - t0)) s"
 echo "MFU = model FLOPs/s (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads per token) / peak dense bf16"
 echo "logs: $out"

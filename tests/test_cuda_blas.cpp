@@ -199,8 +199,9 @@ TEST(CudaMatmulDeterminism, SameBitsTwice) {
   }
 }
 
-// Pointers that are only 2-byte aligned (a column offset of 1) take the
-// uncached heuristic path and must still be right.
+// Pointers that are only 2-byte aligned (a column offset of 1) get algorithms
+// chosen for that alignment (cached apart from the 16-byte ones) and must
+// still be right; the aligned call after them must not reuse their choice.
 TEST(CudaMatmulAlignment, MisalignedPointers) {
   KVS_REQUIRE_GPU();
   const int N = 40, C = 64, OC = 72, ld_in = 80, ld_out = 90;
@@ -231,6 +232,16 @@ TEST(CudaMatmulAlignment, MisalignedPointers) {
   kvs::cpu::matmul_backward<double>(nullptr, want_dW.data(), y.data(), x.data(), nullptr, N, C, OC);
   kvs::cpu::matmul_backward<double>(nullptr, mag_dW.data(), abs_of(y).data(), abs_of(x).data(), nullptr, N, C, OC);
   EXPECT_TRUE(close_scaled(dW, want_dW, mag_dW, 1e-6, 1e-6, 4e-6));
+
+  // The same shape with aligned pointers (the misaligned choice is cached under
+  // its own key) gives the same products.
+  DeviceBuffer<bf16> d_inp_al(to_bf16(inp_shifted)), d_out_al(size_t(N) * ld_out);
+  mm.forward(d_out_al.get(), ld_out, d_inp_al.get(), ld_in, d_W.get(), N, C, OC, nullptr);
+  const std::vector<bf16> out_al = d_out_al.download();
+  FVec got_al(size_t(N) * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) got_al[size_t(n) * OC + o] = __bfloat162float(out_al[size_t(n) * ld_out + o]);
+  EXPECT_TRUE(close_scaled(got_al, want, mag, 1.0 / 256, 1e-6, 4e-6));
 }
 
 // Empty reductions: C = 0 makes forward write zeros; N = 0 leaves dW as it was.

@@ -174,7 +174,7 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
   KVS_REQUIRE_GPU();
   const ModelConfig m = model_of(kClamp);
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
-  std::vector<float> params(layout.total), grads(layout.total);
+  std::vector<float> params(layout.total);
   kvs::init_params(layout, m, 3, params.data());
   kvs::CpuEngine cpu(m, 1, 8);
   kvs::CudaEngine gpu(m, 1, 8);
@@ -189,11 +189,33 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
     tg[i] = (i * 5 + 1) % m.vocab_size;
   }
   kvs::Batch b{1, 8, in.data(), tg.data(), nullptr};
+  // Adam's first steps move every element by about lr * sign(g), whatever |g|:
+  // an element whose gradient is below the bf16 noise of the CUDA engine can
+  // move the other way there (a 6 lr difference after three steps), and a few
+  // tenths of a percent of such elements already give a 10% relative L2 error.
+  // So the update is compared on the elements whose gradient is clearly
+  // resolved in every step (same sign in both engines, |g| >= 5% of the
+  // tensor's RMS), and exactly on the elements whose gradient is zero in both
+  // engines in every step (embedding rows of absent tokens: there the update
+  // is the weight decay alone, which checks the decay flags).
+  std::vector<char> resolved(layout.total, 1), zero(layout.total, 1);
+  std::vector<float> gc(layout.total), gg(layout.total);
   for (int step = 1; step <= 3; ++step) {
     cpu.zero_grad();
     gpu.zero_grad();
     cpu.forward_backward(b, 0.125);
     gpu.forward_backward(b, 0.125);
+    cpu.read_grads(gc.data());
+    gpu.read_grads(gg.data());
+    for (const kvs::ParamTensor& t : layout.tensors) {
+      double ss = 0;
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) ss += static_cast<double>(gc[i]) * gc[i];
+      const double rms = std::sqrt(ss / static_cast<double>(t.numel));
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+        if (!(gc[i] == 0.0f && gg[i] == 0.0f)) zero[i] = 0;
+        if (!((gc[i] > 0) == (gg[i] > 0) && std::fabs(gc[i]) >= 0.05 * rms && gc[i] != 0.0f)) resolved[i] = 0;
+      }
+    }
     kvs::AdamWHyper h;
     h.lr = 1e-2;
     h.weight_decay = 0.1;
@@ -204,23 +226,42 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
   std::vector<float> pc(layout.total), pg(layout.total);
   cpu.read_params(pc.data());
   gpu.read_params(pg.data());
+  size_t zero_checked = 0, resolved_total = 0, nonzero_total = 0;
   for (const kvs::ParamTensor& t : layout.tensors) {
-    // Compare the three steps' total update (p - p0) per tensor. Adam
-    // normalises each gradient element, so bf16 noise in a gradient moves its
-    // update by a fraction of lr; a wrong kernel (decay on the wrong tensors,
-    // a missed bias correction, a wrong moment) changes the update by O(1).
-    std::vector<float> uc(t.numel), ug(t.numel);
-    for (size_t i = 0; i < t.numel; ++i) {
-      uc[i] = pc[t.offset + i] - params[t.offset + i];
-      ug[i] = pg[t.offset + i] - params[t.offset + i];
+    // The three steps' total update (p - p0) per tensor: a wrong kernel (a
+    // missed bias correction, a wrong moment, a wrong chunk) changes it by O(1).
+    std::vector<float> uc, ug;
+    size_t zero_bad = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      const float dc = pc[i] - params[i], dg = pg[i] - params[i];
+      if (resolved[i]) {
+        uc.push_back(dc);
+        ug.push_back(dg);
+      }
+      if (zero[i]) {
+        ++zero_checked;
+        if (std::fabs(dg - dc) > 1e-7 + 1e-5 * std::fabs(dc)) ++zero_bad;
+      }
     }
-    EXPECT_LT(rel_l2(ug.data(), uc.data(), t.numel), 1e-1) << t.name;
+    EXPECT_EQ(zero_bad, 0u) << t.name << ": elements with a zero gradient (weight decay only) moved differently";
+    size_t nonzero = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) nonzero += !zero[i];
+    resolved_total += uc.size();
+    nonzero_total += nonzero;
+    if (nonzero > 0) {
+      EXPECT_GT(uc.size(), 0u) << t.name << ": no gradient element resolved";
+    }
+    if (!uc.empty()) {
+      EXPECT_LT(rel_l2(ug.data(), uc.data(), uc.size()), 1e-1) << t.name;
+    }
     if (t.kind == kvs::ParamKind::Shift)
       for (size_t i = 0; i < t.numel; ++i) {
         EXPECT_GE(pg[t.offset + i], 0.0f) << t.name;
         EXPECT_LE(pg[t.offset + i], 1.0f) << t.name;
       }
   }
+  EXPECT_GT(zero_checked, 0u) << "no zero-gradient element: the decay-only check did not run";
+  EXPECT_GE(2 * resolved_total, nonzero_total) << "fewer than half the gradient elements resolved";
 }
 
 namespace {

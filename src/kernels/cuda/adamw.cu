@@ -8,6 +8,8 @@ namespace kvs::cuda {
 
 namespace {
 
+constexpr int kAdamWThreads = 512;
+
 // Per-step constants, derived on the host exactly as CpuEngine::adamw_step
 // derives them (there in double from the hyper-parameters; here in double
 // from AdamWArgs' floats, which are those values rounded once).
@@ -30,7 +32,7 @@ struct AdamWConsts {
 // The explicit _rn intrinsics stop nvcc from fusing multiply-adds, so each
 // operation is rounded as written (the CPU formula, operation by operation).
 // Elements outside every chunk are not touched.
-__global__ void adamw_kernel(float* master, bf16* param_bf16, const float* grad, float* exp_avg, float* exp_avg_sq,
+__global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(float* master, bf16* param_bf16, const float* grad, float* exp_avg, float* exp_avg_sq,
                              const AdamWChunk* chunks, AdamWConsts c) {
   const AdamWChunk chunk = chunks[blockIdx.x];
   const float decay = (chunk.flags & kAdamWDecay) ? c.decay : 1.0f;
@@ -64,7 +66,7 @@ void adamw_step(float* master, bf16* param_bf16, const float* grad, float* exp_a
   c.step_size = static_cast<float>(static_cast<double>(a.lr) / static_cast<double>(a.bias_correction1));
   c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.bias_correction2)));
   c.decay = 1.0f - a.lr * a.weight_decay;  // float arithmetic, as on the CPU
-  adamw_kernel<<<num_chunks, 512, 0, stream>>>(master, param_bf16, grad, exp_avg, exp_avg_sq, chunks, c);
+  adamw_kernel<<<num_chunks, kAdamWThreads, 0, stream>>>(master, param_bf16, grad, exp_avg, exp_avg_sq, chunks, c);
   KVS_CUDA_LAUNCH_CHECK("adamw_kernel");
 }
 

@@ -158,6 +158,8 @@ inline void check_args(const char* who, std::initializer_list<const void*> bf16_
   if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     ::kvs::fail("{}: bad shape B={} T={} Hq={} Hkv={} (need Hq % Hkv == 0)", who, B, T, Hq, Hkv);
   if (D != 16 && D != 32 && D != 64 && D != 128) ::kvs::fail("{}: head_dim {} not in {{16, 32, 64, 128}}", who, D);
+  if (B > 65535 || Hq > 65535)  // gridDim.z = B, gridDim.y = Hq (or Hkv)
+    ::kvs::fail("{}: B = {} and Hq = {} must be at most 65535 (grid y/z limits)", who, B, Hq);
   if (ld_q < Hq * D || ld_kv < Hkv * D || ld_q % 8 != 0 || ld_kv % 8 != 0)
     ::kvs::fail("{}: row strides ld_q={} ld_kv={} must be multiples of 8 and at least Hq*D={} / Hkv*D={}", who, ld_q,
                 ld_kv, Hq * D, Hkv * D);

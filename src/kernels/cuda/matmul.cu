@@ -30,14 +30,16 @@
 // before summing them. For an fp32 output the output type is the compute type,
 // so that scheme is allowed there.
 //
-// Alignment: the heuristic is told the buffers are 16-byte aligned (cudaMalloc
-// gives 256; offsets into the engine's buffers are multiples of 8 elements).
-// Only those choices are cached. A call with a less aligned pointer (a column
-// offset that is not a multiple of 8 bf16) queries the heuristic with the
-// real alignment every time: correct, but slower; it should not occur in the
-// engine's hot path.
+// Alignment: the heuristic is told each pointer's real alignment, capped at 16
+// bytes (cudaMalloc gives 256; offsets into the engine's buffers are usually
+// multiples of 8 elements), and the choice is cached per shape and alignment.
+// A less aligned pointer (a column offset that is not a multiple of 8 bf16, or
+// a weight after a parameter tensor whose size is not a multiple of 8, as in
+// small test models with one or two KV heads) gets algorithms that allow it,
+// cached like the others rather than queried on every call.
 //
 // The single workspace means calls must not run concurrently on two streams.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -48,7 +50,7 @@ namespace kvs::cuda {
 
 namespace {
 
-constexpr uint32_t kCachedAlignment = 16;  // bytes
+constexpr uint32_t kCachedAlignment = 16;  // bytes: larger alignments are cached as 16
 
 void check_lt(cublasStatus_t st, const char* call, const char* shape) {
   if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt {} failed ({}) for {}", call, cublasLtGetStatusName(st), shape);
@@ -141,9 +143,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bf
   check_lt(cublasLtMatrixLayoutInit(d_desc, d_type, uint64_t(m), uint64_t(n), int64_t(ldd)),
            "cublasLtMatrixLayoutInit(D)", shape);
 
-  // The algorithm: cached for 16-byte-aligned pointers, queried each time otherwise.
-  const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
-  const bool cacheable = align_a >= kCachedAlignment && align_b >= kCachedAlignment && align_d >= kCachedAlignment;
+  // The algorithm, cached per shape and alignment (16 bytes and more count as 16).
+  const uint32_t align_a = std::min(pointer_alignment(A), kCachedAlignment),
+                 align_b = std::min(pointer_alignment(B), kCachedAlignment),
+                 align_d = std::min(pointer_alignment(D), kCachedAlignment);
   auto query = [&](uint32_t al_a, uint32_t al_b, uint32_t al_d) {
     cublasLtMatmulPreferenceOpaque_t pref_storage;
     cublasLtMatmulPreference_t pref = &pref_storage;
@@ -173,18 +176,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bf
            shape, al_a, al_b, al_d);
     return result;
   };
-  cublasLtMatmulHeuristicResult_t uncached;
-  const cublasLtMatmulHeuristicResult_t* choice = nullptr;
-  if (cacheable) {
-    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32};
-    auto it = algos_.find(key);
-    if (it == algos_.end())
-      it = algos_.emplace(key, query(kCachedAlignment, kCachedAlignment, kCachedAlignment)).first;
-    choice = &it->second;
-  } else {
-    uncached = query(align_a, align_b, align_d);
-    choice = &uncached;
-  }
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, align_a, align_b, align_d};
+  auto it = algos_.find(key);
+  if (it == algos_.end()) it = algos_.emplace(key, query(align_a, align_b, align_d)).first;
+  const cublasLtMatmulHeuristicResult_t* choice = &it->second;
 
   const float alpha = 1.0f;
   check_lt(cublasLtMatmul(handle_, op, &alpha, A, a_desc, B, b_desc, &beta, D, d_desc, D, d_desc, &choice->algo,

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <tuple>
 
@@ -41,8 +42,9 @@ class Matmul {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32) -> heuristic result
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, alignment of A, B, D in
+  // bytes capped at 16) -> heuristic result
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
   std::map<Key, cublasLtMatmulHeuristicResult_t> algos_;
 };
 

@@ -27,7 +27,7 @@ __device__ __forceinline__ double term(float x) {
 // bandwidth-bound); the additions still happen in plain loop order, so the
 // unrolling does not change the result.
 template <bool kSquare>
-__global__ void sum_partials_kernel(double* partials, const float* x, size_t n) {
+__global__ void __launch_bounds__(kSumThreads) sum_partials_kernel(double* partials, const float* x, size_t n) {
   __shared__ double smem[32];
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -45,7 +45,7 @@ __global__ void sum_partials_kernel(double* partials, const float* x, size_t n) 
 }
 
 // Pass 2: one block adds the per-block partials in a fixed order.
-__global__ void sum_final_kernel(double* out, const double* partials, int count) {
+__global__ void __launch_bounds__(kFinalThreads) sum_final_kernel(double* out, const double* partials, int count) {
   __shared__ double smem[32];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];

@@ -18,7 +18,10 @@ namespace {
 
 
 // Threads for one row: one per V-chunk, rounded up to a warp, at most 1024
-// (wider rows loop). Depends on C only (it assumes V = 8 when C % 8 == 0, even
+// (wider rows loop). The kernels carry __launch_bounds__(1024) so that ptxas
+// keeps them at <= 64 registers and a 1024-thread launch always fits the
+// 64K-register file (without it a larger register count would make the launch
+// fail with "too many resources requested" on wide rows only). Depends on C only (it assumes V = 8 when C % 8 == 0, even
 // if unaligned pointers later force V = 1), so the backward's block count and
 // scratch size are functions of (N, C) alone.
 int row_threads(int C) {
@@ -38,7 +41,7 @@ int backward_blocks(int N, int C) { return std::max(1, std::min(N, kBackwardTarg
 // itself, so the norm sees exactly the stored bf16 values, as the backward
 // will) and writes out = (x * rstd) * w. No __restrict__: resid_out may alias a.
 template <int V>
-__global__ void residual_rmsnorm_forward_kernel(bf16* resid_out, bf16* out, float* rstd, const bf16* a, const bf16* b,
+__global__ void __launch_bounds__(1024) residual_rmsnorm_forward_kernel(bf16* resid_out, bf16* out, float* rstd, const bf16* a, const bf16* b,
                                                 const float* w, int C, float eps) {
   __shared__ float red[32];
   const size_t row = (size_t)blockIdx.x * C;
@@ -79,7 +82,7 @@ __global__ void residual_rmsnorm_forward_kernel(bf16* resid_out, bf16* out, floa
 // stores its partial as row j of scratch [G, C]; rmsnorm_dw_reduce_kernel adds
 // the G rows into dw in a fixed order. No __restrict__: dinp may alias dresid.
 template <int V>
-__global__ void rmsnorm_backward_kernel(bf16* dinp, float* dw_partial, const bf16* dout, const bf16* dresid,
+__global__ void __launch_bounds__(1024) rmsnorm_backward_kernel(bf16* dinp, float* dw_partial, const bf16* dout, const bf16* dresid,
                                         const bf16* inp, const float* w, const float* rstd, int N, int C) {
   extern __shared__ __align__(16) float dw_acc[];  // [C], only when dw_partial
   __shared__ float red[32];
@@ -137,7 +140,7 @@ __global__ void rmsnorm_backward_kernel(bf16* dinp, float* dw_partial, const bf1
 // Block of 32 x 32 threads for 32 consecutive columns: threadIdx.x picks the
 // column (coalesced rows of partial), threadIdx.y sums the rows j = y, y + 32,
 // ... in order; then row y = 0 adds the 32 slices in order y = 0..31.
-__global__ void rmsnorm_dw_reduce_kernel(float* dw, const float* partial, int G, int C) {
+__global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float* dw, const float* partial, int G, int C) {
   __shared__ float slice[32][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;

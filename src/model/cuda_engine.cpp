@@ -151,6 +151,20 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
       max_B_(max_batch),
       max_T_(max_seq_len),
       recompute_(recompute) {
+  // A throw part-way (no memory, a bad backend, a layout check) must not leak
+  // what was already allocated: the destructor does not run for it.
+  try {
+    init(device, attention_backend);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void CudaEngine::init(int device, const std::string& attention_backend) {
+  const ModelConfig& m = m_;
+  const TensorParallel& tp = tp_;
+  const int max_batch = max_B_, max_seq_len = max_T_;
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
   KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
             "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
@@ -266,7 +280,9 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   check(cudaStreamSynchronize(stream_), "engine set-up");
 }
 
-CudaEngine::~CudaEngine() {
+CudaEngine::~CudaEngine() { release(); }
+
+void CudaEngine::release() {
   mm_.reset();
   attn_.reset();
   if (h_tokens_) cudaFreeHost(h_tokens_);
@@ -277,6 +293,13 @@ CudaEngine::~CudaEngine() {
   for (cudaEvent_t ev : events_)
     if (ev) cudaEventDestroy(ev);
   if (stream_) cudaStreamDestroy(stream_);
+  h_tokens_ = nullptr;
+  h_positions_ = nullptr;
+  h_sum_ = nullptr;
+  base_ = nullptr;
+  moments_ = nullptr;
+  events_.clear();
+  stream_ = nullptr;
 }
 
 // ---------------------------------------------------------------- host copies

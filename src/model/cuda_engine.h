@@ -125,6 +125,9 @@ class CudaEngine : public Engine {
   // Waits for the stream (every public call ends idle); bounded by the NCCL
   // timeout when tensor-parallel all-reduces may be on it (CudaTpReduce::wait).
   void sync(const char* what) const;
+  // The constructor's work, and what undoes it (also after a partial init).
+  void init(int device, const std::string& attention_backend);
+  void release();
   void upload_batch(const Batch& b, bool with_targets);
   // The masked loss (and dlogits over the logits when grad_scale is given,
   // argmax when asked) for the N rows of this micro-batch: the fused kernel,

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda_attention_problem.h"
 #include "cuda_test_util.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_backend.h"
@@ -55,143 +56,6 @@ namespace kc = kvs::cuda;
     if (!::kvs::cuda::cudnn_available()) GTEST_SKIP() << "skipped: built without cuDNN"; \
   } while (0)
 
-struct Shape {
-  int B, T, Hq, Hkv, D;
-  size_t rows() const { return static_cast<size_t>(B) * T; }
-  size_t qd() const { return static_cast<size_t>(Hq) * D; }
-  size_t kd() const { return static_cast<size_t>(Hkv) * D; }
-  size_t lse_size() const { return static_cast<size_t>(B) * Hq * T; }
-};
-
-std::string describe(const Shape& s, bool fused) {
-  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " Hq=" + std::to_string(s.Hq) +
-         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) + (fused ? " fused qkv" : " contiguous");
-}
-
-// Inputs (bf16-rounded, contiguous [B, T, H, D]) and the double reference.
-struct Problem {
-  Shape s;
-  std::vector<float> q, k, v, dout;
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-Problem make_problem(const Shape& s, uint64_t seed) {
-  Problem p{s, random_bf16_values(s.rows() * s.qd(), seed + 1), random_bf16_values(s.rows() * s.kd(), seed + 2),
-            random_bf16_values(s.rows() * s.kd(), seed + 3), random_bf16_values(s.rows() * s.qd(), seed + 4),
-            {}, {}, {}, {}, {}};
-  const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end()),
-      dout(p.dout.begin(), p.dout.end());
-  std::vector<double> att(static_cast<size_t>(s.B) * s.Hq * s.T * s.T), datt(att.size());
-  p.out.assign(q.size(), 0.0);
-  kvs::cpu::attention_forward<double>(p.out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.Hq, s.Hkv,
-                                      s.D);
-  p.dq.assign(q.size(), 0.0);  // the CPU backward accumulates
-  p.dk.assign(k.size(), 0.0);
-  p.dv.assign(v.size(), 0.0);
-  kvs::cpu::attention_backward<double>(p.dq.data(), p.dk.data(), p.dv.data(), datt.data(), dout.data(), q.data(),
-                                       k.data(), v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  // lse[b, h, t] = log sum_{j <= t} exp(<q_t, k_j> / sqrt(D)), from the definition.
-  p.lse.assign(s.lse_size(), 0.0);
-  const int G = s.Hq / s.Hkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
-  std::vector<double> sc(s.T);
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.Hq; ++h)
-      for (int t = 0; t < s.T; ++t) {
-        const double* qr = q.data() + (static_cast<size_t>(b) * s.T + t) * s.qd() + static_cast<size_t>(h) * s.D;
-        double mx = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
-          const double* kr =
-              k.data() + (static_cast<size_t>(b) * s.T + j) * s.kd() + static_cast<size_t>(h / G) * s.D;
-          double dot = 0;
-          for (int d = 0; d < s.D; ++d) dot += qr[d] * kr[d];
-          sc[j] = dot * scale;
-          mx = std::max(mx, sc[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
-        p.lse[(static_cast<size_t>(b) * s.Hq + h) * s.T + t] = mx + std::log(sum);
-      }
-  return p;
-}
-
-// Q/K/V (and dQ/dK/dV with the same strides) on the device: contiguous, or
-// one fused [N, QD + 2 KD] buffer as the engine's QKV projection.
-struct DeviceQKV {
-  int ld_q = 0, ld_kv = 0;
-  std::unique_ptr<DeviceBuffer<bf16>> qb, kb, vb, dqb, dkb, dvb;
-  bf16 *q = nullptr, *k = nullptr, *v = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-};
-
-DeviceQKV upload_qkv(const Problem& p, bool fused) {
-  const Shape& s = p.s;
-  const size_t N = s.rows(), QD = s.qd(), KD = s.kd();
-  DeviceQKV d;
-  d.ld_q = static_cast<int>(fused ? QD + 2 * KD : QD);
-  d.ld_kv = static_cast<int>(fused ? QD + 2 * KD : KD);
-  std::vector<bf16> qh(N * d.ld_q), kh(fused ? 0 : N * KD), vh(kh.size());
-  bf16* kdst = fused ? qh.data() + QD : kh.data();
-  bf16* vdst = fused ? qh.data() + QD + KD : vh.data();
-  for (size_t n = 0; n < N; ++n) {
-    for (size_t i = 0; i < QD; ++i) qh[n * d.ld_q + i] = __float2bfloat16_rn(p.q[n * QD + i]);
-    for (size_t i = 0; i < KD; ++i) {
-      kdst[n * d.ld_kv + i] = __float2bfloat16_rn(p.k[n * KD + i]);
-      vdst[n * d.ld_kv + i] = __float2bfloat16_rn(p.v[n * KD + i]);
-    }
-  }
-  d.qb = std::make_unique<DeviceBuffer<bf16>>(qh);
-  d.dqb = std::make_unique<DeviceBuffer<bf16>>(qh.size());  // poisoned
-  d.q = d.qb->get();
-  d.dq = d.dqb->get();
-  if (fused) {
-    d.k = d.q + QD;
-    d.v = d.q + QD + KD;
-    d.dk = d.dq + QD;
-    d.dv = d.dq + QD + KD;
-  } else {
-    d.kb = std::make_unique<DeviceBuffer<bf16>>(kh);
-    d.vb = std::make_unique<DeviceBuffer<bf16>>(vh);
-    d.dkb = std::make_unique<DeviceBuffer<bf16>>(kh.size());
-    d.dvb = std::make_unique<DeviceBuffer<bf16>>(vh.size());
-    d.k = d.kb->get();
-    d.v = d.vb->get();
-    d.dk = d.dkb->get();
-    d.dv = d.dvb->get();
-  }
-  return d;
-}
-
-std::vector<float> download_strided(const bf16* dev, size_t N, size_t width, int ld) {
-  std::vector<bf16> h((N - 1) * ld + width);
-  check(cudaDeviceSynchronize(), "cuDNN SDPA");
-  check(cudaMemcpy(h.data(), dev, h.size() * sizeof(bf16), cudaMemcpyDeviceToHost), "download");
-  std::vector<float> out(N * width);
-  for (size_t n = 0; n < N; ++n)
-    for (size_t i = 0; i < width; ++i) out[n * width + i] = __bfloat162float(h[n * ld + i]);
-  return out;
-}
-
-std::vector<float> to_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
-
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-::testing::AssertionResult norm_close(const std::vector<float>& got, const std::vector<double>& want, double rel) {
-  double e2 = 0, w2 = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = static_cast<double>(got[i]) - want[i];
-    e2 += e * e;
-    w2 += want[i] * want[i];
-  }
-  const double err = std::sqrt(e2), bound = rel * std::sqrt(w2) + 1e-3 * std::sqrt(static_cast<double>(want.size()));
-  if (err <= bound) return ::testing::AssertionSuccess();  // NaN fails: err <= bound is false
-  return ::testing::AssertionFailure() << "||err|| = " << err << " > " << bound << " (||ref|| = " << std::sqrt(w2)
-                                       << ")";
-}
-
 // ||a - b|| / ||b|| over one tensor (NaN anywhere gives NaN).
 double rel_l2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;
@@ -204,8 +68,8 @@ double rel_l2(const float* a, const float* b, size_t n) {
 
 void expect_forward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
   const Shape& s = p.s;
-  SCOPED_TRACE(describe(s, fused));
-  DeviceQKV d = upload_qkv(p, fused);
+  SCOPED_TRACE(describe(s, fused ? Layout::kFused : Layout::kContiguous));
+  DeviceQKV d = upload_qkv(p, fused ? Layout::kFused : Layout::kContiguous);
   DeviceBuffer<bf16> out(s.rows() * s.qd());
   DeviceBuffer<float> lse(s.lse_size());
   sdpa.forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D, nullptr);
@@ -218,8 +82,8 @@ void expect_forward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
 // From the reference out (bf16-rounded) and lse, so a failure points at the backward.
 void expect_backward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
   const Shape& s = p.s;
-  SCOPED_TRACE(describe(s, fused));
-  DeviceQKV d = upload_qkv(p, fused);
+  SCOPED_TRACE(describe(s, fused ? Layout::kFused : Layout::kContiguous));
+  DeviceQKV d = upload_qkv(p, fused ? Layout::kFused : Layout::kContiguous);
   DeviceBuffer<bf16> out(to_bf16(to_float(p.out))), dout(to_bf16(p.dout));
   DeviceBuffer<float> lse(to_float(p.lse));
   sdpa.backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq,
@@ -289,7 +153,7 @@ TEST(CudaCudnnSdpa, GraphDescriptorsFinalizeWithoutAGpu) {
         for (bool fused : {false, true})
           for (bool deterministic : {false, true}) {
             const int ld_q = fused ? (4 + 2 * Hkv) * D : 4 * D, ld_kv = fused ? ld_q : Hkv * D;
-            SCOPED_TRACE(describe(Shape{2, T, 4, Hkv, D}, fused) + (deterministic ? " deterministic" : ""));
+            SCOPED_TRACE(describe(Shape{2, T, 4, Hkv, D}, fused ? Layout::kFused : Layout::kContiguous) + (deterministic ? " deterministic" : ""));
             EXPECT_NO_THROW(kc::CudnnSdpa::check_graphs(2, T, 4, Hkv, D, ld_q, ld_kv, deterministic));
           }
   try {
@@ -319,7 +183,7 @@ TEST(CudaCudnnSdpa, LongSequenceMqaAndDeterministicBackward) {
                      /*deterministic=*/true);
   expect_forward_matches(sdpa, p, false);
   expect_backward_matches(sdpa, p, false);
-  DeviceQKV d = upload_qkv(p, false);
+  DeviceQKV d = upload_qkv(p, Layout::kContiguous);
   DeviceBuffer<bf16> out(to_bf16(to_float(p.out))), dout(to_bf16(p.dout));
   DeviceBuffer<float> lse(to_float(p.lse));
   std::vector<bf16> first;

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/softmax_stats.cuh"
 
 namespace kvs::cuda {
 
@@ -16,51 +17,6 @@ template <int W>
 struct alignas(2 * W) Bf16Pack {
   bf16 v[W];
 };
-
-// Running softmax statistics of a set of logits: the maximum m, the sum
-// s = sum exp(x - m), and the first index of the maximum. Empty: s == 0.
-struct RowStats {
-  float m, s;
-  int idx;
-};
-
-// Merges two sets. Symmetric (the result does not depend on the argument
-// order), so every lane of a butterfly reduction ends with the same bits.
-__device__ __forceinline__ RowStats merge(RowStats a, RowStats b) {
-  const bool take_b = b.m > a.m || (b.m == a.m && b.idx < a.idx);
-  RowStats r;
-  r.m = take_b ? b.m : a.m;
-  r.idx = take_b ? b.idx : a.idx;
-  const float sa = a.s == 0.0f ? 0.0f : a.s * expf(a.m - r.m);
-  const float sb = b.s == 0.0f ? 0.0f : b.s * expf(b.m - r.m);
-  r.s = sa + sb;
-  return r;
-}
-
-// Every thread gets the block's statistics: butterfly within each warp, then
-// each thread merges the per-warp results in warp order (fixed, so deterministic).
-__device__ RowStats block_merge(RowStats st) {
-  __shared__ float sm_m[32], sm_s[32];
-  __shared__ int sm_idx[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    RowStats other;
-    other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
-    other.s = __shfl_xor_sync(0xffffffffu, st.s, o);
-    other.idx = __shfl_xor_sync(0xffffffffu, st.idx, o);
-    st = merge(st, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  if (lane == 0) {
-    sm_m[warp] = st.m;
-    sm_s[warp] = st.s;
-    sm_idx[warp] = st.idx;
-  }
-  __syncthreads();
-  RowStats r{sm_m[0], sm_s[0], sm_idx[0]};
-  for (int w = 1; w < nwarps; ++w) r = merge(r, RowStats{sm_m[w], sm_s[w], sm_idx[w]});
-  return r;
-}
 
 // One block per row n. Sweep 1 keeps per-thread online statistics (max,
 // sum of exp relative to the running max, first argmax) over the thread's
@@ -98,14 +54,7 @@ __global__ void cross_entropy_kernel(float* losses, bf16* dlogits, int32_t* argm
       const Pack pk = x[p];
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        const float v = to_f32(pk.v[j]);
-        if (v > st.m) {  // strict: a thread sees its indices in increasing order, so the first maximum stays
-          st.s = st.s * expf(st.m - v) + 1.0f;
-          st.m = v;
-          st.idx = p * W + j;
-        } else {
-          st.s += expf(v - st.m);
-        }
+        push(st, to_f32(pk.v[j]), p * W + j);
       }
     }
     st = block_merge(st);  // ends every read of sweep 1 (contains __syncthreads)

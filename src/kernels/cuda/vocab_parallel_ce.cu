@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/softmax_stats.cuh"
 #include "kernels/cuda/vocab_parallel_ce.h"
 
 namespace kvs::cuda {
@@ -14,47 +15,6 @@ namespace kvs::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// Maximum m, sum s = sum exp(x - m), first index of the maximum (INT_MAX: none).
-struct Online {
-  float m, s;
-  int idx;
-};
-
-__device__ __forceinline__ Online merge(Online a, Online b) {
-  const bool take_b = b.m > a.m || (b.m == a.m && b.idx < a.idx);
-  Online r;
-  r.m = take_b ? b.m : a.m;
-  r.idx = take_b ? b.idx : a.idx;
-  const float sa = a.s == 0.0f ? 0.0f : a.s * expf(a.m - r.m);
-  const float sb = b.s == 0.0f ? 0.0f : b.s * expf(b.m - r.m);
-  r.s = sa + sb;
-  return r;
-}
-
-// Butterfly within each warp, then the per-warp results in warp order.
-__device__ Online block_merge(Online st) {
-  __shared__ float sm_m[32], sm_s[32];
-  __shared__ int sm_idx[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    Online other;
-    other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
-    other.s = __shfl_xor_sync(0xffffffffu, st.s, o);
-    other.idx = __shfl_xor_sync(0xffffffffu, st.idx, o);
-    st = merge(st, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  if (lane == 0) {
-    sm_m[warp] = st.m;
-    sm_s[warp] = st.s;
-    sm_idx[warp] = st.idx;
-  }
-  __syncthreads();
-  Online r{sm_m[0], sm_s[0], sm_idx[0]};
-  for (int w = 1; w < nwarps; ++w) r = merge(r, Online{sm_m[w], sm_s[w], sm_idx[w]});
-  return r;
-}
 
 // Sweep of row n over its `valid` real columns (scalar loads: the local row
 // is short next to the matmul that produced it, and `valid` cuts packs).
@@ -64,18 +24,9 @@ __global__ void local_kernel(VocabCeStats st, const bf16* logits, const int32_t*
   const bf16* x = logits + size_t(row) * V;
   const float mk = mask ? mask[row] : 1.0f;
   const bool active = mk != 0.0f;
-  Online o{-INFINITY, 0.0f, INT_MAX};
+  RowStats o{-INFINITY, 0.0f, INT_MAX};
   if (active || want_argmax) {
-    for (int v = threadIdx.x; v < valid; v += blockDim.x) {
-      const float xv = to_f32(x[v]);
-      if (xv > o.m) {  // strict: a thread's indices increase, so its first maximum stays
-        o.s = o.s * expf(o.m - xv) + 1.0f;
-        o.m = xv;
-        o.idx = v;
-      } else {
-        o.s += expf(xv - o.m);
-      }
-    }
+    for (int v = threadIdx.x; v < valid; v += blockDim.x) push(o, to_f32(x[v]), v);
     o = block_merge(o);
   }
   if (threadIdx.x != 0) return;

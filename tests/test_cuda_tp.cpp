@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "cuda_test_util.h"
 #include "dist_test_util.h"
 #include "kernels/cuda/ops.h"
@@ -171,6 +173,32 @@ TEST(CudaTensorParallel, MpiRanksOnOneGpuFollowTheSingleProcessCurve) {
     train(4, cfg, tmp / "dp2tp2", "--set parallel.tp=2");
     expect_close(read_metrics(tmp / "dp2tp2"), ref, 1, what + " cuda dp=2 x tp=2 (mpi)", 5e-3);
   }
+}
+
+// No GPU needed: the staged (MPI) all-reduce widens bf16 on the host and
+// rounds back with kvs::f32_to_bf16; that rounding must be CUDA's
+// __float2bfloat16_rn bit for bit (nearest even, ties, subnormals, overflow to
+// inf), or a staged tp = 2 run would drift from an NCCL one. NaN payloads may
+// differ; both must stay NaN.
+TEST(CudaTensorParallel, HostBf16RoundingIsCudas) {
+  size_t checked = 0;
+  auto one = [&](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    const uint16_t ours = kvs::f32_to_bf16(f);
+    const uint16_t cuda = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(kvs::bf16_to_f32(ours))) << std::hex << u;
+    } else {
+      ASSERT_EQ(ours, cuda) << "bits 0x" << std::hex << u;
+      ASSERT_EQ(kvs::bf16_to_f32(cuda), __bfloat162float(__ushort_as_bfloat16(cuda)));
+    }
+    ++checked;
+  };
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) one(static_cast<uint32_t>(u));  // every exponent, many mantissas
+  for (uint32_t hi : {0x3f80u, 0x0000u, 0x0001u, 0x7f7fu, 0x7f80u, 0xff80u, 0x8000u})
+    for (uint32_t lo : {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) one(hi << 16 | lo);  // ties and neighbours
+  EXPECT_GT(checked, 1000000u);
 }
 
 // No GPU needed: tensor parallelism is a valid layout on device cuda.

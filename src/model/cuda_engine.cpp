@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/safetensors.h"  // bf16_to_f32
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/vocab_parallel_ce.h"
@@ -35,13 +36,6 @@ void check(cudaError_t e, const char* what) {
 }
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 }  // namespace
 
@@ -670,7 +664,7 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
       const size_t n = std::min(slice, N * V - i);
       check(cudaMemcpyAsync(stage, src + i, n * sizeof(bf16), cudaMemcpyDeviceToHost, stream_), "read logits");
       sync("read logits");
-      for (size_t j = 0; j < n; ++j) logits[i + j] = bf16_bits_to_float(stage[j]);
+      for (size_t j = 0; j < n; ++j) logits[i + j] = bf16_to_f32(stage[j]);
     }
     // The staging buffer held the tokens: upload_batch will refill it next call.
   }

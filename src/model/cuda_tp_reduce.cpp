@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/safetensors.h"  // f32_to_bf16 (nearest even), bf16_to_f32
 #include "dist/nccl_comm.h"
 
 namespace kvs {
@@ -15,22 +16,6 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("tensor-parallel all-reduce: {}: {}", what, cudaGetErrorString(e));
-}
-
-float bf16_bits_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even, as __float2bfloat16_rn; NaN stays NaN.
-uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace
@@ -79,10 +64,10 @@ void CudaTpReduce::sum_bf16(__nv_bfloat16* buf, size_t n) {
   }
   stage_down(buf, n * sizeof(uint16_t));
   const auto* bits = static_cast<const uint16_t*>(pinned_);
-  for (size_t i = 0; i < n; ++i) wide_[i] = bf16_bits_to_f32(bits[i]);
+  for (size_t i = 0; i < n; ++i) wide_[i] = bf16_to_f32(bits[i]);
   tp_.comm->all_reduce(wide_.data(), n, dist::DType::F32, dist::ReduceOp::Sum);
   auto* out = static_cast<uint16_t*>(pinned_);
-  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16_bits(wide_[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(wide_[i]);
   stage_up(buf, n * sizeof(uint16_t));
 }
 

@@ -1,0 +1,269 @@
+// Tiny SIMT emulator (tests/simt/README.md): runs CUDA kernel source on the
+// host, one block at a time, one cooperative fiber (ucontext) per thread, with
+// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 bf16) and __syncthreads
+// as barriers. The fiber order is forward, reversed or greedy (one warp runs as
+// far ahead as the barriers allow), so a missing barrier shows up as a read of
+// NaN-poisoned shared memory or of another thread's not-yet-written values.
+// Blocks of up to 1024 threads, 1-D or 2-D (threadIdx.y), fixed at launch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#undef __device__
+#undef __global__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#undef __align__
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(x) __attribute__((aligned(x)))
+
+using std::max;
+using std::min;
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// The IEEE round-to-nearest intrinsics (adamw.cu). Build with -ffp-contract=off
+// so that the host compiler does not fuse them into FMAs either.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+namespace emu {
+
+struct Dim {
+  unsigned x = 1, y = 1, z = 1;
+};
+struct Group {
+  int live = 0, arrived = 0;
+  long gen = 0;
+};
+struct Fiber {
+  ucontext_t ctx;
+  int tid = 0;
+  bool done = false;
+};
+// Fiber stacks, kept from block to block (allocating 1024 x 256 KiB per block
+// would dominate the run time).
+constexpr size_t kStackBytes = 256 * 1024;
+inline std::vector<std::vector<char>> g_stacks;
+
+inline Dim g_block_idx, g_grid_dim, g_block_dim;
+inline std::vector<Fiber> g_fibers;
+inline int g_cur = -1;
+inline ucontext_t g_sched;
+inline Group g_block_grp;
+inline Group g_warp_grp[32];
+inline std::function<void()> g_body;
+// Shared memory of the running block: [0, kDynBytes) is the dynamic (extern
+// __shared__) array, static __shared__ variables follow, one slot per
+// declaration (site), allocated on first use in the block.
+constexpr size_t kDynBytes = 256 * 1024, kStaticBytes = 64 * 1024;
+inline std::vector<unsigned char> g_smem(kDynBytes + kStaticBytes);
+inline std::vector<std::pair<const void*, size_t>> g_sites;
+inline size_t g_static_off = 0;
+inline bool g_reverse = false;
+inline bool g_greedy = false;
+inline bool g_progress = false;
+inline int g_nthreads = 128;
+
+inline Dim cur_tid() {
+  const unsigned t = (unsigned)g_fibers[g_cur].tid;
+  return Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
+}
+
+inline void yield() { swapcontext(&g_fibers[g_cur].ctx, &g_sched); }
+
+inline void wait(Group& grp) {
+  grp.arrived++;
+  if (grp.arrived == grp.live) {
+    grp.arrived = 0;
+    grp.gen++;
+    return;
+  }
+  const long my = grp.gen;
+  g_progress = true;  // arrived: this fiber did work since it was resumed
+  for (;;) {
+    yield();
+    if (grp.gen != my) break;
+    g_progress = false;  // resumed but still blocked
+  }
+  g_progress = true;
+}
+
+inline void leave(Group& grp) {
+  grp.live--;
+  if (grp.arrived > 0 && grp.arrived == grp.live) {
+    grp.arrived = 0;
+    grp.gen++;
+  }
+}
+
+inline void fiber_entry() {
+  g_body();
+  Fiber& f = g_fibers[g_cur];
+  f.done = true;
+  g_progress = true;
+  leave(g_warp_grp[f.tid / 32]);
+  leave(g_block_grp);
+  swapcontext(&f.ctx, &g_sched);
+}
+
+inline void run_block(int nthreads) {
+  if (nthreads <= 0 || nthreads > 1024 || nthreads % 32 != 0) {
+    fprintf(stderr, "emu: block of %d threads (need a multiple of 32, at most 1024)\n", nthreads);
+    abort();
+  }
+  g_nthreads = nthreads;
+  g_fibers.assign(nthreads, Fiber{});
+  g_block_grp = Group{nthreads, 0, 0};
+  for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0};
+  std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
+  g_sites.clear();
+  g_static_off = kDynBytes;
+  for (int i = 0; i < nthreads; ++i) {
+    Fiber& f = g_fibers[i];
+    f.tid = i;
+    if ((int)g_stacks.size() <= i) g_stacks.emplace_back(kStackBytes);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = g_stacks[i].data();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  if (!g_greedy) {
+    for (;;) {
+      bool any = false;
+      for (int k = 0; k < nthreads; ++k) {
+        const int i = g_reverse ? nthreads - 1 - k : k;
+        if (g_fibers[i].done) continue;
+        any = true;
+        g_cur = i;
+        swapcontext(&g_sched, &g_fibers[i].ctx);
+      }
+      if (!any) break;
+    }
+  } else {
+    // Greedy: always resume the highest-priority fiber that can make progress,
+    // so warp 0 (or the last warp, reversed) runs as far ahead as barriers allow.
+    for (;;) {
+      bool any = false;
+      for (int k = 0; k < nthreads; ++k) {
+        const int i = g_reverse ? nthreads - 1 - k : k;
+        if (g_fibers[i].done) continue;
+        any = true;
+        g_progress = false;
+        g_cur = i;
+        swapcontext(&g_sched, &g_fibers[i].ctx);
+        if (g_progress) break;  // restart from the top
+      }
+      if (!any) break;
+    }
+  }
+  g_cur = -1;
+}
+
+// Runs body() for every block of grid (x fastest), block threads per block.
+inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
+  g_grid_dim = grid;
+  g_block_dim = block;
+  const int nthreads = (int)(block.x * block.y * block.z);
+  g_body = body;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        g_block_idx = Dim{x, y, z};
+        run_block(nthreads);
+      }
+}
+inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
+  launch(grid, Dim{(unsigned)nthreads, 1, 1}, body);
+}
+
+// A static `__shared__ T name[n]` declaration: `site` is the address of a
+// static local next to it (one per declaration and template instance), so
+// every call of the function in a block gets the same array, as on the GPU.
+template <class T>
+T* shared(const void* site, size_t n) {
+  for (const auto& s : g_sites)
+    if (s.first == site) return reinterpret_cast<T*>(g_smem.data() + s.second);
+  g_static_off = (g_static_off + 15) / 16 * 16;
+  const size_t off = g_static_off;
+  g_static_off += n * sizeof(T);
+  if (g_static_off > g_smem.size()) {
+    fprintf(stderr, "emu: static shared memory overflow\n");
+    abort();
+  }
+  g_sites.push_back({site, off});
+  return reinterpret_cast<T*>(g_smem.data() + off);
+}
+// `extern __shared__` (dynamic shared memory, up to kDynBytes).
+inline unsigned char* dyn_smem() { return g_smem.data(); }
+
+template <class T>
+T shfl_xor(unsigned mask, T v, int o) {
+  const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
+  static double buf[32][32];
+  buf[w][lane] = (double)v;
+  wait(g_warp_grp[w]);
+  const T r = (T)buf[w][lane ^ o];
+  wait(g_warp_grp[w]);
+  return r;
+}
+
+inline float bf(uint32_t half) {
+  const uint32_t u = half << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// mma.m16n8k16 row.col bf16 -> f32 per the PTX fragment layout.
+inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
+  static uint32_t A[32][32][4], Bf[32][32][2];
+  for (int i = 0; i < 4; ++i) A[w][lane][i] = a[i];
+  Bf[w][lane][0] = b0;
+  Bf[w][lane][1] = b1;
+  wait(g_warp_grp[w]);
+  auto Aat = [&](int row, int k) {
+    const uint32_t r = A[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
+  };
+  auto Bat = [&](int k, int n) {
+    const uint32_t r = Bf[w][n * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
+    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
+  };
+  const int g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    double s = 0;
+    for (int kk = 0; kk < 16; ++kk) s += (double)Aat(row, kk) * Bat(kk, col);
+    out[e] = (float)((double)c[e] + s);
+  }
+  wait(g_warp_grp[w]);
+  for (int e = 0; e < 4; ++e) c[e] = out[e];
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::cur_tid())
+#define blockIdx (::emu::g_block_idx)
+#define gridDim (::emu::g_grid_dim)
+#define blockDim (::emu::g_block_dim)
+#define __syncthreads() ::emu::wait(::emu::g_block_grp)
+#define __shfl_xor_sync(m, v, o) ::emu::shfl_xor(m, v, o)

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Turns CUDA kernel sources into host C++ for the SIMT emulator (emu.h).
+
+usage: gen.py SRC_DIR OUT_DIR NAME.cu...
+
+For each NAME.cu (and every kernels/cuda/*.cuh it includes, recursively) it
+writes OUT_DIR/gen_NAME.h with:
+  - `#include "emu.h"` first (it redefines __global__, __shared__, threadIdx...);
+  - `#include "kernels/cuda/X.cuh"` -> `#include "gen_X.h"`;
+  - `__shared__ [__align__(N)] T a[n][m]..., b[k];` -> emulator shared memory,
+    one slot per declaration; `extern __shared__ ... T a[];` -> dynamic smem;
+  - the mma.sync inline asm of flash_attention_common.cuh -> ::emu::mma;
+  - every top-level function that launches a kernel (`<<<`), or calls one
+    that does, removed (the launchers; the drivers mirror their grids).
+It fails (exit 1) on anything it does not know how to translate (another asm
+statement, a __shared__ form it does not parse), so a kernel change that the
+emulator cannot follow breaks the build instead of being skipped silently.
+"""
+import os
+import re
+import sys
+
+
+def fail(msg):
+    sys.stderr.write('gen.py: ' + msg + '\n')
+    sys.exit(1)
+
+
+def shared_decls(text, name):
+    def dyn(m):
+        return f'{m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>(::emu::dyn_smem());'
+    text = re.sub(r'extern __shared__ (?:__align__\(\d+\) )?((?:unsigned )?[\w:]+) (\w+)\[\];', dyn, text)
+
+    def stat(m):
+        ty, decls = m.group(1), m.group(2)
+        out = []
+        for d in decls.split(','):
+            dm = re.fullmatch(r'\s*(\w+)((?:\[[^\]]+\])+)\s*', d)
+            if not dm:
+                fail(f'{name}: cannot parse __shared__ declarator "{d}"')
+            var, dims = dm.group(1), re.findall(r'\[([^\]]+)\]', dm.group(2))
+            inner = ''.join(f'[{x}]' for x in dims[1:])
+            elem = f'{ty}{inner}'
+            ptr = f'{ty} (*{var}){inner}' if inner else f'{ty}* {var}'
+            out.append(f'static char {var}_site_; '
+                       f'{ptr} = ::emu::shared<{elem}>(&{var}_site_, {dims[0]});')
+        return ' '.join(out)
+    text = re.sub(r'(?<!extern )__shared__ (?:__align__\(\d+\) )?((?:unsigned )?[\w:]+) ([^;]+);', stat, text)
+    if '__shared__' in text:
+        fail(f'{name}: a __shared__ form the generator does not handle')
+    return text
+
+
+def replace_mma(text, name):
+    n = text.count('asm(') + text.count('asm volatile(')
+    if n == 0:
+        return text
+    if name != 'flash_attention_common.cuh' or n != 1:
+        fail(f'{name}: inline asm the emulator does not know')
+    i = text.index('  asm(')
+    j = text.index('}\n', i)
+    body = text[i:j]
+    if 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' not in body:
+        fail(f'{name}: the asm is not the mma.sync m16n8k16 bf16 the emulator implements')
+    # Same number of lines, so that #line keeps compiler messages on the source lines.
+    return text[:i] + '  ::emu::mma(c, a, b0, b1);' + '\n' * body.count('\n') + text[j:]
+
+
+def cut_launchers(text, name):
+    # Top-level functions (column 0, optional template line) up to the next
+    # line starting with '}'. Removed: those with a launch (<<<) and, to a
+    # fixed point, those calling a removed one. Everything else (kernels,
+    # device and host helpers such as embedding_backward_plan) stays.
+    funcs = []
+    for m in re.finditer(r'^(?:template <[^\n]*>\n)?(?:static |inline )?[\w:]+ (\w+)\([^;{]*\)\s*\{', text, re.M):
+        end = re.compile(r'^\}[^\n]*\n', re.M).search(text, m.end())
+        funcs.append((m.start(), end.end() if end else len(text), m.group(1)))
+    removed = set()
+    changed = True
+    while changed:
+        changed = False
+        for start, end, fname in funcs:
+            body = text[start:end]
+            if (start, fname) in removed:
+                continue
+            if '<<<' in body or any(re.search(r'\b' + re.escape(r) + r'\s*[<(]', body) for _, r in removed):
+                removed.add((start, fname))
+                changed = True
+    out, pos = [], 0
+    for start, end, fname in funcs:
+        if (start, fname) in removed:
+            out.append(text[pos:start])
+            out.append('// (%s: host launcher, removed by tests/simt/gen.py)\n' % fname)
+            # keep the line count
+            out.append('\n' * (text[start:end].count('\n') - 1))
+            pos = end
+    out.append(text[pos:])
+    return ''.join(out)
+
+
+def translate(src_dir, out_dir, name, done):
+    if name in done:
+        return
+    done.add(name)
+    path = os.path.join(src_dir, name)
+    text = open(path).read()
+    for inc in re.findall(r'#include "kernels/cuda/(\w+)\.cuh"', text):
+        translate(src_dir, out_dir, inc + '.cuh', done)
+    text = re.sub(r'#include "kernels/cuda/(\w+)\.cuh"', r'#include "gen_\1.h"', text)
+    text = replace_mma(text, name)
+    text = shared_decls(text, name)
+    if name.endswith('.cu'):
+        text = cut_launchers(text, name)
+    if '<<<' in text:
+        fail(f'{name}: a kernel launch left after cutting the launchers')
+    base = name.rsplit('.', 1)[0]
+    out = ('// Generated by tests/simt/gen.py from src/kernels/cuda/' + name + ': do not edit.\n'
+           '#pragma once\n#include "emu.h"\n#line 1 "' + path + '"\n' + text)
+    dst = os.path.join(out_dir, 'gen_' + base + '.h')
+    if not os.path.exists(dst) or open(dst).read() != out:
+        open(dst, 'w').write(out)
+
+
+def main():
+    if len(sys.argv) < 4:
+        fail('usage: gen.py SRC_DIR OUT_DIR NAME.cu...')
+    src_dir, out_dir = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    done = set()
+    for name in sys.argv[3:]:
+        translate(src_dir, out_dir, name, done)
+
+
+if __name__ == '__main__':
+    main()

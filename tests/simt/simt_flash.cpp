@@ -1,0 +1,168 @@
+// Flash attention forward (fwd_kernel) and backward (delta_kernel, dkdv_kernel,
+// dq_kernel) under the emulator vs kvs::cpu::attention_forward/backward in
+// double. Same problems as tests/test_cuda_attention.cpp (B = 2, Hq = 4,
+// bf16-rounded normal inputs, the three buffer layouts) and its tolerances:
+//   out (bf16): rtol 1e-2, atol 1e-2, and ||err|| <= 5e-3 ||ref|| + 1e-3 sqrt(n)
+//   lse (fp32): rtol 1e-5, atol 2e-4
+//   dq, dk, dv (bf16): rtol 2e-2, atol 1e-2 max|ref| + 1e-3, ||err|| <= 1e-2 ||ref|| + 1e-3 sqrt(n)
+// plus: padding columns and the bytes past the buffers stay poisoned. The
+// backward runs from the reference out (rounded to bf16) and lse, as the GPU
+// test's does from the kernels' own forward. Grids mirror launch_fwd/launch_bwd.
+#include "gen_flash_attention_bwd.h"
+#include "gen_flash_attention_fwd.h"
+#include "kernels/cpu/ops.h"
+#include "simt_util.h"
+
+namespace simt {
+namespace {
+
+using namespace kvs::cuda::flash;
+
+bool norm_close(const std::vector<float>& got, const std::vector<double>& want, double rel) {
+  double e2 = 0, w2 = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = (double)got[i] - want[i];
+    e2 += e * e;
+    w2 += want[i] * want[i];
+  }
+  return std::sqrt(e2) <= rel * std::sqrt(w2) + 1e-3 * std::sqrt((double)want.size());
+}
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+template <int D>
+void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale) {
+  static_assert(dkdv_smem_bytes<D>() <= emu::kDynBytes && dq_smem_bytes<D>() <= emu::kDynBytes);
+  const std::string tag = "flash D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                          " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+                          " layout=" + std::to_string(layout) + (qk_scale != 1.0f ? " peaked" : "");
+  const int G = Hq / Hkv;
+  const size_t N = (size_t)B * T, QD = (size_t)Hq * D, KD = (size_t)Hkv * D;
+  const auto q = randn(N * QD, seed + 1, qk_scale), k = randn(N * KD, seed + 2, qk_scale), v = randn(N * KD, seed + 3),
+             dout = randn(N * QD, seed + 4);
+  // layouts: 0 contiguous, 1 one fused [N, QD + 2 KD] buffer, 2 padded rows
+  int ld_q = QD, ld_kv = KD;
+  size_t koff = 0, voff = 0;
+  if (layout == 1) {
+    ld_q = ld_kv = QD + 2 * KD;
+    koff = QD;
+    voff = QD + KD;
+  } else if (layout == 2) {
+    ld_q = QD + 8;
+    ld_kv = KD + 24;
+  }
+  auto mk = [&](size_t rows, int ld) { return std::vector<bf16>(rows * ld + 64, poison_bf16()); };
+  std::vector<bf16> Qb = mk(N, ld_q), dQb = mk(N, ld_q), Kb, Vb, dKb, dVb;
+  bf16 *qp = Qb.data(), *kp, *vp, *dqp = dQb.data(), *dkp, *dvp;
+  if (layout == 1) {
+    kp = qp + koff, vp = qp + voff, dkp = dqp + koff, dvp = dqp + voff;
+  } else {
+    Kb = mk(N, ld_kv), Vb = mk(N, ld_kv), dKb = mk(N, ld_kv), dVb = mk(N, ld_kv);
+    kp = Kb.data(), vp = Vb.data(), dkp = dKb.data(), dvp = dVb.data();
+  }
+  for (size_t n = 0; n < N; ++n) {
+    for (size_t i = 0; i < QD; ++i) qp[n * ld_q + i] = __float2bfloat16_rn(q[n * QD + i]);
+    for (size_t i = 0; i < KD; ++i) {
+      kp[n * ld_kv + i] = __float2bfloat16_rn(k[n * KD + i]);
+      vp[n * ld_kv + i] = __float2bfloat16_rn(v[n * KD + i]);
+    }
+  }
+  const std::vector<bf16> doutb = b16(dout);
+  std::vector<bf16> out(N * QD, poison_bf16());
+  std::vector<float> lse((size_t)B * Hq * T, NAN), delta((size_t)B * Hq * T, NAN);
+  const float scale = 1.0f / std::sqrt((float)D);
+
+  // Reference in double (as tests/cuda_attention_problem.h).
+  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
+      dod(dout.begin(), dout.end());
+  std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T), datt(att.size());
+  kvs::cpu::attention_forward<double>(outr.data(), att.data(), qd.data(), kd.data(), vd.data(), B, T, Hq, Hkv, D);
+  std::vector<double> lser((size_t)B * Hq * T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> s(t + 1);
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          double a = 0;
+          for (int d = 0; d < D; ++d) a += qd[(size_t)(b * T + t) * QD + h * D + d] * kd[(size_t)(b * T + j) * KD + (h / G) * D + d];
+          s[j] = a / std::sqrt((double)D);
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[j] - mx);
+        lser[((size_t)b * Hq + h) * T + t] = mx + std::log(sum);
+      }
+  std::vector<double> dqr(N * QD, 0.0), dkr(N * KD, 0.0), dvr(N * KD, 0.0);
+  kvs::cpu::attention_backward<double>(dqr.data(), dkr.data(), dvr.data(), datt.data(), dod.data(), qd.data(),
+                                       kd.data(), vd.data(), att.data(), B, T, Hq, Hkv, D);
+
+  // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd).
+  const unsigned nqt = (unsigned)((T + 16 * kWarps - 1) / (16 * kWarps));
+  emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+    fwd_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e);
+  });
+  const std::vector<float> outf = f32(out);
+  check(tag, "out", outf, outr, 1e-2, 1e-2);
+  expect(norm_close(outf, outr, 5e-3), tag, "out norm");
+  check(tag, "lse", lse, lser, 1e-5, 2e-4);
+
+  // Backward (flash_attention_backward, launch_bwd).
+  const std::vector<bf16> outb = b16(std::vector<float>(outr.begin(), outr.end()));
+  const std::vector<float> lsef(lser.begin(), lser.end());
+  const size_t rows = N * Hq;
+  emu::launch({(unsigned)((rows + kWarps - 1) / kWarps), 1, 1}, kThreads,
+              [&] { delta_kernel(delta.data(), doutb.data(), outb.data(), T, Hq, D, rows); });
+  emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
+    dkdv_kernel<D>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                   scale * kLog2e);
+  });
+  emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+    dq_kernel<D>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                 scale * kLog2e);
+  });
+  std::vector<float> dq(N * QD), dk(N * KD), dv(N * KD);
+  size_t pad_written = 0;
+  for (size_t n = 0; n < N; ++n) {
+    for (size_t i = 0; i < QD; ++i) dq[n * QD + i] = __bfloat162float(dqp[n * ld_q + i]);
+    for (size_t i = 0; i < KD; ++i) {
+      dk[n * KD + i] = __bfloat162float(dkp[n * ld_kv + i]);
+      dv[n * KD + i] = __bfloat162float(dvp[n * ld_kv + i]);
+    }
+    if (layout == 2) {
+      for (int i = QD; i < ld_q; ++i) pad_written += __bfloat16_as_ushort(dqp[n * ld_q + i]) != 0xFFFF;
+      for (int i = KD; i < ld_kv; ++i)
+        pad_written += (__bfloat16_as_ushort(dkp[n * ld_kv + i]) != 0xFFFF) +
+                       (__bfloat16_as_ushort(dvp[n * ld_kv + i]) != 0xFFFF);
+    }
+  }
+  for (size_t i = 0; i < 64; ++i) pad_written += __bfloat16_as_ushort(dQb[N * ld_q + i]) != 0xFFFF;
+  check(tag, "dq", dq, dqr, 2e-2, 1e-2 * max_abs(dqr) + 1e-3);
+  check(tag, "dk", dk, dkr, 2e-2, 1e-2 * max_abs(dkr) + 1e-3);
+  check(tag, "dv", dv, dvr, 2e-2, 1e-2 * max_abs(dvr) + 1e-3);
+  expect(norm_close(dq, dqr, 1e-2) && norm_close(dk, dkr, 1e-2) && norm_close(dv, dvr, 1e-2), tag, "dq/dk/dv norm");
+  expect(pad_written == 0, tag, "padding columns (or past the buffer) written");
+  done(tag);
+}
+
+}  // namespace
+
+// A subset of test_cuda_attention.cpp's sweep (all of it takes minutes here):
+// MHA and GQA (Hkv 4, 2, 1), head dims 16/32/64/128, T = 1, a partial tile
+// (37, 70) and more than two tiles (130), the three layouts; one peaked softmax.
+void run_flash_attention() {
+  run<64>(2, 130, 4, 4, 0, 1000, 1.0f);
+  run<64>(2, 130, 4, 2, 1, 1010, 1.0f);
+  run<64>(2, 37, 4, 1, 2, 1020, 1.0f);
+  run<64>(2, 1, 4, 2, 0, 1030, 1.0f);
+  run<128>(2, 70, 4, 2, 2, 1040, 1.0f);
+  run<128>(1, 37, 4, 4, 1, 1050, 1.0f);
+  run<32>(2, 130, 4, 1, 1, 1060, 1.0f);
+  run<16>(2, 37, 4, 2, 0, 1070, 1.0f);
+  run<64>(1, 130, 4, 2, 1, 55, 4.0f);  // peaked softmax (qk scale 4)
+}
+
+}  // namespace simt

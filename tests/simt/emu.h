@@ -55,6 +55,8 @@ struct Fiber {
   ucontext_t ctx;
   int tid = 0;
   bool done = false;
+  const struct Group* waiting = nullptr;  // blocked on this group until its gen moves past wait_gen
+  long wait_gen = 0;
 };
 // Fiber stacks, kept from block to block (allocating 1024 x 256 KiB per block
 // would dominate the run time).
@@ -77,7 +79,6 @@ inline std::vector<std::pair<const void*, size_t>> g_sites;
 inline size_t g_static_off = 0;
 inline bool g_reverse = false;
 inline bool g_greedy = false;
-inline bool g_progress = false;
 inline int g_nthreads = 128;
 
 inline Dim cur_tid() {
@@ -87,6 +88,8 @@ inline Dim cur_tid() {
 
 inline void yield() { swapcontext(&g_fibers[g_cur].ctx, &g_sched); }
 
+// A barrier of grp (the block or one warp): the last thread to arrive goes on
+// at once; the others are not resumed before the barrier completes.
 inline void wait(Group& grp) {
   grp.arrived++;
   if (grp.arrived == grp.live) {
@@ -94,14 +97,11 @@ inline void wait(Group& grp) {
     grp.gen++;
     return;
   }
-  const long my = grp.gen;
-  g_progress = true;  // arrived: this fiber did work since it was resumed
-  for (;;) {
-    yield();
-    if (grp.gen != my) break;
-    g_progress = false;  // resumed but still blocked
-  }
-  g_progress = true;
+  Fiber& f = g_fibers[g_cur];
+  f.waiting = &grp;
+  f.wait_gen = grp.gen;
+  yield();
+  f.waiting = nullptr;
 }
 
 inline void leave(Group& grp) {
@@ -116,7 +116,6 @@ inline void fiber_entry() {
   g_body();
   Fiber& f = g_fibers[g_cur];
   f.done = true;
-  g_progress = true;
   leave(g_warp_grp[f.tid / 32]);
   leave(g_block_grp);
   swapcontext(&f.ctx, &g_sched);
@@ -144,33 +143,44 @@ inline void run_block(int nthreads) {
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_entry, 0);
   }
+  auto blocked = [](const Fiber& f) { return f.waiting && f.waiting->gen == f.wait_gen; };
+  auto deadlock = [] {
+    fprintf(stderr, "emu: deadlock: every live thread waits at a barrier that cannot complete "
+                    "(__syncthreads or a warp collective in divergent code?)\n");
+    abort();
+  };
   if (!g_greedy) {
+    // Round robin: each runnable fiber in turn runs until it blocks or ends.
     for (;;) {
-      bool any = false;
+      bool live = false, ran = false;
       for (int k = 0; k < nthreads; ++k) {
         const int i = g_reverse ? nthreads - 1 - k : k;
         if (g_fibers[i].done) continue;
-        any = true;
+        live = true;
+        if (blocked(g_fibers[i])) continue;
+        ran = true;
         g_cur = i;
         swapcontext(&g_sched, &g_fibers[i].ctx);
       }
-      if (!any) break;
+      if (!live) break;
+      if (!ran) deadlock();
     }
   } else {
-    // Greedy: always resume the highest-priority fiber that can make progress,
-    // so warp 0 (or the last warp, reversed) runs as far ahead as barriers allow.
+    // Greedy: always resume the first runnable fiber (the last, reversed), so
+    // warp 0 (or the last warp) runs as far ahead as the barriers allow.
     for (;;) {
-      bool any = false;
-      for (int k = 0; k < nthreads; ++k) {
+      int pick = -1;
+      bool live = false;
+      for (int k = 0; k < nthreads && pick < 0; ++k) {
         const int i = g_reverse ? nthreads - 1 - k : k;
         if (g_fibers[i].done) continue;
-        any = true;
-        g_progress = false;
-        g_cur = i;
-        swapcontext(&g_sched, &g_fibers[i].ctx);
-        if (g_progress) break;  // restart from the top
+        live = true;
+        if (!blocked(g_fibers[i])) pick = i;
       }
-      if (!any) break;
+      if (!live) break;
+      if (pick < 0) deadlock();
+      g_cur = pick;
+      swapcontext(&g_sched, &g_fibers[pick].ctx);
     }
   }
   g_cur = -1;

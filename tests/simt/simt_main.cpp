@@ -1,7 +1,9 @@
 // kvshift_simt: the CUDA kernels' source, run on the CPU under the SIMT
 // emulator (emu.h), against the CPU reference ops. See tests/simt/README.md.
 // usage: kvshift_simt [-v] [ORDER...] [--only FAMILY]   ORDER: fwd rev greedy greedyrev
-// Default orders: fwd and rev. Exit status 1 on any failure.
+// Default: all four orders (fwd and rev catch missing read-after-write
+// barriers; greedy and greedyrev, one warp running ahead, also the
+// write-after-read ones). Exit status 1 on any failure.
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -24,7 +26,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (orders.empty()) orders = {"fwd", "rev"};
+  if (orders.empty()) orders = {"fwd", "rev", "greedy", "greedyrev"};
   const std::pair<const char*, std::function<void()>> families[] = {
       {"flash_attention", simt::run_flash_attention}, {"shift_rope", simt::run_shift_rope},
       {"rmsnorm", simt::run_rmsnorm},                 {"cross_entropy", simt::run_cross_entropy},

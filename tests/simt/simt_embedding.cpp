@@ -27,18 +27,23 @@ std::vector<int32_t> random_tokens(int N, int V, uint64_t seed) {
 }
 
 // vec: the launcher's V = 8 path (C % 8 == 0) or V = 1; grid 0: the launcher's.
-void forward(int N, int C, int V, int v_begin, int v_rows, bool vec, unsigned grid = 0) {
+// tokens: given, or random in [0, V) when empty.
+void forward(int N, int C, int V, int v_begin, int v_rows, bool vec, unsigned grid = 0,
+             std::vector<int32_t> tokens = {}) {
   const std::string tag = "embedding fwd W=" + std::to_string(vec ? 8 : 1) + " N" + std::to_string(N) + " C" +
                           std::to_string(C) + " V" + std::to_string(V) + " slice " + std::to_string(v_begin) + "+" +
                           (v_rows == INT_MAX ? std::string("all") : std::to_string(v_rows)) +
                           (grid ? " grid " + std::to_string(grid) : "");
-  const auto tokens = random_tokens(N, V, 1 + N);
+  if (tokens.empty()) tokens = random_tokens(N, V, 1 + N);
+  N = (int)tokens.size();
   const int rows = v_rows == INT_MAX ? V - v_begin : v_rows;  // the table holds this rank's rows only
   const auto wte_full = randn((size_t)V * C, 2 + C);
   const std::vector<float> wte(wte_full.begin() + (size_t)v_begin * C, wte_full.begin() + (size_t)(v_begin + rows) * C);
   std::vector<float> want((size_t)N * C);
   kvs::cpu::embedding_forward<float>(want.data(), tokens.data(), wte.data(), N, C, v_begin, rows);
-  const auto wb = b16(wte);
+  // One NaN row after the table: reading a row past the slice shows.
+  std::vector<bf16> wb = b16(wte);
+  wb.resize(wb.size() + C, poison_bf16());
   std::vector<bf16> out((size_t)N * C, poison_bf16());
   const int threads = 256;
   const size_t chunks = (size_t)N * (vec ? C / 8 : C);
@@ -89,10 +94,14 @@ void run_embedding() {
     backward(s[0], s[1], s[2], vec);
     if (vec) backward(s[0], s[1], s[2], false);
   }
-  // Vocabulary slices (test_cuda_tp.cpp: vocab 256 over tp 2): rank 1's rows and rank 0's.
-  forward(9, 24, 256, 128, 128, true);
-  forward(9, 24, 256, 128, 128, false);
-  forward(9, 20, 256, 0, 128, false);
+  // Vocabulary slices (test_cuda_tp.cpp: vocab 257 over tp 2, 128 rows each), tokens on both
+  // sides of each slice's edges: rank 1's rows, rank 0's, and the whole table.
+  const std::vector<int32_t> edges = {0, 127, 128, 200, 255, 256, 130, 3, 254};
+  forward(9, 24, 257, 128, 128, true, 0, edges);
+  forward(9, 24, 257, 128, 128, false, 0, edges);
+  forward(9, 20, 257, 0, 128, false, 0, edges);
+  forward(9, 24, 257, 0, 128, true, 0, edges);
+  forward(9, 24, 257, 0, INT_MAX, true, 0, edges);
   // Grid-stride loop: fewer blocks than chunks.
   forward(700, 64, 512, 256, 256, true, 3);
   forward(700, 24, 512, 256, 256, false, 5);

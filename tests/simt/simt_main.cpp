@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       {"rmsnorm", simt::run_rmsnorm},                 {"cross_entropy", simt::run_cross_entropy},
       {"vocab_parallel_ce", simt::run_vocab_parallel_ce}, {"embedding", simt::run_embedding},
       {"swiglu", simt::run_swiglu},                   {"adamw", simt::run_adamw},
+      {"reduce", simt::run_reduce},                   {"convert", simt::run_convert},
+      {"shift_gate", simt::run_shift_gate},
   };
   const auto t0 = std::chrono::steady_clock::now();
   int total = 0, ran = 0;

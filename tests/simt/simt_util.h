@@ -91,5 +91,8 @@ void run_vocab_parallel_ce();
 void run_embedding();
 void run_swiglu();
 void run_adamw();
+void run_reduce();
+void run_convert();
+void run_shift_gate();
 
 }  // namespace simt

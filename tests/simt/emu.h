@@ -87,6 +87,7 @@ struct Dim {
 struct Group {
   int live = 0, arrived = 0;
   long gen = 0;
+  int lo = 0, hi = 0;  // its threads' range [lo, hi]
 };
 struct Fiber {
   Ctx ctx;
@@ -115,6 +116,9 @@ inline std::vector<unsigned char> g_smem(kDynBytes + kStaticBytes);
 inline std::vector<std::pair<const void*, size_t>> g_sites;
 inline size_t g_static_off = 0;
 inline bool g_reverse = false;
+// Greedy orders: the lowest scan position (thread index, or nthreads-1-index
+// reversed) that a barrier completed since the last pick may have unblocked.
+inline int g_woke = 0;
 inline bool g_greedy = false;
 inline int g_nthreads = 128;
 
@@ -132,6 +136,7 @@ inline void wait(Group& grp) {
   if (grp.arrived == grp.live) {
     grp.arrived = 0;
     grp.gen++;
+    g_woke = std::min(g_woke, g_reverse ? g_nthreads - 1 - grp.hi : grp.lo);
     return;
   }
   Fiber& f = g_fibers[g_cur];
@@ -146,6 +151,7 @@ inline void leave(Group& grp) {
   if (grp.arrived > 0 && grp.arrived == grp.live) {
     grp.arrived = 0;
     grp.gen++;
+    g_woke = std::min(g_woke, g_reverse ? g_nthreads - 1 - grp.hi : grp.lo);
   }
 }
 
@@ -165,8 +171,8 @@ inline void run_block(int nthreads) {
   }
   g_nthreads = nthreads;
   g_fibers.assign(nthreads, Fiber{});
-  g_block_grp = Group{nthreads, 0, 0};
-  for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0};
+  g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
+  for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
   g_sites.clear();
   g_static_off = kDynBytes;
@@ -200,20 +206,26 @@ inline void run_block(int nthreads) {
     }
   } else {
     // Greedy: always resume the first runnable fiber (the last, reversed), so
-    // warp 0 (or the last warp) runs as far ahead as the barriers allow.
-    for (;;) {
-      int pick = -1;
-      bool live = false;
-      for (int k = 0; k < nthreads && pick < 0; ++k) {
+    // warp 0 (or the last warp) runs as far ahead as the barriers allow. The
+    // scan starts where the last pick was found (every fiber before it was
+    // done or blocked then, and a picked fiber comes back done or blocked)
+    // unless a barrier completed earlier in the scan order since.
+    int live = nthreads, from = 0;
+    while (live > 0) {
+      int k = from, pick = -1;
+      for (; k < nthreads; ++k) {
         const int i = g_reverse ? nthreads - 1 - k : k;
-        if (g_fibers[i].done) continue;
-        live = true;
-        if (!blocked(g_fibers[i])) pick = i;
+        if (!g_fibers[i].done && !blocked(g_fibers[i])) {
+          pick = i;
+          break;
+        }
       }
-      if (!live) break;
       if (pick < 0) deadlock();
+      g_woke = nthreads;
       g_cur = pick;
       ctx_switch(g_sched, g_fibers[pick].ctx);
+      if (g_fibers[pick].done) --live;
+      from = std::min(k, g_woke);
     }
   }
   g_cur = -1;

@@ -15,6 +15,8 @@
 
 #include "core/error.h"
 #include "kernels/cuda/device.h"
+#include "model/engine.h"
+#include "model/params.h"
 
 namespace kvs::cuda_test {
 
@@ -115,6 +117,43 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
                                        << ", atol " << atol << "); worst at " << worst << ": got " << got[worst]
                                        << ", want " << want[worst];
 }
+
+// ||a - b|| / ||b|| over one tensor (NaN anywhere gives NaN).
+inline double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// The model's initial parameters (seed) rounded to bf16, so that a CUDA engine
+// (bf16 copy) and a reference computing in fp32/fp64 start from the same values.
+inline std::vector<float> bf16_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
+  std::vector<float> params(layout.total);
+  init_params(layout, m, seed, params.data());
+  for (float& x : params) x = bf16_round(x);
+  return params;
+}
+
+// B x T random tokens and targets in [0, vocab_size) with about a quarter of
+// the positions masked out (mt19937 seeded with `seed`).
+struct RandomBatch {
+  int B, T;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> mask;
+  RandomBatch(const ModelConfig& m, int B_, int T_, uint32_t seed)
+      : B(B_), T(T_), inputs(B_ * T_), targets(B_ * T_), mask(B_ * T_) {
+    std::mt19937 g(seed);
+    for (int i = 0; i < B * T; ++i) {
+      inputs[i] = static_cast<int32_t>(g() % m.vocab_size);
+      targets[i] = static_cast<int32_t>(g() % m.vocab_size);
+      mask[i] = (g() % 4 == 0) ? 0.0f : 1.0f;
+    }
+  }
+  Batch batch() const { return {B, T, inputs.data(), targets.data(), mask.data()}; }
+};
 
 }  // namespace kvs::cuda_test
 #endif  // KVS_CUDA

@@ -56,16 +56,6 @@ namespace kc = kvs::cuda;
     if (!::kvs::cuda::cudnn_available()) GTEST_SKIP() << "skipped: built without cuDNN"; \
   } while (0)
 
-// ||a - b|| / ||b|| over one tensor (NaN anywhere gives NaN).
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 void expect_forward_matches(kc::CudnnSdpa& sdpa, const Problem& p, bool fused) {
   const Shape& s = p.s;
   SCOPED_TRACE(describe(s, fused ? Layout::kFused : Layout::kContiguous));
@@ -247,19 +237,10 @@ TEST(CudaCudnnSdpa, EngineMatchesTheFlashBackendOnLogitsLossAndEveryGradient) {
     kvs::validate(c, v.name);
     const kvs::ModelConfig& m = c.model;
     const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
-    std::vector<float> params(layout.total);
-    kvs::init_params(layout, m, 7, params.data());
-    for (float& x : params) x = bf16_round(x);
+    const std::vector<float> params = bf16_params(layout, m, 7);
     const int B = 3, T = 37;
-    std::mt19937 g(11);
-    std::vector<int32_t> inputs(B * T), targets(B * T);
-    std::vector<float> mask(B * T);
-    for (int i = 0; i < B * T; ++i) {
-      inputs[i] = static_cast<int32_t>(g() % m.vocab_size);
-      targets[i] = static_cast<int32_t>(g() % m.vocab_size);
-      mask[i] = (g() % 4 == 0) ? 0.0f : 1.0f;
-    }
-    kvs::Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
+    const RandomBatch data(m, B, T, 11);
+    const kvs::Batch batch = data.batch();
     kvs::CudaEngine flash(m, B, 64, 0, "none", "flash");
     kvs::CudaEngine cudnn(m, B, 64, 0, "none", "cudnn");
     flash.write_params(params.data());

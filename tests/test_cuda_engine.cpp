@@ -21,6 +21,8 @@
 
 namespace {
 
+using kvs::cuda_test::rel_l2;
+
 using kvs::ModelConfig;
 
 struct Variant {
@@ -69,16 +71,6 @@ const Variant kVariants[] = {
 const Variant kRecompute{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};
 const Variant kClamp{"clamp", 64, 4, 2, 1, true, false, 1, false, "clamp01", "rope"};
 
-// ||a - b|| / ||b|| over one tensor.
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 }  // namespace
 
 // Runs without a GPU: every configuration the GPU tests use is a valid config
@@ -101,18 +93,9 @@ TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
     SCOPED_TRACE(v.name);
     const ModelConfig m = model_of(v);
     const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
-    std::vector<float> params(layout.total);
-    kvs::init_params(layout, m, 7, params.data());
-    for (float& x : params) x = kvs::cuda_test::bf16_round(x);
-    std::mt19937 g(11);
-    std::vector<int32_t> inputs(B * T), targets(B * T);
-    std::vector<float> mask(B * T);
-    for (int i = 0; i < B * T; ++i) {
-      inputs[i] = static_cast<int32_t>(g() % m.vocab_size);
-      targets[i] = static_cast<int32_t>(g() % m.vocab_size);
-      mask[i] = (g() % 4 == 0) ? 0.0f : 1.0f;
-    }
-    kvs::Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
+    const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+    const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+    const kvs::Batch batch = data.batch();
     kvs::CpuEngine cpu(m, B, T);
     kvs::CudaEngine gpu(m, B, T);
     cpu.write_params(params.data());

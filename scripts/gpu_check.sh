@@ -238,13 +238,13 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
 # 50 steps in one process and as 2 ranks, loss curves compared. On one GPU the
 # 2 ranks are MPI processes sharing it (CUDA buffers staged through the host);
 # with 2+ GPUs also NCCL ranks (reduction overlapped with the backward).
-dp_train() {  # dir, tp, launcher-prefix...
-  local dir=$1 tp=$2
+dp_train() {  # dir, one extra --set KEY=VALUE, launcher-prefix...
+  local dir=$1 set=$2
   shift 2
   rm -rf "$dir"
   "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
     --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-    --set train.eval_every=50 --set train.checkpoint_every=50 --set parallel.tp="$tp" --run-dir "$dir"
+    --set train.eval_every=50 --set train.checkpoint_every=50 --set "$set" --run-dir "$dir"
 }
 curve_diff() {  # metrics of run A vs run B: the largest relative train-loss difference
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
@@ -259,12 +259,12 @@ PY
 dp_rows() {
   local ngpu log
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-  if ! dp_train "$out/dp1" 1 >"$out/dp1.log" 2>&1; then
+  if ! dp_train "$out/dp1" parallel.tp=1 >"$out/dp1.log" 2>&1; then
     row "train, device cuda, dp=1 (reference)" "FAILED: $(why "$out/dp1.log")"
     return
   fi
   log=$out/dp2_mpi.log
-  if dp_train "$out/dp2-mpi" 1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
+  if dp_train "$out/dp2-mpi" parallel.tp=1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
       timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
@@ -275,7 +275,7 @@ dp_rows() {
   local np
   for np in 2 4; do
     log=$out/tp2_np$np.log
-    if dp_train "$out/tp2-np$np" 2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
+    if dp_train "$out/tp2-np$np" parallel.tp=2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
         timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
     else
@@ -284,19 +284,13 @@ dp_rows() {
   done
   if [ "$ngpu" -ge 2 ]; then
     log=$out/dp2_nccl.log
-    rm -rf "$out/dp2-nccl"
-    if torchrun_like 2 29630 "$log" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json \
-        --set device=cuda --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-        --set train.eval_every=50 --set train.checkpoint_every=50 --run-dir "$out/dp2-nccl"; then
+    if dp_train "$out/dp2-nccl" parallel.tp=1 torchrun_like 2 29630 "$log"; then
       row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "$(curve_diff "$out/dp2-nccl" "$out/dp1")"
     else
       row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "FAILED: $(why "$log")"
     fi
     log=$out/tp2_nccl.log
-    rm -rf "$out/tp2-nccl"
-    if torchrun_like 2 29640 "$log" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json \
-        --set device=cuda --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-        --set train.eval_every=50 --set train.checkpoint_every=50 --set parallel.tp=2 --run-dir "$out/tp2-nccl"; then
+    if dp_train "$out/tp2-nccl" parallel.tp=2 torchrun_like 2 29640 "$log"; then
       row "train cuda, NCCL tp=2 on 2 GPUs" "$(curve_diff "$out/tp2-nccl" "$out/dp1")"
     else
       row "train cuda, NCCL tp=2 on 2 GPUs" "FAILED: $(why "$log")"
@@ -314,7 +308,7 @@ cudnn_rows() {
     row "train cuda, attention cudnn vs flash" "n/a: built without cuDNN"
     return
   fi
-  if dp_train_cudnn "$out/train-cudnn" >"$log" 2>&1; then
+  if dp_train "$out/train-cudnn" train.attention_backend=cudnn >"$log" 2>&1; then
     if [ -f "$out/dp1/metrics.jsonl" ]; then
       row "train cuda, attention cudnn vs flash" "$(curve_diff "$out/train-cudnn" "$out/dp1")"
     else
@@ -323,12 +317,6 @@ cudnn_rows() {
   else
     row "train cuda, attention cudnn" "FAILED: $(why "$log")"
   fi
-}
-dp_train_cudnn() {
-  rm -rf "$1"
-  ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
-    --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-    --set train.eval_every=50 --set train.checkpoint_every=50 --set train.attention_backend=cudnn --run-dir "$1"
 }
 
 bench() {  # label, args...

@@ -156,16 +156,13 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
 }
 
 void CudaEngine::init(int device, const std::string& attention_backend) {
-  const ModelConfig& m = m_;
-  const TensorParallel& tp = tp_;
-  const int max_batch = max_B_, max_seq_len = max_T_;
-  KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
-  KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
-            "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
-  check_tensor_parallel(m, tp.size, "engine");
-  KVS_CHECK(m.document_boundaries == "none",
+  KVS_CHECK(max_B_ >= 1 && max_T_ >= 1, "engine: batch and sequence length must be positive");
+  KVS_CHECK(tp_.size == 1 || (tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank),
+            "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp_.rank, tp_.size);
+  check_tensor_parallel(m_, tp_.size, "engine");
+  KVS_CHECK(m_.document_boundaries == "none",
             "device 'cuda': model.document_boundaries \"{}\" is not supported by the CUDA kernels (CPU only)",
-            m.document_boundaries);
+            m_.document_boundaries);
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "

@@ -35,7 +35,6 @@ class CudaTpReduce {
   CudaTpReduce(const CudaTpReduce&) = delete;
   CudaTpReduce& operator=(const CudaTpReduce&) = delete;
 
-  bool active() const { return tp_.size > 1; }
   // Waits for the engine's stream: cudaStreamSynchronize, or, when NCCL
   // all-reduces may be on it, a poll that fails after the communicator's
   // timeout if a peer died (instead of waiting forever).

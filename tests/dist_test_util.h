@@ -13,7 +13,7 @@
 
 #include "model/engine.h"
 #include "test_util.h"
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 namespace kvs::testing_util {
 

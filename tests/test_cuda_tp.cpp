@@ -21,7 +21,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/vocab_parallel_ce.h"
 #include "model/config.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/trainer.h"
 
 using namespace kvs::cuda_test;

@@ -25,7 +25,7 @@
 #include "model/cuda_engine.h"
 #include "model/params.h"
 #include "train/trainer.h"
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 using namespace kvs::testing_util;
 

@@ -13,7 +13,7 @@
 #include "model/cpu_engine.h"
 #include "model/params.h"
 #include "dist_test_util.h"
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 using kvs::testing_util::run_kvshift;
 using kvs::testing_util::TmpDir;

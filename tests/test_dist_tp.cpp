@@ -10,7 +10,7 @@
 #include "dist_test_util.h"
 #include "model/config.h"
 #include "model/params.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/model_io.h"
 
 using namespace kvs::testing_util;

@@ -30,7 +30,7 @@ class Communicator {
   virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
   // Whether collectives take GPU memory directly (NCCL). The other backends
   // take host memory only: a caller with GPU buffers stages them (ZeRO-1 on the
-  // CUDA engine under mpirun, src/train/flat_sync.h).
+  // CUDA engine under mpirun, src/parallel/flat_sync.h).
   virtual bool device_memory() const { return false; }
 
   // In place: buf[0..count) on every rank becomes the reduction over ranks.

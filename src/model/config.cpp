@@ -9,7 +9,7 @@
 // where <origin> is the file name (or whatever the caller passed).
 #include "model/config.h"
 
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,19 +1,6 @@
-// The Llama + KV shifting forward and backward on the CPU, op by op.
-// Forward per layer (shapes for a micro-batch of N = B*T rows):
-//   ln1 = RMSNorm(resid_l)                       [N, C]
-//   q, k, v = ln1 Wq^T, ln1 Wk^T, ln1 Wv^T       [N, Hq*D], [N, Hkv*D] x2
-//   khat = RoPE(Shift(k; k_shift)), vhat = Shift(v; v_shift), q = RoPE(q)
-//     (kv_shift.shift_q: q = RoPE(Shift(q_raw; q_shift)), appendix J)
-//     (parametrization "sigmoid_gate": the coefficients are [1 - sigmoid(g), sigmoid(g)]
-//      computed per layer into the plan's coef slice, the stored column 0 unused)
-//     (position_encoding "none": no RoPE, khat = Shift(k), q = q)
-//   attout = CausalAttention(q, khat, vhat)      [N, Hq*D]   (att saved)
-//   res_mid = resid_l + attout Wo^T
-//   h = SwiGLU(ln2 Wgate^T, ln2 Wup^T) with ln2 = RMSNorm(res_mid)
-//   resid_{l+1} = res_mid + h Wdown^T
-// then logits = RMSNorm(resid_L) Wlm^T and the masked cross-entropy.
-// The backward walks the same list in reverse; every op accumulates into its
-// gradients (kernels/cpu/ops.h), so buffers are zeroed right before use.
+// The CPU reference engine: the embedding, the decoder layers of
+// model/cpu_block.h one by one, the final norm, the LM head and the masked
+// cross-entropy, on one activation buffer planned in the constructor.
 #include "model/cpu_engine.h"
 
 #include <omp.h>
@@ -25,36 +12,13 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "kernels/cpu/ops.h"
-#include "model/vocab_parallel_loss.h"
+#include "parallel/linear.h"
+#include "parallel/vocab_parallel_loss.h"
 
 namespace kvs {
 
 namespace {
 void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
-
-float sigmoidf(float g) { return 1.0f / (1.0f + std::exp(-g)); }
-
-// The coefficients the shift op uses: the stored tensor itself, or for
-// "sigmoid_gate" [1 - sigmoid(g), sigmoid(g)] per head (g = stored column 1)
-// written into eff. Returns what the op should read.
-const float* effective_coef(const float* stored, float* eff, int H, bool gate) {
-  if (!gate) return stored;
-  for (int h = 0; h < H; ++h) {
-    const float s = sigmoidf(stored[h * 2 + 1]);
-    eff[h * 2 + 0] = 1.0f - s;
-    eff[h * 2 + 1] = s;
-  }
-  return eff;
-}
-
-// Chains d(effective coefficients) into the stored gate tensor's gradient:
-// d g += sigmoid'(g) * (d cur - d prev); column 0 gets nothing.
-void gate_backward(float* dstored, const float* deff, const float* stored, int H) {
-  for (int h = 0; h < H; ++h) {
-    const float s = sigmoidf(stored[h * 2 + 1]);
-    dstored[h * 2 + 1] += s * (1.0f - s) * (deff[h * 2 + 1] - deff[h * 2 + 0]);
-  }
-}
 }  // namespace
 
 ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T) {
@@ -120,12 +84,44 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.dqs = take(p.qraw_stride);
   p.dcoef = take(p.coef_stride);
   p.total = off;
+  p.v_shifted = m.kv_shift.enabled && m.kv_shift.shift_v;
   return p;
+}
+
+LayerActs ActivationPlan::layer(float* a, int l) const {
+  const size_t L = l;
+  LayerActs x;
+  x.resid = a + resid + L * resid_stride;
+  x.res_mid = a + res_mid + L * res_mid_stride;
+  x.out = a + resid + (L + 1) * resid_stride;
+  x.ln1 = a + ln1 + L * ln_stride;
+  x.rstd1 = a + rstd1 + L * rstd_stride;
+  x.ln2 = a + ln2 + L * ln_stride;
+  x.rstd2 = a + rstd2 + L * rstd_stride;
+  x.qraw = qraw_stride ? a + qraw + L * qraw_stride : nullptr;
+  x.q = a + q + L * q_stride;
+  x.k = a + k + L * kv_stride;
+  x.v = a + v + L * kv_stride;
+  x.khat = a + khat + L * kv_stride;
+  x.vhat = v_shifted ? a + vhat + L * kv_stride : x.v;
+  x.att = a + att + L * att_stride;
+  x.attout = a + attout + L * q_stride;
+  x.gate = a + gate + L * ffn_stride;
+  x.up = a + up + L * ffn_stride;
+  x.h = a + h + L * ffn_stride;
+  x.coef = a + coef + L * coef_stride;
+  return x;
+}
+
+LayerScratch ActivationPlan::scratch(float* a) const {
+  return {a + dln, a + dh, a + dgate, a + dup, a + dattout, a + dq, a + dq_pre, a + dkhat,
+          a + dks, a + dk, a + dvhat, a + dv, a + datt, a + dqs, a + dcoef};
 }
 
 CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp)
     : m_(m),
       tp_(tp),
+      region_(tp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
       layout_(ParamLayout::build(m, tp.rank, tp.size)),
       max_B_(max_batch),
@@ -174,220 +170,59 @@ void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
+BlockContext CpuEngine::block_context(int B, int T) const {
+  BlockContext c;
+  c.B = B;
+  c.T = T;
+  c.d = d_;
+  c.window = m_.kv_shift.window;
+  c.rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
+  c.sigmoid_gate = m_.kv_shift.sigmoid_gate();
+  c.eps = m_.rms_norm_eps;
+  c.rope_cos = acts_.data() + plan_.rope_cos;
+  c.rope_sin = acts_.data() + plan_.rope_sin;
+  c.shift_doc = shift_doc_start();
+  c.attention_doc = attention_doc_start();
+  c.tp = region_;
+  return c;
+}
+
+void CpuEngine::forward_layer(int l, int B, int T) {
+  block_forward(P_.layers[l], plan_.layer(acts_.data(), l), block_context(B, T));
+}
+
+void CpuEngine::backward_layer(int l, int B, int T) {
+  float* a = acts_.data();
+  block_backward(P_.layers[l], G_.layers[l], plan_.layer(a, l), plan_.scratch(a), a + plan_.dresid,
+                 block_context(B, T));
+}
+
 void CpuEngine::forward_to_logits(const Batch& b) {
   // This rank's sizes (the whole model without tensor parallelism).
-  const int B = b.B, T = b.T, N = B * T, C = d_.C, F = d_.F, V = d_.V;
-  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
-  const int QD = d_.QD(), KD = d_.KD(), W = m_.kv_shift.window;
+  const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
   const ActivationPlan& p = plan_;
   float* a = acts_.data();
-  const float* cos = a + p.rope_cos;
-  const float* sin = a + p.rope_sin;
-  const bool rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
-  const bool gated = m_.kv_shift.sigmoid_gate();
-  const size_t W1 = static_cast<size_t>(W) + 1;
   find_documents(b);
-  const int32_t* shift_doc = shift_doc_start();
-  const int32_t* attention_doc = attention_doc_start();
-
-  cpu::embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V);
-  tp_sum(a + p.resid, static_cast<size_t>(N) * C);  // each token's row lives on one rank
-  for (int l = 0; l < m_.num_hidden_layers; ++l) {
-    const LayerView& w = P_.layers[l];
-    float* resid = a + p.resid + l * p.resid_stride;
-    float* res_mid = a + p.res_mid + l * p.res_mid_stride;
-    float* ln1 = a + p.ln1 + l * p.ln_stride;
-    float* rstd1 = a + p.rstd1 + l * p.rstd_stride;
-    float* q = a + p.q + l * p.q_stride;
-    float* k = a + p.k + l * p.kv_stride;
-    float* v = a + p.v + l * p.kv_stride;
-    float* khat = a + p.khat + l * p.kv_stride;
-    float* vhat = w.v_shift ? a + p.vhat + l * p.kv_stride : v;  // no V shift: attention reads v itself
-    float* att = a + p.att + l * p.att_stride;
-    float* attout = a + p.attout + l * p.q_stride;
-    float* ln2 = a + p.ln2 + l * p.ln_stride;
-    float* rstd2 = a + p.rstd2 + l * p.rstd_stride;
-    float* gate = a + p.gate + l * p.ffn_stride;
-    float* up = a + p.up + l * p.ffn_stride;
-    float* h = a + p.h + l * p.ffn_stride;
-    float* coef = a + p.coef + l * p.coef_stride;
-    const float* qc = w.q_shift ? effective_coef(w.q_shift, coef, Hq, gated) : nullptr;
-    const float* kc = w.k_shift ? effective_coef(w.k_shift, coef + Hq * W1, Hkv, gated) : nullptr;
-    const float* vc = w.v_shift ? effective_coef(w.v_shift, coef + (Hq + Hkv) * W1, Hkv, gated) : nullptr;
-
-    cpu::rmsnorm_forward(ln1, rstd1, resid, w.ln1, N, C, m_.rms_norm_eps);
-    if (w.q_shift) {
-      float* qraw = a + p.qraw + l * p.qraw_stride;
-      cpu::matmul_forward(qraw, ln1, w.wq, N, C, QD);
-      cpu::kv_shift_forward(q, qraw, qc, B, T, Hq, D, W, shift_doc);
-    } else {
-      cpu::matmul_forward(q, ln1, w.wq, N, C, QD);
-    }
-    cpu::matmul_forward(k, ln1, w.wk, N, C, KD);
-    cpu::matmul_forward(v, ln1, w.wv, N, C, KD);
-    // KV shifting acts on the raw projections, before RoPE.
-    if (w.k_shift) {
-      cpu::kv_shift_forward(khat, k, kc, B, T, Hkv, D, W, shift_doc);
-      if (rope) cpu::rope_forward(khat, khat, cos, sin, B, T, Hkv, D);
-    } else if (rope) {
-      cpu::rope_forward(khat, k, cos, sin, B, T, Hkv, D);
-    } else {
-      std::copy(k, k + static_cast<size_t>(N) * KD, khat);
-    }
-    if (w.v_shift) cpu::kv_shift_forward(vhat, v, vc, B, T, Hkv, D, W, shift_doc);
-    if (rope) cpu::rope_forward(q, q, cos, sin, B, T, Hq, D);
-    cpu::attention_forward(attout, att, q, khat, vhat, B, T, Hq, Hkv, D, attention_doc);
-    cpu::matmul_forward(res_mid, attout, w.wo, N, QD, C);
-    tp_sum(res_mid, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over this rank's heads
-    cpu::residual_forward(res_mid, res_mid, resid, static_cast<size_t>(N) * C);
-
-    cpu::rmsnorm_forward(ln2, rstd2, res_mid, w.ln2, N, C, m_.rms_norm_eps);
-    cpu::matmul_forward(gate, ln2, w.w_gate, N, C, F);
-    cpu::matmul_forward(up, ln2, w.w_up, N, C, F);
-    cpu::swiglu_forward(h, gate, up, static_cast<size_t>(N) * F);
-    float* next = a + p.resid + (l + 1) * p.resid_stride;
-    cpu::matmul_forward(next, h, w.w_down, N, F, C);
-    tp_sum(next, static_cast<size_t>(N) * C);  // row-parallel down_proj
-    cpu::residual_forward(next, next, res_mid, static_cast<size_t>(N) * C);
-  }
+  vocab_parallel_embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V, region_);
+  for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
   cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, last, P_.norm, N, C, m_.rms_norm_eps);
-  cpu::matmul_forward(a + p.logits, a + p.lnf, P_.lm_head, N, C, V);
+  column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}});  // this rank's vocabulary columns
 }
 
 void CpuEngine::backward_from_dlogits(const Batch& b) {
-  // This rank's sizes (the whole model without tensor parallelism).
-  const int B = b.B, T = b.T, N = B * T, C = d_.C, F = d_.F, V = d_.V;
-  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
-  const int QD = d_.QD(), KD = d_.KD(), W = m_.kv_shift.window;
-  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
-  const size_t NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
+  const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
   const ActivationPlan& p = plan_;
   float* a = acts_.data();
-  const float* cos = a + p.rope_cos;
-  const float* sin = a + p.rope_sin;
   float* dresid = a + p.dresid;
   float* dln = a + p.dln;
-  const bool rope = m_.position_encoding == "rope";
-  const bool gated = m_.kv_shift.sigmoid_gate();
-  const size_t W1 = static_cast<size_t>(W) + 1;
-  float* dcoef = a + p.dcoef;
-  const int32_t* shift_doc = shift_doc_start();  // found by the forward of this batch
-
   // LM head and final norm (dlogits were written over the logits).
-  zero(dln, NC);
-  cpu::matmul_backward(dln, G_.lm_head, a + p.logits, a + p.lnf, P_.lm_head, N, C, V);
-  tp_sum(dln, NC);  // each rank's vocabulary slice contributes to d lnf
-  zero(dresid, NC);
+  column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_);
+  zero(dresid, static_cast<size_t>(N) * C);
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
   cpu::rmsnorm_backward(dresid, G_.norm, dln, last, P_.norm, a + p.rstdf, N, C);
-
-  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) {
-    const LayerView& w = P_.layers[l];
-    const LayerView& g = G_.layers[l];
-    const float* resid = a + p.resid + l * p.resid_stride;
-    const float* res_mid = a + p.res_mid + l * p.res_mid_stride;
-    const float* ln1 = a + p.ln1 + l * p.ln_stride;
-    const float* rstd1 = a + p.rstd1 + l * p.rstd_stride;
-    const float* q = a + p.q + l * p.q_stride;
-    const float* k = a + p.k + l * p.kv_stride;
-    const float* v = a + p.v + l * p.kv_stride;
-    const float* khat = a + p.khat + l * p.kv_stride;
-    const float* vhat = w.v_shift ? a + p.vhat + l * p.kv_stride : v;
-    const float* att = a + p.att + l * p.att_stride;
-    const float* attout = a + p.attout + l * p.q_stride;
-    const float* ln2 = a + p.ln2 + l * p.ln_stride;
-    const float* rstd2 = a + p.rstd2 + l * p.rstd_stride;
-    const float* gate = a + p.gate + l * p.ffn_stride;
-    const float* up = a + p.up + l * p.ffn_stride;
-    const float* h = a + p.h + l * p.ffn_stride;
-    const float* coef = a + p.coef + l * p.coef_stride;
-    const float* qc = gated ? coef : w.q_shift;
-    const float* kc = gated ? coef + Hq * W1 : w.k_shift;
-    const float* vc = gated ? coef + (Hq + Hkv) * W1 : w.v_shift;
-    // d coefficients: straight into the gradient tensor ("free", "clamp01"), or
-    // into scratch and then through the gate ("sigmoid_gate").
-    auto shift_backward = [&](float* din, float* dstored, const float* dout, const float* in, const float* stored,
-                              const float* c, int H) {
-      if (!gated) {
-        cpu::kv_shift_backward(din, dstored, dout, in, c, B, T, H, D, W, shift_doc);
-        return;
-      }
-      zero(dcoef, static_cast<size_t>(H) * W1);
-      cpu::kv_shift_backward(din, dcoef, dout, in, c, B, T, H, D, W, shift_doc);
-      gate_backward(dstored, dcoef, stored, H);
-    };
-
-    // MLP: resid_{l+1} = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d resid_{l+1}.
-    float* dh = a + p.dh;
-    float* dgate = a + p.dgate;
-    float* dup = a + p.dup;
-    zero(dh, NF);
-    cpu::matmul_backward(dh, g.w_down, dresid, h, w.w_down, N, F, C);
-    zero(dgate, NF);
-    zero(dup, NF);
-    cpu::swiglu_backward(dgate, dup, dh, gate, up, NF);
-    zero(dln, NC);
-    cpu::matmul_backward(dln, g.w_gate, dgate, ln2, w.w_gate, N, C, F);
-    cpu::matmul_backward(dln, g.w_up, dup, ln2, w.w_up, N, C, F);
-    tp_sum(dln, NC);  // column-parallel gate/up: d ln2 summed over the ranks' columns
-    cpu::rmsnorm_backward(dresid, g.ln2, dln, res_mid, w.ln2, rstd2, N, C);  // dresid is now d res_mid
-
-    // Attention: res_mid = resid_l + o_proj(attout).
-    float* dattout = a + p.dattout;
-    float* dq = a + p.dq;
-    float* dq_pre = a + p.dq_pre;
-    float* dkhat = a + p.dkhat;
-    float* dvhat = a + p.dvhat;
-    float* dk = a + p.dk;
-    float* dv = a + p.dv;
-    zero(dattout, NQ);
-    cpu::matmul_backward(dattout, g.wo, dresid, attout, w.wo, N, QD, C);
-    zero(dq, NQ);
-    zero(dkhat, NK);
-    zero(dvhat, NK);
-    cpu::attention_backward(dq, dkhat, dvhat, a + p.datt, dattout, q, khat, vhat, att, B, T, Hq, Hkv, D);
-    // Without RoPE the gradients w.r.t. q and k-hat pass through unchanged.
-    const float* dq_raw = dq;
-    if (rope) {
-      zero(dq_pre, NQ);
-      cpu::rope_backward(dq_pre, dq, cos, sin, B, T, Hq, D);
-      dq_raw = dq_pre;
-    }
-    if (w.q_shift) {  // dq_raw is d(shifted q); through the shift to d(raw q)
-      float* dqs = a + p.dqs;
-      zero(dqs, NQ);
-      shift_backward(dqs, g.q_shift, dq_raw, a + p.qraw + l * p.qraw_stride, w.q_shift, qc, Hq);
-      dq_raw = dqs;
-    }
-    zero(dk, NK);
-    if (w.k_shift) {
-      const float* dks = dkhat;
-      if (rope) {
-        zero(a + p.dks, NK);
-        cpu::rope_backward(a + p.dks, dkhat, cos, sin, B, T, Hkv, D);
-        dks = a + p.dks;
-      }
-      shift_backward(dk, g.k_shift, dks, k, w.k_shift, kc, Hkv);
-    } else if (rope) {
-      cpu::rope_backward(dk, dkhat, cos, sin, B, T, Hkv, D);
-    } else {
-      std::copy(dkhat, dkhat + NK, dk);
-    }
-    const float* dv_raw = dvhat;
-    if (w.v_shift) {
-      zero(dv, NK);
-      shift_backward(dv, g.v_shift, dvhat, v, w.v_shift, vc, Hkv);
-      dv_raw = dv;
-    }
-    zero(dln, NC);
-    cpu::matmul_backward(dln, g.wq, dq_raw, ln1, w.wq, N, C, QD);
-    cpu::matmul_backward(dln, g.wk, dk, ln1, w.wk, N, C, KD);
-    cpu::matmul_backward(dln, g.wv, dv_raw, ln1, w.wv, N, C, KD);
-    tp_sum(dln, NC);  // column-parallel q/k/v: d ln1 summed over the ranks' heads
-    cpu::rmsnorm_backward(dresid, g.ln1, dln, resid, w.ln1, rstd1, N, C);  // dresid is now d resid_l
-  }
-  cpu::embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V);
+  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) backward_layer(l, B, T);
+  vocab_parallel_embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V);
 }
 
 double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
@@ -436,10 +271,6 @@ const int32_t* CpuEngine::shift_doc_start() const {
 
 const int32_t* CpuEngine::attention_doc_start() const {
   return m_.document_boundaries == "shift_and_attention" ? doc_start_.data() : nullptr;
-}
-
-void CpuEngine::tp_sum(float* buf, size_t n) {
-  if (tp_.size > 1) tp_.comm->all_reduce(buf, n, dist::DType::F32, dist::ReduceOp::Sum);
 }
 
 void CpuEngine::cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale) {

@@ -3,8 +3,10 @@
 #pragma once
 #include <vector>
 
+#include "model/cpu_block.h"
 #include "model/engine.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_region.h"
 
 namespace kvs {
 
@@ -28,8 +30,12 @@ struct ActivationPlan {
   size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv, datt;
   size_t dqs;    // d raw q under shift_q
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
+  bool v_shifted = false;  // without a V shift attention reads v itself (no vhat buffer is used)
 
   static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T);
+  // Layer l's activations and the shared backward scratch inside the buffer at `base`.
+  LayerActs layer(float* base, int l) const;
+  LayerScratch scratch(float* base) const;
 };
 
 // With tensor parallelism (tp.size > 1) the engine holds its rank's slice of
@@ -56,6 +62,12 @@ class CpuEngine : public Engine {
   void zero_grad() override;
   double forward_backward(const Batch& b, double grad_scale) override;
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
+  // One decoder layer of the current micro-batch (forward_backward and forward
+  // run the embedding, these for every layer, then the head): layer l reads
+  // layer l-1's output; backward_layer(l) turns d(its output) in the plan's
+  // dresid into d(its input) and adds its parameter gradients.
+  void forward_layer(int l, int B, int T);
+  void backward_layer(int l, int B, int T);
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
   bool supports_sharded_step() const override { return true; }
@@ -77,13 +89,14 @@ class CpuEngine : public Engine {
   void find_documents(const Batch& b);
   const int32_t* shift_doc_start() const;
   const int32_t* attention_doc_start() const;
-  // Sums a partial activation (or activation gradient) over the TP group.
-  void tp_sum(float* buf, size_t n);
+  // What every layer of a B x T micro-batch shares (sizes, RoPE tables, documents, the TP group).
+  BlockContext block_context(int B, int T) const;
   // Masked cross-entropy over this rank's logits (vocab-parallel when tp > 1).
   void cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale);
 
   ModelConfig m_;
   TensorParallel tp_;
+  TensorParallelRegion region_;
   LocalDims d_;
   ParamLayout layout_;
   int max_B_, max_T_;

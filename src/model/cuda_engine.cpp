@@ -136,6 +136,29 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   return p;
 }
 
+CudaLayerActs CudaPlan::layer(char* base, int l) const {
+  // Recomputation keeps one slot of a group for every layer.
+  const size_t r = rest_slots == 1 ? 0 : l, a = attn_slots == 1 ? 0 : l;
+  auto h = [&](size_t offset) { return reinterpret_cast<bf16*>(base + offset); };
+  auto f = [&](size_t offset) { return reinterpret_cast<float*>(base + offset); };
+  CudaLayerActs x;
+  x.resid = h(resid + l * resid_stride);
+  x.res_mid = h(res_mid + r * resid_stride);
+  x.ln1 = h(ln1 + r * ln_stride);
+  x.ln2 = h(ln2 + r * ln_stride);
+  x.qkv = h(qkv + r * qkv_stride);
+  x.gate_up = h(gate_up + r * ffn2_stride);
+  x.h = h(this->h + r * ffn_stride);
+  x.rstd1 = f(rstd1 + r * rstd_stride);
+  x.rstd2 = f(rstd2 + r * rstd_stride);
+  x.qhat = h(qhat + a * q_stride);
+  x.khat = h(khat + a * kv_stride);
+  x.vhat = h(vhat + a * kv_stride);
+  x.attout = h(attout + a * q_stride);
+  x.lse = f(lse + a * lse_stride);
+  return x;
+}
+
 CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute,
                        const std::string& attention_backend, TensorParallel tp)
     : m_(m),
@@ -195,7 +218,8 @@ void CudaEngine::init(int device, const std::string& attention_backend) {
   mm_ = std::make_unique<cuda::Matmul>();
   {
     const size_t N = static_cast<size_t>(max_B_) * max_T_;
-    tp_reduce_ = std::make_unique<CudaTpReduce>(tp_, stream_, std::max(N * d_.C, 2 * N));
+    region_ = std::make_unique<CudaTpRegion>(tp_, stream_, std::max(N * d_.C, 2 * N));
+    linear_ = std::make_unique<CudaParallelLinear>(*mm_, *region_, stream_);
   }
 
   // Tensor offsets.
@@ -274,6 +298,7 @@ void CudaEngine::init(int device, const std::string& attention_backend) {
 CudaEngine::~CudaEngine() { release(); }
 
 void CudaEngine::release() {
+  linear_.reset();
   mm_.reset();
   attn_.reset();
   if (h_tokens_) cudaFreeHost(h_tokens_);
@@ -400,21 +425,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
   bf16* proj = at<bf16>(p.proj);
   const LayerOffsets& o = lo_[l];
-  const size_t r = p.rest_slots == 1 ? 0 : l, a = p.attn_slots == 1 ? 0 : l;
-  bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
-  bf16* res_mid = at<bf16>(p.res_mid + r * p.resid_stride);
-  bf16* ln1 = at<bf16>(p.ln1 + r * p.ln_stride);
-  bf16* ln2 = at<bf16>(p.ln2 + r * p.ln_stride);
-  bf16* qkv = at<bf16>(p.qkv + r * p.qkv_stride);
-  bf16* gate_up = at<bf16>(p.gate_up + r * p.ffn2_stride);
-  bf16* h = at<bf16>(p.h + r * p.ffn_stride);
-  float* rstd1 = at<float>(p.rstd1 + r * p.rstd_stride);
-  float* rstd2 = at<float>(p.rstd2 + r * p.rstd_stride);
-  bf16* qhat = at<bf16>(p.qhat + a * p.q_stride);
-  bf16* khat = at<bf16>(p.khat + a * p.kv_stride);
-  bf16* vhat = at<bf16>(p.vhat + a * p.kv_stride);
-  bf16* attout = at<bf16>(p.attout + a * p.q_stride);
-  float* lse = at<float>(p.lse + a * p.lse_stride);
+  const CudaLayerActs x = p.layer(base_, l);
   // The forward computes the effective (gated) coefficients; recomputation reuses them.
   const LayerCoefs c = layer_coefs(l, pass == LayerPass::Forward);
 
@@ -423,30 +434,26 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     // down_proj output (in proj) is added here; recomputation starts from the
     // stored resid_l, whose normalisation gives the same bits.
     if (l == 0 || pass == LayerPass::RecomputeLayer) {
-      cuda::residual_rmsnorm_forward(nullptr, ln1, rstd1, resid, nullptr, master + o.ln1, N, C, eps, stream_);
+      cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, master + o.ln1, N, C, eps, stream_);
     } else {
-      const size_t prev = p.rest_slots == 1 ? 0 : l - 1;
-      const bf16* prev_mid = at<bf16>(p.res_mid + prev * p.resid_stride);
-      cuda::residual_rmsnorm_forward(resid, ln1, rstd1, prev_mid, proj, master + o.ln1, N, C, eps, stream_);
+      const bf16* prev_mid = p.layer(base_, l - 1).res_mid;
+      cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, N, C, eps, stream_);
     }
-    mm_->forward(qkv, QKV, ln1, C, P16 + o.wqkv, N, C, QKV, stream_);
+    linear_->column_forward(x.qkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
   }
   // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
-  cuda::shift_rope_forward(qhat, QD, qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
-  cuda::shift_rope_forward(khat, KD, qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
-  cuda::shift_rope_forward(vhat, KD, qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0, stream_);
-  attn_->forward(attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, stream_);
+  cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
+  cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
+  cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
+                           stream_);
+  attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
   if (pass == LayerPass::RecomputeAttention) return;
-  mm_->forward(proj, C, attout, QD, P16 + o.wo, N, QD, C, stream_);
-  tp_reduce_->sum_bf16(proj, static_cast<size_t>(N) * C);  // row-parallel o_proj: partial sums over the ranks' heads
-  cuda::residual_rmsnorm_forward(res_mid, ln2, rstd2, resid, proj, master + o.ln2, N, C, eps, stream_);
-  mm_->forward(gate_up, 2 * F, ln2, C, P16 + o.wgu, N, C, 2 * F, stream_);
-  cuda::swiglu_forward(h, gate_up, N, F, stream_);
+  linear_->row_forward(proj, x.attout, QD, P16 + o.wo, N, QD, C);
+  cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, master + o.ln2, N, C, eps, stream_);
+  linear_->column_forward(x.gate_up, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  cuda::swiglu_forward(x.h, x.gate_up, N, F, stream_);
   // The backward does not need the down projection's output.
-  if (pass == LayerPass::Forward) {
-    mm_->forward(proj, C, h, F, P16 + o.wdown, N, F, C, stream_);
-    tp_reduce_->sum_bf16(proj, static_cast<size_t>(N) * C);  // row-parallel down_proj
-  }
+  if (pass == LayerPass::Forward) linear_->row_forward(proj, x.h, F, P16 + o.wdown, N, F, C);
 }
 
 void CudaEngine::forward_to_logits(int B, int T) {
@@ -455,124 +462,38 @@ void CudaEngine::forward_to_logits(int B, int T) {
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
+  // Vocab-parallel embedding: each token's row lives on one rank, the others write zeros.
   cuda::embedding_forward_vocab_slice(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, d_.v_begin,
                                       d_.V, stream_);
-  tp_reduce_->sum_bf16(at<bf16>(p.resid), static_cast<size_t>(N) * C);  // each token's row lives on one rank
-  for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T, LayerPass::Forward);
+  region_->exit_forward(at<bf16>(p.resid), static_cast<size_t>(N) * C);
+  for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
   const int L = m_.num_hidden_layers;
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
-  const size_t r = p.rest_slots == 1 ? 0 : L - 1;
-  const bf16* mid = at<bf16>(p.res_mid + r * p.resid_stride);
+  const bf16* mid = p.layer(base_, L - 1).res_mid;
   cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj),
                                  master + norm_off_, N, C, eps, stream_);
-  mm_->forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V, stream_);
+  linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
 }
 
 // ---------------------------------------------------------------- backward
 
 void CudaEngine::backward_from_dlogits(int B, int T) {
-  const int N = B * T, C = d_.C, F = d_.F, V = d_.V;
-  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
-  const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
-  const size_t NC = static_cast<size_t>(N) * C;
-  const size_t W1 = static_cast<size_t>(W) + 1;
+  const int N = B * T, C = d_.C, V = d_.V;
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
   float* G = at<float>(p.grads);
-  const bool rope = m_.position_encoding == "rope";
-  const bool gated = m_.kv_shift.sigmoid_gate();
-  const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
-  const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
-  float* scratch = at<float>(p.scratch);
   bf16* dresid = at<bf16>(p.dresid);
   bf16* dln = at<bf16>(p.dln);
   const bf16* dlogits = at<bf16>(p.logits);  // written over the logits by the loss
 
-  // LM head and final norm.
-  mm_->backward_input(dln, dlogits, V, P16 + lm_head_off_, N, C, V, stream_);
-  tp_reduce_->sum_bf16(dln, NC);  // each rank's vocabulary slice contributes to d lnf
-  mm_->backward_weight(G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, N, C, V, stream_);
+  // LM head (column-parallel over the vocabulary) and final norm.
+  linear_->column_backward(dln, G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
   const int L = m_.num_hidden_layers;
   cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
-                         master + norm_off_, at<float>(p.rstdf), N, C, scratch, stream_);
+                         master + norm_off_, at<float>(p.rstdf), N, C, at<float>(p.scratch), stream_);
   grads_final(0);  // final norm and (untied) LM head
-
-  for (int l = L - 1; l >= 0; --l) {
-    // Recompute what this layer did not keep (train.recompute).
-    // (The last layer's values are still in the single slots from the forward.)
-    if (p.rest_slots == 1 && l != L - 1) {
-      forward_layer(l, B, T, LayerPass::RecomputeLayer);
-    } else if (p.attn_slots == 1 && l != L - 1) {
-      forward_layer(l, B, T, LayerPass::RecomputeAttention);
-    }
-    const LayerOffsets& o = lo_[l];
-    const size_t r = p.rest_slots == 1 ? 0 : l, a = p.attn_slots == 1 ? 0 : l;
-    const bf16* resid = at<bf16>(p.resid + l * p.resid_stride);
-    const bf16* res_mid = at<bf16>(p.res_mid + r * p.resid_stride);
-    const bf16* ln1 = at<bf16>(p.ln1 + r * p.ln_stride);
-    const bf16* ln2 = at<bf16>(p.ln2 + r * p.ln_stride);
-    const bf16* qkv = at<bf16>(p.qkv + r * p.qkv_stride);
-    const bf16* qhat = at<bf16>(p.qhat + a * p.q_stride);
-    const bf16* khat = at<bf16>(p.khat + a * p.kv_stride);
-    const bf16* vhat = at<bf16>(p.vhat + a * p.kv_stride);
-    const bf16* attout = at<bf16>(p.attout + a * p.q_stride);
-    const bf16* gate_up = at<bf16>(p.gate_up + r * p.ffn2_stride);
-    const bf16* h = at<bf16>(p.h + r * p.ffn_stride);
-    const float* rstd1 = at<float>(p.rstd1 + r * p.rstd_stride);
-    const float* rstd2 = at<float>(p.rstd2 + r * p.rstd_stride);
-    const float* lse = at<float>(p.lse + a * p.lse_stride);
-    const LayerCoefs c = layer_coefs(l, false);  // computed by this step's forward
-
-    // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))); dresid holds d resid_{l+1}.
-    bf16* dh = at<bf16>(p.dh);
-    bf16* dgu = at<bf16>(p.dgate_up);
-    mm_->backward_input(dh, dresid, C, P16 + o.wdown, N, F, C, stream_);
-    mm_->backward_weight(G + o.wdown, dresid, C, h, F, N, F, C, stream_);
-    cuda::swiglu_backward(dgu, dh, gate_up, N, F, stream_);
-    mm_->backward_input(dln, dgu, 2 * F, P16 + o.wgu, N, C, 2 * F, stream_);
-    tp_reduce_->sum_bf16(dln, NC);  // column-parallel gate/up: d ln2 summed over the ranks' columns
-    mm_->backward_weight(G + o.wgu, dgu, 2 * F, ln2, C, N, C, 2 * F, stream_);
-    cuda::rmsnorm_backward(dresid, G + o.ln2, dln, dresid, res_mid, master + o.ln2, rstd2, N, C, scratch, stream_);
-
-    // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
-    bf16* dattout = at<bf16>(p.dattout);
-    bf16* dqhat = at<bf16>(p.dqhat);
-    bf16* dkhat = at<bf16>(p.dkhat);
-    bf16* dvhat = at<bf16>(p.dvhat);
-    bf16* dqkv = at<bf16>(p.dqkv);
-    mm_->backward_input(dattout, dresid, C, P16 + o.wo, N, QD, C, stream_);
-    mm_->backward_weight(G + o.wo, dresid, C, attout, QD, N, QD, C, stream_);
-    attn_->backward(dqhat, dkhat, dvhat, dattout, attout, lse, qhat, QD, khat, vhat, KD, B, T, Hq, Hkv, D, scratch,
-                    stream_);
-    // Through RoPE and the shifts into the fused projection's gradient. The
-    // coefficient gradients go straight into the gradient tensor, or for the
-    // sigmoid gate into dcoef and then through the gate.
-    float* dcoef = at<float>(p.dcoef);
-    auto unshift = [&](bf16* dx, const bf16* dy, int ld_dy, const bf16* x, const float* coef, bool has, size_t goff,
-                       const float* rc, const float* rs, int H) {
-      float* dc = nullptr;
-      if (has) {
-        if (gated) {
-          cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * W1, stream_);
-          dc = dcoef;
-        } else {
-          dc = G + goff;
-        }
-      }
-      cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, x, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
-                                stream_);
-      if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
-    };
-    unshift(dqkv, dqhat, QD, qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
-    unshift(dqkv + QD, dkhat, KD, qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
-    unshift(dqkv + QD + KD, dvhat, KD, qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
-    mm_->backward_input(dln, dqkv, QKV, P16 + o.wqkv, N, C, QKV, stream_);
-    tp_reduce_->sum_bf16(dln, NC);  // column-parallel q/k/v: d ln1 summed over the ranks' heads
-    mm_->backward_weight(G + o.wqkv, dqkv, QKV, ln1, C, N, C, QKV, stream_);
-    cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, resid, master + o.ln1, rstd1, N, C, scratch, stream_);
-    grads_final(L - l);  // every weight gradient of layer l is written
-  }
+  for (int l = L - 1; l >= 0; --l) backward_layer(l, B, T);
   // Embedding: positions grouped by token on the host (deterministic, no atomics).
   const int U = cuda::embedding_backward_plan(h_tokens_, N, h_tokens_ + N, h_tokens_ + 2 * N, h_positions_);
   // Under tensor parallelism this rank scatters only into its vocabulary rows:
@@ -595,7 +516,79 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   grads_final(L + 1);  // the embedding (and a tied LM head)
 }
 
-void CudaEngine::sync(const char* what) const { tp_reduce_->wait(what); }
+void CudaEngine::backward_layer(int l, int B, int T) {
+  const int N = B * T, C = d_.C, F = d_.F;
+  const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
+  const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
+  const size_t W1 = static_cast<size_t>(W) + 1;
+  const CudaPlan& p = plan_;
+  const int L = m_.num_hidden_layers;
+  // Recompute what this layer did not keep (train.recompute). The last
+  // layer's values are still in the single slots from the forward.
+  if (p.rest_slots == 1 && l != L - 1) {
+    forward_layer(l, B, T, LayerPass::RecomputeLayer);
+  } else if (p.attn_slots == 1 && l != L - 1) {
+    forward_layer(l, B, T, LayerPass::RecomputeAttention);
+  }
+  const bf16* P16 = at<bf16>(p.params16);
+  const float* master = at<float>(p.master);
+  float* G = at<float>(p.grads);
+  const bool rope = m_.position_encoding == "rope";
+  const bool gated = m_.kv_shift.sigmoid_gate();
+  const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
+  const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
+  float* scratch = at<float>(p.scratch);
+  bf16* dresid = at<bf16>(p.dresid);  // d of the layer's output on entry, of its input on return
+  bf16* dln = at<bf16>(p.dln);
+  const LayerOffsets& o = lo_[l];
+  const CudaLayerActs x = p.layer(base_, l);
+  const LayerCoefs c = layer_coefs(l, false);  // computed by this step's forward
+
+  // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))).
+  bf16* dh = at<bf16>(p.dh);
+  bf16* dgu = at<bf16>(p.dgate_up);
+  linear_->row_backward(dh, G + o.wdown, dresid, x.h, F, P16 + o.wdown, N, F, C);
+  cuda::swiglu_backward(dgu, dh, x.gate_up, N, F, stream_);
+  linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  cuda::rmsnorm_backward(dresid, G + o.ln2, dln, dresid, x.res_mid, master + o.ln2, x.rstd2, N, C, scratch, stream_);
+
+  // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
+  bf16* dattout = at<bf16>(p.dattout);
+  bf16* dqhat = at<bf16>(p.dqhat);
+  bf16* dkhat = at<bf16>(p.dkhat);
+  bf16* dvhat = at<bf16>(p.dvhat);
+  bf16* dqkv = at<bf16>(p.dqkv);
+  linear_->row_backward(dattout, G + o.wo, dresid, x.attout, QD, P16 + o.wo, N, QD, C);
+  attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
+                  scratch, stream_);
+  // Through RoPE and the shifts into the fused projection's gradient. The
+  // coefficient gradients go straight into the gradient tensor, or for the
+  // sigmoid gate into dcoef and then through the gate.
+  float* dcoef = at<float>(p.dcoef);
+  auto unshift = [&](bf16* dx, const bf16* dy, int ld_dy, const bf16* in, const float* coef, bool has, size_t goff,
+                     const float* rc, const float* rs, int H) {
+    float* dc = nullptr;
+    if (has) {
+      if (gated) {
+        cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * W1, stream_);
+        dc = dcoef;
+      } else {
+        dc = G + goff;
+      }
+    }
+    cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
+                              stream_);
+    if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
+  };
+  unshift(dqkv, dqhat, QD, x.qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
+  unshift(dqkv + QD, dkhat, KD, x.qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
+  unshift(dqkv + QD + KD, dvhat, KD, x.qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
+  linear_->column_backward(dln, G + o.wqkv, dqkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
+  cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, x.resid, master + o.ln1, x.rstd1, N, C, scratch, stream_);
+  grads_final(L - l);  // every weight gradient of layer l is written
+}
+
+void CudaEngine::sync(const char* what) const { region_->wait(what); }
 
 void CudaEngine::grads_final(int i) {
   if (!hook_) return;
@@ -626,10 +619,10 @@ void CudaEngine::loss(int N, bool with_dlogits, float grad_scale, bool with_argm
   const int valid = std::clamp(d_.v_valid - d_.v_begin, 0, d_.V);
   const cuda::VocabCeStats st = cuda::VocabCeStats::at(at<float>(plan_.ce_stats), N);
   cuda::vocab_parallel_ce_local(st, logits, targets, mask, N, d_.V, valid, d_.v_begin, with_argmax, stream_);
-  tp_reduce_->reduce_f32(st.gmax, N, dist::ReduceOp::Max);
+  region_->reduce_f32(st.gmax, N, dist::ReduceOp::Max);
   cuda::vocab_parallel_ce_rescale(st, mask, N, d_.v_begin, stream_);
-  tp_reduce_->reduce_f32(st.sums, 2 * static_cast<size_t>(N), dist::ReduceOp::Sum);
-  if (with_argmax) tp_reduce_->reduce_f32(st.cand, N, dist::ReduceOp::Max);
+  region_->reduce_f32(st.sums, 2 * static_cast<size_t>(N), dist::ReduceOp::Sum);
+  if (with_argmax) region_->reduce_f32(st.cand, N, dist::ReduceOp::Max);
   cuda::vocab_parallel_ce_finish(losses, dlogits, argmax, st, logits, targets, mask, N, d_.V, valid, d_.v_begin,
                                  grad_scale, stream_);
 }

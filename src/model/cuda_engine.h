@@ -29,11 +29,22 @@
 #include "kernels/cuda/attention_backend.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
-#include "model/cuda_tp_reduce.h"
+#include "parallel/cuda_linear.h"
+#include "parallel/cuda_tp_region.h"
 #include "model/engine.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
+
+// One layer's activations in the CUDA plan (device pointers; bf16 unless
+// noted). Under recomputation layers share slots (CudaPlan::attn_slots,
+// rest_slots): the pointers are then those of the shared slot.
+struct CudaLayerActs {
+  __nv_bfloat16* resid;  // the layer's input (always kept, one per layer)
+  __nv_bfloat16 *res_mid, *ln1, *ln2, *qkv, *gate_up, *h;
+  __nv_bfloat16 *qhat, *khat, *vhat, *attout;
+  float *rstd1, *rstd2, *lse;
+};
 
 // Byte offsets of every buffer in the one device allocation. Per-layer
 // activations sit at base + l * stride, sized for the largest micro-batch.
@@ -72,6 +83,9 @@ struct CudaPlan {
   size_t chunks, range_chunks;
   int num_chunks = 0;
 
+  // Layer l's activations inside the allocation at `base`.
+  CudaLayerActs layer(char* base, int l) const;
+
   // d: this rank's sizes (the whole model at tp = 1); tp: the group size.
   static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
                         const std::string& recompute = "none");
@@ -101,6 +115,11 @@ class CudaEngine : public Engine {
   void zero_grad() override;
   double forward_backward(const Batch& b, double grad_scale) override;
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
+  // One decoder layer of the current micro-batch, as CpuEngine::forward_layer /
+  // backward_layer (enqueued on the engine's stream). backward_layer first
+  // recomputes what train.recompute did not keep of the layer.
+  void forward_layer(int l, int B, int T) { forward_layer(l, B, T, LayerPass::Forward); }
+  void backward_layer(int l, int B, int T);
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
 
@@ -123,7 +142,7 @@ class CudaEngine : public Engine {
     return reinterpret_cast<T*>(base_ + offset);
   }
   // Waits for the stream (every public call ends idle); bounded by the NCCL
-  // timeout when tensor-parallel all-reduces may be on it (CudaTpReduce::wait).
+  // timeout when tensor-parallel all-reduces may be on it (CudaTpRegion::wait).
   void sync(const char* what) const;
   // The constructor's work, and what undoes it (also after a partial init).
   void init(int device, const std::string& attention_backend);
@@ -164,7 +183,8 @@ class CudaEngine : public Engine {
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Matmul> mm_;
-  std::unique_ptr<CudaTpReduce> tp_reduce_;
+  std::unique_ptr<CudaTpRegion> region_;        // the TP group's sums (no-ops at tp = 1)
+  std::unique_ptr<CudaParallelLinear> linear_;  // column/row-parallel GEMMs through mm_ and region_
   std::unique_ptr<cuda::AttentionBackend> attn_;  // flash or cuDNN SDPA; built for max_B_ x max_T_
   // Tensor offsets (in elements) into the flat parameter buffers, per layer.
   struct LayerOffsets {

@@ -10,7 +10,7 @@
 
 #include "model/config.h"
 #include "model/params.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 

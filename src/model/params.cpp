@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 

@@ -27,7 +27,7 @@ struct ParamTensor {
   size_t offset = 0;  // in floats, into the flat buffer
   size_t numel = 0;
   ParamKind kind = ParamKind::Matrix;
-  // Tensor parallelism (model/tensor_parallel.h): the dimension this tensor is
+  // Tensor parallelism (parallel/tensor_parallel.h): the dimension this tensor is
   // cut along across TP ranks (-1: replicated) and the full tensor's shape
   // (vocabulary padding excluded). shape is this rank's slice.
   int split_dim = -1;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/params.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 

@@ -12,13 +12,13 @@
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "train/full_model_io.h"
-#include "train/grad_norm.h"
+#include "parallel/grad_norm.h"
 #include "train/metrics.h"
 #include "train/model_io.h"
-#include "train/parallel_groups.h"
+#include "parallel/parallel_groups.h"
 #include "train/progress.h"
 #include "train/schedule.h"
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 extern "C" void openblas_set_num_threads(int);
 

@@ -3,7 +3,7 @@
 #include "model/cpu_engine.h"
 #include "model/flops.h"
 #include "model/params.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #ifdef KVS_CUDA
 #include "model/cuda_engine.h"
 #endif

@@ -1,4 +1,4 @@
-#include "train/parallel_groups.h"
+#include "parallel/parallel_groups.h"
 
 #include "core/error.h"
 

@@ -1,5 +1,5 @@
 #ifdef KVS_CUDA
-#include "model/cuda_tp_reduce.h"
+#include "parallel/cuda_tp_region.h"
 
 #include <cuda_runtime.h>
 
@@ -20,7 +20,7 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-CudaTpReduce::CudaTpReduce(const TensorParallel& tp, cudaStream_t stream, size_t max_elems)
+CudaTpRegion::CudaTpRegion(const TensorParallel& tp, cudaStream_t stream, size_t max_elems)
     : tp_(tp), stream_(stream), max_elems_(max_elems) {
   if (tp_.size == 1) return;
   KVS_CHECK(tp_.comm != nullptr, "CUDA engine: tensor parallelism (tp = {}) without a communicator", tp_.size);
@@ -31,22 +31,22 @@ CudaTpReduce::CudaTpReduce(const TensorParallel& tp, cudaStream_t stream, size_t
   }
 }
 
-CudaTpReduce::~CudaTpReduce() {
+CudaTpRegion::~CudaTpRegion() {
   if (pinned_) cudaFreeHost(pinned_);
 }
 
-void CudaTpReduce::stage_down(const void* dev, size_t bytes) {
+void CudaTpRegion::stage_down(const void* dev, size_t bytes) {
   check(cudaMemcpyAsync(pinned_, dev, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
   check(cudaStreamSynchronize(stream_), "copy to host");
 }
 
-void CudaTpReduce::stage_up(void* dev, size_t bytes) {
+void CudaTpRegion::stage_up(void* dev, size_t bytes) {
   check(cudaMemcpyAsync(dev, pinned_, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
   // The pinned buffer is reused by the next call: wait for the copy.
   check(cudaStreamSynchronize(stream_), "copy to device");
 }
 
-void CudaTpReduce::wait(const char* what) {
+void CudaTpRegion::wait(const char* what) {
   if (nccl_) {
     nccl_->wait_for_stream(stream_, what);
     return;
@@ -55,7 +55,7 @@ void CudaTpReduce::wait(const char* what) {
   if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
 }
 
-void CudaTpReduce::sum_bf16(__nv_bfloat16* buf, size_t n) {
+void CudaTpRegion::sum_bf16(__nv_bfloat16* buf, size_t n) {
   if (tp_.size == 1 || n == 0) return;
   KVS_CHECK(n <= max_elems_, "tensor-parallel all-reduce: {} elements, planned for {}", n, max_elems_);
   if (nccl_) {
@@ -71,7 +71,7 @@ void CudaTpReduce::sum_bf16(__nv_bfloat16* buf, size_t n) {
   stage_up(buf, n * sizeof(uint16_t));
 }
 
-void CudaTpReduce::reduce_f32(float* buf, size_t n, dist::ReduceOp op) {
+void CudaTpRegion::reduce_f32(float* buf, size_t n, dist::ReduceOp op) {
   if (tp_.size == 1 || n == 0) return;
   KVS_CHECK(n <= max_elems_, "tensor-parallel all-reduce: {} elements, planned for {}", n, max_elems_);
   if (nccl_) {

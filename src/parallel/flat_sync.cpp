@@ -1,9 +1,9 @@
-#include "train/flat_sync.h"
+#include "parallel/flat_sync.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 namespace kvs {
 

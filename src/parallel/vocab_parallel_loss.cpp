@@ -1,4 +1,4 @@
-#include "model/vocab_parallel_loss.h"
+#include "parallel/vocab_parallel_loss.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "train/grad_norm.h"
+#include "parallel/grad_norm.h"
 
 #include <algorithm>
 #include <cmath>

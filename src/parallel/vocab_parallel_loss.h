@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 

@@ -1,4 +1,4 @@
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #include <algorithm>
 #include <cstring>

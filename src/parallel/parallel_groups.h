@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "dist/comm.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 

@@ -3,7 +3,7 @@
 // GPU and compiled, but the sessions that wrote it had none:
 // scripts/gpu_check.sh runs the staged path (2 MPI ranks on one GPU); the
 // NCCL path needs 2 GPUs.
-#include "train/flat_sync.h"
+#include "parallel/flat_sync.h"
 
 #include "core/error.h"
 #ifdef KVS_CUDA
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dist/nccl_comm.h"
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 #endif
 
 namespace kvs {

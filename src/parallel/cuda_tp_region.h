@@ -1,6 +1,8 @@
-// The CUDA engine's tensor-parallel all-reduces (docs/PARALLEL.md "Tensor
-// parallel on CUDA"): bf16 activations after the row-parallel matmuls and the
-// column-parallel input gradients, and the fp32 row statistics of the
+// The edges of a tensor-parallel region on the CUDA engine's device buffers
+// (docs/PARALLEL.md "Tensor parallel on CUDA"): Megatron's f and g operators
+// as parallel/tp_region.h describes them for the CPU engine, on bf16
+// activations (g's forward after the row-parallel matmuls, f's backward on
+// the column-parallel input gradients), and the fp32 row statistics of the
 // vocab-parallel loss. Two ways, chosen by the TP communicator:
 //   - NCCL: enqueued on the engine's stream (ncclAllReduce, bf16 summed by
 //     NCCL as in Megatron): no host wait, ordered with the kernels around it;
@@ -19,7 +21,7 @@
 #include <vector>
 
 #include "dist/comm.h"
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kvs {
 
@@ -27,24 +29,27 @@ namespace dist {
 class AsyncDeviceCollectives;
 }
 
-class CudaTpReduce {
+class CudaTpRegion {
  public:
   // max_elems: the largest buffer any call passes (elements of either type).
-  CudaTpReduce(const TensorParallel& tp, cudaStream_t stream, size_t max_elems);
-  ~CudaTpReduce();
-  CudaTpReduce(const CudaTpReduce&) = delete;
-  CudaTpReduce& operator=(const CudaTpReduce&) = delete;
+  CudaTpRegion(const TensorParallel& tp, cudaStream_t stream, size_t max_elems);
+  ~CudaTpRegion();
+  CudaTpRegion(const CudaTpRegion&) = delete;
+  CudaTpRegion& operator=(const CudaTpRegion&) = delete;
 
   // Waits for the engine's stream: cudaStreamSynchronize, or, when NCCL
   // all-reduces may be on it, a poll that fails after the communicator's
   // timeout if a peer died (instead of waiting forever).
   void wait(const char* what);
-  // buf[0..n) (device) summed over the TP group, in place.
-  void sum_bf16(__nv_bfloat16* buf, size_t n);
+  // f, backward: the input gradient dx[0..n) (device) summed over the group, in place.
+  void enter_backward(__nv_bfloat16* dx, size_t n) { sum_bf16(dx, n); }
+  // g, forward: the partial output y[0..n) (device) summed over the group, in place.
+  void exit_forward(__nv_bfloat16* y, size_t n) { sum_bf16(y, n); }
   // buf[0..n) (device, fp32) reduced over the TP group with op (Sum or Max), in place.
   void reduce_f32(float* buf, size_t n, dist::ReduceOp op);
 
  private:
+  void sum_bf16(__nv_bfloat16* buf, size_t n);
   void stage_down(const void* dev, size_t bytes);
   void stage_up(void* dev, size_t bytes);
   TensorParallel tp_;

@@ -1,11 +1,11 @@
-#include "train/zero1.h"
+#include "parallel/zero1.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "train/grad_norm.h"
-#include "train/flat_sync.h"
+#include "parallel/grad_norm.h"
+#include "parallel/flat_sync.h"
 
 namespace kvs {
 

@@ -1,0 +1,67 @@
+// One decoder layer of the CPU reference engine, forward and backward, on
+// buffers the caller owns: the engine's activation plan during training, the
+// generator's KV cache when decoding. Per layer, for a micro-batch of
+// N = B*T rows (this tensor-parallel rank's heads and FFN columns):
+//   ln1 = RMSNorm(resid)                                  [N, C]
+//   q, k, v = ln1 Wq^T, ln1 Wk^T, ln1 Wv^T                column-parallel
+//   khat = RoPE(Shift(k; k_shift)), vhat = Shift(v; v_shift), q = RoPE(q)
+//     (kv_shift.shift_q: q = RoPE(Shift(q_raw; q_shift)), appendix J)
+//     (parametrization "sigmoid_gate": the coefficients [1 - sigmoid(g), sigmoid(g)]
+//      are computed into the layer's coef slice; the stored column 0 is unused)
+//     (position_encoding "none": no RoPE, khat = Shift(k), q = q)
+//   attout = CausalAttention(q, khat, vhat)               (att saved)
+//   res_mid = resid + attout Wo^T                         row-parallel
+//   h = SwiGLU(ln2 Wgate^T, ln2 Wup^T), ln2 = RMSNorm(res_mid)
+//   out = res_mid + h Wdown^T                             row-parallel
+// The backward walks the same list in reverse; every op accumulates into its
+// gradients (kernels/cpu/ops.h), so scratch buffers are zeroed right before use.
+#pragma once
+#include <cstdint>
+
+#include "model/params.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_region.h"
+
+namespace kvs {
+
+// One layer's activations. Each points at N rows of its width.
+struct LayerActs {
+  const float* resid;  // the layer's input [N, C]
+  float* res_mid;      // resid + attention [N, C]
+  float* out;          // the layer's output, the next layer's resid [N, C]
+  float *ln1, *rstd1, *ln2, *rstd2;
+  float* qraw;         // the raw q projection under shift_q; null otherwise
+  float* q;            // shifted (shift_q) and rotated q [N, Hq*D]
+  float *k, *v;        // raw projections [N, Hkv*D]
+  float *khat, *vhat;  // what attention reads; vhat == v without a V shift
+  float* att;          // softmax probabilities [B, Hq, T, T]
+  float* attout;       // [N, Hq*D]
+  float *gate, *up, *h;  // [N, F]
+  float* coef;         // effective shift coefficients, [Hq | Hkv | Hkv] x (W+1)
+};
+
+// Backward scratch, shared by every layer.
+struct LayerScratch {
+  float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *datt, *dqs, *dcoef;
+};
+
+// What every layer of one micro-batch shares.
+struct BlockContext {
+  int B = 0, T = 0;
+  LocalDims d;
+  int window = 1;
+  bool rope = true;
+  bool sigmoid_gate = false;
+  double eps = 1e-5;
+  const float *rope_cos = nullptr, *rope_sin = nullptr;  // [T, D/2], row 0 = the first position
+  const int32_t* shift_doc = nullptr;      // document starts for the shift (null: none)
+  const int32_t* attention_doc = nullptr;  // document starts for attention (null: none)
+  TensorParallelRegion tp;
+};
+
+void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c);
+// dresid holds d out on entry and d resid on return; gradients go into g.
+void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, const LayerScratch& s, float* dresid,
+                    const BlockContext& c);
+
+}  // namespace kvs

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/engine.h"
-#include "test_util.h"
 #include "parallel/zero1.h"
+#include "test_util.h"
 
 namespace kvs::testing_util {
 

@@ -19,13 +19,13 @@
 
 #include "cuda_test_util.h"
 #include "dist/comm.h"
-#include "kernels/cuda/device.h"
 #include "dist_test_util.h"
+#include "kernels/cuda/device.h"
 #include "model/config.h"
 #include "model/cuda_engine.h"
 #include "model/params.h"
-#include "train/trainer.h"
 #include "parallel/zero1.h"
+#include "train/trainer.h"
 
 using namespace kvs::testing_util;
 

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <map>
 
+#include "dist_test_util.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/params.h"
-#include "dist_test_util.h"
 #include "parallel/zero1.h"
 
 using kvs::testing_util::run_kvshift;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/profile_range.h"
 #include "dist/comm.h"
 #include "kernels/cpu/ops.h"
 #include "parallel/linear.h"
@@ -188,10 +189,12 @@ BlockContext CpuEngine::block_context(int B, int T) const {
 }
 
 void CpuEngine::forward_layer(int l, int B, int T) {
+  ProfileRange range("forward layer", l);
   block_forward(P_.layers[l], plan_.layer(acts_.data(), l), block_context(B, T));
 }
 
 void CpuEngine::backward_layer(int l, int B, int T) {
+  ProfileRange range("backward layer", l);
   float* a = acts_.data();
   block_backward(P_.layers[l], G_.layers[l], plan_.layer(a, l), plan_.scratch(a), a + plan_.dresid,
                  block_context(B, T));

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/profile_range.h"
 #include "core/safetensors.h"  // bf16_to_f32
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
@@ -412,6 +413,7 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
 // ---------------------------------------------------------------- forward
 
 void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
+  ProfileRange range(pass == LayerPass::Forward ? "forward layer" : "recompute layer", l);
   // This rank's sizes: under tensor parallelism its heads and FFN columns.
   const int N = B * T, C = d_.C, F = d_.F;
   const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
@@ -517,6 +519,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
 }
 
 void CudaEngine::backward_layer(int l, int B, int T) {
+  ProfileRange range("backward layer", l);
   const int N = B * T, C = d_.C, F = d_.F;
   const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
   const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
@@ -604,6 +607,7 @@ double CudaEngine::device_sum_losses(size_t N) {
 }
 
 void CudaEngine::loss(int N, bool with_dlogits, float grad_scale, bool with_argmax) {
+  ProfileRange range("loss");
   bf16* logits = at<bf16>(plan_.logits);
   bf16* dlogits = with_dlogits ? logits : nullptr;
   float* losses = at<float>(plan_.losses);
@@ -683,6 +687,7 @@ double CudaEngine::grad_norm() {
 void CudaEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layout_.total); }
 
 void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
+  ProfileRange range("optimizer");
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   if (begin == end) return;

@@ -29,9 +29,9 @@
 #include "kernels/cuda/attention_backend.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
+#include "model/engine.h"
 #include "parallel/cuda_linear.h"
 #include "parallel/cuda_tp_region.h"
-#include "model/engine.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kvs {

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "parallel/grad_norm.h"
 #include "parallel/flat_sync.h"
+#include "parallel/grad_norm.h"
 
 namespace kvs {
 

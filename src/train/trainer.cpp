@@ -5,20 +5,22 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/profile_range.h"
 #include "model/params.h"
+#include "parallel/grad_norm.h"
+#include "parallel/parallel_groups.h"
+#include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/full_model_io.h"
-#include "parallel/grad_norm.h"
 #include "train/metrics.h"
 #include "train/model_io.h"
-#include "parallel/parallel_groups.h"
 #include "train/progress.h"
 #include "train/schedule.h"
-#include "parallel/zero1.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -279,6 +281,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(tc, step);
+    ProfileRange step_range("step", step + 1);
+    std::optional<ProfileRange> data_range(std::in_place, "data");
     batch.fill(*data, Split::Train, static_cast<uint64_t>(step) * GB + static_cast<uint64_t>(groups.dp_rank) * LB,
                LB);
     double scored = 0;
@@ -287,19 +291,23 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // The loss is the mean over every scored token of the global batch, so each
     // micro-batch's gradient is scaled by 1/(scored tokens of the whole batch).
     const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
+    data_range.reset();
     engine->zero_grad();
     double loss_sum = 0;
     for (int s = 0; s < LB; s += MB) {
       // ZeRO-1 on CUDA + NCCL: the last micro-batch's backward starts the gradient reduction.
       if (zero1 && s + MB >= LB) zero1->overlap_next_backward();
+      ProfileRange micro_range("micro-batch", s / MB);
       loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
     }
+    std::optional<ProfileRange> reduce_range(std::in_place, "gradient reduction");
     // The TP ranks of a replica computed the same losses (the vocab-parallel
     // cross-entropy gives every rank whole rows), so only replicas are summed.
     dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
     const double loss = scored > 0 ? loss_sum / scored : 0.0;
     // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
     const double gnorm = zero1 ? zero1->reduce_gradients() : global_grad_norm(*engine, tp);
+    reduce_range.reset();
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
       fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,
@@ -308,10 +316,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     }
     AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
     if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
-    if (zero1)
-      zero1->step(hp);
-    else
-      engine->adamw_step(hp);
+    {
+      ProfileRange optimizer_range("optimizer step");
+      if (zero1)
+        zero1->step(hp);
+      else
+        engine->adamw_step(hp);
+    }
 
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

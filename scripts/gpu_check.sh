@@ -113,6 +113,13 @@ find_nccl() {
   [ -f "$d/include/nccl.h" ] && [ -n "$lib" ] && nccl_cmake_args=(-DKVS_NCCL_INCLUDE="$d/include" -DKVS_NCCL_LIB="$lib")
 }
 
+# The cuDNN frontend's headers for the "cudnn" attention backend: carried in
+# .deps/ (scripts/gpu_deps_fetch.sh), since the image has no such package.
+fe_cmake_args=()
+if [ -f .deps/cudnn-frontend/include/cudnn_frontend.h ]; then
+  fe_cmake_args=(-DKVS_CUDNN_FRONTEND_INCLUDE:PATH="$PWD/.deps/cudnn-frontend/include")
+fi
+
 export PATH=/usr/local/cuda/bin:$PATH
 build_rc=0
 if want build; then
@@ -134,7 +141,7 @@ if want build; then
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       ${arch:+-DKVS_CUDA_ARCHS=$arch} \
-      "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" \
+      "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" "${fe_cmake_args[@]}" \
       >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
     build_rc=$?
   else
@@ -152,17 +159,26 @@ fi
 [ -e /usr/bin/mpirun.openmpi ] && ! command -v mpirun >/dev/null && mpirun_bin=/usr/bin/mpirun.openmpi
 # Shared memory without the CMA single copy (fails in containers), one thread per rank.
 mpi_env=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1)
-# cuDNN (optional, for attention backend "cudnn"): a pip wheel's libcudnn.so.9
-# loads its engine libraries from its own directory, which the loader may not search.
-cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:FILEPATH=//p' build-gpu/CMakeCache.txt 2>/dev/null)
+# cuDNN (optional, for attention backend "cudnn"; built when CMake found both
+# cuDNN and the frontend's headers): a pip wheel's libcudnn.so.9 loads its
+# engine libraries from its own directory, which the loader may not search.
+cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:[A-Z]*=//p' build-gpu/CMakeCache.txt 2>/dev/null)
+cudnn_fe=$(sed -n 's/^KVS_CUDNN_FRONTEND_INCLUDE:[A-Z]*=//p' build-gpu/CMakeCache.txt 2>/dev/null)
+cudnn_row="not found: backend not built"
 if [ -n "$cudnn_lib" ] && [ "${cudnn_lib%NOTFOUND}" = "$cudnn_lib" ]; then
   export LD_LIBRARY_PATH="$(dirname "$cudnn_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ -n "$cudnn_fe" ] && [ "${cudnn_fe%NOTFOUND}" = "$cudnn_fe" ]; then
+    cudnn_row="$cudnn_lib, frontend $(cat "$cudnn_fe/../VERSION" 2>/dev/null || echo "$cudnn_fe")"
+  else
+    cudnn_row="no cuDNN frontend headers (.deps/cudnn-frontend: scripts/gpu_deps_fetch.sh): backend not built"
+    cudnn_lib=""
+  fi
 else
   cudnn_lib=""
 fi
 gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
 row "GPU" "${gpu:-none found}"
-row "cuDNN (attention backend \"cudnn\")" "${cudnn_lib:-not found: backend not built}"
+row "cuDNN (attention backend \"cudnn\")" "$cudnn_row"
 
 if [ $build_rc -eq 0 ] && want cuda; then
   # The CUDA tests first: they are what this machine is for (the rest pass in CI).

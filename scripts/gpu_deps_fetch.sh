@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Downloads (does not install) the Debian packages the build needs into .deps/,
-# so they can be carried to a GPU machine without network access, where
-# scripts/gpu_check.sh unpacks them. Run on a networked Debian machine.
+# and unpacks the cuDNN frontend's headers into .deps/cudnn-frontend/, so they
+# can be carried to a GPU machine without network access, where
+# scripts/gpu_check.sh unpacks the packages and points CMake at the headers.
+# Run on a networked Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .deps
@@ -17,4 +19,5 @@ pkgs="cmake cmake-data libjsoncpp25 librhash0 libuv1 libarchive13 libspdlog-dev 
       pkg-config pkgconf pkgconf-bin libpkgconf3 libsentencepiece-dev libsentencepiece0
       libgfortran5 libquadmath0 libudev1 zlib1g"
 (cd .deps && apt-get download $pkgs)
+bash scripts/fetch_cudnn_frontend.sh
 du -sh .deps

@@ -8,6 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
   python3-venv  # .venv-hf (transformers), below
+  python3-pip   # the cuDNN frontend's headers (scripts/fetch_cudnn_frontend.sh), below
   openmpi-bin libopenmpi-dev
   python3 python3-torch python3-numpy python3-matplotlib
   # the tokenizer: sentencepiece's C++ library (training + encoding), its CLI and Python module
@@ -51,5 +52,13 @@ else
   else
     echo "setup: warning: pip could not install scripts/hf-requirements.txt; HF tests will use the pure-torch core" >&2
   fi
+fi
+# The cuDNN frontend's headers for the "cudnn" attention backend (CUDA builds):
+# pinned, from PyPI, into the git-ignored .deps/. Optional: without them
+# CMake builds without that backend. KVS_SKIP_CUDNN_FRONTEND=1 skips it.
+if [ "${KVS_SKIP_CUDNN_FRONTEND:-0}" = 1 ]; then
+  echo "setup: skipping the cuDNN frontend headers (KVS_SKIP_CUDNN_FRONTEND=1)"
+elif ! bash "$ROOT/scripts/fetch_cudnn_frontend.sh"; then
+  echo "setup: warning: no cuDNN frontend headers; the \"cudnn\" attention backend will not be built" >&2
 fi
 echo "setup: done"

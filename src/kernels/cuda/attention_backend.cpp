@@ -8,6 +8,7 @@
 
 #ifdef KVS_CUDNN
 #include <cudnn.h>
+#include <cudnn_frontend_version.h>
 #endif
 
 namespace kvs::cuda {
@@ -23,8 +24,9 @@ bool cudnn_available() {
 std::string cudnn_version_string() {
 #ifdef KVS_CUDNN
   const size_t rt = cudnnGetVersion();  // major*10000 + minor*100 + patch since cuDNN 9
-  return fmt::format("{}.{}.{} (runtime {}.{}.{})", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, rt / 10000,
-                     rt / 100 % 100, rt % 100);
+  return fmt::format("{}.{}.{} (runtime {}.{}.{}), frontend {}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+                     rt / 10000, rt / 100 % 100, rt % 100, CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
+                     CUDNN_FRONTEND_PATCH_VERSION);
 #else
   return "none";
 #endif

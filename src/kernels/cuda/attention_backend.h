@@ -58,8 +58,9 @@ class FlashAttentionBackend final : public AttentionBackend {
 
 // True when this binary was built with cuDNN (-DKVS_CUDNN).
 bool cudnn_available();
-// The cuDNN version this binary was compiled against and the one loaded at
-// run time, e.g. "9.19.0 (runtime 9.10.2)"; "none" without cuDNN.
+// The cuDNN version this binary was compiled against, the one loaded at run
+// time and the cuDNN frontend's, e.g. "9.19.0 (runtime 9.10.2), frontend
+// 1.32.0"; "none" without cuDNN.
 std::string cudnn_version_string();
 
 // `name` is "flash" or "cudnn" (train.attention_backend). ld_q / ld_kv are

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 #include "model/engine.h"
 #include "model/params.h"
@@ -33,9 +34,7 @@ inline bool have_gpu() {
     if (!::kvs::cuda_test::have_gpu()) GTEST_SKIP() << "skipped: no GPU"; \
   } while (0)
 
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+inline constexpr cuda::ErrorCheck check{"CUDA test"};
 
 // A device buffer of n elements of T. Filled with a poison byte pattern
 // (0xFF: NaN for float and bf16, -1 for ints) so that an element a kernel

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/nccl_comm.h"
+#include "kernels/cuda/check.h"
 #include "train/zero1.h"
 #endif
 
@@ -22,9 +23,7 @@ namespace kvs {
 #ifdef KVS_CUDA
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("ZeRO-1 (device buffers): {}: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check{"ZeRO-1 (device buffers)"};
 
 // NCCL on the engine's device buffers, no padding or copies: a range's
 // gradients are reduced piece by piece onto the ranks that own them

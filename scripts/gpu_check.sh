@@ -362,7 +362,7 @@ if [ $build_rc -eq 0 ]; then
       $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
       >"$out/bench_attention.log" 2>&1
     sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
-    # One row per sequence length: ours/cuDNN fwd+bwd throughput (issue 4's target: >= 0.8).
+    # One row per sequence length: ours/cuDNN fwd+bwd throughput (the target: >= 0.8).
     awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
       $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log" | tee -a "$summary"

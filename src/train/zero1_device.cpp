@@ -1,8 +1,7 @@
 // ZeRO-1's data movement for engines whose flat buffers are in GPU memory
-// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Written for a
-// GPU and compiled, but the sessions that wrote it had none:
-// scripts/gpu_check.sh runs the staged path (2 MPI ranks on one GPU); the
-// NCCL path needs 2 GPUs.
+// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Compiled but
+// not yet run on a GPU: scripts/gpu_check.sh runs the staged path (2 MPI ranks
+// on one GPU); the NCCL path needs 2 GPUs.
 #include "train/flat_sync.h"
 
 #include "core/error.h"

@@ -9,11 +9,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 #include "model/engine.h"
 #include "model/params.h"
@@ -33,9 +35,7 @@ inline bool have_gpu() {
     if (!::kvs::cuda_test::have_gpu()) GTEST_SKIP() << "skipped: no GPU"; \
   } while (0)
 
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+inline constexpr cuda::ErrorCheck check{"CUDA test"};
 
 // A device buffer of n elements of T. Filled with a poison byte pattern
 // (0xFF: NaN for float and bf16, -1 for ints) so that an element a kernel
@@ -85,6 +85,21 @@ inline std::vector<float> to_f32(const std::vector<bf16>& x) {
   for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
   return y;
 }
+inline std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+inline std::vector<float> to_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+inline std::vector<float> download_f32(const DeviceBuffer<bf16>& b) { return to_f32(b.download()); }
+
+// The bit pattern of a bf16 (0xFFFF: the poison of an unwritten element).
+inline uint16_t bits(bf16 x) {
+  uint16_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
 // Random values already rounded to bf16, so the CPU oracle sees exactly the
 // kernel's inputs.
 inline std::vector<float> random_bf16_values(size_t n, uint64_t seed, float scale = 1.0f) {
@@ -94,6 +109,19 @@ inline std::vector<float> random_bf16_values(size_t n, uint64_t seed, float scal
   for (auto& v : x) v = bf16_round(d(g));
   return x;
 }
+inline std::vector<float> random_uniform(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// Tolerance of a bf16 output against a double reference. A bf16 output is an
+// fp32 result rounded once: within half a bf16 ulp (2^-9 relative) of the exact
+// value plus fp32 noise, so rtol 1e-2 (about 2.5 ulp) with a small atol for
+// results near zero. fp32 reductions are compared much tighter, per test.
+constexpr double kBf16Rtol = 1e-2, kBf16Atol = 1e-4;
 
 // Every element within atol + rtol * |want|; on failure reports the worst one.
 inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want, double rtol,
@@ -116,6 +144,29 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
   return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements out of tolerance (rtol " << rtol
                                        << ", atol " << atol << "); worst at " << worst << ": got " << got[worst]
                                        << ", want " << want[worst];
+}
+
+// |got - want| <= rtol |want| + atol + mtol * mag for every element (mag: the
+// sum of the absolute values of the terms that make up the element).
+inline ::testing::AssertionResult close_scaled(const std::vector<float>& got, const std::vector<double>& want,
+                                               const std::vector<double>& mag, double rtol, double atol, double mtol) {
+  if (got.size() != want.size() || got.size() != mag.size())
+    return ::testing::AssertionFailure() << "size mismatch: " << got.size() << " / " << want.size();
+  size_t bad = 0, worst = 0;
+  double worst_excess = -1e300;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]);
+    const double excess = std::isnan(err) ? 1e300 : err - (rtol * std::fabs(want[i]) + atol + mtol * mag[i]);
+    if (excess > 0) ++bad;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " out of tolerance; worst at " << worst
+                                       << ": got " << got[worst] << ", want " << want[worst] << " (mag "
+                                       << mag[worst] << ")";
 }
 
 // ||a - b|| / ||b|| over one tensor (NaN anywhere gives NaN).

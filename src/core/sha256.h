@@ -1,11 +1,12 @@
-// SHA-256 (FIPS 180-4), for manifests and the tokenizer's model hash; small
-// enough to keep in-tree rather than depend on OpenSSL.
+// SHA-256 for manifests and the tokenizer's model hash, computed by OpenSSL's
+// libcrypto (EVP API), which uses the CPU's SHA extensions where it has them.
 #pragma once
-#include <array>
 #include <cstddef>
-#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of this header
 
 namespace kvs {
 
@@ -17,11 +18,10 @@ class Sha256 {
   std::string hex();  // finalizes; the object must not be updated afterwards
 
  private:
-  void block(const uint8_t* p);
-  std::array<uint32_t, 8> h_;
-  std::array<uint8_t, 64> buf_{};
-  size_t buf_len_ = 0;
-  uint64_t total_ = 0;
+  struct FreeCtx {
+    void operator()(evp_md_ctx_st* c) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, FreeCtx> ctx_;
 };
 
 std::string sha256_hex(std::string_view data);

@@ -17,15 +17,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/check.h"
 
 namespace kvs::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void check_cuda(cudaError_t e, const char* what) {
-  KVS_CHECK(e == cudaSuccess, "NCCL backend: {} failed: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check_cuda{"NCCL backend"};
 
 ncclDataType_t nccl_type(DType t) { return t == DType::F32 ? ncclFloat32 : ncclFloat64; }
 ncclRedOp_t nccl_op(ReduceOp op) {

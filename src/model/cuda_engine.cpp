@@ -23,6 +23,7 @@
 #include "core/profile_range.h"
 #include "core/safetensors.h"  // bf16_to_f32
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/vocab_parallel_ce.h"
 
@@ -32,9 +33,7 @@ namespace {
 
 using cuda::bf16;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check{"CUDA engine"};
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 

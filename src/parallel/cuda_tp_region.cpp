@@ -9,14 +9,13 @@
 #include "core/error.h"
 #include "core/safetensors.h"  // f32_to_bf16 (nearest even), bf16_to_f32
 #include "dist/nccl_comm.h"
+#include "kernels/cuda/check.h"
 
 namespace kvs {
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("tensor-parallel all-reduce: {}: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check{"tensor-parallel all-reduce"};
 
 }  // namespace
 
@@ -51,8 +50,7 @@ void CudaTpRegion::wait(const char* what) {
     nccl_->wait_for_stream(stream_, what);
     return;
   }
-  const cudaError_t e = cudaStreamSynchronize(stream_);
-  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
+  cuda::check(cudaStreamSynchronize(stream_), "CUDA engine", what);
 }
 
 void CudaTpRegion::sum_bf16(__nv_bfloat16* buf, size_t n) {

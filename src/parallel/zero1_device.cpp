@@ -1,8 +1,8 @@
 // ZeRO-1's data movement for engines whose flat buffers are in GPU memory
-// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Written for a
-// GPU and compiled, but the sessions that wrote it had none:
-// scripts/gpu_check.sh runs the staged path (2 MPI ranks on one GPU); the
-// NCCL path needs 2 GPUs.
+// ZeRO-1's data movement for engines whose flat buffers are in GPU memory
+// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Compiled but
+// not yet run on a GPU: scripts/gpu_check.sh runs the staged path (2 MPI ranks
+// on one GPU); the NCCL path needs 2 GPUs.
 #include "parallel/flat_sync.h"
 
 #include "core/error.h"
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/nccl_comm.h"
+#include "kernels/cuda/check.h"
 #include "parallel/zero1.h"
 #endif
 
@@ -22,9 +23,7 @@ namespace kvs {
 #ifdef KVS_CUDA
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("ZeRO-1 (device buffers): {}: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check{"ZeRO-1 (device buffers)"};
 
 // NCCL on the engine's device buffers, no padding or copies: a range's
 // gradients are reduced piece by piece onto the ranks that own them

@@ -42,8 +42,9 @@ struct TrainSummary {
 };
 
 // Checks that the config can run on `world_size` processes: parallel.tp
-// divides it (dp = world_size / tp), train.grad_accum_steps is a multiple of
-// dp, and dp > 1 needs device "cpu".
+// divides it (dp = world_size / tp) and train.grad_accum_steps is a multiple
+// of dp. Any dp runs on either device: with dp > 1 the optimizer is ZeRO-1
+// (docs/PARALLEL.md), on host buffers for "cpu" and on GPU buffers for "cuda".
 void check_parallel_layout(const Config& cfg, int world_size);
 
 // Runs (or resumes) training; throws kvs::Error on bad input, and on a

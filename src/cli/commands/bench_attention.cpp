@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attention_backend.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/cudnn_sdpa.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
@@ -28,9 +29,7 @@ namespace kvs::cli {
 #ifdef KVS_CUDA
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("bench-attention: {}: {}", what, cudaGetErrorString(e));
-}
+constexpr cuda::ErrorCheck check{"bench-attention"};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "dist/nccl_comm.h"
+#include "kernels/cuda/check.h"
 #endif
 
 namespace kvs::cli {
@@ -26,9 +27,8 @@ void check_nccl(const dist::LaunchInfo& l, const dist::BootstrapOptions& o, cons
   auto comm = dist::make_nccl(l, id_on_rank0, device, o.timeout_s, o.timeout_s);
   const size_t n = 1 << 20;
   std::vector<float> h(n, static_cast<float>(l.rank + 1));
-  auto cuda = [&](cudaError_t e, const char* what) {
-    KVS_CHECK(e == cudaSuccess, "rank {}: {} failed: {}", l.rank, what, cudaGetErrorString(e));
-  };
+  const std::string who = "rank " + std::to_string(l.rank);
+  auto cuda = [&](cudaError_t e, const char* what) { kvs::cuda::check(e, who, what); };
   float* d = nullptr;
   cuda(cudaMalloc(&d, n * sizeof(float)), "cudaMalloc");
   cuda(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");

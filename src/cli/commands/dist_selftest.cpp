@@ -1,7 +1,7 @@
 // Hidden `kvshift dist-selftest`: exercises every collective of the world
 // communicator with known values (run it under mpirun). --mismatch makes
 // rank r pass 3 + r elements to an all-reduce, which must end in a clear
-// kvs::Error on every rank, not a hang (tests/test_dist_dp.cpp).
+// kvs::Error on every rank, not a hang (tests/parallel/test_dist_dp.cpp).
 #include <cmath>
 #include <cstdio>
 #include <vector>

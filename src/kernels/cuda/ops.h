@@ -1,7 +1,7 @@
 // CUDA kernels: the host-side launchers the CUDA engine calls.
 //
 // Mirrors kernels/cpu/ops.h op by op (the CPU op is each kernel's oracle in
-// tests/test_cuda_ops.cpp). Conventions, where they differ from the CPU ones:
+// tests/kernels/cuda/, one test file per kernel). Conventions, where they differ from the CPU ones:
 // - Storage is bf16 for activations and their gradients, fp32 for everything
 //   that is reduced or updated: parameter gradients, RMSNorm rstd, log-sum-exp,
 //   losses, master weights, AdamW moments. Every sum and every matmul

@@ -21,7 +21,7 @@
 //    log2(e) and fast-math approximations); a wrong scale, mask or sign moves
 //    lse by O(0.1 .. 1).
 //  - dq, dk, dv: rtol 2e-2, atol 1e-2 max|ref| + 1e-3, ||err|| <= 1e-2 ||ref||
-//    (the flash tests' bounds; see test_cuda_attention.cpp for the budget).
+//    (the flash tests' bounds; see test_flash_attention.cpp for the budget).
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The attention problems shared by the CUDA attention tests (our flash
-// kernels, test_cuda_attention.cpp; cuDNN SDPA, test_cuda_cudnn_sdpa.cpp):
+// kernels, test_flash_attention.cpp; cuDNN SDPA, test_cudnn_sdpa.cpp):
 // a shape, bf16-rounded random Q/K/V/dO with the double-precision CPU
 // reference (out, lse, dq, dk, dv), and the device buffers in one of three
 // layouts (contiguous, one fused [N, QD + 2 KD] projection buffer, padded
@@ -159,8 +159,6 @@ inline std::vector<float> download_strided(const bf16* dev, size_t N, size_t wid
   }
   return out;
 }
-
-inline std::vector<float> to_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
 
 inline double max_abs(const std::vector<double>& x) {
   double m = 0;

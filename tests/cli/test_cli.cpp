@@ -66,8 +66,8 @@ TEST(Cli, InfoReproducesThePaperParameterCounts) {
 }
 
 #ifdef KVS_CUDA
-// Issue 4's memory target, from the CUDA engine's own allocation plan (host
-// arithmetic, no GPU): the 1.5B config at micro-batch 4 x 2048 needs less than
+// The memory target for the paper's 1.5B model, from the CUDA engine's own
+// allocation plan (host arithmetic, no GPU): the 1.5B config at micro-batch 4 x 2048 needs less than
 // 80 GB on one GPU without recomputation; the weight part is 10 bytes per
 // parameter (fp32 master, fp32 grad, bf16 copy), and recomputation only ever
 // shrinks the activations.

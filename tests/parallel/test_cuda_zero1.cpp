@@ -5,7 +5,7 @@
 // hook announces every gradient exactly once without changing a bit.
 // Then `mpirun -np 2` with device cuda on one GPU (MPI backend, CUDA buffers
 // staged through the host) follows the single-process CUDA loss curve.
-// Skipped without a GPU (written and compiled without one: never run yet).
+// Skipped without a GPU; not yet run on one.
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

@@ -1,0 +1,220 @@
+// CUDA matmul (cuBLASLt, kernels/cuda/matmul.h) against kvs::cpu::matmul_*
+// run in double on the same bf16-rounded inputs. Outputs start poisoned (NaN),
+// so an element the GEMM forgets to write fails.
+//
+// Tolerances: bf16 activations within one bf16 ulp relative (2^-8, i.e.
+// round-to-nearest's half ulp with room for fp32 differences before the
+// rounding), plus a small absolute term for values that cancel; fp32 weight
+// gradients (dW) accumulate in fp32 in a different order, so the error is
+// bounded relative to mag = sum |a_i b_i| of the element's terms (4e-6 * mag,
+// about 64 fp32 ulps of the largest partial sum).
+#ifdef KVS_CUDA
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/matmul.h"
+
+namespace {
+
+using namespace kvs::cuda_test;
+namespace kc = kvs::cuda;
+using DVec = std::vector<double>;
+using FVec = std::vector<float>;
+
+DVec abs_of(const DVec& x) {
+  DVec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = std::fabs(x[i]);
+  return y;
+}
+
+// Columns [0, cols) of a [rows, ld] host matrix, contiguous, in double.
+DVec unpad(const FVec& x, int rows, int cols, int ld) {
+  DVec y(size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) y[size_t(r) * cols + c] = x[size_t(r) * ld + c];
+  return y;
+}
+
+struct MatmulShape {
+  int N, C, OC;
+  int ld_in, ld_out;  // row strides of inp and of out / dout (>= C and >= OC)
+};
+std::ostream& operator<<(std::ostream& os, const MatmulShape& s) {
+  return os << "N=" << s.N << " C=" << s.C << " OC=" << s.OC << " ld_in=" << s.ld_in << " ld_out=" << s.ld_out;
+}
+
+class CudaMatmul : public ::testing::TestWithParam<MatmulShape> {};
+
+// out[N, OC] = inp @ W^T with strided inp and out; the padding columns of out
+// keep their poison.
+TEST_P(CudaMatmul, Forward) {
+  KVS_REQUIRE_GPU();
+  const auto [N, C, OC, ld_in, ld_out] = GetParam();
+  const FVec inp = random_bf16_values(size_t(N) * ld_in, 11), W = random_bf16_values(size_t(OC) * C, 12);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_W(to_bf16(W)), d_out(size_t(N) * ld_out);
+  kc::Matmul mm;
+  mm.forward(d_out.get(), ld_out, d_inp.get(), ld_in, d_W.get(), N, C, OC, nullptr);
+  const std::vector<bf16> out = d_out.download();
+
+  const DVec x = unpad(inp, N, C, ld_in), w(W.begin(), W.end());
+  DVec want(size_t(N) * OC), mag(size_t(N) * OC);
+  kvs::cpu::matmul_forward<double>(want.data(), x.data(), w.data(), N, C, OC);
+  kvs::cpu::matmul_forward<double>(mag.data(), abs_of(x).data(), abs_of(w).data(), N, C, OC);
+  FVec got(size_t(N) * OC);
+  size_t padding_written = 0;
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) got[size_t(n) * OC + o] = __bfloat162float(out[size_t(n) * ld_out + o]);
+    for (int o = OC; o < ld_out; ++o) padding_written += bits(out[size_t(n) * ld_out + o]) != 0xFFFF;
+  }
+  EXPECT_TRUE(close_scaled(got, want, mag, 1.0 / 256, 1e-6, 4e-6));
+  EXPECT_EQ(padding_written, 0u) << "forward wrote outside out's first OC columns";
+}
+
+// dinp[N, C] (contiguous, overwritten) = dout @ W with strided dout.
+TEST_P(CudaMatmul, BackwardInput) {
+  KVS_REQUIRE_GPU();
+  const auto [N, C, OC, ld_in, ld_dout] = GetParam();
+  (void)ld_in;
+  const FVec dout = random_bf16_values(size_t(N) * ld_dout, 21), W = random_bf16_values(size_t(OC) * C, 22);
+  DeviceBuffer<bf16> d_dout(to_bf16(dout)), d_W(to_bf16(W)), d_dinp(size_t(N) * C);
+  kc::Matmul mm;
+  mm.backward_input(d_dinp.get(), d_dout.get(), ld_dout, d_W.get(), N, C, OC, nullptr);
+  const FVec got = to_f32(d_dinp.download());
+
+  const DVec dy = unpad(dout, N, OC, ld_dout), w(W.begin(), W.end());
+  DVec want(size_t(N) * C, 0.0), mag(size_t(N) * C, 0.0);
+  kvs::cpu::matmul_backward<double>(want.data(), nullptr, dy.data(), nullptr, w.data(), N, C, OC);
+  kvs::cpu::matmul_backward<double>(mag.data(), nullptr, abs_of(dy).data(), nullptr, abs_of(w).data(), N, C, OC);
+  EXPECT_TRUE(close_scaled(got, want, mag, 1.0 / 256, 1e-6, 4e-6));
+}
+
+// dW[OC, C] += dout^T @ inp: accumulates into a dW that already holds values,
+// with strided dout and inp.
+TEST_P(CudaMatmul, BackwardWeightAccumulates) {
+  KVS_REQUIRE_GPU();
+  const auto [N, C, OC, ld_in, ld_dout] = GetParam();
+  const FVec inp = random_bf16_values(size_t(N) * ld_in, 31), dout = random_bf16_values(size_t(N) * ld_dout, 32);
+  std::mt19937_64 g(33);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  FVec dW0(size_t(OC) * C);
+  for (auto& v : dW0) v = nd(g);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_dout(to_bf16(dout));
+  DeviceBuffer<float> d_dW(dW0);
+  kc::Matmul mm;
+  mm.backward_weight(d_dW.get(), d_dout.get(), ld_dout, d_inp.get(), ld_in, N, C, OC, nullptr);
+  const FVec got = d_dW.download();
+
+  const DVec x = unpad(inp, N, C, ld_in), dy = unpad(dout, N, OC, ld_dout);
+  DVec want(dW0.begin(), dW0.end()), mag = abs_of(want);
+  kvs::cpu::matmul_backward<double>(nullptr, want.data(), dy.data(), x.data(), nullptr, N, C, OC);
+  kvs::cpu::matmul_backward<double>(nullptr, mag.data(), abs_of(dy).data(), abs_of(x).data(), nullptr, N, C, OC);
+  EXPECT_TRUE(close_scaled(got, want, mag, 1e-6, 1e-6, 4e-6));
+}
+
+INSTANTIATE_TEST_SUITE_P(, CudaMatmul,
+                         ::testing::Values(MatmulShape{37, 48, 130, 48, 130},     // odd N and OC
+                                           MatmulShape{37, 48, 130, 56, 133},     // strided, odd ld_out
+                                           MatmulShape{1, 8, 1, 8, 1},            // degenerate
+                                           MatmulShape{64, 256, 96, 768, 96},     // inp read out of a wider row
+                                           MatmulShape{128, 512, 1024, 512, 3072},
+                                           MatmulShape{1000, 64, 192, 64, 192},   // long k in backward_weight
+                                           MatmulShape{17, 1000, 33, 1003, 40}));  // odd ld_in
+
+// The same call twice gives the same bits (cuBLAS is reproducible for a fixed
+// algorithm, workspace and stream; the reduction schemes allowed keep it so).
+TEST(CudaMatmulDeterminism, SameBitsTwice) {
+  KVS_REQUIRE_GPU();
+  const int N = 512, C = 768, OC = 2304;
+  const FVec inp = random_bf16_values(size_t(N) * C, 41), W = random_bf16_values(size_t(OC) * C, 42);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_W(to_bf16(W)), d_out(size_t(N) * OC);
+  DeviceBuffer<float> d_dW(size_t(OC) * C);
+  kc::Matmul mm;
+  std::vector<uint16_t> first_out;
+  FVec first_dW;
+  for (int rep = 0; rep < 2; ++rep) {
+    d_out.poison();
+    d_dW.zero();
+    mm.forward(d_out.get(), OC, d_inp.get(), C, d_W.get(), N, C, OC, nullptr);
+    mm.backward_weight(d_dW.get(), d_out.get(), OC, d_inp.get(), C, N, C, OC, nullptr);
+    std::vector<uint16_t> out_bits;
+    for (bf16 x : d_out.download()) out_bits.push_back(bits(x));
+    const FVec dW = d_dW.download();
+    if (rep == 0) {
+      first_out = out_bits;
+      first_dW = dW;
+    } else {
+      EXPECT_TRUE(out_bits == first_out);
+      EXPECT_EQ(std::memcmp(dW.data(), first_dW.data(), dW.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// Pointers that are only 2-byte aligned (a column offset of 1) get algorithms
+// chosen for that alignment (cached apart from the 16-byte ones) and must
+// still be right; the aligned call after them must not reuse their choice.
+TEST(CudaMatmulAlignment, MisalignedPointers) {
+  KVS_REQUIRE_GPU();
+  const int N = 40, C = 64, OC = 72, ld_in = 80, ld_out = 90;
+  const FVec inp = random_bf16_values(size_t(N) * ld_in + 1, 51), W = random_bf16_values(size_t(OC) * C, 52);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_W(to_bf16(W)), d_out(size_t(N) * ld_out + 1);
+  DeviceBuffer<float> d_dW(size_t(OC) * C);
+  d_dW.zero();
+  kc::Matmul mm;
+  mm.forward(d_out.get() + 1, ld_out, d_inp.get() + 1, ld_in, d_W.get(), N, C, OC, nullptr);
+  // dW += out^T @ inp, with both operands at the odd offset.
+  mm.backward_weight(d_dW.get(), d_out.get() + 1, ld_out, d_inp.get() + 1, ld_in, N, C, OC, nullptr);
+  const std::vector<bf16> out = d_out.download();
+  const FVec dW = d_dW.download();
+
+  const FVec inp_shifted(inp.begin() + 1, inp.end());
+  const DVec x = unpad(inp_shifted, N, C, ld_in), w(W.begin(), W.end());
+  DVec want(size_t(N) * OC), mag(size_t(N) * OC);
+  kvs::cpu::matmul_forward<double>(want.data(), x.data(), w.data(), N, C, OC);
+  kvs::cpu::matmul_forward<double>(mag.data(), abs_of(x).data(), abs_of(w).data(), N, C, OC);
+  FVec got(size_t(N) * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) got[size_t(n) * OC + o] = __bfloat162float(out[1 + size_t(n) * ld_out + o]);
+  EXPECT_TRUE(close_scaled(got, want, mag, 1.0 / 256, 1e-6, 4e-6));
+
+  // The weight gradient against the bf16 activations the GPU produced.
+  const DVec y(got.begin(), got.end());
+  DVec want_dW(size_t(OC) * C, 0.0), mag_dW(size_t(OC) * C, 0.0);
+  kvs::cpu::matmul_backward<double>(nullptr, want_dW.data(), y.data(), x.data(), nullptr, N, C, OC);
+  kvs::cpu::matmul_backward<double>(nullptr, mag_dW.data(), abs_of(y).data(), abs_of(x).data(), nullptr, N, C, OC);
+  EXPECT_TRUE(close_scaled(dW, want_dW, mag_dW, 1e-6, 1e-6, 4e-6));
+
+  // The same shape with aligned pointers (the misaligned choice is cached under
+  // its own key) gives the same products.
+  DeviceBuffer<bf16> d_inp_al(to_bf16(inp_shifted)), d_out_al(size_t(N) * ld_out);
+  mm.forward(d_out_al.get(), ld_out, d_inp_al.get(), ld_in, d_W.get(), N, C, OC, nullptr);
+  const std::vector<bf16> out_al = d_out_al.download();
+  FVec got_al(size_t(N) * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) got_al[size_t(n) * OC + o] = __bfloat162float(out_al[size_t(n) * ld_out + o]);
+  EXPECT_TRUE(close_scaled(got_al, want, mag, 1.0 / 256, 1e-6, 4e-6));
+}
+
+// Empty reductions: C = 0 makes forward write zeros; N = 0 leaves dW as it was.
+TEST(CudaMatmulEdge, EmptyReduction) {
+  KVS_REQUIRE_GPU();
+  const int N = 5, OC = 7, C = 3;
+  DeviceBuffer<bf16> d_out(size_t(N) * OC), d_dummy(8);
+  kc::Matmul mm;
+  mm.forward(d_out.get(), OC, d_dummy.get(), 1, d_dummy.get(), N, 0, OC, nullptr);
+  for (bf16 x : d_out.download()) EXPECT_EQ(__bfloat162float(x), 0.0f);
+  const FVec dW0 = random_bf16_values(size_t(OC) * C, 61);
+  DeviceBuffer<float> d_dW(dW0);
+  mm.backward_weight(d_dW.get(), d_dummy.get(), OC, d_dummy.get(), C, 0, C, OC, nullptr);
+  EXPECT_TRUE(d_dW.download() == dW0);
+}
+
+}  // namespace
+#endif  // KVS_CUDA

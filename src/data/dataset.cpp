@@ -13,11 +13,13 @@ namespace kvs {
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
                                       const std::string& config_dir) {
   if (!cfg.tokenizer.empty()) check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
-  if (cfg.type == "induction") return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
-  if (cfg.type == "ngram") return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);
-  if (cfg.type == "hopk") return std::make_unique<HopkDataset>(cfg.hopk, seq_len, vocab_size, seed);
-  if (cfg.type == "shards") return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
-  fail("data.type: unknown dataset type \"{}\" (expected \"induction\", \"ngram\", \"hopk\" or \"shards\")", cfg.type);
+  switch (cfg.type) {
+    case DatasetType::Induction: return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
+    case DatasetType::Ngram: return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);
+    case DatasetType::Hopk: return std::make_unique<HopkDataset>(cfg.hopk, seq_len, vocab_size, seed);
+    case DatasetType::Shards: return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
+  }
+  fail("data.type: {} is not a dataset type", static_cast<int>(cfg.type));  // only a cast integer gets here
 }
 
 }  // namespace kvs

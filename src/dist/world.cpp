@@ -9,20 +9,20 @@
 
 namespace kvs::dist {
 
-std::string world_backend(const LaunchInfo& l, const std::string& device) {
+std::string world_backend(const LaunchInfo& l, Device device) {
   if (l.launcher == "mpirun") return "mpi";
   if (l.world_size == 1) return "single";
   // torchrun with several ranks. The check needs only the environment and the
   // config, which every rank has, so every rank fails here at once on its own:
   // no rank is left waiting for another (no bootstrap needed to agree).
-  KVS_CHECK(device == "cuda",
+  KVS_CHECK(device == Device::Cuda,
             "rank {}/{}: torchrun started {} ranks on device \"{}\", but the CPU backend's collectives are MPI, which "
             "needs mpirun: launch CPU runs with `mpirun -np {} kvshift ...` (docs/LAUNCH.md)",
             l.rank, l.world_size, l.world_size, device, l.world_size);
   return "nccl";
 }
 
-std::unique_ptr<Communicator> make_world(const std::string& device) {
+std::unique_ptr<Communicator> make_world(Device device) {
   const LaunchInfo l = detect_launch();
   const std::string backend = world_backend(l, device);
   if (backend == "mpi") return make_mpi_world();

@@ -11,15 +11,16 @@
 
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "model/config_enums.h"
 
 namespace kvs::dist {
 
 // The backend make_world picks for this launch and device: "single", "mpi" or
 // "nccl"; throws the torchrun-on-CPU error (and nothing else happens first).
-std::string world_backend(const LaunchInfo& info, const std::string& device);
+std::string world_backend(const LaunchInfo& info, Device device);
 
-// `device` is the config's "cpu" or "cuda".
-std::unique_ptr<Communicator> make_world(const std::string& device);
+// `device` is the config's.
+std::unique_ptr<Communicator> make_world(Device device);
 
 // Stops every rank after a failure on this one (MPI_Abort under MPI; nothing
 // in a single process, where the caller just returns the error).

@@ -179,7 +179,7 @@ std::string export_hf(const ExportOptions& o) {
   out.commit();
   if (tok_dir.empty())  // after the commit, so that an error stays the only line of a failed run
     spdlog::warn("no tokenizer ({}): wrote no tokenizer files", no_tok_reason);
-  if (m.document_boundaries != "none")
+  if (m.document_boundaries != DocumentBoundaries::None)
     spdlog::warn("model.document_boundaries \"{}\" is a training option the export drops: transformers treats each "
                  "input as one document (the same logits for a sequence with BOS only at its start)",
                  m.document_boundaries);

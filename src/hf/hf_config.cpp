@@ -9,7 +9,7 @@ using nlohmann::json;
 bool needs_remote_code(const ModelConfig& m) {
   const auto& k = m.kv_shift;
   const bool shifted = k.enabled && (k.shift_k || k.shift_v || k.shift_q);
-  return shifted || m.position_encoding != "rope";
+  return shifted || m.position_encoding != PositionEncoding::Rope;
 }
 
 namespace {
@@ -94,7 +94,8 @@ ModelConfig import_config(const json& j, const std::string& origin) {
   m.initializer_range = get_or<double>(j, "initializer_range", 0.02, origin);
   m.kv_shift.enabled = false;
   if (type == "kvshift_llama") {
-    m.position_encoding = get_or<std::string>(j, "position_encoding", "rope", origin);
+    const std::string pe = get_or<std::string>(j, "position_encoding", "rope", origin);
+    m.position_encoding = parse_enum<PositionEncoding>(pe, origin, "position_encoding");
     if (j.contains("kv_shift") && j["kv_shift"].is_object()) {
       const json& k = j["kv_shift"];
       const std::string o = origin + ": kv_shift";
@@ -103,7 +104,8 @@ ModelConfig import_config(const json& j, const std::string& origin) {
       m.kv_shift.shift_k = get_or<bool>(k, "shift_k", true, o);
       m.kv_shift.shift_v = get_or<bool>(k, "shift_v", true, o);
       m.kv_shift.shift_q = get_or<bool>(k, "shift_q", false, o);
-      m.kv_shift.parametrization = get_or<std::string>(k, "parametrization", "free", o);
+      const std::string par = get_or<std::string>(k, "parametrization", "free", o);
+      m.kv_shift.parametrization = parse_enum<ShiftParametrization>(par, origin, "kv_shift.parametrization");
     }
   }
 

@@ -1,30 +1,33 @@
 // Experiment configuration: the JSON file a user writes, as C++ structs.
 // The `model` object uses Hugging Face LlamaConfig key names plus `kv_shift`.
 // Parsing is strict: unknown keys, wrong types and impossible shapes are
-// errors naming the key (see config.cpp and docs/CONFIG.md).
+// errors naming the key (see config.cpp and docs/CONFIG.md). Enum-valued keys
+// are the enums of config_enums.h, parsed once.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "model/config_enums.h"
+
 namespace kvs {
 
 struct KvShiftConfig {
   bool enabled = true;
   int window = 1;          // number of past positions mixed in (paper: 1)
-  bool shift_k = true;     // K-only / V-only variants (issue 3) toggle these
+  bool shift_k = true;     // shift the keys / the values (false: the K-only and V-only variants)
   bool shift_v = true;
   bool shift_q = false;    // QKV shifting (appendix J): q shifted too, per query head
   // How the stored shift tensors map to coefficients (section 4.6):
-  //   "free"         the stored [H, W+1] values are the coefficients (default)
-  //   "sigmoid_gate" window 1 only: column 1 holds a gate logit g, column 0 is
-  //                  unused (kept 0); cur = sigmoid(g), prev = 1 - sigmoid(g)
-  //   "clamp01"      free coefficients, projected onto [0, 1] after every
-  //                  optimizer step
-  std::string parametrization = "free";
+  //   Free         the stored [H, W+1] values are the coefficients (default)
+  //   SigmoidGate  window 1 only: column 1 holds a gate logit g, column 0 is
+  //                unused (kept 0); cur = sigmoid(g), prev = 1 - sigmoid(g)
+  //   Clamp01      free coefficients, projected onto [0, 1] after every
+  //                optimizer step
+  ShiftParametrization parametrization = ShiftParametrization::Free;
 
-  bool sigmoid_gate() const { return enabled && parametrization == "sigmoid_gate"; }
+  bool sigmoid_gate() const { return enabled && parametrization == ShiftParametrization::SigmoidGate; }
   bool operator==(const KvShiftConfig&) const = default;
 };
 
@@ -36,7 +39,7 @@ struct ModelConfig {
   int num_key_value_heads = 0;
   double rms_norm_eps = 1e-5;
   double rope_theta = 100000.0;
-  std::string position_encoding = "rope";  // "rope" | "none" (NoPE: the Theorem 2 setting, toy ablations)
+  PositionEncoding position_encoding = PositionEncoding::Rope;  // None: NoPE, the Theorem 2 setting (toy ablations)
   int vocab_size = 0;
   int max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -44,13 +47,13 @@ struct ModelConfig {
   KvShiftConfig kv_shift;
   // Packed documents (docs/DATA.md "Document boundaries"): a document starts
   // at each bos_token_id in the inputs (and at position 0).
-  //   "none"                every position sees the whole sequence (default)
-  //   "shift"               the KV shift restarts at each document: the rows
-  //                         before it count as the zeros before position 0, so
-  //                         K_{t-1}/V_{t-1} never leak across documents
-  //   "shift_and_attention" also causal attention within the document only
-  std::string document_boundaries = "none";
-  int bos_token_id = -1;  // -1: none (needed when document_boundaries is not "none")
+  //   None               every position sees the whole sequence (default)
+  //   Shift              the KV shift restarts at each document: the rows
+  //                      before it count as the zeros before position 0, so
+  //                      K_{t-1}/V_{t-1} never leak across documents
+  //   ShiftAndAttention  also causal attention within the document only
+  DocumentBoundaries document_boundaries = DocumentBoundaries::None;
+  int bos_token_id = -1;  // -1: none (needed unless document_boundaries is None)
 
   int head_dim() const { return hidden_size / num_attention_heads; }
   int q_dim() const { return num_attention_heads * head_dim(); }
@@ -97,7 +100,7 @@ struct HopkDataConfig {
 };
 
 struct DataConfig {
-  std::string type = "induction";  // "induction" | "ngram" | "hopk" | "shards"
+  DatasetType type = DatasetType::Induction;  // which of the sections below is used
   InductionDataConfig induction;
   NgramDataConfig ngram;
   HopkDataConfig hopk;
@@ -119,7 +122,7 @@ struct TrainConfig {
   double lr = 2e-4;
   double min_lr = 0.0;            // floor of the cosine schedule
   int warmup_steps = 1000;
-  std::string schedule = "constant";  // "constant" (paper) | "cosine"
+  LrSchedule schedule = LrSchedule::Constant;  // Constant: the paper's
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;         // global-norm clip; 0 disables
@@ -128,14 +131,14 @@ struct TrainConfig {
   int checkpoint_every = 0;       // steps; 0 = only at the end
   int log_every = 1;              // metrics.jsonl lines every N steps
   int threads = 0;                // OpenMP threads; 0 = all cores
-  std::string recompute = "none";  // CUDA activation recomputation: "none" | "attention" | "full"
-  std::string attention_backend = "flash";  // CUDA attention: "flash" (ours) | "cudnn" (cuDNN fused SDPA)
+  Recompute recompute = Recompute::None;                   // CUDA activation recomputation
+  AttentionImpl attention_backend = AttentionImpl::Flash;  // CUDA attention: Flash (ours) or Cudnn (cuDNN fused SDPA)
 
   bool operator==(const TrainConfig&) const = default;
 };
 
 struct ParallelConfig {
-  int tp = 1;  // tensor-parallel size (multi-process: issue 5)
+  int tp = 1;  // tensor-parallel size (processes = dp x tp)
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -145,9 +148,9 @@ struct Config {
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
-  std::string device = "cpu";  // "cpu" | "cuda"
-  std::string name;            // free-form run name
-  std::string source_path;     // file it was read from ("" if built in code)
+  Device device = Device::Cpu;  // Cpu: the fp32 reference; Cuda: bf16 with fp32 master weights
+  std::string name;             // free-form run name
+  std::string source_path;      // file it was read from ("" if built in code)
 
   int global_batch_sequences() const { return train.micro_batch_size * train.grad_accum_steps; }
   // Field-wise equality, source_path included (compare a copy with it cleared to ignore it).

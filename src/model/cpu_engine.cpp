@@ -139,7 +139,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   opt_end_ = layout_.total;
   acts_.assign(plan_.total, 0.0f);
   argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
-  if (m_.document_boundaries != "none") doc_start_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
+  if (m_.document_boundaries != DocumentBoundaries::None) doc_start_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
   cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
@@ -177,7 +177,7 @@ BlockContext CpuEngine::block_context(int B, int T) const {
   c.T = T;
   c.d = d_;
   c.window = m_.kv_shift.window;
-  c.rope = m_.position_encoding == "rope";  // "none": q and k-hat enter attention unrotated
+  c.rope = m_.position_encoding == PositionEncoding::Rope;  // else q and k-hat enter attention unrotated
   c.sigmoid_gate = m_.kv_shift.sigmoid_gate();
   c.eps = m_.rms_norm_eps;
   c.rope_cos = acts_.data() + plan_.rope_cos;
@@ -257,7 +257,7 @@ double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, 
 }
 
 void CpuEngine::find_documents(const Batch& b) {
-  if (m_.document_boundaries == "none") return;
+  if (m_.document_boundaries == DocumentBoundaries::None) return;
   for (int i = 0; i < b.B; ++i) {
     int start = 0;
     for (int t = 0; t < b.T; ++t) {
@@ -269,11 +269,11 @@ void CpuEngine::find_documents(const Batch& b) {
 }
 
 const int32_t* CpuEngine::shift_doc_start() const {
-  return m_.document_boundaries == "none" ? nullptr : doc_start_.data();
+  return m_.document_boundaries == DocumentBoundaries::None ? nullptr : doc_start_.data();
 }
 
 const int32_t* CpuEngine::attention_doc_start() const {
-  return m_.document_boundaries == "shift_and_attention" ? doc_start_.data() : nullptr;
+  return m_.document_boundaries == DocumentBoundaries::ShiftAndAttention ? doc_start_.data() : nullptr;
 }
 
 void CpuEngine::cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale) {
@@ -347,7 +347,7 @@ void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end)
     // update. A clamp inside the forward would give the same values but a zero
     // gradient outside the box, so a coefficient that left it could never
     // come back; the projection keeps the forward in [0, 1] and keeps learning.
-    if (t.kind == ParamKind::Shift && m_.kv_shift.parametrization == "clamp01")
+    if (t.kind == ParamKind::Shift && m_.kv_shift.parametrization == ShiftParametrization::Clamp01)
       for (ptrdiff_t i = 0; i < n; ++i) p[i] = std::clamp(p[i], 0.0f, 1.0f);
   }
 }

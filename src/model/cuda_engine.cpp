@@ -40,10 +40,8 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
-                         const std::string& recompute) {
+                         Recompute recompute) {
   CudaPlan p;
-  KVS_CHECK(recompute == "none" || recompute == "attention" || recompute == "full",
-            "train.recompute: unknown level '{}'", recompute);
   const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = d.C;
   const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
   const size_t Hq = d.Hq, Hkv = d.Hkv, D = d.D;
@@ -69,8 +67,8 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   p.ffn_stride = align256(N * F * h2);
   p.rstd_stride = align256(N * f4);
   p.lse_stride = align256(static_cast<size_t>(B) * Hq * T * f4);
-  p.attn_slots = recompute == "none" ? static_cast<int>(L) : 1;
-  p.rest_slots = recompute == "full" ? 1 : static_cast<int>(L);
+  p.attn_slots = recompute == Recompute::None ? static_cast<int>(L) : 1;
+  p.rest_slots = recompute == Recompute::Full ? 1 : static_cast<int>(L);
   const size_t A = p.attn_slots, R = p.rest_slots;
   p.resid = take((L + 1) * p.resid_stride);  // layer inputs: always kept
   p.res_mid = take(R * p.resid_stride);
@@ -159,8 +157,8 @@ CudaLayerActs CudaPlan::layer(char* base, int l) const {
   return x;
 }
 
-CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, const std::string& recompute,
-                       const std::string& attention_backend, TensorParallel tp)
+CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, Recompute recompute,
+                       AttentionImpl attention_backend, TensorParallel tp)
     : m_(m),
       tp_(tp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
@@ -178,12 +176,12 @@ CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int
   }
 }
 
-void CudaEngine::init(int device, const std::string& attention_backend) {
+void CudaEngine::init(int device, AttentionImpl attention_backend) {
   KVS_CHECK(max_B_ >= 1 && max_T_ >= 1, "engine: batch and sequence length must be positive");
   KVS_CHECK(tp_.size == 1 || (tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank),
             "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp_.rank, tp_.size);
   check_tensor_parallel(m_, tp_.size, "engine");
-  KVS_CHECK(m_.document_boundaries == "none",
+  KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None,
             "device 'cuda': model.document_boundaries \"{}\" is not supported by the CUDA kernels (CPU only)",
             m_.document_boundaries);
   const int D = m_.head_dim();
@@ -276,7 +274,7 @@ void CudaEngine::init(int device, const std::string& attention_backend) {
 
   // AdamW chunk table: every chunk inside one tensor, with its flags.
   std::vector<cuda::AdamWChunk> chunks;
-  const bool clamp = m_.kv_shift.enabled && m_.kv_shift.parametrization == "clamp01";
+  const bool clamp = m_.kv_shift.enabled && m_.kv_shift.parametrization == ShiftParametrization::Clamp01;
   for (const ParamTensor& t : layout_.tensors) {
     uint32_t flags = t.decay() ? cuda::kAdamWDecay : 0u;
     if (t.kind == ParamKind::Shift && clamp) flags |= cuda::kAdamWClamp01;
@@ -421,7 +419,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
-  const bool rope = m_.position_encoding == "rope";
+  const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
   bf16* proj = at<bf16>(p.proj);
@@ -535,7 +533,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
   float* G = at<float>(p.grads);
-  const bool rope = m_.position_encoding == "rope";
+  const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const bool gated = m_.kv_shift.sigmoid_gate();
   const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;

@@ -88,14 +88,14 @@ struct CudaPlan {
 
   // d: this rank's sizes (the whole model at tp = 1); tp: the group size.
   static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
-                        const std::string& recompute = "none");
+                        Recompute recompute = Recompute::None);
 };
 
 class CudaEngine : public Engine {
  public:
   // attention_backend (train.attention_backend): "flash" or "cudnn" (attention_backend.h).
   CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
-             const std::string& recompute = "none", const std::string& attention_backend = "flash",
+             Recompute recompute = Recompute::None, AttentionImpl attention_backend = AttentionImpl::Flash,
              TensorParallel tp = {});
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
@@ -145,7 +145,7 @@ class CudaEngine : public Engine {
   // timeout when tensor-parallel all-reduces may be on it (CudaTpRegion::wait).
   void sync(const char* what) const;
   // The constructor's work, and what undoes it (also after a partial init).
-  void init(int device, const std::string& attention_backend);
+  void init(int device, AttentionImpl attention_backend);
   void release();
   void upload_batch(const Batch& b, bool with_targets);
   // The masked loss (and dlogits over the logits when grad_scale is given,
@@ -178,7 +178,7 @@ class CudaEngine : public Engine {
   LocalDims d_;  // this rank's sizes (LocalDims::of; the whole model at tp = 1)
   ParamLayout layout_;
   int max_B_, max_T_;
-  std::string recompute_;
+  Recompute recompute_;
   CudaPlan plan_;
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;

@@ -37,28 +37,23 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
   }
 }
 
-std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
-                                    const std::string& recompute, TensorParallel tp,
-                                    const std::string& attention_backend) {
-  if (device == "cpu") {
-    KVS_CHECK(attention_backend == "flash", "train.attention_backend: \"{}\" needs device \"cuda\"",
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
+                                    Recompute recompute, TensorParallel tp, AttentionImpl attention_backend) {
+  if (device == Device::Cpu) {
+    KVS_CHECK(attention_backend == AttentionImpl::Flash, "train.attention_backend: \"{}\" needs device \"cuda\"",
               attention_backend);
     return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp);
   }
-  if (device == "cuda") {
 #ifdef KVS_CUDA
-    std::string why;
-    if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
-    // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
-    const int gpu = dist::select_device(dist::detect_launch());
-    return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp);
+  std::string why;
+  if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
+  // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
+  const int gpu = dist::select_device(dist::detect_launch());
+  return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp);
 #else
-    (void)recompute;
-    (void)attention_backend;
-    fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
+  (void)recompute;
+  fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
 #endif
-  }
-  fail("unknown device '{}' (expected 'cpu' or 'cuda')", device);
 }
 
 }  // namespace kvs

@@ -98,16 +98,16 @@ class Engine {
 // data); throws kvs::Error naming the first bad token and its position.
 void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max_seq_len);
 
-// Builds the engine for `device` ("cpu" or "cuda"), sized for micro-batches of
+// Builds the engine for `device`, sized for micro-batches of
 // up to max_batch sequences of up to max_seq_len tokens. All memory is
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device
 // this build or machine does not have. `recompute` (train.recompute) selects
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
 // `tp` makes the engine one tensor-parallel rank's slice of the model.
 // `attention_backend` (train.attention_backend) picks the CUDA engine's
-// attention: "flash" (ours) or "cudnn" (cuDNN SDPA); the CPU engine takes only "flash".
-std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, const std::string& device,
-                                    const std::string& recompute = "none", TensorParallel tp = {},
-                                    const std::string& attention_backend = "flash");
+// attention: Flash (ours) or Cudnn (cuDNN SDPA); the CPU engine takes only Flash.
+std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
+                                    Recompute recompute = Recompute::None, TensorParallel tp = {},
+                                    AttentionImpl attention_backend = AttentionImpl::Flash);
 
 }  // namespace kvs

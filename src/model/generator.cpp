@@ -28,8 +28,6 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   KVS_CHECK(max_len >= 1 && max_len <= m.max_position_embeddings,
             "generate: {} positions requested, the model's max_position_embeddings is {}", max_len,
             m.max_position_embeddings);
-  KVS_CHECK(m.position_encoding == "rope" || m.position_encoding == "none", "generate: unknown position_encoding '{}'",
-            m.position_encoding);
   KVS_CHECK(opt.prefill_chunk >= 1, "generate: prefill_chunk {} must be >= 1", opt.prefill_chunk);
   P_ = bind_params(layout_, m_, params_.data());
   // The cache bugs are bugs of a token-by-token cache: keep them that way.
@@ -66,7 +64,7 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
     if (w.v_shift) c.vwin.assign((W + chunk_) * KD, 0.0f);
     if (w.q_shift) c.qwin.assign((W + chunk_) * QD, 0.0f);
   }
-  if (m.position_encoding == "rope") {
+  if (m.position_encoding == PositionEncoding::Rope) {
     rope_cos_.assign(static_cast<size_t>(max_len) * D / 2, 0.0f);
     rope_sin_.assign(static_cast<size_t>(max_len) * D / 2, 0.0f);
     cpu::rope_tables(rope_cos_.data(), rope_sin_.data(), max_len, D, m.rope_theta);
@@ -104,7 +102,7 @@ void Generator::shift_block(std::vector<float>& win, const float* coef, int H, i
   float* fresh = win.data() + W * row;  // the n new raw rows
   // Rows 0..W-1 only feed the new rows; their own outputs (which would see
   // zeros before them) are discarded.
-  const bool docs = m_.document_boundaries != "none";
+  const bool docs = m_.document_boundaries != DocumentBoundaries::None;
   cpu::kv_shift_forward(shift_out_.data(), win.data(), coef, 1, W + n, H, D, W, docs ? win_doc_.data() : nullptr);
   std::copy(shift_out_.data() + W * row, shift_out_.data() + (W + n) * row, out);
   if (opt_.history == ShiftHistory::Mixed) std::copy(out, out + n * row, fresh);
@@ -170,7 +168,7 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
   const int Hq = m_.num_attention_heads, Hkv = m_.num_key_value_heads, D = m_.head_dim();
   const int QD = m_.q_dim(), KD = m_.kv_dim(), W = m_.kv_shift.window;
   const size_t nC = static_cast<size_t>(n) * C, nF = static_cast<size_t>(n) * F;
-  const bool rope = m_.position_encoding == "rope";
+  const bool rope = m_.position_encoding == PositionEncoding::Rope;
   // Tables row t is position t: the block's rows start at its first position.
   const float* cos = rope ? rope_cos_.data() + static_cast<size_t>(t) * (D / 2) : nullptr;
   const float* sin = rope ? rope_sin_.data() + static_cast<size_t>(t) * (D / 2) : nullptr;
@@ -179,7 +177,7 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
   float* q = q_.data();
 
   // Documents (model.document_boundaries): a BOS starts one at its own position.
-  if (m_.document_boundaries != "none") {
+  if (m_.document_boundaries != DocumentBoundaries::None) {
     for (int i = 0; i < n; ++i) {
       if (tokens[i] == m_.bos_token_id) doc_start_ = t + i;
       doc_[i] = doc_start_;
@@ -188,7 +186,7 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
     for (int r = 0; r < W; ++r) win_doc_[r] = r;  // the past rows' own outputs are discarded
     for (int i = 0; i < n; ++i) win_doc_[W + i] = std::max(0, doc_[i] - (t - W));
   }
-  const bool doc_attention = m_.document_boundaries == "shift_and_attention";
+  const bool doc_attention = m_.document_boundaries == DocumentBoundaries::ShiftAndAttention;
 
   cpu::embedding_forward(x, tokens, P_.embed, n, C);
   for (int l = 0; l < m_.num_hidden_layers; ++l) {

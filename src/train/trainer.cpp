@@ -85,7 +85,7 @@ std::vector<float> initial_weights_from(const std::string& dir, const ModelConfi
   const LoadedCheckpoint ck = read_checkpoint(dir);
   auto architecture = [](ModelConfig m) {
     m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
-    m.document_boundaries = "none";
+    m.document_boundaries = DocumentBoundaries::None;
     m.bos_token_id = -1;
     return model_to_hf_json(m);
   };

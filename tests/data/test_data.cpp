@@ -218,8 +218,8 @@ TEST(DataInduction, MakeDatasetAndDescribe) {
   EXPECT_TRUE(ds->reports_accuracy());
   EXPECT_EQ(ds->size(Split::Train), UINT64_MAX);
   EXPECT_EQ(ds->describe(), "induction: tokens [11, 200), pool 32");
-  d.type = "bogus";
-  EXPECT_KVS_ERROR(make_dataset(d, 32, 256, 1, ""), "data.type", "bogus");
+  // An unknown type is stopped where data.type is read.
+  EXPECT_KVS_ERROR(kvs::parse_enum<kvs::DatasetType>("bogus", "c.json", "data.type"), "data.type", "bogus");
 }
 
 // ---------------------------------------------------------------- ngram
@@ -434,16 +434,16 @@ TEST(DataHopk, InvalidConfigsNameTheKey) {
 
 TEST(DataTasks, MakeDatasetPicksNgramAndHopk) {
   DataConfig d;
-  d.type = "ngram";
+  d.type = kvs::DatasetType::Ngram;
   d.ngram = ngram_cfg();
   auto n = make_dataset(d, 32, 128, 1, "");
   EXPECT_EQ(n->accuracy_name(), "3-gram");
   EXPECT_EQ(n->describe(), "ngram: 3-gram table of 50 pairs over tokens [11, 60), table_seed 7");
-  d.type = "hopk";
+  d.type = kvs::DatasetType::Hopk;
   d.hopk = hopk_cfg(3);
   auto h = make_dataset(d, 32, 128, 1, "");
   EXPECT_EQ(h->accuracy_name(), "hop-k");
-  d.type = "induction";
+  d.type = kvs::DatasetType::Induction;
   d.induction = small_cfg();
   EXPECT_EQ(make_dataset(d, 32, 256, 1, "")->accuracy_name(), "induction");
 }
@@ -695,7 +695,7 @@ TEST(DataShardDataset, Errors) {
   EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "3 validation tokens");
 
   DataConfig d;
-  d.type = "shards";
+  d.type = kvs::DatasetType::Shards;
   d.shards.train = {"bad.bin"};
   d.shards.val_fraction = 0;
   auto made = make_dataset(d, 10, 256, 1, dir);

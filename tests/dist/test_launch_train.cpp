@@ -59,13 +59,13 @@ CommandResult finish(FILE* p) {
 }
 
 TEST(LaunchWorld, BackendForEachLauncherAndDevice) {
-  for (const char* dev : {"cpu", "cuda"}) {
+  for (kvs::Device dev : {kvs::Device::Cpu, kvs::Device::Cuda}) {
     EXPECT_EQ(world_backend(LaunchInfo{}, dev), "single");
     EXPECT_EQ(world_backend(launch("mpirun", 1, 4), dev), "mpi");
     EXPECT_EQ(world_backend(launch("torchrun", 0, 1), dev), "single");  // a torchrun world of one
   }
-  EXPECT_EQ(world_backend(launch("torchrun", 1, 2), "cuda"), "nccl");
-  EXPECT_KVS_ERROR(world_backend(launch("torchrun", 1, 4), "cpu"), "rank 1/4", "torchrun started 4 ranks",
+  EXPECT_EQ(world_backend(launch("torchrun", 1, 2), kvs::Device::Cuda), "nccl");
+  EXPECT_KVS_ERROR(world_backend(launch("torchrun", 1, 4), kvs::Device::Cpu), "rank 1/4", "torchrun started 4 ranks",
                    "device \"cpu\"", "mpirun -np 4");
 }
 

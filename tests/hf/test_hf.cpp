@@ -51,7 +51,7 @@ TEST(HfConfig, ShiftedNeedsRemoteCode) {
   EXPECT_EQ(j["torch_dtype"], "bfloat16");
   // NoPE is not a plain Llama either, shift or not.
   kvs::ModelConfig nope = small_model(false);
-  nope.position_encoding = "none";
+  nope.position_encoding = kvs::PositionEncoding::None;
   EXPECT_TRUE(kvs::hf::needs_remote_code(nope));
 }
 
@@ -60,7 +60,7 @@ TEST(HfConfig, ImportOfExportIsIdentity) {
     kvs::ModelConfig m = small_model(shift);
     m.tie_word_embeddings = shift;
     m.rope_theta = 500000.0;
-    if (shift) m.kv_shift.parametrization = "sigmoid_gate";
+    if (shift) m.kv_shift.parametrization = kvs::ShiftParametrization::SigmoidGate;
     EXPECT_EQ(kvs::hf::import_config(kvs::hf::export_config(m, "float32", {}), "c.json"), m);
   }
 }

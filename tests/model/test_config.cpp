@@ -14,6 +14,14 @@
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using kvs::AttentionImpl;
+using kvs::DatasetType;
+using kvs::Device;
+using kvs::DocumentBoundaries;
+using kvs::LrSchedule;
+using kvs::PositionEncoding;
+using kvs::Recompute;
+using kvs::ShiftParametrization;
 
 namespace {
 
@@ -91,7 +99,7 @@ TEST(Config, EveryShippedFileLoadsAndValidates) {
     json j = json::parse(in);
     json full = kvs::to_json(c);
     for (const char* section : {"induction", "ngram", "hopk", "shards"})
-      if (c.data.type != section) full["data"].erase(section);
+      if (kvs::to_string(c.data.type) != section) full["data"].erase(section);
     EXPECT_EQ(j, full) << "not every key is written out in " << f;
   }
   for (const char* name : {"paper/1.5B-vanilla", "paper/1.5B-kvshift", "paper/2.9B-vanilla", "paper/2.9B-kvshift",
@@ -123,7 +131,7 @@ TEST(Config, ShippedPairsDifferOnlyInTheShift) {
 
 TEST(Config, ToyConfigsMatchTheBrief) {
   auto c = kvs::load_config(kRoot + "/configs/toy/induction-1l-kvshift.json");
-  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.device, Device::Cpu);
   EXPECT_EQ(c.model.num_hidden_layers, 1);
   EXPECT_EQ(c.model.hidden_size, 64);
   EXPECT_EQ(c.model.intermediate_size, 256);
@@ -131,7 +139,7 @@ TEST(Config, ToyConfigsMatchTheBrief) {
   EXPECT_EQ(c.model.num_key_value_heads, 4);
   EXPECT_EQ(c.model.vocab_size, 128);
   EXPECT_EQ(c.model.max_position_embeddings, 128);
-  EXPECT_EQ(c.data.type, "induction");
+  EXPECT_EQ(c.data.type, DatasetType::Induction);
   EXPECT_EQ(c.data.induction.token_lo, 11);
   EXPECT_EQ(c.data.induction.token_hi, 128);
   EXPECT_EQ(c.data.induction.pool_size, 32);
@@ -149,9 +157,9 @@ TEST(Config, ToyConfigsMatchTheBrief) {
   EXPECT_EQ(l.model.num_key_value_heads, 2);
   EXPECT_EQ(l.model.intermediate_size, 688);
   EXPECT_EQ(l.train.seq_len, 256);
-  EXPECT_EQ(l.train.schedule, "cosine");
+  EXPECT_EQ(l.train.schedule, LrSchedule::Cosine);
   EXPECT_DOUBLE_EQ(l.train.min_lr, 1e-4);
-  EXPECT_EQ(l.data.type, "shards");
+  EXPECT_EQ(l.data.type, DatasetType::Shards);
   EXPECT_EQ(l.data.shards.train, std::vector<std::string>{"../../data/bytes/train_*.bin"});
   EXPECT_EQ(l.data.shards.val, std::vector<std::string>{"../../data/bytes/val_*.bin"});
 }
@@ -197,15 +205,15 @@ TEST(Config, PaperConfigsMatchTable6) {
       EXPECT_EQ(t.grad_accum_steps, r.gpus);
       EXPECT_DOUBLE_EQ(t.lr, r.lr);
       EXPECT_EQ(t.warmup_steps, r.warmup);
-      EXPECT_EQ(t.schedule, "constant");
+      EXPECT_EQ(t.schedule, LrSchedule::Constant);
       EXPECT_DOUBLE_EQ(t.beta1, 0.9);
       EXPECT_DOUBLE_EQ(t.beta2, 0.95);
       EXPECT_DOUBLE_EQ(t.weight_decay, 0.1);
       const double tokens_per_step = double(c.global_batch_sequences()) * t.seq_len;
       EXPECT_EQ(t.steps, static_cast<int>(std::ceil(r.tokens / tokens_per_step)));
       EXPECT_EQ(t.steps, expected_steps[i]);
-      EXPECT_EQ(c.device, "cuda");
-      EXPECT_EQ(c.data.type, "shards");
+      EXPECT_EQ(c.device, Device::Cuda);
+      EXPECT_EQ(c.data.type, DatasetType::Shards);
       EXPECT_EQ(c.data.shards.train, std::vector<std::string>{"../../data/corpus/train_*.bin"});
     }
   }
@@ -238,9 +246,9 @@ TEST(Config, DefaultsFillMissingKeys) {
   EXPECT_EQ(c.model.num_key_value_heads, c.model.num_attention_heads);
   EXPECT_DOUBLE_EQ(c.model.rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(c.model.rope_theta, 100000.0);
-  EXPECT_EQ(c.model.position_encoding, "rope");
+  EXPECT_EQ(c.model.position_encoding, PositionEncoding::Rope);
   EXPECT_EQ(c.parallel.tp, 1);
-  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.device, Device::Cpu);
   EXPECT_EQ(c.name, "");
   // A missing kv_shift object takes the struct defaults (enabled) in a run config.
   j = base_json();
@@ -252,7 +260,7 @@ TEST(Config, DefaultsFillMissingKeys) {
   j["model"]["kv_shift"].erase("parametrization");
   auto ks = kvs::config_from_json(j, kOrigin).model.kv_shift;
   EXPECT_FALSE(ks.shift_q);
-  EXPECT_EQ(ks.parametrization, "free");
+  EXPECT_EQ(ks.parametrization, ShiftParametrization::Free);
 }
 
 TEST(Config, RequiredModelKeys) {
@@ -365,6 +373,66 @@ TEST(Config, IntegralFloatsAreIntegers) {
   EXPECT_DOUBLE_EQ(kvs::config_from_json(j, kOrigin).train.lr, 1.0);
 }
 
+// Each enum's name table is the one list of its names: parsing, printing and
+// JSON all use it.
+template <class E>
+void expect_names_round_trip(const std::vector<std::string>& names) {
+  const auto table = enum_names(E{});
+  ASSERT_EQ(table.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const E e = table[i].value;
+    EXPECT_EQ(static_cast<size_t>(e), i) << names[i];  // every enumerator, in declaration order
+    EXPECT_EQ(kvs::to_string(e), names[i]);
+    EXPECT_EQ(kvs::enum_from_string<E>(names[i]), e);
+    EXPECT_EQ(fmt::format("{}", e), names[i]);
+    EXPECT_EQ(json(e), json(names[i]));
+  }
+  EXPECT_EQ(kvs::enum_from_string<E>("nonsense"), std::nullopt);
+}
+
+TEST(Config, EnumNamesRoundTrip) {
+  expect_names_round_trip<Device>({"cpu", "cuda"});
+  expect_names_round_trip<PositionEncoding>({"rope", "none"});
+  expect_names_round_trip<ShiftParametrization>({"free", "sigmoid_gate", "clamp01"});
+  expect_names_round_trip<DocumentBoundaries>({"none", "shift", "shift_and_attention"});
+  expect_names_round_trip<DatasetType>({"induction", "ngram", "hopk", "shards"});
+  expect_names_round_trip<LrSchedule>({"constant", "cosine"});
+  expect_names_round_trip<Recompute>({"none", "attention", "full"});
+  expect_names_round_trip<AttentionImpl>({"flash", "cudnn"});
+  EXPECT_EQ(kvs::enum_choices<Recompute>(), "\"none\", \"attention\" or \"full\"");
+  EXPECT_EQ(kvs::enum_choices<Device>('\''), "'cpu' or 'cuda'");
+}
+
+// An enum-valued key is checked where it is read: the message names the key,
+// every allowed value and the value given.
+TEST(Config, EnumValuesAreCheckedWhenRead) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  std::vector<Case> cases = {
+      {[](json& j) { j["device"] = "tpu"; }, {"device: must be \"cpu\" or \"cuda\", got \"tpu\""}},
+      {[](json& j) { j["model"]["position_encoding"] = "alibi"; },
+       {"model.position_encoding: must be \"rope\" or \"none\", got \"alibi\""}},
+      {[](json& j) { j["model"]["position_encoding"] = "NONE"; }, {"model.position_encoding"}},
+      {[](json& j) { j["model"]["kv_shift"]["parametrization"] = "sigmoid"; },
+       {"model.kv_shift.parametrization: must be \"free\", \"sigmoid_gate\" or \"clamp01\", got \"sigmoid\""}},
+      {[](json& j) { j["train"]["schedule"] = "linear"; }, {"train.schedule", "linear"}},
+      {[](json& j) { j["data"]["type"] = "text"; }, {"data.type", "text"}},
+      {[](json& j) { j["train"]["recompute"] = "layers"; }, {"train.recompute", "\"layers\""}},
+      {[](json& j) { j["train"]["attention_backend"] = "xformers"; }, {"train.attention_backend", "\"xformers\""}},
+      {[](json& j) { j["model"]["document_boundaries"] = "docs"; }, {"model.document_boundaries", "\"docs\""}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    json j = base_json();
+    cases[i].edit(j);
+    auto needles = cases[i].needles;
+    needles.push_back(kOrigin);
+    expect_error([&] { kvs::config_from_json(j, kOrigin); }, needles);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Validation: every rule names its key and the file.
 // ---------------------------------------------------------------------------
@@ -378,7 +446,6 @@ TEST(Config, ValidationRulesNameTheKey) {
     std::vector<std::string> needles;
   };
   std::vector<Case> cases = {
-      {[](C& c) { c.device = "tpu"; }, {"device"}},
       {[](C& c) { c.model.hidden_size = 0; }, {"model.hidden_size"}},
       {[](C& c) { c.model.intermediate_size = -1; }, {"model.intermediate_size"}},
       {[](C& c) { c.model.num_hidden_layers = 0; }, {"model.num_hidden_layers"}},
@@ -398,12 +465,7 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"model.kv_shift.window: training supports windows 1 to 3", "got 4"}},
       {[](C& c) { c.model.kv_shift.window = 9; }, {"model.kv_shift.window", "[1, 8]"}},
       {[](C& c) { c.model.kv_shift.window = 0; }, {"model.kv_shift.window"}},
-      {[](C& c) { c.model.position_encoding = "alibi"; },
-       {"model.position_encoding: must be \"rope\" or \"none\", got \"alibi\""}},
-      {[](C& c) { c.model.position_encoding = "NONE"; }, {"model.position_encoding"}},
-      {[](C& c) { c.model.kv_shift.parametrization = "sigmoid"; },
-       {"model.kv_shift.parametrization: must be \"free\", \"sigmoid_gate\" or \"clamp01\", got \"sigmoid\""}},
-      {[](C& c) { c.model.kv_shift.parametrization = "sigmoid_gate"; c.model.kv_shift.window = 2; },
+      {[](C& c) { c.model.kv_shift.parametrization = ShiftParametrization::SigmoidGate; c.model.kv_shift.window = 2; },
        {"model.kv_shift.parametrization", "sigmoid_gate", "window 1", "got window 2"}},
       {[](C& c) { c.train.seq_len = 129; }, {"train.seq_len", "model.max_position_embeddings"}},
       {[](C& c) { c.train.seq_len = 0; }, {"train.seq_len"}},
@@ -414,7 +476,6 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.train.min_lr = -1e-5; }, {"train.min_lr"}},
       {[](C& c) { c.train.min_lr = 2 * c.train.lr; }, {"train.min_lr"}},
       {[](C& c) { c.train.warmup_steps = -1; }, {"train.warmup_steps"}},
-      {[](C& c) { c.train.schedule = "linear"; }, {"train.schedule", "linear"}},
       {[](C& c) { c.train.beta1 = 1.0; }, {"train.beta1"}},
       {[](C& c) { c.train.beta1 = -0.1; }, {"train.beta1"}},
       {[](C& c) { c.train.beta2 = 1.0; }, {"train.beta2"}},
@@ -426,7 +487,6 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.train.log_every = 0; }, {"train.log_every"}},
       {[](C& c) { c.train.eval_sequences = 0; }, {"train.eval_sequences"}},
       {[](C& c) { c.train.threads = -1; }, {"train.threads"}},
-      {[](C& c) { c.data.type = "text"; }, {"data.type", "text"}},
       {[](C& c) { c.data.induction.token_lo = -1; }, {"data.induction.token_lo"}},
       {[](C& c) { c.data.induction.token_hi = 11; }, {"data.induction.token_hi"}},
       {[](C& c) { c.data.induction.token_hi = 129; }, {"data.induction.token_hi", "model.vocab_size"}},
@@ -437,34 +497,40 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.data.induction.pad_token = 127; }, {"data.induction.pad_token"}},
       {[](C& c) { c.data.induction.pad_token = 128; c.data.induction.token_hi = 100; }, {"data.induction.pad_token"}},
       {[](C& c) { c.data.induction.pad_token = -1; }, {"data.induction.pad_token"}},
-      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_lo = -1; }, {"data.ngram.token_lo"}},
-      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 11; }, {"data.ngram.token_hi"}},
-      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 129; }, {"data.ngram.token_hi", "model.vocab_size"}},
-      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 128; c.data.ngram.num_pairs = 0; },
+      {[](C& c) { c.data.type = DatasetType::Ngram; c.data.ngram.token_lo = -1; }, {"data.ngram.token_lo"}},
+      {[](C& c) { c.data.type = DatasetType::Ngram; c.data.ngram.token_hi = 11; }, {"data.ngram.token_hi"}},
+      {[](C& c) { c.data.type = DatasetType::Ngram; c.data.ngram.token_hi = 129; },
+       {"data.ngram.token_hi", "model.vocab_size"}},
+      {[](C& c) { c.data.type = DatasetType::Ngram; c.data.ngram.token_hi = 128; c.data.ngram.num_pairs = 0; },
        {"data.ngram.num_pairs"}},
-      {[](C& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 21; c.data.ngram.num_pairs = 101; },
+      {[](C& c) { c.data.type = DatasetType::Ngram; c.data.ngram.token_hi = 21; c.data.ngram.num_pairs = 101; },
        {"data.ngram.num_pairs", "100"}},
-      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_lo = -1; }, {"data.hopk.token_lo"}},
-      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 12; }, {"data.hopk.token_hi"}},
-      {[](C& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 129; }, {"data.hopk.token_hi", "model.vocab_size"}},
-      {[](C& c) { c.data.type = "hopk"; c.data.hopk.k = 0; }, {"data.hopk.k"}},
-      {[](C& c) { c.data.type = "hopk"; c.data.hopk.k = c.train.seq_len - 1; }, {"data.hopk.k", "train.seq_len"}},
-      {[](C& c) { c.data.type = "shards"; }, {"data.shards.train"}},
-      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {""}; }, {"data.shards.train[0]"}},
-      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {"a"}; c.data.shards.val_fraction = 1.0; },
+      {[](C& c) { c.data.type = DatasetType::Hopk; c.data.hopk.token_lo = -1; }, {"data.hopk.token_lo"}},
+      {[](C& c) { c.data.type = DatasetType::Hopk; c.data.hopk.token_hi = 12; }, {"data.hopk.token_hi"}},
+      {[](C& c) { c.data.type = DatasetType::Hopk; c.data.hopk.token_hi = 129; },
+       {"data.hopk.token_hi", "model.vocab_size"}},
+      {[](C& c) { c.data.type = DatasetType::Hopk; c.data.hopk.k = 0; }, {"data.hopk.k"}},
+      {[](C& c) { c.data.type = DatasetType::Hopk; c.data.hopk.k = c.train.seq_len - 1; },
+       {"data.hopk.k", "train.seq_len"}},
+      {[](C& c) { c.data.type = DatasetType::Shards; }, {"data.shards.train"}},
+      {[](C& c) { c.data.type = DatasetType::Shards; c.data.shards.train = {""}; }, {"data.shards.train[0]"}},
+      {[](C& c) { c.data.type = DatasetType::Shards; c.data.shards.train = {"a"}; c.data.shards.val_fraction = 1.0; },
        {"data.shards.val_fraction"}},
-      {[](C& c) { c.data.type = "shards"; c.data.shards.train = {"a"}; c.data.shards.val_fraction = -0.1; },
+      {[](C& c) { c.data.type = DatasetType::Shards; c.data.shards.train = {"a"}; c.data.shards.val_fraction = -0.1; },
        {"data.shards.val_fraction"}},
-      {[](C& c) { c.device = "cuda"; c.model.num_attention_heads = c.model.num_key_value_heads = 8; },
+      {[](C& c) { c.device = Device::Cuda; c.model.num_attention_heads = c.model.num_key_value_heads = 8; },
        {"device", "head_dim", "got 8"}},
-      {[](C& c) { c.train.recompute = "layers"; }, {"train.recompute", "\"layers\""}},
-      {[](C& c) { c.train.attention_backend = "xformers"; }, {"train.attention_backend", "\"xformers\""}},
-      {[](C& c) { c.train.attention_backend = "cudnn"; }, {"train.attention_backend", "needs device \"cuda\""}},
+      {[](C& c) { c.train.attention_backend = AttentionImpl::Cudnn; },
+       {"train.attention_backend", "needs device \"cuda\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
-      {[](C& c) { c.model.document_boundaries = "docs"; }, {"model.document_boundaries", "\"docs\""}},
-      {[](C& c) { c.model.document_boundaries = "shift"; }, {"model.document_boundaries", "model.bos_token_id"}},
+      {[](C& c) { c.model.document_boundaries = DocumentBoundaries::Shift; },
+       {"model.document_boundaries", "model.bos_token_id"}},
       {[](C& c) { c.model.bos_token_id = 128; }, {"model.bos_token_id", "128"}},
-      {[](C& c) { c.model.document_boundaries = "shift"; c.model.bos_token_id = 1; c.device = "cuda"; },
+      {[](C& c) {
+         c.model.document_boundaries = DocumentBoundaries::Shift;
+         c.model.bos_token_id = 1;
+         c.device = Device::Cuda;
+       },
        {"model.document_boundaries", "device \"cpu\""}},
       {[](C& c) { c.parallel.tp = 4; }, {"parallel.tp (4) must divide model.num_key_value_heads (2)"}},
       {[](C& c) { c.parallel.tp = 2; c.model.intermediate_size = 255; }, {"parallel.tp (2)", "intermediate_size (255)"}},
@@ -488,21 +554,29 @@ TEST(Config, ValidationEdgesThatPass) {
   ok([](auto& c) { c.train.seq_len = c.model.max_position_embeddings; });
   ok([](auto& c) { c.train.min_lr = c.train.lr; });
   ok([](auto& c) { c.train.grad_clip = 0; c.train.weight_decay = 0; c.train.warmup_steps = 0; });
-  ok([](auto& c) { c.train.schedule = "cosine"; });
+  ok([](auto& c) { c.train.schedule = LrSchedule::Cosine; });
   ok([](auto& c) { c.train.beta1 = 0; });
-  ok([](auto& c) { c.device = "cuda"; });
+  ok([](auto& c) { c.device = Device::Cuda; });
   ok([](auto& c) { c.data.induction.pool_size = 117; });                               // = token_hi - token_lo
   ok([](auto& c) { c.data.induction.pad_token = 10; });                                // just below token_lo
   ok([](auto& c) { c.data.induction.token_hi = 100; c.data.induction.pad_token = 127; });  // above the range
   ok([](auto& c) { c.model.num_key_value_heads = 1; });                                // MQA
   ok([](auto& c) { c.model.kv_shift.window = 2; });                                    // the paper's section 4.7
   ok([](auto& c) { c.model.kv_shift.window = 3; });
-  ok([](auto& c) { c.model.position_encoding = "none"; });
-  ok([](auto& c) { c.data.type = "shards"; c.data.shards.train = {"x_*.bin"}; c.data.induction.token_hi = 99999; });
-  ok([](auto& c) { c.data.type = "induction"; c.data.shards.val_fraction = 7; });  // unused section not checked
-  ok([](auto& c) { c.data.type = "ngram"; c.data.ngram.token_hi = 21; c.data.ngram.num_pairs = 100; });  // = range^2
-  ok([](auto& c) { c.data.type = "hopk"; c.data.hopk.token_hi = 13; c.data.hopk.k = c.train.seq_len - 2; });
-  ok([](auto& c) { c.data.type = "induction"; c.data.hopk.k = 0; c.data.ngram.num_pairs = 0; });  // unused
+  ok([](auto& c) { c.model.position_encoding = PositionEncoding::None; });
+  ok([](auto& c) {
+    c.data.type = DatasetType::Shards;
+    c.data.shards.train = {"x_*.bin"};
+    c.data.induction.token_hi = 99999;
+  });
+  ok([](auto& c) { c.data.type = DatasetType::Induction; c.data.shards.val_fraction = 7; });  // unused: not checked
+  ok([](auto& c) {  // num_pairs = range^2
+    c.data.type = DatasetType::Ngram;
+    c.data.ngram.token_hi = 21;
+    c.data.ngram.num_pairs = 100;
+  });
+  ok([](auto& c) { c.data.type = DatasetType::Hopk; c.data.hopk.token_hi = 13; c.data.hopk.k = c.train.seq_len - 2; });
+  ok([](auto& c) { c.data.type = DatasetType::Induction; c.data.hopk.k = 0; c.data.ngram.num_pairs = 0; });  // unused
 }
 
 // ---------------------------------------------------------------------------
@@ -531,11 +605,11 @@ TEST(Config, OverridesSetNumbersBooleansStringsAndNestedKeys) {
   EXPECT_EQ(c.train.steps, 2000);
   EXPECT_FALSE(c.model.kv_shift.enabled);
   EXPECT_TRUE(c.model.tie_word_embeddings);
-  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(c.device, Device::Cuda);
   EXPECT_EQ(c.name, "123");
-  EXPECT_EQ(c.train.schedule, "cosine");
-  EXPECT_EQ(c.model.position_encoding, "none");
-  EXPECT_EQ(c.data.type, "shards");
+  EXPECT_EQ(c.train.schedule, LrSchedule::Cosine);
+  EXPECT_EQ(c.model.position_encoding, PositionEncoding::None);
+  EXPECT_EQ(c.data.type, DatasetType::Shards);
   EXPECT_EQ(c.data.shards.train, (std::vector<std::string>{"a_*.bin", "b.bin"}));
   EXPECT_EQ(c.train.seed, 99u);
   EXPECT_NO_THROW(kvs::validate(c, kOrigin));
@@ -593,15 +667,15 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.seed = 0xFFFFFFFFFFFFFFFFULL;
   c.train.lr = 0.1 + 0.2;  // not short in decimal
   c.train.min_lr = 1e-7;
-  c.train.schedule = "cosine";
-  c.train.recompute = "full";
-  c.train.attention_backend = "cudnn";
-  c.device = "cuda";
+  c.train.schedule = LrSchedule::Cosine;
+  c.train.recompute = Recompute::Full;
+  c.train.attention_backend = AttentionImpl::Cudnn;
+  c.device = Device::Cuda;
   c.model.kv_shift.shift_v = false;
   c.model.kv_shift.shift_q = true;
-  c.model.kv_shift.parametrization = "clamp01";
+  c.model.kv_shift.parametrization = ShiftParametrization::Clamp01;
   c.model.kv_shift.window = 3;
-  c.model.position_encoding = "none";
+  c.model.position_encoding = PositionEncoding::None;
   c.model.tie_word_embeddings = true;
   c.data.shards.train = {"a_*.bin", "b.bin"};
   c.data.shards.val = {"v.bin"};
@@ -639,8 +713,8 @@ TEST(Config, HfJsonRoundTrips) {
     m.kv_shift.shift_k = false;
     m.kv_shift.window = enabled ? 2 : 1;
     m.kv_shift.shift_q = enabled;
-    m.kv_shift.parametrization = enabled ? "clamp01" : "sigmoid_gate";
-    m.position_encoding = enabled ? "rope" : "none";
+    m.kv_shift.parametrization = enabled ? ShiftParametrization::Clamp01 : ShiftParametrization::SigmoidGate;
+    m.position_encoding = enabled ? PositionEncoding::Rope : PositionEncoding::None;
     json j = kvs::model_to_hf_json(m);
     EXPECT_EQ(j["position_encoding"], enabled ? "rope" : "none");
     EXPECT_EQ(j["architectures"], json::array({enabled ? "KvShiftLlamaForCausalLM" : "LlamaForCausalLM"}));
@@ -667,16 +741,16 @@ TEST(Config, HfJsonReading) {
   auto m = kvs::model_from_hf_json(j, "ckpt/config.json");
   EXPECT_FALSE(m.kv_shift.enabled);
   EXPECT_EQ(m.num_key_value_heads, 4);
-  EXPECT_EQ(m.position_encoding, "rope");  // checkpoints written before the key existed
+  EXPECT_EQ(m.position_encoding, PositionEncoding::Rope);  // checkpoints written before the key existed
   json nope = j;
   nope["position_encoding"] = "none";
-  EXPECT_EQ(kvs::model_from_hf_json(nope, "ckpt/config.json").position_encoding, "none");
+  EXPECT_EQ(kvs::model_from_hf_json(nope, "ckpt/config.json").position_encoding, PositionEncoding::None);
   // A kv_shift object from before shift_q / parametrization existed: the defaults.
   json old = j;
   old["kv_shift"] = {{"enabled", true}, {"window", 1}, {"shift_k", true}, {"shift_v", true}};
   const auto om = kvs::model_from_hf_json(old, "ckpt/config.json");
   EXPECT_FALSE(om.kv_shift.shift_q);
-  EXPECT_EQ(om.kv_shift.parametrization, "free");
+  EXPECT_EQ(om.kv_shift.parametrization, ShiftParametrization::Free);
   // Other unknown keys are rejected; HF values we do not implement too.
   auto bad = [&](const std::function<void(json&)>& edit, std::vector<std::string> needles) {
     json b = j;

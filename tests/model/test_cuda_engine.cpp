@@ -139,7 +139,7 @@ TEST(CudaEngine, RecomputationGivesBitIdenticalGradients) {
   kvs::Batch b{B, T, in.data(), tg.data(), nullptr};
   std::vector<std::vector<float>> grads;
   std::vector<double> losses;
-  for (const char* level : {"none", "attention", "full"}) {
+  for (kvs::Recompute level : {kvs::Recompute::None, kvs::Recompute::Attention, kvs::Recompute::Full}) {
     kvs::CudaEngine e(m, B, T, 0, level);
     e.write_params(params.data());
     e.zero_grad();

@@ -250,7 +250,7 @@ TEST(Engine, QShiftIsOneTensorPerQueryHead) {
 TEST(Engine, SigmoidGateInitialisationIsThePapersDraw) {
   auto m = tiny_model();
   auto gm = m;
-  gm.kv_shift.parametrization = "sigmoid_gate";
+  gm.kv_shift.parametrization = kvs::ShiftParametrization::SigmoidGate;
   gm.kv_shift.shift_q = true;
   m.kv_shift.shift_q = true;
   const auto L = kvs::ParamLayout::build(m);
@@ -273,8 +273,9 @@ TEST(Engine, SigmoidGateInitialisationIsThePapersDraw) {
 TEST(Engine, Clamp01KeepsShiftCoefficientsInTheUnitBox) {
   // A large lr pushes shift coefficients out of [0, 1] under "free"; "clamp01"
   // projects them back after every step while the weights keep moving.
-  for (const char* par : {"clamp01", "free"}) {
-    SCOPED_TRACE(par);
+  using P = kvs::ShiftParametrization;
+  for (P par : {P::Clamp01, P::Free}) {
+    SCOPED_TRACE(kvs::to_string(par));
     auto m = tiny_model();
     m.kv_shift.shift_q = true;
     m.kv_shift.parametrization = par;
@@ -301,7 +302,7 @@ TEST(Engine, Clamp01KeepsShiftCoefficientsInTheUnitBox) {
         }
       }
     EXPECT_GT(moved, 0.1);
-    if (std::string(par) == "clamp01")
+    if (par == P::Clamp01)
       EXPECT_EQ(outside, 0) << "of " << shift_scalars;
     else
       EXPECT_GT(outside, 0) << "of " << shift_scalars;
@@ -352,7 +353,7 @@ TEST(Schedule, WarmupThenConstantOrCosine) {
   EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 4), 5e-4);
   EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 9), 1e-3);
   EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 50), 1e-3);
-  t.schedule = "cosine";
+  t.schedule = kvs::LrSchedule::Cosine;
   t.min_lr = 1e-4;
   EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 10), 1e-3);
   EXPECT_NEAR(kvs::learning_rate(t, 60), 0.5 * (1e-3 + 1e-4), 1e-12);
@@ -374,7 +375,7 @@ TEST(Engine, PackedDocumentsDoNotLeakWithDocumentMasks) {
     e->forward({1, static_cast<int>(ids.size()), ids.data(), nullptr, nullptr}, nullptr, nullptr, out.data());
     return out;
   };
-  auto second_doc_gap = [&](const std::string& mode) {
+  auto second_doc_gap = [&](kvs::DocumentBoundaries mode) {
     kvs::ModelConfig m = tiny_model(true);
     m.document_boundaries = mode;
     m.bos_token_id = kBos;
@@ -382,7 +383,8 @@ TEST(Engine, PackedDocumentsDoNotLeakWithDocumentMasks) {
     const std::vector<float> tail(p.begin() + first * m.vocab_size, p.end());
     return rel_diff(tail, a);
   };
-  EXPECT_LT(second_doc_gap("shift_and_attention"), 1e-5);
-  EXPECT_GT(second_doc_gap("shift"), 1e-3);
-  EXPECT_GT(second_doc_gap("none"), 1e-3);
+  using B = kvs::DocumentBoundaries;
+  EXPECT_LT(second_doc_gap(B::ShiftAndAttention), 1e-5);
+  EXPECT_GT(second_doc_gap(B::Shift), 1e-3);
+  EXPECT_GT(second_doc_gap(B::None), 1e-3);
 }

@@ -32,35 +32,39 @@ namespace {
 constexpr double kAbsTol = 2e-4;
 constexpr double kRelTol = 2e-5;
 
+using Par = kvs::ShiftParametrization;
+using Pe = kvs::PositionEncoding;
+using Docs = kvs::DocumentBoundaries;
+
 struct Variant {
   const char* name;
   bool shift = true;
   int window = 1;
   bool shift_k = true, shift_v = true, shift_q = false;
-  const char* parametrization = "free";
-  const char* pe = "rope";
+  Par parametrization = Par::Free;
+  Pe pe = Pe::Rope;
   int kv_heads = 2;
   bool tied = false;
-  const char* docs = "none";  // model.document_boundaries
-  int bos = -1;               // model.bos_token_id (3: position 2 of kPrompt)
+  Docs docs = Docs::None;  // model.document_boundaries
+  int bos = -1;            // model.bos_token_id (3: position 2 of kPrompt)
 };
 
 const Variant kVariants[] = {
     {"shift_w1"},
     {"shift_w2", true, 2},
-    {"shift_w3_mha", true, 3, true, true, false, "free", "rope", 4},
+    {"shift_w3_mha", true, 3, true, true, false, Par::Free, Pe::Rope, 4},
     {"shift_q", true, 1, true, true, true},
     {"shift_q_w2", true, 2, true, true, true},
-    {"sigmoid_gate", true, 1, true, true, false, "sigmoid_gate"},
-    {"clamp01_tied", true, 1, true, true, false, "clamp01", "rope", 2, true},
-    {"k_only_nope", true, 1, true, false, false, "free", "none"},
-    {"v_only_mqa", true, 1, false, true, false, "free", "rope", 1},
-    {"shift_nope", true, 1, true, true, false, "free", "none"},
+    {"sigmoid_gate", true, 1, true, true, false, Par::SigmoidGate},
+    {"clamp01_tied", true, 1, true, true, false, Par::Clamp01, Pe::Rope, 2, true},
+    {"k_only_nope", true, 1, true, false, false, Par::Free, Pe::None},
+    {"v_only_mqa", true, 1, false, true, false, Par::Free, Pe::Rope, 1},
+    {"shift_nope", true, 1, true, true, false, Par::Free, Pe::None},
     {"vanilla", false},
-    {"vanilla_nope_tied", false, 1, true, true, false, "free", "none", 2, true},
-    {"docs_shift_w2", true, 2, true, true, false, "free", "rope", 2, false, "shift", 3},
-    {"docs_attention_shift_q", true, 1, true, true, true, "free", "rope", 2, false, "shift_and_attention", 3},
-    {"docs_attention_vanilla", false, 1, true, true, false, "free", "rope", 2, false, "shift_and_attention", 3},
+    {"vanilla_nope_tied", false, 1, true, true, false, Par::Free, Pe::None, 2, true},
+    {"docs_shift_w2", true, 2, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::Shift, 3},
+    {"docs_attention_shift_q", true, 1, true, true, true, Par::Free, Pe::Rope, 2, false, Docs::ShiftAndAttention, 3},
+    {"docs_attention_vanilla", false, 1, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::ShiftAndAttention, 3},
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -176,9 +180,9 @@ TEST_P(GenerateVariant, BlockPrefillEqualsFullForward) {
   }
   const std::vector<float> ref = full_logits(m, params, ids);
   const size_t V = m.vocab_size;
-  if (m.document_boundaries != "none") {  // the boundaries matter, so matching them means something
+  if (m.document_boundaries != Docs::None) {  // the boundaries matter, so matching them means something
     kvs::ModelConfig packed = m;
-    packed.document_boundaries = "none";
+    packed.document_boundaries = Docs::None;
     const std::vector<float> other = full_logits(packed, params, ids);
     EXPECT_GT(worst_ratio(other, ref, ref.size()), 100.0);
   }

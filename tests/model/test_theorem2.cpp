@@ -58,7 +58,7 @@ kvs::ModelConfig one_layer_model(bool shift) {
   m.num_key_value_heads = 1;
   m.vocab_size = kV;
   m.max_position_embeddings = kMaxT;
-  m.position_encoding = "none";
+  m.position_encoding = kvs::PositionEncoding::None;
   m.kv_shift.enabled = shift;
   m.kv_shift.window = 1;
   return m;

@@ -203,10 +203,11 @@ TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {
   struct Variant {
     const char* name;
     bool shift_q;
-    const char* parametrization;
+    kvs::ShiftParametrization parametrization;
   };
-  for (const Variant& v : {Variant{"qkv", true, "free"}, Variant{"gate", false, "sigmoid_gate"},
-                           Variant{"clamp", false, "clamp01"}, Variant{"qkv_gate", true, "sigmoid_gate"}}) {
+  using P = kvs::ShiftParametrization;
+  for (const Variant& v : {Variant{"qkv", true, P::Free}, Variant{"gate", false, P::SigmoidGate},
+                           Variant{"clamp", false, P::Clamp01}, Variant{"qkv_gate", true, P::SigmoidGate}}) {
     SCOPED_TRACE(v.name);
     Config c = tiny_induction(true);
     c.model.kv_shift.shift_q = v.shift_q;

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/common.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/runtime_env.h"
@@ -71,7 +72,7 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps) {
   r.peak_mib = ru.ru_maxrss / 1024.0;
   r.peak_what = "host RSS";
 #ifdef KVS_CUDA
-  if (cfg.device == "cuda") {
+  if (cfg.device == Device::Cuda) {
     // Everything is allocated up front, so the memory in use now is the peak.
     r.peak_mib = static_cast<double>(cuda::device_memory_used(0)) / 1048576.0;
     r.peak_what = "GPU memory in use";
@@ -103,7 +104,7 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
-    if (!a->device.empty()) cfg.device = a->device;
+    if (!a->device.empty()) cfg.device = device_flag(a->device);
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
     const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
     omp_set_num_threads(threads);
@@ -150,8 +151,9 @@ void add_bench(CLI::App& app) {
     }
     for (size_t i = 0; i < runs.size(); ++i) {
       const BenchResult& r = res[i];
+      const std::string device(to_string(runs[i].device));
       std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                  runs[i].device.c_str(), threads, B, T, accum, describe_kv_shift(runs[i].model.kv_shift).c_str());
+                  device.c_str(), threads, B, T, accum, describe_kv_shift(runs[i].model.kv_shift).c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)",
                   r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);

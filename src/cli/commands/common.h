@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
+#include "model/config_enums.h"
 #include "model/engine.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
@@ -18,8 +20,14 @@ inline std::string resolve_checkpoint_dir(std::string dir) {
   return dir;
 }
 
+// The value of a --device flag.
+inline Device device_flag(const std::string& name) {
+  if (auto d = enum_from_string<Device>(name)) return *d;
+  fail("unknown device '{}' (expected {})", name, enum_choices<Device>('\''));
+}
+
 // An engine holding the checkpoint's weights, sized for B x T micro-batches.
-inline std::unique_ptr<Engine> engine_for(const LoadedCheckpoint& ck, int B, int T, const std::string& device) {
+inline std::unique_ptr<Engine> engine_for(const LoadedCheckpoint& ck, int B, int T, Device device) {
   auto e = make_engine(ck.model, B, T, device);
   load_model_tensors(*e, ck.data.model, ck.dir + "/model.safetensors");
   return e;

@@ -65,7 +65,7 @@ void add_dist_selftest(CLI::App& app) {
   auto mismatch = std::make_shared<bool>(false);
   cmd->add_flag("--mismatch", *mismatch, "Make the ranks pass different sizes to one all-reduce (must fail cleanly)");
   cmd->callback([mismatch]() {
-    auto world = dist::make_world("cpu");  // host buffers: the MPI (or single) backend
+    auto world = dist::make_world(Device::Cpu);  // host buffers: the MPI (or single) backend
     run_on_world(*world, [&] { selftest(*world, *mismatch); });
     if (world->rank() == 0)
       std::printf("dist-selftest: %d ranks, backend %s: ok\n", world->size(), world->backend().c_str());

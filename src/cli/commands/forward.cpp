@@ -47,7 +47,7 @@ void add_forward(CLI::App& app) {
     for (int t = 0; t < T; ++t)
       KVS_CHECK(ids[t] < ck.model.vocab_size, "{}: token {} at position {} is >= vocab_size {}", a->tokens, ids[t], t,
                 ck.model.vocab_size);
-    auto engine = engine_for(ck, 1, T, a->device);
+    auto engine = engine_for(ck, 1, T, device_flag(a->device));
     std::vector<float> logits(static_cast<size_t>(T) * ck.model.vocab_size);
     engine->forward(Batch{1, T, ids.data(), nullptr, nullptr}, nullptr, nullptr, logits.data());
     write_npy_f32(a->out, logits.data(), {T, ck.model.vocab_size});
@@ -84,7 +84,7 @@ void add_backward(CLI::App& app) {
     double scored = 0;
     for (float m : mask) scored += m;
     KVS_CHECK(scored > 0, "{}: the mask scores no token", a->batch);
-    auto engine = engine_for(ck, B, T, a->device);
+    auto engine = engine_for(ck, B, T, device_flag(a->device));
     Batch b{B, T, inputs.data(), targets.data(), mask.data()};
     std::vector<float> logits(n * V);
     engine->forward(b, nullptr, nullptr, logits.data());

@@ -92,7 +92,7 @@ void add_info(CLI::App& app) {
                 params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
     if (!cuda_mem.is_null()) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
-                  cuda_mem["tp"].get<int>(), B, T, cfg.train.recompute.c_str());
+                  cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());
       std::printf("  fp32 master + fp32 grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB, "
                   "AdamW %.3f GiB (before ZeRO-1 shards it over dp), total %.3f GiB\n",
                   cuda_mem["weights_and_grads"].get<double>() / GiB,

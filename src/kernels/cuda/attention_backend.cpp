@@ -32,14 +32,11 @@ std::string cudnn_version_string() {
 #endif
 }
 
-std::unique_ptr<AttentionBackend> make_attention_backend(const std::string& name, int max_B, int max_T, int Hq,
+std::unique_ptr<AttentionBackend> make_attention_backend(AttentionImpl impl, int max_B, int max_T, int Hq,
                                                          int Hkv, int D, int ld_q, int ld_kv) {
-  if (name == "flash") return std::make_unique<FlashAttentionBackend>();
-  if (name == "cudnn") {
-    if (!cudnn_available()) fail("attention backend \"cudnn\": this build has no cuDNN (see docs/CUDA.md)");
-    return std::make_unique<CudnnSdpa>(max_B, max_T, Hq, Hkv, D, ld_q, ld_kv);
-  }
-  fail("unknown attention backend \"{}\" (expected \"flash\" or \"cudnn\")", name);
+  if (impl == AttentionImpl::Flash) return std::make_unique<FlashAttentionBackend>();
+  if (!cudnn_available()) fail("attention backend \"cudnn\": this build has no cuDNN (see docs/CUDA.md)");
+  return std::make_unique<CudnnSdpa>(max_B, max_T, Hq, Hkv, D, ld_q, ld_kv);
 }
 
 }  // namespace kvs::cuda

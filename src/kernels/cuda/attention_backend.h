@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kernels/cuda/ops.h"
+#include "model/config_enums.h"  // AttentionImpl, the train.attention_backend values
 
 namespace kvs::cuda {
 
@@ -63,10 +64,10 @@ bool cudnn_available();
 // 1.32.0"; "none" without cuDNN.
 std::string cudnn_version_string();
 
-// `name` is "flash" or "cudnn" (train.attention_backend). ld_q / ld_kv are
-// the row strides the engine will pass (plans are built for them).
-// "cudnn" in a build without cuDNN: kvs::Error "this build has no cuDNN".
-std::unique_ptr<AttentionBackend> make_attention_backend(const std::string& name, int max_B, int max_T, int Hq,
+// `impl` is train.attention_backend. ld_q / ld_kv are the row strides the
+// engine will pass (plans are built for them).
+// Cudnn in a build without cuDNN: kvs::Error "this build has no cuDNN".
+std::unique_ptr<AttentionBackend> make_attention_backend(AttentionImpl impl, int max_B, int max_T, int Hq,
                                                          int Hkv, int D, int ld_q, int ld_kv);
 
 }  // namespace kvs::cuda

@@ -110,10 +110,11 @@ void for_each_case(F&& f) {
 
 }  // namespace
 
-// Runs everywhere: the backend names are checked before any GPU work.
+// Runs everywhere: an unknown backend name is stopped where
+// train.attention_backend is read, a missing cuDNN before any GPU work.
 TEST(CudaCudnnSdpa, BackendSelectionErrors) {
   try {
-    kc::make_attention_backend("xformers", 1, 8, 2, 2, 64, 128, 128);
+    kvs::parse_enum<kvs::AttentionImpl>("xformers", "c.json", "train.attention_backend");
     ADD_FAILURE() << "an unknown backend was accepted";
   } catch (const kvs::Error& e) {
     EXPECT_NE(std::string(e.what()).find("\"xformers\""), std::string::npos) << e.what();
@@ -123,7 +124,7 @@ TEST(CudaCudnnSdpa, BackendSelectionErrors) {
     return;
   }
   try {
-    kc::make_attention_backend("cudnn", 1, 8, 2, 2, 64, 128, 128);
+    kc::make_attention_backend(kvs::AttentionImpl::Cudnn, 1, 8, 2, 2, 64, 128, 128);
     ADD_FAILURE() << "\"cudnn\" was accepted by a build without cuDNN";
   } catch (const kvs::Error& e) {
     EXPECT_NE(std::string(e.what()).find("this build has no cuDNN"), std::string::npos) << e.what();
@@ -241,8 +242,8 @@ TEST(CudaCudnnSdpa, EngineMatchesTheFlashBackendOnLogitsLossAndEveryGradient) {
     const int B = 3, T = 37;
     const RandomBatch data(m, B, T, 11);
     const kvs::Batch batch = data.batch();
-    kvs::CudaEngine flash(m, B, 64, 0, "none", "flash");
-    kvs::CudaEngine cudnn(m, B, 64, 0, "none", "cudnn");
+    kvs::CudaEngine flash(m, B, 64, 0, kvs::Recompute::None, kvs::AttentionImpl::Flash);
+    kvs::CudaEngine cudnn(m, B, 64, 0, kvs::Recompute::None, kvs::AttentionImpl::Cudnn);
     flash.write_params(params.data());
     cudnn.write_params(params.data());
 

@@ -1,5 +1,7 @@
-// Causal grouped-query attention (CPU), the hot path of the CPU trainer.
-// Included from ops_impl.h. See docs/KERNELS.md for the math.
+// Causal grouped-query attention (CPU), the hot path of the CPU trainer
+// (CUDA: flash_attention_fwd.cu / flash_attention_bwd.cu, or cuDNN's SDPA via
+// cudnn_sdpa.cpp; both keep the log-sum-exp instead of the probabilities).
+// See docs/KERNELS.md for the math.
 //
 // Per (b, query head h) with KV head hk = h / (Hq / Hkv), on one [T, T] slice
 // P = att[b, h] and rows of q/k/v that are D contiguous values with a stride of
@@ -17,6 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/exp_fast.h"
+#include "kernels/cpu/row_reduce.h"
+#include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
 namespace detail::attn {
@@ -228,9 +236,16 @@ void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* 
 
 }  // namespace detail::attn
 
+// Causal grouped-query attention with scale 1/sqrt(D). q/out are [B, T, Hq, D],
+// k/v are [B, T, Hkv, D]; query head h reads KV head h / (Hq / Hkv) (K/V are
+// never copied per query head). att [B, Hq, T, T] receives the softmax
+// probabilities (entries above the diagonal are written as 0). With doc_start
+// ([B, T], as for kv_shift) query t attends to keys [doc_start[b, t], t] only
+// (document masking); the probabilities outside are 0, so the backward needs
+// nothing more.
 template <class T>
 void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B, int Tn, int Hq, int Hkv, int D,
-                       const int32_t* doc_start) {
+                       const int32_t* doc_start = nullptr) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   switch (D) {
@@ -241,6 +256,7 @@ void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B
   }
 }
 
+// datt is scratch of the same shape as att (overwritten).
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
                         const T* att, int B, int Tn, int Hq, int Hkv, int D) {

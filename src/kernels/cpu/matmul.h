@@ -1,0 +1,48 @@
+// Linear layers: out = inp W^T and its backward, through OpenBLAS (CUDA:
+// matmul.cu / matmul.h, cuBLASLt). OpenBLAS GEMM splits the output (M/N)
+// between its threads, never the K sum, so results are reproducible. Called
+// from outside any OpenMP region.
+#pragma once
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+#include "kernels/cpu/scalar_types.h"
+
+namespace kvs::cpu {
+
+namespace detail {
+template <class T>
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A, int lda,
+                 const T* Bm, int ldb, T beta, T* Cm, int ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+}
+}  // namespace detail
+
+// out[N, OC] = inp[N, C] @ W[OC, C]^T  (overwrites out). float uses OpenBLAS sgemm.
+template <class T> void matmul_forward(T* out, const T* inp, const T* W, int N, int C, int OC) {
+  static_assert(detail::kSupported<T>);
+  if (N == 0 || OC == 0) return;
+  if (C == 0) {
+    std::fill(out, out + (size_t)N * OC, T(0));
+    return;
+  }
+  // beta = 0: out is never read
+  detail::gemm<T>(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, W, C, T(0), out, OC);
+}
+
+// dinp[N, C] += dout @ W ; dW[OC, C] += dout^T @ inp
+template <class T>
+void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, int N, int C, int OC) {
+  static_assert(detail::kSupported<T>);
+  if (N == 0 || C == 0 || OC == 0) return;
+  if (dinp) detail::gemm<T>(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, W, C, T(1), dinp, C);
+  if (dW) detail::gemm<T>(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dW, C);
+}
+
+}  // namespace kvs::cpu

@@ -13,28 +13,13 @@ namespace {
 
 void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
 
-float sigmoidf(float g) { return 1.0f / (1.0f + std::exp(-g)); }
-
 // The coefficients the shift op uses: the stored tensor itself, or for
 // "sigmoid_gate" [1 - sigmoid(g), sigmoid(g)] per head (g = stored column 1)
 // written into eff. Returns what the op should read.
 const float* effective_coef(const float* stored, float* eff, int H, bool gate) {
   if (!gate) return stored;
-  for (int h = 0; h < H; ++h) {
-    const float s = sigmoidf(stored[h * 2 + 1]);
-    eff[h * 2 + 0] = 1.0f - s;
-    eff[h * 2 + 1] = s;
-  }
+  cpu::shift_gate_forward(eff, stored, H);
   return eff;
-}
-
-// Chains d(effective coefficients) into the stored gate tensor's gradient:
-// d g += sigmoid'(g) * (d cur - d prev); column 0 gets nothing.
-void gate_backward(float* dstored, const float* deff, const float* stored, int H) {
-  for (int h = 0; h < H; ++h) {
-    const float s = sigmoidf(stored[h * 2 + 1]);
-    dstored[h * 2 + 1] += s * (1.0f - s) * (deff[h * 2 + 1] - deff[h * 2 + 0]);
-  }
 }
 
 }  // namespace
@@ -96,7 +81,7 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
     }
     zero(s.dcoef, static_cast<size_t>(H) * W1);
     cpu::kv_shift_backward(din, s.dcoef, dout, in, coef, B, T, H, D, W, c.shift_doc);
-    gate_backward(dstored, s.dcoef, stored, H);
+    cpu::shift_gate_backward(dstored, s.dcoef, stored, H);
   };
 
   // MLP: out = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d out.

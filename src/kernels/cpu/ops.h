@@ -26,4 +26,5 @@
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/shift_gate.h"
 #include "kernels/cpu/swiglu.h"

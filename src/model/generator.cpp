@@ -43,11 +43,7 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   auto effective = [&](const float* stored, int H, size_t at) -> const float* {
     if (!stored || !gated) return stored;
     float* eff = gate_coef_.data() + at;
-    for (int h = 0; h < H; ++h) {
-      const float s = 1.0f / (1.0f + std::exp(-stored[h * 2 + 1]));
-      eff[h * 2 + 0] = 1.0f - s;
-      eff[h * 2 + 1] = s;
-    }
+    cpu::shift_gate_forward(eff, stored, H);
     return eff;
   };
   cache_.resize(L);

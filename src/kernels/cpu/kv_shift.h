@@ -1,5 +1,10 @@
 // KV shifting, generalised to a window of W past positions (CUDA: shift_rope.cu,
 // fused with RoPE).
+//
+// Positions are the op's coordinates: rows 0..Tn-1 of each sequence are `in`;
+// an optional halo holds the W raw rows of positions -W..-1 before them (the
+// previous chunk's last rows, for context parallelism and chunked decoding).
+// Without a halo those positions are zero, as at the start of a sequence.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -9,28 +14,42 @@
 
 namespace kvs::cpu {
 
-// out[b, t, h, :] = sum_{w=0..W} coef[h, w] * in[b, t - W + w, h, :], with in[b, t<0] = 0,
-// summed oldest first, starting from 0.
+namespace detail {
+// Row p of sequence b: in[b, p] for p >= 0, halo[b, W + p] for -W <= p < 0.
+template <class T>
+inline const T* shift_row(const T* in, const T* halo, int b, int p, int Tn, int W, size_t row) {
+  return p >= 0 ? in + ((size_t)b * Tn + p) * row : halo + ((size_t)b * W + (W + p)) * row;
+}
+}  // namespace detail
+
+// out[b, t, h, :] = sum_{w=0..W} coef[h, w] * x[b, t - W + w, h, :], summed oldest
+// first, starting from 0, where x is `in` at positions >= 0 and `halo`
+// ([B, W, H, D], positions -W..-1) before; a null halo means zeros there.
 // coef is [H, W+1], oldest position first (window 1: coef[h,0] weights t-1, coef[h,1] weights t).
-// Document boundaries: with doc_start ([B, T], the first position of t's
-// document within its sequence) the rows before doc_start[b, t] count as zero
-// too, so the shift restarts at every document as at the sequence start.
+// Document boundaries: doc_start ([B, Tn]) is the first position of t's
+// document in the same coordinates; rows before it count as zero too, so the
+// shift restarts at every document as at the sequence start. doc_start 0
+// excludes the halo; a document that continues from the halo has
+// doc_start <= -W (any such value: all W halo rows count), and a document that
+// starts inside the halo has its start there (-W < doc_start < 0).
 template <class T>
 void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, int D, int W,
-                      const int32_t* doc_start = nullptr) {
+                      const int32_t* doc_start = nullptr, const T* halo = nullptr) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
+  const int first = halo ? -W : 0;  // the oldest position that has a row
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < Tn; ++t) {
       T* o = out + ((size_t)b * Tn + t) * row;
-      const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;  // first row that is not zero history
+      // first row that is not zero history
+      const int lo = doc_start ? std::max(first, (int)doc_start[(size_t)b * Tn + t]) : first;
       for (int h = 0; h < H; ++h) {
         T* oh = o + (size_t)h * D;
         for (int d = 0; d < D; ++d) oh[d] = T(0);
         for (int w = std::max(0, W - t + lo); w <= W; ++w) {
           const T c = coef[(size_t)h * (W + 1) + w];
-          const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
+          const T* x = detail::shift_row(in, halo, b, t - W + w, Tn, W, row) + (size_t)h * D;
           for (int d = 0; d < D; ++d) oh[d] += c * x[d];
         }
       }
@@ -38,34 +57,44 @@ void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, 
   }
 }
 
-// din[b,s,h,:] += sum_w coef[h,w] dout[b,s+W-w,h,:]   (parallel over (b, s): own rows)
-// dcoef[h,w]  += sum_{b,t,d} dout[b,t,h,d] in[b,t-W+w,h,d]  (parallel over h: own row;
-//                 summed over b, t, d in order, in double)
+// din[b,s,h,:]   += sum_w coef[h,w] dout[b,s+W-w,h,:]   (parallel over (b, s): own rows)
+// dhalo[b,W+p,h,:] += the same for the halo positions p = -W..-1 (parallel over (b, p));
+//                   the gradient with respect to the halo rows (zeros when halo is null).
+// dcoef[h,w]     += sum_{b,t,d} dout[b,t,h,d] x[b,t-W+w,h,d]  (parallel over h: own row;
+//                   summed over b, t, d in order, in double; x reads the halo as the forward)
+// Terms that the forward's document boundaries drop are dropped here too.
 template <class T>
 void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D,
-                       int W, const int32_t* doc_start = nullptr) {
+                       int W, const int32_t* doc_start = nullptr, const T* halo = nullptr, T* dhalo = nullptr) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
-  if (din) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; ++b) {
-      for (int s = 0; s < Tn; ++s) {
-        T* dx = din + ((size_t)b * Tn + s) * row;
-        for (int h = 0; h < H; ++h) {
-          T* dxh = dx + (size_t)h * D;
-          for (int w = W; w >= 0; --w) {  // t = s + W - w, increasing
-            const int t = s + W - w;
-            if (t >= Tn) break;
-            if (doc_start && doc_start[(size_t)b * Tn + t] > s) continue;  // s is before t's document
-            const T c = coef[(size_t)h * (W + 1) + w];
-            const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
-            for (int d = 0; d < D; ++d) dxh[d] += c * g[d];
-          }
-        }
+  // d x_s for position s (>= -W) into dx: the outputs t = s + W - w in [0, Tn), increasing t.
+  auto grad_row = [&](T* dx, int b, int s) {
+    for (int h = 0; h < H; ++h) {
+      T* dxh = dx + (size_t)h * D;
+      for (int w = W; w >= 0; --w) {
+        const int t = s + W - w;
+        if (t < 0) continue;
+        if (t >= Tn) break;
+        if (doc_start && doc_start[(size_t)b * Tn + t] > s) continue;  // s is before t's document
+        const T c = coef[(size_t)h * (W + 1) + w];
+        const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
+        for (int d = 0; d < D; ++d) dxh[d] += c * g[d];
       }
     }
+  };
+  if (din) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int s = 0; s < Tn; ++s) grad_row(din + ((size_t)b * Tn + s) * row, b, s);
+  }
+  if (dhalo) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < W; ++i) grad_row(dhalo + ((size_t)b * W + i) * row, b, i - W);
   }
   if (dcoef) {
+    const int first = halo ? -W : 0;
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < H; ++h) {
       constexpr int kMaxW = 64;
@@ -75,9 +104,9 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
         for (int b = 0; b < B; ++b) {
           for (int t = 0; t < Tn; ++t) {
             const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
-            const int lo = doc_start ? doc_start[(size_t)b * Tn + t] : 0;
+            const int lo = doc_start ? std::max(first, (int)doc_start[(size_t)b * Tn + t]) : first;
             for (int w = std::max(w0, W - t + lo); w < w1; ++w) {
-              const T* x = in + ((size_t)b * Tn + (t - W + w)) * row + (size_t)h * D;
+              const T* x = detail::shift_row(in, halo, b, t - W + w, Tn, W, row) + (size_t)h * D;
               double s = 0.0;
               for (int d = 0; d < D; ++d) s += (double)g[d] * (double)x[d];
               acc[w - w0] += s;

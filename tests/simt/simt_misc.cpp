@@ -13,15 +13,15 @@
 //   kernel): bf16 bits equal __float2bfloat16_rn (and an integer
 //   round-to-nearest-even reference), the round trip exact, the element past
 //   the range untouched. fill_kernel: n 1, 9, 100003, every element.
-// - shift_gate_forward_kernel / shift_gate_backward_kernel vs the CPU
-//   engine's effective_coef / gate_backward ("sigmoid_gate",
-//   src/model/cpu_engine.cpp; file-local there, so repeated here operation by
-//   operation in float): H 1, 5, 128, 130 (a partial second block of 128),
+// - shift_gate_forward_kernel / shift_gate_backward_kernel vs the CPU ops
+//   shift_gate_forward / shift_gate_backward ("sigmoid_gate",
+//   src/kernels/cpu/shift_gate.h, in float): H 1, 5, 128, 130 (a partial second block of 128),
 //   logits up to +-20, rtol 1e-5 atol 1e-7 (the GPU's expf is not glibc's);
 //   dstored accumulates (+=) into nonzero values and column 0 is untouched.
 #include "gen_convert.h"
 #include "gen_reduce.h"
 #include "gen_shift_gate.h"
+#include "kernels/cpu/shift_gate.h"
 #include "simt_util.h"
 
 #include <cstring>
@@ -168,9 +168,6 @@ void fill(size_t n) {
   done(tag);
 }
 
-// cpu_engine.cpp's sigmoidf / effective_coef / gate_backward (file-local there).
-float sigmoidf(float g) { return 1.0f / (1.0f + std::exp(-g)); }
-
 void shift_gate(int H) {
   const std::string tag = "shift_gate H" + std::to_string(H);
   std::vector<float> stored = randu(2 * H, 300 + H, -4.0f, 4.0f, false);
@@ -178,12 +175,8 @@ void shift_gate(int H) {
   const std::vector<float> deff = randu(2 * H, 310 + H, -2.0f, 2.0f, false);
   const std::vector<float> d0 = randu(2 * H, 320 + H, -1.0f, 1.0f, false);
   std::vector<float> want_eff(2 * H), want_d = d0;
-  for (int h = 0; h < H; ++h) {
-    const float s = sigmoidf(stored[h * 2 + 1]);
-    want_eff[h * 2 + 0] = 1.0f - s;
-    want_eff[h * 2 + 1] = s;
-    want_d[h * 2 + 1] += s * (1.0f - s) * (deff[h * 2 + 1] - deff[h * 2 + 0]);
-  }
+  kvs::cpu::shift_gate_forward(want_eff.data(), stored.data(), H);
+  kvs::cpu::shift_gate_backward(want_d.data(), deff.data(), stored.data(), H);
   const unsigned blocks = (unsigned)((H + 127) / 128);  // the launchers' grid: ceil_div(H, 128) x 128
   std::vector<float> eff(2 * H + 1, std::nanf(""));
   emu::launch(emu::Dim{blocks, 1, 1}, 128, [&] { kc::shift_gate_forward_kernel(eff.data(), stored.data(), H); });

@@ -1,6 +1,6 @@
 // The sigmoid gate of section 4.6 on the device: a handful of scalars per
 // layer, one thread per head. It exists so that the shift coefficients never
-// leave the GPU (the CPU engine does the same arithmetic in cpu_engine.cpp).
+// leave the GPU (the CPU op with the same arithmetic: kernels/cpu/shift_gate.h).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "parallel/linear.h"
 
@@ -28,27 +29,31 @@ void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c
   const int B = c.B, T = c.T, N = B * T, C = c.d.C, F = c.d.F;
   const int Hq = c.d.Hq, Hkv = c.d.Hkv, D = c.d.D, QD = c.d.QD(), KD = c.d.KD(), W = c.window;
   const size_t NC = static_cast<size_t>(N) * C, W1 = static_cast<size_t>(W) + 1;
-  const float* cos = c.rope_cos;
-  const float* sin = c.rope_sin;
+  KVS_CHECK(c.kv_past == 0 || B == 1, "block_forward: cached keys need one sequence, got {}", B);
+  const size_t at = static_cast<size_t>(c.pos0) * (D / 2);  // RoPE rows from the first position
+  const float* cos = c.rope ? c.rope_cos + at : nullptr;
+  const float* sin = c.rope ? c.rope_sin + at : nullptr;
   const float* qc = w.q_shift ? effective_coef(w.q_shift, a.coef, Hq, c.sigmoid_gate) : nullptr;
   const float* kc = w.k_shift ? effective_coef(w.k_shift, a.coef + Hq * W1, Hkv, c.sigmoid_gate) : nullptr;
   const float* vc = w.v_shift ? effective_coef(w.v_shift, a.coef + (Hq + Hkv) * W1, Hkv, c.sigmoid_gate) : nullptr;
 
   cpu::rmsnorm_forward(a.ln1, a.rstd1, a.resid, w.ln1, N, C, c.eps);
   column_parallel_forward(a.ln1, N, C, {{w.q_shift ? a.qraw : a.q, w.wq, QD}, {a.k, w.wk, KD}, {a.v, w.wv, KD}});
-  if (w.q_shift) cpu::kv_shift_forward(a.q, a.qraw, qc, B, T, Hq, D, W, c.shift_doc);
+  if (w.q_shift) cpu::kv_shift_forward(a.q, a.qraw, qc, B, T, Hq, D, W, c.shift_doc, c.q_halo);
   // KV shifting acts on the raw projections, before RoPE.
   if (w.k_shift) {
-    cpu::kv_shift_forward(a.khat, a.k, kc, B, T, Hkv, D, W, c.shift_doc);
+    cpu::kv_shift_forward(a.khat, a.k, kc, B, T, Hkv, D, W, c.shift_doc, c.k_halo);
     if (c.rope) cpu::rope_forward(a.khat, a.khat, cos, sin, B, T, Hkv, D);
   } else if (c.rope) {
     cpu::rope_forward(a.khat, a.k, cos, sin, B, T, Hkv, D);
   } else {
     std::copy(a.k, a.k + static_cast<size_t>(N) * KD, a.khat);
   }
-  if (w.v_shift) cpu::kv_shift_forward(a.vhat, a.v, vc, B, T, Hkv, D, W, c.shift_doc);
+  if (w.v_shift) cpu::kv_shift_forward(a.vhat, a.v, vc, B, T, Hkv, D, W, c.shift_doc, c.v_halo);
   if (c.rope) cpu::rope_forward(a.q, a.q, cos, sin, B, T, Hq, D);
-  cpu::attention_forward(a.attout, a.att, a.q, a.khat, a.vhat, B, T, Hq, Hkv, D, c.attention_doc);
+  const size_t past = static_cast<size_t>(c.kv_past) * KD;
+  cpu::attention_forward(a.attout, a.att, nullptr, a.q, a.khat - past, a.vhat - past, B, T, c.kv_past + T, Hq, Hkv, D,
+                         c.pos0, c.pos0 - c.kv_past, c.attention_doc);
   row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp);
   cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NC);
 
@@ -65,6 +70,8 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   const int Hq = c.d.Hq, Hkv = c.d.Hkv, D = c.d.D, QD = c.d.QD(), KD = c.d.KD(), W = c.window;
   const size_t NF = static_cast<size_t>(N) * F, NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
   const size_t W1 = static_cast<size_t>(W) + 1;
+  KVS_CHECK(c.pos0 == 0 && c.kv_past == 0 && !c.q_halo && !c.k_halo && !c.v_halo,
+            "block_backward: only whole sequences from position 0");
   const float* cos = c.rope_cos;
   const float* sin = c.rope_sin;
   const bool gated = c.sigmoid_gate;

@@ -28,13 +28,13 @@ namespace kvs {
 struct LayerActs {
   const float* resid;  // the layer's input [N, C]
   float* res_mid;      // resid + attention [N, C]
-  float* out;          // the layer's output, the next layer's resid [N, C]
+  float* out;          // the layer's output, the next layer's resid [N, C] (the forward lets it alias resid)
   float *ln1, *rstd1, *ln2, *rstd2;
   float* qraw;         // the raw q projection under shift_q; null otherwise
   float* q;            // shifted (shift_q) and rotated q [N, Hq*D]
   float *k, *v;        // raw projections [N, Hkv*D]
   float *khat, *vhat;  // what attention reads; vhat == v without a V shift
-  float* att;          // softmax probabilities [B, Hq, T, T]
+  float* att;          // softmax probabilities [B, Hq, T, kv_past + T]
   float* attout;       // [N, Hq*D]
   float *gate, *up, *h;  // [N, F]
   float* coef;         // effective shift coefficients, [Hq | Hkv | Hkv] x (W+1)
@@ -45,7 +45,7 @@ struct LayerScratch {
   float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *datt, *dqs, *dcoef;
 };
 
-// What every layer of one micro-batch shares.
+// What every layer of one micro-batch (or one decoding block) shares.
 struct BlockContext {
   int B = 0, T = 0;
   LocalDims d;
@@ -53,14 +53,24 @@ struct BlockContext {
   bool rope = true;
   bool sigmoid_gate = false;
   double eps = 1e-5;
-  const float *rope_cos = nullptr, *rope_sin = nullptr;  // [T, D/2], row 0 = the first position
-  const int32_t* shift_doc = nullptr;      // document starts for the shift (null: none)
-  const int32_t* attention_doc = nullptr;  // document starts for attention (null: none)
+  const float *rope_cos = nullptr, *rope_sin = nullptr;  // [positions, D/2] from position 0
+  // Where the rows sit: row t of every sequence is at position pos0 + t
+  // (RoPE, the causal mask). Training: 0.
+  int pos0 = 0;
+  // Decoding (B = 1): attention also reads the kv_past rows of K̂ and V̂ stored
+  // right before a.khat and a.vhat (positions pos0 - kv_past .. pos0 - 1).
+  int kv_past = 0;
+  // The raw projections of the W positions before row 0 ([B, W, H*D] each;
+  // null: zeros, as before position 0): the shift's history when decoding.
+  const float *q_halo = nullptr, *k_halo = nullptr, *v_halo = nullptr;
+  const int32_t* shift_doc = nullptr;      // [B, T] document starts in row coordinates (null: none)
+  const int32_t* attention_doc = nullptr;  // [B, T] document starts in positions (null: none)
   TensorParallelRegion tp;
 };
 
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c);
 // dresid holds d out on entry and d resid on return; gradients go into g.
+// Training only: pos0 = kv_past = 0, no halos.
 void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, const LayerScratch& s, float* dresid,
                     const BlockContext& c);
 

@@ -1,13 +1,14 @@
 // Incremental decoding on the CPU with a KV cache: one token in, the logits of
 // the next one out, in O(t) per token instead of a full forward over the
-// prefix. It runs the same ops as CpuEngine (kernels/cpu) on the same
-// parameter views (bind_params), one position at a time.
+// prefix. Each layer is CpuEngine's decoder layer (model/cpu_block.h) on the
+// same parameter views (bind_params), run on a block of new positions that
+// attends to the cache of the positions before it.
 //
 // The cache of each layer holds two things (docs/ARCHITECTURE.md, "Generation"):
 //   - K̂ and V̂ as attention reads them (K̂ = RoPE(Shift(k)), V̂ = Shift(v)) for
 //     every past position, [max_len, kv_dim] each, allocated once;
-//   - a window of the last W RAW projections k, v (and q under shift_q), before
-//     the shift and before RoPE. The shift of position t mixes its raw
+//   - the last W RAW projections k, v (and q under shift_q), before the shift
+//     and before RoPE: the layer's halo. The shift of position t mixes its raw
 //     projection with the raw ones of t-1..t-W: mixing with the already-shifted
 //     K̂_{t-1} (or with zeros) would give a different model than the one trained.
 // With model.document_boundaries, a BOS token restarts the shift (and, for
@@ -25,7 +26,7 @@ namespace kvs {
 // others are the classic cache bugs, kept so tests can show they are caught.
 enum class ShiftHistory {
   Raw,    // the raw projections (correct)
-  Mixed,  // the already-shifted values (bug: K̂_t mixes with K̂_{t-1})
+  Mixed,  // what the cache keeps for attention (bug: k_t mixes with the shifted, rotated K̂_{t-1})
   Zeros,  // nothing (bug: every position mixes with zeros, as position 0 does)
 };
 
@@ -63,18 +64,14 @@ class Generator {
  private:
   struct LayerCache {
     std::vector<float> khat, vhat;  // [max_len, KD]: what attention reads
-    // Raw projections, [W + chunk, row]: rows 0..W-1 hold positions t-W..t-1
-    // (zeros before position 0), the rows after them the n new positions.
-    std::vector<float> kwin, vwin, qwin;
-    const float *qc = nullptr, *kc = nullptr, *vc = nullptr;  // effective shift coefficients, [H, W+1]
+    // The raw projections of positions t-W..t-1, [W, row] (zeros before
+    // position 0); empty for a tensor that is not shifted.
+    std::vector<float> qhalo, khalo, vhalo;
   };
   // Runs tokens[0..n) at positions pos_..pos_+n-1; the logits of the last one.
   const float* forward_block(const int32_t* tokens, int n);
-  // The raw projections of the n new positions are in rows W.. of `win`:
-  // shifts them into `out` [n, row] and moves the window on by n positions.
-  void shift_block(std::vector<float>& win, const float* coef, int H, int n, float* out);
-  // Query row over cache rows [first, end).
-  void attend(float* out, const float* q, const LayerCache& c, int first, int end);
+  // Moves a halo on by the n new rows: it keeps the last W of (halo, rows).
+  void advance(std::vector<float>& halo, const float* rows, int n, size_t row) const;
 
   ModelConfig m_;
   ParamLayout layout_;
@@ -82,17 +79,17 @@ class Generator {
   ModelView P_;
   int max_len_, pos_ = 0;
   // model.document_boundaries: where the current document started (a BOS
-  // starts one), and per row of a block: its document's start (doc_) and, in
-  // the shift window's coordinates, the first row that is not zero history (win_doc_).
+  // starts one), and per row of a block its document's start as a position
+  // (doc_) and in the block's row coordinates (row_doc_, for the shift).
   int doc_start_ = 0;
-  std::vector<int32_t> doc_, win_doc_;
+  std::vector<int32_t> doc_, row_doc_;
   GeneratorOptions opt_;
   int chunk_;  // rows per block
   std::vector<LayerCache> cache_;
-  std::vector<float> gate_coef_;  // "sigmoid_gate": [1 - s, s] per head, per layer
   std::vector<float> rope_cos_, rope_sin_;
-  // Scratch for one block of up to chunk_ rows.
-  std::vector<float> x_, ln_, rstd_, q_, att_, scores_, proj_, gate_, up_, h_, shift_out_, logits_;
+  // One block of up to chunk_ rows: the layer's activations (x is its input and
+  // output), attention probabilities over the whole cache, the logits.
+  std::vector<float> x_, mid_, ln_, rstd_, qraw_, q_, kraw_, vraw_, att_, attout_, gate_, up_, h_, coef_, logits_;
 };
 
 }  // namespace kvs

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """End to end, the way a user goes from a folder of text files to a model that
-Hugging Face transformers loads and generates from (issue 6's "done when"):
+Hugging Face transformers loads and generates from:
 
     kvshift tokenizer train -> kvshift data prepare -> kvshift train
     -> kvshift generate -> kvshift export-hf -> transformers: from_pretrained + generate
@@ -79,7 +79,7 @@ def main():
     sample = open(files[0], encoding="utf-8").read()[:300]
     p = run([kv, "tokenizer", "encode", "--tokenizer", tok, "--text", sample, "--json"])
     ids = json.loads(p.stdout).get("ids", []) if p.returncode == 0 else []
-    # (the decode round trip itself is tests/test_tokenizer.cpp's; here: ids in range, fewer than bytes)
+    # (the decode round trip itself is tests/tokenizer/test_tokenizer.cpp's; here: ids in range, fewer than bytes)
     check(0 < len(ids) < len(sample.encode()) and all(0 <= i < 512 for i in ids),
           "tokenizer encode: %d ids for %d bytes" % (len(ids), len(sample.encode())), p.stdout[-300:])
 

@@ -1,5 +1,5 @@
-// Embedding under the emulator, with tests/test_cuda_elementwise.cpp's and
-// test_cuda_tp.cpp's shapes and tolerances:
+// Embedding under the emulator, with tests/kernels/cuda/test_embedding.cpp's and
+// tests/parallel/test_cuda_tp.cpp's shapes and tolerances:
 // - embedding_forward_kernel (whole table and a vocabulary slice: other
 //   tokens give zero rows) vs kvs::cpu::embedding_forward: exact (a copy),
 //   every output element written (output starts NaN);
@@ -84,7 +84,7 @@ void backward(int N, int C, int Vtok, bool vec) {
 }  // namespace
 
 void run_embedding() {
-  // tests/test_cuda_elementwise.cpp's kEmbShapes {N, C, V}: {1, 8, 3}, {7, 5, 11}, {33, 24, 50},
+  // tests/kernels/cuda/test_embedding.cpp's kEmbShapes {N, C, V}: {1, 8, 3}, {7, 5, 11}, {33, 24, 50},
   // {64, 768, 100}, {5, 1001, 7}, {300, 64, 4}
   const int shapes[][3] = {{1, 8, 3}, {7, 5, 11}, {33, 24, 50}, {64, 768, 100}, {5, 1001, 7}, {300, 64, 4}};
   for (const auto& s : shapes) {
@@ -94,7 +94,7 @@ void run_embedding() {
     backward(s[0], s[1], s[2], vec);
     if (vec) backward(s[0], s[1], s[2], false);
   }
-  // Vocabulary slices (test_cuda_tp.cpp: vocab 257 over tp 2, 128 rows each), tokens on both
+  // Vocabulary slices (tests/parallel/test_cuda_tp.cpp: vocab 257 over tp 2, 128 rows each), tokens on both
   // sides of each slice's edges: rank 1's rows, rank 0's, and the whole table.
   const std::vector<int32_t> edges = {0, 127, 128, 200, 255, 256, 130, 3, 254};
   forward(9, 24, 257, 128, 128, true, 0, edges);

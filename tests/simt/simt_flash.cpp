@@ -1,6 +1,6 @@
 // Flash attention forward (fwd_kernel) and backward (delta_kernel, dkdv_kernel,
 // dq_kernel) under the emulator vs kvs::cpu::attention_forward/backward in
-// double. Same problems as tests/test_cuda_attention.cpp (B = 2, Hq = 4,
+// double. Same problems as tests/kernels/cuda/test_flash_attention.cpp (B = 2, Hq = 4,
 // bf16-rounded normal inputs, the three buffer layouts) and its tolerances:
 //   out (bf16): rtol 1e-2, atol 1e-2, and ||err|| <= 5e-3 ||ref|| + 1e-3 sqrt(n)
 //   lse (fp32): rtol 1e-5, atol 2e-4
@@ -75,7 +75,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   std::vector<float> lse((size_t)B * Hq * T, NAN), delta((size_t)B * Hq * T, NAN);
   const float scale = 1.0f / std::sqrt((float)D);
 
-  // Reference in double (as tests/cuda_attention_problem.h).
+  // Reference in double (as tests/kernels/cuda/cuda_attention_problem.h).
   const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
       dod(dout.begin(), dout.end());
   std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T), datt(att.size());
@@ -150,7 +150,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
 
 }  // namespace
 
-// A subset of test_cuda_attention.cpp's sweep (all of it takes minutes here):
+// A subset of tests/kernels/cuda/test_flash_attention.cpp's sweep (all of it takes minutes here):
 // MHA and GQA (Hkv 4, 2, 1), head dims 16/32/64/128, T = 1, a partial tile
 // (37, 70) and more than two tiles (130), the three layouts; one peaked softmax.
 void run_flash_attention() {

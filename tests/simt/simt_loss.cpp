@@ -1,11 +1,11 @@
 // The losses under the emulator:
 // - cross_entropy_kernel (fused loss + dlogits + argmax) vs
 //   kvs::cpu::cross_entropy_forward_backward in double, with
-//   tests/test_cuda_blas.cpp's cases and tolerances: loss rtol 1e-5, atol 2e-5;
+//   tests/kernels/cuda/test_cross_entropy.cpp's cases and tolerances: loss rtol 1e-5, atol 2e-5;
 //   dlogits (bf16) rtol 1/256, atol 1e-6 grad_scale; argmax exact; masked rows
 //   (target -1, never read) give loss 0 and zero gradients.
 // - the vocab-parallel loss (local_kernel, rescale_kernel, finish_kernel) with
-//   the all-reduces done on the host between them, as tests/test_cuda_tp.cpp:
+//   the all-reduces done on the host between them, as tests/parallel/test_cuda_tp.cpp:
 //   every rank's losses within rtol 1e-5, atol 1e-6 and dlogits within rtol
 //   1/128, atol 1e-6 of both the emulated fused kernel on the whole row and the
 //   CPU reference; argmax exact; padding columns of dlogits +0.0; with dlogits
@@ -201,7 +201,7 @@ void vp(const VpCase& c) {
 }  // namespace
 
 void run_cross_entropy() {
-  // tests/test_cuda_blas.cpp's CeCase list (N reduced from 8/6 to 3 for the 32000-wide rows).
+  // tests/kernels/cuda/test_cross_entropy.cpp's CeCase list (N reduced from 8/6 to 3 for the 32000-wide rows).
   ce<8>(3, 32000, true, false, 2.f);
   ce<8>(3, 32000, true, true, 2.f);
   ce<8>(3, 32000, false, true, 8.f);  // peaked softmax, no mask
@@ -216,7 +216,7 @@ void run_cross_entropy() {
 
 void run_vocab_parallel_ce() {
   // {name, N, Vfull, tp, V (local width), mask mode, argmax, dlogits, padding value}
-  vp({"vocab 200 tp 2", 37, 200, 2, 128, 1, true, true, 0.0f});  // test_cuda_tp.cpp's case: rank 1 has 56 padding columns
+  vp({"vocab 200 tp 2", 37, 200, 2, 128, 1, true, true, 0.0f});  // tests/parallel/test_cuda_tp.cpp's case: rank 1 has 56 padding columns
   vp({"vocab 200 tp 2 no argmax", 37, 200, 2, 128, 1, false, true, 0.0f});
   vp({"vocab 200 tp 2 padding 1e4", 37, 200, 2, 128, 1, true, true, 1e4f});
   vp({"vocab 200 tp 2 eval (no dlogits)", 37, 200, 2, 128, 1, true, false, 0.0f});

@@ -1,13 +1,13 @@
 // The small kernels under the emulator: reduce.cu, convert.cu, shift_gate.cu.
 // - sum_partials_kernel / sum_final_kernel (sum_f32, sum_squares_f32) vs a
-//   host double sum, test_cuda_blas.cpp's CudaReduce sizes up to 262144*4+5
+//   host double sum, tests/kernels/cuda/test_reduce.cpp's CudaReduce sizes up to 262144*4+5
 //   (the (1<<24)+3 one is left out for time) and tolerance (sum: 1e-11 *
 //   sum |x|, squares: 1e-11 * sum x^2). Launches mirror launch_sum: 1024
 //   blocks of 256, then one block of 1024 over the 1024 partials; scratch and
 //   out start as NaN. The result must have the same bits when the launch is
 //   repeated (twice in the first fiber order run) and in every later order
 //   (the first order's bits are kept).
-// - f32_to_bf16_kernel / bf16_to_f32_kernel: test_cuda_elementwise.cpp's
+// - f32_to_bf16_kernel / bf16_to_f32_kernel: tests/kernels/cuda/test_convert.cpp's
 //   CudaConvert cases (n 1, 7, 8, 1000, 4099; offset 0 and 1, the path
 //   chosen as the launcher chooses it; aligned data also through the scalar
 //   kernel): bf16 bits equal __float2bfloat16_rn (and an integer

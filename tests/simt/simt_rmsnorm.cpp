@@ -1,7 +1,7 @@
 // RMSNorm (residual_rmsnorm_forward_kernel, rmsnorm_backward_kernel,
 // rmsnorm_dw_reduce_kernel with its 32 x 32 block) under the emulator vs
 // kvs::cpu::rmsnorm_forward/backward in double, with
-// tests/test_cuda_elementwise.cpp's shapes, modes and tolerances:
+// tests/kernels/cuda/test_rmsnorm.cpp's shapes, modes and tolerances:
 //   resid_out: exact (bf16(a + b)); out (bf16): rtol 1e-2, atol 1e-4; rstd: rtol 1e-5
 //   dinp (bf16): rtol 1e-2, atol 1e-3; dw (fp32, added into random initial values): rtol 1e-4, atol 1e-4
 // Both vector widths where the launcher could take V = 8 (C % 8 == 0).
@@ -85,7 +85,7 @@ void run(int N, int C, int fwd_modes = 7, int bwd_modes = 7) {
 }  // namespace
 
 void run_rmsnorm() {
-  // tests/test_cuda_elementwise.cpp's kRmsShapes: {1, 8}, {5, 37}, {16, 768}, {3, 2051}, {2, 8200}
+  // tests/kernels/cuda/test_rmsnorm.cpp's kRmsShapes: {1, 8}, {5, 37}, {16, 768}, {3, 2051}, {2, 8200}
   // (C = 2051: 1024 threads, rows wider than the block).
   run<8>(1, 8);
   run<1>(1, 8);

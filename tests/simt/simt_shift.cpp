@@ -1,6 +1,6 @@
 // KV shift + RoPE (shift_rope_forward_kernel, shift_rope_backward_kernel,
 // shift_dcoef_reduce_kernel) under the emulator vs kvs::cpu::kv_shift_* and
-// rope_* in double, with tests/test_cuda_elementwise.cpp's tolerances:
+// rope_* in double, with tests/kernels/cuda/test_shift_rope.cpp's tolerances:
 //   y, dx (bf16): rtol 1e-2, atol 1e-4; columns outside the heads untouched
 //   dcoef (fp32, added into random initial values): rtol 1e-5, atol 1e-6 B T D
 // Both vector widths: V = 8 where the launcher would take it, V = 1 always.
@@ -113,7 +113,7 @@ void run(const Case& c) {
 }  // namespace
 
 void run_shift_rope() {
-  // {B, T, H, D, W, coef, rope, in_pad, in_off, out_pad}: tests/test_cuda_elementwise.cpp's kinds of
+  // {B, T, H, D, W, coef, rope, in_pad, in_off, out_pad}: tests/kernels/cuda/test_shift_rope.cpp's kinds of
   // cases (several tiles with a partial last one, padded/offset rows as in the fused QKV buffer,
   // odd D for the scalar path, W up to kMaxDcoefWindow, RoPE without shift and shift without RoPE).
   const Case cases[] = {

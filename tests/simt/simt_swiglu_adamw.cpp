@@ -1,9 +1,9 @@
 // SwiGLU and AdamW under the emulator.
 // - swiglu_forward_kernel / swiglu_backward_kernel vs kvs::cpu::swiglu_* in
-//   double, tests/test_cuda_elementwise.cpp's shapes and tolerance (bf16:
+//   double, tests/kernels/cuda/test_swiglu.cpp's shapes and tolerance (bf16:
 //   rtol 1e-2, atol 1e-4), both vector widths where V = 8 applies; launches
 //   mirror swiglu_forward/backward (256 threads, grid-stride, grid capped).
-// - adamw_kernel vs the host loop of tests/test_cuda_blas.cpp (CpuEngine's
+// - adamw_kernel vs the host loop of tests/kernels/cuda/test_adamw.cpp (CpuEngine's
 //   adamw_step operation by operation), the test's tensors and 5 steps:
 //   master atol 2e-6, exp_avg rtol 1e-5 atol 1e-9, exp_avg_sq rtol 1e-5 atol
 //   1e-12; the bf16 copy exactly bf16(master); elements outside every chunk
@@ -111,7 +111,7 @@ void adamw() {
     emu::launch(emu::Dim{(unsigned)chunks.size(), 1, 1}, kc::kAdamWThreads, [&] {
       kc::adamw_kernel(dp.data(), dbf.data(), grads.data(), dm.data(), dv.data(), chunks.data(), c);
     });
-    // CpuEngine::adamw_step, operation for operation (tests/test_cuda_blas.cpp's host_adamw).
+    // CpuEngine::adamw_step, operation for operation (tests/kernels/cuda/test_adamw.cpp's host_adamw).
     {
       const double hbc1 = 1.0 - std::pow(beta1, (double)step), hbc2 = 1.0 - std::pow(beta2, (double)step);
       const float b1 = (float)beta1, b2 = (float)beta2, flr = (float)lr, feps = (float)eps, sc = (float)gscale;
@@ -150,7 +150,7 @@ void adamw() {
 }  // namespace
 
 void run_swiglu() {
-  // tests/test_cuda_elementwise.cpp's kSwigluShapes {N, F}: {1, 1}, {3, 13}, {8, 64}, {5, 1000}, {2, 4104}
+  // tests/kernels/cuda/test_swiglu.cpp's kSwigluShapes {N, F}: {1, 1}, {3, 13}, {8, 64}, {5, 1000}, {2, 4104}
   const int shapes[][2] = {{1, 1}, {3, 13}, {8, 64}, {5, 1000}, {2, 4104}};
   for (const auto& s : shapes) {
     if (s[1] % 8 == 0) swiglu(s[0], s[1], true);

@@ -44,6 +44,11 @@ class Communicator {
   // Bytes from root to every rank (for small host-side messages: ids, configs).
   virtual void broadcast_bytes(void* buf, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Point to point, both at once (a ring step: every rank sends to one rank
+  // and receives from another): send[0..count) goes to rank `dest`, recv[0..count)
+  // comes from rank `src`. Every rank of a ring calls it together; send and
+  // recv must not overlap.
+  virtual void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) = 0;
   // A sub-communicator of the ranks with the same color, ordered by key
   // (MPI_Comm_split / ncclCommSplit semantics). Every rank must call it.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -84,6 +84,14 @@ class MpiComm final : public Communicator {
     check(MPI_Bcast(buf, as_int(bytes), MPI_BYTE, root, comm_), "Bcast");
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
+  void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
+    KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,
+              src, size_);
+    // A receive shorter than the message is MPI_ERR_TRUNCATE: sizes cannot silently disagree.
+    check(MPI_Sendrecv(send, as_int(count), mpi_type(t), dest, kSendRecvTag, recv, as_int(count), mpi_type(t), src,
+                       kSendRecvTag, comm_, MPI_STATUS_IGNORE),
+          "Sendrecv");
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
@@ -120,6 +128,7 @@ class MpiComm final : public Communicator {
     }
   }
 
+  static constexpr int kSendRecvTag = 17;
   std::shared_ptr<MpiRuntime> rt_;
   MPI_Comm comm_;
   bool owned_;

@@ -129,6 +129,21 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       return ncclBroadcast(s, r, count, nccl_type(t), root, comm_, stream_);
     });
   }
+  // One NCCL group of a send and a receive (the ring step of context
+  // parallelism). No size check: the peers differ, and NCCL fails on a mismatch.
+  void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
+    KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,
+              src, size_);
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("send_recv", send, bytes, recv, bytes, [&](const void* s, void* r) {
+      ncclResult_t e = ncclGroupStart();
+      if (e != ncclSuccess) return e;
+      e = ncclSend(s, count, nccl_type(t), dest, comm_, stream_);
+      if (e == ncclSuccess || e == ncclInProgress) e = ncclRecv(r, count, nccl_type(t), src, comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      return e == ncclSuccess || e == ncclInProgress ? end : e;
+    });
+  }
   // Host bytes go through a device staging buffer (NCCL moves device memory only).
   void broadcast_bytes(void* buf, size_t bytes, int root) override {
     check_root(root);

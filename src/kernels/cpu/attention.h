@@ -224,9 +224,12 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 //   dS[t,s] = P[t,s] (dP[t,s] - sum_s' P[t,s'] dP[t,s'])
 //   dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO.
 // Work units are (b, kv head); the query heads of the group run in order.
+// delta (null: computed from this block) holds the row sums
+// sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
+// only some of them (context parallelism).
 template <class T, int DC>
 void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
-              int Tq, int Tk, int Hq, int Hkv, int D, int off) {
+              int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
@@ -247,7 +250,7 @@ void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* 
             const T* pr = P + (size_t)t * Tk;
             T* r = dS + (size_t)t * Tk;
             const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
-            const T dot = row_dot(pr, r, hi);
+            const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : row_dot(pr, r, hi);
             for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
             for (int s = hi; s < Tk; ++s) r[s] = T(0);
           }
@@ -291,19 +294,39 @@ void attention_forward(T* out, T* att, std::type_identity_t<T>* lse, const T* q,
 }
 
 // The backward of the general form (att as its forward wrote it). datt is
-// scratch of the same shape as att (overwritten).
+// scratch of the same shape as att (overwritten). When the keys of a row are
+// split over several blocks (context parallelism: att then holds each block's
+// part of the whole row's probabilities), delta [B, Hq, Tq] must hold the
+// whole row's sum_s P dP, which equals sum_d dO O (attention_row_delta);
+// null computes it from this block's keys, which is right when they are all.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
-                        const T* att, int B, int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0) {
+                        const T* att, int B, int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0,
+                        const std::type_identity_t<T>* delta = nullptr) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   const int off = q_pos0 - k_pos0;
   switch (D) {
-    case 32: return a::backward<T, 32>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off);
-    case 64: return a::backward<T, 64>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off);
-    case 128: return a::backward<T, 128>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off);
-    default: return a::backward<T, 0>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off);
+    case 32: return a::backward<T, 32>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
+    case 64: return a::backward<T, 64>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
+    case 128: return a::backward<T, 128>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
+    default: return a::backward<T, 0>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
   }
+}
+
+// delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]: the row sum
+// sum_s P dP of attention_backward's dS over every key (dP = dO V^T, O = P V).
+template <class T>
+void attention_row_delta(T* delta, const T* dout, const T* out, int B, int Tq, int Hq, int D) {
+  static_assert(detail::kSupported<T>);
+  const size_t ld = (size_t)Hq * D;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int t = 0; t < Tq; ++t) {
+        const size_t at = (size_t)b * Tq * ld + (size_t)t * ld + (size_t)h * D;
+        delta[((size_t)b * Hq + h) * Tq + t] = detail::row_dot(dout + at, out + at, D);
+      }
 }
 
 // The training form: T queries and T keys at positions 0..T-1 (causal

@@ -313,4 +313,72 @@ TEST(OpsAttentionPositionsRows, LastQueriesEqualRowsOfFullAttention) {
   }
 }
 
+// Keys split into two blocks (context parallelism's ring): each block's
+// forward with its lse, merged by log-sum-exp, is the attention over all keys;
+// each block's probabilities rescaled by exp(lse_block - lse) are the rows of
+// the full att, and the backward of each block with the whole row's delta
+// (attention_row_delta) sums to the full backward.
+TEST(OpsAttentionPositionsRows, KeyBlocksMergeByLseAndBackwardWithRowDelta) {
+  const int B = 2, Tq = 6, Hq = 4, Hkv = 2, D = 8, q0 = 10;
+  const int T1 = 7, T2 = 9, Tk = T1 + T2;  // keys at positions 0..6 and 7..15
+  const PosShape full{"", B, Tq, Tk, Hq, Hkv, D, q0, 0};
+  PosData a(full, 77);
+  const size_t kr = (size_t)Hkv * D, qr = (size_t)Hq * D;
+  auto key_rows = [&](const Vec& x, int from, int n) {
+    Vec r((size_t)B * n * kr);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(x.begin() + ((size_t)b * Tk + from) * kr, (size_t)n * kr, r.begin() + (size_t)b * n * kr);
+    return r;
+  };
+  Vec fo(a.q.size()), fa((size_t)B * Hq * Tq * Tk), fl((size_t)B * Hq * Tq), fdatt(fa.size());
+  attention_forward(fo.data(), fa.data(), fl.data(), a.q.data(), a.k.data(), a.v.data(), B, Tq, Tk, Hq, Hkv, D, q0, 0);
+  const Vec k1 = key_rows(a.k, 0, T1), v1 = key_rows(a.v, 0, T1), k2 = key_rows(a.k, T1, T2), v2 = key_rows(a.v, T1, T2);
+  Vec o1(a.q.size()), o2(a.q.size()), a1((size_t)B * Hq * Tq * T1), a2((size_t)B * Hq * Tq * T2), l1(fl.size()),
+      l2(fl.size());
+  attention_forward(o1.data(), a1.data(), l1.data(), a.q.data(), k1.data(), v1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0);
+  attention_forward(o2.data(), a2.data(), l2.data(), a.q.data(), k2.data(), v2.data(), B, Tq, T2, Hq, Hkv, D, q0, T1);
+  Vec mo(a.q.size());
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int t = 0; t < Tq; ++t) {
+        const size_t r = ((size_t)b * Hq + h) * Tq + t;
+        const double lse = std::max(l1[r], l2[r]) + std::log(std::exp(l1[r] - std::max(l1[r], l2[r])) +
+                                                             std::exp(l2[r] - std::max(l1[r], l2[r])));
+        EXPECT_NEAR(lse, fl[r], 1e-12);
+        const double w1 = std::exp(l1[r] - lse), w2 = std::exp(l2[r] - lse);
+        for (int d = 0; d < D; ++d) {
+          const size_t o = ((size_t)b * Tq + t) * qr + (size_t)h * D + d;
+          mo[o] = w1 * o1[o] + w2 * o2[o];
+        }
+        for (int s = 0; s < T1; ++s) a1[r * T1 + s] *= w1;
+        for (int s = 0; s < T2; ++s) a2[r * T2 + s] *= w2;
+      }
+  EXPECT_LT(rel_err(mo, fo), 1e-13);
+
+  Vec fdq(a.q.size(), 0.0), fdk(a.k.size(), 0.0), fdv(a.v.size(), 0.0);
+  attention_backward(fdq.data(), fdk.data(), fdv.data(), fdatt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+                     fa.data(), B, Tq, Tk, Hq, Hkv, D, q0, 0);
+  Vec delta(fl.size());
+  attention_row_delta(delta.data(), a.R.data(), fo.data(), B, Tq, Hq, D);
+  Vec dq(a.q.size(), 0.0), dk1(k1.size(), 0.0), dv1(v1.size(), 0.0), dk2(k2.size(), 0.0), dv2(v2.size(), 0.0);
+  Vec s1(a1.size()), s2(a2.size());
+  attention_backward(dq.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+                     a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0, delta.data());
+  attention_backward(dq.data(), dk2.data(), dv2.data(), s2.data(), a.R.data(), a.q.data(), k2.data(), v2.data(),
+                     a2.data(), B, Tq, T2, Hq, Hkv, D, q0, T1, delta.data());
+  EXPECT_LT(rel_err(dq, fdq), 1e-12);
+  EXPECT_LT(rel_err(dk1, key_rows(fdk, 0, T1)), 1e-12);
+  EXPECT_LT(rel_err(dv1, key_rows(fdv, 0, T1)), 1e-12);
+  EXPECT_LT(rel_err(dk2, key_rows(fdk, T1, T2)), 1e-12);
+  EXPECT_LT(rel_err(dv2, key_rows(fdv, T1, T2)), 1e-12);
+  // Without the whole row's delta the block's own sum is wrong.
+  Vec bad(a.q.size(), 0.0);
+  attention_backward(bad.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+                     a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0);
+  Vec want1(a.q.size(), 0.0);
+  attention_backward(want1.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+                     a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0, delta.data());
+  EXPECT_GT(rel_err(bad, want1), 1e-3);
+}
+
 }  // namespace

@@ -162,6 +162,8 @@ const Fields<ParallelConfig>& parallel_fields() {
   using P = ParallelConfig;
   static const Fields<P> fields = {
       {"tp", &P::tp, at_least(1)},
+      {"sequence_parallel", &P::sequence_parallel, kOmitIfDefault},
+      {"cp", &P::cp, at_least(1), kOmitIfDefault},
   };
   return fields;
 }
@@ -441,6 +443,24 @@ void validate(const Config& c, const std::string& origin) {
 
   check_section(parallel_fields(), c.parallel, top.at("parallel"));
   check_tensor_parallel(c.model, c.parallel.tp, origin);
+  const ParallelConfig& p = c.parallel;
+  if (p.sequence_parallel && p.tp == 1)
+    fail("{}: parallel.sequence_parallel: needs tensor parallelism (parallel.tp > 1), got tp 1", origin);
+  if (p.sequence_parallel && t.seq_len % p.tp != 0)
+    fail("{}: parallel.sequence_parallel: train.seq_len ({}) must be divisible by parallel.tp ({}): each rank holds "
+         "an equal share of the rows",
+         origin, t.seq_len, p.tp);
+  if (p.cp > 1 && t.seq_len % (2 * p.cp) != 0)
+    fail("{}: parallel.cp ({}): train.seq_len ({}) must be divisible by 2 x cp = {}: each rank holds two equal "
+         "chunks of every sequence",
+         origin, p.cp, t.seq_len, 2 * p.cp);
+  if (p.cp > 1 && m.kv_shift.enabled && t.seq_len / (2 * p.cp) < m.kv_shift.window)
+    fail("{}: parallel.cp ({}): chunks of train.seq_len / (2 x cp) = {} positions are shorter than "
+         "model.kv_shift.window ({}): the shift's halo comes from the previous chunk alone",
+         origin, p.cp, t.seq_len / (2 * p.cp), m.kv_shift.window);
+  if (c.device == Device::Cuda && (p.cp > 1 || p.sequence_parallel))
+    fail("{}: parallel.{}: needs device \"cpu\" for now (the CUDA engine has no {} yet)", origin,
+         p.cp > 1 ? "cp" : "sequence_parallel", p.cp > 1 ? "context parallelism" : "sequence parallelism");
 }
 
 json to_json(const Config& c) { return write_section(config_fields(), c); }

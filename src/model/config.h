@@ -137,8 +137,13 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// Processes = dp x cp x tp (docs/PARALLEL.md); dp is what is left over.
 struct ParallelConfig {
-  int tp = 1;  // tensor-parallel size (processes = dp x tp)
+  int tp = 1;  // tensor-parallel size
+  // Sequence parallelism within the TP group: the residual stream and norms hold
+  // seq rows / tp per rank (needs tp > 1).
+  bool sequence_parallel = false;
+  int cp = 1;  // context-parallel size: each sequence split over cp ranks
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -25,43 +25,88 @@ const float* effective_coef(const float* stored, float* eff, int H, bool gate) {
 
 }  // namespace
 
+namespace {
+
+// The rows of one run of whole sequences that the positional ops see: B
+// sequences of T rows from row0, at positions pos0.. (RoPE, the causal mask),
+// the shift's history in the halos (null: zeros) and its document starts.
+struct Segment {
+  size_t row0;
+  int B, T, pos0;
+  const float *q_halo, *k_halo, *v_halo;
+  const int32_t* shift_doc;
+};
+
+// One segment without context parallelism, two (this rank's chunks) with it.
+// With context parallelism the halos are the ring group's: every rank calls
+// this at the same point of the same layer.
+int segments(Segment out[2], const LayerView& w, const LayerActs& a, const BlockContext& c) {
+  if (!c.cp) {
+    out[0] = {0, c.B, c.T, c.pos0, c.q_halo, c.k_halo, c.v_halo, c.shift_doc};
+    return 1;
+  }
+  const CpLayout& l = *c.cp_layout;
+  const size_t QD = c.d.QD(), KD = c.d.KD(), rows = static_cast<size_t>(l.B) * l.Tc, halo = static_cast<size_t>(l.B) * c.window;
+  const float* qh = w.q_shift ? c.cp->halo(0, a.qraw, QD, l) : nullptr;
+  const float* kh = w.k_shift ? c.cp->halo(1, a.k, KD, l) : nullptr;
+  const float* vh = w.v_shift ? c.cp->halo(2, a.v, KD, l) : nullptr;
+  for (int h = 0; h < 2; ++h)
+    out[h] = {h * rows, l.B, l.Tc, l.pos0(h), qh ? qh + h * halo * QD : nullptr, kh ? kh + h * halo * KD : nullptr,
+              vh ? vh + h * halo * KD : nullptr, c.shift_doc ? c.shift_doc + h * rows : nullptr};
+  return 2;
+}
+
+}  // namespace
+
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c) {
   const int B = c.B, T = c.T, N = B * T, C = c.d.C, F = c.d.F;
   const int Hq = c.d.Hq, Hkv = c.d.Hkv, D = c.d.D, QD = c.d.QD(), KD = c.d.KD(), W = c.window;
-  const size_t NC = static_cast<size_t>(N) * C, W1 = static_cast<size_t>(W) + 1;
+  const size_t W1 = static_cast<size_t>(W) + 1;
   KVS_CHECK(c.kv_past == 0 || B == 1, "block_forward: cached keys need one sequence, got {}", B);
-  const size_t at = static_cast<size_t>(c.pos0) * (D / 2);  // RoPE rows from the first position
-  const float* cos = c.rope ? c.rope_cos + at : nullptr;
-  const float* sin = c.rope ? c.rope_sin + at : nullptr;
+  const size_t NCl = c.tp.local_rows(N) * C;  // the residual stream's rows on this rank
   const float* qc = w.q_shift ? effective_coef(w.q_shift, a.coef, Hq, c.sigmoid_gate) : nullptr;
   const float* kc = w.k_shift ? effective_coef(w.k_shift, a.coef + Hq * W1, Hkv, c.sigmoid_gate) : nullptr;
   const float* vc = w.v_shift ? effective_coef(w.v_shift, a.coef + (Hq + Hkv) * W1, Hkv, c.sigmoid_gate) : nullptr;
 
-  cpu::rmsnorm_forward(a.ln1, a.rstd1, a.resid, w.ln1, N, C, c.eps);
-  column_parallel_forward(a.ln1, N, C, {{w.q_shift ? a.qraw : a.q, w.wq, QD}, {a.k, w.wk, KD}, {a.v, w.wv, KD}});
-  if (w.q_shift) cpu::kv_shift_forward(a.q, a.qraw, qc, B, T, Hq, D, W, c.shift_doc, c.q_halo);
+  cpu::rmsnorm_forward(a.ln1, a.rstd1, a.resid, w.ln1, static_cast<int>(NCl / C), C, c.eps);
+  column_parallel_forward(a.ln1, N, C, {{w.q_shift ? a.qraw : a.q, w.wq, QD}, {a.k, w.wk, KD}, {a.v, w.wv, KD}}, c.tp,
+                          c.sp_full);
   // KV shifting acts on the raw projections, before RoPE.
-  if (w.k_shift) {
-    cpu::kv_shift_forward(a.khat, a.k, kc, B, T, Hkv, D, W, c.shift_doc, c.k_halo);
-    if (c.rope) cpu::rope_forward(a.khat, a.khat, cos, sin, B, T, Hkv, D);
-  } else if (c.rope) {
-    cpu::rope_forward(a.khat, a.k, cos, sin, B, T, Hkv, D);
-  } else {
-    std::copy(a.k, a.k + static_cast<size_t>(N) * KD, a.khat);
+  Segment seg[2];
+  const int nseg = segments(seg, w, a, c);
+  for (int i = 0; i < nseg; ++i) {
+    const Segment& g = seg[i];
+    const size_t rq = g.row0 * QD, rk = g.row0 * KD, n = static_cast<size_t>(g.B) * g.T * KD;
+    const size_t at = static_cast<size_t>(g.pos0) * (D / 2);  // RoPE rows from the segment's first position
+    const float* cos = c.rope ? c.rope_cos + at : nullptr;
+    const float* sin = c.rope ? c.rope_sin + at : nullptr;
+    if (w.q_shift) cpu::kv_shift_forward(a.q + rq, a.qraw + rq, qc, g.B, g.T, Hq, D, W, g.shift_doc, g.q_halo);
+    if (w.k_shift) {
+      cpu::kv_shift_forward(a.khat + rk, a.k + rk, kc, g.B, g.T, Hkv, D, W, g.shift_doc, g.k_halo);
+      if (c.rope) cpu::rope_forward(a.khat + rk, a.khat + rk, cos, sin, g.B, g.T, Hkv, D);
+    } else if (c.rope) {
+      cpu::rope_forward(a.khat + rk, a.k + rk, cos, sin, g.B, g.T, Hkv, D);
+    } else {
+      std::copy(a.k + rk, a.k + rk + n, a.khat + rk);
+    }
+    if (w.v_shift) cpu::kv_shift_forward(a.vhat + rk, a.v + rk, vc, g.B, g.T, Hkv, D, W, g.shift_doc, g.v_halo);
+    if (c.rope) cpu::rope_forward(a.q + rq, a.q + rq, cos, sin, g.B, g.T, Hq, D);
   }
-  if (w.v_shift) cpu::kv_shift_forward(a.vhat, a.v, vc, B, T, Hkv, D, W, c.shift_doc, c.v_halo);
-  if (c.rope) cpu::rope_forward(a.q, a.q, cos, sin, B, T, Hq, D);
-  const size_t past = static_cast<size_t>(c.kv_past) * KD;
-  cpu::attention_forward(a.attout, a.att, nullptr, a.q, a.khat - past, a.vhat - past, B, T, c.kv_past + T, Hq, Hkv, D,
-                         c.pos0, c.pos0 - c.kv_past, c.attention_doc);
-  row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp);
-  cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NC);
+  if (c.cp) {
+    c.cp->forward(a.attout, a.att, a.q, a.khat, a.vhat, c.attention_doc, *c.cp_layout);
+  } else {
+    const size_t past = static_cast<size_t>(c.kv_past) * KD;
+    cpu::attention_forward(a.attout, a.att, nullptr, a.q, a.khat - past, a.vhat - past, B, T, c.kv_past + T, Hq, Hkv,
+                           D, c.pos0, c.pos0 - c.kv_past, c.attention_doc);
+  }
+  row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
+  cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NCl);
 
-  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.res_mid, w.ln2, N, C, c.eps);
-  column_parallel_forward(a.ln2, N, C, {{a.gate, w.w_gate, F}, {a.up, w.w_up, F}});
+  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.res_mid, w.ln2, static_cast<int>(NCl / C), C, c.eps);
+  column_parallel_forward(a.ln2, N, C, {{a.gate, w.w_gate, F}, {a.up, w.w_up, F}}, c.tp, c.sp_full);
   cpu::swiglu_forward(a.h, a.gate, a.up, static_cast<size_t>(N) * F);
-  row_parallel_forward(a.out, a.h, w.w_down, N, F, C, c.tp);
-  cpu::residual_forward(a.out, a.out, a.res_mid, NC);
+  row_parallel_forward(a.out, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
+  cpu::residual_forward(a.out, a.out, a.res_mid, NCl);
 }
 
 void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, const LayerScratch& s, float* dresid,
@@ -70,78 +115,99 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   const int Hq = c.d.Hq, Hkv = c.d.Hkv, D = c.d.D, QD = c.d.QD(), KD = c.d.KD(), W = c.window;
   const size_t NF = static_cast<size_t>(N) * F, NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
   const size_t W1 = static_cast<size_t>(W) + 1;
+  const int Nl = static_cast<int>(c.tp.local_rows(N));  // the residual stream's rows on this rank
   KVS_CHECK(c.pos0 == 0 && c.kv_past == 0 && !c.q_halo && !c.k_halo && !c.v_halo,
             "block_backward: only whole sequences from position 0");
-  const float* cos = c.rope_cos;
-  const float* sin = c.rope_sin;
   const bool gated = c.sigmoid_gate;
   const float* qc = gated ? a.coef : w.q_shift;
   const float* kc = gated ? a.coef + Hq * W1 : w.k_shift;
   const float* vc = gated ? a.coef + (Hq + Hkv) * W1 : w.v_shift;
-  // d coefficients: straight into the gradient tensor ("free", "clamp01"), or
-  // into scratch and then through the gate ("sigmoid_gate").
-  auto shift_backward = [&](float* din, float* dstored, const float* dout, const float* in, const float* stored,
-                            const float* coef, int H) {
-    if (!gated) {
-      cpu::kv_shift_backward(din, dstored, dout, in, coef, B, T, H, D, W, c.shift_doc);
-      return;
-    }
-    zero(s.dcoef, static_cast<size_t>(H) * W1);
-    cpu::kv_shift_backward(din, s.dcoef, dout, in, coef, B, T, H, D, W, c.shift_doc);
-    cpu::shift_gate_backward(dstored, s.dcoef, stored, H);
-  };
 
   // MLP: out = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d out.
   zero(s.dh, NF);
-  row_parallel_backward(s.dh, g.w_down, dresid, a.h, w.w_down, N, F, C);
+  row_parallel_backward(s.dh, g.w_down, dresid, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
   zero(s.dgate, NF);
   zero(s.dup, NF);
   cpu::swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up, NF);
-  column_parallel_backward(s.dln, a.ln2, N, C, {{s.dgate, w.w_gate, g.w_gate, F}, {s.dup, w.w_up, g.w_up, F}}, c.tp);
-  cpu::rmsnorm_backward(dresid, g.ln2, s.dln, a.res_mid, w.ln2, a.rstd2, N, C);  // dresid is now d res_mid
+  column_parallel_backward(s.dln, a.ln2, N, C, {{s.dgate, w.w_gate, g.w_gate, F}, {s.dup, w.w_up, g.w_up, F}}, c.tp,
+                           c.sp_full, c.sp_full2);
+  cpu::rmsnorm_backward(dresid, g.ln2, s.dln, a.res_mid, w.ln2, a.rstd2, Nl, C);  // dresid is now d res_mid
 
   // Attention: res_mid = resid + o_proj(attout).
   zero(s.dattout, NQ);
-  row_parallel_backward(s.dattout, g.wo, dresid, a.attout, w.wo, N, QD, C);
+  row_parallel_backward(s.dattout, g.wo, dresid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
   zero(s.dq, NQ);
   zero(s.dkhat, NK);
   zero(s.dvhat, NK);
-  cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
-  // Without RoPE the gradients w.r.t. q and k-hat pass through unchanged.
-  const float* dq_raw = s.dq;
-  if (c.rope) {
-    zero(s.dq_pre, NQ);
-    cpu::rope_backward(s.dq_pre, s.dq, cos, sin, B, T, Hq, D);
-    dq_raw = s.dq_pre;
-  }
-  if (w.q_shift) {  // dq_raw is d(shifted q); through the shift to d(raw q)
-    zero(s.dqs, NQ);
-    shift_backward(s.dqs, g.q_shift, dq_raw, a.qraw, w.q_shift, qc, Hq);
-    dq_raw = s.dqs;
-  }
-  zero(s.dk, NK);
-  if (w.k_shift) {
-    const float* dks = s.dkhat;
-    if (c.rope) {
-      zero(s.dks, NK);
-      cpu::rope_backward(s.dks, s.dkhat, cos, sin, B, T, Hkv, D);
-      dks = s.dks;
-    }
-    shift_backward(s.dk, g.k_shift, dks, a.k, w.k_shift, kc, Hkv);
-  } else if (c.rope) {
-    cpu::rope_backward(s.dk, s.dkhat, cos, sin, B, T, Hkv, D);
+  if (c.cp) {
+    c.cp->backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.attout, a.q, a.khat, a.vhat, a.att, *c.cp_layout);
   } else {
-    std::copy(s.dkhat, s.dkhat + NK, s.dk);
+    cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
   }
-  const float* dv_raw = s.dvhat;
-  if (w.v_shift) {
-    zero(s.dv, NK);
-    shift_backward(s.dv, g.v_shift, s.dvhat, a.v, w.v_shift, vc, Hkv);
-    dv_raw = s.dv;
+
+  // Through RoPE and the shifts, segment by segment, to the raw projections.
+  // Without RoPE the gradients w.r.t. q and k-hat pass through unchanged. The
+  // coefficient gradients go straight into the gradient tensor ("free",
+  // "clamp01"), or for "sigmoid_gate" into dcoef and then through the gate.
+  const float* dq_raw = c.rope ? s.dq_pre : s.dq;
+  if (w.q_shift) zero(s.dqs, NQ);
+  if (c.rope) zero(s.dq_pre, NQ);
+  zero(s.dk, NK);
+  if (w.k_shift && c.rope) zero(s.dks, NK);
+  if (w.v_shift) zero(s.dv, NK);
+  const size_t coefs = (static_cast<size_t>(Hq) + 2 * Hkv) * W1;
+  if (gated) zero(s.dcoef, coefs);
+  float* dcq = gated ? s.dcoef : g.q_shift;
+  float* dck = gated ? s.dcoef + Hq * W1 : g.k_shift;
+  float* dcv = gated ? s.dcoef + (Hq + Hkv) * W1 : g.v_shift;
+  // Context parallelism: the gradients of the halo rows, returned to their owners below.
+  float* dhq = c.cp && w.q_shift ? c.cp->halo_grad(0, QD, *c.cp_layout) : nullptr;
+  float* dhk = c.cp && w.k_shift ? c.cp->halo_grad(1, KD, *c.cp_layout) : nullptr;
+  float* dhv = c.cp && w.v_shift ? c.cp->halo_grad(2, KD, *c.cp_layout) : nullptr;
+  Segment seg[2];
+  const int nseg = segments(seg, w, a, c);  // (with context parallelism: the halos again)
+  for (int i = 0; i < nseg; ++i) {
+    const Segment& sg = seg[i];
+    const size_t rq = sg.row0 * QD, rk = sg.row0 * KD, n = static_cast<size_t>(sg.B) * sg.T * KD;
+    const size_t at = static_cast<size_t>(sg.pos0) * (D / 2);
+    const float* cos = c.rope ? c.rope_cos + at : nullptr;
+    const float* sin = c.rope ? c.rope_sin + at : nullptr;
+    const size_t hq = static_cast<size_t>(i) * sg.B * W * QD, hk = static_cast<size_t>(i) * sg.B * W * KD;
+    if (c.rope) cpu::rope_backward(s.dq_pre + rq, s.dq + rq, cos, sin, sg.B, sg.T, Hq, D);
+    if (w.q_shift)  // dq_raw is d(shifted q); through the shift to d(raw q)
+      cpu::kv_shift_backward(s.dqs + rq, dcq, dq_raw + rq, a.qraw + rq, qc, sg.B, sg.T, Hq, D, W, sg.shift_doc,
+                             sg.q_halo, dhq ? dhq + hq : nullptr);
+    if (w.k_shift) {
+      const float* dks = s.dkhat;
+      if (c.rope) {
+        cpu::rope_backward(s.dks + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D);
+        dks = s.dks;
+      }
+      cpu::kv_shift_backward(s.dk + rk, dck, dks + rk, a.k + rk, kc, sg.B, sg.T, Hkv, D, W, sg.shift_doc, sg.k_halo,
+                             dhk ? dhk + hk : nullptr);
+    } else if (c.rope) {
+      cpu::rope_backward(s.dk + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D);
+    } else {
+      std::copy(s.dkhat + rk, s.dkhat + rk + n, s.dk + rk);
+    }
+    if (w.v_shift)
+      cpu::kv_shift_backward(s.dv + rk, dcv, s.dvhat + rk, a.v + rk, vc, sg.B, sg.T, Hkv, D, W, sg.shift_doc,
+                             sg.v_halo, dhv ? dhv + hk : nullptr);
   }
+  if (w.q_shift) dq_raw = s.dqs;
+  if (dhq) c.cp->halo_backward(dhq, s.dqs, QD, *c.cp_layout);
+  if (dhk) c.cp->halo_backward(dhk, s.dk, KD, *c.cp_layout);
+  if (dhv) c.cp->halo_backward(dhv, s.dv, KD, *c.cp_layout);
+  if (gated) {
+    if (w.q_shift) cpu::shift_gate_backward(g.q_shift, s.dcoef, w.q_shift, Hq);
+    if (w.k_shift) cpu::shift_gate_backward(g.k_shift, s.dcoef + Hq * W1, w.k_shift, Hkv);
+    if (w.v_shift) cpu::shift_gate_backward(g.v_shift, s.dcoef + (Hq + Hkv) * W1, w.v_shift, Hkv);
+  }
+  const float* dv_raw = w.v_shift ? s.dv : s.dvhat;
   column_parallel_backward(s.dln, a.ln1, N, C,
-                           {{dq_raw, w.wq, g.wq, QD}, {s.dk, w.wk, g.wk, KD}, {dv_raw, w.wv, g.wv, KD}}, c.tp);
-  cpu::rmsnorm_backward(dresid, g.ln1, s.dln, a.resid, w.ln1, a.rstd1, N, C);  // dresid is now d resid
+                           {{dq_raw, w.wq, g.wq, QD}, {s.dk, w.wk, g.wk, KD}, {dv_raw, w.wv, g.wv, KD}}, c.tp,
+                           c.sp_full, c.sp_full2);
+  cpu::rmsnorm_backward(dresid, g.ln1, s.dln, a.resid, w.ln1, a.rstd1, Nl, C);  // dresid is now d resid
 }
 
 }  // namespace kvs

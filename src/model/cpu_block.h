@@ -19,12 +19,15 @@
 #include <cstdint>
 
 #include "model/params.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_region.h"
 
 namespace kvs {
 
-// One layer's activations. Each points at N rows of its width.
+// One layer's activations. Each points at N = B*T rows of its width, but
+// under sequence parallelism the residual stream and the norms (resid,
+// res_mid, out, ln1, rstd1, ln2, rstd2) hold only this rank's N/tp rows.
 struct LayerActs {
   const float* resid;  // the layer's input [N, C]
   float* res_mid;      // resid + attention [N, C]
@@ -40,7 +43,7 @@ struct LayerActs {
   float* coef;         // effective shift coefficients, [Hq | Hkv | Hkv] x (W+1)
 };
 
-// Backward scratch, shared by every layer.
+// Backward scratch, shared by every layer (dln: N/tp rows under sequence parallelism).
 struct LayerScratch {
   float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *datt, *dqs, *dcoef;
 };
@@ -66,11 +69,19 @@ struct BlockContext {
   const int32_t* shift_doc = nullptr;      // [B, T] document starts in row coordinates (null: none)
   const int32_t* attention_doc = nullptr;  // [B, T] document starts in positions (null: none)
   TensorParallelRegion tp;
+  // Sequence parallelism: two [N, C] buffers for rows gathered or not yet scattered.
+  float *sp_full = nullptr, *sp_full2 = nullptr;
+  // Context parallelism (parallel/context_parallel.h): the rows are this
+  // rank's two chunks of every sequence, [2][B][T/2] (T = 2 Tc here), with
+  // shift_doc per half in that half's row coordinates; the shift takes its
+  // halo from the ring group and attention is the ring's.
+  ContextParallelAttention* cp = nullptr;
+  const CpLayout* cp_layout = nullptr;
 };
 
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c);
 // dresid holds d out on entry and d resid on return; gradients go into g.
-// Training only: pos0 = kv_past = 0, no halos.
+// Training only: pos0 = kv_past = 0, no halos given (context parallelism makes its own).
 void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, const LayerScratch& s, float* dresid,
                     const BlockContext& c);
 

@@ -22,9 +22,10 @@ namespace {
 void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
 }  // namespace
 
-ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T) {
+ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks, int cp) {
   ActivationPlan p;
-  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = d.C;
+  const size_t N = static_cast<size_t>(B) * T / cp, L = m.num_hidden_layers, C = d.C;
+  const size_t Nl = N / sp_ranks;  // the residual stream's rows on this rank
   const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
   const size_t H = d.Hq, D = d.D;
   size_t off = 0;
@@ -33,13 +34,14 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
     off += (n + 15) / 16 * 16;  // 64-byte aligned slices
     return at;
   };
-  p.resid_stride = N * C;
-  p.res_mid_stride = N * C;
-  p.ln_stride = N * C;
-  p.rstd_stride = N;
+  p.resid_stride = Nl * C;
+  p.res_mid_stride = Nl * C;
+  p.ln_stride = Nl * C;
+  p.rstd_stride = Nl;
   p.q_stride = N * QD;
   p.kv_stride = N * KD;
-  p.att_stride = static_cast<size_t>(B) * H * T * T;
+  p.att_stride = cp > 1 ? ContextParallelAttention::att_floats(cp, B, static_cast<int>(H), T)
+                        : static_cast<size_t>(B) * H * T * T;
   p.ffn_stride = N * F;
   const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
   p.qraw_stride = shift_q ? N * QD : 0;
@@ -62,14 +64,19 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.gate = take(L * p.ffn_stride);
   p.up = take(L * p.ffn_stride);
   p.h = take(L * p.ffn_stride);
-  p.lnf = take(N * C);
-  p.rstdf = take(N);
+  p.lnf = take(Nl * C);
+  p.rstdf = take(Nl);
   p.logits = take(N * V);
   p.losses = take(N);
   p.rope_cos = take(static_cast<size_t>(T) * D / 2);
   p.rope_sin = take(static_cast<size_t>(T) * D / 2);
-  p.dresid = take(N * C);
-  p.dln = take(N * C);
+  p.dresid = take(Nl * C);
+  p.dln = take(Nl * C);
+  if (sp_ranks > 1) {
+    p.sp_full = take(N * C);
+    p.sp_full2 = take(N * C);
+    p.norm_grads = take((2 * L + 1) * C);
+  }
   p.dh = take(N * F);
   p.dgate = take(N * F);
   p.dup = take(N * F);
@@ -81,7 +88,7 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.dk = take(N * KD);
   p.dvhat = take(N * KD);
   p.dv = take(N * KD);
-  p.datt = take(p.att_stride);
+  p.datt = take(cp > 1 ? static_cast<size_t>(B) * H * (T / (2 * cp)) * (T / (2 * cp)) : p.att_stride);  // one block
   p.dqs = take(p.qraw_stride);
   p.dcoef = take(p.coef_stride);
   p.total = off;
@@ -119,10 +126,11 @@ LayerScratch ActivationPlan::scratch(float* a) const {
           a + dks, a + dk, a + dvhat, a + dv, a + datt, a + dqs, a + dcoef};
 }
 
-CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp)
+CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp, ContextParallel cp)
     : m_(m),
       tp_(tp),
-      region_(tp),
+      region_(tp, tp.sequence_parallel),
+      cp_(cp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
       layout_(ParamLayout::build(m, tp.rank, tp.size)),
       max_B_(max_batch),
@@ -131,15 +139,31 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   KVS_CHECK(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
             "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp.rank, tp.size);
   check_tensor_parallel(m, tp.size, "engine");
-  plan_ = ActivationPlan::build(m, d_, max_batch, max_seq_len);
+  KVS_CHECK(!region_.sequence_parallel() || static_cast<int64_t>(max_batch) * max_seq_len / cp.size % tp.size == 0,
+            "engine: sequence parallelism needs micro-batch rows ({} x {} / cp {}) divisible by tp ({})", max_batch,
+            max_seq_len, cp.size, tp.size);
+  plan_ = ActivationPlan::build(m, d_, max_batch, max_seq_len, region_.sequence_parallel() ? tp.size : 1, cp.size);
+  const size_t rows = static_cast<size_t>(max_batch) * max_seq_len;
+  if (cp.size > 1) {
+    cp_attn_ = std::make_unique<ContextParallelAttention>(cp, d_, m.kv_shift.window, max_batch, max_seq_len);
+    cp_inputs_.assign(rows / cp.size, 0);
+    cp_targets_.assign(rows / cp.size, 0);
+    cp_mask_.assign(rows / cp.size, 0.0f);
+    cp_gather_.assign(rows, 0.0f);
+    cp_ids_.assign(rows, 0.0f);
+    if (m_.document_boundaries != DocumentBoundaries::None) {
+      cp_shift_doc_.assign(rows / cp.size, 0);
+      cp_doc_full_.assign(rows, 0);
+    }
+  }
   params_.assign(layout_.total, 0.0f);
   grads_.assign(layout_.total, 0.0f);
   exp_avg_.assign(layout_.total, 0.0f);
   exp_avg_sq_.assign(layout_.total, 0.0f);
   opt_end_ = layout_.total;
   acts_.assign(plan_.total, 0.0f);
-  argmax_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
-  if (m_.document_boundaries != DocumentBoundaries::None) doc_start_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
+  argmax_.assign(rows / cp.size, 0);
+  if (m_.document_boundaries != DocumentBoundaries::None) doc_start_.assign(rows / cp.size, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
   cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
@@ -171,7 +195,7 @@ void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
-BlockContext CpuEngine::block_context(int B, int T) const {
+BlockContext CpuEngine::block_context(int B, int T) {
   BlockContext c;
   c.B = B;
   c.T = T;
@@ -185,6 +209,12 @@ BlockContext CpuEngine::block_context(int B, int T) const {
   c.shift_doc = shift_doc_start();
   c.attention_doc = attention_doc_start();
   c.tp = region_;
+  c.cp = cp_attn_.get();
+  c.cp_layout = &cp_layout_;
+  if (region_.sequence_parallel()) {
+    c.sp_full = acts_.data() + plan_.sp_full;
+    c.sp_full2 = acts_.data() + plan_.sp_full2;
+  }
   return c;
 }
 
@@ -196,80 +226,165 @@ void CpuEngine::forward_layer(int l, int B, int T) {
 void CpuEngine::backward_layer(int l, int B, int T) {
   ProfileRange range("backward layer", l);
   float* a = acts_.data();
-  block_backward(P_.layers[l], G_.layers[l], plan_.layer(a, l), plan_.scratch(a), a + plan_.dresid,
-                 block_context(B, T));
+  LayerView g = G_.layers[l];
+  if (region_.sequence_parallel()) {  // this rank's rows' share of the norm gains, summed after the backward
+    g.ln1 = a + plan_.norm_grads + (2 * static_cast<size_t>(l)) * d_.C;
+    g.ln2 = g.ln1 + d_.C;
+  }
+  block_backward(P_.layers[l], g, plan_.layer(a, l), plan_.scratch(a), a + plan_.dresid, block_context(B, T));
 }
 
 void CpuEngine::forward_to_logits(const Batch& b) {
-  // This rank's sizes (the whole model without tensor parallelism).
+  // This rank's sizes (the whole model without tensor parallelism); Nl rows of
+  // the residual stream (N / tp under sequence parallelism).
   const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
+  const int Nl = static_cast<int>(region_.local_rows(N));
   const ActivationPlan& p = plan_;
   float* a = acts_.data();
-  find_documents(b);
-  vocab_parallel_embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V, region_);
+  float* full = region_.sequence_parallel() ? a + p.sp_full : nullptr;
+  vocab_parallel_embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V, region_, full);
   for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
-  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, last, P_.norm, N, C, m_.rms_norm_eps);
-  column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}});  // this rank's vocabulary columns
+  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, last, P_.norm, Nl, C, m_.rms_norm_eps);
+  // The LM head is column-parallel over the vocabulary.
+  column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}}, region_, full);
 }
 
 void CpuEngine::backward_from_dlogits(const Batch& b) {
   const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
+  const int Nl = static_cast<int>(region_.local_rows(N));
   const ActivationPlan& p = plan_;
   float* a = acts_.data();
   float* dresid = a + p.dresid;
   float* dln = a + p.dln;
+  const bool sp = region_.sequence_parallel();
+  float* full = sp ? a + p.sp_full : nullptr;
+  float* norm_grads = sp ? a + p.norm_grads : nullptr;
+  if (sp) zero(norm_grads, (2 * static_cast<size_t>(m_.num_hidden_layers) + 1) * C);
   // LM head and final norm (dlogits were written over the logits).
-  column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_);
-  zero(dresid, static_cast<size_t>(N) * C);
+  column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_, full,
+                           sp ? a + p.sp_full2 : nullptr);
+  zero(dresid, static_cast<size_t>(Nl) * C);
   const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
-  cpu::rmsnorm_backward(dresid, G_.norm, dln, last, P_.norm, a + p.rstdf, N, C);
+  float* dnorm = sp ? norm_grads + 2 * static_cast<size_t>(m_.num_hidden_layers) * C : G_.norm;
+  cpu::rmsnorm_backward(dresid, dnorm, dln, last, P_.norm, a + p.rstdf, Nl, C);
   for (int l = m_.num_hidden_layers - 1; l >= 0; --l) backward_layer(l, B, T);
-  vocab_parallel_embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V);
+  vocab_parallel_embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V, region_, full);
+  if (sp) add_norm_grads(norm_grads);
+}
+
+void CpuEngine::add_norm_grads(float* norm_grads) {
+  // Each rank's norm gains saw only its rows: the gradient is the sum over the
+  // group, the same on every rank (they stay replicated).
+  const size_t C = d_.C, L = m_.num_hidden_layers;
+  region_.tp().comm->all_reduce(norm_grads, (2 * L + 1) * C, dist::DType::F32, dist::ReduceOp::Sum);
+  auto add = [&](float* g, const float* part) {
+    for (size_t i = 0; i < C; ++i) g[i] += part[i];
+  };
+  for (size_t l = 0; l < L; ++l) {
+    add(G_.layers[l].ln1, norm_grads + 2 * l * C);
+    add(G_.layers[l].ln2, norm_grads + (2 * l + 1) * C);
+  }
+  add(G_.norm, norm_grads + 2 * L * C);
+}
+
+Batch CpuEngine::local_rows(const Batch& b) {
+  validate_batch(b, m_, max_B_, max_T_);
+  if (cp_.size == 1) {
+    find_documents(b);
+    return b;
+  }
+  cp_layout_ = CpLayout(cp_, b.B, b.T);
+  const CpLayout& l = cp_layout_;
+  l.take(b.inputs, cp_inputs_.data(), 1);
+  if (b.targets) l.take(b.targets, cp_targets_.data(), 1);
+  if (b.mask) l.take(b.mask, cp_mask_.data(), 1);
+  find_documents(b);
+  return {b.B, b.T / cp_.size, cp_inputs_.data(), b.targets ? cp_targets_.data() : nullptr,
+          b.mask ? cp_mask_.data() : nullptr};
+}
+
+double CpuEngine::sum_over_cp(double local_sum) {
+  if (cp_.size > 1) cp_.comm->all_reduce(&local_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
+  return local_sum;
+}
+
+void CpuEngine::gather_rows(const float* local, float* full, const Batch& b) {
+  const size_t n = static_cast<size_t>(b.B) * b.T / cp_.size;
+  cp_.comm->all_gather(local, cp_gather_.data(), n, dist::DType::F32);
+  for (int r = 0; r < cp_.size; ++r) {
+    const CpLayout l({r, cp_.size, nullptr}, b.B, b.T);
+    const float* src = cp_gather_.data() + r * n;
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < b.B; ++s)
+        for (int t = 0; t < l.Tc; ++t) full[l.full_row(h, s, t)] = src[(static_cast<size_t>(h) * b.B + s) * l.Tc + t];
+  }
 }
 
 double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
-  validate_batch(b, m_, max_B_, max_T_);
-  forward_to_logits(b);
-  const size_t N = static_cast<size_t>(b.B) * b.T;
+  const Batch lb = local_rows(b);
+  forward_to_logits(lb);
+  const size_t N = static_cast<size_t>(lb.B) * lb.T;
   float* a = acts_.data();
-  cross_entropy(a + plan_.logits, nullptr, b, grad_scale);
+  cross_entropy(a + plan_.logits, nullptr, lb, grad_scale);
   double sum = 0;
   for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
-  backward_from_dlogits(b);
-  return sum;
+  backward_from_dlogits(lb);
+  return sum_over_cp(sum);
 }
 
 double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
-  validate_batch(b, m_, max_B_, max_T_);
-  forward_to_logits(b);
-  const size_t N = static_cast<size_t>(b.B) * b.T;
-  float* a = acts_.data();
   KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
+  KVS_CHECK(!logits || cp_.size == 1, "forward: full logits are not gathered under context parallelism");
+  const Batch lb = local_rows(b);
+  forward_to_logits(lb);
+  const size_t N = static_cast<size_t>(lb.B) * lb.T;
+  float* a = acts_.data();
   if (logits) std::copy(a + plan_.logits, a + plan_.logits + N * m_.vocab_size, logits);
   if (!b.targets) return 0.0;
-  cross_entropy(nullptr, argmax_.data(), b, 1.0);
+  cross_entropy(nullptr, argmax_.data(), lb, 1.0);
   double sum = 0;
   for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
-  if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
-  if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
-  return sum;
+  if (cp_.size == 1) {
+    if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
+    if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
+    return sum;
+  }
+  // The whole micro-batch's per-token outputs from every rank's chunks (ids as
+  // floats: exact below 2^24, and vocabularies are smaller).
+  if (token_losses) gather_rows(a + plan_.losses, token_losses, b);
+  if (argmax) {
+    const std::vector<float> ids(argmax_.begin(), argmax_.begin() + N);
+    gather_rows(ids.data(), cp_ids_.data(), b);
+    for (size_t i = 0; i < static_cast<size_t>(b.B) * b.T; ++i) argmax[i] = static_cast<int32_t>(cp_ids_[i]);
+  }
+  return sum_over_cp(sum);
 }
 
 void CpuEngine::find_documents(const Batch& b) {
   if (m_.document_boundaries == DocumentBoundaries::None) return;
+  // The first position of each position's document, over the whole sequences.
+  int32_t* full = cp_.size > 1 ? cp_doc_full_.data() : doc_start_.data();
   for (int i = 0; i < b.B; ++i) {
     int start = 0;
     for (int t = 0; t < b.T; ++t) {
       const size_t at = static_cast<size_t>(i) * b.T + t;
       if (b.inputs[at] == m_.bos_token_id) start = t;
-      doc_start_[at] = start;
+      full[at] = start;
     }
   }
+  if (cp_.size == 1) return;
+  // This rank's rows: attention takes positions, the shift each half's row
+  // coordinates (negative: the document began in an earlier chunk).
+  const CpLayout& l = cp_layout_;
+  l.take(full, doc_start_.data(), 1);
+  for (int h = 0; h < 2; ++h)
+    for (size_t i = h * l.rows() / 2; i < (h + 1) * l.rows() / 2; ++i) cp_shift_doc_[i] = doc_start_[i] - l.pos0(h);
 }
 
 const int32_t* CpuEngine::shift_doc_start() const {
-  return m_.document_boundaries == DocumentBoundaries::None ? nullptr : doc_start_.data();
+  if (m_.document_boundaries == DocumentBoundaries::None) return nullptr;
+  return cp_.size > 1 ? cp_shift_doc_.data() : doc_start_.data();
 }
 
 const int32_t* CpuEngine::attention_doc_start() const {

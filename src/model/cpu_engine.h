@@ -1,10 +1,12 @@
 // The CPU reference engine: fp32 everywhere, ops from kernels/cpu, one
 // activation buffer planned in the constructor (see ActivationPlan).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "model/cpu_block.h"
 #include "model/engine.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_region.h"
 
@@ -21,6 +23,11 @@ struct ActivationPlan {
   size_t resid_stride, res_mid_stride, ln_stride, rstd_stride, q_stride, kv_stride, att_stride, ffn_stride;
   // kv_shift.shift_q: the raw q projection (q holds the shifted, rotated q); 0 floats otherwise.
   size_t qraw, qraw_stride;
+  // Sequence parallelism: resid, res_mid, ln1/2, rstd1/2, lnf, rstdf, dresid
+  // and dln hold N/tp rows; sp_full and sp_full2 are [N, C] scratch for the
+  // gathered or not-yet-scattered rows, norm_grads [2L+1, C] the norm gains'
+  // gradients of one backward before they are summed over the TP group.
+  size_t sp_full = 0, sp_full2 = 0, norm_grads = 0;
   // Effective shift coefficients per layer, [Hq | Hkv | Hkv] x (W+1) for q, k, v
   // (parametrization "sigmoid_gate": computed from the stored gate logits).
   size_t coef, coef_stride;
@@ -32,7 +39,9 @@ struct ActivationPlan {
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
   bool v_shifted = false;  // without a V shift attention reads v itself (no vhat buffer is used)
 
-  static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T);
+  // sp_ranks: the TP size under sequence parallelism, else 1; cp: the
+  // context-parallel size (the rows are then B x T / cp, att the ring's blocks).
+  static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks = 1, int cp = 1);
   // Layer l's activations and the shared backward scratch inside the buffer at `base`.
   LayerActs layer(float* base, int l) const;
   LayerScratch scratch(float* base) const;
@@ -44,9 +53,15 @@ struct ActivationPlan {
 // all-reduces of Megatron's column/row-parallel layers and the
 // vocab-parallel embedding and cross-entropy run inside (docs/PARALLEL.md).
 // Gradients and the norms of grad_norm/grad_sq_sum_range are then local.
+// With context parallelism (cp.size > 1) every rank of the CP group is given
+// the same whole micro-batch and computes its two chunks of every sequence
+// (parallel/context_parallel.h); forward and forward_backward return the
+// loss of the whole micro-batch on every rank and forward's per-token outputs
+// cover it whole, but the gradients are this rank's share: the caller sums
+// them over the CP group (as over data-parallel ranks).
 class CpuEngine : public Engine {
  public:
-  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp = {});
+  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp = {}, ContextParallel cp = {});
 
   const ModelConfig& model_config() const override { return m_; }
   const ParamLayout& layout() const override { return layout_; }
@@ -65,7 +80,8 @@ class CpuEngine : public Engine {
   // One decoder layer of the current micro-batch (forward_backward and forward
   // run the embedding, these for every layer, then the head): layer l reads
   // layer l-1's output; backward_layer(l) turns d(its output) in the plan's
-  // dresid into d(its input) and adds its parameter gradients.
+  // dresid into d(its input) and adds its parameter gradients. T is this
+  // rank's positions per sequence (T / cp under context parallelism).
   void forward_layer(int l, int B, int T);
   void backward_layer(int l, int B, int T);
   double grad_norm() override;
@@ -80,8 +96,15 @@ class CpuEngine : public Engine {
   size_t activation_floats() const { return plan_.total; }
 
  private:
-  // Runs the model up to the logits; leaves every activation in acts_.
-  void forward_to_logits(const Batch& b);
+  // This rank's rows of a micro-batch: b itself, or under context parallelism
+  // its two chunks of every sequence (B sequences of T / cp rows, in cp_*_).
+  Batch local_rows(const Batch& b);
+  // Under context parallelism: the loss sum over the group, and per-token
+  // outputs of the whole micro-batch from every rank's rows.
+  double sum_over_cp(double local_sum);
+  void gather_rows(const float* local, float* full, const Batch& b);
+  // Runs the model up to the logits (lb: local_rows of the batch); leaves every activation in acts_.
+  void forward_to_logits(const Batch& lb);
   void backward_from_dlogits(const Batch& b);
   // Document boundaries (ModelConfig::document_boundaries): the first
   // position of each position's document, [B*T], for the shift and attention
@@ -89,14 +112,22 @@ class CpuEngine : public Engine {
   void find_documents(const Batch& b);
   const int32_t* shift_doc_start() const;
   const int32_t* attention_doc_start() const;
+  // Sequence parallelism: adds the norm gains' gradients of one backward,
+  // summed over the TP group, to the gradients.
+  void add_norm_grads(float* norm_grads);
   // What every layer of a B x T micro-batch shares (sizes, RoPE tables, documents, the TP group).
-  BlockContext block_context(int B, int T) const;
+  BlockContext block_context(int B, int T);
   // Masked cross-entropy over this rank's logits (vocab-parallel when tp > 1).
   void cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale);
 
   ModelConfig m_;
   TensorParallel tp_;
   TensorParallelRegion region_;
+  ContextParallel cp_;
+  std::unique_ptr<ContextParallelAttention> cp_attn_;  // cp > 1 only
+  CpLayout cp_layout_;                                 // of the current micro-batch
+  std::vector<int32_t> cp_inputs_, cp_targets_, cp_shift_doc_, cp_doc_full_;
+  std::vector<float> cp_mask_, cp_gather_, cp_ids_;  // cp_ids_: argmax as floats, [rows] (forward's gather)
   LocalDims d_;
   ParamLayout layout_;
   int max_B_, max_T_;

@@ -38,12 +38,16 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 }
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
-                                    Recompute recompute, TensorParallel tp, AttentionImpl attention_backend) {
+                                    Recompute recompute, TensorParallel tp, AttentionImpl attention_backend,
+                                    ContextParallel cp) {
   if (device == Device::Cpu) {
     KVS_CHECK(attention_backend == AttentionImpl::Flash, "train.attention_backend: \"{}\" needs device \"cuda\"",
               attention_backend);
-    return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp);
+    return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp);
   }
+  KVS_CHECK(cp.size == 1 && !tp.sequence_parallel,
+            "device 'cuda': {} is not built for the CUDA engine yet (device \"cpu\" has it)",
+            cp.size > 1 ? "context parallelism" : "sequence parallelism");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/params.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kvs {
@@ -103,11 +104,13 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // allocated here; nothing is allocated per step. Throws kvs::Error for a device
 // this build or machine does not have. `recompute` (train.recompute) selects
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
-// `tp` makes the engine one tensor-parallel rank's slice of the model.
+// `tp` makes the engine one tensor-parallel rank's slice of the model (with
+// sequence parallelism if tp.sequence_parallel), `cp` one context-parallel
+// rank's chunks of every sequence (CPU engine only for now).
 // `attention_backend` (train.attention_backend) picks the CUDA engine's
 // attention: Flash (ours) or Cudnn (cuDNN SDPA); the CPU engine takes only Flash.
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
                                     Recompute recompute = Recompute::None, TensorParallel tp = {},
-                                    AttentionImpl attention_backend = AttentionImpl::Flash);
+                                    AttentionImpl attention_backend = AttentionImpl::Flash, ContextParallel cp = {});
 
 }  // namespace kvs

@@ -15,7 +15,13 @@
 // and writes zero rows for the other tokens; the sum over the group is the
 // lookup.
 //
-// Every backward follows kernels/cpu: parameter gradients are accumulated (+=).
+// N is the number of rows the GEMMs see. The activations outside the region
+// (a column group's input x and its gradient dx, a row-parallel layer's output
+// y and its gradient dy, the embedding's output) have region.local_rows(N)
+// rows: N, or N/tp under sequence parallelism, where `full` (and `full2`) are
+// [N, C] scratch buffers for the gathered or not-yet-scattered rows
+// (tp_region.h). Every backward follows kernels/cpu: parameter gradients are
+// accumulated (+=).
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -38,23 +44,25 @@ struct ColumnGrad {
   int out;
 };
 
-void column_parallel_forward(const float* x, int N, int in, std::initializer_list<ColumnOut> outs);
-// dx [N, in] is overwritten with the sum over the group's layers and over the TP group.
+void column_parallel_forward(const float* x, int N, int in, std::initializer_list<ColumnOut> outs,
+                             const TensorParallelRegion& region, float* full = nullptr);
+// dx is overwritten with the sum over the group's layers and over the TP group.
 void column_parallel_backward(float* dx, const float* x, int N, int in, std::initializer_list<ColumnGrad> grads,
-                              const TensorParallelRegion& region);
+                              const TensorParallelRegion& region, float* full = nullptr, float* full2 = nullptr);
 
-// y [N, out] = sum over the TP group of x [N, in] W^T, W [out, in] (overwrites y).
+// y = sum over the TP group of x [N, in] W^T, W [out, in] (overwrites y).
 void row_parallel_forward(float* y, const float* x, const float* w, int N, int in, int out,
-                          const TensorParallelRegion& region);
-// dx [N, in] += dy W ; dW += dy^T x. dy is replicated: nothing to communicate.
+                          const TensorParallelRegion& region, float* full = nullptr);
+// dx [N, in] += dy W ; dW += dy^T x. dy is replicated: nothing is summed.
 void row_parallel_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
-                           int out);
+                           int out, const TensorParallelRegion& region, float* full = nullptr);
 
-// out [N, C] = wte[tokens] where wte holds vocabulary rows [v_begin, v_begin + v_count).
+// out = wte[tokens] for N tokens, where wte holds vocabulary rows [v_begin, v_begin + v_count).
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int v_begin,
-                                      int v_count, const TensorParallelRegion& region);
-// dwte[token - v_begin] += dout for this rank's tokens (dout is replicated).
+                                      int v_count, const TensorParallelRegion& region, float* full = nullptr);
+// dwte[token - v_begin] += dout for this rank's tokens.
 void vocab_parallel_embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
-                                       int v_begin, int v_count);
+                                       int v_begin, int v_count, const TensorParallelRegion& region,
+                                       float* full = nullptr);
 
 }  // namespace kvs

@@ -29,6 +29,9 @@ struct TensorParallel {
   int rank = 0;
   int size = 1;
   dist::Communicator* comm = nullptr;
+  // Sequence parallelism (parallel.sequence_parallel; tp_region.h): outside the
+  // TP regions each rank holds 1/size of the micro-batch's rows.
+  bool sequence_parallel = false;
 };
 
 // The vocabulary rows the embedding and LM head have across the TP group:

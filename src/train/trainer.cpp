@@ -128,10 +128,16 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
 }
 
 void check_parallel_layout(const Config& cfg, int world_size) {
-  const int tp = cfg.parallel.tp;
-  KVS_CHECK(world_size % tp == 0,
-            "parallel.tp ({}) must divide the number of processes ({}): the world is dp x tp ranks", tp, world_size);
-  const int dp = world_size / tp;
+  const int tp = cfg.parallel.tp, cp = cfg.parallel.cp;
+  if (cp == 1)
+    KVS_CHECK(world_size % tp == 0,
+              "parallel.tp ({}) must divide the number of processes ({}): the world is dp x tp ranks", tp, world_size);
+  else
+    KVS_CHECK(world_size % (tp * cp) == 0,
+              "parallel.tp x parallel.cp ({} x {}) must divide the number of processes ({}): the world is dp x cp x tp "
+              "ranks",
+              tp, cp, world_size);
+  const int dp = world_size / (tp * cp);
   const int accum = cfg.train.grad_accum_steps;
   KVS_CHECK(accum % dp == 0,
             "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
@@ -145,7 +151,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
   // Data parallelism (docs/PARALLEL.md): every data-parallel replica runs a
   // contiguous slice of grad_accum_steps/dp micro-batches of the same global
-  // batch; the tp ranks of a replica each hold a slice of the model.
+  // batch; the cp ranks of a replica each hold chunks of every sequence and
+  // the tp ranks of those a slice of the model. Gradients are summed (and the
+  // optimizer sharded) over dp x cp.
   std::unique_ptr<dist::Communicator> own_comm;
   dist::Communicator* comm = opt.comm;
   if (!comm) {
@@ -153,8 +161,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     comm = own_comm.get();
   }
   check_parallel_layout(cfg, comm->size());
-  const ParallelGroups groups = ParallelGroups::make(*comm, cfg.parallel.tp);
+  const ParallelGroups groups =
+      ParallelGroups::make(*comm, cfg.parallel.tp, cfg.parallel.cp, cfg.parallel.sequence_parallel);
   const TensorParallel tp = groups.tensor_parallel();
+  const ContextParallel cp{groups.cp_rank, groups.cp, groups.cp_comm};
   dist::Communicator& dp_comm = *groups.dp_comm;
   const int dp = groups.dp, rank = comm->rank();
   const bool rank0 = rank == 0;
@@ -164,7 +174,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
   auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp,
-                            tc.attention_backend);
+                            tc.attention_backend, cp);
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice.
   const FullModelIO io(cfg.model, engine->layout(), tp);
 
@@ -208,13 +218,15 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   }
   // Each rank loaded the full state; from here on it keeps the moments of its shard only.
   std::unique_ptr<Zero1> zero1;
-  if (dp > 1) zero1 = std::make_unique<Zero1>(*engine, dp_comm, tp);
+  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp);
   MetricsWriter metrics;
   if (rank0) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
-    spdlog::info("parallel layout: dp {}, tp {}, backend {}{}{}", dp, groups.tp, comm->backend(),
-                 dp > 1 ? ", ZeRO-1 optimizer shards" : "",
+    spdlog::info("parallel layout: dp {}{}, tp {}{}, backend {}{}{}", dp,
+                 groups.cp > 1 ? fmt::format(", cp {}", groups.cp) : "", groups.tp,
+                 groups.sequence_parallel ? " (sequence parallel)" : "", comm->backend(),
+                 zero1 ? ", ZeRO-1 optimizer shards" : "",
                  groups.tp > 1 ? fmt::format(", vocabulary padded to {}", padded_vocab(cfg.model, groups.tp)) : "");
   }
 

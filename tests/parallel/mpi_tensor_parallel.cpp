@@ -76,7 +76,7 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   const std::vector<float> wg_l = row_slice(wg, F, C, r, tp), wu_l = row_slice(wu, F, C, r, tp);
   const std::vector<float> wd_l = col_slice(wd, C, F, r, tp);
   std::vector<float> g_l(N * Fl), u_l(N * Fl), h_l(N * Fl), y_p(N * C);
-  column_parallel_forward(x.data(), N, C, {{g_l.data(), wg_l.data(), Fl}, {u_l.data(), wu_l.data(), Fl}});
+  column_parallel_forward(x.data(), N, C, {{g_l.data(), wg_l.data(), Fl}, {u_l.data(), wu_l.data(), Fl}}, region);
   cpu::swiglu_forward(h_l.data(), g_l.data(), u_l.data(), h_l.size());
   row_parallel_forward(y_p.data(), h_l.data(), wd_l.data(), N, Fl, C, region);
   EXPECT_LT(rel_err(y_p.data(), y.data(), y.size()), 1e-6);
@@ -86,7 +86,7 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
 
   std::vector<float> dh_l(N * Fl, 0.0f), dg_l(N * Fl, 0.0f), du_l(N * Fl, 0.0f), dx_p(N * C, 7.0f);
   std::vector<float> dwg_l(Fl * C, 0.0f), dwu_l(Fl * C, 0.0f), dwd_l(C * Fl, 0.0f);
-  row_parallel_backward(dh_l.data(), dwd_l.data(), dy.data(), h_l.data(), wd_l.data(), N, Fl, C);
+  row_parallel_backward(dh_l.data(), dwd_l.data(), dy.data(), h_l.data(), wd_l.data(), N, Fl, C, region);
   cpu::swiglu_backward(dg_l.data(), du_l.data(), dh_l.data(), g_l.data(), u_l.data(), dh_l.size());
   column_parallel_backward(dx_p.data(), x.data(), N, C,
                            {{dg_l.data(), wg_l.data(), dwg_l.data(), Fl}, {du_l.data(), wu_l.data(), dwu_l.data(), Fl}},
@@ -112,7 +112,8 @@ TEST(ParallelLinear, VocabParallelEmbeddingMatchesOneProcessExactly) {
   std::vector<float> out_p(N * C), dwte_l(Vl * C, 0.0f);
   vocab_parallel_embedding_forward(out_p.data(), tokens.data(), wte_l.data(), N, C, r * Vl, Vl,
                                    TensorParallelRegion(world_tp()));
-  vocab_parallel_embedding_backward(dwte_l.data(), dout.data(), tokens.data(), N, C, r * Vl, Vl);
+  vocab_parallel_embedding_backward(dwte_l.data(), dout.data(), tokens.data(), N, C, r * Vl, Vl,
+                                    TensorParallelRegion(world_tp()));
   EXPECT_EQ(out_p, out);  // one rank's row plus zeros
   EXPECT_EQ(dwte_l, row_slice(dwte, V, C, r, tp));
 }

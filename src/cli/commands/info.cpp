@@ -32,6 +32,15 @@ void add_info(CLI::App& app) {
     const double all = static_cast<double>(c.total + c.shift);
     const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
     const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
+    // One rank's activations under the config's parallel layout (tp, cp), with
+    // and without sequence parallelism (which needs tp > 1 and splits the
+    // residual stream and norms over the TP group).
+    const ParallelConfig& par = cfg.parallel;
+    auto rank_acts = [&](bool sp) {
+      return 4.0 * static_cast<double>(
+                       ActivationPlan::build(m, LocalDims::of(m, 0, par.tp), B, T, sp ? par.tp : 1, par.cp).total);
+    };
+    const double rank_acts_b = rank_acts(false), rank_acts_sp_b = par.tp > 1 ? rank_acts(true) : rank_acts_b;
     // The CUDA engine's device memory on TP rank 0 (the largest slice), from
     // the same plan its constructor allocates (host arithmetic, no GPU): the
     // one arena (fp32 master + fp32 grads + bf16 copy, activations for the
@@ -71,6 +80,12 @@ void add_info(CLI::App& app) {
                             {"optimizer", opt_b},
                             {"activations", acts_b},
                             {"total", params_b + grads_b + opt_b + acts_b}}},
+                          {"activations_per_rank",
+                           {{"engine", "cpu-fp32"},
+                            {"tp", par.tp},
+                            {"cp", par.cp},
+                            {"without_sequence_parallel", rank_acts_b},
+                            {"with_sequence_parallel", par.tp > 1 ? nlohmann::json(rank_acts_sp_b) : nullptr}}},
                           {"memory_bytes_cuda", cuda_mem},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
@@ -90,6 +105,13 @@ void add_info(CLI::App& app) {
     std::printf("memory (CPU fp32 engine, micro-batch %d x %d):\n", B, T);
     std::printf("  params %.3f GiB, grads %.3f GiB, AdamW %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
                 params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
+    if (par.tp > 1 || par.cp > 1) {
+      std::printf("  activations per rank at tp %d, cp %d: %.3f GiB", par.tp, par.cp, rank_acts_b / GiB);
+      if (par.tp > 1)
+        std::printf(", with sequence parallelism %.3f GiB (%s)", rank_acts_sp_b / GiB,
+                    par.sequence_parallel ? "on" : "parallel.sequence_parallel to turn it on");
+      std::printf("\n");
+    }
     if (!cuda_mem.is_null()) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());

@@ -99,6 +99,52 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   EXPECT_LT(rel_err(dwd_l.data(), dwd_ref.data(), dwd_ref.size()), 1e-6);
 }
 
+// The same MLP under sequence parallelism: every rank holds only its N/tp rows
+// of x and of dy; the column-parallel group gathers them, the row-parallel
+// layer reduce-scatters its output, and the rows each rank ends with are
+// those rows of the one-process results.
+TEST(ParallelLinear, SequenceParallelMlpMatchesOneProcessRows) {
+  const int tp = world().size(), r = world().rank();
+  const int N = 8, C = 8, F = 16, Fl = F / tp, Nl = N / tp;
+  const std::vector<float> x = seeded(N * C, 11), wg = seeded(F * C, 12, 0.5f), wu = seeded(F * C, 13, 0.5f);
+  const std::vector<float> wd = seeded(C * F, 14, 0.5f), dy = seeded(N * C, 15);
+  std::vector<float> g(N * F), u(N * F), h(N * F), y(N * C), dh(N * F, 0.0f), dg(N * F, 0.0f), du(N * F, 0.0f);
+  std::vector<float> dx(N * C, 0.0f), dwg(F * C, 0.0f), dwu(F * C, 0.0f), dwd(C * F, 0.0f);
+  cpu::matmul_forward(g.data(), x.data(), wg.data(), N, C, F);
+  cpu::matmul_forward(u.data(), x.data(), wu.data(), N, C, F);
+  cpu::swiglu_forward(h.data(), g.data(), u.data(), h.size());
+  cpu::matmul_forward(y.data(), h.data(), wd.data(), N, F, C);
+  cpu::matmul_backward(dh.data(), dwd.data(), dy.data(), h.data(), wd.data(), N, F, C);
+  cpu::swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), dh.size());
+  cpu::matmul_backward(dx.data(), dwg.data(), dg.data(), x.data(), wg.data(), N, C, F);
+  cpu::matmul_backward(dx.data(), dwu.data(), du.data(), x.data(), wu.data(), N, C, F);
+
+  const TensorParallelRegion region({r, tp, &world(), true}, true);
+  ASSERT_EQ(region.local_rows(N), static_cast<size_t>(tp > 1 ? Nl : N));
+  const size_t lo = region.first_row(N) * C, rows = region.local_rows(N);
+  const std::vector<float> x_l(x.begin() + lo, x.begin() + lo + rows * C), dy_l(dy.begin() + lo, dy.begin() + lo + rows * C);
+  const std::vector<float> wg_l = row_slice(wg, F, C, r, tp), wu_l = row_slice(wu, F, C, r, tp);
+  const std::vector<float> wd_l = col_slice(wd, C, F, r, tp);
+  std::vector<float> full(N * C), full2(N * C), g_l(N * Fl), u_l(N * Fl), h_l(N * Fl), y_l(rows * C);
+  column_parallel_forward(x_l.data(), N, C, {{g_l.data(), wg_l.data(), Fl}, {u_l.data(), wu_l.data(), Fl}}, region,
+                          full.data());
+  cpu::swiglu_forward(h_l.data(), g_l.data(), u_l.data(), h_l.size());
+  row_parallel_forward(y_l.data(), h_l.data(), wd_l.data(), N, Fl, C, region, full.data());
+  EXPECT_LT(rel_err(y_l.data(), y.data() + lo, y_l.size()), 1e-6);
+
+  std::vector<float> dh_l(N * Fl, 0.0f), dg_l(N * Fl, 0.0f), du_l(N * Fl, 0.0f), dx_l(rows * C);
+  std::vector<float> dwg_l(Fl * C, 0.0f), dwu_l(Fl * C, 0.0f), dwd_l(C * Fl, 0.0f);
+  row_parallel_backward(dh_l.data(), dwd_l.data(), dy_l.data(), h_l.data(), wd_l.data(), N, Fl, C, region, full.data());
+  cpu::swiglu_backward(dg_l.data(), du_l.data(), dh_l.data(), g_l.data(), u_l.data(), dh_l.size());
+  column_parallel_backward(dx_l.data(), x_l.data(), N, C,
+                           {{dg_l.data(), wg_l.data(), dwg_l.data(), Fl}, {du_l.data(), wu_l.data(), dwu_l.data(), Fl}},
+                           region, full.data(), full2.data());
+  EXPECT_LT(rel_err(dx_l.data(), dx.data() + lo, dx_l.size()), 1e-6);
+  const std::vector<float> dwg_ref = row_slice(dwg, F, C, r, tp), dwd_ref = col_slice(dwd, C, F, r, tp);
+  EXPECT_LT(rel_err(dwg_l.data(), dwg_ref.data(), dwg_ref.size()), 1e-6);
+  EXPECT_LT(rel_err(dwd_l.data(), dwd_ref.data(), dwd_ref.size()), 1e-6);
+}
+
 TEST(ParallelLinear, VocabParallelEmbeddingMatchesOneProcessExactly) {
   const int tp = world().size(), r = world().rank();
   const int N = 9, C = 4, V = 12, Vl = V / tp;

@@ -164,6 +164,9 @@ const Fields<ParallelConfig>& parallel_fields() {
       {"tp", &P::tp, at_least(1)},
       {"sequence_parallel", &P::sequence_parallel, kOmitIfDefault},
       {"cp", &P::cp, at_least(1), kOmitIfDefault},
+      {"pp", &P::pp, at_least(1), kOmitIfDefault},
+      {"virtual_stages", &P::virtual_stages, at_least(1), kOmitIfDefault},
+      {"layers_per_stage", &P::layers_per_stage, kOmitIfDefault},
   };
   return fields;
 }

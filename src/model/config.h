@@ -144,6 +144,12 @@ struct ParallelConfig {
   // seq rows / tp per rank (needs tp > 1).
   bool sequence_parallel = false;
   int cp = 1;  // context-parallel size: each sequence split over cp ranks
+  // Pipeline parallelism: pp stages of consecutive decoder layers, each rank
+  // holding virtual_stages chunks of them (Megatron's interleaved 1F1B when > 1);
+  // layers_per_stage (pp x virtual_stages entries, in pipeline order) or an even split.
+  int pp = 1;
+  int virtual_stages = 1;
+  std::vector<int> layers_per_stage;
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -170,6 +170,14 @@ void read_value(const json& v, const Where& w, std::vector<std::string>& out) {
   out = std::move(items);
 }
 
+void read_value(const json& v, const Where& w, std::vector<int>& out) {
+  if (!v.is_array()) type_error(w, "an array of integers", v);
+  std::vector<int> items(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
+  out = std::move(items);
+}
+
 // ---------------------------------------------------------------------------
 // Range rules.
 // ---------------------------------------------------------------------------

@@ -72,6 +72,7 @@ void read_value(const json& v, const Where& w, double& out);    // finite
 void read_value(const json& v, const Where& w, bool& out);
 void read_value(const json& v, const Where& w, std::string& out);
 void read_value(const json& v, const Where& w, std::vector<std::string>& out);
+void read_value(const json& v, const Where& w, std::vector<int>& out);
 template <NamedEnum E>
 void read_value(const json& v, const Where& w, E& out) {
   std::string name;
@@ -121,7 +122,8 @@ DefaultFrom<S, T> default_from(T S::*member) {
 template <class T>
 concept LeafValue = std::is_same_v<T, int> || std::is_same_v<T, uint64_t> || std::is_same_v<T, double> ||
                     std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
-                    std::is_same_v<T, std::vector<std::string>> || NamedEnum<T>;
+                    std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<int>> ||
+                    NamedEnum<T>;
 
 template <class S>
 struct Field;

@@ -23,8 +23,14 @@ void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
 }  // namespace
 
 ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks, int cp) {
+  return build(m, d, B, T, sp_ranks, cp, std::vector<int>(m.num_hidden_layers, 0), true);
+}
+
+ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks, int cp,
+                                     const std::vector<int>& chunk_of, bool head) {
   ActivationPlan p;
-  const size_t N = static_cast<size_t>(B) * T / cp, L = m.num_hidden_layers, C = d.C;
+  const size_t N = static_cast<size_t>(B) * T / cp, L = chunk_of.size(), C = d.C;
+  const size_t chunks = L ? static_cast<size_t>(chunk_of.back()) + 1 : 1;
   const size_t Nl = N / sp_ranks;  // the residual stream's rows on this rank
   const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
   const size_t H = d.Hq, D = d.D;
@@ -46,7 +52,9 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
   p.qraw_stride = shift_q ? N * QD : 0;
   p.coef_stride = (H + 2 * static_cast<size_t>(d.Hkv)) * (m.kv_shift.window + 1);
-  p.resid = take((L + 1) * p.resid_stride);
+  // A layer's input, then its output as the next layer's input; each chunk ends in one more entry.
+  for (size_t li = 0; li < L; ++li) p.resid_index.push_back(static_cast<int>(li) + chunk_of[li]);
+  p.resid = take((L + chunks) * p.resid_stride);
   p.res_mid = take(L * p.res_mid_stride);
   p.ln1 = take(L * p.ln_stride);
   p.rstd1 = take(L * p.rstd_stride);
@@ -64,10 +72,10 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.gate = take(L * p.ffn_stride);
   p.up = take(L * p.ffn_stride);
   p.h = take(L * p.ffn_stride);
-  p.lnf = take(Nl * C);
-  p.rstdf = take(Nl);
-  p.logits = take(N * V);
-  p.losses = take(N);
+  p.lnf = take(head ? Nl * C : 0);
+  p.rstdf = take(head ? Nl : 0);
+  p.logits = take(head ? N * V : 0);
+  p.losses = take(head ? N : 0);
   p.rope_cos = take(static_cast<size_t>(T) * D / 2);
   p.rope_sin = take(static_cast<size_t>(T) * D / 2);
   p.dresid = take(Nl * C);
@@ -96,12 +104,12 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   return p;
 }
 
-LayerActs ActivationPlan::layer(float* a, int l) const {
-  const size_t L = l;
+LayerActs ActivationPlan::layer(float* a, int li) const {
+  const size_t L = li, R = resid_index[li];
   LayerActs x;
-  x.resid = a + resid + L * resid_stride;
+  x.resid = a + resid + R * resid_stride;
   x.res_mid = a + res_mid + L * res_mid_stride;
-  x.out = a + resid + (L + 1) * resid_stride;
+  x.out = a + resid + (R + 1) * resid_stride;
   x.ln1 = a + ln1 + L * ln_stride;
   x.rstd1 = a + rstd1 + L * rstd_stride;
   x.ln2 = a + ln2 + L * ln_stride;
@@ -126,13 +134,15 @@ LayerScratch ActivationPlan::scratch(float* a) const {
           a + dks, a + dk, a + dvhat, a + dv, a + datt, a + dqs, a + dcoef};
 }
 
-CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp, ContextParallel cp)
+CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp, ContextParallel cp,
+                     const ModelPart* part, int slots)
     : m_(m),
       tp_(tp),
       region_(tp, tp.sequence_parallel),
       cp_(cp),
+      part_(part ? *part : ModelPart::whole(m)),
       d_(LocalDims::of(m, tp.rank, tp.size)),
-      layout_(ParamLayout::build(m, tp.rank, tp.size)),
+      layout_(ParamLayout::build(m, tp.rank, tp.size, part)),
       max_B_(max_batch),
       max_T_(max_seq_len) {
   KVS_CHECK(max_batch >= 1 && max_seq_len >= 1, "engine: batch and sequence length must be positive");
@@ -142,31 +152,55 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   KVS_CHECK(!region_.sequence_parallel() || static_cast<int64_t>(max_batch) * max_seq_len / cp.size % tp.size == 0,
             "engine: sequence parallelism needs micro-batch rows ({} x {} / cp {}) divisible by tp ({})", max_batch,
             max_seq_len, cp.size, tp.size);
-  plan_ = ActivationPlan::build(m, d_, max_batch, max_seq_len, region_.sequence_parallel() ? tp.size : 1, cp.size);
-  const size_t rows = static_cast<size_t>(max_batch) * max_seq_len;
+  KVS_CHECK(slots >= 1, "engine: {} activation slots", slots);
+  // The held layers in runs of consecutive ones (pipeline chunks).
+  local_of_.assign(m.num_hidden_layers, -1);
+  std::vector<int> chunk_of;
+  for (size_t li = 0; li < part_.layers.size(); ++li) {
+    const int l = part_.layers[li];
+    local_of_[l] = static_cast<int>(li);
+    const bool starts = li == 0 || part_.layers[li - 1] != l - 1;
+    if (starts) chunks_.push_back({static_cast<int>(li), static_cast<int>(li), false, false});
+    chunks_.back().last = static_cast<int>(li);
+    chunk_of.push_back(static_cast<int>(chunks_.size()) - 1);
+  }
+  KVS_CHECK(!chunks_.empty(), "engine: a pipeline stage without layers");
+  chunks_.front().embedding = part_.embedding;
+  chunks_.back().head = part_.head;
+  plan_ = ActivationPlan::build(m, d_, max_batch, max_seq_len, region_.sequence_parallel() ? tp.size : 1, cp.size,
+                                chunk_of, part_.head);
+  const size_t rows = static_cast<size_t>(max_batch) * max_seq_len, local = rows / cp.size;
   if (cp.size > 1) {
     cp_attn_ = std::make_unique<ContextParallelAttention>(cp, d_, m.kv_shift.window, max_batch, max_seq_len);
-    cp_inputs_.assign(rows / cp.size, 0);
-    cp_targets_.assign(rows / cp.size, 0);
-    cp_mask_.assign(rows / cp.size, 0.0f);
     cp_gather_.assign(rows, 0.0f);
     cp_ids_.assign(rows, 0.0f);
-    if (m_.document_boundaries != DocumentBoundaries::None) {
-      cp_shift_doc_.assign(rows / cp.size, 0);
-      cp_doc_full_.assign(rows, 0);
+  }
+  const bool docs = m_.document_boundaries != DocumentBoundaries::None;
+  slots_.resize(slots);
+  for (Slot& s : slots_) {
+    s.acts.assign(plan_.total, 0.0f);
+    cpu::rope_tables(s.acts.data() + plan_.rope_cos, s.acts.data() + plan_.rope_sin, max_T_, m_.head_dim(),
+                     m_.rope_theta);
+    if (docs) s.doc_start.assign(local, 0);
+    if (cp.size > 1) {
+      s.cp_inputs.assign(local, 0);
+      s.cp_targets.assign(local, 0);
+      s.cp_mask.assign(local, 0.0f);
+      if (docs) {
+        s.cp_shift_doc.assign(local, 0);
+        s.cp_doc_full.assign(rows, 0);
+      }
     }
   }
+  cur_ = &slots_[0];
   params_.assign(layout_.total, 0.0f);
   grads_.assign(layout_.total, 0.0f);
   exp_avg_.assign(layout_.total, 0.0f);
   exp_avg_sq_.assign(layout_.total, 0.0f);
   opt_end_ = layout_.total;
-  acts_.assign(plan_.total, 0.0f);
-  argmax_.assign(rows / cp.size, 0);
-  if (m_.document_boundaries != DocumentBoundaries::None) doc_start_.assign(rows / cp.size, 0);
+  argmax_.assign(local, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
-  cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
 }
 
 void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), params_.end(), host); }
@@ -195,6 +229,13 @@ void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
+CpuEngine::Slot& CpuEngine::use(int slot) {
+  KVS_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "engine: activation slot {} of {}", slot,
+            slots_.size());
+  cur_ = &slots_[slot];
+  return *cur_;
+}
+
 BlockContext CpuEngine::block_context(int B, int T) {
   BlockContext c;
   c.B = B;
@@ -204,104 +245,163 @@ BlockContext CpuEngine::block_context(int B, int T) {
   c.rope = m_.position_encoding == PositionEncoding::Rope;  // else q and k-hat enter attention unrotated
   c.sigmoid_gate = m_.kv_shift.sigmoid_gate();
   c.eps = m_.rms_norm_eps;
-  c.rope_cos = acts_.data() + plan_.rope_cos;
-  c.rope_sin = acts_.data() + plan_.rope_sin;
+  c.rope_cos = acts() + plan_.rope_cos;
+  c.rope_sin = acts() + plan_.rope_sin;
   c.shift_doc = shift_doc_start();
   c.attention_doc = attention_doc_start();
   c.tp = region_;
   c.cp = cp_attn_.get();
-  c.cp_layout = &cp_layout_;
+  c.cp_layout = &cur_->cp_layout;
   if (region_.sequence_parallel()) {
-    c.sp_full = acts_.data() + plan_.sp_full;
-    c.sp_full2 = acts_.data() + plan_.sp_full2;
+    c.sp_full = acts() + plan_.sp_full;
+    c.sp_full2 = acts() + plan_.sp_full2;
   }
   return c;
 }
 
 void CpuEngine::forward_layer(int l, int B, int T) {
   ProfileRange range("forward layer", l);
-  block_forward(P_.layers[l], plan_.layer(acts_.data(), l), block_context(B, T));
+  const int li = local_of_[l];
+  KVS_CHECK(li >= 0, "engine: layer {} is not held by this pipeline stage", l);
+  block_forward(P_.layers[l], plan_.layer(acts(), li), block_context(B, T));
 }
 
 void CpuEngine::backward_layer(int l, int B, int T) {
   ProfileRange range("backward layer", l);
-  float* a = acts_.data();
+  const int li = local_of_[l];
+  KVS_CHECK(li >= 0, "engine: layer {} is not held by this pipeline stage", l);
+  float* a = acts();
   LayerView g = G_.layers[l];
   if (region_.sequence_parallel()) {  // this rank's rows' share of the norm gains, summed after the backward
-    g.ln1 = a + plan_.norm_grads + (2 * static_cast<size_t>(l)) * d_.C;
+    g.ln1 = a + plan_.norm_grads + (2 * static_cast<size_t>(li)) * d_.C;
     g.ln2 = g.ln1 + d_.C;
   }
-  block_backward(P_.layers[l], g, plan_.layer(a, l), plan_.scratch(a), a + plan_.dresid, block_context(B, T));
+  block_backward(P_.layers[l], g, plan_.layer(a, li), plan_.scratch(a), a + plan_.dresid, block_context(B, T));
 }
 
-void CpuEngine::forward_to_logits(const Batch& b) {
+size_t CpuEngine::stage_floats(const Batch& b) const {
+  return region_.local_rows(static_cast<size_t>(b.B) * b.T / cp_.size) * d_.C;
+}
+
+double CpuEngine::stage_forward(int slot, int chunk, const Batch& b, const float* input, float* output,
+                                double grad_scale, float* token_losses, int32_t* argmax) {
+  Slot& s = use(slot);
+  take_rows(s, b);
+  const Batch& lb = s.rows;
   // This rank's sizes (the whole model without tensor parallelism); Nl rows of
   // the residual stream (N / tp under sequence parallelism).
-  const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
+  const int B = lb.B, T = lb.T, N = B * T, C = d_.C, V = d_.V;
   const int Nl = static_cast<int>(region_.local_rows(N));
   const ActivationPlan& p = plan_;
-  float* a = acts_.data();
+  const Chunk& c = chunks_.at(chunk);
+  float* a = acts();
   float* full = region_.sequence_parallel() ? a + p.sp_full : nullptr;
-  vocab_parallel_embedding_forward(a + p.resid, b.inputs, P_.embed, N, C, d_.v_begin, V, region_, full);
-  for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
-  const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
-  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, last, P_.norm, Nl, C, m_.rms_norm_eps);
+  float* in = a + p.resid + p.resid_index[c.first] * p.resid_stride;
+  if (c.embedding) {
+    vocab_parallel_embedding_forward(in, lb.inputs, P_.embed, N, C, d_.v_begin, V, region_, full);
+  } else {
+    KVS_CHECK(input != nullptr, "engine: chunk {} needs the previous stage's activations", chunk);
+    std::copy(input, input + static_cast<size_t>(Nl) * C, in);
+  }
+  for (int li = c.first; li <= c.last; ++li) forward_layer(part_.layers[li], B, T);
+  const float* out = a + p.resid + (p.resid_index[c.last] + 1) * p.resid_stride;
+  if (!c.head) {
+    KVS_CHECK(output != nullptr, "engine: chunk {} has no place for its activations", chunk);
+    std::copy(out, out + static_cast<size_t>(Nl) * C, output);
+    return 0.0;
+  }
+  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, out, P_.norm, Nl, C, m_.rms_norm_eps);
   // The LM head is column-parallel over the vocabulary.
   column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}}, region_, full);
+  if (!lb.targets) return 0.0;
+  const bool train = grad_scale >= 0;
+  cross_entropy(train ? a + p.logits : nullptr, train ? nullptr : argmax_.data(), lb, train ? grad_scale : 1.0);
+  double sum = 0;
+  for (int i = 0; i < N; ++i) sum += a[p.losses + i];
+  if (cp_.size == 1) {
+    if (token_losses) std::copy(a + p.losses, a + p.losses + N, token_losses);
+    if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
+  } else {
+    // The whole micro-batch's per-token outputs from every rank's chunks (ids
+    // as floats: exact below 2^24, and vocabularies are smaller).
+    if (token_losses) gather_rows(a + p.losses, token_losses, b);
+    if (argmax) {
+      const std::vector<float> ids(argmax_.begin(), argmax_.begin() + N);
+      gather_rows(ids.data(), cp_ids_.data(), b);
+      for (size_t i = 0; i < static_cast<size_t>(b.B) * b.T; ++i) argmax[i] = static_cast<int32_t>(cp_ids_[i]);
+    }
+  }
+  return sum_over_cp(sum);
 }
 
-void CpuEngine::backward_from_dlogits(const Batch& b) {
-  const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
+void CpuEngine::stage_backward(int slot, int chunk, const float* doutput, float* dinput) {
+  Slot& s = use(slot);
+  const Batch& lb = s.rows;
+  const int B = lb.B, T = lb.T, N = B * T, C = d_.C, V = d_.V;
   const int Nl = static_cast<int>(region_.local_rows(N));
   const ActivationPlan& p = plan_;
-  float* a = acts_.data();
+  const Chunk& c = chunks_.at(chunk);
+  float* a = acts();
   float* dresid = a + p.dresid;
   float* dln = a + p.dln;
   const bool sp = region_.sequence_parallel();
   float* full = sp ? a + p.sp_full : nullptr;
+  const size_t layers = part_.layers.size();
   float* norm_grads = sp ? a + p.norm_grads : nullptr;
-  if (sp) zero(norm_grads, (2 * static_cast<size_t>(m_.num_hidden_layers) + 1) * C);
-  // LM head and final norm (dlogits were written over the logits).
-  column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_, full,
-                           sp ? a + p.sp_full2 : nullptr);
-  zero(dresid, static_cast<size_t>(Nl) * C);
-  const float* last = a + p.resid + m_.num_hidden_layers * p.resid_stride;
-  float* dnorm = sp ? norm_grads + 2 * static_cast<size_t>(m_.num_hidden_layers) * C : G_.norm;
-  cpu::rmsnorm_backward(dresid, dnorm, dln, last, P_.norm, a + p.rstdf, Nl, C);
-  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) backward_layer(l, B, T);
-  vocab_parallel_embedding_backward(G_.embed, dresid, b.inputs, N, C, d_.v_begin, V, region_, full);
+  if (sp) zero(norm_grads, (2 * layers + 1) * C);
+  if (c.head) {
+    // LM head and final norm (dlogits were written over the logits).
+    const float* last = a + p.resid + (p.resid_index[c.last] + 1) * p.resid_stride;
+    column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_, full,
+                             sp ? a + p.sp_full2 : nullptr);
+    zero(dresid, static_cast<size_t>(Nl) * C);
+    float* dnorm = sp ? norm_grads + 2 * layers * C : G_.norm;
+    cpu::rmsnorm_backward(dresid, dnorm, dln, last, P_.norm, a + p.rstdf, Nl, C);
+  } else {
+    KVS_CHECK(doutput != nullptr, "engine: chunk {} needs the next stage's gradient", chunk);
+    std::copy(doutput, doutput + static_cast<size_t>(Nl) * C, dresid);
+  }
+  for (int li = c.last; li >= c.first; --li) backward_layer(part_.layers[li], B, T);
+  if (c.embedding) {
+    vocab_parallel_embedding_backward(G_.embed, dresid, lb.inputs, N, C, d_.v_begin, V, region_, full);
+  } else {
+    KVS_CHECK(dinput != nullptr, "engine: chunk {} has no place for its input gradient", chunk);
+    std::copy(dresid, dresid + static_cast<size_t>(Nl) * C, dinput);
+  }
   if (sp) add_norm_grads(norm_grads);
 }
 
 void CpuEngine::add_norm_grads(float* norm_grads) {
   // Each rank's norm gains saw only its rows: the gradient is the sum over the
   // group, the same on every rank (they stay replicated).
-  const size_t C = d_.C, L = m_.num_hidden_layers;
+  const size_t C = d_.C, L = part_.layers.size();
   region_.tp().comm->all_reduce(norm_grads, (2 * L + 1) * C, dist::DType::F32, dist::ReduceOp::Sum);
   auto add = [&](float* g, const float* part) {
     for (size_t i = 0; i < C; ++i) g[i] += part[i];
   };
-  for (size_t l = 0; l < L; ++l) {
-    add(G_.layers[l].ln1, norm_grads + 2 * l * C);
-    add(G_.layers[l].ln2, norm_grads + (2 * l + 1) * C);
+  for (size_t li = 0; li < L; ++li) {
+    const LayerView& g = G_.layers[part_.layers[li]];
+    add(g.ln1, norm_grads + 2 * li * C);
+    add(g.ln2, norm_grads + (2 * li + 1) * C);
   }
-  add(G_.norm, norm_grads + 2 * L * C);
+  if (G_.norm) add(G_.norm, norm_grads + 2 * L * C);
 }
 
-Batch CpuEngine::local_rows(const Batch& b) {
+void CpuEngine::take_rows(Slot& s, const Batch& b) {
   validate_batch(b, m_, max_B_, max_T_);
   if (cp_.size == 1) {
-    find_documents(b);
-    return b;
+    s.rows = b;
+    find_documents(s, b);
+    return;
   }
-  cp_layout_ = CpLayout(cp_, b.B, b.T);
-  const CpLayout& l = cp_layout_;
-  l.take(b.inputs, cp_inputs_.data(), 1);
-  if (b.targets) l.take(b.targets, cp_targets_.data(), 1);
-  if (b.mask) l.take(b.mask, cp_mask_.data(), 1);
-  find_documents(b);
-  return {b.B, b.T / cp_.size, cp_inputs_.data(), b.targets ? cp_targets_.data() : nullptr,
-          b.mask ? cp_mask_.data() : nullptr};
+  s.cp_layout = CpLayout(cp_, b.B, b.T);
+  const CpLayout& l = s.cp_layout;
+  l.take(b.inputs, s.cp_inputs.data(), 1);
+  if (b.targets) l.take(b.targets, s.cp_targets.data(), 1);
+  if (b.mask) l.take(b.mask, s.cp_mask.data(), 1);
+  find_documents(s, b);
+  s.rows = {b.B, b.T / cp_.size, s.cp_inputs.data(), b.targets ? s.cp_targets.data() : nullptr,
+            b.mask ? s.cp_mask.data() : nullptr};
 }
 
 double CpuEngine::sum_over_cp(double local_sum) {
@@ -322,49 +422,28 @@ void CpuEngine::gather_rows(const float* local, float* full, const Batch& b) {
 }
 
 double CpuEngine::forward_backward(const Batch& b, double grad_scale) {
-  const Batch lb = local_rows(b);
-  forward_to_logits(lb);
-  const size_t N = static_cast<size_t>(lb.B) * lb.T;
-  float* a = acts_.data();
-  cross_entropy(a + plan_.logits, nullptr, lb, grad_scale);
-  double sum = 0;
-  for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
-  backward_from_dlogits(lb);
-  return sum_over_cp(sum);
+  KVS_CHECK(part_.is_whole(m_), "engine: forward_backward needs the whole model (a pipeline stage runs stage_forward)");
+  const double loss = stage_forward(0, 0, b, nullptr, nullptr, grad_scale);
+  stage_backward(0, 0, nullptr, nullptr);
+  return loss;
 }
 
 double CpuEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
+  KVS_CHECK(part_.is_whole(m_), "engine: forward needs the whole model (a pipeline stage runs stage_forward)");
   KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
   KVS_CHECK(!logits || cp_.size == 1, "forward: full logits are not gathered under context parallelism");
-  const Batch lb = local_rows(b);
-  forward_to_logits(lb);
-  const size_t N = static_cast<size_t>(lb.B) * lb.T;
-  float* a = acts_.data();
-  if (logits) std::copy(a + plan_.logits, a + plan_.logits + N * m_.vocab_size, logits);
-  if (!b.targets) return 0.0;
-  cross_entropy(nullptr, argmax_.data(), lb, 1.0);
-  double sum = 0;
-  for (size_t i = 0; i < N; ++i) sum += a[plan_.losses + i];
-  if (cp_.size == 1) {
-    if (token_losses) std::copy(a + plan_.losses, a + plan_.losses + N, token_losses);
-    if (argmax) std::copy(argmax_.begin(), argmax_.begin() + N, argmax);
-    return sum;
+  const double loss = stage_forward(0, 0, b, nullptr, nullptr, -1.0, token_losses, argmax);
+  if (logits) {
+    const size_t n = static_cast<size_t>(b.B) * b.T * m_.vocab_size;
+    std::copy(acts() + plan_.logits, acts() + plan_.logits + n, logits);
   }
-  // The whole micro-batch's per-token outputs from every rank's chunks (ids as
-  // floats: exact below 2^24, and vocabularies are smaller).
-  if (token_losses) gather_rows(a + plan_.losses, token_losses, b);
-  if (argmax) {
-    const std::vector<float> ids(argmax_.begin(), argmax_.begin() + N);
-    gather_rows(ids.data(), cp_ids_.data(), b);
-    for (size_t i = 0; i < static_cast<size_t>(b.B) * b.T; ++i) argmax[i] = static_cast<int32_t>(cp_ids_[i]);
-  }
-  return sum_over_cp(sum);
+  return loss;
 }
 
-void CpuEngine::find_documents(const Batch& b) {
+void CpuEngine::find_documents(Slot& s, const Batch& b) {
   if (m_.document_boundaries == DocumentBoundaries::None) return;
   // The first position of each position's document, over the whole sequences.
-  int32_t* full = cp_.size > 1 ? cp_doc_full_.data() : doc_start_.data();
+  int32_t* full = cp_.size > 1 ? s.cp_doc_full.data() : s.doc_start.data();
   for (int i = 0; i < b.B; ++i) {
     int start = 0;
     for (int t = 0; t < b.T; ++t) {
@@ -376,23 +455,23 @@ void CpuEngine::find_documents(const Batch& b) {
   if (cp_.size == 1) return;
   // This rank's rows: attention takes positions, the shift each half's row
   // coordinates (negative: the document began in an earlier chunk).
-  const CpLayout& l = cp_layout_;
-  l.take(full, doc_start_.data(), 1);
+  const CpLayout& l = s.cp_layout;
+  l.take(full, s.doc_start.data(), 1);
   for (int h = 0; h < 2; ++h)
-    for (size_t i = h * l.rows() / 2; i < (h + 1) * l.rows() / 2; ++i) cp_shift_doc_[i] = doc_start_[i] - l.pos0(h);
+    for (size_t i = h * l.rows() / 2; i < (h + 1) * l.rows() / 2; ++i) s.cp_shift_doc[i] = s.doc_start[i] - l.pos0(h);
 }
 
 const int32_t* CpuEngine::shift_doc_start() const {
   if (m_.document_boundaries == DocumentBoundaries::None) return nullptr;
-  return cp_.size > 1 ? cp_shift_doc_.data() : doc_start_.data();
+  return cp_.size > 1 ? cur_->cp_shift_doc.data() : cur_->doc_start.data();
 }
 
 const int32_t* CpuEngine::attention_doc_start() const {
-  return m_.document_boundaries == DocumentBoundaries::ShiftAndAttention ? doc_start_.data() : nullptr;
+  return m_.document_boundaries == DocumentBoundaries::ShiftAndAttention ? cur_->doc_start.data() : nullptr;
 }
 
 void CpuEngine::cross_entropy(float* dlogits, int32_t* argmax, const Batch& b, double grad_scale) {
-  float* a = acts_.data();
+  float* a = acts();
   const int N = b.B * b.T;
   if (tp_.size == 1) {
     cpu::cross_entropy_forward_backward(a + plan_.losses, dlogits, argmax, a + plan_.logits, b.targets, b.mask, N,

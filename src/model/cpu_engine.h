@@ -7,6 +7,7 @@
 #include "model/cpu_block.h"
 #include "model/engine.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_region.h"
 
@@ -15,23 +16,28 @@ namespace kvs {
 // Sizes of every forward activation and backward scratch buffer, as slices
 // of one allocation. Per-layer tensors are stored at a stride sized for the
 // largest micro-batch, so smaller batches reuse the same plan. Sizes are
-// those of one tensor-parallel rank (LocalDims; the whole model at tp = 1).
+// those of one tensor-parallel rank (LocalDims; the whole model at tp = 1),
+// for the layers the engine holds (all, or a pipeline stage's), indexed by
+// their position li among them.
 struct ActivationPlan {
   size_t total = 0;  // floats
-  // forward, per layer l at base + l * stride
+  // forward, per held layer li at base + li * stride; the residual stream at
+  // base + resid_index[li] * resid_stride (the layer's input; its output is the
+  // next entry: one more per run of consecutive layers, a pipeline chunk)
   size_t resid, res_mid, ln1, rstd1, q, k, v, khat, vhat, att, attout, ln2, rstd2, gate, up, h;
   size_t resid_stride, res_mid_stride, ln_stride, rstd_stride, q_stride, kv_stride, att_stride, ffn_stride;
+  std::vector<int> resid_index;
   // kv_shift.shift_q: the raw q projection (q holds the shifted, rotated q); 0 floats otherwise.
   size_t qraw, qraw_stride;
   // Sequence parallelism: resid, res_mid, ln1/2, rstd1/2, lnf, rstdf, dresid
   // and dln hold N/tp rows; sp_full and sp_full2 are [N, C] scratch for the
-  // gathered or not-yet-scattered rows, norm_grads [2L+1, C] the norm gains'
-  // gradients of one backward before they are summed over the TP group.
+  // gathered or not-yet-scattered rows, norm_grads [2 layers + 1, C] the norm
+  // gains' gradients of one backward before they are summed over the TP group.
   size_t sp_full = 0, sp_full2 = 0, norm_grads = 0;
   // Effective shift coefficients per layer, [Hq | Hkv | Hkv] x (W+1) for q, k, v
   // (parametrization "sigmoid_gate": computed from the stored gate logits).
   size_t coef, coef_stride;
-  // forward, once
+  // forward, once (the head's only on the engine that holds the head)
   size_t lnf, rstdf, logits, losses, rope_cos, rope_sin;
   // backward scratch, reused by every layer
   size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv, datt;
@@ -39,11 +45,16 @@ struct ActivationPlan {
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
   bool v_shifted = false;  // without a V shift attention reads v itself (no vhat buffer is used)
 
+  // chunk_of[li]: the run of consecutive held layers layer li belongs to (all
+  // 0 for the whole model); head: the final norm, LM head and loss are held.
   // sp_ranks: the TP size under sequence parallelism, else 1; cp: the
   // context-parallel size (the rows are then B x T / cp, att the ring's blocks).
+  static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks, int cp,
+                              const std::vector<int>& chunk_of, bool head);
+  // The whole model.
   static ActivationPlan build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks = 1, int cp = 1);
-  // Layer l's activations and the shared backward scratch inside the buffer at `base`.
-  LayerActs layer(float* base, int l) const;
+  // Held layer li's activations and the shared backward scratch inside the buffer at `base`.
+  LayerActs layer(float* base, int li) const;
   LayerScratch scratch(float* base) const;
 };
 
@@ -53,6 +64,11 @@ struct ActivationPlan {
 // all-reduces of Megatron's column/row-parallel layers and the
 // vocab-parallel embedding and cross-entropy run inside (docs/PARALLEL.md).
 // Gradients and the norms of grad_norm/grad_sq_sum_range are then local.
+// With pipeline parallelism the engine holds a ModelPart (parallel/pipeline.h):
+// some layers, in chunks of consecutive ones, and maybe the embedding and the
+// head; stage_forward/stage_backward run one micro-batch through one chunk
+// in one of `slots` activation buffers (the micro-batches a schedule keeps in
+// flight), and forward_backward/forward need the whole model.
 // With context parallelism (cp.size > 1) every rank of the CP group is given
 // the same whole micro-batch and computes its two chunks of every sequence
 // (parallel/context_parallel.h); forward and forward_backward return the
@@ -61,7 +77,8 @@ struct ActivationPlan {
 // them over the CP group (as over data-parallel ranks).
 class CpuEngine : public Engine {
  public:
-  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp = {}, ContextParallel cp = {});
+  CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp = {}, ContextParallel cp = {},
+            const ModelPart* part = nullptr, int slots = 1);
 
   const ModelConfig& model_config() const override { return m_; }
   const ParamLayout& layout() const override { return layout_; }
@@ -84,6 +101,13 @@ class CpuEngine : public Engine {
   // rank's positions per sequence (T / cp under context parallelism).
   void forward_layer(int l, int B, int T);
   void backward_layer(int l, int B, int T);
+
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  size_t stage_floats(const Batch& b) const override;
+  double stage_forward(int slot, int chunk, const Batch& b, const float* input, float* output, double grad_scale,
+                       float* token_losses = nullptr, int32_t* argmax = nullptr) override;
+  void stage_backward(int slot, int chunk, const float* doutput, float* dinput) override;
   double grad_norm() override;
   void adamw_step(const AdamWHyper& h) override;
   bool supports_sharded_step() const override { return true; }
@@ -93,23 +117,38 @@ class CpuEngine : public Engine {
   void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
   void keep_optimizer_range(size_t begin, size_t end) override;
 
-  size_t activation_floats() const { return plan_.total; }
+  size_t activation_floats() const { return plan_.total; }  // per slot
 
  private:
-  // This rank's rows of a micro-batch: b itself, or under context parallelism
-  // its two chunks of every sequence (B sequences of T / cp rows, in cp_*_).
-  Batch local_rows(const Batch& b);
+  // A run of consecutive held layers [first, last] (local indices) and what
+  // comes with it: the embedding before the model's first layer, the head
+  // after its last.
+  struct Chunk {
+    int first, last;
+    bool embedding, head;
+  };
+  // One micro-batch in flight: its activations and what the batch it came
+  // from fixes (this rank's rows, document starts).
+  struct Slot {
+    std::vector<float> acts;
+    Batch rows;  // this rank's rows (into the caller's batch, or the cp vectors below)
+    CpLayout cp_layout;
+    std::vector<int32_t> doc_start, cp_inputs, cp_targets, cp_shift_doc, cp_doc_full;
+    std::vector<float> cp_mask;
+  };
+  Slot& use(int slot);  // makes `slot` the one forward_layer/backward_layer work on
+  float* acts() { return cur_->acts.data(); }
+  // Fills the slot's rows of a micro-batch: b itself, or under context
+  // parallelism its two chunks of every sequence (B sequences of T / cp rows).
+  void take_rows(Slot& s, const Batch& b);
   // Under context parallelism: the loss sum over the group, and per-token
   // outputs of the whole micro-batch from every rank's rows.
   double sum_over_cp(double local_sum);
   void gather_rows(const float* local, float* full, const Batch& b);
-  // Runs the model up to the logits (lb: local_rows of the batch); leaves every activation in acts_.
-  void forward_to_logits(const Batch& lb);
-  void backward_from_dlogits(const Batch& b);
   // Document boundaries (ModelConfig::document_boundaries): the first
   // position of each position's document, [B*T], for the shift and attention
   // kernels (null when that kernel ignores documents).
-  void find_documents(const Batch& b);
+  void find_documents(Slot& s, const Batch& b);
   const int32_t* shift_doc_start() const;
   const int32_t* attention_doc_start() const;
   // Sequence parallelism: adds the norm gains' gradients of one backward,
@@ -125,19 +164,22 @@ class CpuEngine : public Engine {
   TensorParallelRegion region_;
   ContextParallel cp_;
   std::unique_ptr<ContextParallelAttention> cp_attn_;  // cp > 1 only
-  CpLayout cp_layout_;                                 // of the current micro-batch
-  std::vector<int32_t> cp_inputs_, cp_targets_, cp_shift_doc_, cp_doc_full_;
-  std::vector<float> cp_mask_, cp_gather_, cp_ids_;  // cp_ids_: argmax as floats, [rows] (forward's gather)
+  std::vector<float> cp_gather_, cp_ids_;              // forward's gather of per-token outputs
+  ModelPart part_;
+  std::vector<int> local_of_;  // [L]: a layer's index among the held ones, -1 if not held
+  std::vector<Chunk> chunks_;
   LocalDims d_;
   ParamLayout layout_;
   int max_B_, max_T_;
   ActivationPlan plan_;
-  std::vector<float> params_, grads_, acts_;
+  std::vector<float> params_, grads_;
+  std::vector<Slot> slots_;
+  Slot* cur_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) of the layout (all of it unless
   // keep_optimizer_range narrowed it).
   std::vector<float> exp_avg_, exp_avg_sq_;
   size_t opt_begin_ = 0, opt_end_ = 0;
-  std::vector<int32_t> argmax_, doc_start_;
+  std::vector<int32_t> argmax_;
   std::vector<double> norm_partials_, ce_scratch_;
   ModelView P_, G_;
 };

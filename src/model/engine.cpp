@@ -37,17 +37,23 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
   }
 }
 
+size_t Engine::stage_floats(const Batch&) const { fail("engine: pipeline stages need the CPU engine"); }
+double Engine::stage_forward(int, int, const Batch&, const float*, float*, double, float*, int32_t*) {
+  fail("engine: pipeline stages need the CPU engine");
+}
+void Engine::stage_backward(int, int, const float*, float*) { fail("engine: pipeline stages need the CPU engine"); }
+
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
                                     Recompute recompute, TensorParallel tp, AttentionImpl attention_backend,
-                                    ContextParallel cp) {
+                                    ContextParallel cp, const ModelPart* part, int slots) {
   if (device == Device::Cpu) {
     KVS_CHECK(attention_backend == AttentionImpl::Flash, "train.attention_backend: \"{}\" needs device \"cuda\"",
               attention_backend);
-    return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp);
+    return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
   }
-  KVS_CHECK(cp.size == 1 && !tp.sequence_parallel,
+  KVS_CHECK(cp.size == 1 && !tp.sequence_parallel && (!part || part->is_whole(m)),
             "device 'cuda': {} is not built for the CUDA engine yet (device \"cpu\" has it)",
-            cp.size > 1 ? "context parallelism" : "sequence parallelism");
+            cp.size > 1 ? "context parallelism" : (tp.sequence_parallel ? "sequence parallelism" : "pipeline parallelism"));
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kvs {
@@ -52,6 +53,26 @@ class Engine {
   virtual double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) = 0;
 
   virtual double grad_norm() = 0;  // L2 norm over all gradients
+
+  // Pipeline parallelism (parallel/pipeline.h, docs/PARALLEL.md): an engine
+  // holding a pipeline stage's part of the model runs one micro-batch through
+  // one of its chunks (runs of consecutive layers; virtual stages) at a time,
+  // in activation slot `slot` (a schedule keeps several micro-batches in
+  // flight). stage_forward: the chunk's input is the embedding of b's tokens
+  // (the model's first chunk) or `input` (stage_floats(b) floats from the
+  // previous stage); its output goes to `output`, or, for the model's last
+  // chunk, into the loss: it returns the sum of masked token losses and, when
+  // grad_scale >= 0, keeps grad_scale * d(loss)/d(logits) for the backward
+  // (grad_scale < 0: evaluation, with the optional per-token outputs of
+  // forward()). stage_backward: from the kept loss gradient (last chunk) or
+  // `doutput`, adds the chunk's parameter gradients and writes d(input) to
+  // `dinput` (except on the first chunk). The defaults throw.
+  virtual int chunks() const { return 1; }
+  virtual int slots() const { return 1; }
+  virtual size_t stage_floats(const Batch& b) const;
+  virtual double stage_forward(int slot, int chunk, const Batch& b, const float* input, float* output,
+                               double grad_scale, float* token_losses = nullptr, int32_t* argmax = nullptr);
+  virtual void stage_backward(int slot, int chunk, const float* doutput, float* dinput);
   virtual void adamw_step(const AdamWHyper& h) = 0;
 
   // ZeRO-1 (docs/PARALLEL.md): a data-parallel rank reduces the gradients,
@@ -106,11 +127,14 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
 // `tp` makes the engine one tensor-parallel rank's slice of the model (with
 // sequence parallelism if tp.sequence_parallel), `cp` one context-parallel
-// rank's chunks of every sequence (CPU engine only for now).
+// rank's chunks of every sequence (CPU engine only for now), `part` a pipeline
+// stage's part of the model with `slots` micro-batches in flight (CPU engine only
+// for now; null: the whole model).
 // `attention_backend` (train.attention_backend) picks the CUDA engine's
 // attention: Flash (ours) or Cudnn (cuDNN SDPA); the CPU engine takes only Flash.
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
                                     Recompute recompute = Recompute::None, TensorParallel tp = {},
-                                    AttentionImpl attention_backend = AttentionImpl::Flash, ContextParallel cp = {});
+                                    AttentionImpl attention_backend = AttentionImpl::Flash, ContextParallel cp = {},
+                                    const ModelPart* part = nullptr, int slots = 1);
 
 }  // namespace kvs

@@ -7,11 +7,12 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kvs {
 
-ParamLayout ParamLayout::build(const ModelConfig& m, int tp_rank, int tp) {
+ParamLayout ParamLayout::build(const ModelConfig& m, int tp_rank, int tp, const ModelPart* part) {
   KVS_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "ParamLayout: tensor-parallel rank {} of {}", tp_rank, tp);
   ParamLayout L;
   // full: the whole tensor's shape; split_dim: cut into tp equal slices along it (-1: replicated).
@@ -42,8 +43,11 @@ ParamLayout ParamLayout::build(const ModelConfig& m, int tp_rank, int tp) {
   const bool shift_q = m.kv_shift.enabled && m.kv_shift.shift_q;
   const int64_t HQ = m.num_attention_heads;
   constexpr int kRows = 0, kCols = 1, kReplicated = -1;
-  add("model.embed_tokens.weight", {V, C}, kRows, ParamKind::Embedding);
+  const bool embed = !part || part->embedding || (part->head && m.tie_word_embeddings);
+  const bool head = !part || part->head;
+  if (embed) add("model.embed_tokens.weight", {V, C}, kRows, ParamKind::Embedding);
   for (int i = 0; i < m.num_hidden_layers; ++i) {
+    if (part && !part->holds(i)) continue;
     const std::string p = fmt::format("model.layers.{}.", i);
     add(p + "input_layernorm.weight", {C}, kReplicated, ParamKind::Norm);
     add(p + "self_attn.q_proj.weight", {QD, C}, kRows, ParamKind::Matrix);
@@ -58,8 +62,8 @@ ParamLayout ParamLayout::build(const ModelConfig& m, int tp_rank, int tp) {
     add(p + "mlp.up_proj.weight", {F, C}, kRows, ParamKind::Matrix);
     add(p + "mlp.down_proj.weight", {C, F}, kCols, ParamKind::Matrix);
   }
-  add("model.norm.weight", {C}, kReplicated, ParamKind::Norm);
-  if (!m.tie_word_embeddings) add("lm_head.weight", {V, C}, kRows, ParamKind::Matrix);
+  if (head) add("model.norm.weight", {C}, kReplicated, ParamKind::Norm);
+  if (head && !m.tie_word_embeddings) add("lm_head.weight", {V, C}, kRows, ParamKind::Matrix);
   return L;
 }
 

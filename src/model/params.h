@@ -14,6 +14,8 @@
 
 namespace kvs {
 
+struct ModelPart;  // parallel/pipeline.h
+
 enum class ParamKind {
   Embedding,  // token embedding (decayed)
   Matrix,     // a projection weight (decayed)
@@ -39,8 +41,11 @@ struct ParamLayout {
   std::vector<ParamTensor> tensors;
   size_t total = 0;  // floats
 
-  // The tensors of tensor-parallel rank tp_rank of tp (tp = 1: the full model).
-  static ParamLayout build(const ModelConfig& m, int tp_rank = 0, int tp = 1);
+  // The tensors of tensor-parallel rank tp_rank of tp (tp = 1: the full model),
+  // and of a pipeline stage's part only when `part` is given (the same order,
+  // the tensors it does not hold left out; with tied embeddings a part with the
+  // head but not the embedding still holds the embedding, as its LM head).
+  static ParamLayout build(const ModelConfig& m, int tp_rank = 0, int tp = 1, const ModelPart* part = nullptr);
   const ParamTensor* find(const std::string& name) const;  // nullptr if absent
 };
 
@@ -48,6 +53,7 @@ struct ParamLayout {
 struct LayerView {
   float *ln1, *wq, *wk, *wv, *wo, *q_shift, *k_shift, *v_shift, *ln2, *w_gate, *w_up, *w_down;
 };
+// Tensors a layout leaves out (a pipeline stage's) are null.
 struct ModelView {
   float* embed;
   std::vector<LayerView> layers;

@@ -73,13 +73,19 @@ void for_each_run(const ParamTensor& f, const ParamTensor& l, int rank, Fn&& cop
   }
 }
 
+// The full layout's tensor for a local one (a pipeline stage's layout holds only some).
+const ParamTensor& full_of(const ParamLayout& full_layout, const ParamTensor& local) {
+  const ParamTensor* f = full_layout.find(local.name);
+  KVS_CHECK(f != nullptr, "tensor parallelism: {} is not in the full layout", local.name);
+  return *f;
+}
+
 }  // namespace
 
 void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp_rank, const float* full,
                     float* local) {
-  KVS_CHECK(full_layout.tensors.size() == local_layout.tensors.size(), "tensor parallelism: layouts disagree");
-  for (size_t i = 0; i < full_layout.tensors.size(); ++i)
-    for_each_run(full_layout.tensors[i], local_layout.tensors[i], tp_rank, [&](int64_t fo, int64_t lo, size_t n) {
+  for (const ParamTensor& t : local_layout.tensors)
+    for_each_run(full_of(full_layout, t), t, tp_rank, [&](int64_t fo, int64_t lo, size_t n) {
       if (fo < 0)
         std::fill(local + lo, local + lo + n, 0.0f);
       else
@@ -89,11 +95,9 @@ void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_lay
 
 void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp, const float* gathered,
                    float* full) {
-  KVS_CHECK(full_layout.tensors.size() == local_layout.tensors.size(), "tensor parallelism: layouts disagree");
   for (int r = 0; r < tp; ++r) {
     const float* local = gathered + static_cast<size_t>(r) * local_layout.total;
-    for (size_t i = 0; i < full_layout.tensors.size(); ++i) {
-      const ParamTensor& t = local_layout.tensors[i];
+    for (const ParamTensor& t : local_layout.tensors) {
       if (t.split_dim < 0 && r > 0) {
         // Replicated tensors get identical updates on every rank; a difference
         // means the ranks drifted apart, which must not pass silently.
@@ -101,7 +105,7 @@ void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layo
                   "tensor parallelism: ranks 0 and {} hold different copies of the replicated tensor {}", r, t.name);
         continue;  // rank 0's copy
       }
-      for_each_run(full_layout.tensors[i], local_layout.tensors[i], r, [&](int64_t fo, int64_t lo, size_t n) {
+      for_each_run(full_of(full_layout, t), t, r, [&](int64_t fo, int64_t lo, size_t n) {
         if (fo >= 0) std::memcpy(full + fo, local + lo, n * sizeof(float));
       });
     }

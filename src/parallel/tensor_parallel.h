@@ -55,12 +55,14 @@ struct LocalDims {
 // Checks that tp divides what it must split; throws kvs::Error naming the key.
 void check_tensor_parallel(const ModelConfig& m, int tp, const std::string& origin);
 
-// Copies rank tp_rank's slice of every tensor from `full` (laid out by
-// ParamLayout::build(m)) into `local` (laid out by ParamLayout::build(m,
-// tp_rank, tp)). Vocabulary padding rows become 0.
+// Copies rank tp_rank's slice of every tensor of `local_layout`
+// (ParamLayout::build(m, tp_rank, tp[, part]): a pipeline stage's layout holds
+// only some tensors) from `full` (ParamLayout::build(m)) into `local`.
+// Vocabulary padding rows become 0.
 void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp_rank, const float* full,
                     float* local);
-// The inverse: `gathered` holds every rank's local buffer in rank order
+// The inverse for the tensors of the local layout (the others in `full` are
+// left as they are): `gathered` holds every rank's local buffer in rank order
 // ([tp][local_layout.total]); replicated tensors are taken from rank 0, after
 // checking that every rank's copy is bit-identical (kvs::Error otherwise).
 void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp, const float* gathered,

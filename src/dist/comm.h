@@ -49,6 +49,15 @@ class Communicator {
   // comes from rank `src`. Every rank of a ring calls it together; send and
   // recv must not overlap.
   virtual void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) = 0;
+  // Point to point for pipeline schedules. isend starts sending buf[0..count)
+  // to rank `dest` and returns a request; the buffer must stay unchanged until
+  // wait(request) returns. recv blocks until the message from `src` with the
+  // same tag has arrived in buf[0..count). Tags keep the messages between two
+  // ranks apart (NCCL has none: there the order of sends and receives between
+  // two ranks must match, which a schedule's does).
+  virtual int isend(const void* buf, size_t count, DType t, int dest, int tag) = 0;
+  virtual void wait(int request) = 0;
+  virtual void recv(void* buf, size_t count, DType t, int src, int tag) = 0;
   // A sub-communicator of the ranks with the same color, ordered by key
   // (MPI_Comm_split / ncclCommSplit semantics). Every rank must call it.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

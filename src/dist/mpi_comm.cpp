@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -84,6 +85,26 @@ class MpiComm final : public Communicator {
     check(MPI_Bcast(buf, as_int(bytes), MPI_BYTE, root, comm_), "Bcast");
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
+  int isend(const void* buf, size_t count, DType t, int dest, int tag) override {
+    KVS_CHECK(dest >= 0 && dest < size_ && dest != rank_, "isend: rank {} is not a peer among {} ranks", dest, size_);
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Isend(buf, as_int(count), mpi_type(t), dest, tag, comm_, &r), "Isend");
+    const int id = next_request_++;
+    requests_[id] = r;
+    return id;
+  }
+  void wait(int request) override {
+    auto it = requests_.find(request);
+    KVS_CHECK(it != requests_.end(), "wait: no pending request {}", request);
+    MPI_Request r = it->second;
+    requests_.erase(it);
+    check(MPI_Wait(&r, MPI_STATUS_IGNORE), "Wait");
+  }
+  void recv(void* buf, size_t count, DType t, int src, int tag) override {
+    KVS_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank {} is not a peer among {} ranks", src, size_);
+    // A message longer than count is MPI_ERR_TRUNCATE: sizes cannot silently disagree.
+    check(MPI_Recv(buf, as_int(count), mpi_type(t), src, tag, comm_, MPI_STATUS_IGNORE), "Recv");
+  }
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
     KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,
               src, size_);
@@ -129,6 +150,8 @@ class MpiComm final : public Communicator {
   }
 
   static constexpr int kSendRecvTag = 17;
+  std::map<int, MPI_Request> requests_;  // isend's, until waited for
+  int next_request_ = 0;
   std::shared_ptr<MpiRuntime> rt_;
   MPI_Comm comm_;
   bool owned_;

@@ -129,6 +129,26 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       return ncclBroadcast(s, r, count, nccl_type(t), root, comm_, stream_);
     });
   }
+  // Pipeline point to point. The send completes before isend returns (NCCL
+  // stream-orders it; host buffers are staged), so wait has nothing left to
+  // do: a schedule whose sends and receives between two ranks come in the
+  // same order cannot deadlock on it. Never run on GPUs yet.
+  int isend(const void* buf, size_t count, DType t, int dest, int /*tag*/) override {
+    KVS_CHECK(dest >= 0 && dest < size_ && dest != rank_, "isend: rank {} is not a peer among {} ranks", dest, size_);
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("send", buf, bytes, nullptr, 0, [&](const void* s, void*) {
+      return ncclSend(s, count, nccl_type(t), dest, comm_, stream_);
+    });
+    return 0;
+  }
+  void wait(int) override {}
+  void recv(void* buf, size_t count, DType t, int src, int /*tag*/) override {
+    KVS_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank {} is not a peer among {} ranks", src, size_);
+    const size_t bytes = count * elem_bytes(t);
+    run_staged("recv", nullptr, 0, buf, bytes, [&](const void*, void* r) {
+      return ncclRecv(r, count, nccl_type(t), src, comm_, stream_);
+    });
+  }
   // One NCCL group of a send and a receive (the ring step of context
   // parallelism). No size check: the peers differ, and NCCL fails on a mismatch.
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {

@@ -24,6 +24,13 @@ class SingleProcess final : public Communicator {
   void broadcast(void*, size_t, DType, int root) override { check_root(root); }
   void broadcast_bytes(void*, size_t, int root) override { check_root(root); }
   void barrier() override {}
+  int isend(const void*, size_t, DType, int dest, int) override {
+    fail("isend: rank {} outside a world of 1 rank (a pipeline needs more processes)", dest);
+  }
+  void wait(int) override {}
+  void recv(void*, size_t, DType, int src, int) override {
+    fail("recv: rank {} outside a world of 1 rank (a pipeline needs more processes)", src);
+  }
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
     KVS_CHECK(dest == 0 && src == 0, "send_recv: rank {} or {} outside a world of 1 rank", dest, src);
     std::memcpy(recv, send, count * elem_size(t));

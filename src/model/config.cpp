@@ -8,6 +8,7 @@
 // each other goes in validate_model() or validate().
 #include "model/config.h"
 
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 
 #include <algorithm>
@@ -461,6 +462,14 @@ void validate(const Config& c, const std::string& origin) {
     fail("{}: parallel.cp ({}): chunks of train.seq_len / (2 x cp) = {} positions are shorter than "
          "model.kv_shift.window ({}): the shift's halo comes from the previous chunk alone",
          origin, p.cp, t.seq_len / (2 * p.cp), m.kv_shift.window);
+  if (p.virtual_stages > 1 && p.pp == 1)
+    fail("{}: parallel.virtual_stages ({}): interleaving needs pipeline parallelism (parallel.pp > 1)", origin,
+         p.virtual_stages);
+  if (!p.layers_per_stage.empty() && p.pp == 1)
+    fail("{}: parallel.layers_per_stage: needs pipeline parallelism (parallel.pp > 1)", origin);
+  if (p.pp > 1) StageSplit::make(m, p.pp, p.virtual_stages, p.layers_per_stage, origin);  // a shape that does not split
+  if (c.device == Device::Cuda && p.pp > 1)
+    fail("{}: parallel.pp: needs device \"cpu\" for now (the CUDA engine has no pipeline stages yet)", origin);
   if (c.device == Device::Cuda && (p.cp > 1 || p.sequence_parallel))
     fail("{}: parallel.{}: needs device \"cpu\" for now (the CUDA engine has no {} yet)", origin,
          p.cp > 1 ? "cp" : "sequence_parallel", p.cp > 1 ? "context parallelism" : "sequence parallelism");

@@ -18,8 +18,8 @@ ShardRange shard_range(size_t total, int dp, int rank) {
   return r;
 }
 
-Zero1::Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp)
-    : engine_(engine), comm_(comm), tp_(tp), shard_(shard_range(engine.layout().total, comm.size(), comm.rank())) {
+Zero1::Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp, PipelineNorm pipe)
+    : engine_(engine), comm_(comm), tp_(tp), pipe_(pipe), shard_(shard_range(engine.layout().total, comm.size(), comm.rank())) {
   KVS_CHECK(engine.supports_sharded_step(),
             "data parallelism (ZeRO-1) needs an engine with a sharded optimizer step; this device has none yet");
   sync_ = make_flat_sync(engine, comm, shard_);
@@ -32,9 +32,10 @@ void Zero1::overlap_next_backward() { sync_->overlap_next_backward(); }
 
 double Zero1::reduce_gradients() {
   sync_->reduce_grads();
-  double sq = local_grad_sq_sum(engine_, shard_.begin, shard_.end, tp_);
+  double sq = local_grad_sq_sum(engine_, shard_.begin, shard_.end, tp_, pipe_.tied_copy);
   comm_.all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
   if (tp_.size > 1) tp_.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
+  if (pipe_.comm && pipe_.comm->size() > 1) pipe_.comm->all_reduce(&sq, 1, dist::DType::F64, dist::ReduceOp::Sum);
   return std::sqrt(sq);
 }
 

@@ -13,6 +13,7 @@
 
 #include "dist/comm.h"
 #include "model/engine.h"
+#include "parallel/grad_norm.h"
 
 namespace kvs {
 
@@ -30,9 +31,10 @@ class Zero1 {
  public:
   // Narrows the engine's moments to this rank's shard: load any full
   // optimizer state into the engine before.
-  // comm: the data-parallel group. With tensor parallelism the engine holds
-  // one TP slice and the gradient norm is also summed over `tp`'s group.
-  Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp = {});
+  // comm: the ranks whose gradients are summed (dp x cp). With tensor
+  // parallelism the engine holds one TP slice and the gradient norm is also
+  // summed over `tp`'s group; with a pipeline, over the stages (`pipe`).
+  Zero1(Engine& engine, dist::Communicator& comm, TensorParallel tp = {}, PipelineNorm pipe = {});
   ~Zero1();
 
   // Call before the last micro-batch's forward_backward of a step: its
@@ -56,6 +58,7 @@ class Zero1 {
   Engine& engine_;
   dist::Communicator& comm_;
   TensorParallel tp_;
+  PipelineNorm pipe_;
   ShardRange shard_;
   std::unique_ptr<FlatSync> sync_;  // the collectives on the engine's buffers (flat_sync.h)
 };

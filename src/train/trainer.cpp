@@ -14,6 +14,7 @@
 #include "model/params.h"
 #include "parallel/grad_norm.h"
 #include "parallel/parallel_groups.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/full_model_io.h"
@@ -99,7 +100,8 @@ std::vector<float> initial_weights_from(const std::string& dir, const ModelConfi
 
 }  // namespace
 
-EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences) {
+EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
+                    PipelineRunner* pipe, dist::Communicator* pp_comm) {
   EvalResult r;
   const uint64_t available = data.size(Split::Val);
   const int64_t n = static_cast<int64_t>(std::min<uint64_t>(available, static_cast<uint64_t>(max_sequences)));
@@ -114,12 +116,19 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
     const int b = static_cast<int>(std::min<int64_t>(micro_batch, n - first));
     buf.fill(data, Split::Val, first, b);
     Batch batch = buf.micro(0, b);
-    loss_sum += engine.forward(batch, losses.data(), argmax.data(), nullptr);
+    loss_sum += pipe ? pipe->evaluate(engine, batch, losses.data(), argmax.data())
+                     : engine.forward(batch, losses.data(), argmax.data(), nullptr);
     for (size_t i = 0; i < static_cast<size_t>(b) * seq_len; ++i) {
       if (batch.mask[i] == 0.0f) continue;
       ++r.scored_tokens;
-      hits += argmax[i] == batch.targets[i];
+      if (!pipe || pipe->holds_loss()) hits += argmax[i] == batch.targets[i];
     }
+  }
+  if (pipe) {  // the last stage's numbers on every rank
+    double sums[2] = {loss_sum, static_cast<double>(hits)};
+    pp_comm->all_reduce(sums, 2, dist::DType::F64, dist::ReduceOp::Sum);
+    loss_sum = sums[0];
+    hits = static_cast<int64_t>(sums[1]);
   }
   r.sequences = n;
   r.loss = r.scored_tokens ? loss_sum / r.scored_tokens : NAN;
@@ -127,22 +136,42 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   return r;
 }
 
+// Pipeline parallelism with tied embeddings: the first stage's embedding and
+// the last stage's copy (its LM head) each got part of the gradient; their sum
+// on both keeps the two copies equal through the optimizer.
+void sync_tied_embedding(Engine& e, dist::Communicator* embed_comm) {
+  if (!embed_comm) return;
+  const ParamTensor* t = e.layout().find("model.embed_tokens.weight");
+  KVS_CHECK(t != nullptr, "pipeline: the first or last stage has no embedding to keep tied");
+  embed_comm->all_reduce(e.host_grads() + t->offset, t->numel, dist::DType::F32, dist::ReduceOp::Sum);
+}
+
 void check_parallel_layout(const Config& cfg, int world_size) {
-  const int tp = cfg.parallel.tp, cp = cfg.parallel.cp;
-  if (cp == 1)
+  const int tp = cfg.parallel.tp, cp = cfg.parallel.cp, pp = cfg.parallel.pp;
+  if (cp == 1 && pp == 1)
     KVS_CHECK(world_size % tp == 0,
               "parallel.tp ({}) must divide the number of processes ({}): the world is dp x tp ranks", tp, world_size);
-  else
+  else if (pp == 1)
     KVS_CHECK(world_size % (tp * cp) == 0,
               "parallel.tp x parallel.cp ({} x {}) must divide the number of processes ({}): the world is dp x cp x tp "
               "ranks",
               tp, cp, world_size);
-  const int dp = world_size / (tp * cp);
+  else
+    KVS_CHECK(world_size % (tp * cp * pp) == 0,
+              "parallel.tp x parallel.cp x parallel.pp ({} x {} x {}) must divide the number of processes ({}): the "
+              "world is dp x pp x cp x tp ranks",
+              tp, cp, pp, world_size);
+  const int dp = world_size / (tp * cp * pp);
   const int accum = cfg.train.grad_accum_steps;
   KVS_CHECK(accum % dp == 0,
             "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
             "grad_accum_steps/dp micro-batches of the global batch",
             accum, dp);
+  if (pp > 1 && cfg.parallel.virtual_stages > 1)
+    KVS_CHECK(accum / dp % pp == 0,
+              "parallel.virtual_stages ({}): the interleaved schedule needs each rank's micro-batches "
+              "(train.grad_accum_steps / dp = {}) to be a multiple of parallel.pp ({})",
+              cfg.parallel.virtual_stages, accum / dp, pp);
 }
 
 TrainSummary train(const Config& config, const TrainOptions& opt) {
@@ -161,10 +190,23 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     comm = own_comm.get();
   }
   check_parallel_layout(cfg, comm->size());
-  const ParallelGroups groups =
-      ParallelGroups::make(*comm, cfg.parallel.tp, cfg.parallel.cp, cfg.parallel.sequence_parallel);
+  const ParallelConfig& par = cfg.parallel;
+  const ParallelGroups groups = ParallelGroups::make(*comm, par.tp, par.cp, par.sequence_parallel, par.pp,
+                                                     cfg.model.tie_word_embeddings);
   const TensorParallel tp = groups.tensor_parallel();
   const ContextParallel cp{groups.cp_rank, groups.cp, groups.cp_comm};
+  // Pipeline parallelism: this rank's stage and its schedule over the step's micro-batches.
+  const int micro_batches = tc.grad_accum_steps / groups.dp;
+  std::unique_ptr<PipelineRunner> pipe;
+  ModelPart part = ModelPart::whole(cfg.model);
+  if (par.pp > 1) {
+    const StageSplit split = StageSplit::make(cfg.model, par.pp, par.virtual_stages, par.layers_per_stage,
+                                              cfg.source_path.empty() ? "config" : cfg.source_path);
+    part = ModelPart::of(split, groups.pp_rank);
+    pipe = std::make_unique<PipelineRunner>(
+        split, PipelineParallel{groups.pp_rank, par.pp, groups.pp_comm, par.virtual_stages}, micro_batches);
+  }
+  const PipelineNorm pipe_norm{pipe ? groups.pp_comm : nullptr, !part.embedding && cfg.model.tie_word_embeddings};
   dist::Communicator& dp_comm = *groups.dp_comm;
   const int dp = groups.dp, rank = comm->rank();
   const bool rank0 = rank == 0;
@@ -174,9 +216,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
   auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp,
-                            tc.attention_backend, cp);
-  // Checkpoints hold full tensors; this moves them in and out of the rank's slice.
-  const FullModelIO io(cfg.model, engine->layout(), tp);
+                            tc.attention_backend, cp, pipe ? &part : nullptr, pipe ? pipe->slots() : 1);
+  // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
+  const FullModelIO io(cfg.model, engine->layout(), tp, pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
 
   // Fresh start or resume.
   int64_t step = 0;
@@ -218,12 +260,17 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   }
   // Each rank loaded the full state; from here on it keeps the moments of its shard only.
   std::unique_ptr<Zero1> zero1;
-  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp);
+  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
   MetricsWriter metrics;
   if (rank0) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
-    spdlog::info("parallel layout: dp {}{}, tp {}{}, backend {}{}{}", dp,
+    spdlog::info("parallel layout: dp {}{}{}, tp {}{}, backend {}{}{}", dp,
+                 groups.pp > 1 ? fmt::format(", pp {}{}", groups.pp,
+                                             par.virtual_stages > 1
+                                                 ? fmt::format(" ({} virtual stages each)", par.virtual_stages)
+                                                 : "")
+                               : "",
                  groups.cp > 1 ? fmt::format(", cp {}", groups.cp) : "", groups.tp,
                  groups.sequence_parallel ? " (sequence parallel)" : "", comm->backend(),
                  zero1 ? ", ZeRO-1 optimizer shards" : "",
@@ -276,7 +323,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   auto run_eval = [&](int64_t done) {
     // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.
     if (!has_val || groups.dp_rank != 0) return EvalResult{};
-    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences);
+    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe.get(), groups.pp_comm);
     if (!rank0) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
@@ -306,7 +353,14 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     data_range.reset();
     engine->zero_grad();
     double loss_sum = 0;
-    for (int s = 0; s < LB; s += MB) {
+    if (pipe) {
+      std::vector<Batch> micro;
+      for (int s = 0; s < LB; s += MB) micro.push_back(batch.micro(s, MB));
+      loss_sum = pipe->train(*engine, micro, grad_scale);
+      groups.pp_comm->all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);  // the last stage's
+      sync_tied_embedding(*engine, groups.embed_comm);
+    }
+    for (int s = 0; s < LB && !pipe; s += MB) {
       // ZeRO-1 on CUDA + NCCL: the last micro-batch's backward starts the gradient reduction.
       if (zero1 && s + MB >= LB) zero1->overlap_next_backward();
       ProfileRange micro_range("micro-batch", s / MB);
@@ -318,7 +372,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
     const double loss = scored > 0 ? loss_sum / scored : 0.0;
     // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
-    const double gnorm = zero1 ? zero1->reduce_gradients() : global_grad_norm(*engine, tp);
+    const double gnorm = zero1 ? zero1->reduce_gradients() : global_grad_norm(*engine, tp, pipe_norm);
     reduce_range.reset();
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();

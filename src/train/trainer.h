@@ -13,6 +13,8 @@
 
 namespace kvs {
 
+class PipelineRunner;
+
 struct EvalResult {
   double loss = 0;           // mean over scored tokens
   double accuracy = 0;       // argmax hits / scored tokens
@@ -21,7 +23,11 @@ struct EvalResult {
 };
 
 // Evaluates on the first `max_sequences` validation sequences (fewer if the split is smaller).
-EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences);
+// With a pipeline (pipe, the pipeline group pp_comm) every batch goes through
+// every stage and the numbers, which the last stage computes, are summed over
+// the group, so every rank returns them.
+EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
+                    PipelineRunner* pipe = nullptr, dist::Communicator* pp_comm = nullptr);
 
 struct TrainOptions {
   std::string run_dir;

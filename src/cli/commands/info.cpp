@@ -3,6 +3,8 @@
 #include "model/cpu_engine.h"
 #include "model/flops.h"
 #include "model/params.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/tensor_parallel.h"
 #ifdef KVS_CUDA
 #include "model/cuda_engine.h"
@@ -41,6 +43,31 @@ void add_info(CLI::App& app) {
                        ActivationPlan::build(m, LocalDims::of(m, 0, par.tp), B, T, sp ? par.tp : 1, par.cp).total);
     };
     const double rank_acts_b = rank_acts(false), rank_acts_sp_b = par.tp > 1 ? rank_acts(true) : rank_acts_b;
+    // Pipeline parallelism: each stage's activations, for the micro-batches its
+    // schedule keeps in flight (m = grad_accum_steps micro-batches: dp = 1).
+    nlohmann::json stages = nlohmann::json::array();
+    if (par.pp > 1) {
+      const StageSplit split = StageSplit::make(m, par.pp, par.virtual_stages, par.layers_per_stage, a->config);
+      for (int r = 0; r < par.pp; ++r) {
+        const ModelPart part = ModelPart::of(split, r);
+        std::vector<int> chunk_of;
+        for (size_t i = 0; i < part.layers.size(); ++i)
+          chunk_of.push_back(chunk_of.empty() ? 0
+                                              : chunk_of.back() + (part.layers[i] != part.layers[i - 1] + 1 ? 1 : 0));
+        const int slots = micro_batches_in_flight(pipeline_schedule(split, r, cfg.train.grad_accum_steps));
+        const double per_slot = 4.0 * static_cast<double>(
+                                          ActivationPlan::build(m, LocalDims::of(m, 0, par.tp), B, T,
+                                                                par.sequence_parallel ? par.tp : 1, par.cp, chunk_of,
+                                                                part.head)
+                                              .total);
+        stages.push_back({{"stage", r},
+                          {"layers", part.layers},
+                          {"embedding", part.embedding},
+                          {"head", part.head},
+                          {"micro_batches_in_flight", slots},
+                          {"activations", per_slot * slots}});
+      }
+    }
     // The CUDA engine's device memory on TP rank 0 (the largest slice), from
     // the same plan its constructor allocates (host arithmetic, no GPU): the
     // one arena (fp32 master + fp32 grads + bf16 copy, activations for the
@@ -86,6 +113,7 @@ void add_info(CLI::App& app) {
                             {"cp", par.cp},
                             {"without_sequence_parallel", rank_acts_b},
                             {"with_sequence_parallel", par.tp > 1 ? nlohmann::json(rank_acts_sp_b) : nullptr}}},
+                          {"pipeline_stages", stages},
                           {"memory_bytes_cuda", cuda_mem},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
@@ -112,6 +140,11 @@ void add_info(CLI::App& app) {
                     par.sequence_parallel ? "on" : "parallel.sequence_parallel to turn it on");
       std::printf("\n");
     }
+    for (const auto& st : stages)
+      std::printf("  pipeline stage %d: %zu layers%s%s, %d micro-batches in flight (m = %d): activations %.3f GiB\n",
+                  st["stage"].get<int>(), st["layers"].size(), st["embedding"].get<bool>() ? " + embedding" : "",
+                  st["head"].get<bool>() ? " + head" : "", st["micro_batches_in_flight"].get<int>(),
+                  cfg.train.grad_accum_steps, st["activations"].get<double>() / GiB);
     if (!cuda_mem.is_null()) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());

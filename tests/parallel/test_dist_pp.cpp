@@ -1,0 +1,137 @@
+// Pipeline parallelism through `kvshift train` under mpirun (docs/PARALLEL.md
+// "Pipeline parallelism"): 1F1B at pp = 2 and 4, the interleaved schedule with
+// 2 virtual stages, and pp with dp, tp and cp, each following the
+// single-process loss curve with the same global batch (relative difference
+// <= 1e-6 per step and evaluation), vanilla, shifted GQA and tied embeddings;
+// resume across layouts; the schedules themselves; one-line errors for shapes
+// that do not split.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "dist_test_util.h"
+#include "parallel/pipeline_schedule.h"
+
+using namespace kvs::testing_util;
+
+namespace {
+
+constexpr double kTol = 1e-6;
+
+// tiny_config with 4 layers (pp = 4 has one each) and a learning rate at
+// which 20 steps stay far from the chaotic regime, where any two summation
+// orders drift apart whatever the layout (dp = 2 alone reaches 1e-6 at 1e-2).
+nlohmann::json pp_config(bool shift, bool tied) {
+  nlohmann::json c = tiny_config(shift, 4);
+  c["model"]["num_hidden_layers"] = 4;
+  c["model"]["tie_word_embeddings"] = tied;
+  c["train"]["lr"] = 3e-3;
+  return c;
+}
+
+struct Layout {
+  int np;
+  std::string flags, name;
+};
+const Layout kPp2{2, "--set parallel.pp=2", "pp2"};
+const Layout kPp4{4, "--set parallel.pp=4", "pp4"};
+const Layout kPp2v2{2, "--set parallel.pp=2 --set parallel.virtual_stages=2", "pp2 interleaved v2"};
+const Layout kPp2Dp2{4, "--set parallel.pp=2", "dp2 x pp2"};
+const Layout kPp2Tp2{4, "--set parallel.pp=2 --set parallel.tp=2", "pp2 x tp2"};
+const Layout kPp2Cp2{4, "--set parallel.pp=2 --set parallel.cp=2", "pp2 x cp2"};
+const Layout kUneven{2, "--set parallel.pp=2 --set 'parallel.layers_per_stage=[3,1]'", "pp2 layers 3+1"};
+
+void follow_single(const nlohmann::json& cfg, std::initializer_list<Layout> layouts, const std::string& what) {
+  TmpDir tmp;
+  const std::string file = tmp / "c.json";
+  spit(file, cfg.dump());
+  train(0, file, tmp / "single");
+  const Curve ref = read_metrics(tmp / "single");
+  ASSERT_EQ(ref.train.size(), 20u);
+  for (const Layout& l : layouts) {
+    const std::string dir = tmp / ("run" + std::to_string(&l - layouts.begin()));
+    train(l.np, file, dir, l.flags);
+    expect_close(read_metrics(dir), ref, 1, what + " " + l.name, kTol);
+  }
+}
+
+std::string ops_string(const std::vector<kvs::PipeOp>& ops) {
+  std::string s;
+  for (const auto& o : ops)
+    s += (o.kind == kvs::PipeOp::Forward ? "F" : "B") + std::to_string(o.micro) +
+         (o.chunk ? "." + std::to_string(o.chunk) : "") + " ";
+  return s;
+}
+
+}  // namespace
+
+// The schedules themselves: 1F1B's warm-up, steady state and cool-down, and
+// Megatron's interleaved order (checked against the order its formulas give
+// for pp = 2, v = 2, m = 4), every pass once, and the micro-batches in flight.
+TEST(PipelineSchedule, OneFOneBAndInterleavedOrders) {
+  kvs::StageSplit one{4, 1, {0, 1, 2, 3, 4}};
+  EXPECT_EQ(ops_string(kvs::pipeline_schedule(one, 0, 6)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5 ");
+  EXPECT_EQ(ops_string(kvs::pipeline_schedule(one, 3, 6)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
+  EXPECT_EQ(kvs::micro_batches_in_flight(kvs::pipeline_schedule(one, 0, 6)), 4);  // pp - rank
+  EXPECT_EQ(kvs::micro_batches_in_flight(kvs::pipeline_schedule(one, 3, 6)), 1);
+  EXPECT_EQ(ops_string(kvs::pipeline_schedule(one, 1, 2)), "F0 F1 B0 B1 ");  // fewer micro-batches than stages
+
+  kvs::StageSplit two{2, 2, {0, 1, 2, 3, 4}};
+  // rank 0: warm-up (2 - 0 - 1) * 2 + (2 - 1) * 2 = 4 forwards, then 1F1B, then the rest.
+  EXPECT_EQ(ops_string(kvs::pipeline_schedule(two, 0, 4)), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3 ");
+  EXPECT_EQ(ops_string(kvs::pipeline_schedule(two, 1, 4)), "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3 ");
+  for (int rank : {0, 1}) {
+    int f = 0, b = 0;
+    for (const auto& o : kvs::pipeline_schedule(two, rank, 4)) (o.kind == kvs::PipeOp::Forward ? f : b)++;
+    EXPECT_EQ(f, 8);
+    EXPECT_EQ(b, 8);
+  }
+}
+
+TEST(PipelineParallel, FollowsSingleProcess) {
+  follow_single(pp_config(false, false), {kPp2, kPp4}, "vanilla");
+  follow_single(pp_config(true, false), {kPp2, kPp4, kPp2v2, kPp2Dp2, kPp2Tp2, kPp2Cp2, kUneven}, "shifted GQA");
+  follow_single(pp_config(true, true), {kPp2, kPp4, kPp2v2, kPp2Tp2}, "shifted GQA, tied");
+}
+
+TEST(PipelineParallel, ResumeAcrossLayouts) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, pp_config(true, true).dump());
+  train(0, cfg, tmp / "full");
+  const Curve full = read_metrics(tmp / "full");
+  const std::string a = tmp / "pp_to_one", b = tmp / "one_to_pp";
+  train(kPp2.np, cfg, a, kPp2.flags + " --set train.steps=10");
+  train(0, cfg, a, "--resume");
+  expect_close(read_metrics(a), full, 11, "resume pp2 -> one process", kTol);
+  train(0, cfg, b, "--set train.steps=10");
+  train(kPp2v2.np, cfg, b, kPp2v2.flags + " --resume");
+  expect_close(read_metrics(b), full, 11, "resume one process -> pp2 interleaved", kTol);
+}
+
+TEST(PipelineParallel, ShapesThatDoNotSplitAreOneLineErrors) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, pp_config(true, false).dump());
+  auto error_of_run = [&](int np, const std::string& flags) {
+    const auto r = run_kvshift("train --quiet --config " + cfg + " --run-dir " + (tmp / "bad") + " " + flags,
+                               np ? mpirun(np) : "");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "bad/metrics.jsonl"));
+    return r.out;
+  };
+  EXPECT_NE(error_of_run(0, "--set parallel.pp=3").find("parallel.pp x parallel.virtual_stages (3 x 1) must divide "
+                                                        "model.num_hidden_layers (4)"),
+            std::string::npos);
+  EXPECT_NE(error_of_run(0, "--set parallel.pp=2 --set 'parallel.layers_per_stage=[2,1]'")
+                .find("parallel.layers_per_stage: the stages hold 3 layers, model.num_hidden_layers is 4"),
+            std::string::npos);
+  EXPECT_NE(error_of_run(0, "--set parallel.virtual_stages=2")
+                .find("parallel.virtual_stages (2): interleaving needs pipeline parallelism (parallel.pp > 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of_run(2, "--set parallel.pp=2 --set parallel.virtual_stages=2 --set train.grad_accum_steps=3")
+                .find("the interleaved schedule needs each rank's micro-batches (train.grad_accum_steps / dp = 3) to "
+                      "be a multiple of parallel.pp (2)"),
+            std::string::npos);
+}

@@ -13,6 +13,7 @@
 #include "core/profile_range.h"
 #include "dist/comm.h"
 #include "kernels/cpu/ops.h"
+#include "model/rope_frequencies.h"
 #include "parallel/linear.h"
 #include "parallel/vocab_parallel_loss.h"
 
@@ -142,7 +143,8 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   if (m_.document_boundaries != DocumentBoundaries::None) doc_start_.assign(static_cast<size_t>(max_batch) * max_seq_len, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
-  cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(), m_.rope_theta);
+  cpu::rope_tables(acts_.data() + plan_.rope_cos, acts_.data() + plan_.rope_sin, max_T_, m_.head_dim(),
+                   rope_frequencies(m_));
 }
 
 void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), params_.end(), host); }

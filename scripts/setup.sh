@@ -58,7 +58,7 @@ fi
 # a venv of its own (no system site packages: its torch is not Debian's), so the HF tests run
 # against both lines (docs/HF.md "Tests"). PyPI has no CPU-only torch for Linux x86_64; the
 # requirements are installed with --no-deps so that only what a CPU-only machine loads comes in
-# (about 4.4 GB, 2 minutes). Optional: without it those tests report themselves skipped.
+# (about 4.7 GB, 2 minutes). Optional: without it those tests report themselves skipped.
 # KVS_SKIP_HF_VENV=1 skips it too.
 VENV5="$ROOT/.venv-hf5"
 REQ5="$ROOT/scripts/hf5-requirements.txt"

@@ -40,21 +40,26 @@ inline void rope_inv_freq(float* inv_freq, int D, const RopeFrequencies& f) {
     inv_freq[i] = 1.0f / (float)std::pow((double)base, (double)expo);
   }
   if (!f.llama3) return;
-  // Python scalars meet fp32 tensors: torch casts them to float first.
-  const float factor = (float)f.factor, low = (float)f.low_freq_factor, high = (float)f.high_freq_factor;
+  // Torch's fp32 arithmetic, operation by operation: a Python scalar meets an fp32 tensor as a
+  // float; `scalar / tensor` is reciprocal(tensor) * scalar; every product is rounded on its own
+  // (no fused multiply-add, which -march=native would otherwise allow: hence the volatile).
+  const float factor = (float)f.factor, low = (float)f.low_freq_factor;
+  const float span = (float)(f.high_freq_factor - f.low_freq_factor);
   const float old_ctx = (float)f.original_max_position_embeddings;
   const float low_wavelen = (float)((double)f.original_max_position_embeddings / f.low_freq_factor);
   const float high_wavelen = (float)((double)f.original_max_position_embeddings / f.high_freq_factor);
   const float two_pi = (float)(2.0 * 3.14159265358979323846);
   for (int i = 0; i < D / 2; ++i) {
-    const float wavelen = two_pi / inv_freq[i];
+    const float wavelen = (1.0f / inv_freq[i]) * two_pi;
     const float scaled = wavelen > low_wavelen ? inv_freq[i] / factor : inv_freq[i];
     if (wavelen < high_wavelen || wavelen > low_wavelen) {
       inv_freq[i] = scaled;
       continue;
     }
-    const float s = (old_ctx / wavelen - low) / (high - low);
-    inv_freq[i] = (1.0f - s) * scaled / factor + s * scaled;
+    const volatile float ratio = (1.0f / wavelen) * old_ctx;
+    const float s = (ratio - low) / span;
+    const volatile float kept = s * scaled;
+    inv_freq[i] = (1.0f - s) * scaled / factor + kept;
   }
 }
 

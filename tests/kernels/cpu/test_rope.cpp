@@ -69,6 +69,20 @@ TEST(OpsRope, Llama3ScalingMatchesTransformersBitForBit) {
   for (int i = 0; i <= 28; ++i) EXPECT_EQ(inv[i], plain[i]) << i;
   for (int i = 35; i < D / 2; ++i) EXPECT_EQ(inv[i], plain[i] / 32.0f) << i;
   for (int i = 29; i <= 34; ++i) EXPECT_TRUE(inv[i] < plain[i] && inv[i] > plain[i] / 32.0f) << i;
+  // Parameters where the order of torch's operations shows (2*pi / inv_freq is a reciprocal, then a
+  // product): true divisions would differ at 24 and 27. Values from transformers 5.24 (torch 2.15).
+  RopeFrequencies odd(123456.7);
+  odd.llama3 = true;
+  odd.factor = 3.7;
+  odd.low_freq_factor = 0.7;
+  odd.high_freq_factor = 2.0;
+  odd.original_max_position_embeddings = 777;
+  std::vector<float> inv_odd(D / 2);
+  rope_inv_freq(inv_odd.data(), D, odd);
+  const std::pair<int, float> odd_values[] = {{23, 0x1.b6b19ap-7f}, {24, 0x1.27d5b0p-7f}, {25, 0x1.8c5ed8p-8f},
+                                              {26, 0x1.074a40p-8f}, {27, 0x1.59e960p-9f}, {28, 0x1.bfbbe2p-10f},
+                                              {42, 0x1.024c64p-13f}};
+  for (const auto& [i, want] : odd_values) EXPECT_EQ(inv_odd[i], want) << "inv_freq[" << i << "]";
   // The tables rotate by exactly these frequencies.
   const int T = 3;
   std::vector<float> cs(T * D / 2), sn(T * D / 2);

@@ -54,6 +54,30 @@ else
     echo "setup: warning: pip could not install scripts/hf-requirements.txt; HF tests will use the pure-torch core" >&2
   fi
 fi
+# The current transformers line (5.x) on torch 2.x, both from PyPI, with lm-evaluation-harness:
+# a venv of its own (no system site packages: its torch is not Debian's), so the HF tests run
+# against both lines (docs/HF.md "Tests"). PyPI has no CPU-only torch for Linux x86_64; the
+# requirements are installed with --no-deps so that only what a CPU-only machine loads comes in
+# (about 4.7 GB, 2 minutes). Optional: without it those tests report themselves skipped.
+# KVS_SKIP_HF_VENV=1 skips it too.
+VENV5="$ROOT/.venv-hf5"
+REQ5="$ROOT/scripts/hf5-requirements.txt"
+if [ "${KVS_SKIP_HF_VENV:-0}" = 1 ]; then
+  echo "setup: skipping .venv-hf5 (KVS_SKIP_HF_VENV=1)"
+elif [ -x "$VENV5/bin/python" ] && cmp -s "$REQ5" "$VENV5/.requirements"; then
+  echo "setup: .venv-hf5 up to date"
+else
+  echo "setup: creating .venv-hf5 (transformers 5.x, torch 2.x, lm_eval; from PyPI)"
+  rm -rf "$VENV5"
+  /usr/bin/python3 -m venv "$VENV5"
+  if "$VENV5/bin/pip" install -q --no-deps -r "$REQ5"; then
+    cp "$REQ5" "$VENV5/.requirements"
+  else
+    rm -rf "$VENV5"
+    echo "setup: warning: pip could not install scripts/hf5-requirements.txt; the transformers 5.x and lm_eval" \
+         "tests will report themselves skipped" >&2
+  fi
+fi
 # The cuDNN frontend's headers for the "cudnn" attention backend (CUDA builds):
 # pinned, from PyPI, into the git-ignored .deps/. Optional: without them
 # CMake builds without that backend. KVS_SKIP_CUDNN_FRONTEND=1 skips it.

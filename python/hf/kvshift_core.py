@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Cache layout per layer (a tuple, so transformers' legacy-cache code can read
-# past[layer][0].shape[2] as the cached length):
+# The core's cache: one tuple per layer, in this order (the transformers wrapper keeps
+# these tuples in its KvShiftCache, a transformers Cache):
 K_CACHE, V_CACHE, K_TAIL, V_TAIL, Q_TAIL = range(5)
 
 
@@ -72,11 +72,72 @@ def shift_with_tail(x, tail, coef):
     return y, full[:, -W:]
 
 
-def rope_cos_sin(position_ids, head_dim, theta, dtype):
+ROPE_KEYS = {"default": {"type", "rope_type", "rope_theta", "partial_rotary_factor"}}
+ROPE_KEYS["llama3"] = ROPE_KEYS["default"] | {"factor", "low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings"}
+
+
+def _rope_object(key, d):
+    """(theta or None, llama3 parameters or None) of one RoPE dict (rope_scaling or rope_parameters)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{key}: expected a dict or None, got {d!r}")
+    kind = d.get("rope_type", d.get("type", "default"))
+    if kind not in ROPE_KEYS:
+        raise ValueError(f"{key}.rope_type {kind!r} is not implemented (kvshift implements 'default' and 'llama3')")
+    for k, v in d.items():
+        if k not in ROPE_KEYS[kind] or (k == "partial_rotary_factor" and v not in (None, 1, 1.0)):
+            raise ValueError(f"{key}.{k} = {v!r} is not implemented for rope_type {kind!r}")
+    llama3 = None
+    if kind == "llama3":
+        llama3 = {k: d[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                    "original_max_position_embeddings")}
+    return d.get("rope_theta"), llama3
+
+
+def rope_settings(cfg):
+    """(theta, llama3 parameters or None) from a config of either transformers line: 5.x keeps both in
+    rope_parameters, 4.x in rope_theta and rope_scaling (an export writes all three). Whatever is present
+    must agree; absent means theta 10000 and plain RoPE (LlamaConfig's defaults). Unknown RoPE types and
+    keys are refused, never dropped."""
+    thetas, scalings = [], []
+    if getattr(cfg, "rope_theta", None) is not None:
+        thetas.append(("rope_theta", float(cfg.rope_theta)))
+    for key in ("rope_scaling", "rope_parameters"):
+        d = getattr(cfg, key, None)
+        if d:
+            theta, llama3 = _rope_object(key, d)
+            if theta is not None:
+                thetas.append((key + ".rope_theta", float(theta)))
+            scalings.append((key, llama3))
+    for (ka, a), (kb, b) in zip(thetas, thetas[1:]):
+        if a != b:
+            raise ValueError(f"{ka} = {a} and {kb} = {b} disagree")
+    for (ka, a), (kb, b) in zip(scalings, scalings[1:]):
+        if a != b:
+            raise ValueError(f"{ka} and {kb} describe different RoPE: {a} vs {b}")
+    return (thetas[0][1] if thetas else 10000.0), (scalings[0][1] if scalings else None)
+
+
+def rope_inv_freq(head_dim, theta, llama3, device=None):
+    """inv_freq [D/2] in fp32, as transformers computes it (the default and the llama3 rope types;
+    _compute_default_rope_parameters / _compute_llama3_parameters, same operations in the same order)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if llama3 is None:
+        return inv_freq
+    factor, low, high = llama3["factor"], llama3["low_freq_factor"], llama3["high_freq_factor"]
+    old_context_len = llama3["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_cos_sin(position_ids, inv_freq, dtype):
     """cos, sin [B, T, D] for integer positions [B, T] (Hugging Face layout, fp32 angles)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                             device=position_ids.device) / head_dim))
-    freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    freqs = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)  # [B, T, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -110,7 +171,8 @@ class KvShiftAttention(nn.Module):
         self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = C // self.n_heads
         self.rope = getattr(cfg, "position_encoding", "rope") == "rope"
-        self.theta = float(getattr(cfg, "rope_theta", 10000.0))
+        # Computed per forward from these (D/2 values): nothing device- or meta-bound at construction.
+        self.theta, self.llama3 = rope_settings(cfg)
         self.q_proj = nn.Linear(C, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
@@ -148,7 +210,7 @@ class KvShiftAttention(nn.Module):
             v, v_tail = self._shift("v_shift", v, past[V_TAIL])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if self.rope:
-            cos, sin = rope_cos_sin(position_ids, D, self.theta, x.dtype)
+            cos, sin = rope_cos_sin(position_ids, rope_inv_freq(D, self.theta, self.llama3, x.device), x.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if past[K_CACHE] is not None:
             k = torch.cat([past[K_CACHE], k], dim=2)
@@ -237,18 +299,11 @@ class KvShiftLlamaModel(nn.Module):
         return self.norm(x), tuple(new_past)
 
 
-def reorder_past(past, beam_idx):
-    """Beam search: pick batch rows of every cached tensor."""
-    return tuple(tuple(t.index_select(0, beam_idx.to(t.device)) if t is not None else None for t in lp)
-                 for lp in past)
-
-
 def config_from_dict(d):
     """A plain attribute object from a config.json dict (for use without transformers)."""
     c = dict(d)
     c.setdefault("num_key_value_heads", c["num_attention_heads"])
     c.setdefault("rms_norm_eps", 1e-6)
-    c.setdefault("rope_theta", 10000.0)
     c.setdefault("tie_word_embeddings", False)
     c.setdefault("position_encoding", "rope")
     c.setdefault("kv_shift", None)

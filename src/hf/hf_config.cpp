@@ -1,6 +1,7 @@
 #include "hf/hf_config.h"
 
 #include "core/error.h"
+#include "hf/rope_keys.h"
 
 namespace kvs::hf {
 
@@ -26,7 +27,7 @@ json export_config(const ModelConfig& m, const std::string& torch_dtype, const S
   j["bos_token_id"] = id_or_null(ids.bos);
   j["eos_token_id"] = id_or_null(ids.eos);
   if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
-  j["rope_scaling"] = nullptr;
+  write_rope_keys(m, j);
   j["pretraining_tp"] = 1;
   j["attention_dropout"] = 0.0;
   j["use_cache"] = true;
@@ -87,7 +88,7 @@ ModelConfig import_config(const json& j, const std::string& origin) {
   m.num_key_value_heads = get_or<int>(j, "num_key_value_heads", m.num_attention_heads, origin);
   // Defaults are LlamaConfig's / MistralConfig's, for configs that leave keys out.
   m.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, origin);
-  m.rope_theta = get_or<double>(j, "rope_theta", 10000.0, origin);
+  read_rope_keys(j, origin, m);
   m.max_position_embeddings =
       get_or<int>(j, "max_position_embeddings", type == "mistral" ? 4096 * 32 : 2048, origin);
   m.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
@@ -116,9 +117,6 @@ ModelConfig import_config(const json& j, const std::string& origin) {
   for (const char* key : {"attention_bias", "mlp_bias"})
     KVS_CHECK(!get_or<bool>(j, key, false, origin), "{}: {} true cannot be expressed (kvshift has no biases)", origin,
               key);
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    fail("{}: rope_scaling {} cannot be expressed (kvshift implements plain RoPE only)", origin,
-         j["rope_scaling"].dump());
   const int window = get_or<int>(j, "sliding_window", 0, origin);
   if (window > 0 && window < m.max_position_embeddings && get_or<bool>(j, "use_sliding_window", true, origin))
     fail("{}: sliding_window {} < max_position_embeddings {} cannot be expressed (kvshift attends to every "

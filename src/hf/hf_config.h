@@ -25,8 +25,9 @@ nlohmann::json generation_config(const SpecialIds& ids);
 
 // Reads a Hugging Face config.json of model_type llama, mistral or kvshift_llama.
 // Keys without a meaning for the model (bos ids, dtype, ...) are ignored; keys
-// that would change the model in a way kvshift cannot express (rope_scaling,
-// biases, a sliding window, another activation) are one-line errors naming `origin`.
+// that would change the model in a way kvshift cannot express (a RoPE type other
+// than default and llama3, biases, a sliding window, another activation) are
+// one-line errors naming `origin`. RoPE: rope_keys.h.
 ModelConfig import_config(const nlohmann::json& j, const std::string& origin);
 
 }  // namespace kvs::hf

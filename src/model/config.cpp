@@ -49,6 +49,19 @@ const Fields<KvShiftConfig>& kv_shift_fields() {
   return fields;
 }
 
+// Hugging Face's names (LlamaConfig.rope_scaling of transformers 4.x).
+const Fields<RopeScalingConfig>& rope_scaling_fields() {
+  using R = RopeScalingConfig;
+  static const Fields<R> fields = {
+      {"rope_type", &R::rope_type},
+      {"factor", &R::factor, above(0)},
+      {"low_freq_factor", &R::low_freq_factor, above(0)},
+      {"high_freq_factor", &R::high_freq_factor, above(0)},
+      {"original_max_position_embeddings", &R::original_max_position_embeddings, positive()},
+  };
+  return fields;
+}
+
 // Hugging Face LlamaConfig names plus kv_shift: the run config's `model`
 // section and a checkpoint's config.json (model_from_hf_json) alike.
 const Fields<ModelConfig>& model_fields() {
@@ -61,6 +74,7 @@ const Fields<ModelConfig>& model_fields() {
       {"num_key_value_heads", &M::num_key_value_heads, positive(), default_from(&M::num_attention_heads)},
       {"rms_norm_eps", &M::rms_norm_eps, above(0)},
       {"rope_theta", &M::rope_theta, above(0)},
+      {"rope_scaling", &M::rope_scaling, rope_scaling_fields(), kOmitIfDefault},
       {"position_encoding", &M::position_encoding},  // absent in older checkpoints: rope
       {"vocab_size", &M::vocab_size, kRequired, positive()},
       {"max_position_embeddings", &M::max_position_embeddings, kRequired, positive()},
@@ -235,6 +249,16 @@ void validate_model(const ModelConfig& m, const Where& w) {
   if (m.document_boundaries != DocumentBoundaries::None && m.bos_token_id < 0)
     fail("{}: {}: \"{}\" needs {} (the token that starts a document)", w.origin, w.key("document_boundaries"),
          m.document_boundaries, w.key("bos_token_id"));
+  if (m.rope_scaling.rope_type != RopeType::Default) {
+    const Where r = w.at("rope_scaling");
+    check_section(rope_scaling_fields(), m.rope_scaling, r);
+    if (m.position_encoding != PositionEncoding::Rope)
+      fail("{}: {}: \"{}\" scales RoPE, but {} is \"{}\"", w.origin, r.key("rope_type"), m.rope_scaling.rope_type,
+           w.key("position_encoding"), m.position_encoding);
+    if (!(m.rope_scaling.high_freq_factor > m.rope_scaling.low_freq_factor))
+      fail("{}: {}: must be > {} ({}), got {}", w.origin, r.key("high_freq_factor"), r.key("low_freq_factor"),
+           m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor);
+  }
   if (m.kv_shift.parametrization == ShiftParametrization::SigmoidGate && m.kv_shift.window != 1)
     fail("{}: {}: \"sigmoid_gate\" needs kv_shift.window 1 (one gate per head), got window {}", w.origin,
          w.key("kv_shift.parametrization"), m.kv_shift.window);

@@ -31,6 +31,21 @@ struct KvShiftConfig {
   bool operator==(const KvShiftConfig&) const = default;
 };
 
+// Llama 3's RoPE scaling (Hugging Face's rope_scaling / rope_parameters with
+// rope_type "llama3"): low frequencies slowed by `factor`, high ones kept, a
+// smooth blend between; it changes the inverse frequencies only
+// (kernels/cpu/rope.h rope_inv_freq). rope_type "default": plain RoPE, the
+// other fields unused.
+struct RopeScalingConfig {
+  RopeType rope_type = RopeType::Default;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
 struct ModelConfig {
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -39,6 +54,7 @@ struct ModelConfig {
   int num_key_value_heads = 0;
   double rms_norm_eps = 1e-5;
   double rope_theta = 100000.0;
+  RopeScalingConfig rope_scaling;  // written only when rope_type is not "default"
   PositionEncoding position_encoding = PositionEncoding::Rope;  // None: NoPE, the Theorem 2 setting (toy ablations)
   int vocab_size = 0;
   int max_position_embeddings = 0;

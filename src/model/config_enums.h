@@ -38,6 +38,14 @@ constexpr auto enum_names(PositionEncoding) {
   return std::to_array<EnumName<E>>({{E::Rope, "rope"}, {E::None, "none"}});
 }
 
+// model.rope_scaling.rope_type: Hugging Face's names; "llama3" is Llama 3's
+// frequency-dependent scaling (the other types of transformers are refused).
+enum class RopeType { Default, Llama3 };
+constexpr auto enum_names(RopeType) {
+  using E = RopeType;
+  return std::to_array<EnumName<E>>({{E::Default, "default"}, {E::Llama3, "llama3"}});
+}
+
 // model.kv_shift.parametrization: how the stored shift tensors become coefficients.
 enum class ShiftParametrization { Free, SigmoidGate, Clamp01 };
 constexpr auto enum_names(ShiftParametrization) {

@@ -103,7 +103,7 @@ inline Rule half_open(double lo, double hi) { return {Rule::Kind::HalfOpen, lo, 
 
 enum class Flag {
   Required,       // a missing key is an error (else the member keeps its default)
-  OmitIfDefault,  // to_json leaves the key out while the member holds its default
+  OmitIfDefault,  // to_json leaves the key out while the member (a whole section too) holds its default
 };
 inline constexpr Flag kRequired = Flag::Required;
 inline constexpr Flag kOmitIfDefault = Flag::OmitIfDefault;
@@ -164,7 +164,7 @@ struct Field {
   Field(const char* k, Sub S::*member, const Fields<Sub>& fields, Flags... flags) : key(k) {
     read = [member, &fields](const json& v, const Where& w, S& s) { read_section(fields, v, w, s.*member); };
     write = [member, &fields](const S& s) { return write_section(fields, s.*member); };
-    holds_default = [](const S&) { return false; };
+    holds_default = [member](const S& s) { return s.*member == Sub{}; };
     add_subsection = [&fields](const std::string& path, Schema& schema) { add_to_schema(fields, path, schema); };
     (set(member, flags), ...);
   }

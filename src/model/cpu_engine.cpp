@@ -13,6 +13,7 @@
 #include "core/profile_range.h"
 #include "dist/comm.h"
 #include "kernels/cpu/ops.h"
+#include "model/rope_frequencies.h"
 #include "parallel/linear.h"
 #include "parallel/vocab_parallel_loss.h"
 
@@ -180,7 +181,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   for (Slot& s : slots_) {
     s.acts.assign(plan_.total, 0.0f);
     cpu::rope_tables(s.acts.data() + plan_.rope_cos, s.acts.data() + plan_.rope_sin, max_T_, m_.head_dim(),
-                     m_.rope_theta);
+                     rope_frequencies(m_));
     if (docs) s.doc_start.assign(local, 0);
     if (cp.size > 1) {
       s.cp_inputs.assign(local, 0);

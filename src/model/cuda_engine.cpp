@@ -26,6 +26,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/vocab_parallel_ce.h"
+#include "model/rope_frequencies.h"
 
 namespace kvs {
 
@@ -266,7 +267,7 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   // RoPE tables: the CPU function (one definition of HF's fp32 recipe).
   const size_t half = static_cast<size_t>(max_T_) * D / 2;
   std::vector<float> cos(half), sin(half);
-  cpu::rope_tables(cos.data(), sin.data(), max_T_, D, m_.rope_theta);
+  cpu::rope_tables(cos.data(), sin.data(), max_T_, D, rope_frequencies(m_));
   check(cudaMemcpyAsync(at<float>(plan_.rope_cos), cos.data(), half * sizeof(float), cudaMemcpyHostToDevice, stream_),
         "upload RoPE cos");
   check(cudaMemcpyAsync(at<float>(plan_.rope_sin), sin.data(), half * sizeof(float), cudaMemcpyHostToDevice, stream_),

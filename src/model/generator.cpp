@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "model/cpu_block.h"
+#include "model/rope_frequencies.h"
 
 namespace kvs {
 
@@ -43,7 +44,7 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   if (m.position_encoding == PositionEncoding::Rope) {
     rope_cos_.assign(static_cast<size_t>(max_len) * D / 2, 0.0f);
     rope_sin_.assign(static_cast<size_t>(max_len) * D / 2, 0.0f);
-    cpu::rope_tables(rope_cos_.data(), rope_sin_.data(), max_len, D, m.rope_theta);
+    cpu::rope_tables(rope_cos_.data(), rope_sin_.data(), max_len, D, rope_frequencies(m));
   }
   const size_t R = chunk_;
   for (auto* buf : {&x_, &mid_, &ln_}) buf->assign(R * C, 0.0f);

@@ -1,22 +1,32 @@
 #!/usr/bin/python3
-"""Hugging Face export/import checks (CTest `hf_export`).
+"""Hugging Face export/import checks (CTest `hf_export` and `hf_export_tf5`).
 
-    /usr/bin/python3 tests/hf/run_hf.py --kvshift BUILD/kvshift --workdir BUILD/hf_test
+    /usr/bin/python3 tests/hf/run_hf.py --kvshift BUILD/kvshift --workdir BUILD/hf_test [--stack 4|5]
 
-Runs under .venv-hf/bin/python (scripts/setup.sh: transformers pinned for torch 1.13)
-when that venv exists, else under this python with the modeling file's pure-torch
-core (python/hf/kvshift_core.py); the first line says which.
+--stack 4 (default) runs under .venv-hf/bin/python (scripts/setup.sh: transformers 4.44 pinned for
+Debian's torch 1.13) when that venv exists, else under this python with the modeling file's
+pure-torch core (python/hf/kvshift_core.py). --stack 5 runs under .venv-hf5/bin/python
+(transformers 5.x on torch 2.x from PyPI) and, without it, reports itself skipped. The first line
+says which.
 
 Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kvshift train`:
   - export-hf, load (AutoModelForCausalLM with trust_remote_code, or the core), logits equal
-    `kvshift forward` within 1e-4 relative: vanilla (a plain LlamaForCausalLM), shifted, GQA,
-    tied, window 2, sigmoid gate, shift_q, NoPE;
-  - with the cache: logits fed one token at a time equal the full forward, and greedy
-    generate() equals the argmax of a full forward at every step (shifted models);
+    `kvshift forward` within 1e-5 relative: vanilla (a plain LlamaForCausalLM), shifted, GQA,
+    tied, window 1, 2 and 3, sigmoid gate, shift_q, NoPE, Llama 3 RoPE;
+  - with the cache: logits fed one token at a time equal the full forward, greedy generate()
+    equals the argmax of a full forward at every step and `kvshift generate`, beam search with the cache equals beam
+    search without it, a left-padded batch equals its rows alone;
+  - bf16 exports: exact against `kvshift forward` of their own (rounded) weights when computed
+    in fp32, within bf16 rounding when computed in bf16;
+  - RoPE: the modeling file's inverse frequencies equal transformers' own (default and llama3);
+    a Llama saved by the running transformers line (theta 500000; Llama 3 RoPE), in that line's
+    config dialect, imports with logits equal to transformers' (and with --kv-shift-init identity,
+    exported again, still equal);
   - import-hf(export-hf(ckpt)) equals ckpt bit for bit (fp32), also from shards;
   - import of a HF-layout model with --kv-shift-init identity gives the vanilla logits;
   - tokenizer files (when sentencepiece is importable);
-  - bad inputs give one-line errors and leave no output behind.
+  - bad inputs (unknown RoPE types, RoPE keys that disagree, ...) give one-line errors and leave
+    no output behind.
 Prints one line per check and `N passed, N failed`; exits 1 on any failure.
 """
 import argparse
@@ -28,10 +38,18 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VENV_PY = os.path.join(REPO, ".venv-hf", "bin", "python")
-if os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(REPO, ".venv-hf")) \
+STACK = sys.argv[sys.argv.index("--stack") + 1] if "--stack" in sys.argv[:-1] else "4"
+VENV = os.path.join(REPO, {"4": ".venv-hf", "5": ".venv-hf5"}.get(STACK, ".venv-hf"))
+VENV_PY = os.path.join(VENV, "bin", "python")
+if os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(VENV) \
         and not os.environ.get("KVS_HF_NO_VENV"):
     os.execv(VENV_PY, [VENV_PY, os.path.abspath(__file__)] + sys.argv[1:])
+if STACK == "5" and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+    print(f"skipped: no {VENV} (scripts/setup.sh makes it: transformers 5.x, torch 2.x from PyPI); "
+          "nothing was checked against transformers 5.x")
+    print("0 passed, 0 failed, 1 skipped")
+    sys.exit(0)
+os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -42,6 +60,8 @@ import kvshift_core as kc  # noqa: E402
 from run_oracle import draw_weights, make_config, write_checkpoint  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 
+torch.set_default_dtype(torch.float32)  # run_oracle sets float64; users load in float32
+
 try:
     import transformers  # noqa: E402
     from transformers import AutoModelForCausalLM  # noqa: E402
@@ -49,7 +69,13 @@ try:
 except ImportError:
     HF = False
 
-REL_TOL = 1e-4
+REL_TOL = 1e-5
+MAJOR = int(transformers.__version__.split(".")[0]) if HF else 0
+# from_pretrained's dtype argument: `dtype` in 5.x (which defaults to the config's), `torch_dtype` before.
+DTYPE_ARG = "dtype" if MAJOR >= 5 else "torch_dtype"
+# The cache argument of forward(): `cache` in later 5.x, `past_key_values` before.
+CACHE_ARG = "cache" if HF and "cache" in transformers.modeling_outputs.CausalLMOutputWithPast.__dataclass_fields__ \
+    else "past_key_values"
 PY_FILES = ["configuration_kvshift_llama.py", "kvshift_core.py", "modeling_kvshift_llama.py"]
 
 
@@ -89,10 +115,11 @@ def kvshift_logits(binary, ckpt, tokens, workdir):
     return np.load(out)
 
 
-def load_export(out_dir):
+def load_export(out_dir, dtype=torch.float32):
     """The exported model: through transformers when present, else the core."""
     if HF:
-        return AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True).eval()
+        return AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True,
+                                                    **{DTYPE_ARG: dtype}).eval()
     index = os.path.join(out_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         tensors = {}
@@ -100,16 +127,17 @@ def load_export(out_dir):
             tensors.update(read_safetensors(os.path.join(out_dir, f)))
     else:
         tensors = read_safetensors(os.path.join(out_dir, "model.safetensors"))
-    return kc.KvShiftLlamaCore.from_dir(out_dir, tensors).eval()
+    return kc.KvShiftLlamaCore.from_dir(out_dir, tensors, dtype).eval()
 
 
 @torch.no_grad()
 def logits_of(model, ids, past=None):
     """(logits [B, T, V], past) of either model kind."""
     if HF:
-        o = model(input_ids=ids, past_key_values=past, use_cache=True)
-        return o.logits.float(), o.past_key_values
-    return model(ids, past)
+        o = model(input_ids=ids, use_cache=True, **{CACHE_ARG: past})
+        return o.logits.float(), o.cache if "cache" in o.__dataclass_fields__ else o.past_key_values
+    lg, past = model(ids, past)
+    return lg.float(), past
 
 
 @torch.no_grad()
@@ -138,8 +166,18 @@ def check_cache(t, case, model, tokens):
     t.record(case, "greedy generate (cache) == argmax of full", got == want, f"{got[4:]}")
 
 
+def check_generator(t, case, binary, ckpt, model, tokens):
+    """`kvshift generate` (greedy, its own KV cache) == the export's greedy generate()."""
+    r = run([binary, "generate", "--checkpoint", ckpt, "--prompt-ids", ",".join(map(str, tokens[:4])),
+             "--max-new-tokens", "8", "--temperature", "0", "--json"])
+    ours = json.loads(r.stdout.strip().splitlines()[-1])["ids"]
+    theirs = greedy(model, torch.tensor([tokens[:4]]), 8)[0, 4:].tolist()
+    t.record(case, "kvshift generate == exported greedy generate", ours == theirs, f"{ours}")
+
+
 def check_padding_and_half(t, case, model, tokens):
-    """transformers only: left-padded batch generation equals each row alone, and bf16 runs."""
+    """transformers only: left-padded batch generation equals each row alone, beam search reorders
+    the cache right, and bf16 runs."""
     if not HF:
         return
     a, b = tokens[:5], tokens[2:9]
@@ -150,6 +188,11 @@ def check_padding_and_half(t, case, model, tokens):
     alone = [greedy(model, torch.tensor([r]), 5)[0].tolist() for r in (a, b)]
     t.record(case, "left-padded batch generate == rows alone",
              batch[0, 2:].tolist() == alone[0] and batch[1].tolist() == alone[1])
+    ids = torch.tensor([tokens[:6], tokens[3:9]])
+    beams = [model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=3, num_return_sequences=2,
+                            max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=c, pad_token_id=0,
+                            eos_token_id=None).tolist() for c in (True, False)]
+    t.record(case, "beam search with cache == without", beams[0] == beams[1], f"{beams[0][0][6:]}")
     half = model.to(torch.bfloat16)
     out = greedy(half, torch.tensor([tokens]), 3)
     t.record(case, "bf16 model generates", out.shape[1] == len(tokens) + 3)
@@ -173,6 +216,11 @@ def check_export_files(t, case, out, shifted):
         t.record(case, "config plain llama, no remote code", ok)
 
 
+# Llama 3 RoPE with a context such that, at head_dim 8 and theta 500000, one frequency keeps its value,
+# one is blended and two are divided by the factor.
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 256}
+
 # name, config, seed; all from the oracle's config maker
 CASES = [
     ("vanilla_gqa", make_config(32, 4, 2, 40, 2, 37, False, False), 201),
@@ -182,6 +230,10 @@ CASES = [
     ("gate_qkv", make_config(32, 4, 2, 40, 2, 37, False, True, shift_q=True, parametrization="sigmoid_gate"), 205),
     ("window3_qkv", make_config(32, 4, 1, 40, 1, 37, False, True, window=3, shift_q=True), 206),
     ("nope_shift", make_config(32, 4, 2, 40, 1, 37, False, True, position_encoding="none"), 207),
+    ("llama3_shift_gqa", dict(make_config(32, 4, 2, 40, 2, 37, False, True, theta=500000.0), rope_scaling=LLAMA3),
+     208),
+    ("llama3_vanilla_tied", dict(make_config(32, 4, 2, 40, 1, 37, True, False, theta=500000.0), rope_scaling=LLAMA3),
+     209),
 ]
 TOKENS = [0, 5, 9, 5, 9, 33, 1, 5, 36, 12, 7, 5, 9]
 
@@ -197,6 +249,10 @@ def export_cases(t, binary, work):
         out = os.path.join(d, "hf")
         export(binary, ckpt, out, "--dtype", "fp32")
         shifted = cfg["kv_shift"]["enabled"] or cfg.get("position_encoding") == "none"
+        if "rope_scaling" in cfg:
+            hf_cfg = json.load(open(os.path.join(out, "config.json")))
+            t.record(name, "config: rope_scaling (4.x) and rope_parameters (5.x)",
+                     hf_cfg["rope_scaling"] == LLAMA3 and hf_cfg["rope_parameters"] == dict(LLAMA3, rope_theta=500000.0))
         check_export_files(t, name, out, shifted)
         model = load_export(out)
         if HF and not shifted:
@@ -204,7 +260,8 @@ def export_cases(t, binary, work):
                      type(model).__name__)
         t.compare(name, "logits == kvshift forward", logits_of(model, torch.tensor([TOKENS]))[0][0].numpy(), want)
         check_cache(t, name, model, TOKENS)
-        if name in ("shift_gqa", "window3_qkv"):
+        check_generator(t, name, binary, ckpt, model, TOKENS)
+        if name in ("shift_gqa", "window3_qkv", "llama3_shift_gqa"):
             check_padding_and_half(t, name, model, TOKENS)
         back = os.path.join(d, "reimported")
         run([binary, "import-hf", "--model", out, "--out", back])
@@ -236,7 +293,16 @@ def trained_case(t, binary, work):
              r.stderr.strip().splitlines()[-1][:40] if r.stderr.strip() else "")
     cfg = json.load(open(os.path.join(out, "config.json")))
     t.record("trained", "bf16 export: torch_dtype bfloat16", cfg.get("torch_dtype") == "bfloat16")
-    t.compare("trained", "bf16 logits ~ kvshift forward (2e-2)",
+    # Its own (rounded) weights, imported back: the fp32 computation is exact, the bf16 one within bf16 rounding.
+    rounded = os.path.join(d, "bf16_reimported")
+    run([binary, "import-hf", "--model", out, "--out", rounded])
+    want_rounded = kvshift_logits(binary, rounded, TOKENS, d)
+    t.compare("trained", "bf16 weights, fp32 compute == kvshift forward",
+              logits_of(load_export(out, torch.float32), torch.tensor([TOKENS]))[0][0].numpy(), want_rounded)
+    t.compare("trained", "bf16 weights, bf16 compute ~ kvshift forward (2e-2)",
+              logits_of(load_export(out, torch.bfloat16), torch.tensor([TOKENS]))[0][0].numpy(), want_rounded,
+              tol=2e-2)
+    t.compare("trained", "bf16 export ~ the fp32 checkpoint (2e-2)",
               logits_of(load_export(out), torch.tensor([TOKENS]))[0][0].numpy(), want, tol=2e-2)
     # sharded fp32
     out = os.path.join(d, "hf_sharded")
@@ -307,6 +373,55 @@ def import_cases(t, binary, work, vanilla):
     return src
 
 
+def llama_config(theta, llama3, **shape):
+    """A LlamaConfig in the running line's dialect: rope_parameters (5.x) or rope_theta + rope_scaling (4.x)."""
+    if MAJOR >= 5:
+        rope = dict(llama3 or {"rope_type": "default"}, rope_theta=theta)
+        return transformers.LlamaConfig(rope_parameters=rope, **shape)
+    return transformers.LlamaConfig(rope_theta=theta, rope_scaling=dict(llama3) if llama3 else None, **shape)
+
+
+def rope_cases(t, binary, work):
+    """transformers only: RoPE against transformers' own code, and Llamas saved by it, imported."""
+    if not HF:
+        return print("rope               skipped: transformers' RoPE and save_pretrained need transformers", flush=True)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    shape = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=37, max_position_embeddings=64)
+    l32 = dict(LLAMA3, factor=32.0, original_max_position_embeddings=8192)  # Llama 3.2's
+    for name, theta, llama3 in (("default", 500000.0, None), ("llama3", 500000.0, LLAMA3),
+                                ("llama3.2", 500000.0, l32)):
+        cfg = llama_config(theta, llama3, **dict(shape, hidden_size=512, num_attention_heads=4))  # head_dim 128
+        theirs = LlamaRotaryEmbedding(config=cfg).inv_freq  # what LlamaForCausalLM rotates with
+        ours = kc.rope_inv_freq(128, *kc.rope_settings(cfg))
+        t.record("rope", f"{name}: inv_freq == transformers' (bitwise)", torch.equal(theirs, ours),
+                 f"max diff {float((theirs - ours).abs().max()):.1e}")
+
+    ids = torch.tensor([[(i * 7 + 3) % 37 for i in range(48)]])
+    for name, llama3 in (("theta5e5", None), ("llama3", LLAMA3)):
+        d = os.path.join(work, "saved_by_transformers", name)
+        shutil.rmtree(d, ignore_errors=True)
+        torch.manual_seed(7)
+        model = transformers.LlamaForCausalLM(llama_config(500000.0, llama3, initializer_range=0.3, **shape)).eval()
+        model.save_pretrained(os.path.join(d, "hf"), safe_serialization=True)
+        saved = json.load(open(os.path.join(d, "hf", "config.json")))
+        dialect = "rope_parameters" if "rope_parameters" in saved else "rope_theta/rope_scaling"
+        with torch.no_grad():
+            theirs = model(ids).logits[0].numpy()
+        ckpt = os.path.join(d, "imported")
+        run([binary, "import-hf", "--model", os.path.join(d, "hf"), "--out", ckpt])
+        t.compare("rope", f"{name}: saved ({dialect}) -> import == transformers",
+                  kvshift_logits(binary, ckpt, ids[0].tolist(), d), theirs)
+        if llama3:  # the continued-pretraining path: add the shift (identity), export, load, same function
+            shifted = os.path.join(d, "shifted")
+            run([binary, "import-hf", "--model", os.path.join(d, "hf"), "--out", shifted, "--kv-shift-init",
+                 "identity"])
+            out = os.path.join(d, "shifted_hf")
+            export(binary, shifted, out, "--dtype", "fp32")
+            t.compare("rope", f"{name}: + identity shift -> export == transformers",
+                      logits_of(load_export(out), ids)[0][0].numpy(), theirs)
+
+
 def expect_error(t, name, cmd, needle, out=None):
     r = run(cmd, check=False)
     lines = r.stderr.strip().splitlines()
@@ -360,6 +475,18 @@ def error_cases(t, binary, work, vanilla, src):
     expect_error(t, "import: unsupported dtype", imp(b), "dtype I32", out=new)
     b = broken("rope", mutate_cfg=lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}))
     expect_error(t, "import: rope_scaling", imp(b), "rope_scaling", out=new)
+    b = broken("yarn", mutate_cfg=lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+    expect_error(t, "import: rope_parameters yarn", imp(b), 'rope_parameters.rope_type "yarn"', out=new)
+    b = broken("theta_disagree", mutate_cfg=lambda c: c.update(rope_theta=10000.0, rope_parameters={
+        "rope_type": "default", "rope_theta": 500000.0}))
+    expect_error(t, "import: rope_theta != rope_parameters.rope_theta", imp(b), "disagree", out=new)
+    b = broken("type_disagree", mutate_cfg=lambda c: c.update(rope_scaling=LLAMA3, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0}))
+    expect_error(t, "import: rope_scaling != rope_parameters", imp(b), "describe different RoPE", out=new)
+    b = broken("llama3_missing", mutate_cfg=lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
+    expect_error(t, "import: llama3 without its keys", imp(b), "rope_scaling.low_freq_factor: missing", out=new)
+    b = broken("llama3_extra", mutate_cfg=lambda c: c.update(rope_scaling=dict(LLAMA3, mscale=2.0)))
+    expect_error(t, "import: llama3 with an unknown key", imp(b), "rope_scaling.mscale 2.0", out=new)
     b = broken("gpt2", mutate_cfg=lambda c: c.update(model_type="gpt2"))
     expect_error(t, "import: not a Llama", imp(b), "gpt2", out=new)
     b = broken("extra", mutate_w=lambda w: w.update({"model.layers.9.foo": ("F32", np.ones(2, np.float32))}))
@@ -421,6 +548,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvshift", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--stack", choices=["4", "5"], default="4", help="transformers line: 4 (.venv-hf), 5 (.venv-hf5)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     torch.set_num_threads(2)
@@ -435,6 +563,7 @@ def main():
         vanilla = export_cases(t, a.kvshift, a.workdir)
         trained_case(t, a.kvshift, a.workdir)
         src = import_cases(t, a.kvshift, a.workdir, vanilla)
+        rope_cases(t, a.kvshift, a.workdir)
         error_cases(t, a.kvshift, a.workdir, vanilla, src)
         tokenizer_case(t, a.kvshift, a.workdir, vanilla)
     except Exception as e:  # noqa: BLE001

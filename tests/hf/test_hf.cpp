@@ -87,6 +87,85 @@ TEST(HfConfig, ImportDefaultsAndRefusals) {
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("head_dim", 16), "c.json"), "head_dim");
 }
 
+// config.json as each transformers line saves a Llama (save_pretrained of 4.44.2 and 5.24.0; the
+// RoPE keys as written, the rest shortened): theta 500000 and Llama 3 RoPE.
+json saved_by(const char* line, bool llama3) {
+  json j = {{"model_type", "llama"}, {"hidden_size", 64},       {"intermediate_size", 48},
+            {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+            {"vocab_size", 37},       {"max_position_embeddings", 64}};
+  const json l3 = {{"factor", 8.0}, {"high_freq_factor", 4.0}, {"low_freq_factor", 1.0},
+                   {"original_max_position_embeddings", 256}, {"rope_type", "llama3"}};
+  if (std::string(line) == "4.44.2") {
+    j["rope_theta"] = 500000.0;
+    j["rope_scaling"] = llama3 ? l3 : json(nullptr);
+  } else {  // 5.x: no rope_theta key
+    j["rope_parameters"] = llama3 ? l3 : json{{"rope_type", "default"}};
+    j["rope_parameters"]["rope_theta"] = 500000.0;
+  }
+  j["transformers_version"] = line;
+  return j;
+}
+
+TEST(HfConfig, RopeOfBothTransformersLines) {
+  for (const char* line : {"4.44.2", "5.24.0"}) {
+    SCOPED_TRACE(line);
+    const kvs::ModelConfig plain = kvs::hf::import_config(saved_by(line, false), "c.json");
+    EXPECT_DOUBLE_EQ(plain.rope_theta, 500000.0);
+    EXPECT_EQ(plain.rope_scaling.rope_type, kvs::RopeType::Default);
+    const kvs::ModelConfig l3 = kvs::hf::import_config(saved_by(line, true), "c.json");
+    EXPECT_DOUBLE_EQ(l3.rope_theta, 500000.0);
+    EXPECT_EQ(l3.rope_scaling.rope_type, kvs::RopeType::Llama3);
+    EXPECT_DOUBLE_EQ(l3.rope_scaling.factor, 8.0);
+    EXPECT_DOUBLE_EQ(l3.rope_scaling.low_freq_factor, 1.0);
+    EXPECT_DOUBLE_EQ(l3.rope_scaling.high_freq_factor, 4.0);
+    EXPECT_EQ(l3.rope_scaling.original_max_position_embeddings, 256);
+    // The export writes both dialects, and reads back what it wrote.
+    for (const kvs::ModelConfig& m : {plain, l3}) {
+      const json e = kvs::hf::export_config(m, "float32", {});
+      EXPECT_DOUBLE_EQ(e["rope_theta"].get<double>(), 500000.0);
+      EXPECT_DOUBLE_EQ(e["rope_parameters"]["rope_theta"].get<double>(), 500000.0);
+      EXPECT_EQ(e["rope_parameters"]["rope_type"], m.rope_scaling.rope_type == kvs::RopeType::Llama3 ? "llama3"
+                                                                                                  : "default");
+      EXPECT_EQ(e["rope_scaling"].is_null(), m.rope_scaling.rope_type == kvs::RopeType::Default);
+      EXPECT_EQ(kvs::hf::import_config(e, "e.json"), m);
+    }
+  }
+  // A Llama without any RoPE key: LlamaConfig's default theta, in both lines.
+  json bare = saved_by("5.24.0", false);
+  bare.erase("rope_parameters");
+  EXPECT_DOUBLE_EQ(kvs::hf::import_config(bare, "c.json").rope_theta, 10000.0);
+}
+
+TEST(HfConfig, RopeVariantsWeDoNotImplementAreRefused) {
+  auto with = [](const char* key, json v) {
+    json j = saved_by("5.24.0", false);
+    j.erase("rope_parameters");
+    j[key] = v;
+    return j;
+  };
+  for (const char* type : {"linear", "dynamic", "yarn", "longrope", "proportional"})
+    EXPECT_KVS_ERROR(kvs::hf::import_config(with("rope_parameters", {{"rope_type", type}, {"factor", 2.0}}), "c.json"),
+                     "c.json", std::string("rope_parameters.rope_type \"") + type + "\"");
+  EXPECT_KVS_ERROR(kvs::hf::import_config(with("rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}), "c.json"),
+                   "rope_scaling.rope_type \"dynamic\"");
+  EXPECT_KVS_ERROR(kvs::hf::import_config(with("partial_rotary_factor", 0.5), "c.json"), "partial_rotary_factor 0.5");
+  EXPECT_KVS_ERROR(kvs::hf::import_config(with("rope_parameters", {{"rope_type", "default"},
+                                                                   {"partial_rotary_factor", 0.5}}), "c.json"),
+                   "rope_parameters.partial_rotary_factor 0.5");
+  json l3 = saved_by("5.24.0", true);
+  l3["rope_parameters"]["attention_factor"] = 1.5;
+  EXPECT_KVS_ERROR(kvs::hf::import_config(l3, "c.json"), "rope_parameters.attention_factor 1.5");
+  l3 = saved_by("5.24.0", true);
+  l3["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_KVS_ERROR(kvs::hf::import_config(l3, "c.json"), "rope_parameters.original_max_position_embeddings: missing");
+  l3 = saved_by("4.44.2", true);
+  l3["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_KVS_ERROR(kvs::hf::import_config(l3, "c.json"), "describe different RoPE");
+  l3 = saved_by("4.44.2", false);
+  l3["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  EXPECT_KVS_ERROR(kvs::hf::import_config(l3, "c.json"), "disagree");
+}
+
 TEST(HfShards, SizesAndPlans) {
   EXPECT_EQ(kvs::hf::parse_size("5GB", "x"), 5000000000ull);
   EXPECT_EQ(kvs::hf::parse_size("2GiB", "x"), 2147483648ull);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -733,6 +734,46 @@ TEST(Config, HfJsonRoundTrips) {
   }
 }
 
+TEST(Config, RopeScalingIsWrittenOnlyWhenSet) {
+  kvs::Config c = base_config();
+  EXPECT_FALSE(kvs::to_json(c)["model"].contains("rope_scaling"));
+  EXPECT_FALSE(kvs::model_to_hf_json(c.model).contains("rope_scaling"));
+  json j = kvs::to_json(c);
+  j["model"]["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"original_max_position_embeddings", 64}};
+  c = kvs::config_from_json(j, kOrigin);
+  kvs::validate(c, kOrigin);
+  const kvs::RopeScalingConfig& r = c.model.rope_scaling;
+  EXPECT_EQ(r.rope_type, kvs::RopeType::Llama3);
+  EXPECT_DOUBLE_EQ(r.factor, 32.0);
+  EXPECT_DOUBLE_EQ(r.low_freq_factor, 1.0);  // Llama 3's values by default
+  EXPECT_DOUBLE_EQ(r.high_freq_factor, 4.0);
+  EXPECT_EQ(r.original_max_position_embeddings, 64);
+  const json hf = kvs::model_to_hf_json(c.model);
+  EXPECT_EQ(hf["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_TRUE(kvs::model_from_hf_json(hf, "config.json") == c.model);
+  EXPECT_TRUE(kvs::config_from_json(kvs::to_json(c), kOrigin) == c);
+
+  using C = kvs::Config;
+  const std::pair<std::function<void(C&)>, std::vector<std::string>> bad[] = {
+      {[](C& x) { x.model.rope_scaling.factor = 0; }, {"model.rope_scaling.factor", "> 0"}},
+      {[](C& x) { x.model.rope_scaling.original_max_position_embeddings = 0; },
+       {"model.rope_scaling.original_max_position_embeddings"}},
+      {[](C& x) { x.model.rope_scaling.high_freq_factor = 1.0; },
+       {"model.rope_scaling.high_freq_factor", "model.rope_scaling.low_freq_factor"}},
+      {[](C& x) { x.model.position_encoding = PositionEncoding::None; },
+       {"model.rope_scaling.rope_type", "model.position_encoding", "none"}},
+  };
+  for (const auto& [edit, needles] : bad) {
+    C x = c;
+    edit(x);
+    const std::string msg = kvs::testing_util::error_of([&] { kvs::validate(x, kOrigin); });
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+  }
+  j["model"]["rope_scaling"]["rope_type"] = "yarn";
+  EXPECT_KVS_ERROR(kvs::config_from_json(j, kOrigin), "model.rope_scaling.rope_type", "\"default\" or \"llama3\"",
+                   "yarn");
+}
+
 TEST(Config, HfJsonReading) {
   // A plain Llama config.json: no kv_shift object -> the shift is disabled.
   json j = json::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -758,7 +799,7 @@ TEST(Config, HfJsonReading) {
     needles.push_back("ckpt/config.json");
     expect_error([&] { kvs::model_from_hf_json(b, "ckpt/config.json"); }, needles);
   };
-  bad([](json& b) { b["rope_scaling"] = nullptr; }, {"unknown key 'rope_scaling'"});
+  bad([](json& b) { b["rope_parameters"] = nullptr; }, {"unknown key 'rope_parameters'"});
   bad([](json& b) { b["hidden_act"] = "gelu"; }, {"hidden_act"});
   bad([](json& b) { b["attention_bias"] = true; }, {"attention_bias"});
   bad([](json& b) { b["mlp_bias"] = true; }, {"mlp_bias"});

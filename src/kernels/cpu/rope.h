@@ -4,40 +4,80 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
 
-// RoPE tables in Hugging Face's convention, computed in fp32 like HF:
-// inv_freq[i] = 1 / theta^(2i/D), angle[t, i] = float(t) * inv_freq[i], i < D/2.
-// cos/sin are [Tn, D/2].
-// Hugging Face LlamaRotaryEmbedding in fp32:
-//   inv_freq = 1.0 / (theta ** (arange(0, D, 2).float() / D))   (float32 tensor ops)
-//   freqs    = float(t) * inv_freq                               (float32 product)
-//   cos/sin  = freqs.cos() / freqs.sin()                         (float32)
-// Each fp32 operation is done as a correctly rounded float result (pow/cos/sin
-// evaluated in double, then rounded to float), then stored as T.
-template <class T> void rope_tables(T* cos, T* sin, int Tn, int D, double theta) {
+// Which rotation frequencies: θ, and optionally Llama 3's scaling (Hugging
+// Face's rope_type "llama3"), which changes only the inverse frequencies, so
+// the tables below are the one place that knows about it. Implicit from θ:
+// plain RoPE.
+struct RopeFrequencies {
+  double theta = 10000.0;
+  bool llama3 = false;  // the fields below are read only when set
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+
+  RopeFrequencies(double theta_ = 10000.0) : theta(theta_) {}  // NOLINT(google-explicit-constructor)
+};
+
+// inv_freq[i], i < D/2, as Hugging Face computes it in fp32 (each operation a
+// correctly rounded float: pow evaluated in double, then rounded):
+//   default: inv_freq = 1.0 / (theta ** (arange(0, D, 2).float() / D))
+//   llama3 (_compute_llama3_parameters): with wavelen = 2*pi / inv_freq,
+//     wavelen > old_ctx / low_freq_factor    -> inv_freq / factor        (low frequencies)
+//     wavelen < old_ctx / high_freq_factor   -> inv_freq                 (high frequencies)
+//     otherwise, s = (old_ctx / wavelen - low) / (high - low):
+//                                            -> (1 - s) * inv_freq / factor + s * inv_freq
+inline void rope_inv_freq(float* inv_freq, int D, const RopeFrequencies& f) {
+  const float base = (float)f.theta;
+  for (int i = 0; i < D / 2; ++i) {
+    const float expo = (float)(2 * i) / (float)D;
+    inv_freq[i] = 1.0f / (float)std::pow((double)base, (double)expo);
+  }
+  if (!f.llama3) return;
+  // Torch's fp32 arithmetic, operation by operation: a Python scalar meets an fp32 tensor as a
+  // float; `scalar / tensor` is reciprocal(tensor) * scalar; every product is rounded on its own
+  // (no fused multiply-add, which -march=native would otherwise allow: hence the volatile).
+  const float factor = (float)f.factor, low = (float)f.low_freq_factor;
+  const float span = (float)(f.high_freq_factor - f.low_freq_factor);
+  const float old_ctx = (float)f.original_max_position_embeddings;
+  const float low_wavelen = (float)((double)f.original_max_position_embeddings / f.low_freq_factor);
+  const float high_wavelen = (float)((double)f.original_max_position_embeddings / f.high_freq_factor);
+  const float two_pi = (float)(2.0 * 3.14159265358979323846);
+  for (int i = 0; i < D / 2; ++i) {
+    const float wavelen = (1.0f / inv_freq[i]) * two_pi;
+    const float scaled = wavelen > low_wavelen ? inv_freq[i] / factor : inv_freq[i];
+    if (wavelen < high_wavelen || wavelen > low_wavelen) {
+      inv_freq[i] = scaled;
+      continue;
+    }
+    const volatile float ratio = (1.0f / wavelen) * old_ctx;
+    const float s = (ratio - low) / span;
+    const volatile float kept = s * scaled;
+    inv_freq[i] = (1.0f - s) * scaled / factor + kept;
+  }
+}
+
+// RoPE tables [Tn, D/2] in Hugging Face's convention, computed in fp32 like HF:
+//   freqs   = float(t) * inv_freq          (float32 product)
+//   cos/sin = freqs.cos() / freqs.sin()    (float32, evaluated in double and rounded)
+// then stored as T.
+template <class T> void rope_tables(T* cos, T* sin, int Tn, int D, const RopeFrequencies& f) {
   static_assert(detail::kSupported<T>);
   const int half = D / 2;
-  constexpr int kMaxHalf = 1024;
-  float inv_freq[kMaxHalf];
-  const float base = (float)theta;
-  for (int i0 = 0; i0 < half; i0 += kMaxHalf) {
-    const int i1 = std::min(half, i0 + kMaxHalf);
-    for (int i = i0; i < i1; ++i) {
-      const float expo = (float)(2 * i) / (float)D;
-      const float p = (float)std::pow((double)base, (double)expo);
-      inv_freq[i - i0] = 1.0f / p;
-    }
+  std::vector<float> inv_freq(half);
+  rope_inv_freq(inv_freq.data(), D, f);
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < Tn; ++t) {
-      for (int i = i0; i < i1; ++i) {
-        const float ang = (float)t * inv_freq[i - i0];
-        cos[(size_t)t * half + i] = (T)(float)std::cos((double)ang);
-        sin[(size_t)t * half + i] = (T)(float)std::sin((double)ang);
-      }
+  for (int t = 0; t < Tn; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const float ang = (float)t * inv_freq[i];
+      cos[(size_t)t * half + i] = (T)(float)std::cos((double)ang);
+      sin[(size_t)t * half + i] = (T)(float)std::sin((double)ang);
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/rope.h"
@@ -44,6 +45,49 @@ TEST(OpsRope, TablesFollowHuggingFaceFp32) {
     }
   EXPECT_LT(max_fp32, 1e-6);
   EXPECT_GT(max_fp64, 1e-5);
+}
+
+// Llama 3's scaling (rope_type "llama3") with Llama 3.2's parameters: inv_freq bit for bit as
+// transformers' LlamaRotaryEmbedding computes it (values printed by transformers 5.24 and 4.44 alike),
+// in each of its three bands: high frequencies kept (i <= 28), blended (29..34), divided by the factor.
+TEST(OpsRope, Llama3ScalingMatchesTransformersBitForBit) {
+  const int D = 128;
+  RopeFrequencies f(500000.0);
+  f.llama3 = true;
+  f.factor = 32.0;
+  f.low_freq_factor = 1.0;
+  f.high_freq_factor = 4.0;
+  f.original_max_position_embeddings = 8192;
+  std::vector<float> inv(D / 2), plain(D / 2);
+  rope_inv_freq(inv.data(), D, f);
+  rope_inv_freq(plain.data(), D, RopeFrequencies(500000.0));
+  const std::pair<int, float> transformers_values[] = {
+      {0, 0x1.000000p+0f},   {28, 0x1.a4ee40p-9f},  {29, 0x1.15a9f0p-9f},  {30, 0x1.524f36p-10f},
+      {31, 0x1.8fca8ep-11f}, {32, 0x1.c26c40p-12f}, {33, 0x1.d32b32p-13f}, {34, 0x1.9731eep-14f},
+      {35, 0x1.90d10cp-16f}, {36, 0x1.46831ap-16f}, {37, 0x1.09fb7ep-16f}, {63, 0x1.4985fep-24f}};
+  for (const auto& [i, want] : transformers_values) EXPECT_EQ(inv[i], want) << "inv_freq[" << i << "]";
+  for (int i = 0; i <= 28; ++i) EXPECT_EQ(inv[i], plain[i]) << i;
+  for (int i = 35; i < D / 2; ++i) EXPECT_EQ(inv[i], plain[i] / 32.0f) << i;
+  for (int i = 29; i <= 34; ++i) EXPECT_TRUE(inv[i] < plain[i] && inv[i] > plain[i] / 32.0f) << i;
+  // Parameters where the order of torch's operations shows (2*pi / inv_freq is a reciprocal, then a
+  // product): true divisions would differ at 24 and 27. Values from transformers 5.24 (torch 2.15).
+  RopeFrequencies odd(123456.7);
+  odd.llama3 = true;
+  odd.factor = 3.7;
+  odd.low_freq_factor = 0.7;
+  odd.high_freq_factor = 2.0;
+  odd.original_max_position_embeddings = 777;
+  std::vector<float> inv_odd(D / 2);
+  rope_inv_freq(inv_odd.data(), D, odd);
+  const std::pair<int, float> odd_values[] = {{23, 0x1.b6b19ap-7f}, {24, 0x1.27d5b0p-7f}, {25, 0x1.8c5ed8p-8f},
+                                              {26, 0x1.074a40p-8f}, {27, 0x1.59e960p-9f}, {28, 0x1.bfbbe2p-10f},
+                                              {42, 0x1.024c64p-13f}};
+  for (const auto& [i, want] : odd_values) EXPECT_EQ(inv_odd[i], want) << "inv_freq[" << i << "]";
+  // The tables rotate by exactly these frequencies.
+  const int T = 3;
+  std::vector<float> cs(T * D / 2), sn(T * D / 2);
+  rope_tables(cs.data(), sn.data(), T, D, f);
+  for (int i = 0; i < D / 2; ++i) EXPECT_EQ(cs[D / 2 + i], (float)std::cos((double)inv[i])) << i;
 }
 
 TEST(OpsRope, ForwardMatchesRotateHalfAndBackwardMatchesFiniteDifferences) {

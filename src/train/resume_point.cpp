@@ -18,7 +18,9 @@ bool has_checkpoints(const std::string& root) {
   return fs::exists(fs::path(root) / "latest", ec) || !list_checkpoints(root).empty();
 }
 
-LoadedCheckpoint find_resume_checkpoint(const std::string& root, bool report) {
+namespace {
+
+LoadedCheckpoint choose(const std::string& root, bool report) {
   std::error_code ec;
   const std::vector<std::pair<int64_t, std::string>> dirs =
       fs::is_directory(root, ec) ? list_checkpoints(root) : std::vector<std::pair<int64_t, std::string>>{};
@@ -59,6 +61,22 @@ LoadedCheckpoint find_resume_checkpoint(const std::string& root, bool report) {
     }
   }
   fail("{}: no checkpoint loads and verifies ({} tried); the newest: {}", root, candidates.size(), first_error);
+}
+
+}  // namespace
+
+LoadedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm) {
+  LoadedCheckpoint ck = choose(root, comm.rank() == 0);
+  if (comm.size() == 1) return ck;
+  const auto& ts = ck.data.trainer_state;
+  const double step = ts.is_object() && ts.contains("step") && ts["step"].is_number() ? ts["step"].get<double>() : -1;
+  double range[2] = {step, -step};  // max, -min
+  comm.all_reduce(range, 2, dist::DType::F64, dist::ReduceOp::Max);
+  KVS_CHECK(range[0] == -range[1],
+            "{}: the ranks chose different checkpoints to resume from (steps {} to {}; this rank {}): do they see "
+            "the same files?",
+            root, -range[1], range[0], ck.dir);
+  return ck;
 }
 
 }  // namespace kvs

@@ -5,14 +5,16 @@
 #pragma once
 #include <string>
 
+#include "dist/comm.h"
 #include "train/model_io.h"
 
 namespace kvs {
 
 // Throws "<root>: --resume given but there is no checkpoint to resume from",
-// or, when none verifies, a line carrying the newest one's error. `report`:
-// log the fallback (rank 0 only, so a multi-process run says it once).
-LoadedCheckpoint find_resume_checkpoint(const std::string& root, bool report);
+// or, when none verifies, a line carrying the newest one's error. Every rank
+// of `comm` chooses on its own (rank 0 logs the fallback) and then they
+// check, with one all-reduce, that they chose the same step.
+LoadedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm);
 
 // Whether `root` holds a checkpoint: a `latest` file or a step directory.
 bool has_checkpoints(const std::string& root);

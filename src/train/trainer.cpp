@@ -175,7 +175,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
   if (opt.resume) {
-    LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, rank0);
+    LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
     const std::string latest = ck.dir;
     KVS_CHECK(model_to_hf_json(ck.model) == model_to_hf_json(cfg.model),
               "{}: the checkpoint's model differs from the config's model section", latest);
@@ -241,7 +241,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   StopSignals stop_signals(tc.stop_signal, rank0);
   CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);
   StepWatch watch(*comm, tc.straggler_factor, rank0 ? &metrics : nullptr);
-  int64_t saved_step = -1;
 
   auto save = [&](int64_t done) {
     // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
@@ -348,13 +347,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                       std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) summary.final_eval = run_eval(done);
-    if ((tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last) {
-      save(done);
-      saved_step = done;
-    }
+    const bool checkpoint_due = (tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last;
+    if (checkpoint_due) save(done);
     // Every rank learns here whether any rank was asked to stop, so all stop after the same step.
     if (const int sig = watch.boundary(done); sig != 0 && !last) {
-      if (saved_step != done) save(done);
+      if (!checkpoint_due) save(done);
       summary.stopped_by = StopSignals::name(sig);
       step = done;
       break;

@@ -247,9 +247,6 @@ CheckpointData load_checkpoint(const std::string& dir) {
   // After parsing: a file that does not parse gets its reader's more precise
   // message; the manifest catches what parses but changed (a flipped bit).
   d.verified = verify_manifest(dir, {kConfig, kModel}) == ManifestStatus::Verified;
-  if (!d.verified)
-    spdlog::info("{}: no {} (an older or hand-made checkpoint): loaded without verifying checksums", dir,
-                 kManifestFile);
   return d;
 }
 

@@ -243,7 +243,7 @@ TEST(AsyncCheckpoint, AWriteErrorSurfacesAtTheNextSaveAndKeepsLatest) {
 // written, train() returns early, and resuming gives the uninterrupted losses.
 TEST(StopSignal, SigtermCheckpointsAndResumesBitIdentically) {
   TmpDir tmp;
-  const Config c = tiny(400, 0);
+  const Config c = tiny(200, 0);
   const auto ref = kvs::train(c, {tmp / "ref", false, true});
   const std::string run = tmp / "run";
   std::thread killer([&] {
@@ -256,10 +256,10 @@ TEST(StopSignal, SigtermCheckpointsAndResumesBitIdentically) {
   killer.join();
   EXPECT_EQ(stopped.stopped_by, "SIGTERM");
   ASSERT_GT(stopped.steps_done, 0);
-  ASSERT_LT(stopped.steps_done, 400);
+  ASSERT_LT(stopped.steps_done, 200);
   EXPECT_EQ(stopped.last_checkpoint, run + "/checkpoints/" + kvs::checkpoint_dir_name(stopped.steps_done));
   const auto rest = kvs::train(c, {run, true, true});
-  ASSERT_EQ(rest.losses.size() + stopped.losses.size(), 400u);
+  ASSERT_EQ(rest.losses.size() + stopped.losses.size(), 200u);
   for (size_t i = 0; i < rest.losses.size(); ++i)
     EXPECT_EQ(rest.losses[i], ref.losses[stopped.losses.size() + i]);
   EXPECT_EQ(rest.final_eval.loss, ref.final_eval.loss);

@@ -64,6 +64,7 @@ class Harness:
         self.mpirun = shutil.which("mpirun")
         self.refs = {}
         self.ref_time = {}
+        self.train_time = {}
         self.n = 0
 
     # ---- processes ----
@@ -195,6 +196,9 @@ class Harness:
             if rc != 0 or hung or not c or len(c) != STEPS:
                 sys.exit(f"fault_harness: the uninterrupted dp={dp} run failed (exit {rc}):\n{out}")
             self.refs[dp] = c
+            # The steps alone (without start-up), for faults that must land while training runs.
+            self.train_time[dp] = sum(json.loads(l).get("step_time_s", 0)
+                                      for l in open(os.path.join(d, "run", "metrics.jsonl")))
         return self.refs[dp]
 
     # ---- trials: each returns (identical, lost, hung, note) ----
@@ -242,7 +246,7 @@ class Harness:
         p = self.start(self.command(2, cfg, run), self.env({"KVS_COLLECTIVE_TIMEOUT_S": str(timeout_s)}))
         # Once training runs (start-up is MPI_Init, outside kvshift's deadlines), at a random step.
         self.wait_for_training(p, run)
-        time.sleep(self.rng.uniform(0, 0.3) * self.ref_time[2])
+        time.sleep(self.rng.uniform(0, 0.8) * self.train_time[2])
         pids = self.rank_pids(p)
         victim = self.rng.choice(pids) if pids else None
         if victim:
@@ -288,8 +292,8 @@ class Harness:
             time.sleep(0.05)
             p.send_signal(signal.SIGTERM)
         else:
-            self.wait_for_training(p, run)  # before that the default disposition still kills
-            time.sleep(self.rng.uniform(0, 0.6) * self.ref_time[dp])
+            self.wait_for_training(p, run)
+            time.sleep(self.rng.uniform(0, 0.8) * self.train_time[dp])
             p.send_signal(sig)
         rc, out, hung = self.finish(p)
         if hung:

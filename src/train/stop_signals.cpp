@@ -62,17 +62,15 @@ int signal_number(StopSignal s) {
   return 0;
 }
 
-struct Saved {
-  int sig;
-  struct sigaction old;
-};
-std::vector<Saved> g_saved;
+int g_depth = 0;  // nested instances (the CLI's around train()'s) share one request
 
 }  // namespace
 
 StopSignals::StopSignals(StopSignal extra, bool announce) {
-  g_first = 0;
-  g_count = 0;
+  if (g_depth++ == 0) {
+    g_first = 0;
+    g_count = 0;
+  }
   g_announce = announce;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -82,18 +80,18 @@ StopSignals::StopSignals(StopSignal extra, bool announce) {
   if (const int x = signal_number(extra)) sigs.push_back(x);
   for (int s : sigs) {
     Saved sv{s, {}};
-    if (::sigaction(s, &sa, &sv.old) == 0) g_saved.push_back(sv);
+    if (::sigaction(s, &sa, &sv.old) == 0) saved_.push_back(sv);
   }
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
   Saved sv{SIGXFSZ, {}};
-  if (::sigaction(SIGXFSZ, &ign, &sv.old) == 0) g_saved.push_back(sv);
+  if (::sigaction(SIGXFSZ, &ign, &sv.old) == 0) saved_.push_back(sv);
 }
 
 StopSignals::~StopSignals() {
-  for (auto it = g_saved.rbegin(); it != g_saved.rend(); ++it) ::sigaction(it->sig, &it->old, nullptr);
-  g_saved.clear();
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) ::sigaction(it->sig, &it->old, nullptr);
+  --g_depth;
 }
 
 int StopSignals::received() { return g_first.load(); }

@@ -5,9 +5,14 @@
 // SIGTERM/SIGINT exits at once (128 + signal) without touching anything:
 // an interrupted save leaves only its temp directory, `latest` stays good.
 // The handler only sets a flag (and writes one line with write(2)); the
-// trainer reads it at step boundaries, where the ranks agree on it (step_sync.h).
+// trainer reads it at step boundaries, where the ranks agree on it
+// (step_watch.h). Instances nest: `kvshift train` holds one for the whole
+// command, so a signal during start-up or after the last step is not a kill.
 #pragma once
+#include <signal.h>
+
 #include <string>
+#include <vector>
 
 #include "model/config_enums.h"
 
@@ -32,6 +37,13 @@ class StopSignals {
   static std::string name(int sig);
   // Test hook: behave as if `sig` had arrived.
   static void simulate(int sig);
+
+ private:
+  struct Saved {
+    int sig;
+    struct sigaction old;
+  };
+  std::vector<Saved> saved_;
 };
 
 }  // namespace kvs

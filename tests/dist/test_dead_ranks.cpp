@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "parallel/dist_test_util.h"
@@ -101,4 +103,81 @@ TEST(DeadRanks, SigusrToMpirunStopsEveryRankAfterTheSameStep) {
   train(2, cfg, ref, more);
   const Curve a = read_metrics(run), b = read_metrics(ref);
   EXPECT_EQ(a.train, b.train);
+}
+
+namespace {
+
+// The kvshift process of world rank `rank` among the children of mpirun `pid`.
+pid_t rank_pid(pid_t mpirun, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = slurp(e.path().string() + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != mpirun) continue;
+    std::string env = slurp(e.path().string() + "/environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    if (env.find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+}  // namespace
+
+// A rank held up in its own work (SIGSTOP for a second and a half) is named in
+// metrics.jsonl's straggler line; a stop while it waits in a collective counts
+// as waiting, so the pause is repeated until one lands in its work.
+TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  nlohmann::json c = tiny_config(true, 4);
+  c["train"]["steps"] = 100000;
+  c["train"]["checkpoint_every"] = 0;
+  // Wide enough that a step is mostly the rank's own work, not waiting in collectives.
+  c["model"]["hidden_size"] = 256;
+  c["model"]["intermediate_size"] = 1024;
+  spit(cfg, c.dump());
+  std::string launcher = mpirun(2);
+  launcher.replace(launcher.find("timeout 120 "), 12, "");
+  const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
+                          " > " + (tmp / "out.txt") + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string metrics = run + "/metrics.jsonl";
+  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 3000); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t r1 = rank_pid(pid, 1);
+  bool named = false;
+  for (int attempt = 0; attempt < 6 && r1 > 0 && !named; ++attempt) {
+    ::kill(r1, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ::kill(r1, SIGCONT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("type", "") == "straggler" && j.value("slowest_rank", -1) == 1 &&
+          j.value("slowest_rank_work_s", 0.0) > 1.0)
+        named = true;
+    }
+  }
+  ::kill(pid, SIGUSR1);
+  int st = 0;
+  for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (::kill(pid, 0) == 0) {
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  }
+  ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
+  EXPECT_TRUE(named) << slurp(tmp / "out.txt");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
 }

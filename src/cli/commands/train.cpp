@@ -49,6 +49,8 @@ void add_train(CLI::App& app) {
     // the summary. The device picks the backend (NCCL for cuda under torchrun).
     auto world = dist::make_world(cfg.device);
     const bool rank0 = world->rank() == 0;
+    // From here to exit a stop signal is a request (read by train() at step boundaries), not a kill.
+    const StopSignals stop_signals(cfg.train.stop_signal, rank0);
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     // A config error is the same on every rank: rank 0 reports it, and the
     // barrier keeps every rank alive until it has (a rank exiting non-zero

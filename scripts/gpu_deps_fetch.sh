@@ -18,7 +18,7 @@ pkgs="cmake cmake-data libjsoncpp25 librhash0 libuv1 libarchive13 libspdlog-dev 
       libmunge2 libxnvctrl0 libltdl7
       pkg-config pkgconf pkgconf-bin libpkgconf3 libsentencepiece-dev libsentencepiece0
       libgfortran5 libquadmath0 libudev1 zlib1g
-      libssl-dev libssl3"
+      libssl-dev libssl3 libxxhash-dev libxxhash0"
 (cd .deps && apt-get download $pkgs)
 bash scripts/fetch_cudnn_frontend.sh
 du -sh .deps

@@ -8,6 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
   libssl-dev  # OpenSSL's libcrypto: SHA-256 (src/core/sha256.cpp)
+  libxxhash-dev  # XXH3 checksums of checkpoint files (src/core/checksum.cpp)
   python3-venv  # .venv-hf (transformers), below
   python3-pip   # the cuDNN frontend's headers (scripts/fetch_cudnn_frontend.sh), below
   openmpi-bin libopenmpi-dev

@@ -2,14 +2,30 @@
 // element count (one small MPI_Allreduce of {-count, count} with MPI_MIN), so
 // mismatched sizes end in a kvs::Error on every rank instead of a hang or a
 // buffer overrun.
+//
+// Collectives are MPI-3 non-blocking calls waited on with MPI_Test against a
+// deadline (KVS_COLLECTIVE_TIMEOUT_S), so a rank that died or hangs ends in a
+// kvs::Error on the ranks still waiting instead of a hang. Before giving up,
+// a waiting rank asks every peer, on a duplicate of the communicator, which
+// collective it is in; peers answer from inside their own wait loops, so the
+// silent ones are the ranks that are dead or stuck outside MPI, and the error
+// names them (docs/RELIABILITY.md "Dead and slow ranks").
 #include "dist/mpi_comm.h"
 
 #include <mpi.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -32,6 +48,23 @@ MPI_Datatype mpi_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_DOUBLE
 // Average is a sum followed by a division (MPI has no average operation).
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
 
+using Clock = std::chrono::steady_clock;
+
+// Nanoseconds this process spent waiting in MPI collectives (collective_wait_seconds).
+std::atomic<int64_t> g_wait_ns{0};
+
+constexpr int kQueryTag = 7001, kReplyTag = 7002;
+
+double timeout_from_env() {
+  const char* v = std::getenv("KVS_COLLECTIVE_TIMEOUT_S");
+  if (!v) return 1800;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  KVS_CHECK(*v && end && *end == '\0' && x > 0, "KVS_COLLECTIVE_TIMEOUT_S='{}' is not a positive number of seconds",
+            v);
+  return x;
+}
+
 std::shared_ptr<MpiRuntime> runtime() {
   // One runtime per process, shared by every communicator (weak: finalised
   // when the last communicator is destroyed).
@@ -46,14 +79,53 @@ std::shared_ptr<MpiRuntime> runtime() {
   return rt;
 }
 
+class MpiComm;
+// Every live communicator, so a rank waiting in one answers peers' questions on all.
+std::vector<MpiComm*>& live_comms() {
+  static std::vector<MpiComm*> v;
+  return v;
+}
+
 class MpiComm final : public Communicator {
  public:
-  MpiComm(std::shared_ptr<MpiRuntime> rt, MPI_Comm comm, bool owned) : rt_(std::move(rt)), comm_(comm), owned_(owned) {
+  MpiComm(std::shared_ptr<MpiRuntime> rt, MPI_Comm comm, bool owned)
+      : rt_(std::move(rt)), comm_(comm), owned_(owned), timeout_s_(timeout_from_env()) {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "Comm_size");
+    // Non-blocking with the deadline, like the collectives: a rank missing at start-up is an error, not a hang.
+    MPI_Request dup;
+    check(MPI_Comm_idup(comm_, &diag_, &dup), "Comm_idup");
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    for (int done = 0; !done;) {
+      check(MPI_Test(&dup, &done, MPI_STATUS_IGNORE), "Comm_idup");
+      if (!done && Clock::now() > deadline)
+        fail("rank {}: MPI Comm_idup did not complete within {} s (KVS_COLLECTIVE_TIMEOUT_S): a rank is missing or stuck",
+             rank_, timeout_s_);
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check(MPI_Comm_set_errhandler(diag_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
+    // World ranks, for messages: a sub-communicator's rank 1 may be world rank 3.
+    MPI_Group mine, world;
+    check(MPI_Comm_group(comm_, &mine), "Comm_group");
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "Comm_group");
+    std::vector<int> local(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) local[static_cast<size_t>(r)] = r;
+    world_rank_.resize(local.size());
+    check(MPI_Group_translate_ranks(mine, size_, local.data(), world, world_rank_.data()), "Group_translate_ranks");
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    post_query_recv();
+    live_comms().push_back(this);
   }
   ~MpiComm() override {
+    auto& v = live_comms();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+    if (query_req_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&query_req_);
+      MPI_Request_free(&query_req_);
+    }
+    MPI_Comm_free(&diag_);
     if (owned_) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -61,30 +133,54 @@ class MpiComm final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
-    agree(count, "all_reduce");
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count), mpi_type(t), mpi_op(op), comm_), "Allreduce");
+    begin("all_reduce");
+    agree(count);
+    MPI_Request r;
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(count), mpi_type(t), mpi_op(op), comm_, &r), "Iallreduce");
+    wait(r);
     if (op == ReduceOp::Average) scale(buf, count, t);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
-    agree(count, "reduce_scatter");
-    check(MPI_Reduce_scatter_block(send, recv, as_int(count), mpi_type(t), mpi_op(op), comm_), "Reduce_scatter_block");
+    begin("reduce_scatter");
+    agree(count);
+    MPI_Request r;
+    check(MPI_Ireduce_scatter_block(send, recv, as_int(count), mpi_type(t), mpi_op(op), comm_, &r),
+          "Ireduce_scatter_block");
+    wait(r);
     if (op == ReduceOp::Average) scale(recv, count, t);
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
-    agree(count, "all_gather");
-    check(MPI_Allgather(send, as_int(count), mpi_type(t), recv, as_int(count), mpi_type(t), comm_), "Allgather");
+    begin("all_gather");
+    agree(count);
+    MPI_Request r;
+    check(MPI_Iallgather(send, as_int(count), mpi_type(t), recv, as_int(count), mpi_type(t), comm_, &r),
+          "Iallgather");
+    wait(r);
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
-    agree(count, "broadcast");
+    begin("broadcast");
+    agree(count);
     check_root(root);
-    check(MPI_Bcast(buf, as_int(count), mpi_type(t), root, comm_), "Bcast");
+    MPI_Request r;
+    check(MPI_Ibcast(buf, as_int(count), mpi_type(t), root, comm_, &r), "Ibcast");
+    wait(r);
   }
   void broadcast_bytes(void* buf, size_t bytes, int root) override {
-    agree(bytes, "broadcast_bytes");
+    begin("broadcast_bytes");
+    agree(bytes);
     check_root(root);
-    check(MPI_Bcast(buf, as_int(bytes), MPI_BYTE, root, comm_), "Bcast");
+    MPI_Request r;
+    check(MPI_Ibcast(buf, as_int(bytes), MPI_BYTE, root, comm_, &r), "Ibcast");
+    wait(r);
   }
-  void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
+  void barrier() override {
+    begin("barrier");
+    MPI_Request r;
+    check(MPI_Ibarrier(comm_, &r), "Ibarrier");
+    wait(r);
+  }
+  // Point to point: waited for like the collectives (a deadline, then the
+  // silent peers named), but not counted among them: only some ranks take part.
   int isend(const void* buf, size_t count, DType t, int dest, int tag) override {
     KVS_CHECK(dest >= 0 && dest < size_ && dest != rank_, "isend: rank {} is not a peer among {} ranks", dest, size_);
     MPI_Request r = MPI_REQUEST_NULL;
@@ -98,38 +194,166 @@ class MpiComm final : public Communicator {
     KVS_CHECK(it != requests_.end(), "wait: no pending request {}", request);
     MPI_Request r = it->second;
     requests_.erase(it);
-    check(MPI_Wait(&r, MPI_STATUS_IGNORE), "Wait");
+    what_ = "send";
+    wait(r);
   }
   void recv(void* buf, size_t count, DType t, int src, int tag) override {
     KVS_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank {} is not a peer among {} ranks", src, size_);
     // A message longer than count is MPI_ERR_TRUNCATE: sizes cannot silently disagree.
-    check(MPI_Recv(buf, as_int(count), mpi_type(t), src, tag, comm_, MPI_STATUS_IGNORE), "Recv");
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Irecv(buf, as_int(count), mpi_type(t), src, tag, comm_, &r), "Irecv");
+    what_ = "recv";
+    wait(r);
   }
+  // Every rank of a ring takes part: counted like a collective.
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
     KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,
               src, size_);
-    // A receive shorter than the message is MPI_ERR_TRUNCATE: sizes cannot silently disagree.
-    check(MPI_Sendrecv(send, as_int(count), mpi_type(t), dest, kSendRecvTag, recv, as_int(count), mpi_type(t), src,
-                       kSendRecvTag, comm_, MPI_STATUS_IGNORE),
-          "Sendrecv");
+    begin("send_recv");
+    MPI_Request rs = MPI_REQUEST_NULL, rr = MPI_REQUEST_NULL;
+    check(MPI_Irecv(recv, as_int(count), mpi_type(t), src, kSendRecvTag, comm_, &rr), "Irecv");
+    check(MPI_Isend(send, as_int(count), mpi_type(t), dest, kSendRecvTag, comm_, &rs), "Isend");
+    wait(rr);
+    wait(rs);
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
+    barrier();  // every rank is here (or the deadline names the missing one): MPI_Comm_split itself blocks
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
     return std::make_unique<MpiComm>(rt_, sub, true);
   }
 
+  // Answers a peer's "which collective are you in?" (from any wait loop).
+  void serve_queries() {
+    for (;;) {
+      int done = 0;
+      MPI_Status st;
+      if (MPI_Test(&query_req_, &done, &st) != MPI_SUCCESS || !done) return;
+      // Each answer keeps its own buffer: a freed send request may still read it.
+      replies_.push_back({seq_, in_collective_ ? 1 : 0});
+      MPI_Request r;
+      if (MPI_Isend(replies_.back().data(), 2, MPI_INT64_T, st.MPI_SOURCE, kReplyTag, diag_, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+      post_query_recv();
+    }
+  }
+
  private:
+  void begin(const char* what) {
+    what_ = what;
+    ++seq_;
+  }
+
   // Every rank must pass the same count; the check is itself a collective of
   // a fixed size, so it cannot mismatch.
-  void agree(size_t count, const char* what) {
+  void agree(size_t count) {
     int64_t v[2] = {-static_cast<int64_t>(count), static_cast<int64_t>(count)};
-    check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MIN, comm_), "Allreduce (size check)");
+    MPI_Request r;
+    check(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MIN, comm_, &r), "Iallreduce (size check)");
+    wait(r);
     const int64_t max = -v[0], min = v[1];
     if (min != max)
-      fail("{}: ranks passed different sizes (min {}, max {} elements; rank {} passed {}) across {} ranks", what, min,
+      fail("{}: ranks passed different sizes (min {}, max {} elements; rank {} passed {}) across {} ranks", what_, min,
            max, rank_, count, size_);
   }
+
+  // MPI_Test until done; past the deadline, find out who is missing and fail.
+  void wait(MPI_Request& r) {
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    in_collective_ = true;
+    for (uint64_t spins = 0;; ++spins) {
+      int done = 0;
+      check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), what_);
+      if (done) break;
+      for (MpiComm* c : live_comms()) c->serve_queries();
+      const auto now = Clock::now();
+      if (now > deadline) diagnose_and_fail();
+      // Spin briefly (most waits are short), then yield, then sleep: ranks
+      // oversubscribing the cores must not starve the one being waited for.
+      if (spins > 64) {
+        if (now - start > std::chrono::milliseconds(20))
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else
+          sched_yield();
+      }
+    }
+    in_collective_ = false;
+    g_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  }
+
+  void post_query_recv() {
+    query_req_ = MPI_REQUEST_NULL;
+    if (MPI_Irecv(query_in_, 2, MPI_INT64_T, MPI_ANY_SOURCE, kQueryTag, diag_, &query_req_) != MPI_SUCCESS)
+      query_req_ = MPI_REQUEST_NULL;
+  }
+
+  // Asks every peer which collective it is in and waits a grace period for
+  // the answers: the silent peers are dead or stuck outside MPI.
+  [[noreturn]] void diagnose_and_fail() {
+    replies_.push_back({seq_, 1});
+    const int64_t* mine = replies_.back().data();
+    std::vector<int64_t> answers(2 * static_cast<size_t>(size_), -1);
+    std::vector<MPI_Request> recvs;
+    std::vector<int> peer;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request s;
+      if (MPI_Isend(mine, 2, MPI_INT64_T, p, kQueryTag, diag_, &s) == MPI_SUCCESS) MPI_Request_free(&s);
+      MPI_Request rr;
+      if (MPI_Irecv(&answers[2 * static_cast<size_t>(p)], 2, MPI_INT64_T, p, kReplyTag, diag_, &rr) == MPI_SUCCESS) {
+        recvs.push_back(rr);
+        peer.push_back(p);
+      }
+    }
+    const double grace_s = std::clamp(timeout_s_ / 4, 1.0, 10.0);
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+    std::vector<bool> answered(recvs.size(), false);
+    while (Clock::now() < until) {
+      bool all = true;
+      for (size_t i = 0; i < recvs.size(); ++i) {
+        if (answered[i]) continue;
+        int done = 0;
+        if (MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) answered[i] = true;
+        all = all && answered[i];
+      }
+      if (all) break;
+      for (MpiComm* c : live_comms()) c->serve_queries();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<std::string> silent, elsewhere;
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const int p = peer[i];
+      const std::string who = fmt::format("{}", world_rank_[static_cast<size_t>(p)]);
+      if (!answered[i]) {
+        MPI_Cancel(&recvs[i]);
+        MPI_Request_free(&recvs[i]);
+        silent.push_back(who);
+      } else if (answers[2 * static_cast<size_t>(p)] != seq_ || answers[2 * static_cast<size_t>(p) + 1] == 0) {
+        elsewhere.push_back(fmt::format("{} (at collective #{})", who, answers[2 * static_cast<size_t>(p)]));
+      }
+    }
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      const size_t shown = std::min<size_t>(v.size(), 8);
+      for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + v[i];
+      if (v.size() > shown) s += fmt::format(" and {} more", v.size() - shown);
+      return s;
+    };
+    std::string why;
+    if (!silent.empty())
+      why = fmt::format("rank{} {} did not answer (dead, or stuck outside MPI)", silent.size() > 1 ? "s" : "",
+                        list(silent));
+    else if (!elsewhere.empty())
+      why = fmt::format("rank{} {} {} not waiting in it (the ranks disagree on the order of collectives)",
+                        elsewhere.size() > 1 ? "s" : "", list(elsewhere), elsewhere.size() > 1 ? "are" : "is");
+    else
+      why = "every rank is waiting in it (a network or MPI failure?)";
+    in_collective_ = false;  // this collective is abandoned
+    fail("rank {}: MPI {} (collective #{}) did not complete within {} s (KVS_COLLECTIVE_TIMEOUT_S): {}",
+         world_rank_[static_cast<size_t>(rank_)], what_, seq_, timeout_s_, why);
+  }
+
   void check_root(int root) const {
     KVS_CHECK(root >= 0 && root < size_, "broadcast: root {} outside a world of {} ranks", root, size_);
   }
@@ -154,8 +378,17 @@ class MpiComm final : public Communicator {
   int next_request_ = 0;
   std::shared_ptr<MpiRuntime> rt_;
   MPI_Comm comm_;
+  MPI_Comm diag_ = MPI_COMM_NULL;  // queries and answers about who is missing, apart from the collectives
   bool owned_;
+  double timeout_s_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_rank_;
+  const char* what_ = "";
+  int64_t seq_ = 0;  // collectives started on this communicator (the same on every rank)
+  bool in_collective_ = false;
+  MPI_Request query_req_ = MPI_REQUEST_NULL;
+  int64_t query_in_[2] = {0, 0};
+  std::deque<std::array<int64_t, 2>> replies_;  // grows only when peers ask, i.e. when something is wrong
 };
 
 }  // namespace
@@ -179,6 +412,8 @@ MpiRuntime::~MpiRuntime() {
 }
 
 std::unique_ptr<Communicator> make_mpi_world() { return std::make_unique<MpiComm>(runtime(), MPI_COMM_WORLD, false); }
+
+double collective_wait_seconds() { return static_cast<double>(g_wait_ns.load()) * 1e-9; }
 
 void mpi_abort_if_running(int code) {
   int inited = 0, finalized = 0;

@@ -25,6 +25,10 @@ class MpiRuntime {
 // The world communicator over MPI_COMM_WORLD (initialises MPI on first use).
 std::unique_ptr<Communicator> make_mpi_world();
 
+// Seconds this process has spent waiting for other ranks in MPI collectives
+// (0 without MPI): a step's time minus this is the rank's own work.
+double collective_wait_seconds();
+
 // MPI_Abort on MPI_COMM_WORLD when MPI is running (so every rank stops when
 // one rank fails outside a collective); returns otherwise.
 void mpi_abort_if_running(int code);

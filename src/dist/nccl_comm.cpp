@@ -101,6 +101,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   bool device_memory() const override { return true; }
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    ++seq_;
     check_same("all_reduce", count, 0);
     const size_t bytes = count * elem_bytes(t);
     run_staged("all_reduce", buf, bytes, buf, bytes, [&](const void* s, void* r) {
@@ -108,6 +109,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     });
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+    ++seq_;
     check_same("reduce_scatter", count, 0);
     const size_t bytes = count * elem_bytes(t);
     run_staged("reduce_scatter", send, bytes * size_, recv, bytes, [&](const void* s, void* r) {
@@ -115,6 +117,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     });
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    ++seq_;
     check_same("all_gather", count, 0);
     const size_t bytes = count * elem_bytes(t);
     run_staged("all_gather", send, bytes, recv, bytes * size_, [&](const void* s, void* r) {
@@ -122,6 +125,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     });
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
+    ++seq_;
     check_root(root);
     check_same("broadcast", count, root);
     const size_t bytes = count * elem_bytes(t);
@@ -166,6 +170,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   }
   // Host bytes go through a device staging buffer (NCCL moves device memory only).
   void broadcast_bytes(void* buf, size_t bytes, int root) override {
+    ++seq_;
     check_root(root);
     check_same("broadcast_bytes", bytes, root);
     if (bytes == 0) return;
@@ -177,6 +182,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   // A one-element all-reduce that every rank must reach, then a stream sync
   // (max, not sum: repeated barriers must not grow the scratch value).
   void barrier() override {
+    ++seq_;
     run("barrier", [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt64, ncclMax, comm_, stream_); });
   }
   // AsyncDeviceCollectives: enqueue and return; synchronize() waits.
@@ -259,7 +265,8 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       ncclCommAbort(comm_);
       comm_ = nullptr;
     }
-    fail("NCCL {} on rank {} {}; communicator aborted", what, rank_, why);
+    // The collective's number: the ranks that time out report theirs; a missing rank reports none.
+    fail("NCCL {} on rank {} (collective #{}) {}; communicator aborted", what, rank_, seq_, why);
   }
 
   // Enqueues one NCCL operation and waits for it (enqueue, then the stream).
@@ -375,6 +382,7 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   int device_ = 0;
   double timeout_s_ = 120;
   int rank_ = 0, size_ = 1;
+  int64_t seq_ = 0;  // synchronous collectives started (the same on every rank)
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;  // 4 int64: size checks and the barrier
   void* staging_ = nullptr;  // host buffers' device copies (broadcast_bytes, run_staged)

@@ -112,6 +112,10 @@ const Fields<TrainConfig>& train_fields() {
       {"threads", &T::threads, at_least(0)},
       {"recompute", &T::recompute},
       {"attention_backend", &T::attention_backend},
+      {"keep_checkpoints", &T::keep_checkpoints, at_least(0, "0 keeps every checkpoint"), kOmitIfDefault},
+      {"async_checkpoint", &T::async_checkpoint, kOmitIfDefault},
+      {"stop_signal", &T::stop_signal, kOmitIfDefault},
+      {"straggler_factor", &T::straggler_factor, at_least(0, "0 turns the straggler report off"), kOmitIfDefault},
   };
   return fields;
 }

@@ -149,6 +149,10 @@ struct TrainConfig {
   int threads = 0;                // OpenMP threads; 0 = all cores
   Recompute recompute = Recompute::None;                   // CUDA activation recomputation
   AttentionImpl attention_backend = AttentionImpl::Flash;  // CUDA attention: Flash (ours) or Cudnn (cuDNN fused SDPA)
+  int keep_checkpoints = 0;        // newest step directories kept; 0 = all
+  bool async_checkpoint = false;  // write checkpoints from a background thread
+  StopSignal stop_signal = StopSignal::Usr1;  // stops the run after a checkpoint, like SIGTERM
+  double straggler_factor = 3.0;  // a step slower than this x the median is reported; 0 = off
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -90,6 +90,14 @@ constexpr auto enum_names(AttentionImpl) {
   return std::to_array<EnumName<E>>({{E::Flash, "flash"}, {E::Cudnn, "cudnn"}});
 }
 
+// train.stop_signal: besides SIGTERM and SIGINT, the signal that stops a run
+// after a checkpoint (SLURM's --signal before a time limit; docs/RELIABILITY.md).
+enum class StopSignal { Usr1, Usr2, Hup, None };
+constexpr auto enum_names(StopSignal) {
+  using E = StopSignal;
+  return std::to_array<EnumName<E>>({{E::Usr1, "SIGUSR1"}, {E::Usr2, "SIGUSR2"}, {E::Hup, "SIGHUP"}, {E::None, "none"}});
+}
+
 // An enum with a name table (an enum_names overload that ADL finds).
 template <class E>
 concept NamedEnum = std::is_enum_v<E> && requires(E e) { enum_names(e); };

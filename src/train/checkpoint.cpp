@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,9 +15,11 @@
 #include <map>
 #include <set>
 #include <system_error>
+#include <thread>
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "train/checkpoint_manifest.h"
 
 namespace kvs {
 namespace {
@@ -151,6 +154,15 @@ void install_dir(const std::string& root, const std::string& tmp, const std::str
   remove_all_quiet(aside);
 }
 
+// KVS_FAULT_SAVE_PAUSE_S (the fault-injection harness only, scripts/fault_harness.py):
+// sleep with every file but the manifest written, so a kill lands inside a save.
+void pause_for_fault_injection() {
+  const char* v = std::getenv("KVS_FAULT_SAVE_PAUSE_S");
+  if (!v || !*v) return;
+  const double s = std::atof(v);
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -172,11 +184,23 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
   fs::create_directory(tmp, ec);
   if (ec) fail("{}: cannot create directory: {}", tmp, ec.message());
   try {
+    std::vector<std::string> files = {kConfig, kModel};
     write_json_file(join(tmp, kConfig), data.hf_config);
     write_safetensors(join(tmp, kModel), data.model);
-    if (!data.optimizer.empty()) write_safetensors(join(tmp, kOptimizer), data.optimizer);
-    if (!data.trainer_state.is_null()) write_json_file(join(tmp, kTrainerState), data.trainer_state);
+    if (!data.optimizer.empty()) {
+      write_safetensors(join(tmp, kOptimizer), data.optimizer);
+      files.push_back(kOptimizer);
+    }
+    if (!data.trainer_state.is_null()) {
+      write_json_file(join(tmp, kTrainerState), data.trainer_state);
+      files.push_back(kTrainerState);
+    }
+    // run_config.json stays out of the manifest: a copy of the run's config for
+    // reference (and the tokenizer's path), which users may edit.
     if (!data.run_config.is_null()) write_json_file(join(tmp, kRunConfig), data.run_config);
+    pause_for_fault_injection();
+    // Hashed from the files as written, so the manifest vouches for the bytes on disk.
+    write_manifest(tmp, files);
     fsync_path(tmp);  // every file above was fsynced by its atomic write
     install_dir(root, tmp, final_dir, name);
   } catch (...) {
@@ -220,7 +244,23 @@ CheckpointData load_checkpoint(const std::string& dir) {
   if (exists_file(join(dir, kOptimizer))) d.optimizer = read_safetensors(join(dir, kOptimizer));
   if (exists_file(join(dir, kTrainerState))) d.trainer_state = read_json_file(join(dir, kTrainerState));
   if (exists_file(join(dir, kRunConfig))) d.run_config = read_json_file(join(dir, kRunConfig));
+  // After parsing: a file that does not parse gets its reader's more precise
+  // message; the manifest catches what parses but changed (a flipped bit).
+  d.verified = verify_manifest(dir, {kConfig, kModel}) == ManifestStatus::Verified;
   return d;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    int64_t step;
+    std::error_code ec2;
+    if (parse_step_name(it->path().filename().string(), &step) && it->is_directory(ec2))
+      steps.emplace_back(step, it->path().string());
+  }
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  return steps;
 }
 
 void validate_model_tensors(const std::vector<StTensor>& got,

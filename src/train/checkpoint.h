@@ -5,6 +5,7 @@
 //   <root>/step_00000100/optimizer.safetensors "exp_avg.<name>", "exp_avg_sq.<name>" (optional)
 //   <root>/step_00000100/trainer_state.json    step, RNG, data position, ... (optional)
 //   <root>/step_00000100/run_config.json       the full kvshift config (optional)
+//   <root>/step_00000100/manifest.json         size and XXH3-64 of each file but run_config.json (written last)
 //   <root>/latest                              text file naming the newest complete step dir
 // A save writes everything into "<root>/.tmp-step_...", fsyncs, renames the
 // directory into place, then atomically rewrites `latest`. A crash at any
@@ -26,6 +27,7 @@ struct CheckpointData {
   std::vector<StTensor> optimizer;        // optimizer.safetensors (written only if non-empty)
   nlohmann::json trainer_state;           // trainer_state.json (written only if non-null)
   nlohmann::json run_config;              // run_config.json (written only if non-null)
+  bool verified = false;                  // loaded: every file matched manifest.json
 };
 
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
@@ -42,7 +44,13 @@ std::string latest_checkpoint(const std::string& root);
 // Loads one checkpoint directory. config.json and model.safetensors are required;
 // the optional files are loaded when present (empty/null otherwise). Any missing
 // required file, unreadable JSON or corrupt safetensors gives a kvs::Error naming the file.
+// Then every file is checked against manifest.json (checkpoint_manifest.h); a
+// checkpoint without one (older kvshift, or made by hand) loads with
+// `verified` false (the trainer warns on resume).
 CheckpointData load_checkpoint(const std::string& dir);
+
+// The step directories under `root` (whatever `latest` says), newest step first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 
 // Checks that `got` holds exactly the `expected` tensors (name -> shape), each with
 // a float dtype (F32/BF16/F16/F64). Throws a kvs::Error prefixed with `file`

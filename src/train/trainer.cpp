@@ -17,11 +17,15 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/full_model_io.h"
 #include "train/metrics.h"
 #include "train/model_io.h"
 #include "train/progress.h"
+#include "train/resume_point.h"
 #include "train/schedule.h"
+#include "train/step_watch.h"
+#include "train/stop_signals.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -220,12 +224,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
   const FullModelIO io(cfg.model, engine->layout(), tp, pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
 
-  // Fresh start or resume.
+  // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
-  const std::string latest = fs::exists(ckpt_root) ? latest_checkpoint(ckpt_root) : "";
   if (opt.resume) {
-    KVS_CHECK(!latest.empty(), "{}: --resume given but there is no checkpoint to resume from", ckpt_root);
-    LoadedCheckpoint ck = read_checkpoint(latest);
+    LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
+    const std::string latest = ck.dir;
     KVS_CHECK(model_to_hf_json(ck.model) == model_to_hf_json(cfg.model),
               "{}: the checkpoint's model differs from the config's model section", latest);
     KVS_CHECK(!ck.data.optimizer.empty() && !ck.data.trainer_state.is_null(),
@@ -246,8 +249,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               ts.value("seed", uint64_t{0}), tc.seed);
     if (rank0) spdlog::info("resuming from {} (step {})", latest, step);
   } else {
-    KVS_CHECK(latest.empty(), "{}: the run directory already has checkpoints; use --resume or another --run-dir",
-              opt.run_dir);
+    KVS_CHECK(!has_checkpoints(ckpt_root),
+              "{}: the run directory already has checkpoints; use --resume or another --run-dir", opt.run_dir);
     // The full model is initialised and sliced, so every layout starts from the same weights.
     std::vector<float> init(io.full_layout().total);
     if (opt.init_from.empty()) {
@@ -293,6 +296,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   double last_eval_acc = NAN;
   const bool has_val = data->size(Split::Val) > 0;
   if (!has_val && rank0) spdlog::warn("the data have no validation split: evaluation is skipped");
+  // docs/RELIABILITY.md: stop signals, checkpoint writes (async, retention), slow-step reports.
+  StopSignals stop_signals(tc.stop_signal, rank0);
+  CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);
+  StepWatch watch(*comm, tc.straggler_factor, rank0 ? &metrics : nullptr);
 
   auto save = [&](int64_t done) {
     // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
@@ -318,7 +325,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                         {"global_batch_sequences", GB},
                         {"seed", tc.seed},
                         {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
-    summary.last_checkpoint = save_checkpoint(ckpt_root, done, cd, 0);
+    writer.save(done, std::move(cd));
   };
   auto run_eval = [&](int64_t done) {
     // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.
@@ -339,6 +346,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   double smoothed_step_s = 0;  // the progress line shows an EMA: one step's rate is too noisy to read
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    watch.begin(step + 1);
     const double lr = learning_rate(tc, step);
     ProfileRange step_range("step", step + 1);
     std::optional<ProfileRange> data_range(std::in_place, "data");
@@ -394,6 +402,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>(GB) * T / dt;
     smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
+    watch.end(dt);
     summary.losses.push_back(loss);
     if (rank0 && (done % tc.log_every == 0 || done == tc.steps))
       metrics.write({{"type", "train"}, {"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
@@ -404,11 +413,21 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                       std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) summary.final_eval = run_eval(done);
-    if ((tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last) save(done);
+    const bool checkpoint_due = (tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last;
+    if (checkpoint_due) save(done);
+    // Every rank learns here whether any rank was asked to stop, so all stop after the same step.
+    if (const int sig = watch.boundary(done); sig != 0 && !last) {
+      if (!checkpoint_due) save(done);
+      summary.stopped_by = StopSignals::name(sig);
+      step = done;
+      break;
+    }
   }
   progress.finish_line();
   summary.steps_done = step;
-  if (summary.losses.empty() && summary.final_eval.sequences == 0) summary.final_eval = run_eval(step);
+  if (rank0) summary.last_checkpoint = writer.wait();
+  if (summary.losses.empty() && summary.final_eval.sequences == 0 && summary.stopped_by.empty())
+    summary.final_eval = run_eval(step);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (rank0) spdlog::info("done: {} steps in {}", step, format_duration(total_s));
   return summary;

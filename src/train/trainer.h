@@ -45,6 +45,9 @@ struct TrainSummary {
   std::vector<double> losses;  // train loss of each step run in this call
   EvalResult final_eval;
   std::string last_checkpoint;
+  // Set when a stop signal ended the run early, after a checkpoint of the last
+  // step (docs/RELIABILITY.md): "SIGTERM", "SIGUSR1", ...
+  std::string stopped_by;
 };
 
 // Checks that the config can run on `world_size` processes: parallel.tp

@@ -80,6 +80,7 @@ TEST(Inspect, ReportsKnownShiftCoefficientsAndTable4) {
     }
   ASSERT_EQ(replaced, 4);
   kvs::write_safetensors(file, tensors);
+  std::filesystem::remove(step + "/manifest.json");  // edited by hand: no longer the checkpoint its manifest describes
 
   for (const std::string& target : {run, run + "/checkpoints", step}) {
     Result r = run_kvshift("inspect --json --checkpoint " + target);
@@ -127,6 +128,7 @@ TEST(Inspect, SigmoidGateReportsEffectiveCoefficients) {
   for (auto& t : tensors)
     if (t.name == "model.layers.0.self_attn.k_shift") t = kvs::make_f32_tensor(t.name, {2, 2}, &g[0][0]);
   kvs::write_safetensors(file, tensors);
+  std::filesystem::remove(step + "/manifest.json");  // edited by hand: no longer the checkpoint its manifest describes
   Result r = run_kvshift("inspect --json --checkpoint " + run);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);

@@ -76,7 +76,7 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   std::string dir = kvs::save_checkpoint(root, 5, d);
   EXPECT_EQ(dir, tmp / "ckpt/step_00000005");
   EXPECT_EQ(entries(dir), (std::set<std::string>{"config.json", "model.safetensors", "optimizer.safetensors",
-                                                 "trainer_state.json", "run_config.json"}));
+                                                 "trainer_state.json", "run_config.json", "manifest.json"}));
   EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_00000005"}));
   EXPECT_EQ(kvs::read_file(root + "/latest"), "step_00000005\n");
   EXPECT_EQ(kvs::latest_checkpoint(root), dir);
@@ -96,7 +96,7 @@ TEST(Checkpoint, OptionalPartsAreOptional) {
   TmpDir tmp;
   auto d = make_data(2.0f, /*full=*/false);
   std::string dir = kvs::save_checkpoint(tmp.str(), 7, d);
-  EXPECT_EQ(entries(dir), (std::set<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entries(dir), (std::set<std::string>{"config.json", "model.safetensors", "manifest.json"}));
   auto l = kvs::load_checkpoint(dir);
   expect_same_tensors(l.model, d.model);
   EXPECT_TRUE(l.optimizer.empty());
@@ -191,7 +191,7 @@ TEST(Checkpoint, SavingTheSameStepTwiceReplacesIt) {
   auto d2 = make_data(2, /*full=*/false);
   std::string dir = kvs::save_checkpoint(r, 4, d2);
   EXPECT_EQ(entries(r), (std::set<std::string>{"latest", "step_00000004"}));
-  EXPECT_EQ(entries(dir), (std::set<std::string>{"config.json", "model.safetensors"}));  // no stale optimizer file
+  EXPECT_EQ(entries(dir), (std::set<std::string>{"config.json", "model.safetensors", "manifest.json"}));  // no stale optimizer file
   auto l = kvs::load_checkpoint(kvs::latest_checkpoint(r));
   expect_same_tensors(l.model, d2.model);
   EXPECT_TRUE(l.optimizer.empty());

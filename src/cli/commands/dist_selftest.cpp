@@ -2,8 +2,15 @@
 // communicator with known values (run it under mpirun). --mismatch makes
 // rank r pass 3 + r elements to an all-reduce, which must end in a clear
 // kvs::Error on every rank, not a hang (tests/parallel/test_dist_dp.cpp).
+// --stall-rank R keeps rank R out of MPI (asleep) for --stall-s seconds, and
+// --exit-rank R makes rank R exit before the first collective: the other ranks
+// must stop within KVS_COLLECTIVE_TIMEOUT_S, naming rank R (docs/RELIABILITY.md).
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "cli/commands/commands.h"
@@ -14,10 +21,19 @@
 namespace kvs::cli {
 namespace {
 
-void selftest(dist::Communicator& w, bool mismatch) {
+struct Faults {
+  bool mismatch = false;
+  int stall_rank = -1, exit_rank = -1;
+  double stall_s = 60;
+};
+
+void selftest(dist::Communicator& w, const Faults& f) {
   using dist::DType;
   using dist::ReduceOp;
   const int n = w.size(), r = w.rank();
+  const bool mismatch = f.mismatch;
+  if (r == f.exit_rank) ::_exit(0);  // gone without a word, as a crashed node
+  if (r == f.stall_rank) std::this_thread::sleep_for(std::chrono::duration<double>(f.stall_s));
   if (mismatch) {
     std::vector<float> buf(3 + r, 1.0f);
     w.all_reduce(buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
@@ -62,11 +78,14 @@ void selftest(dist::Communicator& w, bool mismatch) {
 void add_dist_selftest(CLI::App& app) {
   auto* cmd = app.add_subcommand("dist-selftest", "Check the world communicator's collectives (run under mpirun)");
   cmd->group("");  // hidden: a developer and test tool
-  auto mismatch = std::make_shared<bool>(false);
-  cmd->add_flag("--mismatch", *mismatch, "Make the ranks pass different sizes to one all-reduce (must fail cleanly)");
-  cmd->callback([mismatch]() {
+  auto f = std::make_shared<Faults>();
+  cmd->add_flag("--mismatch", f->mismatch, "Make the ranks pass different sizes to one all-reduce (must fail cleanly)");
+  cmd->add_option("--stall-rank", f->stall_rank, "This rank sleeps outside MPI before the first collective");
+  cmd->add_option("--stall-s", f->stall_s, "How long --stall-rank sleeps (default 60 s)");
+  cmd->add_option("--exit-rank", f->exit_rank, "This rank exits before the first collective");
+  cmd->callback([f]() {
     auto world = dist::make_world(Device::Cpu);  // host buffers: the MPI (or single) backend
-    run_on_world(*world, [&] { selftest(*world, *mismatch); });
+    run_on_world(*world, [&] { selftest(*world, *f); });
     if (world->rank() == 0)
       std::printf("dist-selftest: %d ranks, backend %s: ok\n", world->size(), world->backend().c_str());
   });

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "dist/world.h"
 #include "model/config.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace kvs::cli {
@@ -48,6 +49,8 @@ void add_train(CLI::App& app) {
     // the summary. The device picks the backend (NCCL for cuda under torchrun).
     auto world = dist::make_world(cfg.device);
     const bool rank0 = world->rank() == 0;
+    // From here to exit a stop signal is a request (read by train() at step boundaries), not a kill.
+    const StopSignals stop_signals(cfg.train.stop_signal, rank0);
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     // A config error is the same on every rank: rank 0 reports it, and the
     // barrier keeps every rank alive until it has (a rank exiting non-zero
@@ -66,6 +69,16 @@ void add_train(CLI::App& app) {
     }
     TrainSummary s;
     run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), a->init_from}); });
+    if (!s.stopped_by.empty()) {
+      // A stop signal: every rank stopped after the same step, rank 0 wrote the checkpoint.
+      if (rank0) {
+        std::printf("kvshift: stopped by %s after step %lld; checkpoint %s (continue with --resume)\n",
+                    s.stopped_by.c_str(), static_cast<long long>(s.steps_done), s.last_checkpoint.c_str());
+        std::fflush(stdout);
+      }
+      world.reset();
+      std::exit(kExitStopped);
+    }
     if (rank0)
       std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
                 static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);

@@ -1,0 +1,43 @@
+// Writes the trainer's checkpoints: now (train.async_checkpoint false) or on a
+// background thread while training goes on, with at most one write in flight,
+// and keeps the newest train.keep_checkpoints step directories (pruning never
+// removes the one `latest` names, and runs only after a save has completed).
+// The data handed over are host copies taken at a step boundary, and the
+// thread runs the same save_checkpoint, so an asynchronous checkpoint is the
+// same bytes as a synchronous one; a crash during the write leaves its temp
+// directory and the previous `latest` (docs/FORMATS.md "Atomicity guarantees").
+#pragma once
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <thread>
+
+#include "train/checkpoint.h"
+
+namespace kvs {
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string root, int keep, bool async);
+  // Finishes a write still in flight; its error, if any, is logged.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Synchronous: writes before returning. Asynchronous: waits for the previous
+  // write (rethrowing its error), then starts this one and returns.
+  void save(int64_t step, CheckpointData data);
+  // Waits for the write in flight and rethrows its error; returns the newest
+  // checkpoint written ("" if none yet).
+  std::string wait();
+
+ private:
+  std::string root_;
+  int keep_;
+  bool async_;
+  std::thread thread_;
+  std::exception_ptr error_;
+  std::string last_;
+};
+
+}  // namespace kvs

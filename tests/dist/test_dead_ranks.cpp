@@ -1,0 +1,183 @@
+// Dead, hung and signalled ranks under mpirun (docs/RELIABILITY.md): a rank
+// that hangs outside MPI makes the others stop within KVS_COLLECTIVE_TIMEOUT_S
+// with one line naming it and the collective; a rank that exits ends the job;
+// SIGUSR1 to mpirun stops every rank after the same step with a checkpoint.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "parallel/dist_test_util.h"
+#include "train/checkpoint.h"
+
+using namespace kvs::testing_util;
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(DeadRanks, AHungRankIsNamedWithinTheCollectiveTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_kvshift("dist-selftest --stall-rank 1 --stall-s 100", "KVS_COLLECTIVE_TIMEOUT_S=2 " + mpirun(3));
+  const double s = seconds_since(t0);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
+  EXPECT_LT(s, 30) << r.out;
+  EXPECT_NE(r.out.find("MPI all_reduce (collective #1) did not complete within 2 s (KVS_COLLECTIVE_TIMEOUT_S): "
+                       "rank 1 did not answer (dead, or stuck outside MPI)"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(DeadRanks, ARankThatExitsEndsTheJob) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_kvshift("dist-selftest --exit-rank 1", "KVS_COLLECTIVE_TIMEOUT_S=5 " + mpirun(2));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
+  EXPECT_LT(seconds_since(t0), 30) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+}
+
+// SIGUSR1 to mpirun (which forwards it to every rank): all ranks finish the
+// same step, rank 0 writes one checkpoint and says so once, every rank exits
+// 75; the resumed run then follows the uninterrupted curve.
+TEST(DeadRanks, SigusrToMpirunStopsEveryRankAfterTheSameStep) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run", ref = tmp / "ref";
+  nlohmann::json c = tiny_config(true, 4);
+  c["train"]["steps"] = 4000;
+  c["train"]["checkpoint_every"] = 0;
+  spit(cfg, c.dump());
+  // No `timeout` in front: `exec` keeps the pid through sh and env, so `pid` is mpirun itself.
+  std::string launcher = mpirun(2);
+  launcher.replace(launcher.find("timeout 120 "), 12, "");
+  const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
+                          " > " + (tmp / "out.txt") + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string metrics = run + "/metrics.jsonl";
+  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 200); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::kill(pid, SIGUSR1);
+  int st = 0;
+  for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (::kill(pid, 0) == 0) {  // still running after a minute: a hang
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    FAIL() << "mpirun did not stop after SIGUSR1: " << slurp(tmp / "out.txt");
+  }
+  const std::string out = slurp(tmp / "out.txt");
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 75) << out;
+  EXPECT_EQ(count(out, "kvshift: stopped by SIGUSR1 after step "), 1) << out;
+  const std::string latest = kvs::latest_checkpoint(run + "/checkpoints");
+  ASSERT_FALSE(latest.empty()) << out;
+  const int step = std::stoi(latest.substr(latest.size() - 8));
+  EXPECT_NE(out.find("after step " + std::to_string(step) + "; checkpoint " + latest), std::string::npos) << out;
+  // Resume to a few steps past the stop and compare with an uninterrupted run of that length.
+  const std::string more = " --set train.steps=" + std::to_string(step + 3);
+  train(2, cfg, run, "--resume" + more);
+  train(2, cfg, ref, more);
+  const Curve a = read_metrics(run), b = read_metrics(ref);
+  EXPECT_EQ(a.train, b.train);
+}
+
+namespace {
+
+// The kvshift process of world rank `rank` among the children of mpirun `pid`.
+pid_t rank_pid(pid_t mpirun, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = slurp(e.path().string() + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != mpirun) continue;
+    std::string env = slurp(e.path().string() + "/environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    if (env.find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+}  // namespace
+
+// A rank held up in its own work (SIGSTOP for a second and a half) is named in
+// metrics.jsonl's straggler line; a stop while it waits in a collective counts
+// as waiting, so the pause is repeated until one lands in its work.
+TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  nlohmann::json c = tiny_config(true, 4);
+  c["train"]["steps"] = 100000;
+  c["train"]["checkpoint_every"] = 0;
+  // Wide enough that a step is mostly the rank's own work, not waiting in collectives.
+  c["model"]["hidden_size"] = 256;
+  c["model"]["intermediate_size"] = 1024;
+  spit(cfg, c.dump());
+  std::string launcher = mpirun(2);
+  launcher.replace(launcher.find("timeout 120 "), 12, "");
+  const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
+                          " > " + (tmp / "out.txt") + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string metrics = run + "/metrics.jsonl";
+  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 3000); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t r1 = rank_pid(pid, 1);
+  bool named = false;
+  for (int attempt = 0; attempt < 6 && r1 > 0 && !named; ++attempt) {
+    ::kill(r1, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ::kill(r1, SIGCONT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("type", "") == "straggler" && j.value("slowest_rank", -1) == 1 &&
+          j.value("slowest_rank_work_s", 0.0) > 1.0)
+        named = true;
+    }
+  }
+  ::kill(pid, SIGUSR1);
+  int st = 0;
+  for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (::kill(pid, 0) == 0) {
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  }
+  ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
+  EXPECT_TRUE(named) << slurp(tmp / "out.txt");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
+}

@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""The bad-input catalogue of docs/RELIABILITY.md, one case per row.
+
+Every case sets up one bad input in a fresh directory, runs the kvshift binary
+as a user would, and requires: a non-zero exit within the time limit, exactly
+one line starting with "kvshift: error: ", and that line equal to the
+catalogue's (with D standing for the case's directory). The test also checks
+that docs/RELIABILITY.md lists every case with the same line, so the document
+and the code cannot drift apart.
+
+  python3 tests/reliability/bad_inputs.py --kvshift build/kvshift [--only ID] [--print]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPI_ENV = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none"
+
+
+def tiny(**train):
+    t = {"seq_len": 16, "micro_batch_size": 2, "grad_accum_steps": 1, "steps": 2, "lr": 1e-2, "warmup_steps": 1,
+         "eval_every": 0, "eval_sequences": 2, "threads": 1}
+    t.update(train)
+    return {"name": "bad", "model": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2, "vocab_size": 32, "max_position_embeddings": 16,
+                                     "kv_shift": {"enabled": True}},
+            "data": {"type": "induction", "induction": {"token_lo": 2, "token_hi": 32, "pool_size": 8}},
+            "train": t}
+
+
+def write(d, name, content, mode="w"):
+    p = os.path.join(d, name)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, mode) as f:
+        f.write(content)
+    return p
+
+
+def config(d, cfg, name="c.json"):
+    return write(d, name, json.dumps(cfg) if isinstance(cfg, dict) else cfg)
+
+
+def shard(d, name, tokens, token_bytes=2, magic=b"KVSTOKS\0", version=1, count=None, cut=0):
+    body = b"".join(struct.pack("<H" if token_bytes == 2 else "<I", t) for t in tokens)
+    head = magic + struct.pack("<IIQQ", version, token_bytes, len(tokens) if count is None else count, 0)
+    data = head + body
+    return write(d, name, data[:len(data) - cut], "wb")
+
+
+def shard_config(d, **data):
+    c = tiny()
+    c["data"] = {"type": "shards", "shards": {"train": ["train.bin"], "val": []}}
+    c["data"].update(data)
+    return config(d, c)
+
+
+def trained(binary, d, steps=2):
+    """A run directory with checkpoints at every step; returns its checkpoints root."""
+    cfg = config(d, tiny(steps=steps, checkpoint_every=1), "train.json")
+    subprocess.run([binary, "train", "--quiet", "--config", cfg, "--run-dir", os.path.join(d, "run")],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return os.path.join(d, "run", "checkpoints")
+
+
+def flip(path, from_end=5):
+    b = bytearray(open(path, "rb").read())
+    b[len(b) - from_end] ^= 0x10
+    open(path, "wb").write(bytes(b))
+
+
+def tokenizer_dir(d, meta):
+    t = os.path.join(d, "tok")
+    os.makedirs(t, exist_ok=True)
+    if meta is not None:
+        write(t, "kvshift_tokenizer.json", meta if isinstance(meta, str) else json.dumps(meta))
+    return t
+
+
+def hf_dir(d, cfg=None, tensors=None):
+    h = os.path.join(d, "hf")
+    os.makedirs(h, exist_ok=True)
+    if cfg is not None:
+        write(h, "config.json", cfg if isinstance(cfg, str) else json.dumps(cfg))
+    if tensors is not None:
+        write(h, "model.safetensors", tensors, "wb")
+    return h
+
+
+HF_LLAMA = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 32, "max_position_embeddings": 16}
+
+
+def safetensors_bytes(header_obj, payload=b""):
+    h = json.dumps(header_obj).encode()
+    return struct.pack("<Q", len(h)) + h + payload
+
+
+# (id, area, what is wrong, setup(binary, d) -> (args, env prefix), the error line)
+def cases():
+    C = []
+
+    def case(cid, area, what, line):
+        def deco(fn):
+            C.append((cid, area, what, fn, line))
+            return fn
+        return deco
+
+    # ---- config ----
+    @case("config-missing", "config", "the config file does not exist",
+          "D/nope.json: cannot read: No such file or directory")
+    def _(b, d):
+        return ["train", "--config", os.path.join(d, "nope.json")], ""
+
+    @case("config-not-json", "config", "not JSON (a trailing comma)",
+          "D/c.json: invalid JSON at line 1, column 30: syntax error while parsing object key - unexpected '}'; "
+          "expected string literal")
+    def _(b, d):
+        return ["train", "--config", config(d, '{"model": {"hidden_size": 16,}, "x": 1}')], ""
+
+    @case("config-unknown-key", "config", "a misspelt key",
+          "D/c.json: unknown key 'train.warmup_step' (did you mean 'train.warmup_steps'?)")
+    def _(b, d):
+        c = tiny()
+        c["train"]["warmup_step"] = 3
+        return ["train", "--config", config(d, c)], ""
+
+    @case("config-wrong-type", "config", "a string where a number belongs",
+          "D/c.json: train.lr: expected a number, got string \"abc\"")
+    def _(b, d):
+        c = tiny()
+        c["train"]["lr"] = "abc"
+        return ["train", "--config", config(d, c)], ""
+
+    @case("config-bad-enum", "config", "an unknown schedule",
+          "D/c.json: train.schedule: must be \"constant\" or \"cosine\", got \"linear\"")
+    def _(b, d):
+        c = tiny()
+        c["train"]["schedule"] = "linear"
+        return ["train", "--config", config(d, c)], ""
+
+    @case("config-duplicate-key", "config", "the same key twice", "D/c.json: duplicate key 'train.lr'")
+    def _(b, d):
+        return ["train", "--config", config(d, json.dumps(tiny()).replace('"lr": 0.01', '"lr": 0.01, "lr": 0.02'))], ""
+
+    @case("config-missing-model", "config", "no model section", "D/c.json: missing required key 'model'")
+    def _(b, d):
+        c = tiny()
+        del c["model"]
+        return ["train", "--config", config(d, c)], ""
+
+    @case("config-seq-too-long", "config", "seq_len beyond max_position_embeddings",
+          "D/c.json: train.seq_len: 32 exceeds model.max_position_embeddings (16)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(seq_len=32))], ""
+
+    @case("config-heads-divide", "config", "hidden_size not divisible by the heads",
+          "D/c.json: model.hidden_size: 16 is not divisible by model.num_attention_heads (3)")
+    def _(b, d):
+        c = tiny()
+        c["model"]["num_attention_heads"] = 3
+        return ["train", "--config", config(d, c)], ""
+
+    @case("config-negative-keep", "config", "a negative train.keep_checkpoints",
+          "D/c.json: train.keep_checkpoints: must be >= 0 (0 keeps every checkpoint), got -1")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(keep_checkpoints=-1))], ""
+
+    @case("config-stop-signal", "config", "a stop signal that cannot be caught",
+          "D/c.json: train.stop_signal: must be \"SIGUSR1\", \"SIGUSR2\", \"SIGHUP\" or \"none\", got \"SIGKILL\"")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(stop_signal="SIGKILL"))], ""
+
+    @case("config-nan", "config", "a non-finite number",
+          "D/c.json: invalid JSON at line 1, column *: syntax error while parsing value - invalid literal; last "
+          "read: '\"lr\": N'")
+    def _(b, d):
+        return ["train", "--config", config(d, json.dumps(tiny()).replace('"lr": 0.01', '"lr": NaN'))], ""
+
+    # ---- command line ----
+    @case("cli-bad-override", "CLI", "an override without '='",
+          "D/c.json: override 'train.lr': expected KEY.PATH=VALUE (no '=' found)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--set", "train.lr"], ""
+
+    @case("cli-override-unknown", "CLI", "an override of an unknown key",
+          "D/c.json: override 'train.lerning_rate=1': unknown key 'train.lerning_rate'")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--set", "train.lerning_rate=1"], ""
+
+    @case("cli-resume-nothing", "CLI", "--resume of a run without checkpoints",
+          "D/run/checkpoints: --resume given but there is no checkpoint to resume from")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-overwrite-run", "CLI", "a new run in a directory with checkpoints",
+          "D/run: the run directory already has checkpoints; use --resume or another --run-dir")
+    def _(b, d):
+        trained(b, d)
+        return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("cli-no-config", "CLI", "train without --config or --resume",
+          "train: --config is required (unless --resume with --run-dir)")
+    def _(b, d):
+        return ["train"], ""
+
+    @case("cli-resume-other-model", "CLI", "--resume with a different model",
+          "D/run/checkpoints/step_00000002: the checkpoint's model differs from the config's model section")
+    def _(b, d):
+        trained(b, d)
+        c = tiny()
+        c["model"]["intermediate_size"] = 64
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-resume-other-batch", "CLI", "--resume with another global batch",
+          "D/run/checkpoints/step_00000002: the global batch changed (checkpoint 2 sequences, config 4); data "
+          "positions would not line up")
+    def _(b, d):
+        trained(b, d)
+        return ["train", "--config", config(d, tiny(micro_batch_size=4)), "--run-dir", os.path.join(d, "run"),
+                "--resume"], ""
+
+    @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
+          "D: missing config.json (not a kvshift checkpoint?)")
+    def _(b, d):
+        return ["generate", "--checkpoint", d, "--prompt-ids", "1,2"], ""
+
+    # ---- data shards ----
+    @case("shard-missing", "data shards", "a shard glob that matches nothing",
+          "data.shards.train: no file matches \"D/train.bin\"")
+    def _(b, d):
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-bad-magic", "data shards", "a file that is not a shard",
+          "D/train.bin: not a token shard (bad magic, expected \"KVSTOKS\\0\")")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10, magic=b"NOTSHARD")
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-truncated", "data shards", "a shard cut short",
+          "D/train.bin: file size 587 does not match the header (280 tokens x 2 bytes + 32 header bytes): truncated "
+          "or corrupt shard")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10, cut=5)
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-version", "data shards", "a shard of an unknown version",
+          "D/train.bin: unsupported shard version 9 (this build reads version 1)")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10, version=9)
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-out-of-vocab", "data shards", "a token id beyond the model's vocabulary",
+          "D/train.bin: token ID 40 at position * is >= model.vocab_size 32")
+    def _(b, d):
+        shard(d, "train.bin", [40] * 1200)
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-too-short", "data shards", "fewer tokens than one sequence",
+          "data.shards.train: 10 training tokens (after the validation split), fewer than one window of "
+          "train.seq_len + 1 = 17 tokens")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 12)))
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-token-bytes", "data shards", "a token width other than 2 or 4",
+          "D/train.bin: bad bytes per token 3 in the shard header (must be 2 or 4)")
+    def _(b, d):
+        path = shard(d, "train.bin", list(range(2, 30)) * 10)
+        data = bytearray(open(path, "rb").read())
+        data[12:16] = struct.pack("<I", 3)
+        open(path, "wb").write(bytes(data))
+        return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
+
+    # ---- tokenizer ----
+    @case("tokenizer-missing-dir", "tokenizer", "data.tokenizer names no directory",
+          "data.tokenizer: D/tok is not a directory (make one with `kvshift tokenizer train`)")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        return ["train", "--config", shard_config(d, tokenizer="tok"), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-no-meta", "tokenizer", "a tokenizer directory without kvshift_tokenizer.json",
+          "data.tokenizer: D/tok/kvshift_tokenizer.json: missing; a tokenizer directory is made by `kvshift "
+          "tokenizer train`")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        tokenizer_dir(d, None)
+        return ["train", "--config", shard_config(d, tokenizer="tok"), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-vocab-too-big", "tokenizer", "a tokenizer larger than the model's vocabulary",
+          "data.tokenizer: the tokenizer's vocab_size 256 exceeds model.vocab_size 32 (D/tok)")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        tokenizer_dir(d, {"type": "bytes", "model_type": "", "vocab_size": 256, "bos_id": -1, "eos_id": -1,
+                          "unk_id": -1, "pad_id": -1, "sha256": ""})
+        return ["train", "--config", shard_config(d, tokenizer="tok"), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-bad-json", "tokenizer", "kvshift_tokenizer.json is not JSON",
+          "data.tokenizer: D/tok/kvshift_tokenizer.json: invalid JSON: parse error at line 1, column 1: syntax "
+          "error while parsing value - invalid literal; last read: 'x'")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        tokenizer_dir(d, "x")
+        return ["train", "--config", shard_config(d, tokenizer="tok"), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-train-no-input", "tokenizer", "tokenizer train on a missing text file",
+          "D/none.txt: cannot read: No such file or directory")
+    def _(b, d):
+        return ["tokenizer", "train", "--input", os.path.join(d, "none.txt"), "--out", os.path.join(d, "tok"),
+                "--vocab-size", "300"], ""
+
+    # ---- checkpoints ----
+    @case("checkpoint-flipped-byte", "checkpoints", "a flipped bit in the weights (eval)",
+          "D/run/checkpoints/step_00000002/model.safetensors: checksum mismatch (xxh3_64 *, the manifest says *): "
+          "the file is corrupt")
+    def _(b, d):
+        ck = trained(b, d)
+        flip(os.path.join(ck, "step_00000002", "model.safetensors"))
+        return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
+
+    @case("checkpoint-truncated", "checkpoints", "a truncated optimizer file (eval)",
+          "D/run/checkpoints/step_00000002/optimizer.safetensors: tensor 'exp_avg_sq.lm_head.weight': data_offsets "
+          "[*] extend past the end of the data region (* bytes)")
+    def _(b, d):
+        ck = trained(b, d)
+        f = os.path.join(ck, "step_00000002", "optimizer.safetensors")
+        os.truncate(f, os.path.getsize(f) - 7)
+        return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
+
+    @case("checkpoint-appended", "checkpoints", "bytes appended to the weights",
+          "D/run/checkpoints/step_00000002/model.safetensors: data region has 4 trailing bytes after offset * that "
+          "belong to no tensor")
+    def _(b, d):
+        ck = trained(b, d)
+        with open(os.path.join(ck, "step_00000002", "model.safetensors"), "ab") as f:
+            f.write(b"junk")
+        return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
+
+    @case("checkpoint-state-edited", "checkpoints", "trainer_state.json changed but still valid JSON (resume)",
+          "D/run/checkpoints: no checkpoint loads and verifies (2 tried); the newest: "
+          "D/run/checkpoints/step_00000002/trainer_state.json: * bytes, the manifest says * (corrupt)")
+    def _(b, d):
+        ck = trained(b, d)
+        for s in ("step_00000001", "step_00000002"):
+            ts = os.path.join(ck, s, "trainer_state.json")
+            j = json.load(open(ts))
+            j["step"] = 1000
+            json.dump(j, open(ts, "w"), indent=4)
+        return ["train", "--config", config(d, tiny(steps=4)), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("checkpoint-all-corrupt", "checkpoints", "--resume when no checkpoint verifies",
+          "D/run/checkpoints: no checkpoint loads and verifies (2 tried); the newest: "
+          "D/run/checkpoints/step_00000002/model.safetensors: checksum mismatch (xxh3_64 *, the manifest says *): "
+          "the file is corrupt")
+    def _(b, d):
+        ck = trained(b, d)
+        for s in ("step_00000001", "step_00000002"):
+            flip(os.path.join(ck, s, "model.safetensors"))
+        return ["train", "--config", config(d, tiny(steps=4)), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("checkpoint-manifest-bad", "checkpoints", "manifest.json is not JSON",
+          "D/run/checkpoints/step_00000002/manifest.json: invalid JSON: *")
+    def _(b, d):
+        ck = trained(b, d)
+        write(os.path.join(ck, "step_00000002"), "manifest.json", "{")
+        return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
+
+    @case("checkpoint-missing-file", "checkpoints", "a file the manifest lists is gone",
+          "D/run/checkpoints/step_00000002/trainer_state.json: missing (listed in manifest.json)")
+    def _(b, d):
+        ck = trained(b, d)
+        os.remove(os.path.join(ck, "step_00000002", "trainer_state.json"))
+        return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
+
+    @case("checkpoint-latest-malformed", "checkpoints", "`latest` holds garbage (eval of the run)",
+          "D/run/checkpoints/latest: malformed: expected a checkpoint directory name like step_00000100, got 'garbage'")
+    def _(b, d):
+        ck = trained(b, d)
+        write(ck, "latest", "garbage\n")
+        return ["eval", "--checkpoint", os.path.join(d, "run")], ""
+
+    @case("checkpoint-bad-tensor-shape", "checkpoints", "a checkpoint whose tensors do not match its config",
+          "D/ck/model.safetensors: missing tensor 'model.embed_tokens.weight' (and * more problems)")
+    def _(b, d):
+        ck = os.path.join(d, "ck")
+        os.makedirs(ck)
+        c = dict(HF_LLAMA)
+        c["kv_shift"] = {"enabled": True}
+        write(ck, "config.json", json.dumps(c))
+        write(ck, "model.safetensors", safetensors_bytes({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+                                                          b"\0\0\0\0"), "wb")
+        return ["forward", "--checkpoint", ck, "--tokens", write(d, "t.txt", "1 2"), "--out",
+                os.path.join(d, "l.npy")], ""
+
+    # ---- Hugging Face import ----
+    @case("hf-no-weights", "HF import", "a model directory without safetensors",
+          "D/hf: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are supported)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA), "--out", os.path.join(d, "out")], ""
+
+    @case("hf-no-config", "HF import", "a model directory without config.json",
+          "D/hf/config.json: missing (not a Hugging Face model directory?)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, None, b""), "--out", os.path.join(d, "out")], ""
+
+    @case("hf-bad-safetensors", "HF import", "weights that are not safetensors",
+          "D/hf/model.safetensors: header length * exceeds the 0 bytes after the length field (truncated or not a "
+          "safetensors file)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"garbage!"), "--out", os.path.join(d, "out")], ""
+
+    @case("hf-tiny-file", "HF import", "a weights file shorter than a safetensors header",
+          "D/hf/model.safetensors: not a safetensors file: 1 bytes, expected at least 8 (the header length)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out")], ""
+
+    @case("hf-bad-window", "HF import", "an unsupported --window",
+          "--window: must be 1, 2 or 3 (the windows training supports), got 5")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"),
+                "--kv-shift-init", "paper", "--window", "5"], ""
+
+    # ---- launch environment ----
+    @case("env-torchrun-cpu", "launch", "torchrun with several ranks on the CPU",
+          "rank 0/2: torchrun started 2 ranks on device \"cpu\", but the CPU backend's collectives are MPI, which "
+          "needs mpirun: launch CPU runs with `mpirun -np 2 kvshift ...` (docs/LAUNCH.md)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run")], \
+            "env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500"
+
+    @case("env-bad-rank", "launch", "RANK outside WORLD_SIZE",
+          "RANK=5 is outside 0..1 (WORLD_SIZE=2)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run")], \
+            "env RANK=5 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500"
+
+    @case("env-bad-timeout", "launch", "a collective timeout that is not a number (mpirun)",
+          "KVS_COLLECTIVE_TIMEOUT_S='soon' is not a positive number of seconds")
+    def _(b, d):
+        return ["dist-selftest"], f"env {MPI_ENV} KVS_COLLECTIVE_TIMEOUT_S=soon mpirun --oversubscribe -np 1"
+
+    @case("env-tp-not-dividing", "launch", "parallel.tp that does not divide the processes",
+          "parallel.tp (2) must divide the number of processes (3): the world is dp x tp ranks")
+    def _(b, d):
+        c = tiny()
+        c["parallel"] = {"tp": 2}
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], \
+            f"env {MPI_ENV} OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 3"
+
+    @case("env-cuda-without-gpu", "launch", "device cuda on a machine without a GPU",
+          "device 'cuda': no usable GPU (*)")
+    def _(b, d):
+        c = tiny()
+        c["device"] = "cuda"
+        c["model"]["hidden_size"] = 32
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
+
+    return C
+
+
+# GoogleTests that check the same error at the library level (the catalogue
+# checks what the user sees); docs/RELIABILITY.md links them.
+LINKS = {
+    "config-missing": "Cli.MissingConfigIsOneLineError, Config.LoadConfigFileErrors",
+    "config-not-json": "Config.LoadConfigFileErrors",
+    "config-unknown-key": "Cli.UnknownKeyNamesTheKey, Config.UnknownKeySuggestions",
+    "config-wrong-type": "Config.WrongTypesNameKeyAndValue",
+    "config-bad-enum": "Config.EnumValuesAreCheckedWhenRead",
+    "config-duplicate-key": "Config.LoadConfigFileErrors",
+    "config-missing-model": "Config.RequiredModelKeys",
+    "config-seq-too-long": "Config.ValidationRulesNameTheKey",
+    "config-heads-divide": "Config.ValidationRulesNameTheKey",
+    "config-stop-signal": "StopSignal.ConfigKeyNamesTheSignal",
+    "cli-bad-override": "Cli.BadOverrideIsRejectedBeforeAnyWork, Config.BadOverridesError",
+    "cli-override-unknown": "Config.BadOverridesError",
+    "cli-resume-other-model": "Train.ResumeRejectsADifferentModel",
+    "cli-overwrite-run": "Train.RefusesToOverwriteARun",
+    "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
+    "shard-truncated": "DataShards.CorruptFilesNameThePath",
+    "shard-version": "DataShards.CorruptFilesNameThePath",
+    "shard-token-bytes": "DataShards.CorruptFilesNameThePath",
+    "shard-out-of-vocab": "Cli.OutOfVocabularyTokenInShardsNamesFileAndPosition",
+    "shard-too-short": "DataShardDataset.Errors",
+    "shard-missing": "DataShardDataset.Errors",
+    "tokenizer-train-no-input": "TokenizerTrain.InputErrorsNameTheFileAndLeaveNoOutput",
+    "checkpoint-flipped-byte": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",
+    "checkpoint-truncated": "Checkpoint.MissingOrCorruptFilesNameTheFile",
+    "checkpoint-missing-file": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",
+    "checkpoint-manifest-bad": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",
+    "checkpoint-all-corrupt": "ResumeFallback.NothingVerifiesIsAOneLineErrorWithTheNewestProblem",
+    "checkpoint-latest-malformed": "Checkpoint.LatestErrors",
+    "checkpoint-bad-tensor-shape": "Checkpoint.ValidateModelTensors",
+    "hf-bad-window": "HfConfig.ImportDefaultsAndRefusals",
+    "env-torchrun-cpu": "LaunchWorld.TorchrunCpuRunFailsOnEveryRankAtOnce",
+    "env-bad-rank": "Launch.BadEnvironments",
+    "env-tp-not-dividing": "TensorParallel.WorldNotAMultipleOfTpIsAClearError",
+    "env-cuda-without-gpu": "Cli.CudaWithoutAGpuIsOneLineError",
+}
+
+
+def markdown():
+    out = ["| case | area | bad input | the error line | also tested by |", "|---|---|---|---|---|"]
+    for cid, area, what, _, line in cases():
+        out.append(f"| `{cid}` | {area} | {what} | `kvshift: error: {line}` | {LINKS.get(cid, '')} |")
+    return "\n".join(out)
+
+
+def matches(pattern, line):
+    """`*` in the catalogue stands for a value that differs between runs (a checksum, a size)."""
+    rx = "^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$"
+    return re.match(rx, line) is not None
+
+
+def doc_rows(path):
+    rows = {}
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^\| `([a-z0-9-]+)` \|[^|]*\|[^|]*\| `kvshift: error: (.*)` \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvshift", required=True)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--print", action="store_true", help="print each case's actual error line")
+    ap.add_argument("--markdown", action="store_true", help="print the catalogue table for docs/RELIABILITY.md")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "RELIABILITY.md"))
+    a = ap.parse_args()
+    if a.markdown:
+        print(markdown())
+        return 0
+    binary = os.path.abspath(a.kvshift)
+    rows = doc_rows(a.doc)
+    passed = failed = 0
+    for cid, area, what, setup, want in cases():
+        if a.only and cid != a.only:
+            continue
+        d = tempfile.mkdtemp(prefix="kvs_bad_")
+        problem = None
+        try:
+            args, prefix = setup(binary, d)
+            cmd = (prefix + " " if prefix else "") + " ".join([binary] + [sh_quote(x) for x in args])
+            try:
+                r = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+                out = r.stdout.decode(errors="replace")
+                errs = [l[len("kvshift: error: "):] for l in out.splitlines() if l.startswith("kvshift: error: ")]
+                got = [e.replace(d, "D") for e in errs]
+                if a.print:
+                    print(f"{cid}: {got}")
+                if r.returncode == 0:
+                    problem = "exit 0"
+                elif len(got) != 1:
+                    problem = f"{len(got)} error lines: {out[-600:]}"
+                elif not matches(want, got[0]):
+                    problem = f"error line differs:\n      got  {got[0]}\n      want {want}"
+            except subprocess.TimeoutExpired:
+                problem = "hung (no exit within 120 s)"
+            if problem is None and cid not in rows:
+                problem = "not in docs/RELIABILITY.md's catalogue"
+            elif problem is None and rows[cid] != want:
+                problem = f"docs/RELIABILITY.md says `{rows[cid]}`"
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        if problem:
+            failed += 1
+            print(f"FAIL {cid} ({area}: {what}): {problem}")
+        else:
+            passed += 1
+            print(f"ok   {cid}")
+    extra = set(rows) - {c[0] for c in cases()}
+    if extra and not a.only:
+        failed += len(extra)
+        print("FAIL docs/RELIABILITY.md lists cases that do not exist: " + ", ".join(sorted(extra)))
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def sh_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+// Surviving faults (docs/RELIABILITY.md): checkpoint manifests and their
+// verification, --resume falling back to the newest checkpoint that verifies,
+// retention, asynchronous checkpoints, stop signals and the slow-step report.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "dist/comm.h"
+#include "model/config.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_manifest.h"
+#include "train/checkpoint_writer.h"
+#include "train/metrics.h"
+#include "train/model_io.h"
+#include "train/resume_point.h"
+#include "train/step_watch.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using kvs::Config;
+using kvs::testing_util::error_of;
+using kvs::testing_util::slurp;
+using kvs::testing_util::spit;
+using kvs::testing_util::TmpDir;
+
+namespace {
+
+Config tiny(int steps, int checkpoint_every) {
+  nlohmann::json j = {
+      {"name", "tiny"},
+      {"model",
+       {{"hidden_size", 16},
+        {"intermediate_size", 32},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 2},
+        {"num_key_value_heads", 1},
+        {"vocab_size", 32},
+        {"max_position_embeddings", 16},
+        {"kv_shift", {{"enabled", true}}}}},
+      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+      {"train",
+       {{"seq_len", 16},
+        {"micro_batch_size", 4},
+        {"grad_accum_steps", 2},
+        {"steps", steps},
+        {"lr", 1e-2},
+        {"warmup_steps", 2},
+        {"eval_every", 0},
+        {"eval_sequences", 8},
+        {"checkpoint_every", checkpoint_every},
+        {"threads", 2}}}};
+  Config c = kvs::config_from_json(j, "tiny");
+  kvs::validate(c, "tiny");
+  return c;
+}
+
+std::set<std::string> step_dirs(const std::string& root) {
+  std::set<std::string> s;
+  for (auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind("step_", 0) == 0) s.insert(e.path().filename().string());
+  return s;
+}
+
+void flip_byte(const std::string& path, size_t from_end) {
+  std::string b = slurp(path);
+  b[b.size() - from_end] ^= 0x10;
+  spit(path, b);
+}
+
+kvs::CheckpointData small_data() {
+  kvs::CheckpointData d;
+  d.hf_config = {{"model_type", "llama"}};
+  std::vector<float> w(64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i);
+  d.model = {kvs::make_f32_tensor("w", {8, 8}, w.data())};
+  d.trainer_state = {{"step", 1}};
+  return d;
+}
+
+}  // namespace
+
+TEST(CheckpointManifest, ListsEveryFileButTheRunConfig) {
+  TmpDir tmp;
+  auto d = small_data();
+  d.run_config = {{"name", "x"}};
+  const std::string dir = kvs::save_checkpoint(tmp / "ck", 1, d);
+  const auto m = nlohmann::json::parse(slurp(dir + "/manifest.json"));
+  EXPECT_EQ(m["hash"], "xxh3_64");
+  std::set<std::string> listed;
+  for (const auto& [name, e] : m["files"].items()) {
+    listed.insert(name);
+    EXPECT_EQ(e["bytes"].get<uint64_t>(), fs::file_size(dir + "/" + name)) << name;
+    EXPECT_EQ(e["xxh3_64"].get<std::string>().size(), 16u) << name;
+  }
+  EXPECT_EQ(listed, (std::set<std::string>{"config.json", "model.safetensors", "trainer_state.json"}));
+  EXPECT_TRUE(kvs::load_checkpoint(dir).verified);
+  // The run config may be edited (a moved tokenizer): still verified.
+  spit(dir + "/run_config.json", "{\"name\": \"y\"}\n");
+  EXPECT_TRUE(kvs::load_checkpoint(dir).verified);
+}
+
+TEST(CheckpointManifest, CorruptionIsAOneLineErrorNamingTheFile) {
+  TmpDir tmp;
+  const std::string dir = kvs::save_checkpoint(tmp / "ck", 1, small_data());
+  const std::string model = dir + "/model.safetensors";
+  const std::string good = slurp(model);
+  flip_byte(model, 3);  // inside the tensor data: still parses
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), model + ": checksum mismatch (xxh3_64 ", "the file is corrupt");
+  spit(model, good);
+  const std::string ts = dir + "/trainer_state.json";
+  const std::string ts_good = slurp(ts);
+  spit(ts, "{\"step\": 7}\n");  // valid JSON, another step and size: only the manifest notices
+  EXPECT_EQ(error_of([&] { kvs::load_checkpoint(dir); }),
+            ts + ": 12 bytes, the manifest says " + std::to_string(ts_good.size()) + " (truncated)");
+  fs::remove(ts);
+  EXPECT_EQ(error_of([&] { kvs::load_checkpoint(dir); }), ts + ": missing (listed in manifest.json)");
+  spit(dir + "/manifest.json", "{\"format\": 1");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/manifest.json: invalid JSON");
+  spit(dir + "/manifest.json", "{\"format\": \"other\"}");
+  EXPECT_KVS_ERROR(kvs::load_checkpoint(dir), dir + "/manifest.json: not a kvshift checkpoint manifest");
+}
+
+TEST(CheckpointManifest, OldCheckpointsWithoutOneStillLoad) {
+  TmpDir tmp;
+  const std::string dir = kvs::save_checkpoint(tmp / "ck", 1, small_data());
+  fs::remove(dir + "/manifest.json");
+  const auto d = kvs::load_checkpoint(dir);
+  EXPECT_FALSE(d.verified);
+  EXPECT_EQ(d.model.size(), 1u);
+}
+
+// A checkpoint that does not verify is skipped by --resume, which says so and
+// continues from the previous one; the run still ends bit-identical to an
+// uninterrupted one, because the data position is in the checkpoint.
+TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
+  TmpDir tmp;
+  const Config full = tiny(12, 4);
+  const auto ref = kvs::train(full, {tmp / "ref", false, true});
+  for (const std::string damage : {"flip", "truncate", "no-latest", "bad-latest"}) {
+    SCOPED_TRACE(damage);
+    const std::string run = tmp / ("run_" + damage), root = run + "/checkpoints";
+    kvs::train(tiny(8, 4), {run, false, true});
+    ASSERT_EQ(step_dirs(root), (std::set<std::string>{"step_00000004", "step_00000008"}));
+    int64_t expected_step = 4;
+    if (damage == "flip") flip_byte(root + "/step_00000008/model.safetensors", 5);
+    if (damage == "truncate") fs::resize_file(root + "/step_00000008/optimizer.safetensors", 100);
+    if (damage == "no-latest") {
+      fs::remove(root + "/latest");
+      expected_step = 8;
+    }
+    if (damage == "bad-latest") {
+      spit(root + "/latest", "step_00000099\n");
+      expected_step = 8;
+    }
+    const kvs::LoadedCheckpoint ck = kvs::find_resume_checkpoint(root, *kvs::dist::make_single_process());
+    EXPECT_EQ(ck.data.trainer_state["step"], expected_step);
+    const auto rest = kvs::train(full, {run, true, true});
+    ASSERT_EQ(rest.losses.size(), static_cast<size_t>(12 - expected_step));
+    for (size_t i = 0; i < rest.losses.size(); ++i)
+      EXPECT_EQ(rest.losses[i], ref.losses[static_cast<size_t>(expected_step) + i]) << "step " << expected_step + 1 + i;
+    EXPECT_EQ(rest.final_eval.loss, ref.final_eval.loss);
+  }
+}
+
+TEST(ResumeFallback, NothingVerifiesIsAOneLineErrorWithTheNewestProblem) {
+  TmpDir tmp;
+  const std::string run = tmp / "run", root = run + "/checkpoints";
+  kvs::train(tiny(4, 2), {run, false, true});
+  flip_byte(root + "/step_00000002/model.safetensors", 5);
+  flip_byte(root + "/step_00000004/model.safetensors", 5);
+  EXPECT_KVS_ERROR(kvs::train(tiny(6, 2), {run, true, true}),
+                   root + ": no checkpoint loads and verifies (2 tried); the newest: " + root +
+                       "/step_00000004/model.safetensors: checksum mismatch");
+  // Step directories without `latest` still count as checkpoints: a fresh run refuses the directory.
+  fs::remove(root + "/latest");
+  EXPECT_KVS_ERROR(kvs::train(tiny(6, 2), {run, false, true}), "already has checkpoints");
+  EXPECT_TRUE(kvs::has_checkpoints(root));
+  EXPECT_FALSE(kvs::has_checkpoints(tmp / "nowhere"));
+}
+
+TEST(Retention, KeepsTheNewestN) {
+  TmpDir tmp;
+  Config c = tiny(10, 2);
+  c.train.keep_checkpoints = 2;
+  kvs::train(c, {tmp / "run", false, true});
+  EXPECT_EQ(step_dirs(tmp / "run/checkpoints"), (std::set<std::string>{"step_00000008", "step_00000010"}));
+  // The one `latest` names survives even when it is not among the newest.
+  const std::string root = tmp / "run/checkpoints";
+  spit(root + "/latest", "step_00000008\n");
+  kvs::CheckpointWriter w(root, 1, false);
+  w.save(12, small_data());
+  EXPECT_EQ(step_dirs(root), (std::set<std::string>{"step_00000012"}));
+  EXPECT_EQ(slurp(root + "/latest"), "step_00000012\n");
+}
+
+// An asynchronous checkpoint holds the same bytes as a synchronous one, and
+// training does not change: the same losses, the same files.
+TEST(AsyncCheckpoint, BitIdenticalToSynchronous) {
+  TmpDir tmp;
+  Config sync = tiny(9, 3), async = sync;
+  async.train.async_checkpoint = true;
+  const auto a = kvs::train(sync, {tmp / "sync", false, true});
+  const auto b = kvs::train(async, {tmp / "async", false, true});
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(b.last_checkpoint, tmp / "async/checkpoints/step_00000009");
+  for (const char* step : {"step_00000003", "step_00000006", "step_00000009"})
+    for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                          "manifest.json"})
+      EXPECT_EQ(slurp(tmp / ("sync/checkpoints/" + std::string(step) + "/" + f)),
+                slurp(tmp / ("async/checkpoints/" + std::string(step) + "/" + f)))
+          << step << "/" << f;
+}
+
+TEST(AsyncCheckpoint, AWriteErrorSurfacesAtTheNextSaveAndKeepsLatest) {
+  TmpDir tmp;
+  const std::string root = tmp / "ck";
+  kvs::CheckpointWriter w(root, 0, true);
+  w.save(1, small_data());
+  EXPECT_EQ(w.wait(), root + "/step_00000001");
+  auto bad = small_data();
+  bad.model[0].bytes.resize(3);  // the safetensors writer refuses it, on the writer thread
+  w.save(2, bad);
+  EXPECT_KVS_ERROR(w.wait(), "model.safetensors");
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000001");
+  w.save(3, small_data());
+  EXPECT_EQ(w.wait(), root + "/step_00000003");
+}
+
+// A stop signal in the middle of training: the step finishes, a checkpoint is
+// written, train() returns early, and resuming gives the uninterrupted losses.
+TEST(StopSignal, SigtermCheckpointsAndResumesBitIdentically) {
+  TmpDir tmp;
+  const Config c = tiny(200, 0);
+  const auto ref = kvs::train(c, {tmp / "ref", false, true});
+  const std::string run = tmp / "run";
+  std::thread killer([&] {
+    // Only once the handler is installed (the first metrics line is written after it).
+    while (!fs::exists(run + "/metrics.jsonl") || fs::file_size(run + "/metrics.jsonl") == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::kill(::getpid(), SIGTERM);
+  });
+  const auto stopped = kvs::train(c, {run, false, true});
+  killer.join();
+  EXPECT_EQ(stopped.stopped_by, "SIGTERM");
+  ASSERT_GT(stopped.steps_done, 0);
+  ASSERT_LT(stopped.steps_done, 200);
+  EXPECT_EQ(stopped.last_checkpoint, run + "/checkpoints/" + kvs::checkpoint_dir_name(stopped.steps_done));
+  const auto rest = kvs::train(c, {run, true, true});
+  ASSERT_EQ(rest.losses.size() + stopped.losses.size(), 200u);
+  for (size_t i = 0; i < rest.losses.size(); ++i)
+    EXPECT_EQ(rest.losses[i], ref.losses[stopped.losses.size() + i]);
+  EXPECT_EQ(rest.final_eval.loss, ref.final_eval.loss);
+  // The default disposition is back after train().
+  struct sigaction sa {};
+  ::sigaction(SIGTERM, nullptr, &sa);
+  EXPECT_EQ(sa.sa_handler, SIG_DFL);
+}
+
+namespace {
+
+struct Child {
+  pid_t pid;
+  std::string out_path;
+};
+
+// kvshift started in the background, output to a file.
+Child spawn_kvshift(const std::vector<std::string>& args, const std::string& out_path,
+                    const std::vector<std::string>& env = {}) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> argv = {const_cast<char*>(KVS_BINARY)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(KVS_BINARY, argv.data());
+    ::_exit(127);
+  }
+  return {pid, out_path};
+}
+
+int wait_exit(pid_t pid, int timeout_s) {
+  for (int i = 0; i < timeout_s * 100; ++i) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+bool wait_for(const std::function<bool()>& cond, int timeout_s) {
+  for (int i = 0; i < timeout_s * 1000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+std::string write_config(const TmpDir& tmp, const Config& c) {
+  const std::string p = tmp / "c.json";
+  spit(p, kvs::to_json(c).dump());
+  return p;
+}
+
+}  // namespace
+
+TEST(StopSignal, CliExitsWithItsCodeAndNamesTheCheckpoint) {
+  TmpDir tmp;
+  const std::string cfg = write_config(tmp, tiny(100000, 0)), run = tmp / "run";
+  const Child ch = spawn_kvshift({"train", "--quiet", "--config", cfg, "--run-dir", run}, tmp / "out.txt");
+  ASSERT_TRUE(wait_for([&] { return fs::exists(run + "/metrics.jsonl") && fs::file_size(run + "/metrics.jsonl") > 0; },
+                       60));
+  ::kill(ch.pid, SIGUSR1);  // train.stop_signal's default
+  EXPECT_EQ(wait_exit(ch.pid, 60), 75);
+  const std::string out = slurp(ch.out_path);
+  const std::string latest = kvs::latest_checkpoint(run + "/checkpoints");
+  ASSERT_FALSE(latest.empty()) << out;
+  EXPECT_NE(out.find("kvshift: SIGUSR1 received: finishing this step, then writing a checkpoint"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("kvshift: stopped by SIGUSR1 after step "), std::string::npos) << out;
+  EXPECT_NE(out.find("; checkpoint " + latest + " (continue with --resume)"), std::string::npos) << out;
+}
+
+// A second SIGTERM during a checkpoint write exits at once: the interrupted
+// save leaves only its temp directory, `latest` still names the previous checkpoint.
+TEST(StopSignal, SecondSigtermExitsAtOnceWithoutTouchingLatest) {
+  TmpDir tmp;
+  const std::string cfg = write_config(tmp, tiny(100000, 5)), run = tmp / "run";
+  const Child ch = spawn_kvshift({"train", "--quiet", "--config", cfg, "--run-dir", run}, tmp / "out.txt",
+                                 {"KVS_FAULT_SAVE_PAUSE_S=2"});
+  const std::string root = run + "/checkpoints";
+  auto saving = [&] {
+    if (!fs::exists(root + "/latest")) return false;  // the first save is complete, the second under way
+    for (auto& e : fs::directory_iterator(root))
+      if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) return true;
+    return false;
+  };
+  ASSERT_TRUE(wait_for(saving, 60)) << slurp(ch.out_path);
+  const std::string before = slurp(root + "/latest");
+  ::kill(ch.pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(ch.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(ch.pid, 10), 128 + SIGTERM);
+  EXPECT_NE(slurp(ch.out_path).find("kvshift: second SIGTERM: exiting now; the last complete checkpoint is untouched"),
+            std::string::npos);
+  EXPECT_EQ(slurp(root + "/latest"), before);
+  EXPECT_TRUE(kvs::load_checkpoint(kvs::latest_checkpoint(root)).verified);
+}
+
+TEST(StopSignal, ConfigKeyNamesTheSignal) {
+  Config c = tiny(1, 0);
+  EXPECT_EQ(c.train.stop_signal, kvs::StopSignal::Usr1);
+  nlohmann::json j = kvs::to_json(c);
+  j["train"]["stop_signal"] = "SIGKILL";
+  EXPECT_EQ(error_of([&] { kvs::config_from_json(j, "x.json"); }),
+            "x.json: train.stop_signal: must be \"SIGUSR1\", \"SIGUSR2\", \"SIGHUP\" or \"none\", got \"SIGKILL\"");
+}
+
+// The slow-step report: a step much slower than the median of recent steps
+// gets a metrics line; a step still running past it gets the watchdog's line.
+TEST(StepWatch, ReportsSlowStepsInMetrics) {
+  TmpDir tmp;
+  const std::string path = tmp / "metrics.jsonl";
+  {
+    kvs::MetricsWriter m;
+    m.open(path);
+    auto comm = kvs::dist::make_single_process();
+    kvs::StepWatch w(*comm, 3.0, &m);
+    for (int s = 1; s <= 10; ++s) {
+      w.begin(s);
+      w.end(0.01);
+      EXPECT_EQ(w.boundary(s), 0);
+    }
+    w.begin(11);
+    w.end(0.5);
+    w.boundary(11);
+    w.begin(12);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // the watchdog looks every 0.5 s, past 1 s
+    w.end(1.7);
+    w.boundary(12);
+  }
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_GE(lines.size(), 3u) << slurp(path);
+  EXPECT_EQ(lines[0]["type"], "straggler");
+  EXPECT_EQ(lines[0]["step"], 11);
+  EXPECT_EQ(lines[0]["step_time_s"], 0.5);
+  EXPECT_EQ(lines[0]["median_step_s"], 0.01);
+  EXPECT_EQ(lines[1]["step"], 12);
+  EXPECT_TRUE(lines[1].contains("running_s")) << lines[1];
+  EXPECT_EQ(lines[2]["step"], 12);
+  EXPECT_EQ(lines[2]["step_time_s"], 1.7);
+}

@@ -181,3 +181,51 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   EXPECT_TRUE(named) << slurp(tmp / "out.txt");
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
 }
+
+// A pipeline stage that hangs mid-step (SIGSTOP, never continued): the other
+// stage, waiting for its activations or gradients, stops within the
+// collective timeout with one line naming it, instead of waiting forever.
+TEST(DeadRanks, AHungPipelineStageIsNamedWithinTheTimeout) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  nlohmann::json c = tiny_config(true, 4);
+  c["train"]["steps"] = 100000;
+  c["train"]["checkpoint_every"] = 0;
+  spit(cfg, c.dump());
+  std::string launcher = mpirun(2);
+  launcher.replace(launcher.find("timeout 120 "), 12, "");
+  launcher.replace(launcher.find("env "), 4, "env KVS_COLLECTIVE_TIMEOUT_S=2 ");
+  const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
+                          " --set parallel.pp=2 > " + (tmp / "out.txt") + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string metrics = run + "/metrics.jsonl";
+  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 2000); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t r1 = rank_pid(pid, 1);
+  if (r1 > 0) ::kill(r1, SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  int st = 0;
+  bool ended = false;
+  for (int i = 0; i < 3000 && !ended; ++i) {  // 30 s
+    ended = ::waitpid(pid, &st, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double waited = seconds_since(t0);
+  if (!ended) {
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  }
+  if (r1 > 0) ::kill(r1, SIGKILL);
+  ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
+  const std::string out = slurp(tmp / "out.txt");
+  EXPECT_TRUE(ended) << "hang: still running after " << waited << " s: " << out;
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_NE(out.find("did not complete within 2 s (KVS_COLLECTIVE_TIMEOUT_S): rank 1 did not answer"),
+            std::string::npos)
+      << out;
+}

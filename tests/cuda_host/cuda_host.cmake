@@ -53,20 +53,34 @@ target_include_directories(kvs_cuda_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DI
 target_compile_definitions(kvs_cuda_host PRIVATE KVS_CUDA=1)
 # (-Wno-restrict: GCC 12's false positive on std::string concatenation.)
 target_compile_options(kvs_cuda_host PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-restrict)
-target_link_libraries(kvs_cuda_host PUBLIC spdlog::spdlog nlohmann_json::nlohmann_json MPI::MPI_CXX)
+# The same OpenMP flag as kvs_lib: the engine includes the CPU ops' inline functions.
+target_link_libraries(kvs_cuda_host PUBLIC OpenMP::OpenMP_CXX spdlog::spdlog nlohmann_json::nlohmann_json MPI::MPI_CXX)
 # The kernels as tests/simt compiles them (-O1, no FMA contraction), plus every
 # load and store calling the shim's checks (memory.cpp's __asan_*_noabort hooks;
 # no sanitizer runtime is linked).
 set_source_files_properties(${KVS_HOST_GEN_SOURCES} PROPERTIES COMPILE_OPTIONS
   "-O1;-ffp-contract=off;-w;-fsanitize=kernel-address;--param=asan-instrumentation-with-call-threshold=0;--param=asan-stack=0;--param=asan-globals=0")
 
+# The kernels that break the rules on purpose (the planted-misuse tests), translated like the engine's.
+set(KVS_HOST_PLANTED ${KVS_HOST_GEN_DIR}/host_planted.cpp)
+add_custom_command(
+  OUTPUT ${KVS_HOST_PLANTED}
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/simt/gen.py --launchers
+          ${CMAKE_SOURCE_DIR}/tests/cuda_host/planted ${KVS_HOST_GEN_DIR} planted.cu
+  COMMAND ${CMAKE_COMMAND} -E touch ${KVS_HOST_PLANTED}
+  DEPENDS ${CMAKE_SOURCE_DIR}/tests/simt/gen.py ${CMAKE_SOURCE_DIR}/tests/cuda_host/planted/planted.cu
+  VERBATIM)
+set_source_files_properties(${KVS_HOST_PLANTED} PROPERTIES COMPILE_OPTIONS
+  "-O1;-w;-fsanitize=kernel-address;--param=asan-instrumentation-with-call-threshold=0;--param=asan-stack=0;--param=asan-globals=0")
+
 # The tests: tests/cuda_host/test_*.cpp in one binary, mpi_*.cpp under mpirun.
 file(GLOB KVS_HOST_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda_host/test_*.cpp)
-add_executable(kvshift_cuda_host ${KVS_HOST_TEST_SOURCES})
-target_include_directories(kvshift_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim)
+add_executable(kvshift_cuda_host ${KVS_HOST_TEST_SOURCES} ${KVS_HOST_PLANTED})
+target_include_directories(kvshift_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim
+                           ${CMAKE_SOURCE_DIR}/tests/cuda_host/planted ${CMAKE_SOURCE_DIR}/tests/simt)
 target_link_libraries(kvshift_cuda_host PRIVATE kvs_cuda_host kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host PRIVATE -Wl,--as-needed)
-target_compile_definitions(kvshift_cuda_host PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+target_compile_definitions(kvshift_cuda_host PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}" KVS_BINARY="$<TARGET_FILE:kvshift>")
 gtest_discover_tests(kvshift_cuda_host DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)
 
 file(GLOB KVS_HOST_MPI_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda_host/mpi_*.cpp)

@@ -34,6 +34,10 @@
 using std::max;
 using std::min;
 
+// The emulator's own functions are not the kernels' code: when a build
+// instruments the kernels' memory accesses (tests/cuda_host), they are left out.
+#define EMU_INTERNAL __attribute__((no_sanitize("kernel-address")))
+
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // The IEEE round-to-nearest intrinsics (adamw.cu). Build with -ffp-contract=off
 // so that the host compiler does not fuse them into FMAs either.
@@ -58,8 +62,8 @@ asm(".text\n.weak emu_ctx_switch\n.type emu_ctx_switch,@function\nemu_ctx_switch
 struct Ctx {
   void* sp = nullptr;
 };
-inline void ctx_switch(Ctx& from, Ctx& to) { emu_ctx_switch(&from.sp, to.sp); }
-inline void ctx_make(Ctx& c, char* stack, size_t bytes, void (*fn)()) {
+EMU_INTERNAL inline void ctx_switch(Ctx& from, Ctx& to) { emu_ctx_switch(&from.sp, to.sp); }
+EMU_INTERNAL inline void ctx_make(Ctx& c, char* stack, size_t bytes, void (*fn)()) {
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                         // fn is entered with rsp = 8 mod 16, as after a call
@@ -97,12 +101,14 @@ struct Fiber {
   long wait_gen = 0;
 };
 // Fiber stacks, kept from block to block (allocating 1024 x 256 KiB per block
-// would dominate the run time).
+// would dominate the run time). Plain arrays, here and for the fibers: the
+// emulator's functions touch them on every switch, and std::vector's accessors
+// would be the instrumented kernels' out-of-line copies (tests/cuda_host).
 constexpr size_t kStackBytes = 256 * 1024;
-inline std::vector<std::vector<char>> g_stacks;
+inline char* g_stacks[1024];
 
 inline Dim g_block_idx, g_grid_dim, g_block_dim;
-inline std::vector<Fiber> g_fibers;
+inline Fiber g_fibers[1024];
 inline int g_cur = -1;
 inline Ctx g_sched;
 inline Group g_block_grp;
@@ -122,16 +128,16 @@ inline int g_woke = 0;
 inline bool g_greedy = false;
 inline int g_nthreads = 128;
 
-inline Dim cur_tid() {
+EMU_INTERNAL inline Dim cur_tid() {
   const unsigned t = (unsigned)g_fibers[g_cur].tid;
   return Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
 }
 
-inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
+EMU_INTERNAL inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
 
 // A barrier of grp (the block or one warp): the last thread to arrive goes on
 // at once; the others are not resumed before the barrier completes.
-inline void wait(Group& grp) {
+EMU_INTERNAL inline void wait(Group& grp) {
   grp.arrived++;
   if (grp.arrived == grp.live) {
     grp.arrived = 0;
@@ -146,7 +152,7 @@ inline void wait(Group& grp) {
   f.waiting = nullptr;
 }
 
-inline void leave(Group& grp) {
+EMU_INTERNAL inline void leave(Group& grp) {
   grp.live--;
   if (grp.arrived > 0 && grp.arrived == grp.live) {
     grp.arrived = 0;
@@ -155,7 +161,7 @@ inline void leave(Group& grp) {
   }
 }
 
-inline void fiber_entry() {
+EMU_INTERNAL inline void fiber_entry() {
   g_body();
   Fiber& f = g_fibers[g_cur];
   f.done = true;
@@ -164,13 +170,13 @@ inline void fiber_entry() {
   ctx_switch(f.ctx, g_sched);  // never resumed
 }
 
-inline void run_block(int nthreads) {
+EMU_INTERNAL inline void run_block(int nthreads) {
   if (nthreads <= 0 || nthreads > 1024 || nthreads % 32 != 0) {
     fprintf(stderr, "emu: block of %d threads (need a multiple of 32, at most 1024)\n", nthreads);
     abort();
   }
   g_nthreads = nthreads;
-  g_fibers.assign(nthreads, Fiber{});
+  for (int i = 0; i < nthreads; ++i) g_fibers[i] = Fiber{};
   g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
   for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
@@ -179,8 +185,8 @@ inline void run_block(int nthreads) {
   for (int i = 0; i < nthreads; ++i) {
     Fiber& f = g_fibers[i];
     f.tid = i;
-    if ((int)g_stacks.size() <= i) g_stacks.emplace_back(kStackBytes);
-    ctx_make(f.ctx, g_stacks[i].data(), kStackBytes, fiber_entry);
+    if (!g_stacks[i]) g_stacks[i] = new char[kStackBytes];
+    ctx_make(f.ctx, g_stacks[i], kStackBytes, fiber_entry);
   }
   auto blocked = [](const Fiber& f) { return f.waiting && f.waiting->gen == f.wait_gen; };
   auto deadlock = [] {
@@ -232,7 +238,7 @@ inline void run_block(int nthreads) {
 }
 
 // Runs body() for every block of grid (x fastest), block threads per block.
-inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
+EMU_INTERNAL inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
   g_grid_dim = grid;
   g_block_dim = block;
   const int nthreads = (int)(block.x * block.y * block.z);
@@ -244,7 +250,7 @@ inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
         run_block(nthreads);
       }
 }
-inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
+EMU_INTERNAL inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
   launch(grid, Dim{(unsigned)nthreads, 1, 1}, body);
 }
 
@@ -252,7 +258,7 @@ inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
 // static local next to it (one per declaration and template instance), so
 // every call of the function in a block gets the same array, as on the GPU.
 template <class T>
-T* shared(const void* site, size_t n) {
+EMU_INTERNAL T* shared(const void* site, size_t n) {
   for (const auto& s : g_sites)
     if (s.first == site) return reinterpret_cast<T*>(g_smem.data() + s.second);
   g_static_off = (g_static_off + 15) / 16 * 16;
@@ -266,17 +272,21 @@ T* shared(const void* site, size_t n) {
   return reinterpret_cast<T*>(g_smem.data() + off);
 }
 // `extern __shared__` (dynamic shared memory, up to kDynBytes).
-inline unsigned char* dyn_smem() { return g_smem.data(); }
+EMU_INTERNAL inline unsigned char* dyn_smem() { return g_smem.data(); }
 
+// Warp collectives exchange through a buffer per warp, one barrier each. Two
+// buffers, chosen by the parity of the warp's barrier count on entry: a lane
+// that runs ahead into the next collective writes the other buffer, and it
+// cannot reach a third one before every lane has passed the next barrier,
+// i.e. has read this one.
 template <class T>
-T shfl_xor(unsigned mask, T v, int o) {
+EMU_INTERNAL T shfl_xor(unsigned mask, T v, int o) {
   const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
-  static double buf[32][32];
-  buf[w][lane] = (double)v;
+  static double buf[2][32][32];
+  double(&b)[32][32] = buf[g_warp_grp[w].gen & 1];
+  b[w][lane] = (double)v;
   wait(g_warp_grp[w]);
-  const T r = (T)buf[w][lane ^ o];
-  wait(g_warp_grp[w]);
-  return r;
+  return (T)b[w][lane ^ o];
 }
 
 inline float bf(uint32_t half) {
@@ -287,9 +297,12 @@ inline float bf(uint32_t half) {
 }
 
 // mma.m16n8k16 row.col bf16 -> f32 per the PTX fragment layout.
-inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+EMU_INTERNAL inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
-  static uint32_t A[32][32][4], Bf[32][32][2];
+  static uint32_t Abuf[2][32][32][4], Bbuf[2][32][32][2];  // two buffers, as in shfl_xor
+  const int parity = g_warp_grp[w].gen & 1;
+  uint32_t(&A)[32][32][4] = Abuf[parity];
+  uint32_t(&Bf)[32][32][2] = Bbuf[parity];
   for (int i = 0; i < 4; ++i) A[w][lane][i] = a[i];
   Bf[w][lane][0] = b0;
   Bf[w][lane][1] = b1;
@@ -310,15 +323,18 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
     for (int kk = 0; kk < 16; ++kk) s += (double)Aat(row, kk) * Bat(kk, col);
     out[e] = (float)((double)c[e] + s);
   }
-  wait(g_warp_grp[w]);
   for (int e = 0; e < 4; ++e) c[e] = out[e];
 }
+
+EMU_INTERNAL inline Dim block_idx() { return g_block_idx; }
+EMU_INTERNAL inline Dim grid_dim() { return g_grid_dim; }
+EMU_INTERNAL inline Dim block_dim() { return g_block_dim; }
 
 }  // namespace emu
 
 #define threadIdx (::emu::cur_tid())
-#define blockIdx (::emu::g_block_idx)
-#define gridDim (::emu::g_grid_dim)
-#define blockDim (::emu::g_block_dim)
+#define blockIdx (::emu::block_idx())
+#define gridDim (::emu::grid_dim())
+#define blockDim (::emu::block_dim())
 #define __syncthreads() ::emu::wait(::emu::g_block_grp)
 #define __shfl_xor_sync(m, v, o) ::emu::shfl_xor(m, v, o)

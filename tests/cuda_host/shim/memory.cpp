@@ -243,7 +243,7 @@ std::string describe(uintptr_t a) {
 
 void* device_malloc(size_t bytes) {
   init();
-  if (bytes == 0) return nullptr;
+  if (bytes == 0 || bytes > kArena) return nullptr;
   const size_t pages = (bytes + kPage - 1) / kPage;
   if (g_next + (pages + 1) * kPage > kArena) return nullptr;
   Allocation al;

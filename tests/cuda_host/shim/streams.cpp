@@ -2,6 +2,9 @@
 // (hostcuda.h): issue order, vector clocks, and running what a
 // synchronisation needs.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <list>
 #include <map>
 #include <set>
@@ -54,6 +57,27 @@ std::map<cudaError_t, std::string> g_messages;
 cudaError_t g_last_error = cudaSuccess;
 Stats g_stats;
 
+// HOSTCUDA_PROFILE=1: the time each kind of operation took, printed at exit.
+struct Profile {
+  std::map<std::string, std::pair<double, long>> by_name;
+  void add(const std::string& label, std::chrono::steady_clock::duration d) {
+    auto& e = by_name[label.substr(0, label.find(" ("))];
+    e.first += std::chrono::duration<double>(d).count();
+    ++e.second;
+  }
+  ~Profile() {
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, e] : by_name) rows.push_back({e.first, name + " x" + std::to_string(e.second)});
+    std::sort(rows.rbegin(), rows.rend());
+    for (const auto& [t, name] : rows) std::fprintf(stderr, "hostcuda profile: %8.3f s  %s\n", t, name.c_str());
+  }
+};
+Profile* make_profile() {
+  static Profile p;
+  return std::getenv("HOSTCUDA_PROFILE") ? &p : nullptr;
+}
+Profile* g_profile = make_profile();
+
 void merge(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
   if (into.size() < from.size()) into.resize(from.size(), 0);
   for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
@@ -79,7 +103,9 @@ cudaError_t run_covered(const std::vector<uint64_t>& target) {
     r.label = &it->label;
     note_label(it->stream, it->seq, it->label);
     g_running = &r;
+    const auto t0 = std::chrono::steady_clock::now();
     it->body();
+    if (g_profile) g_profile->add(it->label, std::chrono::steady_clock::now() - t0);
     g_running = nullptr;
     if (r.code != cudaSuccess && first == cudaSuccess) {
       std::string msg = r.error;

@@ -96,6 +96,7 @@ struct Group {
 struct Fiber {
   Ctx ctx;
   int tid = 0;
+  Dim idx;  // threadIdx
   bool done = false;
   const struct Group* waiting = nullptr;  // blocked on this group until its gen moves past wait_gen
   long wait_gen = 0;
@@ -128,12 +129,35 @@ inline int g_woke = 0;
 inline bool g_greedy = false;
 inline int g_nthreads = 128;
 
-EMU_INTERNAL inline Dim cur_tid() {
-  const unsigned t = (unsigned)g_fibers[g_cur].tid;
-  return Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
-}
+EMU_INTERNAL inline Dim cur_tid() { return g_fibers[g_cur].idx; }
 
 EMU_INTERNAL inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
+
+// Round-robin orders: the fiber that runs after g_cur, the next runnable one
+// in scan order (wrapping into the next round), or -1 when none can run. The
+// running fiber switches to it directly: the same sequence as a scheduler
+// visiting every fiber in turn, at half the context switches.
+EMU_INTERNAL inline int next_runnable() {
+  const int n = g_nthreads, k0 = g_reverse ? n - 1 - g_cur : g_cur;
+  for (int s = 1; s <= n; ++s) {
+    const int k = (k0 + s) % n, i = g_reverse ? n - 1 - k : k;
+    const Fiber& f = g_fibers[i];
+    if (!f.done && !(f.waiting && f.waiting->gen == f.wait_gen)) return i;
+  }
+  return -1;
+}
+
+// The running fiber blocked or ended: run the next one (the greedy orders and
+// the end of the block go through the scheduler).
+EMU_INTERNAL inline void switch_away() {
+  const int me = g_cur, next = g_greedy ? -1 : next_runnable();
+  if (next < 0 || next == me) {
+    ctx_switch(g_fibers[me].ctx, g_sched);
+    return;
+  }
+  g_cur = next;
+  ctx_switch(g_fibers[me].ctx, g_fibers[next].ctx);
+}
 
 // A barrier of grp (the block or one warp): the last thread to arrive goes on
 // at once; the others are not resumed before the barrier completes.
@@ -148,7 +172,7 @@ EMU_INTERNAL inline void wait(Group& grp) {
   Fiber& f = g_fibers[g_cur];
   f.waiting = &grp;
   f.wait_gen = grp.gen;
-  yield();
+  switch_away();
   f.waiting = nullptr;
 }
 
@@ -167,7 +191,7 @@ EMU_INTERNAL inline void fiber_entry() {
   f.done = true;
   leave(g_warp_grp[f.tid / 32]);
   leave(g_block_grp);
-  ctx_switch(f.ctx, g_sched);  // never resumed
+  switch_away();  // never resumed
 }
 
 EMU_INTERNAL inline void run_block(int nthreads) {
@@ -185,6 +209,8 @@ EMU_INTERNAL inline void run_block(int nthreads) {
   for (int i = 0; i < nthreads; ++i) {
     Fiber& f = g_fibers[i];
     f.tid = i;
+    const unsigned t = (unsigned)i;
+    f.idx = Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
     if (!g_stacks[i]) g_stacks[i] = new char[kStackBytes];
     ctx_make(f.ctx, g_stacks[i], kStackBytes, fiber_entry);
   }
@@ -195,21 +221,12 @@ EMU_INTERNAL inline void run_block(int nthreads) {
     abort();
   };
   if (!g_greedy) {
-    // Round robin: each runnable fiber in turn runs until it blocks or ends.
-    for (;;) {
-      bool live = false, ran = false;
-      for (int k = 0; k < nthreads; ++k) {
-        const int i = g_reverse ? nthreads - 1 - k : k;
-        if (g_fibers[i].done) continue;
-        live = true;
-        if (blocked(g_fibers[i])) continue;
-        ran = true;
-        g_cur = i;
-        ctx_switch(g_sched, g_fibers[i].ctx);
-      }
-      if (!live) break;
-      if (!ran) deadlock();
-    }
+    // Round robin: each runnable fiber in turn runs until it blocks or ends,
+    // then switches to the next (switch_away); back here when none can run.
+    g_cur = g_reverse ? nthreads - 1 : 0;
+    ctx_switch(g_sched, g_fibers[g_cur].ctx);
+    for (int i = 0; i < nthreads; ++i)
+      if (!g_fibers[i].done) deadlock();
   } else {
     // Greedy: always resume the first runnable fiber (the last, reversed), so
     // warp 0 (or the last warp) runs as far ahead as the barriers allow. The
@@ -289,7 +306,7 @@ EMU_INTERNAL T shfl_xor(unsigned mask, T v, int o) {
   return (T)b[w][lane ^ o];
 }
 
-inline float bf(uint32_t half) {
+EMU_INTERNAL inline float bf(uint32_t half) {
   const uint32_t u = half << 16;
   float f;
   std::memcpy(&f, &u, 4);
@@ -307,20 +324,24 @@ EMU_INTERNAL inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
   Bf[w][lane][0] = b0;
   Bf[w][lane][1] = b1;
   wait(g_warp_grp[w]);
-  auto Aat = [&](int row, int k) {
-    const uint32_t r = A[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
-    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
-  };
-  auto Bat = [&](int k, int n) {
-    const uint32_t r = Bf[w][n * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
-    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
-  };
+  // This lane's rows g and g + 8 of A and columns 2t and 2t + 1 of B, unpacked
+  // once (plain loops: lambdas would be instrumented out-of-line calls).
   const int g = lane / 4, t = lane % 4;
+  float arow[2][16], bcol[2][16];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t v = A[w][g * 4 + (k % 8) / 2][r + (k >= 8 ? 2 : 0)];
+      arow[r][k] = bf((k & 1) ? v >> 16 : v & 0xFFFF);
+    }
+  for (int cc = 0; cc < 2; ++cc)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t v = Bf[w][(2 * t + cc) * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
+      bcol[cc][k] = bf((k & 1) ? v >> 16 : v & 0xFFFF);
+    }
   float out[4];
   for (int e = 0; e < 4; ++e) {
-    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
     double s = 0;
-    for (int kk = 0; kk < 16; ++kk) s += (double)Aat(row, kk) * Bat(kk, col);
+    for (int kk = 0; kk < 16; ++kk) s += (double)arow[e >> 1][kk] * bcol[e & 1][kk];
     out[e] = (float)((double)c[e] + s);
   }
   for (int e = 0; e < 4; ++e) c[e] = out[e];

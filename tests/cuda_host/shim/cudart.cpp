@@ -74,14 +74,19 @@ uint64_t queue_copy(cudaStream_t s, const char* call, void* dst, const void* src
     std::memcpy(staged->data(), src, n);
   }
   const std::string label = std::string(call) + "(" + kind_name(kind) + ", " + std::to_string(n) + " bytes)";
-  return enqueue(s, label, [dst, src, n, kind, staged] {
-    count_copy();
-    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
-      note_access(reinterpret_cast<uintptr_t>(dst), n, true);
-    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
-      note_access(reinterpret_cast<uintptr_t>(src), n, false);
-    std::memcpy(dst, staged ? staged->data() : src, n);
-  });
+  const std::pair<const void*, size_t> host_read = ss == Side::Pinned ? std::make_pair(src, n)
+                                                                        : std::make_pair(nullptr, size_t{0});
+  return enqueue(
+      s, label,
+      [dst, src, n, kind, staged] {
+        count_copy();
+        if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+          note_access(reinterpret_cast<uintptr_t>(dst), n, true);
+        if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+          note_access(reinterpret_cast<uintptr_t>(src), n, false);
+        std::memcpy(dst, staged ? staged->data() : src, n);
+      },
+      host_read);
 }
 
 cudaError_t memcpy_on(cudaStream_t s, bool async, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
@@ -106,7 +111,12 @@ cudaError_t memcpy_on(cudaStream_t s, bool async, void* dst, const void* src, si
     queue_copy(s, call, dst, src, n, real, ss);
     return sync_stream(s);  // into pageable memory, or cudaMemcpy: returns with the data there
   }
-  if (real == cudaMemcpyDeviceToHost) std::memset(dst, 0xFF, n);  // pinned: undefined until the stream is synchronised
+  if (real == cudaMemcpyDeviceToHost) {
+    // Pinned: undefined until the stream is synchronised. Copies queued
+    // before that still read these bytes run first (a GPU orders them).
+    if (const cudaError_t e = run_readers_of(dst, n)) return e;
+    std::memset(dst, 0xFF, n);
+  }
   queue_copy(s, call, dst, src, n, real, ss);
   if (real == cudaMemcpyHostToDevice && !async) return sync_stream(s);  // from pinned memory: synchronous
   return cudaSuccess;

@@ -78,7 +78,12 @@ void note_label(int stream, uint64_t seq, const std::string& label);
 // A stream handle's index, or -1 (and *why) when it is not a live stream.
 int stream_index(cudaStream_t s, std::string* why);
 // Queues `body` on stream s (a valid handle); returns its sequence number.
-uint64_t enqueue(cudaStream_t s, std::string label, std::function<void()> body);
+// host_read: host memory the operation reads when it runs (a copy from pinned memory).
+uint64_t enqueue(cudaStream_t s, std::string label, std::function<void()> body,
+                 std::pair<const void*, size_t> host_read = {nullptr, 0});
+// Runs the queued operations that still read host bytes [p, p + n), and what
+// they depend on (before the host memory is given another meaning).
+cudaError_t run_readers_of(const void* p, size_t n);
 // Runs everything stream s has issued (and what it depends on); the host is
 // then ordered after it. Returns the first error of what ran.
 cudaError_t sync_stream(cudaStream_t s);

@@ -7,9 +7,12 @@
 // Allocations are page aligned with a free page after each, addresses are never
 // reused (so a stale pointer always finds its freed allocation), and new memory
 // is filled with 0xFF (NaN in fp32 and bf16, -1 in integers) as a GPU gives no
-// zeros. The arena is PROT_NONE except while the shim runs an operation, so
-// host code that dereferences a device pointer faults, and the SIGSEGV handler
-// says which allocation it touched.
+// zeros. The range is PROT_NONE except the live allocations while the shim runs
+// an operation, so host code that dereferences a device pointer faults, and
+// the SIGSEGV handler says which allocation it touched. An operation's access
+// outside every live allocation is reported by its check first; the handler
+// then opens that page until the operation ends, so that the faulty access
+// completes harmlessly and the error reaches the synchronisation.
 //
 // Every access of an operation goes through check_access: the kernels'
 // loads and stores through the compiler's instrumentation
@@ -28,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -62,7 +66,12 @@ size_t g_next = 0;  // bytes of the arena handed out (allocations and their guar
 uint32_t* g_page_owner = nullptr;  // per arena page: allocation index, 0 = none
 Shadow* g_shadow = nullptr;        // per arena granule
 std::vector<Allocation> g_allocs(1);
+std::set<uint32_t> g_live;  // indices of the live allocations
 size_t g_in_use = 0;
+// Pages opened for an operation's out-of-bounds access (closed with the rest).
+constexpr int kMaxOpened = 4096;
+uintptr_t g_opened[kMaxOpened];
+int g_num_opened = 0;
 int g_open = 0;
 std::map<uintptr_t, size_t> g_pinned;
 std::unordered_map<uint64_t, std::string> g_labels;  // epoch -> label of operations that ran
@@ -92,6 +101,15 @@ void protect(uintptr_t lo, size_t bytes, int prot) {
 // silently read garbage through a stale mapping). Fatal, as on the GPU.
 void on_segv(int sig, siginfo_t* info, void* ctx) {
   const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (g_res_lo && a - g_res_lo < kGap + kArena && g_running && g_num_opened < kMaxOpened) {
+    // An operation's access outside the live allocations: already reported
+    // by check_access; let it complete.
+    const uintptr_t page = a & ~(kPage - 1);
+    if (mprotect(reinterpret_cast<void*>(page), kPage, PROT_READ | PROT_WRITE) == 0) {
+      g_opened[g_num_opened++] = page;
+      return;
+    }
+  }
   if (g_res_lo && a - g_res_lo < kGap + kArena) {
     char buf[512];
     const std::string where = describe(a);
@@ -253,6 +271,7 @@ void* device_malloc(size_t bytes) {
   al.live = true;
   g_allocs.push_back(al);
   const auto id = static_cast<uint32_t>(g_allocs.size() - 1);
+  g_live.insert(id);
   for (size_t p = 0; p < pages; ++p) g_page_owner[g_next / kPage + p] = id;
   g_next += (pages + 1) * kPage;  // and a guard page
   protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
@@ -271,6 +290,7 @@ cudaError_t device_free(void* p) {
   Allocation& al = g_allocs[index_of(found)];
   if (!al.live) return fail(cudaErrorInvalidValue, "cudaFree of " + describe(a) + ": freed twice");
   al.live = false;
+  g_live.erase(static_cast<uint32_t>(index_of(&al)));
   g_in_use -= al.bytes;
   // Give the memory back; the pages stay reserved (and owned) for the checks.
   madvise(p, al.pages * kPage, MADV_DONTNEED);
@@ -304,10 +324,14 @@ bool device_range_ok(const void* p, size_t n, std::string* why) {
 
 DeviceOpen::DeviceOpen() {
   init();
-  if (g_open++ == 0) protect(g_arena_lo, g_next, PROT_READ | PROT_WRITE);
+  if (g_open++ > 0) return;
+  for (uint32_t id : g_live) protect(g_allocs[id].base, g_allocs[id].pages * kPage, PROT_READ | PROT_WRITE);
 }
 DeviceOpen::~DeviceOpen() {
-  if (--g_open == 0) protect(g_arena_lo, g_next, PROT_NONE);
+  if (--g_open > 0) return;
+  for (uint32_t id : g_live) protect(g_allocs[id].base, g_allocs[id].pages * kPage, PROT_NONE);
+  for (int i = 0; i < g_num_opened; ++i) protect(g_opened[i], kPage, PROT_NONE);
+  g_num_opened = 0;
 }
 
 void* pinned_malloc(size_t bytes) {

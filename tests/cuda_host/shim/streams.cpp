@@ -44,6 +44,7 @@ struct Op {
   std::vector<uint64_t> clock;
   std::string label;
   std::function<void()> body;
+  std::pair<const void*, size_t> host_read;
 };
 
 std::vector<StreamRec>& streams() {
@@ -160,7 +161,8 @@ int stream_index(cudaStream_t s, std::string* why) {
   return -1;
 }
 
-uint64_t enqueue(cudaStream_t handle, std::string label, std::function<void()> body) {
+uint64_t enqueue(cudaStream_t handle, std::string label, std::function<void()> body,
+                 std::pair<const void*, size_t> host_read) {
   const int i = stream_index(handle, nullptr);
   std::vector<StreamRec>& all = streams();
   StreamRec& s = all[i];
@@ -175,8 +177,18 @@ uint64_t enqueue(cudaStream_t handle, std::string label, std::function<void()> b
   ++s.seq;
   if (s.clock.size() <= static_cast<size_t>(i)) s.clock.resize(i + 1, 0);
   s.clock[i] = s.seq;
-  g_queue.push_back(Op{i, s.seq, s.clock, std::move(label), std::move(body)});
+  g_queue.push_back(Op{i, s.seq, s.clock, std::move(label), std::move(body), host_read});
   return s.seq;
+}
+
+cudaError_t run_readers_of(const void* p, size_t n) {
+  const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + n;
+  std::vector<uint64_t> target;
+  for (const Op& op : g_queue) {
+    const auto a = reinterpret_cast<uintptr_t>(op.host_read.first);
+    if (op.host_read.second && a < hi && lo < a + op.host_read.second) merge(target, op.clock);
+  }
+  return target.empty() ? cudaSuccess : run_covered(target);
 }
 
 cudaError_t run_stream(cudaStream_t handle) {

@@ -160,6 +160,40 @@ TEST(HostCudaContracts, AccessesFromTwoStreamsWithoutAnEventAreARace) {
   cudaEventDestroy(ev);
 }
 
+// Blocks of one launch run in any order (or at once): two blocks touching the
+// same bytes, one of them writing, is a race the emulator's one-block-at-a-time
+// order would hide.
+TEST(HostCudaContracts, TwoBlocksOfOneLaunchWritingTheSameBytesAreARace) {
+  Stream s;
+  DeviceFloats out(4);
+  planted::every_block_writes(out.p, 1, s.s);
+  EXPECT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  planted::every_block_writes(out.p, 3, s.s);
+  const cudaError_t e = cudaStreamSynchronize(s.s);
+  EXPECT_EQ(e, cudaErrorLaunchFailure);
+  EXPECT_HAS(text(e), "kernel every_block_writes_kernel");
+  EXPECT_HAS(text(e), "block (1, 0, 0) writes byte 0 of allocation");
+  EXPECT_HAS(text(e), "which block (0, 0, 0) of the same launch wrote");
+}
+
+// A GPU faults on a vector access that is not aligned to its size (and so
+// does the host's aligned vector instruction here: the process dies with the
+// check's message, as a GPU context would).
+TEST(HostCudaContracts, AMisalignedVectorAccessFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Stream s;
+  DeviceFloats x(8), out(4);
+  ASSERT_EQ(cudaMemset(x.p, 0, 8 * sizeof(float)), cudaSuccess);
+  planted::vector_read(out.p, x.p + 4, s.s);
+  EXPECT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        planted::vector_read(out.p, x.p + 1, s.s);
+        cudaStreamSynchronize(s.s);
+      },
+      "reads 16 bytes at byte 4 of allocation #[0-9]+ \\(32 bytes, live\\), not 16-byte aligned");
+}
+
 // cudaMemcpy from pageable memory returns once the source is staged, before
 // the device has the data: a kernel on a non-blocking stream that reads it
 // next must wait for the device (zero1_device.cpp's staged copies do).

@@ -34,6 +34,16 @@ __global__ void big_static_smem_kernel(float* out) {
   if (threadIdx.x == 0) out[0] = big[31];
 }
 
+// Every block writes out[0]: blocks of one launch are not ordered.
+__global__ void every_block_writes_kernel(float* out) {
+  if (threadIdx.x == 0) out[0] = static_cast<float>(blockIdx.x);
+}
+
+// One 16-byte vector copy from x to out.
+__global__ void vector_read_kernel(float* out, const float* x) {
+  if (threadIdx.x == 0) *reinterpret_cast<float4*>(out) = *reinterpret_cast<const float4*>(x);
+}
+
 void fill(float* p, int n, float v, cudaStream_t s) { fill_kernel<<<1, 64, 0, s>>>(p, n, v); }
 void sum(float* out, const float* x, int n, cudaStream_t s) { sum_kernel<<<1, 32, 0, s>>>(out, x, n); }
 void fill_with_block(float* p, int n, int threads, cudaStream_t s) { fill_kernel<<<1, threads, 0, s>>>(p, n, 1.0f); }
@@ -44,5 +54,7 @@ void allow_smem(size_t bytes) {
   cudaFuncSetAttribute(read_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 void big_static_smem(float* out, cudaStream_t s) { big_static_smem_kernel<<<1, 32, 0, s>>>(out); }
+void every_block_writes(float* out, int blocks, cudaStream_t s) { every_block_writes_kernel<<<blocks, 32, 0, s>>>(out); }
+void vector_read(float* out, const float* x, cudaStream_t s) { vector_read_kernel<<<1, 32, 0, s>>>(out, x); }
 
 }  // namespace planted

@@ -106,8 +106,12 @@ std::string kernel_label(const LaunchInfo& k);
 // Checks a launch as the driver would (dimensions, shared memory, stream) and
 // its pointer arguments (host memory); false with the launch error set if not.
 bool check_launch(const LaunchInfo& k, const std::vector<std::pair<int, const void*>>& pointer_args);
-// While a kernel runs: its dynamic shared memory window, for the access checks.
-void set_kernel_smem(uintptr_t dyn_base, size_t dyn_window, size_t launch_bytes);
+// While a kernel runs, for the access checks: the emulator's shared memory
+// (dynamic window first, then static), the dynamic bytes of the launch, and
+// where the emulator keeps the running block's index and the grid (x, y, z).
+// All zero / null when no kernel runs.
+void set_running_kernel(uintptr_t smem_base, size_t dyn_window, size_t smem_window, size_t launch_bytes,
+                        const unsigned* block, const unsigned* grid);
 // After a kernel ran: its static shared memory per block (the emulator's count).
 void check_static_smem(const LaunchInfo& k, size_t bytes);
 

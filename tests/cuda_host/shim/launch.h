@@ -50,10 +50,11 @@ void launch_kernel(void (*kernel)(P...), const char* name, const char* file, int
   if (!check_launch(k, pointers)) return;
   enqueue(c.stream, kernel_label(k), [kernel, args, k] {
     count_kernel();
-    set_kernel_smem(reinterpret_cast<uintptr_t>(::emu::g_smem.data()), ::emu::kDynBytes, k.smem);
+    set_running_kernel(reinterpret_cast<uintptr_t>(::emu::g_smem.data()), ::emu::kDynBytes, ::emu::g_smem.size(),
+                       k.smem, &::emu::g_block_idx.x, &::emu::g_grid_dim.x);
     ::emu::launch(::emu::Dim{k.grid.x, k.grid.y, k.grid.z}, ::emu::Dim{k.block.x, k.block.y, k.block.z},
                   [&] { std::apply(kernel, *args); });
-    set_kernel_smem(0, 0, 0);
+    set_running_kernel(0, 0, 0, 0, nullptr, nullptr);
     check_static_smem(k, ::emu::g_static_off - ::emu::kDynBytes);
   });
 }

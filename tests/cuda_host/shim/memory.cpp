@@ -57,7 +57,8 @@ struct Allocation {
 };
 
 struct Shadow {
-  uint64_t w, r;  // epoch (stream << 44 | seq) of the last writer / reader; 0: none
+  uint64_t w, r;         // epoch (stream << 44 | seq) of the last writer / reader; 0: none
+  uint32_t wblk, rblk;   // and its block (1 + linear index) when it was a kernel, else 0
 };
 
 // The reservation, set up on first use.
@@ -110,6 +111,14 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
       return;
     }
   }
+  if (g_running && g_running->code != cudaSuccess) {
+    // The access the running operation's check just reported faulted on the
+    // host too (an aligned vector instruction at a misaligned address): fatal
+    // here, as the fault is on a GPU.
+    const std::string msg = "host CUDA shim: " + g_running->error + "\n";
+    (void)!write(2, msg.data(), msg.size());
+    std::abort();
+  }
   if (g_res_lo && a - g_res_lo < kGap + kArena) {
     char buf[512];
     const std::string where = describe(a);
@@ -121,7 +130,7 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
     std::abort();
   }
   // Not ours: the previous handler (or the default action) takes it.
-  sigaction(SIGSEGV, &g_prev_segv, nullptr);
+  sigaction(sig, &g_prev_segv, nullptr);
   (void)sig;
   (void)ctx;
 }
@@ -137,6 +146,7 @@ void init() {
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &g_prev_segv);
+  sigaction(SIGBUS, &sa, nullptr);
 }
 
 const Allocation* owner_of(uintptr_t a) {
@@ -175,16 +185,34 @@ void race(const Running& r, uintptr_t a, bool write, const char* other_did, uint
                                            " with no event or synchronisation ordering the two (a race on a GPU)");
 }
 
+void block_race(const Running& r, uintptr_t a, bool write, const char* other_did, uint32_t other, uint32_t me);
+
 [[noreturn]] void host_touch(uintptr_t a, bool write) {
   const std::string msg = "host code " + std::string(write ? "wrote" : "read") + " device memory at " + describe(a) +
                           ": device pointers are not host memory";
   die(msg.c_str());
 }
 
-// Dynamic shared memory of the running kernel: the emulator's window and the
-// bytes its launch asked for.
+// Shared memory of the running kernel: the emulator's window (dynamic, then
+// static) and the dynamic bytes its launch asked for; its block index and grid.
 uintptr_t g_dyn_lo = 0;
-size_t g_dyn_window = 0, g_dyn_bytes = 0;
+size_t g_smem_window = 0, g_dyn_window = 0, g_dyn_bytes = 0;
+const unsigned* g_block = nullptr;  // x, y, z
+const unsigned* g_grid = nullptr;
+
+uint32_t current_block() {
+  return g_block ? 1 + g_block[0] + g_grid[0] * (g_block[1] + g_grid[1] * g_block[2]) : 0;
+}
+
+// A GPU faults on an access that is not aligned to its size.
+bool misaligned(uintptr_t a, size_t n) { return (n == 2 || n == 4 || n == 8 || n == 16) && (a & (n - 1)) != 0; }
+
+std::string block_name(uint32_t blk) {
+  if (blk == 0 || !g_grid) return "another block";
+  const uint32_t i = blk - 1, gx = g_grid[0], gy = g_grid[1];
+  return "block (" + std::to_string(i % gx) + ", " + std::to_string(i / gx % gy) + ", " +
+         std::to_string(i / (gx * gy)) + ")";
+}
 
 void check_access(uintptr_t a, size_t n, bool write) {
   Running* r = g_running;
@@ -197,22 +225,44 @@ void check_access(uintptr_t a, size_t n, bool write) {
     return;
   }
   count_accesses(1);
+  if (g_block && misaligned(a, n))
+    op_violation(cudaErrorMisalignedAddress, *r->label + (write ? " writes " : " reads ") + std::to_string(n) +
+                                                 " bytes at " + describe(a) + ", not " + std::to_string(n) +
+                                                 "-byte aligned (misaligned address)");
   const uint64_t me = epoch(r->stream, r->seq);
+  const uint32_t blk = current_block();
   const size_t g0 = (a - g_arena_lo) / kGranule, g1 = (a + n - 1 - g_arena_lo) / kGranule;
   for (size_t g = g0; g <= g1; ++g) {
     Shadow& s = g_shadow[g];
     if (!ordered_after(*r, s.w)) race(*r, a, write, "wrote", s.w);
+    // Blocks of one kernel run in any order, or at once.
+    if (blk && s.w == me && s.wblk != blk) block_race(*r, a, write, "wrote", s.wblk, blk);
     if (write) {
       if (!ordered_after(*r, s.r)) race(*r, a, write, "read", s.r);
+      if (blk && s.r == me && s.rblk != blk) block_race(*r, a, write, "read", s.rblk, blk);
       s.w = me;
+      s.wblk = blk;
     } else {
       s.r = me;
+      s.rblk = blk;
     }
   }
 }
 
+void block_race(const Running& r, uintptr_t a, bool write, const char* other_did, uint32_t other, uint32_t me) {
+  op_violation(cudaErrorLaunchFailure, *r.label + ": " + block_name(me) + (write ? " writes " : " reads ") +
+                                           describe(a) + ", which " + block_name(other) + " of the same launch " +
+                                           other_did + " (blocks are not ordered: a race on a GPU)");
+}
+
 void check_smem(uintptr_t a, size_t n, bool write) {
-  if (a + n > g_dyn_lo + g_dyn_bytes && g_running)
+  if (!g_running) return;
+  if (misaligned(a, n))
+    op_violation(cudaErrorMisalignedAddress, *g_running->label + (write ? " writes " : " reads ") +
+                                                 std::to_string(n) + " bytes of shared memory at byte " +
+                                                 std::to_string(a - g_dyn_lo) + ", not " + std::to_string(n) +
+                                                 "-byte aligned (misaligned address)");
+  if (a - g_dyn_lo < g_dyn_window && a + n > g_dyn_lo + g_dyn_bytes)
     op_violation(cudaErrorIllegalAddress,
                  *g_running->label + (write ? " writes" : " reads") + " dynamic shared memory bytes [" +
                      std::to_string(a - g_dyn_lo) + ", " + std::to_string(a - g_dyn_lo + n) + ") beyond the " +
@@ -222,17 +272,21 @@ void check_smem(uintptr_t a, size_t n, bool write) {
 inline void access(uintptr_t a, size_t n, bool write) {
   if (a - g_res_lo < kGap + kArena) {
     check_access(a, n, write);
-  } else if (a - g_dyn_lo < g_dyn_window) {
+  } else if (a - g_dyn_lo < g_smem_window) {
     check_smem(a, n, write);
   }
 }
 
 }  // namespace
 
-void set_kernel_smem(uintptr_t dyn_base, size_t dyn_window, size_t launch_bytes) {
-  g_dyn_lo = dyn_base;
+void set_running_kernel(uintptr_t smem_base, size_t dyn_window, size_t smem_window, size_t launch_bytes,
+                        const unsigned* block, const unsigned* grid) {
+  g_dyn_lo = smem_base;
   g_dyn_window = dyn_window;
+  g_smem_window = smem_window;
   g_dyn_bytes = launch_bytes;
+  g_block = block;
+  g_grid = grid;
 }
 
 void note_access(uintptr_t a, size_t n, bool write) {

@@ -133,8 +133,10 @@ cudaError_t memset_on(cudaStream_t s, const char* call, void* p, size_t pitch, i
       return fail(cudaErrorInvalidValue, std::string(call) + " of " + std::to_string(width) + " bytes (row " +
                                              std::to_string(r) + "): " + why);
   const std::string label = std::string(call) + "(" + std::to_string(width * height) + " bytes)";
-  enqueue(s, label, [base, pitch, value, width, height] {
+  const bool skip = launch_only();
+  enqueue(s, label, [base, pitch, value, width, height, skip] {
     count_copy();
+    if (skip) return;
     for (size_t r = 0; r < height; ++r) {
       note_access(reinterpret_cast<uintptr_t>(base + r * pitch), width, true);
       std::memset(base + r * pitch, value, width);
@@ -221,9 +223,11 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output");
   *p = hostcuda::device_malloc(bytes);
   if (!*p && bytes)
-    return fail(cudaErrorMemoryAllocation, "cudaMalloc of " + std::to_string(bytes) +
-                                               " bytes: the device arena is used up (freed memory is never reused, "
-                                               "so that stale pointers stay detectable)");
+    return fail(cudaErrorMemoryAllocation,
+                "cudaMalloc of " + std::to_string(bytes) + " bytes: out of memory (" +
+                    std::to_string(hostcuda::device_bytes_in_use()) + " of " +
+                    std::to_string(hostcuda::device_bytes_total()) +
+                    " bytes in use), or the shim's address range is used up (freed memory is never reused)");
   return cudaSuccess;
 }
 

@@ -115,6 +115,15 @@ void set_running_kernel(uintptr_t smem_base, size_t dyn_window, size_t smem_wind
 // After a kernel ran: its static shared memory per block (the emulator's count).
 void check_static_smem(const LaunchInfo& k, size_t bytes);
 
+// ---------------------------------------------------------------- launch-only mode (tests)
+// While on, operations are checked when issued exactly as always (launch
+// limits, GEMM descriptors, layouts, alignments and ranges, copy ranges), but
+// kernels, GEMMs and memsets do not run and new device memory is not
+// touched: the engine's host side at a size the emulator could not run (the
+// paper's models), with whatever values its device memory holds (zeros).
+void set_launch_only(bool on);
+bool launch_only();
+
 // ---------------------------------------------------------------- statistics (tests)
 struct Stats {
   uint64_t kernels = 0, gemms = 0, copies = 0, collectives = 0, syncs = 0;

@@ -48,6 +48,10 @@ void launch_kernel(void (*kernel)(P...), const char* name, const char* file, int
       *args);
   const LaunchInfo k{reinterpret_cast<const void*>(kernel), name, file, line, c.grid, c.block, c.smem, c.stream};
   if (!check_launch(k, pointers)) return;
+  if (launch_only()) {
+    enqueue(c.stream, kernel_label(k), [] { count_kernel(); });
+    return;
+  }
   enqueue(c.stream, kernel_label(k), [kernel, args, k] {
     count_kernel();
     set_running_kernel(reinterpret_cast<uintptr_t>(::emu::g_smem.data()), ::emu::kDynBytes, ::emu::g_smem.size(),

@@ -44,7 +44,8 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kGap = size_t{1} << 30;
-constexpr size_t kArena = size_t{16} << 30;
+constexpr size_t kArena = size_t{1} << 40;      // address space (freed memory is never reused)
+constexpr size_t kCapacity = size_t{80} << 30;  // what may be allocated at once: an 80 GB GPU
 constexpr size_t kGranule = 4;
 constexpr int kStreamShift = 44;
 constexpr uint64_t kSeqMask = (uint64_t{1} << kStreamShift) - 1;
@@ -315,7 +316,7 @@ std::string describe(uintptr_t a) {
 
 void* device_malloc(size_t bytes) {
   init();
-  if (bytes == 0 || bytes > kArena) return nullptr;
+  if (bytes == 0 || bytes > kCapacity - g_in_use) return nullptr;
   const size_t pages = (bytes + kPage - 1) / kPage;
   if (g_next + (pages + 1) * kPage > kArena) return nullptr;
   Allocation al;
@@ -328,9 +329,13 @@ void* device_malloc(size_t bytes) {
   g_live.insert(id);
   for (size_t p = 0; p < pages; ++p) g_page_owner[g_next / kPage + p] = id;
   g_next += (pages + 1) * kPage;  // and a guard page
-  protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
-  std::memset(reinterpret_cast<void*>(al.base), 0xFF, bytes);
-  if (g_open == 0) protect(al.base, pages * kPage, PROT_NONE);
+  if (!launch_only()) {
+    protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
+    std::memset(reinterpret_cast<void*>(al.base), 0xFF, bytes);
+    if (g_open == 0) protect(al.base, pages * kPage, PROT_NONE);
+  } else if (g_open > 0) {
+    protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
+  }
   g_in_use += bytes;
   return reinterpret_cast<void*>(al.base);
 }
@@ -415,7 +420,7 @@ bool is_pinned(const void* p, size_t n) {
 }
 
 size_t device_bytes_in_use() { return g_in_use; }
-size_t device_bytes_total() { return kArena; }
+size_t device_bytes_total() { return kCapacity; }
 
 }  // namespace hostcuda
 

@@ -215,6 +215,9 @@ cudaError_t sync_device() {
 }
 
 Stats stats() { return g_stats; }
+bool g_launch_only = false;
+void set_launch_only(bool on) { g_launch_only = on; }
+bool launch_only() { return g_launch_only; }
 void count_kernel() { ++g_stats.kernels; }
 void count_gemm() { ++g_stats.gemms; }
 void count_copy() { ++g_stats.copies; }

@@ -96,3 +96,20 @@ if(KVS_HOST_MPI_SOURCES)
             ${KVS_MPIRUN} --oversubscribe --bind-to none -np 2 $<TARGET_FILE:kvshift_cuda_host_mpi>)
   set_tests_properties(cuda_host_mpi_np2 PROPERTIES TIMEOUT 300)
 endif()
+
+# The GPU tests themselves (tests/**/test_cuda_*.cpp, tests/kernels/cuda/) on the
+# host build, and the CLI on it (their multi-process tests run `kvshift train`
+# under mpirun). Built, not registered as a whole: at the GPU tests' sizes they
+# take far longer than CI allows; docs/CUDA.md says which of them ran and how long.
+file(GLOB_RECURSE KVS_HOST_GPU_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*/test_cuda_*.cpp
+     ${CMAKE_SOURCE_DIR}/tests/kernels/cuda/test_*.cpp)
+add_executable(kvshift_host ${CMAKE_SOURCE_DIR}/src/cli/main.cpp)
+target_link_libraries(kvshift_host PRIVATE kvs_cuda_host kvs_lib)
+target_link_options(kvshift_host PRIVATE -Wl,--as-needed)
+add_executable(kvshift_cuda_host_gpu_tests ${KVS_HOST_GPU_TEST_SOURCES})
+target_include_directories(kvshift_cuda_host_gpu_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/parallel)
+target_link_libraries(kvshift_cuda_host_gpu_tests PRIVATE kvs_cuda_host kvs_lib GTest::gtest GTest::gtest_main)
+target_link_options(kvshift_cuda_host_gpu_tests PRIVATE -Wl,--as-needed)
+target_compile_definitions(kvshift_cuda_host_gpu_tests PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                           KVS_BINARY="$<TARGET_FILE:kvshift_host>")
+add_dependencies(kvshift_cuda_host_gpu_tests kvshift_host)

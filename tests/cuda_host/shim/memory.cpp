@@ -17,10 +17,11 @@
 // Every access of an operation goes through check_access: the kernels'
 // loads and stores through the compiler's instrumentation
 // (-fsanitize=kernel-address with call hooks, the __asan_* functions below),
-// the shim's copies, GEMMs and collectives through note_access. Per 4-byte
-// granule a shadow keeps the last writer and the last reader (stream, sequence);
-// an access that is not ordered after them by the running operation's vector
-// clock is a race.
+// the shim's copies, GEMMs and collectives through note_access. Per 2-byte
+// granule a shadow keeps the last writer and the last reader (stream and
+// sequence, and the block of a kernel); an access that is not ordered after
+// them by the running operation's vector clock, or that another block of the
+// same kernel made (one of the two writing), is a race.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,9 +45,9 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kGap = size_t{1} << 30;
-constexpr size_t kArena = size_t{1} << 40;      // address space (freed memory is never reused)
+constexpr size_t kArena = size_t{256} << 30;    // address space (freed memory is never reused)
 constexpr size_t kCapacity = size_t{80} << 30;  // what may be allocated at once: an 80 GB GPU
-constexpr size_t kGranule = 4;
+constexpr size_t kGranule = 2;  // the smallest element the kernels store (bf16): neighbours are not shared
 constexpr int kStreamShift = 44;
 constexpr uint64_t kSeqMask = (uint64_t{1} << kStreamShift) - 1;
 

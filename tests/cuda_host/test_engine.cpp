@@ -124,6 +124,41 @@ TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
 INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVariants),
                          [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
 
+// Micro-batches smaller than the engine was planned for (the last one of an
+// evaluation, a shorter sequence): the plan's per-layer strides are the
+// largest micro-batch's, the kernels see the small one. And a forward
+// without targets gives the same logits.
+TEST(HostCudaEngine, SmallerMicroBatchesThanPlannedMatchTheCpuEngine) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 9);
+  kvs::CudaEngine gpu(m, 3, 48);
+  gpu.write_params(params.data());
+  for (const auto& [B, T] : {std::pair{2, 37}, std::pair{3, 17}, std::pair{1, 48}}) {
+    SCOPED_TRACE(std::to_string(B) + " x " + std::to_string(T));
+    const kvs::cuda_test::RandomBatch data(m, B, T, 13);
+    kvs::CpuEngine cpu(m, B, T);
+    cpu.write_params(params.data());
+    cpu.zero_grad();
+    gpu.zero_grad();
+    const double loss_c = cpu.forward_backward(data.batch(), 0.1);
+    const double loss_g = gpu.forward_backward(data.batch(), 0.1);
+    EXPECT_NEAR(loss_g, loss_c, 1e-2 * std::fabs(loss_c)) << "loss";
+    std::vector<float> gc(layout.total), gg(layout.total);
+    cpu.read_grads(gc.data());
+    gpu.read_grads(gg.data());
+    for (const kvs::ParamTensor& t : layout.tensors)
+      EXPECT_LT(rel_l2(gg.data() + t.offset, gc.data() + t.offset, t.numel), 3e-2) << t.name;
+    std::vector<float> with_targets(static_cast<size_t>(B) * T * m.vocab_size), without(with_targets.size());
+    gpu.forward(data.batch(), nullptr, nullptr, with_targets.data());
+    kvs::Batch inputs_only = data.batch();
+    inputs_only.targets = nullptr;
+    inputs_only.mask = nullptr;
+    EXPECT_EQ(gpu.forward(inputs_only, nullptr, nullptr, without.data()), 0.0);
+    EXPECT_TRUE(without == with_targets);
+  }
+}
+
 // Recomputation reruns the same deterministic kernels from the same stored
 // inputs: the loss and every gradient are bit-identical to keeping everything.
 // Three layers (the last one is not recomputed), the sigmoid gate (its

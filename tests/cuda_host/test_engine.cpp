@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct Variant {
   const char* param;  // kv_shift.parametrization
   const char* pos;    // position_encoding
 };
+
+// Test names and failure messages show the variant's name, not its bytes.
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 ModelConfig model_of(const Variant& v) {
   nlohmann::json j = {{"name", v.name},

@@ -133,7 +133,6 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
   }
   // Not ours: the previous handler (or the default action) takes it.
   sigaction(sig, &g_prev_segv, nullptr);
-  (void)sig;
   (void)ctx;
 }
 

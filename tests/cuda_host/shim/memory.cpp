@@ -331,7 +331,7 @@ void* device_malloc(size_t bytes) {
   g_next += (pages + 1) * kPage;  // and a guard page
   if (!launch_only()) {
     protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
-    std::memset(reinterpret_cast<void*>(al.base), 0xFF, bytes);
+    std::memset(reinterpret_cast<void*>(al.base), 0xFF, std::min(bytes, kCapacity));  // (min: for -Wstringop-overflow)
     if (g_open == 0) protect(al.base, pages * kPage, PROT_NONE);
   } else if (g_open > 0) {
     protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);

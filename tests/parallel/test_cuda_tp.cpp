@@ -58,7 +58,13 @@ nlohmann::json cuda_config(bool shift, int vocab) {
 TEST(CudaTensorParallel, VocabParallelLossEqualsTheFusedLoss) {
   KVS_REQUIRE_GPU();
   const int N = 37, Vfull = 200, tp = 2;
+  // Only the vocabulary matters here; the rest is a valid tp = 2 model
+  // (LocalDims::of divides by the head count).
   kvs::ModelConfig m;
+  m.hidden_size = 64;
+  m.intermediate_size = 128;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
   m.vocab_size = Vfull;
   std::vector<float> logits = random_bf16_values(static_cast<size_t>(N) * Vfull, 11, 2.0f);
   for (size_t i = 0; i < logits.size(); i += 3) logits[i] = std::round(logits[i]);  // ties

@@ -34,6 +34,10 @@
 using std::max;
 using std::min;
 
+// The emulator's own functions are not the kernels' code: when a build
+// instruments the kernels' memory accesses (tests/cuda_host), they are left out.
+#define EMU_INTERNAL __attribute__((no_sanitize("kernel-address")))
+
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // The IEEE round-to-nearest intrinsics (adamw.cu). Build with -ffp-contract=off
 // so that the host compiler does not fuse them into FMAs either.
@@ -58,8 +62,8 @@ asm(".text\n.weak emu_ctx_switch\n.type emu_ctx_switch,@function\nemu_ctx_switch
 struct Ctx {
   void* sp = nullptr;
 };
-inline void ctx_switch(Ctx& from, Ctx& to) { emu_ctx_switch(&from.sp, to.sp); }
-inline void ctx_make(Ctx& c, char* stack, size_t bytes, void (*fn)()) {
+EMU_INTERNAL inline void ctx_switch(Ctx& from, Ctx& to) { emu_ctx_switch(&from.sp, to.sp); }
+EMU_INTERNAL inline void ctx_make(Ctx& c, char* stack, size_t bytes, void (*fn)()) {
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                         // fn is entered with rsp = 8 mod 16, as after a call
@@ -92,17 +96,20 @@ struct Group {
 struct Fiber {
   Ctx ctx;
   int tid = 0;
+  Dim idx;  // threadIdx
   bool done = false;
   const struct Group* waiting = nullptr;  // blocked on this group until its gen moves past wait_gen
   long wait_gen = 0;
 };
 // Fiber stacks, kept from block to block (allocating 1024 x 256 KiB per block
-// would dominate the run time).
+// would dominate the run time). Plain arrays, here and for the fibers: the
+// emulator's functions touch them on every switch, and std::vector's accessors
+// would be the instrumented kernels' out-of-line copies (tests/cuda_host).
 constexpr size_t kStackBytes = 256 * 1024;
-inline std::vector<std::vector<char>> g_stacks;
+inline char* g_stacks[1024];
 
 inline Dim g_block_idx, g_grid_dim, g_block_dim;
-inline std::vector<Fiber> g_fibers;
+inline Fiber g_fibers[1024];
 inline int g_cur = -1;
 inline Ctx g_sched;
 inline Group g_block_grp;
@@ -122,16 +129,39 @@ inline int g_woke = 0;
 inline bool g_greedy = false;
 inline int g_nthreads = 128;
 
-inline Dim cur_tid() {
-  const unsigned t = (unsigned)g_fibers[g_cur].tid;
-  return Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
+EMU_INTERNAL inline Dim cur_tid() { return g_fibers[g_cur].idx; }
+
+EMU_INTERNAL inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
+
+// Round-robin orders: the fiber that runs after g_cur, the next runnable one
+// in scan order (wrapping into the next round), or -1 when none can run. The
+// running fiber switches to it directly: the same sequence as a scheduler
+// visiting every fiber in turn, at half the context switches.
+EMU_INTERNAL inline int next_runnable() {
+  const int n = g_nthreads, k0 = g_reverse ? n - 1 - g_cur : g_cur;
+  for (int s = 1; s <= n; ++s) {
+    const int k = (k0 + s) % n, i = g_reverse ? n - 1 - k : k;
+    const Fiber& f = g_fibers[i];
+    if (!f.done && !(f.waiting && f.waiting->gen == f.wait_gen)) return i;
+  }
+  return -1;
 }
 
-inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
+// The running fiber blocked or ended: run the next one (the greedy orders and
+// the end of the block go through the scheduler).
+EMU_INTERNAL inline void switch_away() {
+  const int me = g_cur, next = g_greedy ? -1 : next_runnable();
+  if (next < 0 || next == me) {
+    ctx_switch(g_fibers[me].ctx, g_sched);
+    return;
+  }
+  g_cur = next;
+  ctx_switch(g_fibers[me].ctx, g_fibers[next].ctx);
+}
 
 // A barrier of grp (the block or one warp): the last thread to arrive goes on
 // at once; the others are not resumed before the barrier completes.
-inline void wait(Group& grp) {
+EMU_INTERNAL inline void wait(Group& grp) {
   grp.arrived++;
   if (grp.arrived == grp.live) {
     grp.arrived = 0;
@@ -142,11 +172,11 @@ inline void wait(Group& grp) {
   Fiber& f = g_fibers[g_cur];
   f.waiting = &grp;
   f.wait_gen = grp.gen;
-  yield();
+  switch_away();
   f.waiting = nullptr;
 }
 
-inline void leave(Group& grp) {
+EMU_INTERNAL inline void leave(Group& grp) {
   grp.live--;
   if (grp.arrived > 0 && grp.arrived == grp.live) {
     grp.arrived = 0;
@@ -155,22 +185,22 @@ inline void leave(Group& grp) {
   }
 }
 
-inline void fiber_entry() {
+EMU_INTERNAL inline void fiber_entry() {
   g_body();
   Fiber& f = g_fibers[g_cur];
   f.done = true;
   leave(g_warp_grp[f.tid / 32]);
   leave(g_block_grp);
-  ctx_switch(f.ctx, g_sched);  // never resumed
+  switch_away();  // never resumed
 }
 
-inline void run_block(int nthreads) {
+EMU_INTERNAL inline void run_block(int nthreads) {
   if (nthreads <= 0 || nthreads > 1024 || nthreads % 32 != 0) {
     fprintf(stderr, "emu: block of %d threads (need a multiple of 32, at most 1024)\n", nthreads);
     abort();
   }
   g_nthreads = nthreads;
-  g_fibers.assign(nthreads, Fiber{});
+  for (int i = 0; i < nthreads; ++i) g_fibers[i] = Fiber{};
   g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
   for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
@@ -179,8 +209,10 @@ inline void run_block(int nthreads) {
   for (int i = 0; i < nthreads; ++i) {
     Fiber& f = g_fibers[i];
     f.tid = i;
-    if ((int)g_stacks.size() <= i) g_stacks.emplace_back(kStackBytes);
-    ctx_make(f.ctx, g_stacks[i].data(), kStackBytes, fiber_entry);
+    const unsigned t = (unsigned)i;
+    f.idx = Dim{t % g_block_dim.x, t / g_block_dim.x % g_block_dim.y, t / (g_block_dim.x * g_block_dim.y)};
+    if (!g_stacks[i]) g_stacks[i] = new char[kStackBytes];
+    ctx_make(f.ctx, g_stacks[i], kStackBytes, fiber_entry);
   }
   auto blocked = [](const Fiber& f) { return f.waiting && f.waiting->gen == f.wait_gen; };
   auto deadlock = [] {
@@ -189,21 +221,12 @@ inline void run_block(int nthreads) {
     abort();
   };
   if (!g_greedy) {
-    // Round robin: each runnable fiber in turn runs until it blocks or ends.
-    for (;;) {
-      bool live = false, ran = false;
-      for (int k = 0; k < nthreads; ++k) {
-        const int i = g_reverse ? nthreads - 1 - k : k;
-        if (g_fibers[i].done) continue;
-        live = true;
-        if (blocked(g_fibers[i])) continue;
-        ran = true;
-        g_cur = i;
-        ctx_switch(g_sched, g_fibers[i].ctx);
-      }
-      if (!live) break;
-      if (!ran) deadlock();
-    }
+    // Round robin: each runnable fiber in turn runs until it blocks or ends,
+    // then switches to the next (switch_away); back here when none can run.
+    g_cur = g_reverse ? nthreads - 1 : 0;
+    ctx_switch(g_sched, g_fibers[g_cur].ctx);
+    for (int i = 0; i < nthreads; ++i)
+      if (!g_fibers[i].done) deadlock();
   } else {
     // Greedy: always resume the first runnable fiber (the last, reversed), so
     // warp 0 (or the last warp) runs as far ahead as the barriers allow. The
@@ -232,7 +255,7 @@ inline void run_block(int nthreads) {
 }
 
 // Runs body() for every block of grid (x fastest), block threads per block.
-inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
+EMU_INTERNAL inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
   g_grid_dim = grid;
   g_block_dim = block;
   const int nthreads = (int)(block.x * block.y * block.z);
@@ -244,7 +267,7 @@ inline void launch(Dim grid, Dim block, const std::function<void()>& body) {
         run_block(nthreads);
       }
 }
-inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
+EMU_INTERNAL inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
   launch(grid, Dim{(unsigned)nthreads, 1, 1}, body);
 }
 
@@ -252,7 +275,7 @@ inline void launch(Dim grid, int nthreads, const std::function<void()>& body) {
 // static local next to it (one per declaration and template instance), so
 // every call of the function in a block gets the same array, as on the GPU.
 template <class T>
-T* shared(const void* site, size_t n) {
+EMU_INTERNAL T* shared(const void* site, size_t n) {
   for (const auto& s : g_sites)
     if (s.first == site) return reinterpret_cast<T*>(g_smem.data() + s.second);
   g_static_off = (g_static_off + 15) / 16 * 16;
@@ -266,20 +289,24 @@ T* shared(const void* site, size_t n) {
   return reinterpret_cast<T*>(g_smem.data() + off);
 }
 // `extern __shared__` (dynamic shared memory, up to kDynBytes).
-inline unsigned char* dyn_smem() { return g_smem.data(); }
+EMU_INTERNAL inline unsigned char* dyn_smem() { return g_smem.data(); }
 
+// Warp collectives exchange through a buffer per warp, one barrier each. Two
+// buffers, chosen by the parity of the warp's barrier count on entry: a lane
+// that runs ahead into the next collective writes the other buffer, and it
+// cannot reach a third one before every lane has passed the next barrier,
+// i.e. has read this one.
 template <class T>
-T shfl_xor(unsigned mask, T v, int o) {
+EMU_INTERNAL T shfl_xor(unsigned mask, T v, int o) {
   const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
-  static double buf[32][32];
-  buf[w][lane] = (double)v;
+  static double buf[2][32][32];
+  double(&b)[32][32] = buf[g_warp_grp[w].gen & 1];
+  b[w][lane] = (double)v;
   wait(g_warp_grp[w]);
-  const T r = (T)buf[w][lane ^ o];
-  wait(g_warp_grp[w]);
-  return r;
+  return (T)b[w][lane ^ o];
 }
 
-inline float bf(uint32_t half) {
+EMU_INTERNAL inline float bf(uint32_t half) {
   const uint32_t u = half << 16;
   float f;
   std::memcpy(&f, &u, 4);
@@ -287,38 +314,48 @@ inline float bf(uint32_t half) {
 }
 
 // mma.m16n8k16 row.col bf16 -> f32 per the PTX fragment layout.
-inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+EMU_INTERNAL inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
-  static uint32_t A[32][32][4], Bf[32][32][2];
+  static uint32_t Abuf[2][32][32][4], Bbuf[2][32][32][2];  // two buffers, as in shfl_xor
+  const int parity = g_warp_grp[w].gen & 1;
+  uint32_t(&A)[32][32][4] = Abuf[parity];
+  uint32_t(&Bf)[32][32][2] = Bbuf[parity];
   for (int i = 0; i < 4; ++i) A[w][lane][i] = a[i];
   Bf[w][lane][0] = b0;
   Bf[w][lane][1] = b1;
   wait(g_warp_grp[w]);
-  auto Aat = [&](int row, int k) {
-    const uint32_t r = A[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
-    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
-  };
-  auto Bat = [&](int k, int n) {
-    const uint32_t r = Bf[w][n * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
-    return bf((k & 1) ? r >> 16 : r & 0xFFFF);
-  };
+  // This lane's rows g and g + 8 of A and columns 2t and 2t + 1 of B, unpacked
+  // once (plain loops: lambdas would be instrumented out-of-line calls).
   const int g = lane / 4, t = lane % 4;
+  float arow[2][16], bcol[2][16];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t v = A[w][g * 4 + (k % 8) / 2][r + (k >= 8 ? 2 : 0)];
+      arow[r][k] = bf((k & 1) ? v >> 16 : v & 0xFFFF);
+    }
+  for (int cc = 0; cc < 2; ++cc)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t v = Bf[w][(2 * t + cc) * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
+      bcol[cc][k] = bf((k & 1) ? v >> 16 : v & 0xFFFF);
+    }
   float out[4];
   for (int e = 0; e < 4; ++e) {
-    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
     double s = 0;
-    for (int kk = 0; kk < 16; ++kk) s += (double)Aat(row, kk) * Bat(kk, col);
+    for (int kk = 0; kk < 16; ++kk) s += (double)arow[e >> 1][kk] * bcol[e & 1][kk];
     out[e] = (float)((double)c[e] + s);
   }
-  wait(g_warp_grp[w]);
   for (int e = 0; e < 4; ++e) c[e] = out[e];
 }
+
+EMU_INTERNAL inline Dim block_idx() { return g_block_idx; }
+EMU_INTERNAL inline Dim grid_dim() { return g_grid_dim; }
+EMU_INTERNAL inline Dim block_dim() { return g_block_dim; }
 
 }  // namespace emu
 
 #define threadIdx (::emu::cur_tid())
-#define blockIdx (::emu::g_block_idx)
-#define gridDim (::emu::g_grid_dim)
-#define blockDim (::emu::g_block_dim)
+#define blockIdx (::emu::block_idx())
+#define gridDim (::emu::grid_dim())
+#define blockDim (::emu::block_dim())
 #define __syncthreads() ::emu::wait(::emu::g_block_grp)
 #define __shfl_xor_sync(m, v, o) ::emu::shfl_xor(m, v, o)

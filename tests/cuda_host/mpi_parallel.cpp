@@ -1,0 +1,136 @@
+// The host-built CUDA engine under mpirun -np 2 (tests/cuda_host): data
+// parallelism (ZeRO-1 on the engine's device buffers) and tensor parallelism,
+// each over both of the engine's communication paths, against one process:
+//   - MPI: the communicator takes host memory, so ZeRO-1 stages the device
+//     buffers through the host (StagedFlatSync) and the tensor-parallel
+//     all-reduces drain the stream and go through pinned memory;
+//   - NCCL (the shim's, over MPI): ZeRO-1 reduces each layer's gradients on
+//     the communicator's stream as the backward announces them, waiting for
+//     the engine's events (DirectNccl), and the tensor-parallel all-reduces
+//     are enqueued on the engine's stream.
+// The GPU tests' tolerances (tests/parallel/test_cuda_zero1.cpp, test_cuda_tp.cpp:
+// 2e-3 and 5e-3 relative per step), over 5 steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/launch.h"
+#include "dist/nccl_comm.h"
+#include "hostcuda.h"
+#include "model/config.h"
+#include "parallel/mpi_world.h"
+#include "train/trainer.h"
+
+namespace {
+
+using kvs::testing_util::world;
+
+kvs::Config config(bool shift, int vocab, int tp) {
+  nlohmann::json j = {
+      {"name", "cuda-host-parallel"},
+      {"device", "cuda"},
+      {"model",
+       {{"hidden_size", 64},  // head_dim 16: the smallest the CUDA attention kernels take
+        {"intermediate_size", 128},
+        {"num_hidden_layers", 2},
+        {"num_attention_heads", 4},
+        {"num_key_value_heads", 2},
+        {"vocab_size", vocab},
+        {"max_position_embeddings", 16},
+        {"kv_shift", {{"enabled", shift}}}}},
+      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+      {"parallel", {{"tp", tp}}},
+      {"train",
+       {{"seq_len", 16},
+        {"micro_batch_size", 2},
+        {"grad_accum_steps", 2},
+        {"steps", 5},
+        {"lr", 1e-2},
+        {"warmup_steps", 2},
+        {"eval_every", 0},
+        {"eval_sequences", 4},
+        {"checkpoint_every", 0},
+        {"threads", 1}}}};
+  kvs::Config c = kvs::config_from_json(j, "cuda-host-parallel");
+  kvs::validate(c, "cuda-host-parallel");
+  return c;
+}
+
+// A run directory of this rank alone.
+std::string own_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "kvs_cuda_host_mpi_" + name + "_rank" + std::to_string(world().rank());
+  std::filesystem::remove_all(d);
+  return d;
+}
+// A run directory shared by the ranks (rank 0 writes it).
+std::string shared_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "kvs_cuda_host_mpi_" + name;
+  if (world().rank() == 0) std::filesystem::remove_all(d);
+  world().barrier();
+  return d;
+}
+
+// The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).
+std::unique_ptr<kvs::dist::Communicator> nccl_world() {
+  kvs::dist::LaunchInfo info;
+  info.rank = world().rank();
+  info.world_size = world().size();
+  info.local_rank = info.rank;
+  info.local_world_size = info.world_size;
+  info.launcher = "mpirun";
+  std::string id = info.rank == 0 ? kvs::dist::nccl_unique_id() : std::string(128, '\0');
+  world().broadcast_bytes(id.data(), id.size(), 0);
+  return kvs::dist::make_nccl(info, id, 0, 60, 60);
+}
+
+// One process (every rank runs it alone, at the same time), then `comm`'s
+// ranks together; every rank compares the losses, rank 0 the evaluation.
+void expect_follows_one_process(const kvs::Config& c, kvs::dist::Communicator& comm, const std::string& what,
+                                double tol) {
+  SCOPED_TRACE(what);
+  kvs::Config alone = c;
+  alone.parallel.tp = 1;
+  const kvs::TrainSummary one = kvs::train(alone, {own_dir(what + "_one"), false, true});
+  const uint64_t collectives = hostcuda::stats().collectives;
+  const kvs::TrainSummary par = kvs::train(c, {shared_dir(what), false, true, &comm});
+  if (comm.backend() == "nccl") {
+    EXPECT_GT(hostcuda::stats().collectives - collectives, 10u);
+  }
+  ASSERT_EQ(par.losses.size(), 5u);
+  ASSERT_EQ(one.losses.size(), 5u);
+  double worst = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    const double rel = std::fabs(par.losses[i] - one.losses[i]) / one.losses[i];
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, tol) << "step " << i + 1 << ": " << par.losses[i] << " vs " << one.losses[i];
+  }
+  if (world().rank() != 0) return;
+  EXPECT_LT(std::fabs(par.final_eval.loss - one.final_eval.loss) / one.final_eval.loss, tol) << "evaluation";
+  std::printf("[ %s ] max relative loss difference %.3g over 5 steps\n", what.c_str(), worst);
+}
+
+}  // namespace
+
+// dp = 2: each rank takes one of the two micro-batches of a step; ZeRO-1 sums
+// the gradients into each rank's shard, steps it and gathers the parameters.
+TEST(HostCudaParallel, DataParallelFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 32, 1);
+  expect_follows_one_process(c, world(), "dp2_mpi", 2e-3);
+  auto nccl = nccl_world();
+  expect_follows_one_process(c, *nccl, "dp2_nccl", 2e-3);
+}
+
+// tp = 2: each rank holds half the heads, FFN columns and vocabulary (200:
+// both ranks hold real vocabulary and padding columns).
+TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 200, 2);
+  expect_follows_one_process(c, world(), "tp2_mpi", 5e-3);
+  auto nccl = nccl_world();
+  expect_follows_one_process(c, *nccl, "tp2_nccl", 5e-3);
+}

@@ -1,0 +1,199 @@
+// The CUDA engine built for the host (tests/cuda_host: every kernel under the
+// SIMT emulator with its launch's grid and block, cuBLASLt answered by the
+// host GEMM, the shim's contract checks on every access) against the CPU
+// engine on the same bf16-valued weights: logits, loss and every parameter
+// gradient, q/k/v_shift included, for the GPU test's variants
+// (tests/model/test_cuda_engine.cpp) with its tolerances; and recomputation
+// none / attention / full giving bit-identical gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "hostcuda.h"
+#include "model/config.h"
+#include "model/cpu_engine.h"
+#include "model/cuda_engine.h"
+#include "model/params.h"
+
+namespace {
+
+using kvs::ModelConfig;
+using kvs::cuda_test::rel_l2;
+
+struct Variant {
+  const char* name;
+  int hidden, heads, kv_heads, layers;
+  bool shift, tied;
+  int window;
+  bool shift_q;
+  const char* param;  // kv_shift.parametrization
+  const char* pos;    // position_encoding
+};
+
+// Test names and failure messages show the variant's name, not its bytes.
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+ModelConfig model_of(const Variant& v) {
+  nlohmann::json j = {{"name", v.name},
+                      {"model",
+                       {{"hidden_size", v.hidden},
+                        {"intermediate_size", 2 * v.hidden + 8},
+                        {"num_hidden_layers", v.layers},
+                        {"num_attention_heads", v.heads},
+                        {"num_key_value_heads", v.kv_heads},
+                        {"vocab_size", 96},
+                        {"max_position_embeddings", 64},
+                        {"tie_word_embeddings", v.tied},
+                        {"position_encoding", v.pos},
+                        {"kv_shift",
+                         {{"enabled", v.shift},
+                          {"window", v.window},
+                          {"shift_q", v.shift_q},
+                          {"parametrization", v.param}}}}},
+                      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
+                      {"train", {{"seq_len", 64}}}};
+  kvs::Config c = kvs::config_from_json(j, v.name);
+  kvs::validate(c, v.name);
+  return c.model;
+}
+
+// The GPU test's variants: head_dim 16 (MHA and GQA), 32 (tied), 64 and 128;
+// window 3 with q shifted; the sigmoid gate without RoPE.
+const Variant kVariants[] = {
+    {"vanilla_mha", 64, 4, 4, 2, false, false, 1, false, "free", "rope"},
+    {"shift_gqa", 64, 4, 2, 2, true, false, 1, false, "free", "rope"},
+    {"shift_gqa_tied_d32", 64, 2, 1, 2, true, true, 1, false, "free", "rope"},
+    {"shift_window3_qkv", 64, 4, 2, 1, true, false, 3, true, "free", "rope"},
+    {"shift_gate_norope", 64, 4, 4, 1, true, false, 1, false, "sigmoid_gate", "none"},
+    {"shift_d64", 128, 2, 1, 1, true, false, 1, false, "free", "rope"},
+    {"shift_d128", 256, 2, 2, 1, true, false, 2, false, "free", "rope"},
+};
+
+class HostCudaEngineVsCpu : public ::testing::TestWithParam<Variant> {};
+
+// The GPU test's tolerances (tests/model/test_cuda_engine.cpp explains them):
+// 2% relative L2 on the logits, 1% on the loss, 3% on every gradient tensor
+// and on the gradient norm. B x T = 2 x 37: one partial attention tile, masked
+// positions (RandomBatch), every kernel's tail paths.
+TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
+  const Variant& v = GetParam();
+  const int B = 2, T = 37;
+  const ModelConfig m = model_of(v);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+  const kvs::Batch batch = data.batch();
+  kvs::CpuEngine cpu(m, B, T);
+  kvs::CudaEngine gpu(m, B, T);
+  cpu.write_params(params.data());
+  gpu.write_params(params.data());
+  const hostcuda::Stats before = hostcuda::stats();
+
+  std::vector<float> lc(static_cast<size_t>(B) * T * m.vocab_size), lg(lc.size());
+  cpu.forward(batch, nullptr, nullptr, lc.data());
+  gpu.forward(batch, nullptr, nullptr, lg.data());
+  EXPECT_LT(rel_l2(lg.data(), lc.data(), lc.size()), 2e-2) << "logits";
+
+  cpu.zero_grad();
+  gpu.zero_grad();
+  const double scale = 1.0 / 50;
+  const double loss_c = cpu.forward_backward(batch, scale);
+  const double loss_g = gpu.forward_backward(batch, scale);
+  EXPECT_NEAR(loss_g, loss_c, 1e-2 * std::fabs(loss_c)) << "loss";
+  std::vector<float> gc(layout.total), gg(layout.total);
+  cpu.read_grads(gc.data());
+  gpu.read_grads(gg.data());
+  int shift_tensors = 0;
+  for (const kvs::ParamTensor& t : layout.tensors) {
+    EXPECT_LT(rel_l2(gg.data() + t.offset, gc.data() + t.offset, t.numel), 3e-2) << t.name;
+    if (t.kind == kvs::ParamKind::Shift) {
+      ++shift_tensors;
+      EXPECT_GT(rel_l2(gc.data() + t.offset, std::vector<float>(t.numel, 0.0f).data(), t.numel), 0.0)
+          << t.name << ": a zero gradient compares nothing";
+    }
+  }
+  EXPECT_EQ(shift_tensors, v.shift ? m.num_hidden_layers * (v.shift_q ? 3 : 2) : 0);
+  EXPECT_NEAR(gpu.grad_norm(), cpu.grad_norm(), 3e-2 * cpu.grad_norm());
+  // It was the emulator and the host GEMM that computed this.
+  const hostcuda::Stats after = hostcuda::stats();
+  EXPECT_GT(after.kernels - before.kernels, 20u);
+  EXPECT_GT(after.gemms - before.gemms, 8u);
+  EXPECT_GT(after.device_accesses - before.device_accesses, 100000u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVariants),
+                         [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
+
+// Micro-batches smaller than the engine was planned for (the last one of an
+// evaluation, a shorter sequence): the plan's per-layer strides are the
+// largest micro-batch's, the kernels see the small one. And a forward
+// without targets gives the same logits.
+TEST(HostCudaEngine, SmallerMicroBatchesThanPlannedMatchTheCpuEngine) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 9);
+  kvs::CudaEngine gpu(m, 3, 48);
+  gpu.write_params(params.data());
+  for (const auto& [B, T] : {std::pair{2, 37}, std::pair{3, 17}, std::pair{1, 48}}) {
+    SCOPED_TRACE(std::to_string(B) + " x " + std::to_string(T));
+    const kvs::cuda_test::RandomBatch data(m, B, T, 13);
+    kvs::CpuEngine cpu(m, B, T);
+    cpu.write_params(params.data());
+    cpu.zero_grad();
+    gpu.zero_grad();
+    const double loss_c = cpu.forward_backward(data.batch(), 0.1);
+    const double loss_g = gpu.forward_backward(data.batch(), 0.1);
+    EXPECT_NEAR(loss_g, loss_c, 1e-2 * std::fabs(loss_c)) << "loss";
+    std::vector<float> gc(layout.total), gg(layout.total);
+    cpu.read_grads(gc.data());
+    gpu.read_grads(gg.data());
+    for (const kvs::ParamTensor& t : layout.tensors)
+      EXPECT_LT(rel_l2(gg.data() + t.offset, gc.data() + t.offset, t.numel), 3e-2) << t.name;
+    std::vector<float> with_targets(static_cast<size_t>(B) * T * m.vocab_size), without(with_targets.size());
+    gpu.forward(data.batch(), nullptr, nullptr, with_targets.data());
+    kvs::Batch inputs_only = data.batch();
+    inputs_only.targets = nullptr;
+    inputs_only.mask = nullptr;
+    EXPECT_EQ(gpu.forward(inputs_only, nullptr, nullptr, without.data()), 0.0);
+    EXPECT_TRUE(without == with_targets);
+  }
+}
+
+// Recomputation reruns the same deterministic kernels from the same stored
+// inputs: the loss and every gradient are bit-identical to keeping everything.
+// Three layers (the last one is not recomputed), the sigmoid gate (its
+// effective coefficients are reused, not recomputed).
+TEST(HostCudaEngine, RecomputationGivesBitIdenticalGradients) {
+  const Variant v{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};
+  const ModelConfig m = model_of(v);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  std::vector<float> params(layout.total);
+  kvs::init_params(layout, m, 5, params.data());
+  const int B = 2, T = 40;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    in[i] = (i * 13 + 5) % m.vocab_size;
+    tg[i] = (i * 7 + 3) % m.vocab_size;
+  }
+  const kvs::Batch b{B, T, in.data(), tg.data(), nullptr};
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (kvs::Recompute level : {kvs::Recompute::None, kvs::Recompute::Attention, kvs::Recompute::Full}) {
+    kvs::CudaEngine e(m, B, T, 0, level);
+    e.write_params(params.data());
+    e.zero_grad();
+    losses.push_back(e.forward_backward(b, 0.01));
+    grads.emplace_back(layout.total);
+    e.read_grads(grads.back().data());
+  }
+  for (size_t i = 1; i < grads.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]) << "level " << i;
+    EXPECT_TRUE(grads[i] == grads[0]) << "level " << i;
+  }
+}
+
+}  // namespace

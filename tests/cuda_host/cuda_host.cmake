@@ -12,6 +12,10 @@
 # OBJECT library (all of it linked before kvs_lib, whose CUDA objects and
 # libkvs_cuda.a members are then never pulled in), and --as-needed drops the
 # toolkit's shared libraries kvs_lib names; HostCuda.NoCudaLibraryIsLoaded checks it.
+# libstdc++ comes before the archives: a static library later on the line
+# (libgtest.a) needs standard-library template instantiations that a
+# libkvs_cuda.a member also happens to emit, and must not pull that member
+# (cudnn_sdpa.cpp.o, with cuDNN and NVRTC behind it) in for them.
 
 set(KVS_HOST_GEN_DIR ${CMAKE_BINARY_DIR}/cuda_host_gen)
 set(KVS_HOST_GEN_SOURCES)
@@ -78,7 +82,7 @@ file(GLOB KVS_HOST_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda
 add_executable(kvshift_cuda_host ${KVS_HOST_TEST_SOURCES} ${KVS_HOST_PLANTED})
 target_include_directories(kvshift_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim
                            ${CMAKE_SOURCE_DIR}/tests/cuda_host/planted ${CMAKE_SOURCE_DIR}/tests/simt)
-target_link_libraries(kvshift_cuda_host PRIVATE kvs_cuda_host kvs_lib GTest::gtest GTest::gtest_main)
+target_link_libraries(kvshift_cuda_host PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host PRIVATE -Wl,--as-needed)
 target_compile_definitions(kvshift_cuda_host PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}" KVS_BINARY="$<TARGET_FILE:kvshift>")
 gtest_discover_tests(kvshift_cuda_host DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)
@@ -88,7 +92,7 @@ if(KVS_HOST_MPI_SOURCES)
   add_executable(kvshift_cuda_host_mpi ${KVS_HOST_MPI_SOURCES} ${CMAKE_SOURCE_DIR}/tests/parallel/mpi_main.cpp)
   target_include_directories(kvshift_cuda_host_mpi PRIVATE ${CMAKE_SOURCE_DIR}/tests
                              ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim)
-  target_link_libraries(kvshift_cuda_host_mpi PRIVATE kvs_cuda_host kvs_lib GTest::gtest)
+  target_link_libraries(kvshift_cuda_host_mpi PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest)
   target_link_options(kvshift_cuda_host_mpi PRIVATE -Wl,--as-needed)
   add_test(NAME cuda_host_mpi_np2
     COMMAND ${CMAKE_COMMAND} -E env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -104,11 +108,11 @@ endif()
 file(GLOB_RECURSE KVS_HOST_GPU_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*/test_cuda_*.cpp
      ${CMAKE_SOURCE_DIR}/tests/kernels/cuda/test_*.cpp)
 add_executable(kvshift_host ${CMAKE_SOURCE_DIR}/src/cli/main.cpp)
-target_link_libraries(kvshift_host PRIVATE kvs_cuda_host kvs_lib)
+target_link_libraries(kvshift_host PRIVATE kvs_cuda_host stdc++ kvs_lib)
 target_link_options(kvshift_host PRIVATE -Wl,--as-needed)
 add_executable(kvshift_cuda_host_gpu_tests ${KVS_HOST_GPU_TEST_SOURCES})
 target_include_directories(kvshift_cuda_host_gpu_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/parallel)
-target_link_libraries(kvshift_cuda_host_gpu_tests PRIVATE kvs_cuda_host kvs_lib GTest::gtest GTest::gtest_main)
+target_link_libraries(kvshift_cuda_host_gpu_tests PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host_gpu_tests PRIVATE -Wl,--as-needed)
 target_compile_definitions(kvshift_cuda_host_gpu_tests PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                            KVS_BINARY="$<TARGET_FILE:kvshift_host>")

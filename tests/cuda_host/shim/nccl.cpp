@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <random>
 #include <string>
 #include <vector>
@@ -119,6 +120,15 @@ ncclResult_t collective(const char* name, ncclComm* c, cudaStream_t stream, nccl
             run(mt, mo);
           });
   return ncclSuccess;
+}
+
+struct PendingSend {
+  MPI_Request request;
+  std::vector<char> data;
+};
+std::list<PendingSend>& pending_sends() {
+  static std::list<PendingSend> p;
+  return p;
 }
 
 ncclComm* make_comm(MPI_Comm parent, int color, int key) {
@@ -332,6 +342,41 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
                       MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), mt, recv,
                                     static_cast<int>(count), mt, c->mpi);
                     });
+}
+
+// Point to point (the ring step of context parallelism, pipeline stages):
+// queued like the collectives. A send copies its data and does not block
+// (MPI_Isend), so two ranks that each send before receiving (one NCCL group
+// of a send and a receive) cannot deadlock; finished sends are released at
+// the next receive.
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  const size_t bytes = count * type_bytes(t);
+  ncclComm* c = comm;
+  if (c && (peer < 0 || peer >= c->size)) return nccl_fail(c, ncclInvalidArgument, "ncclSend: peer " + std::to_string(peer));
+  return collective("ncclSend", c, stream, t, ncclSum, send, bytes, nullptr, 0, [=](MPI_Datatype, MPI_Op) {
+    if (c->mpi == MPI_COMM_NULL) return;
+    auto& pending = pending_sends();
+    pending.push_back({MPI_REQUEST_NULL, std::vector<char>(static_cast<const char*>(send),
+                                                           static_cast<const char*>(send) + bytes)});
+    MPI_Isend(pending.back().data.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, c->mpi, &pending.back().request);
+  });
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream) {
+  const size_t bytes = count * type_bytes(t);
+  ncclComm* c = comm;
+  if (c && (peer < 0 || peer >= c->size)) return nccl_fail(c, ncclInvalidArgument, "ncclRecv: peer " + std::to_string(peer));
+  return collective("ncclRecv", c, stream, t, ncclSum, nullptr, 0, recv, bytes, [=](MPI_Datatype, MPI_Op) {
+    if (c->mpi == MPI_COMM_NULL) return;
+    MPI_Recv(recv, static_cast<int>(bytes), MPI_BYTE, peer, 0, c->mpi, MPI_STATUS_IGNORE);
+    auto& pending = pending_sends();
+    for (auto it = pending.begin(); it != pending.end();) {
+      int done = 0;
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? pending.erase(it) : std::next(it);
+    }
+  });
 }
 
 }  // extern "C"

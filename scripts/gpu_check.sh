@@ -6,7 +6,7 @@
 #   usage: scripts/gpu_check.sh [--quick] [--only SECTIONS]
 #     --quick          toy benchmarks only
 #     --only a,b,...   run only these sections, in this order of priority:
-#                      build cuda bench attention launch dp hf ctest
+#                      build cuda sanitize bench attention launch dp hf ctest
 #                      (default: all). A lent machine gives one command at most
 #                      10 minutes, so run it in pieces, e.g.
 #                        --only build,cuda     then     --only bench,attention,launch,dp,hf
@@ -18,13 +18,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-only="build,cuda,bench,attention,launch,dp,hf,ctest"
+only="build,cuda,sanitize,bench,attention,launch,dp,hf,ctest"
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --only) only=${2:?--only needs a list}; shift ;;
     --only=*) only=${1#--only=} ;;
-    *) echo "usage: $0 [--quick] [--only build,cuda,bench,attention,launch,dp,hf,ctest]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--only build,cuda,sanitize,bench,attention,launch,dp,hf,ctest]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -186,13 +186,64 @@ row "cuDNN (attention backend \"cudnn\")" "$cudnn_row"
 
 if [ $build_rc -eq 0 ] && want cuda; then
   # The CUDA tests first: they are what this machine is for (the rest pass in CI).
+  # One process per test suite, so that a fault that corrupts the CUDA context
+  # (an illegal address) or a hang fails only its own suite; all of it inside
+  # the lease's 10-minute command limit (KVS_CUDA_TIMEOUT seconds in all,
+  # default 480), so the summary and logs still come back.
   tc=$(date +%s)
-  # Inside the lease's 10-minute command limit, so the summary and logs still
-  # come back when a test hangs (KVS_CUDA_TIMEOUT seconds, default 480).
-  timeout "${KVS_CUDA_TIMEOUT:-480}" ./build-gpu/kvshift_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" \
-    >"$out/cuda_tests.log" 2>&1 || echo "kvshift_tests exit status $? (124: timed out)" >>"$out/cuda_tests.log"
-  row "CUDA tests (${KVS_CUDA_FILTER:-Cuda*})" "$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$out/cuda_tests.log") skipped ($(($(date +%s) - tc)) s)"
+  budget=${KVS_CUDA_TIMEOUT:-480}
+  : >"$out/cuda_tests.log"
+  suites=$(./build-gpu/kvshift_tests --gtest_list_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" 2>/dev/null |
+    sed -n 's/^\([A-Za-z0-9_/]*\)\.$/\1/p')
+  hung=()
+  for suite in $suites; do
+    left=$((budget - ($(date +%s) - tc)))
+    if [ $left -le 5 ]; then
+      echo "[  SKIPPED ] $suite.* (out of time: KVS_CUDA_TIMEOUT=$budget)" >>"$out/cuda_tests.log"
+      hung+=("$suite (not run)")
+      continue
+    fi
+    # A suite filter that keeps the caller's negative patterns (after '-').
+    filter="$suite.*"
+    case ${KVS_CUDA_FILTER:-} in *-*) filter="$suite.*-${KVS_CUDA_FILTER#*-}" ;; esac
+    timeout $((left < 240 ? left : 240)) ./build-gpu/kvshift_tests --gtest_filter="$filter" >>"$out/cuda_tests.log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ]; then hung+=("$suite (timed out)"); echo "[  FAILED  ] $suite (timed out)" >>"$out/cuda_tests.log"
+    elif [ $rc -gt 1 ]; then hung+=("$suite (exit $rc)"); echo "[  FAILED  ] $suite (exit status $rc)" >>"$out/cuda_tests.log"
+    fi
+  done
+  row "CUDA tests (${KVS_CUDA_FILTER:-Cuda*}), a process per suite" "$(grep -cE '^\[       OK \]' "$out/cuda_tests.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z][A-Za-z0-9_/]*\.[A-Za-z0-9_/]+ \(' "$out/cuda_tests.log") failed, $(grep -cE '^\[  SKIPPED \] [A-Z][A-Za-z0-9_/]*\.[A-Za-z0-9_/]+ \(' "$out/cuda_tests.log") skipped ($(($(date +%s) - tc)) s)"
+  [ ${#hung[@]} -gt 0 ] && row "CUDA test suites cut short" "${hung[*]}"
   grep -E '^\[  FAILED  \] [A-Z]' "$out/cuda_tests.log" | sort -u | head -20
+fi
+
+# compute-sanitizer (the GPU image has it): memcheck on the kernel and engine
+# tests (out-of-bounds and misaligned accesses, which the host emulator cannot
+# see), racecheck on the attention kernels (shared-memory races between
+# barriers). Slow: run it in its own call (--only sanitize).
+if [ $build_rc -eq 0 ] && want sanitize; then
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$cs" ]; then
+    row "compute-sanitizer" "not found"
+  else
+    ts=$(date +%s)
+    sanitize() {  # tool, gtest filter, log name
+      timeout "${KVS_SANITIZE_TIMEOUT:-240}" "$cs" --tool "$1" --error-exitcode 99 --print-limit 20 \
+        ./build-gpu/kvshift_tests --gtest_filter="$2" >"$out/$3" 2>&1
+      case $? in
+        0) echo "clean" ;;
+        124) echo "timed out (KVS_SANITIZE_TIMEOUT=${KVS_SANITIZE_TIMEOUT:-240}): $out/$3" ;;
+        99) echo "ERRORS: $(grep -m1 -E 'ERROR SUMMARY|Invalid|Race' "$out/$3")" ;;
+        *) echo "tests failed under the tool: $(grep -m1 -E '^\[  FAILED  \] [A-Z]' "$out/$3" || tail -1 "$out/$3")" ;;
+      esac
+    }
+    row "memcheck: kernels" "$(CUDA_LAUNCH_BLOCKING=1 sanitize memcheck \
+      'CudaAdamW*:CudaConvert*:CudaCrossEntropy*:CudaEmbedding*:CudaMatmul*:CudaReduce*:CudaRmsNorm*:CudaShiftRope*:CudaSwiGLU*:CudaAttention*' \
+      memcheck_kernels.log)"
+    row "memcheck: engine" "$(KVS_CUDA_SYNC=1 sanitize memcheck 'CudaEngine*' memcheck_engine.log)"
+    row "racecheck: attention" "$(sanitize racecheck 'CudaAttention*' racecheck_attention.log)"
+    row "sanitizer time" "$(($(date +%s) - ts)) s"
+  fi
 fi
 
 # Runs "$@" as $1 ranks on this node: under `torchrun --no_python` when the

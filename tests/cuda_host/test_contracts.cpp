@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hostcuda.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda_engine.h"
 #include "planted.h"
@@ -103,6 +104,24 @@ TEST(HostCudaContracts, AKernelAccessPastItsAllocationFailsTheSynchronisation) {
     EXPECT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
     EXPECT_EQ(read_one(out.p), 2.0f * n);
   }
+}
+
+// KVS_CUDA_SYNC=1's wait after a launch (kernels/cuda/device.h): the fault is
+// reported at the launch, naming the kernel the caller names.
+TEST(HostCudaContracts, WaitingAfterALaunchNamesTheFaultingKernel) {
+  Stream s;
+  DeviceFloats d(100);
+  planted::fill(d.p, 100, 1.0f, s.s);
+  EXPECT_NO_THROW(kvs::cuda::check_launch("fill_kernel", true));
+  planted::fill(d.p, 101, 1.0f, s.s);
+  try {
+    kvs::cuda::check_launch("fill_kernel", true);
+    ADD_FAILURE() << "an access past the allocation passed the wait";
+  } catch (const kvs::Error& e) {
+    EXPECT_HAS(e.what(), "CUDA kernel fill_kernel failed while running (KVS_CUDA_SYNC=1)");
+    EXPECT_HAS(e.what(), "past the end of allocation");
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the error was reported once
 }
 
 TEST(HostCudaContracts, UseAfterFreeIsReported) {

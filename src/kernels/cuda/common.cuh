@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "kernels/cuda/device.h"
 
 namespace kvs::cuda {
 
@@ -16,13 +17,9 @@ namespace kvs::cuda {
       ::kvs::fail("CUDA error in {} ({}:{}): {}", #call, __FILE__, __LINE__, cudaGetErrorString(kvs_err_));     \
   } while (0)
 
-// After a kernel launch: a bad configuration fails here, naming the kernel.
-#define KVS_CUDA_LAUNCH_CHECK(kernel_name)                                                                       \
-  do {                                                                                                           \
-    const cudaError_t kvs_err_ = cudaGetLastError();                                                             \
-    if (kvs_err_ != cudaSuccess) ::kvs::fail("CUDA kernel {} failed to launch: {}", kernel_name,               \
-                                             cudaGetErrorString(kvs_err_));                                      \
-  } while (0)
+// After a kernel launch: a bad configuration fails here, naming the kernel;
+// with KVS_CUDA_SYNC=1 a fault inside the kernel too (device.h, check_launch).
+#define KVS_CUDA_LAUNCH_CHECK(kernel_name) ::kvs::cuda::check_launch(kernel_name)
 
 inline unsigned ceil_div(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 

@@ -1,6 +1,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <string_view>
+
+#include "core/error.h"
 
 #include "kernels/cuda/device.h"
 
@@ -28,6 +31,7 @@ double peak_bf16_tflops(int index) {
   const std::string name = device_name(index);
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
   if (has("H100") && has("PCIe")) return 756.0;
+  if ((has("H100") || has("H200")) && has("NVL")) return 835.0;
   if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989.0;
   if (has("A100") || has("A800")) return 312.0;
   if (has("L40S")) return 362.0;
@@ -42,6 +46,25 @@ size_t device_memory_used(int index) {
   const bool ok = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
   cudaSetDevice(prev);
   return ok ? total_b - free_b : 0;
+}
+
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVS_CUDA_SYNC");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+void check_launch(const char* kernel_name) { check_launch(kernel_name, sync_after_launch()); }
+
+void check_launch(const char* kernel_name, bool wait) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail("CUDA kernel {} failed to launch: {}", kernel_name, cudaGetErrorString(err));
+  if (!wait) return;
+  err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    fail("CUDA kernel {} failed while running (KVS_CUDA_SYNC=1): {}", kernel_name, cudaGetErrorString(err));
 }
 
 }  // namespace kvs::cuda

@@ -44,6 +44,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/matmul.h"
 
 namespace kvs::cuda {
@@ -185,6 +186,11 @@ void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bf
   check_lt(cublasLtMatmul(handle_, op, &alpha, A, a_desc, B, b_desc, &beta, D, d_desc, D, d_desc, &choice->algo,
                           workspace_, workspace_bytes_, stream),
            "cublasLtMatmul", shape);
+  if (sync_after_launch()) {  // KVS_CUDA_SYNC=1: a fault inside the GEMM is reported here, with its shape
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) fail("cuBLASLt cublasLtMatmul {} failed while running (KVS_CUDA_SYNC=1): {}", shape,
+                                 cudaGetErrorString(err));
+  }
 }
 
 }  // namespace kvs::cuda

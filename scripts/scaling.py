@@ -21,6 +21,7 @@ line, `scaling: error: ...`, exit 1.
 """
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -371,7 +372,7 @@ def stage_flops_per_token(m, seq_len, layers, head):
     """Training FLOPs per token of `layers` decoder layers (+ the final norm and LM head): the terms
     of flops_per_token() that belong to them, so the stages sum to the whole model."""
     L, h = m["num_hidden_layers"], m["hidden_size"]
-    per_layer = (6 * (param_counts(m)["non_embedding"] - h) + 6 * seq_len * h) / L
+    per_layer = 6 * (param_counts(m)["non_embedding"] - h) / L + 6 * seq_len * h
     return layers * per_layer + (6 * h + 6 * m["vocab_size"] * h if head else 0)
 
 
@@ -730,7 +731,9 @@ def search_layouts(m, train, a):
                     continue
                 micro = a.global_batch // (dp * a.micro_batch)
                 if a.v_search == "all":
-                    vs = [1] if pp == 1 else [v for v in divisors(L // pp)]
+                    # Chunks of at least two layers: with one, every layer is a stage boundary, and the
+                    # model charges no per-pass overhead that would show the cost of that.
+                    vs = [1] if pp == 1 else [v for v in divisors(L // pp) if v == 1 or L // (pp * v) >= 2]
                 else:
                     vs = [a.v_search]
                 for v in vs:
@@ -909,6 +912,14 @@ def describe_ring(x, recompute):
     return ring, ratio, "%.1f KB" % (x["cp_halo_bytes_per_layer"] / 1e3)
 
 
+def describe_p2p(x):
+    if x["pp"] == 1:
+        return "-"
+    sends = 2 * x["v"] if x["pp"] > 2 else 2 * x["v"] - 1
+    return "%d x %s MB %s, bubble %.1f%%" % (sends, mb_(x["pp_p2p_bytes_per_message"]), x["pp_p2p_link"][:2],
+                                           100 * x["pp_bubble_fraction"])
+
+
 def print_search(r, show_all):
     print_header(r)
     a = r["assumptions"]
@@ -916,29 +927,45 @@ def print_search(r, show_all):
     hidden = len(r["rows"]) - len(rows)
     print("\ncommunication of each GPU, per layer and micro-batch (AR all-reduce, AG all-gather, RS reduce-scatter "
           "of the buffer shown; ring: forward steps x bytes + backward steps x bytes), and per step for the gradients:")
-    fmt = "%-26s %-26s %-30s %-22s %-10s %s"
-    print(fmt % ("layout", "TP / SP per layer", "CP ring per layer", "ring/attention f / b", "halo/layer",
-                 "grads over dp x cp: RS + AG per step"))
+    piped = any(x["pp"] > 1 for x in r["rows"])
+    w = 36 if piped else 26
+    fmt = "%-" + str(w) + "s %-26s %-30s %-22s %-10s " + ("%-30s " if piped else "%s") + ("%s" if piped else "")
+    head = ["layout", "TP / SP per layer", "CP ring per layer", "ring/attention f / b", "halo/layer"]
+    head += (["PP p2p per micro-batch"] if piped else []) + ["grads over dp x cp: RS + AG per step"]
+    print(fmt % tuple(head))
     for x in rows:
         ring, ratio, halo = describe_ring(x, r["recompute"])
-        print(fmt % (x["layout"], describe_tp(x), ring, ratio, halo,
-                     "%s + %s GB %s (%d ranks)" % (gb(x["dp_reduce_bytes_per_gpu"]), gb(x["dp_gather_bytes_per_gpu"]),
-                                                   x["dp_link"][:2], x["grad_group"])))
-    print("\nstep time and memory per GPU (ZeRO-1 over dp x cp):")
-    head = ("layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s", "step s", "eff",
-            "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB")
-    fmt = "%-26s %6s %7s %7s %7s %9s %6s %6s %6s %7s %4s %8s %7s %7s %7s %8s"
-    print(fmt % head)
+        cols = [x["layout"], describe_tp(x), ring, ratio, halo] + ([describe_p2p(x)] if piped else [])
+        cols.append("%s + %s GB %s (%d ranks)" % (gb(x["dp_reduce_bytes_per_gpu"]), gb(x["dp_gather_bytes_per_gpu"]),
+                                                  x["dp_link"][:2], x["grad_group"]))
+        print(fmt % tuple(cols))
+    print("\nstep time and memory per GPU (ZeRO-1 over dp x cp%s):" % (" of each stage" if piped else ""))
+    head = ["layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s"]
+    head += ["PP GB", "PP s", "bubble", "imbal"] if piped else []
+    head += ["step s", "eff", "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB"]
+    fmt = "%-" + str(w) + "s %6s %7s %7s %7s %9s %6s %6s %6s " + ("%6s %6s %6s %6s " if piped else "") + \
+        "%7s %4s %8s %7s %7s %7s %8s"
+    print(fmt % tuple(head))
     for x in rows:
-        print(fmt % (x["layout"], x["micro_batches_per_gpu"], gb(x["tp_bytes_per_gpu"]), gb(x["cp_bytes_per_gpu"]),
-                     gb(x["dp_bytes_per_gpu"]), "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"],
-                     "%.3f" % x["cp_comm_s"], "%.3f" % x["dp_comm_s"], "%.3f" % x["step_s"], pct(x["efficiency"]),
-                     "%.3f" % x["step_overlap_s"], pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
-                     "%.1f" % (x["activation_bytes"]["total"] / 2**30),
-                     "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")))
+        cols = [x["layout"], x["micro_batches_per_gpu"], gb(x["tp_bytes_per_gpu"]), gb(x["cp_bytes_per_gpu"]),
+                gb(x["dp_bytes_per_gpu"]), "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"],
+                "%.3f" % x["cp_comm_s"], "%.3f" % x["dp_comm_s"]]
+        if piped:
+            cols += [gb(x["pp_p2p_bytes_per_gpu"]), "%.3f" % x["pp_p2p_s"], "%.3f" % x["pp_bubble_s"],
+                     "%.3f" % x["pp_imbalance_s"]]
+        cols += ["%.3f" % x["step_s"], pct(x["efficiency"]),
+                 "%.3f" % x["step_overlap_s"], pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
+                 "%.1f" % (x["activation_bytes"]["total"] / 2**30),
+                 "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")]
+        print(fmt % tuple(cols))
     print("GB: bytes each GPU sends per step; ovl: the ring hidden behind attention as far as it can be, the gradient "
           "reduce-scatter behind the last backward and the all-gather behind the next forward; TP is never hidden; "
           "! = over %g GiB" % a["gpu_mem_gib"])
+    if piped:
+        print("PP: the busiest stage's sends of activations and gradients (%s) and their time if serial; bubble = "
+              "(pp - 1) / (m v) of the slowest stage's m micro-batches; imbal = the slowest stage (the LM head's) "
+              "over the balanced compute; with overlap the sends run while the next pass computes; act and mem: the "
+              "pipeline rank that needs the most (its micro-batches in flight)" % r["p2p_dtype"])
     if hidden:
         print("%d more layouts do not fit in %g GiB (--all shows them)" % (hidden, a["gpu_mem_gib"]))
     # The layouts kvshift or the batch rule out, one line per reason.
@@ -951,8 +978,13 @@ def print_search(r, show_all):
         print("not possible: dp %s (the global batch of %d sequences is not a multiple of dp x micro-batch %d)"
               % (", ".join(map(str, dps)), r["global_batch_sequences"], r["micro_batch"]))
     for s in skipped:
-        if s["kind"] not in ("seq", "batch"):
+        if s["kind"] not in ("seq", "batch", "pp"):
             print("not possible: tp %d x cp %d: %s" % (s["tp"], s["cp"], s["why"]))
+    pp_why = sorted({s["why"] for s in skipped if s["kind"] == "pp"})
+    for why in pp_why[:6]:
+        print("not possible: %s" % why)
+    if len(pp_why) > 6:
+        print("not possible: %d more pipeline shapes (--json lists them)" % (len(pp_why) - 6))
     rec, ser = r["recommended"], r["recommended_without_overlap"]
     print("fastest layout that fits: %s" % (rec["layout"] if rec else
                                             "none (lower the micro-batch, recompute, or raise cp or tp)"))
@@ -960,9 +992,82 @@ def print_search(r, show_all):
         print("fastest without overlap: %s" % ser["layout"])
 
 
+DEFAULT_COUNTS = "8,16,64,256,1024"
+
+
+def recommend(a):
+    """For each GPU count of --gpus: the full layout search (every tp, cp, pp, virtual stages, SP)
+    at the config's micro-batch, halved until some layout splits the batch and fits; the fastest
+    layout with overlap, and the fastest without pipeline parallelism."""
+    counts = a.gpus or DEFAULT_COUNTS
+    need(all(c.isdigit() and int(c) >= 1 for c in counts.split(",")),
+         "--gpus must be a comma-separated list of positive integers with --recommend, got '%s'" % counts)
+    out = []
+    for count in [int(c) for c in counts.split(",")]:
+        micro = a.micro_batch
+        while True:
+            b = copy.copy(a)
+            b.gpus, b.micro_batch = str(count), micro
+            b.cp = a.cp or "all"
+            b.pp = a.pp or "all"
+            b.virtual_stages = a.virtual_stages or "all"
+            b.sp = a.sp or "both"
+            try:
+                r = build(b)
+            except UsageError:
+                r = None
+            if (r is not None and r["recommended"]) or b.micro_batch == 1:
+                break
+            micro = b.micro_batch // 2
+        fits = [x for x in r["rows"] if x["fits"]] if r else []
+        best = min(fits, key=lambda x: x["step_overlap_s"]) if fits else None
+        flat = [x for x in fits if x["pp"] == 1]
+        best_flat = min(flat, key=lambda x: x["step_overlap_s"]) if flat else None
+        best_serial = min(fits, key=lambda x: x["step_s"]) if fits else None
+        out.append({"gpus": count, "micro_batch": b.micro_batch, "best": best, "best_without_pp": best_flat,
+                    "best_without_overlap": best_serial, "header": r})
+    return out
+
+
+def print_recommend(recs):
+    head = next((x["header"] for x in recs if x["header"]), None)
+    if head:
+        print("%s: %.2fB params, %d x %d tokens per step, recompute %s; assumed MFU %.0f%% of %g TFLOP/s, NVLink %g GB/s, "
+              "InfiniBand %g Gb/s per GPU, %d GPUs per node, %g GiB; pp stages send %s"
+              % (head["name"], head["params_total"] / 1e9, head["global_batch_sequences"], head["seq_len"],
+                 head["recompute"], 100 * head["assumptions"]["mfu"], head["assumptions"]["peak_tflops"],
+                 head["assumptions"]["nvlink_GBps"], head["assumptions"]["ib_Gbps_per_gpu"], head["gpus_per_node"],
+                 head["assumptions"]["gpu_mem_gib"], head["p2p_dtype"]))
+    fmt = "%5s %3s  %-36s %8s %4s %6s %6s  %-28s %8s %6s  %-36s %7s"
+    print(fmt % ("GPUs", "mb", "fastest (overlap)", "step s", "eff", "MFU", "GiB", "fastest without pp", "step s",
+                 "pp gain", "fastest without overlap", "step s"))
+    for x in recs:
+        b, f, s = x["best"], x["best_without_pp"], x["best_without_overlap"]
+        if b is None:
+            print(fmt % (x["gpus"], x["micro_batch"], "none fits or splits the batch", "-", "-", "-", "-", "-", "-", "-",
+                         "-", "-"))
+            continue
+        gain = "%+.1f%%" % (100 * (f["step_overlap_s"] / b["step_overlap_s"] - 1)) if f else "only pp"
+        print(fmt % (x["gpus"], x["micro_batch"], b["layout"], "%.3f" % b["step_overlap_s"],
+                     pct(b["efficiency_overlap"]), "%.1f%%" % (100 * b["mfu_overlap"]), "%.1f" % b["memory_gib"],
+                     f["layout"] if f else "none fits", "%.3f" % f["step_overlap_s"] if f else "-", gain,
+                     s["layout"], "%.3f" % s["step_s"]))
+    print("mb: micro-batch (the config's, halved until a layout splits the batch and fits); pp gain: how much slower "
+          "the fastest layout without pipeline parallelism is; every layout shown fits")
+
+
 def main(argv):
     args = parse_args(argv)
     try:
+        if args.recommend:
+            _, _, train = load_config(args.config)
+            args.micro_batch = args.micro_batch or train["micro_batch_size"]
+            recs = recommend(args)
+            if args.json:
+                print(json.dumps([{k: v for k, v in x.items() if k != "header"} for x in recs]))
+            else:
+                print_recommend(recs)
+            return 0
         r = build(args)
     except UsageError as e:
         print("scaling: error: %s" % e, file=sys.stderr)

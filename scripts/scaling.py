@@ -1,20 +1,24 @@
 #!/usr/bin/python3
 """Scaling on paper: bytes each GPU sends per step, predicted step time, scaling
 efficiency and memory per GPU of a kvshift config under DP, ZeRO-1, TP, sequence
-parallelism (SP) and context parallelism (CP).
+parallelism (SP), context parallelism (CP) and pipeline parallelism (PP).
 
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 240 [--tp 4]
         [--micro-batch B] [--global-batch SEQS] [--seq-len T] [--recompute none|attention|full]
         [--grad-dtype fp32|bf16] [--master sharded|replicated] [--mfu 0.45] [--peak-tflops 989]
         [--nvlink-gbs 900] [--ib-gbps 400] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 256 --seq-len 32768 --global-batch 96
-        --cp all|N [--sp both|on|off] [--tp N] [--all] ...
+        --cp all|N [--sp both|on|off] [--tp N] [--pp all|N] [--virtual-stages all|N]
+        [--p2p-dtype bf16|fp32] [--all] ...
+    scripts/scaling.py --config configs/paper/19B-kvshift.json --recommend [--gpus 8,16,64,256,1024] ...
 
-Without --cp and --sp: the DP/ZeRO-1 x TP table, every tp in 1, 2, 4, 8 that the
-model and --gpus allow (or --tp), each with plain DP and ZeRO-1. With --cp or
---sp: the layout search, every dp x cp x tp (x SP on/off where tp > 1) with
-ZeRO-1 over dp x cp, the communication of each per layer, and the ones that fit
-in --gpu-mem-gib sorted by predicted step time (--all: the others too).
+Without --cp, --sp and --pp: the DP/ZeRO-1 x TP table, every tp in 1, 2, 4, 8
+that the model and --gpus allow (or --tp), each with plain DP and ZeRO-1. With
+--cp, --sp or --pp: the layout search, every dp x pp x cp x tp (x virtual
+stages, x SP on/off where tp > 1) with ZeRO-1 over each stage's dp x cp, the
+communication of each per layer, and the ones that fit in --gpu-mem-gib sorted
+by predicted step time (--all: the others too). --recommend: the full search
+for each GPU count, the fastest layout with and without pipeline parallelism.
 The model, its assumptions and worked examples are in docs/scaling.md.
 Standard library only, so it runs before anything is built. Errors are one
 line, `scaling: error: ...`, exit 1.

@@ -11,7 +11,12 @@ engine's plan, activations_per_rank). Its per-GPU bytes must equal the ring
 formulas worked out here by hand for the paper's 19B config on 240 GPUs, and
 SP's collectives, the CP ring and halo, the dp x cp gradient reduction, the
 memory and the fit decision for 19B at 32k tokens on 256 GPUs (the worked
-example of docs/scaling.md); bad layouts must be one-line errors. Prints
+example of docs/scaling.md); bad layouts must be one-line errors. Pipeline
+parallelism: the bubble (pp - 1)/(m v) and the p2p formulas against a timeline
+of the engine's schedules written again here from the C++, the in-flight
+micro-batches against kvshift info's pipeline_stages, the stage shapes
+kvshift refuses, per-stage memory summing to the whole model, and the layouts
+where pp wins (docs/scaling.md). Prints
 `N passed, N failed`; exit 1 on any failure. Registered in CTest as
 `scaling_tool`.
 """

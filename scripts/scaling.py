@@ -1,26 +1,31 @@
 #!/usr/bin/python3
 """Scaling on paper: bytes each GPU sends per step, predicted step time, scaling
 efficiency and memory per GPU of a kvshift config under DP, ZeRO-1, TP, sequence
-parallelism (SP) and context parallelism (CP).
+parallelism (SP), context parallelism (CP) and pipeline parallelism (PP).
 
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 240 [--tp 4]
         [--micro-batch B] [--global-batch SEQS] [--seq-len T] [--recompute none|attention|full]
         [--grad-dtype fp32|bf16] [--master sharded|replicated] [--mfu 0.45] [--peak-tflops 989]
         [--nvlink-gbs 900] [--ib-gbps 400] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 256 --seq-len 32768 --global-batch 96
-        --cp all|N [--sp both|on|off] [--tp N] [--all] ...
+        --cp all|N [--sp both|on|off] [--tp N] [--pp all|N] [--virtual-stages all|N]
+        [--p2p-dtype bf16|fp32] [--all] ...
+    scripts/scaling.py --config configs/paper/19B-kvshift.json --recommend [--gpus 8,16,64,256,1024] ...
 
-Without --cp and --sp: the DP/ZeRO-1 x TP table, every tp in 1, 2, 4, 8 that the
-model and --gpus allow (or --tp), each with plain DP and ZeRO-1. With --cp or
---sp: the layout search, every dp x cp x tp (x SP on/off where tp > 1) with
-ZeRO-1 over dp x cp, the communication of each per layer, and the ones that fit
-in --gpu-mem-gib sorted by predicted step time (--all: the others too).
+Without --cp, --sp and --pp: the DP/ZeRO-1 x TP table, every tp in 1, 2, 4, 8
+that the model and --gpus allow (or --tp), each with plain DP and ZeRO-1. With
+--cp, --sp or --pp: the layout search, every dp x pp x cp x tp (x virtual
+stages, x SP on/off where tp > 1) with ZeRO-1 over each stage's dp x cp, the
+communication of each per layer, and the ones that fit in --gpu-mem-gib sorted
+by predicted step time (--all: the others too). --recommend: the full search
+for each GPU count, the fastest layout with and without pipeline parallelism.
 The model, its assumptions and worked examples are in docs/scaling.md.
 Standard library only, so it runs before anything is built. Errors are one
 line, `scaling: error: ...`, exit 1.
 """
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -168,7 +173,7 @@ def shift_rope_backward_scratch_floats(b, t, h, d, w):
     return h * b * math.ceil(t / tile_rows) * (w + 1) if b > 0 and t > 0 else 0
 
 
-def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
+def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, stage=None):
     """Bytes of the CUDA engine's activations and workspaces on one GPU, by group.
 
     At sp off and cp 1 this is CudaPlan::build's arena without the parameters (fp32 master, fp32
@@ -185,8 +190,18 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
     Groups: residual_stream (divided by tp under SP), per_token (the other buffers with one row per
     token), sp_buffers, cp_ring, workspace (kernel scratch, batch inputs, shift coefficients, RoPE
     tables, AdamW chunk tables, cuBLASLt); total.
+
+    `stage` (pipeline parallelism; None: the whole model) is one rank's part: {"layers": its layers,
+    "head": whether it holds the final norm and LM head, "slots": micro-batches its schedule keeps in
+    flight, "tensors": its TP-local tensor sizes}. As the CPU engine does (one activation slot per
+    micro-batch in flight, each sized for all of the rank's chunks), what a layer keeps for its
+    backward is held once per slot; the rest (one layer's recomputed buffers, the backward's
+    buffers, the logits, the workspaces) once, plus one [rows, C] buffer for the output it sends.
     """
     L, C = m["num_hidden_layers"], m["hidden_size"]
+    head, slots, tensors = True, 1, None
+    if stage is not None:
+        L, head, slots, tensors = stage["layers"], stage["head"], stage["slots"], stage["tensors"]
     D = C // m["num_attention_heads"]
     Hq, Hkv, F = m["num_attention_heads"] // tp, m["num_key_value_heads"] // tp, m["intermediate_size"] // tp
     V = padded_vocab(m, tp) // tp
@@ -197,8 +212,8 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
     N = B * T // cp  # this rank's rows (CP: two chunks of T / 2cp of every sequence)
     Tl = T // cp     # positions per sequence on this rank
     Nl = N // tp if sp else N  # the residual stream's rows under SP
-    A = L if recompute == "none" else 1  # layers of attention outputs kept
-    R = 1 if recompute == "full" else L  # layers of the other activations kept
+    A = L * slots if recompute == "none" else 1  # layers of attention outputs kept
+    R = 1 if recompute == "full" else L * slots  # layers of the other activations kept
     h2, f4 = BF16, FP32
     g = {"residual_stream": 0, "per_token": 0, "sp_buffers": 0, "cp_ring": 0, "workspace": 0}
 
@@ -207,11 +222,12 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
 
     res = align256(Nl * C * h2)
     rstd = align256(Nl * f4)
-    take("residual_stream", (L + 1) * res)         # layer inputs: always kept
+    take("residual_stream", (L * slots + 1) * res)  # layer inputs: always kept
     take("residual_stream", 3 * R * res)           # res_mid, ln1, ln2
     take("residual_stream", 2 * R * rstd)          # rstd1, rstd2
-    take("residual_stream", Nl * C * h2)           # lnf
-    take("residual_stream", Nl * f4)               # rstdf
+    if head:
+        take("residual_stream", Nl * C * h2)       # lnf
+        take("residual_stream", Nl * f4)           # rstdf
     take("residual_stream", Nl * C * h2)           # dresid
     take("residual_stream", Nl * C * h2)           # dln
     take("per_token", R * align256(N * (QD + 2 * KD) * h2))  # qkv
@@ -220,14 +236,14 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
     take("per_token", R * align256(N * 2 * F * h2))           # gate_up
     take("per_token", R * align256(N * F * h2))               # h
     take("per_token", A * align256(B * Hq * Tl * f4))          # lse
-    for nbytes in (N * V * h2, N * f4, N * C * h2,            # logits, losses, proj
+    for nbytes in ((N * V * h2, N * f4) if head else ()) + (N * C * h2,  # logits, losses, proj
                    N * F * h2, N * 2 * F * h2, N * QD * h2, N * QD * h2, N * KD * h2, N * KD * h2,
                    N * (QD + 2 * KD) * h2):                   # dh, dgate_up, dattout, dqhat, dkhat, dvhat, dqkv
         take("per_token", nbytes)
     if sp:
         take("sp_buffers", N * C * h2)
         take("sp_buffers", N * C * h2)
-        take("sp_buffers", (2 * L + 1) * C * f4)
+        take("sp_buffers", (2 * L + head) * C * f4)
     if cp > 1:
         sk, sv, sq = shift_flags(m)
         halo_width = KD * (sk + sv) + QD * sq
@@ -249,12 +265,13 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1):
     take("workspace", 8)
     for nbytes in (N * 4, N * 4, N * f4, N * 4, (N + 1) * 4, N * 4, N * 4):  # tokens ... argmax
         take("workspace", nbytes)
-    if tp > 1:
+    if tp > 1 and head:
         take("workspace", 6 * N * f4)  # vocab-parallel loss statistics
-    chunks = sum(math.ceil(n / (1 << 16)) for n in local_tensors(m, tp))
+    tensors = tensors if tensors is not None else local_tensors(m, tp)
+    chunks = sum(math.ceil(n / (1 << 16)) for n in tensors)
     take("workspace", chunks * 24)  # AdamWChunk {u64, u64, u32}: 24 bytes
     take("workspace", chunks * 24)
-    P = sum(local_tensors(m, tp))  # the parameters' own slices are aligned too: the rest counts here
+    P = sum(tensors)  # the parameters' own slices are aligned too: the rest counts here
     g["workspace"] += 2 * (align256(P * f4) - P * f4) + align256(P * h2) - P * h2
     g["workspace"] += CUBLAS_WORKSPACE
     g["total"] = sum(g.values())
@@ -269,6 +286,125 @@ def state_bytes(p_gpu, grad_bytes, master, shards):
     if master == "sharded":
         return (BF16 + grad_bytes) * p_gpu + 12 * p_gpu / shards
     return (BF16 + grad_bytes + FP32) * p_gpu + 8 * p_gpu / shards
+
+
+# ---- pipeline parallelism (src/parallel/pipeline.cpp, pipeline_schedule.cpp) ----
+
+def pp_error(m, pp, v, micro_batches):
+    """Why kvshift refuses pp stages of v virtual stages over this many micro-batches per replica
+    (config.cpp, pipeline.cpp, trainer.cpp), or None. The tool splits the layers evenly."""
+    L = m["num_hidden_layers"]
+    if v > 1 and pp == 1:
+        return "virtual stages %d: interleaving needs pp > 1" % v
+    if L % (pp * v):
+        return "pp x virtual stages (%d x %d) does not divide the %d layers" % (pp, v, L)
+    if v > 1 and micro_batches % pp:
+        return "interleaving needs the micro-batches per replica (%d) to be a multiple of pp %d" % (micro_batches, pp)
+    return None
+
+
+def pipeline_schedule(pp, v, rank, m):
+    """Rank `rank`'s passes over m micro-batches, in order: ("F" or "B", micro-batch, chunk), as
+    pipeline_schedule() in src/parallel/pipeline_schedule.cpp builds them (1F1B; Megatron's
+    interleaved 1F1B for v > 1, m a multiple of pp)."""
+    if v == 1:
+        warm = min(pp - rank - 1, m)
+        ops = [("F", i, 0) for i in range(warm)]
+        for i in range(m - warm):
+            ops += [("F", warm + i, 0), ("B", i, 0)]
+        return ops + [("B", i, 0) for i in range(m - warm, m)]
+    total, group = m * v, pp * v
+    fwd = [("F", k // group * pp + k % pp, k % group // pp) for k in range(total)]
+    bwd = [("B", mb, v - 1 - c) for _, mb, c in fwd]
+    warm = total if m == pp else min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    ops = fwd[:warm]
+    for k in range(total - warm):
+        ops += [fwd[warm + k], bwd[k]]
+    return ops + bwd[total - warm:]
+
+
+_in_flight = {}
+
+
+def micro_batches_in_flight(pp, v, rank, m):
+    """The most micro-batches rank's schedule has forwarded and not yet finished backwarding: the
+    activation slots the engine allocates (micro_batches_in_flight(), `kvshift info`'s pipeline_stages).
+    1F1B: min(pp - rank, m)."""
+    key = (pp, v, rank, m)
+    if key not in _in_flight:
+        active, most = set(), 0
+        for kind, mb, chunk in pipeline_schedule(pp, v, rank, m):
+            if kind == "F":
+                active.add(mb)
+            most = max(most, len(active))
+            if kind == "B" and chunk == 0:
+                active.discard(mb)
+        _in_flight[key] = max(most, 1)
+    return _in_flight[key]
+
+
+def chunk_passes_in_flight(pp, v, rank, m):
+    """The most chunk passes (one micro-batch through one chunk) forwarded and not yet backwarded:
+    what a stage would hold if it freed each chunk's activations after that chunk's backward
+    (Megatron). Rank 0: pp + (pp - 1) / v stages' worth, i.e. pp v + pp - 1 chunks, for m > pp."""
+    active, most = 0, 0
+    for kind, _, _ in pipeline_schedule(pp, v, rank, m):
+        active += 1 if kind == "F" else -1
+        most = max(most, active)
+    return most
+
+
+def stage_tensors(m, tp, pp, v, rank):
+    """TP-local sizes of pipeline rank `rank`'s tensors: its L/pp layers (even split into pp x v
+    stages), the embedding on rank 0, the final norm and LM head on rank pp - 1 (with tied embeddings
+    the last stage's own copy of the embedding is its head). pp 1: the whole model."""
+    t = local_tensors(m, tp)
+    L = m["num_hidden_layers"]
+    per_layer = (len(t) - 2 - (not m["tie_word_embeddings"])) // L
+    layers = t[1:1 + L * per_layer]
+    head_tensors = t[1 + L * per_layer:]  # final norm (+ untied LM head)
+    if pp == 1:
+        return t
+    out = [t[0]] if rank == 0 else []
+    out += layers[:L // pp * per_layer]  # every rank holds L / pp layers of the same shapes
+    if rank == pp - 1:
+        out += head_tensors + ([t[0]] if m["tie_word_embeddings"] else [])
+    return out
+
+
+def stage_flops_per_token(m, seq_len, layers, head):
+    """Training FLOPs per token of `layers` decoder layers (+ the final norm and LM head): the terms
+    of flops_per_token() that belong to them, so the stages sum to the whole model."""
+    L, h = m["num_hidden_layers"], m["hidden_size"]
+    per_layer = 6 * (param_counts(m)["non_embedding"] - h) / L + 6 * seq_len * h
+    return layers * per_layer + (6 * h + 6 * m["vocab_size"] * h if head else 0)
+
+
+def stage_tp_collectives(layers, first, last, recompute, sp):
+    """tp_collectives() of one pipeline stage: its layers' share; the embedding's once-collectives on
+    the first stage, the LM head's on the last."""
+    full = recompute == "full"
+    if not sp:
+        return {"all_reduce": (4 + 2 * full) * layers + first + last}
+    return {"all_gather": (6 + 2 * full) * layers + first + 2 * last,
+            "reduce_scatter": (4 + 2 * full) * layers + first + last}
+
+
+def node_of(rank, a):
+    return rank // a.gpus_per_node
+
+
+def pp_boundary_links(dp, pp, cp, tp, a):
+    """The link of each stage boundary r -> r + 1 (and, interleaved, the wrap-around pp - 1 -> 0):
+    InfiniBand if, in any replica, a rank and its neighbour (the same dp, cp and tp rank) sit in
+    different nodes. Rank = ((dp_rank pp + pp_rank) cp + cp_rank) tp + tp_rank (docs/PARALLEL.md)."""
+    block = cp * tp
+
+    def crosses(r0, r1):
+        return any(node_of((d * pp + r0) * block + i, a) != node_of((d * pp + r1) * block + i, a)
+                   for d in range(dp) for i in range(block))
+    return {"forward": ["ib" if crosses(r, r + 1) else "nvlink" for r in range(pp - 1)],
+            "wrap": "ib" if pp > 1 and crosses(pp - 1, 0) else "nvlink"}
 
 
 # ---- communication ----
@@ -316,11 +452,13 @@ def bandwidth(kind, a):
     return a.nvlink_gbs * 1e9 if kind == "nvlink" else a.ib_gbps / 8 * 1e9
 
 
-def predict(m, train, a, dp, cp, tp, sp, mode):
-    """One layout: dp x cp x tp (SP on or off), gradient reduction `mode` over the dp x cp ranks."""
+def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
+    """One layout: dp x pp x cp x tp (SP on or off; v virtual stages per pipeline rank), gradient
+    reduction `mode` over the dp x cp ranks of each stage."""
     mb, seq, gb = a.micro_batch, a.seq_len, a.global_batch
-    micro_steps = gb // (dp * mb)  # micro-batches each GPU runs per step (a TP x CP group shares one)
+    micro_steps = gb // (dp * mb)  # micro-batches each GPU runs per step (a PP x CP x TP group shares one)
     L, h = m["num_hidden_layers"], m["hidden_size"]
+    Ls = L // pp  # layers of one pipeline rank
     d_head = h // m["num_attention_heads"]
     recompute = train["recompute"]
     rows = mb * seq // cp  # rows of a micro-batch on one GPU before SP
@@ -335,14 +473,14 @@ def predict(m, train, a, dp, cp, tp, sp, mode):
     achieved = a.mfu * a.peak_tflops * 1e12  # FLOP/s of one GPU
     compute_s = (flops + recompute_flops) / (a.gpus * achieved)
 
-    # TP (or SP): collectives of [rows, h] bf16 per micro-batch, on the critical path.
-    coll = tp_collectives(L, recompute, sp)
+    # TP (or SP): collectives of [rows, h] bf16 per micro-batch, on the critical path; a pipeline
+    # rank runs its layers' (and the embedding's or the LM head's) share.
     tp_buf = rows * h * BF16
-    tp_bytes = micro_steps * (coll.get("all_reduce", 0) * ring_allreduce_bytes(tp_buf, tp) +
-                              (coll.get("all_gather", 0) + coll.get("reduce_scatter", 0)) *
-                              ring_half_bytes(tp_buf, tp))
+
+    def tp_bytes_of(coll):
+        return (coll.get("all_reduce", 0) * ring_allreduce_bytes(tp_buf, tp) +
+                (coll.get("all_gather", 0) + coll.get("reduce_scatter", 0)) * ring_half_bytes(tp_buf, tp))
     tp_link = link(tp, a)
-    tp_s = tp_bytes / bandwidth(tp_link, a)
 
     # CP: per layer and micro-batch the ring passes this rank's K/V block [rows, 2 KD/tp] bf16 cp - 1
     # times forward, and cp times backward with its fp32 dK/dV accumulators; the halo all-gathers W raw
@@ -362,24 +500,76 @@ def predict(m, train, a, dp, cp, tp, sp, mode):
     halo_layer = (fwd_rings + 1) * (cp - 1) * halo_piece if cp > 1 else 0
     cp_link = link(cp * tp, a)
     cp_bw = bandwidth(cp_link, a)
-    cp_bytes = micro_steps * L * (ring_layer + halo_layer)
-    cp_s = cp_bytes / cp_bw
     attn_step_fwd = 2.0 * mb * seq * seq * d_head * m["num_attention_heads"] / (tp * cp * cp) / achieved
     if cp > 1:
         ratio_fwd = ring_fwd_step / cp_bw / attn_step_fwd
         ratio_bwd = ring_bwd_step / cp_bw / (2 * attn_step_fwd)
         exposed_layer = (fwd_rings * (cp - 1) * max(0.0, ring_fwd_step / cp_bw - attn_step_fwd) +
                          cp * max(0.0, ring_bwd_step / cp_bw - 2 * attn_step_fwd))
-        cp_exposed = micro_steps * L * (exposed_layer + halo_layer / cp_bw)
     else:
-        ratio_fwd = ratio_bwd = 0.0
-        cp_exposed = 0.0
+        ratio_fwd = ratio_bwd = exposed_layer = 0.0
+
+    # One micro-batch through each pipeline rank's part: compute (its FLOPs, recomputation included),
+    # TP and CP, serial and with the ring overlapped. pp 1: the whole model, compute_s / micro_steps.
+    extra_layer = extra[recompute] / L
+    stages = []
+    for r in range(pp):
+        first, last = r == 0, r == pp - 1
+        sf = stage_flops_per_token(m, seq, Ls, last) + extra_layer * Ls
+        coll = stage_tp_collectives(Ls, first, last, recompute, sp)
+        tp_r = tp_bytes_of(coll) / bandwidth(tp_link, a)
+        cp_bytes_r = Ls * (ring_layer + halo_layer)
+        stages.append({"compute": sf * mb * seq / (tp * cp * achieved), "tp_bytes": tp_bytes_of(coll), "tp": tp_r,
+                       "cp_bytes": cp_bytes_r, "cp": cp_bytes_r / cp_bw,
+                       "cp_exposed": Ls * (exposed_layer + halo_layer / cp_bw), "coll": coll})
+    slow = max(stages, key=lambda x: x["compute"] + x["tp"] + x["cp"])
+    slow_ovl = max(stages, key=lambda x: x["compute"] + x["tp"] + x["cp_exposed"])
+    tp_bytes = micro_steps * slow["tp_bytes"]
+    tp_s = micro_steps * slow["tp"]
+    cp_bytes = micro_steps * slow["cp_bytes"]
+    cp_s = micro_steps * slow["cp"]
+    cp_exposed = micro_steps * slow_ovl["cp_exposed"]
+    # The stages are not equal (the LM head is on the last): the slowest sets the pace.
+    imbalance = micro_steps * slow["compute"] - compute_s if pp > 1 else 0.0
+    imbalance_ovl = micro_steps * slow_ovl["compute"] - compute_s if pp > 1 else 0.0
+    tp_ovl_s = micro_steps * slow_ovl["tp"]
+
+    # The pipeline: the bubble is (pp - 1) / (m v) of the ideal step m x t, t the slowest rank's time
+    # for one micro-batch (1F1B and interleaved alike; tests/test_scaling.py counts it on the engine's
+    # schedule). P2P: each chunk pass sends its output forward ([rows, h], rows / tp under SP; bf16,
+    # or fp32 as the CPU engine sends today) and its input gradient backward. Serial (a pass waits
+    # for its send): every pass pays c, 2 c (m v + pp - 1) per step. Overlapped (isend while the next
+    # pass computes): 1F1B stalls on the round trip, 2 c ((pp - 1) m / pp + pp - 1); interleaved only
+    # on the fill and drain, 2 c (pp v - 1) (the test bounds both against the simulated schedule).
+    p2p_msg = (rows // tp if sp else rows) * h * (BF16 if a.p2p_dtype == "bf16" else FP32)
+    if pp > 1:
+        links = pp_boundary_links(dp, pp, cp, tp, a)
+        used = links["forward"] + ([links["wrap"]] if v > 1 else [])
+        p2p_link = "ib" if "ib" in used else "nvlink"
+        c = p2p_msg / bandwidth(p2p_link, a)
+        pass_s = (slow["compute"] + slow["tp"] + slow["cp"]) / v
+        pass_ovl_s = (slow_ovl["compute"] + slow_ovl["tp"] + slow_ovl["cp_exposed"]) / v
+        bubble = (pp - 1) * pass_s
+        bubble_ovl = (pp - 1) * pass_ovl_s
+        p2p_s = 2 * c * (micro_steps * v + pp - 1)
+        hops = (pp - 1) * micro_steps / pp + pp - 1 if v == 1 else pp * v - 1
+        # The overlap formulas hold while a transfer is short next to a chunk's forward (a third of
+        # its pass); past that the tool charges the serial time.
+        p2p_exposed = 2 * c * hops if c <= pass_ovl_s / 3 / 2 else p2p_s
+        sends = 2 * v if pp > 2 else 2 * v - 1  # the busiest rank's: no send forward from the last stage, back from the first
+        p2p_bytes = micro_steps * sends * p2p_msg
+    else:
+        links, p2p_link, c = {"forward": [], "wrap": "nvlink"}, "-", 0.0
+        bubble = bubble_ovl = p2p_s = p2p_exposed = p2p_bytes = 0.0
 
     # Gradients: summed over the dp x cp ranks holding the same weights (CP ranks each compute a share
-    # of every sequence's gradient), once per step; ZeRO-1 reduce-scatters them and all-gathers the
-    # updated parameters (bf16, or the fp32 master that kvshift's engines gather when it is replicated).
+    # of every sequence's gradient), once per step, each stage over its own ranks; ZeRO-1
+    # reduce-scatters them and all-gathers the updated parameters (bf16, or the fp32 master that
+    # kvshift's engines gather when it is replicated). The largest stage counts.
     n = dp * cp
-    p_gpu = params_per_gpu(m, tp)
+    tensors = [stage_tensors(m, tp, pp, v, r) for r in range(pp)]
+    params = [sum(t) for t in tensors]
+    p_gpu = max(params)
     gbytes = FP32 if a.grad_dtype == "fp32" else BF16
     if mode == "zero1":
         reduce_bytes = ring_half_bytes(p_gpu * gbytes, n)
@@ -388,31 +578,56 @@ def predict(m, train, a, dp, cp, tp, sp, mode):
         reduce_bytes, gather_bytes = ring_allreduce_bytes(p_gpu * gbytes, n), 0.0
     dp_link = link(a.gpus, a)
     reduce_s, gather_s = reduce_bytes / bandwidth(dp_link, a), gather_bytes / bandwidth(dp_link, a)
+    # Tied embeddings under PP: the first and the last stage sum their copies' gradients (fp32), after
+    # the backward, on the critical path.
+    embed_bytes = tensors[0][0] * FP32 if pp > 1 and m["tie_word_embeddings"] else 0
+    embed_link = links["wrap"] if pp > 1 else "nvlink"
+    embed_s = embed_bytes / bandwidth(embed_link, a)
 
     # Overlap: each layer's gradients are reduced as soon as its backward ends, during the rest of
     # the last micro-batch's backward (2/3 of its compute); ZeRO-1's all-gather of layer l runs
     # during the next step's forward of layers < l (1/3). One layer's share of each stays exposed.
     def exposed(comm_s, hide_s):
-        return max(comm_s - hide_s, comm_s / L) if comm_s > 0 else 0.0
-    micro_s = compute_s / micro_steps
+        return max(comm_s - hide_s, comm_s / Ls) if comm_s > 0 else 0.0
+    micro_s = compute_s / micro_steps if pp == 1 else slow_ovl["compute"]
     reduce_exposed, gather_exposed = exposed(reduce_s, micro_s * 2 / 3), exposed(gather_s, micro_s / 3)
-    step_plain = compute_s + tp_s + cp_s + reduce_s + gather_s
-    step_overlap = compute_s + tp_s + cp_exposed + reduce_exposed + gather_exposed
+    step_plain = compute_s + imbalance + tp_s + cp_s + bubble + p2p_s + reduce_s + gather_s + embed_s
+    step_overlap = (compute_s + imbalance_ovl + tp_ovl_s + cp_exposed + bubble_ovl + p2p_exposed +
+                    reduce_exposed + gather_exposed + embed_s)
 
     # Memory per GPU: parameters, gradients and optimizer state (ZeRO-1 shards over dp x cp), and the
-    # CUDA engine's activations and workspaces for one micro-batch.
-    st = state_bytes(p_gpu, gbytes, a.master, n if mode == "zero1" else 1)
-    act = cuda_activations(m, tp, mb, seq, recompute, sp, cp)
-    mem_gib = (st + act["total"]) / 2**30
+    # CUDA engine's activations and workspaces, per pipeline rank for the micro-batches its schedule
+    # keeps in flight; the largest rank counts.
+    shards = n if mode == "zero1" else 1
+    per_stage = []
+    for r in range(pp):
+        st_r = state_bytes(params[r], gbytes, a.master, shards)
+        if pp == 1:
+            act_r = cuda_activations(m, tp, mb, seq, recompute, sp, cp)
+            slots = chunks_held = 1
+        else:
+            slots = micro_batches_in_flight(pp, v, r, micro_steps)
+            chunks_held = chunk_passes_in_flight(pp, v, r, micro_steps)
+            act_r = cuda_activations(m, tp, mb, seq, recompute, sp, cp,
+                                     {"layers": Ls, "head": r == pp - 1, "slots": slots, "tensors": tensors[r]})
+        per_stage.append({"stage": r, "params": params[r], "state_bytes": st_r, "activation_bytes": act_r,
+                          "micro_batches_in_flight": slots, "chunk_passes_in_flight": chunks_held,
+                          "memory_gib": (st_r + act_r["total"]) / 2**30})
+    top = max(per_stage, key=lambda x: x["memory_gib"])
+    st, act, mem_gib = top["state_bytes"], top["activation_bytes"], top["memory_gib"]
 
-    label = ("dp %d x tp %d" % (dp, tp) if a.search is None else
-             "dp %d x cp %d x tp %d%s" % (dp, cp, tp, " SP" if sp else ""))
+    if a.search is None:
+        label = "dp %d x tp %d" % (dp, tp)
+    else:
+        label = "dp %d x %scp %d x tp %d%s" % (dp, "" if pp == 1 else "pp %d%s x " % (pp, " v %d" % v if v > 1 else ""),
+                                              cp, tp, " SP" if sp else "")
+    ideal = compute_s  # the balanced compute of one GPU
     return {
-        "layout": label, "dp": dp, "cp": cp, "tp": tp, "sp": sp, "mode": mode,
+        "layout": label, "dp": dp, "pp": pp, "v": v, "cp": cp, "tp": tp, "sp": sp, "mode": mode,
         "grad_dtype": a.grad_dtype, "micro_batches_per_gpu": micro_steps,
         "params_per_gpu": p_gpu,
         "tp_collectives_per_layer": tp_collectives_per_layer(recompute, sp) if tp > 1 else {},
-        "tp_collectives_per_micro_batch": coll if tp > 1 else {},
+        "tp_collectives_per_micro_batch": slow["coll"] if tp > 1 else {},
         "tp_buffer_bytes": tp_buf if tp > 1 else 0,
         "tp_bytes_per_gpu": tp_bytes, "tp_link": tp_link, "tp_comm_s": tp_s,
         "cp_ring_bytes_per_layer": ring_layer, "cp_halo_bytes_per_layer": halo_layer,
@@ -421,16 +636,22 @@ def predict(m, train, a, dp, cp, tp, sp, mode):
         "cp_ring_over_attention_forward": ratio_fwd, "cp_ring_over_attention_backward": ratio_bwd,
         "cp_ring_hides": cp > 1 and max(ratio_fwd, ratio_bwd) <= 1.0,
         "cp_bytes_per_gpu": cp_bytes, "cp_link": cp_link, "cp_comm_s": cp_s, "cp_comm_exposed_overlap_s": cp_exposed,
+        "pp_bubble_fraction": (pp - 1) / (micro_steps * v), "pp_bubble_s": bubble, "pp_bubble_overlap_s": bubble_ovl,
+        "pp_imbalance_s": imbalance, "pp_p2p_bytes_per_message": p2p_msg if pp > 1 else 0,
+        "pp_p2p_bytes_per_gpu": p2p_bytes, "pp_p2p_link": p2p_link, "pp_boundary_links": links,
+        "pp_p2p_message_s": c, "pp_p2p_s": p2p_s, "pp_p2p_exposed_overlap_s": p2p_exposed,
+        "embed_sync_bytes": embed_bytes, "embed_sync_s": embed_s,
+        "stages": per_stage if pp > 1 else [],
         "grad_group": n,
         "dp_bytes_per_gpu": reduce_bytes + gather_bytes,
         "dp_reduce_bytes_per_gpu": reduce_bytes, "dp_gather_bytes_per_gpu": gather_bytes,
         "dp_link": dp_link, "compute_s": compute_s, "dp_comm_s": reduce_s + gather_s,
         "dp_comm_exposed_overlap_s": reduce_exposed + gather_exposed,
         "step_s": step_plain, "step_overlap_s": step_overlap,
-        "efficiency": compute_s / step_plain, "efficiency_overlap": compute_s / step_overlap,
+        "efficiency": ideal / step_plain, "efficiency_overlap": ideal / step_overlap,
         "tokens_per_s_overlap": gb * seq / step_overlap,
         "mfu_overlap": flops / (a.gpus * a.peak_tflops * 1e12 * step_overlap),
-        "state_bytes": st, "activation_bytes": act,
+        "state_bytes": st, "activation_bytes": act, "memory_stage": top["stage"],
         "memory_gib": mem_gib, "fits": mem_gib <= a.gpu_mem_gib,
     }
 
@@ -441,11 +662,21 @@ MODES = {"dp": "DP all-reduce", "zero1": "ZeRO-1"}
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--tp", type=int, help="one tensor-parallel size (default: every one of 1, 2, 4, 8 that fits)")
+    p.add_argument("--gpus", help="GPUs (--recommend: a comma-separated list, default 8,16,64,256,1024)")
+    p.add_argument("--tp", type=int, help="one tensor-parallel size (default: every one of 1, 2, 4, 8 that fits; "
+                                          "the layout search: every power of two)")
     p.add_argument("--cp", help="context-parallel size, or 'all' for every one that divides: the layout search")
     p.add_argument("--sp", choices=["both", "on", "off"],
                    help="sequence parallelism where tp > 1 (default both): the layout search")
+    p.add_argument("--pp", help="pipeline stages, or 'all' for every pp that splits the layers: the layout search")
+    p.add_argument("--virtual-stages", help="interleaved 1F1B: virtual stages per pipeline rank, or 'all' "
+                                            "(default 1)")
+    p.add_argument("--p2p-dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="dtype of the activations and gradients sent between stages (default bf16; the CPU "
+                        "engine sends fp32)")
+    p.add_argument("--recommend", action="store_true",
+                   help="the best layout (with and without pipeline parallelism) for each of --gpus, from the "
+                        "full search (every tp, cp, pp, virtual stages, SP)")
     p.add_argument("--all", action="store_true", help="layout search: print the layouts that do not fit too")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default: the config's)")
     p.add_argument("--global-batch", type=int, help="sequences per step (default: micro_batch_size x grad_accum_steps)")
@@ -471,9 +702,13 @@ def divisors(n):
 
 
 def search_layouts(m, train, a):
-    """Every dp x cp x tp (x SP) of --gpus that kvshift accepts and the global batch splits into;
-    the others as `skipped` ({"tp", "cp", "kind", "why"})."""
-    tps = [a.tp] if a.tp is not None else [t for t in (1, 2, 4, 8) if a.gpus % t == 0 and tp_error(m, t) is None]
+    """Every dp x pp x cp x tp (x virtual stages, x SP) of --gpus that kvshift accepts and the global
+    batch splits into; the others as `skipped` ({"tp", "cp", "kind", "why"}, "pp" and "v" for kind pp)."""
+    if a.tp is not None:
+        tps = [a.tp]
+    else:
+        tps = [t for t in (2 ** i for i in range(12)) if t <= a.gpus and a.gpus % t == 0 and tp_error(m, t) is None]
+    L = m["num_hidden_layers"]
     rows, skipped = [], []
     for tp in tps:
         cps = [a.search] if a.search != "all" else divisors(a.gpus // tp)
@@ -485,26 +720,57 @@ def search_layouts(m, train, a):
             if why:
                 skipped.append({"tp": tp, "cp": cp, "kind": "seq", "why": why})
                 continue
-            dp = a.gpus // (tp * cp)
-            if a.global_batch % (dp * a.micro_batch):
-                skipped.append({"tp": tp, "cp": cp, "dp": dp, "kind": "batch",
-                                "why": "the global batch (%d sequences) is not a multiple of dp %d x micro-batch %d"
-                                % (a.global_batch, dp, a.micro_batch)})
-                continue
-            sps = [False, True] if tp > 1 else [False]
-            if a.sp != "both":
-                sps = [s for s in sps if s == (a.sp == "on")]
-            for sp in sps:
-                if sp and a.seq_len % tp:
-                    skipped.append({"tp": tp, "cp": cp, "kind": "sp", "why": "SP: seq_len is not divisible by tp"})
+            pps = ([a.pp_search] if a.pp_search != "all" else
+                   [p for p in divisors(a.gpus // (tp * cp)) if L % p == 0])
+            for pp in pps:
+                if (a.gpus // (tp * cp)) % pp:
+                    skipped.append({"tp": tp, "cp": cp, "pp": pp, "v": 1, "kind": "gpus",
+                                    "why": "tp x cp x pp does not divide --gpus"})
                     continue
-                rows.append(predict(m, train, a, dp, cp, tp, sp, "zero1"))
+                dp = a.gpus // (tp * cp * pp)
+                if a.global_batch % (dp * a.micro_batch):
+                    skipped.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "kind": "batch",
+                                    "why": "the global batch (%d sequences) is not a multiple of dp %d x micro-batch %d"
+                                    % (a.global_batch, dp, a.micro_batch)})
+                    continue
+                micro = a.global_batch // (dp * a.micro_batch)
+                if a.v_search == "all":
+                    # Chunks of at least two layers: with one, every layer is a stage boundary, and the
+                    # model charges no per-pass overhead that would show the cost of that.
+                    vs = [1] if pp == 1 else [v for v in divisors(L // pp) if v == 1 or L // (pp * v) >= 2]
+                else:
+                    vs = [a.v_search]
+                for v in vs:
+                    why = pp_error(m, pp, v, micro)
+                    if why:
+                        skipped.append({"tp": tp, "cp": cp, "pp": pp, "v": v, "dp": dp, "kind": "pp", "why": why})
+                        continue
+                    sps = [False, True] if tp > 1 else [False]
+                    if a.sp != "both":
+                        sps = [s for s in sps if s == (a.sp == "on")]
+                    for sp in sps:
+                        if sp and a.seq_len % tp:
+                            skipped.append({"tp": tp, "cp": cp, "kind": "sp",
+                                            "why": "SP: seq_len is not divisible by tp"})
+                            continue
+                        rows.append(predict(m, train, a, dp, cp, tp, sp, "zero1", pp, v))
     rows.sort(key=lambda r: (not r["fits"], r["step_overlap_s"]))
     return rows, skipped
 
 
+def size_or_all(value, flag):
+    """A positive integer, 'all', or None."""
+    if value is None or value == "all":
+        return value
+    need(value.isdigit() and int(value) >= 1, "%s must be a positive integer or 'all', got '%s'" % (flag, value))
+    return int(value)
+
+
 def build(a):
     name, m, train = load_config(a.config)
+    need(a.gpus is not None, "--gpus is required")
+    need(a.gpus.isdigit(), "--gpus must be a positive integer, got '%s'" % a.gpus)
+    a.gpus = int(a.gpus)
     a.micro_batch = a.micro_batch or train["micro_batch_size"]
     a.seq_len = a.seq_len or train["seq_len"]
     a.global_batch = a.global_batch or train["micro_batch_size"] * train["grad_accum_steps"]
@@ -514,6 +780,21 @@ def build(a):
         need(getattr(a, k) >= 1, "--%s must be at least 1" % k.replace("_", "-"))
     need(0 < a.mfu <= 1, "--mfu must be in (0, 1]")
     a.search = None
+    a.pp_search = size_or_all(a.pp, "--pp")
+    a.v_search = size_or_all(a.virtual_stages, "--virtual-stages")
+    if a.pp_search is not None or a.v_search is not None:
+        if a.pp_search is None:
+            a.pp_search = "all"
+        if a.v_search is None:
+            a.v_search = 1
+        if a.pp_search != "all":
+            need(a.gpus % a.pp_search == 0, "--pp %d does not divide --gpus %d" % (a.pp_search, a.gpus))
+            v0 = a.v_search if a.v_search != "all" else 1
+            why = pp_error(m, a.pp_search, v0, a.pp_search)  # the shape alone; the batch comes per layout
+            need(why is None, "--pp %d: %s" % (a.pp_search, why))
+        a.sp = a.sp or "both"
+    else:
+        a.pp_search, a.v_search = 1, 1
     if a.cp is not None or a.sp is not None:
         a.sp = a.sp or "both"
         if a.cp is None or a.cp == "all":
@@ -543,7 +824,7 @@ def build(a):
         first = skipped[0] if skipped else None
         need(rows, "no layout of %d GPUs splits the global batch of %d sequences and the model (%s)" %
              (a.gpus, a.global_batch, "tp %d x cp %d: %s" % (first["tp"], first["cp"], first["why"]) if first
-              else "no tp in 1, 2, 4, 8 divides both --gpus and the model's heads"))
+              else "no tp divides both --gpus and the model's heads"))
     counts = param_counts(m)
     ok = [r for r in rows if r["fits"]]
     best = max(ok, key=lambda r: r["tokens_per_s_overlap"]) if ok else None
@@ -558,7 +839,7 @@ def build(a):
         "assumptions": {"mfu": a.mfu, "peak_tflops": a.peak_tflops, "nvlink_GBps": a.nvlink_gbs,
                         "ib_Gbps_per_gpu": a.ib_gbps, "grad_dtype": a.grad_dtype, "master": a.master,
                         "gpu_mem_gib": a.gpu_mem_gib},
-        "rows": rows, "skipped": skipped,
+        "p2p_dtype": a.p2p_dtype, "rows": rows, "skipped": skipped,
         "recommended": best and {"layout": best["layout"], "mode": best["mode"]},
         "recommended_without_overlap": best_serial and {"layout": best_serial["layout"], "mode": best_serial["mode"]},
     }
@@ -635,6 +916,14 @@ def describe_ring(x, recompute):
     return ring, ratio, "%.1f KB" % (x["cp_halo_bytes_per_layer"] / 1e3)
 
 
+def describe_p2p(x):
+    if x["pp"] == 1:
+        return "-"
+    sends = 2 * x["v"] if x["pp"] > 2 else 2 * x["v"] - 1
+    return "%d x %s MB %s, bubble %.1f%%" % (sends, mb_(x["pp_p2p_bytes_per_message"]), x["pp_p2p_link"][:2],
+                                           100 * x["pp_bubble_fraction"])
+
+
 def print_search(r, show_all):
     print_header(r)
     a = r["assumptions"]
@@ -642,29 +931,45 @@ def print_search(r, show_all):
     hidden = len(r["rows"]) - len(rows)
     print("\ncommunication of each GPU, per layer and micro-batch (AR all-reduce, AG all-gather, RS reduce-scatter "
           "of the buffer shown; ring: forward steps x bytes + backward steps x bytes), and per step for the gradients:")
-    fmt = "%-26s %-26s %-30s %-22s %-10s %s"
-    print(fmt % ("layout", "TP / SP per layer", "CP ring per layer", "ring/attention f / b", "halo/layer",
-                 "grads over dp x cp: RS + AG per step"))
+    piped = any(x["pp"] > 1 for x in r["rows"])
+    w = 36 if piped else 26
+    fmt = "%-" + str(w) + "s %-26s %-30s %-22s %-10s " + ("%-30s " if piped else "%s") + ("%s" if piped else "")
+    head = ["layout", "TP / SP per layer", "CP ring per layer", "ring/attention f / b", "halo/layer"]
+    head += (["PP p2p per micro-batch"] if piped else []) + ["grads over dp x cp: RS + AG per step"]
+    print(fmt % tuple(head))
     for x in rows:
         ring, ratio, halo = describe_ring(x, r["recompute"])
-        print(fmt % (x["layout"], describe_tp(x), ring, ratio, halo,
-                     "%s + %s GB %s (%d ranks)" % (gb(x["dp_reduce_bytes_per_gpu"]), gb(x["dp_gather_bytes_per_gpu"]),
-                                                   x["dp_link"][:2], x["grad_group"])))
-    print("\nstep time and memory per GPU (ZeRO-1 over dp x cp):")
-    head = ("layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s", "step s", "eff",
-            "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB")
-    fmt = "%-26s %6s %7s %7s %7s %9s %6s %6s %6s %7s %4s %8s %7s %7s %7s %8s"
-    print(fmt % head)
+        cols = [x["layout"], describe_tp(x), ring, ratio, halo] + ([describe_p2p(x)] if piped else [])
+        cols.append("%s + %s GB %s (%d ranks)" % (gb(x["dp_reduce_bytes_per_gpu"]), gb(x["dp_gather_bytes_per_gpu"]),
+                                                  x["dp_link"][:2], x["grad_group"]))
+        print(fmt % tuple(cols))
+    print("\nstep time and memory per GPU (ZeRO-1 over dp x cp%s):" % (" of each stage" if piped else ""))
+    head = ["layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s"]
+    head += ["PP GB", "PP s", "bubble", "imbal"] if piped else []
+    head += ["step s", "eff", "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB"]
+    fmt = "%-" + str(w) + "s %6s %7s %7s %7s %9s %6s %6s %6s " + ("%6s %6s %6s %6s " if piped else "") + \
+        "%7s %4s %8s %7s %7s %7s %8s"
+    print(fmt % tuple(head))
     for x in rows:
-        print(fmt % (x["layout"], x["micro_batches_per_gpu"], gb(x["tp_bytes_per_gpu"]), gb(x["cp_bytes_per_gpu"]),
-                     gb(x["dp_bytes_per_gpu"]), "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"],
-                     "%.3f" % x["cp_comm_s"], "%.3f" % x["dp_comm_s"], "%.3f" % x["step_s"], pct(x["efficiency"]),
-                     "%.3f" % x["step_overlap_s"], pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
-                     "%.1f" % (x["activation_bytes"]["total"] / 2**30),
-                     "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")))
+        cols = [x["layout"], x["micro_batches_per_gpu"], gb(x["tp_bytes_per_gpu"]), gb(x["cp_bytes_per_gpu"]),
+                gb(x["dp_bytes_per_gpu"]), "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"],
+                "%.3f" % x["cp_comm_s"], "%.3f" % x["dp_comm_s"]]
+        if piped:
+            cols += [gb(x["pp_p2p_bytes_per_gpu"]), "%.3f" % x["pp_p2p_s"], "%.3f" % x["pp_bubble_s"],
+                     "%.3f" % x["pp_imbalance_s"]]
+        cols += ["%.3f" % x["step_s"], pct(x["efficiency"]),
+                 "%.3f" % x["step_overlap_s"], pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
+                 "%.1f" % (x["activation_bytes"]["total"] / 2**30),
+                 "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")]
+        print(fmt % tuple(cols))
     print("GB: bytes each GPU sends per step; ovl: the ring hidden behind attention as far as it can be, the gradient "
           "reduce-scatter behind the last backward and the all-gather behind the next forward; TP is never hidden; "
           "! = over %g GiB" % a["gpu_mem_gib"])
+    if piped:
+        print("PP: the busiest stage's sends of activations and gradients (%s) and their time if serial; bubble = "
+              "(pp - 1) / (m v) of the slowest stage's m micro-batches; imbal = the slowest stage (the LM head's) "
+              "over the balanced compute; with overlap the sends run while the next pass computes; act and mem: the "
+              "pipeline rank that needs the most (its micro-batches in flight)" % r["p2p_dtype"])
     if hidden:
         print("%d more layouts do not fit in %g GiB (--all shows them)" % (hidden, a["gpu_mem_gib"]))
     # The layouts kvshift or the batch rule out, one line per reason.
@@ -677,8 +982,13 @@ def print_search(r, show_all):
         print("not possible: dp %s (the global batch of %d sequences is not a multiple of dp x micro-batch %d)"
               % (", ".join(map(str, dps)), r["global_batch_sequences"], r["micro_batch"]))
     for s in skipped:
-        if s["kind"] not in ("seq", "batch"):
+        if s["kind"] not in ("seq", "batch", "pp"):
             print("not possible: tp %d x cp %d: %s" % (s["tp"], s["cp"], s["why"]))
+    pp_why = sorted({s["why"] for s in skipped if s["kind"] == "pp"})
+    for why in pp_why[:6]:
+        print("not possible: %s" % why)
+    if len(pp_why) > 6:
+        print("not possible: %d more pipeline shapes (--json lists them)" % (len(pp_why) - 6))
     rec, ser = r["recommended"], r["recommended_without_overlap"]
     print("fastest layout that fits: %s" % (rec["layout"] if rec else
                                             "none (lower the micro-batch, recompute, or raise cp or tp)"))
@@ -686,9 +996,82 @@ def print_search(r, show_all):
         print("fastest without overlap: %s" % ser["layout"])
 
 
+DEFAULT_COUNTS = "8,16,64,256,1024"
+
+
+def recommend(a):
+    """For each GPU count of --gpus: the full layout search (every tp, cp, pp, virtual stages, SP)
+    at the config's micro-batch, halved until some layout splits the batch and fits; the fastest
+    layout with overlap, and the fastest without pipeline parallelism."""
+    counts = a.gpus or DEFAULT_COUNTS
+    need(all(c.isdigit() and int(c) >= 1 for c in counts.split(",")),
+         "--gpus must be a comma-separated list of positive integers with --recommend, got '%s'" % counts)
+    out = []
+    for count in [int(c) for c in counts.split(",")]:
+        micro = a.micro_batch
+        while True:
+            b = copy.copy(a)
+            b.gpus, b.micro_batch = str(count), micro
+            b.cp = a.cp or "all"
+            b.pp = a.pp or "all"
+            b.virtual_stages = a.virtual_stages or "all"
+            b.sp = a.sp or "both"
+            try:
+                r = build(b)
+            except UsageError:
+                r = None
+            if (r is not None and r["recommended"]) or b.micro_batch == 1:
+                break
+            micro = b.micro_batch // 2
+        fits = [x for x in r["rows"] if x["fits"]] if r else []
+        best = min(fits, key=lambda x: x["step_overlap_s"]) if fits else None
+        flat = [x for x in fits if x["pp"] == 1]
+        best_flat = min(flat, key=lambda x: x["step_overlap_s"]) if flat else None
+        best_serial = min(fits, key=lambda x: x["step_s"]) if fits else None
+        out.append({"gpus": count, "micro_batch": b.micro_batch, "best": best, "best_without_pp": best_flat,
+                    "best_without_overlap": best_serial, "header": r})
+    return out
+
+
+def print_recommend(recs):
+    head = next((x["header"] for x in recs if x["header"]), None)
+    if head:
+        print("%s: %.2fB params, %d x %d tokens per step, recompute %s; assumed MFU %.0f%% of %g TFLOP/s, NVLink %g GB/s, "
+              "InfiniBand %g Gb/s per GPU, %d GPUs per node, %g GiB; pp stages send %s"
+              % (head["name"], head["params_total"] / 1e9, head["global_batch_sequences"], head["seq_len"],
+                 head["recompute"], 100 * head["assumptions"]["mfu"], head["assumptions"]["peak_tflops"],
+                 head["assumptions"]["nvlink_GBps"], head["assumptions"]["ib_Gbps_per_gpu"], head["gpus_per_node"],
+                 head["assumptions"]["gpu_mem_gib"], head["p2p_dtype"]))
+    fmt = "%5s %3s  %-36s %8s %4s %6s %6s  %-28s %8s %6s  %-36s %7s"
+    print(fmt % ("GPUs", "mb", "fastest (overlap)", "step s", "eff", "MFU", "GiB", "fastest without pp", "step s",
+                 "pp gain", "fastest without overlap", "step s"))
+    for x in recs:
+        b, f, s = x["best"], x["best_without_pp"], x["best_without_overlap"]
+        if b is None:
+            print(fmt % (x["gpus"], x["micro_batch"], "none fits or splits the batch", "-", "-", "-", "-", "-", "-", "-",
+                         "-", "-"))
+            continue
+        gain = "%+.1f%%" % (100 * (f["step_overlap_s"] / b["step_overlap_s"] - 1)) if f else "only pp"
+        print(fmt % (x["gpus"], x["micro_batch"], b["layout"], "%.3f" % b["step_overlap_s"],
+                     pct(b["efficiency_overlap"]), "%.1f%%" % (100 * b["mfu_overlap"]), "%.1f" % b["memory_gib"],
+                     f["layout"] if f else "none fits", "%.3f" % f["step_overlap_s"] if f else "-", gain,
+                     s["layout"], "%.3f" % s["step_s"]))
+    print("mb: micro-batch (the config's, halved until a layout splits the batch and fits); pp gain: how much slower "
+          "the fastest layout without pipeline parallelism is; every layout shown fits")
+
+
 def main(argv):
     args = parse_args(argv)
     try:
+        if args.recommend:
+            _, _, train = load_config(args.config)
+            args.micro_batch = args.micro_batch or train["micro_batch_size"]
+            recs = recommend(args)
+            if args.json:
+                print(json.dumps([{k: v for k, v in x.items() if k != "header"} for x in recs]))
+            else:
+                print_recommend(recs)
+            return 0
         r = build(args)
     except UsageError as e:
         print("scaling: error: %s" % e, file=sys.stderr)

@@ -11,7 +11,12 @@ engine's plan, activations_per_rank). Its per-GPU bytes must equal the ring
 formulas worked out here by hand for the paper's 19B config on 240 GPUs, and
 SP's collectives, the CP ring and halo, the dp x cp gradient reduction, the
 memory and the fit decision for 19B at 32k tokens on 256 GPUs (the worked
-example of docs/scaling.md); bad layouts must be one-line errors. Prints
+example of docs/scaling.md); bad layouts must be one-line errors. Pipeline
+parallelism: the bubble (pp - 1)/(m v) and the p2p formulas against a timeline
+of the engine's schedules written again here from the C++, the in-flight
+micro-batches against kvshift info's pipeline_stages, the stage shapes
+kvshift refuses, per-stage memory summing to the whole model, and the layouts
+where pp wins (docs/scaling.md). Prints
 `N passed, N failed`; exit 1 on any failure. Registered in CTest as
 `scaling_tool`.
 """
@@ -21,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "scripts", "scaling.py")
@@ -131,6 +137,7 @@ def main():
     check_sequence_parallel(a.kvshift)
     check_context_parallel(a.kvshift)
     check_layout_search()
+    check_pipeline(a.kvshift)
 
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
@@ -363,6 +370,260 @@ def check_layout_search():
         err = r.stderr.strip()
         check(r.returncode == 1 and err.startswith("scaling: error:") and part in err and "\n" not in err,
               "error: %s" % part, err)
+
+
+# ---- pipeline parallelism ----
+
+def engine_schedule(pp, v, rank, m):
+    """pipeline_schedule() of src/parallel/pipeline_schedule.cpp, written again here from the C++ (not
+    from the tool): rank's passes ("F"/"B", micro-batch, chunk) in order."""
+    ops = []
+    if v == 1:
+        warm = min(pp - rank - 1, m)
+        for i in range(warm):
+            ops.append(("F", i, 0))
+        for i in range(m - warm):
+            ops.append(("F", warm + i, 0))
+            ops.append(("B", i, 0))
+        for i in range(m - warm, m):
+            ops.append(("B", i, 0))
+        return ops
+    total, group = m * v, pp * v
+    micro = lambda k: k // group * pp + k % pp  # noqa: E731
+    chunk = lambda k: k % group // pp  # noqa: E731
+    warm = total if m == pp else min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    for k in range(warm):
+        ops.append(("F", micro(k), chunk(k)))
+    for k in range(total - warm):
+        ops.append(("F", micro(warm + k), chunk(warm + k)))
+        ops.append(("B", micro(k), v - 1 - chunk(k)))
+    for k in range(total - warm, total):
+        ops.append(("B", micro(k), v - 1 - chunk(k)))
+    return ops
+
+
+def simulate(pp, v, m, tf, tb, delay=Fraction(0), extra=Fraction(0)):
+    """Runs every rank's schedule as a timeline and returns (step time, per-rank idle time): a pass
+    starts when its rank is free and its input has arrived (a forward needs the previous virtual
+    stage's forward, a backward the next one's backward, the last stage's backward its own forward),
+    `delay` after the pass it depends on when that ran on another virtual stage (an asynchronous
+    send). A forward of a chunk takes tf / v (+ extra: a blocking send), a backward tb / v (+ extra).
+    Virtual stage of rank r's chunk c: c pp + r."""
+    S = pp * v
+    ops = [engine_schedule(pp, v, r, m) for r in range(pp)]
+    done, pos, free, busy = {}, [0] * pp, [Fraction(0)] * pp, [Fraction(0)] * pp
+    moved = True
+    while moved:
+        moved = False
+        for r in range(pp):
+            while pos[r] < len(ops[r]):
+                kind, mb, c = ops[r][pos[r]]
+                s = c * pp + r
+                if kind == "F":
+                    dep, cost = (("F", mb, s - 1) if s > 0 else None), tf / v + extra
+                else:
+                    dep, cost = (("B", mb, s + 1) if s < S - 1 else ("F", mb, s)), tb / v + extra
+                if dep is not None and dep not in done:
+                    break
+                start = free[r] if dep is None else max(free[r], done[dep] + (delay if dep[0] == kind else 0))
+                done[(kind, mb, s)] = start + cost
+                free[r] = start + cost
+                busy[r] += cost
+                pos[r] += 1
+                moved = True
+    if any(pos[r] != len(ops[r]) for r in range(pp)):
+        raise SystemExit("pipeline schedule pp %d v %d m %d deadlocks" % (pp, v, m))
+    end = max(free)
+    return end, [end - b for b in busy]
+
+
+def tool_module():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import scaling  # noqa: E402
+    return scaling
+
+
+def check_pipeline(kvshift):
+    """Pipeline parallelism: the bubble (pp - 1) / (m v) against idle time counted on the engine's
+    schedule, the p2p formulas against the same timeline with transfers, the tool's schedule and
+    micro-batches in flight against the engine's (kvshift info), the stage split against the config
+    check, per-stage memory summing to the whole model, and the layouts where pp wins."""
+    sc = tool_module()
+    cfg = os.path.join(PAPER, "19B-kvshift.json")
+    tf, tb = Fraction(1), Fraction(2)
+    # 1. The bubble: on the timeline (uniform stages, no transfer time) every rank idles exactly
+    # (pp - 1) / v x (tf + tb), i.e. the step is (m + (pp - 1) / v) (tf + tb): (pp - 1) / (m v) of the
+    # ideal m (tf + tb). Every shape the engine runs, m < pp and interleaving with m = pp included.
+    shapes, exact, same_schedule = 0, 0, 0
+    for pp in (2, 3, 4, 6, 8):
+        for v in (1, 2, 3, 4):
+            for m in range(1, 25):
+                if v > 1 and m % pp:
+                    continue
+                shapes += 1
+                end, idle = simulate(pp, v, m, tf, tb)
+                if (end - m * (tf + tb)) / (m * (tf + tb)) == Fraction(pp - 1, m * v) and \
+                        all(x == Fraction(pp - 1, v) * (tf + tb) for x in idle):
+                    exact += 1
+                if all(sc.pipeline_schedule(pp, v, r, m) == engine_schedule(pp, v, r, m) for r in range(pp)):
+                    same_schedule += 1
+    check(exact == shapes, "bubble: the engine's schedules idle every rank (pp - 1)/(m v) of the ideal step, "
+          "%d of %d shapes (pp 2-8, v 1-4, m 1-24)" % (exact, shapes))
+    check(same_schedule == shapes, "the tool's pipeline_schedule is the engine's, %d of %d shapes" % (same_schedule, shapes))
+    # 2. P2P, with c the time of one send: a pass that waits for its send (serial) makes the step
+    # (m + (pp - 1)/v)(tf + tb) + 2 c (m v + pp - 1) exactly; asynchronous sends (the tool's overlap)
+    # expose at most 2 c ((pp - 1) m / pp + pp - 1) (1F1B) or 2 c (pp v - 1) (interleaved), and no
+    # less than that minus 2 c (pp - 1), while c is at most half a chunk's forward.
+    serial_ok, overlap_ok, cases = 0, 0, 0
+    for pp in (2, 4, 8):
+        for v in (1, 2, 4):
+            for m in (pp, 2 * pp, 3 * pp, 8 * pp):
+                for c in (Fraction(1, 50), Fraction(1, 2 * v)):
+                    cases += 1
+                    base = (m + Fraction(pp - 1, v)) * (tf + tb)
+                    serial, _ = simulate(pp, v, m, tf, tb, extra=c)
+                    serial_ok += serial == base + 2 * c * (m * v + pp - 1)
+                    ovl, _ = simulate(pp, v, m, tf, tb, delay=c)
+                    bound = 2 * c * (Fraction((pp - 1) * m, pp) + pp - 1 if v == 1 else pp * v - 1)
+                    overlap_ok += bound - 2 * c * (pp - 1) <= ovl - base <= bound
+    check(serial_ok == cases, "p2p serial: 2 c (m v + pp - 1) on the timeline, %d of %d cases" % (serial_ok, cases))
+    check(overlap_ok == cases, "p2p overlapped: within 2 c (pp - 1) below the tool's bound, %d of %d cases"
+          % (overlap_ok, cases))
+
+    # 3. The engine's own schedule: kvshift info's micro-batches in flight per stage (its activation
+    # slots) equal the tool's; 1F1B keeps pp - r on rank r, interleaving more.
+    agree = []
+    for pp, v, m in ((4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (4, 3, 12), (3, 2, 3)):
+        j = info(kvshift, cfg, "parallel.pp=%d" % pp, "parallel.virtual_stages=%d" % v,
+                 "train.grad_accum_steps=%d" % m, "train.seq_len=64")
+        engine = [st["micro_batches_in_flight"] for st in j["pipeline_stages"]]
+        ours = [sc.micro_batches_in_flight(pp, v, r, m) for r in range(pp)]
+        agree.append(engine == ours)
+        if engine != ours:
+            print("      pp %d v %d m %d: kvshift info %s, the tool %s" % (pp, v, m, engine, ours))
+    check(all(agree), "micro-batches in flight per stage = kvshift info's pipeline_stages (6 shapes)")
+    check([sc.micro_batches_in_flight(4, 1, r, 8) for r in range(4)] == [4, 3, 2, 1] and
+          [sc.micro_batches_in_flight(4, 2, r, 8) for r in range(4)] == [8, 8, 7, 5] and
+          [sc.chunk_passes_in_flight(4, 2, r, 8) for r in range(4)] == [11, 9, 7, 5],
+          "1F1B pp 4: 4, 3, 2, 1 in flight; interleaved v 2: 8 slots on rank 0, 11 chunk passes = pp + (pp-1)/v stages")
+
+    # 4. Shapes: the tool refuses what kvshift refuses (layers not split into pp x v stages, virtual
+    # stages without pp, interleaving over micro-batches not a multiple of pp), and takes the rest.
+    for pp, v, m in ((5, 1, 5), (4, 8, 8), (1, 2, 2), (4, 3, 6), (4, 3, 8), (3, 2, 6), (4, 1, 6), (16, 3, 16)):
+        r = subprocess.run([kvshift, "info", "--config", cfg, "--json", "--set", "device=cpu",
+                            "--set", "parallel.pp=%d" % pp, "--set", "parallel.virtual_stages=%d" % v,
+                            "--set", "train.grad_accum_steps=%d" % m, "--set", "train.seq_len=64"],
+                           capture_output=True, text=True)
+        why = sc.pp_error({"num_hidden_layers": 48}, pp, v, m)
+        check((r.returncode == 0) == (why is None),
+              "pp %d v %d over %d micro-batches: kvshift %s, the tool %s" %
+              (pp, v, m, "accepts" if r.returncode == 0 else "refuses", why or "accepts"), r.stderr.strip())
+    for args, part in ((["--pp", "5"], "--pp 5: pp x virtual stages (5 x 1) does not divide the 48 layers"),
+                       (["--pp", "4", "--virtual-stages", "5"], "--pp 4: pp x virtual stages (4 x 5) does not divide"),
+                       (["--pp", "two"], "--pp must be a positive integer or 'all'")):
+        r = tool("--config", cfg, "--gpus", "240", *args)
+        err = r.stderr.strip()
+        check(r.returncode == 1 and err.startswith("scaling: error:") and part in err and "\n" not in err,
+              "error: %s" % part, err)
+    base = ("--config", cfg, "--gpus", "64", "--pp", "4", "--virtual-stages", "2", "--cp", "1", "--tp", "4", "--all")
+    r6, j8 = tool(*base, "--global-batch", "24"), tool_json(*base, "--global-batch", "32")  # dp 4: m = 6 and 8
+    check(r6.returncode == 1 and "micro-batches per replica (6) to be a multiple of pp 4" in r6.stderr and
+          any(x["dp"] == 4 and x["pp"] == 4 and x["v"] == 2 for x in j8["rows"]),
+          "interleaving pp 4 x v 2 at dp 4: refused over 6 micro-batches per replica, taken over 8", r6.stderr)
+
+    # 5. Memory: the stages' parameters sum to the whole model (with tied embeddings, plus the last
+    # stage's copy); what one micro-batch keeps on each stage sums to what it keeps in the whole model.
+    _, m19, _ = sc.load_config(cfg)
+    for tp in (1, 4):
+        for pp, v in ((2, 1), (4, 3), (8, 2)):
+            whole = sum(sc.local_tensors(m19, tp))
+            parts = [sum(sc.stage_tensors(m19, tp, pp, v, r)) for r in range(pp)]
+            check(sum(parts) == whole, "19B tp %d pp %d: the stages' parameters sum to the model's (%d)" % (tp, pp, whole))
+    tied = dict(m19, tie_word_embeddings=True)
+    parts = [sum(sc.stage_tensors(tied, 4, 4, 1, r)) for r in range(4)]
+    check(sum(parts) == sum(sc.local_tensors(tied, 4)) + 12032 * C19 and parts[3] == parts[0] + C19,
+          "tied embeddings: the last stage holds its own copy of the embedding (12032 x 6144 at tp 4)")
+    for rc in ("none", "attention", "full"):
+        def kept(layers, head, tensors):
+            one, two = (sc.cuda_activations(m19, 4, 1, 12288, rc, True, 1,
+                                            {"layers": layers, "head": head, "slots": k, "tensors": tensors})
+                        for k in (1, 2))
+            return two["total"] - one["total"]
+        whole = kept(48, True, sc.local_tensors(m19, 4))
+        parts = [kept(12, r == 3, sc.stage_tensors(m19, 4, 4, 1, r)) for r in range(4)]
+        check(sum(parts) == whole and (rc != "full" or whole == 48 * align(12288 // 4 * C19 * 2)),
+              "recompute %s: a micro-batch's kept activations over 4 stages sum to the model's (%.2f GiB)"
+              % (rc, whole / 2**30))
+    # The whole model as one stage is the CUDA plan (the test above checks that against kvshift info).
+    check(sc.cuda_activations(m19, 4, 1, 12288, "none", False, 1,
+                              {"layers": 48, "head": True, "slots": 1, "tensors": sc.local_tensors(m19, 4)})["total"]
+          == sc.cuda_activations(m19, 4, 1, 12288, "none", False, 1)["total"],
+          "one stage holding the whole model for one micro-batch is CudaPlan::build's arena")
+
+    # 6. 19B on 240 GPUs, dp 15 x pp 4 x tp 4: 16 micro-batches per replica; by hand.
+    j = tool_json("--config", cfg, "--gpus", "240", "--pp", "4", "--cp", "1", "--tp", "4", "--sp", "off")
+    x = search_row_pp(j, 15, 4, 1, 1, 4, False)
+    msg = 12288 * C19 * 2  # [rows, h] bf16: 151 MB
+    check(x["micro_batches_per_gpu"] == 16 and close(x["pp_bubble_fraction"], 3 / 16) and
+          x["pp_p2p_bytes_per_message"] == msg and close(x["pp_p2p_bytes_per_gpu"], 16 * 2 * msg),
+          "dp 15 x pp 4 x tp 4: m = 16, bubble 3/16, 2 x 16 sends of 12288 x 6144 x 2 B = %.1f MB" % (msg / 1e6))
+    # Stages are 4 consecutive GPUs (tp): a replica's 16 GPUs fill two nodes, so stage 1 -> 2 crosses.
+    check(x["pp_boundary_links"]["forward"] == ["nvlink", "ib", "nvlink"] and x["pp_p2p_link"] == "ib" and
+          close(x["pp_p2p_message_s"], msg / 50e9) and close(x["pp_p2p_s"], 2 * msg / 50e9 * (16 + 3)),
+          "dp 15 x pp 4 x tp 4: the middle boundary over InfiniBand; serial p2p 2 c (m + pp - 1)")
+    t = [st["params"] for st in x["stages"]]
+    check(t[0] == 12 * (params_19b_tp4() - 2 * 12032 * C19 - C19) // 48 + 12032 * C19 and
+          t[3] == t[0] + C19 and t[1] == t[2] == t[0] - 12032 * C19,
+          "dp 15 x pp 4 x tp 4: 12 layers per stage, the embedding on the first, norm + LM head on the last")
+    slowest = max(st["params"] for st in x["stages"])
+    check(close(x["dp_reduce_bytes_per_gpu"], 14 / 15 * 4 * slowest) and x["grad_group"] == 15,
+          "ZeRO-1 over each stage's 15 dp ranks: the largest stage's (the last) gradients")
+    per_mb = x["compute_s"] / 16 * (1 + x["pp_imbalance_s"] / x["compute_s"]) + x["tp_comm_s"] / 16
+    check(close(x["pp_bubble_s"], 3 * per_mb) and
+          close(x["step_s"], x["compute_s"] + x["pp_imbalance_s"] + x["tp_comm_s"] + x["pp_bubble_s"] + x["pp_p2p_s"] +
+                x["dp_comm_s"]),
+          "step = compute + imbalance + TP + bubble (pp - 1 passes of the slowest stage) + p2p + DP")
+    check([st["micro_batches_in_flight"] for st in x["stages"]] == [4, 3, 2, 1] and x["memory_stage"] in (0, 3),
+          "activations: pp - r micro-batches in flight on stage r; the first or last stage needs the most")
+    check(x["pp_imbalance_s"] > 0 and
+          close(x["pp_imbalance_s"] / x["compute_s"],
+                (12 * (134044618752 - 6 * 48000 * C19 - 6 * C19) / 48 + 6 * 48000 * C19 + 6 * C19) /
+                (134044618752 / 4) - 1),
+          "imbalance: the last stage's LM head, %.1f%% over a quarter of the model" %
+          (100 * x["pp_imbalance_s"] / x["compute_s"]))
+
+    # 7. Where pp wins. 19B on 1024 GPUs: the 240-sequence batch allows at most dp 16 (a divisor of both),
+    # so without pp a replica needs cp 16, whose ring no longer hides; pp 4 keeps cp at 8.
+    rec = tool_json("--config", cfg, "--recommend", "--gpus", "240,1024")
+    r240, r1024 = rec
+    check(r240["best"]["layout"] == "dp 60 x cp 1 x tp 4" and r240["best"]["pp"] == 1,
+          "19B on 240 GPUs: dp 60 x tp 4, no pipeline (%s)" % r240["best"]["layout"])
+    check(r1024["best"]["pp"] > 1 and
+          r1024["best_without_pp"]["step_overlap_s"] > 1.2 * r1024["best"]["step_overlap_s"],
+          "19B on 1024 GPUs: %s beats %s by %.0f%%" % (r1024["best"]["layout"], r1024["best_without_pp"]["layout"],
+                                                       100 * (r1024["best_without_pp"]["step_overlap_s"] /
+                                                              r1024["best"]["step_overlap_s"] - 1)))
+    # 6.7B, 64 replicas of 16 GPUs (micro-batch 1, 8 per replica): tp 16 spans two nodes and its
+    # all-reduces run over InfiniBand; pp 2 x tp 8 keeps TP in the node and sends one [2048, 4096]
+    # activation per micro-batch across.
+    cfg67 = os.path.join(PAPER, "6.7B-kvshift.json")
+    j = tool_json("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all", "--sp", "off")
+    tp16, pp2 = search_row_pp(j, 64, 1, 1, 1, 16, False), search_row_pp(j, 64, 2, 1, 1, 8, False)
+    check(tp16["tp_link"] == "ib" and pp2["tp_link"] == "nvlink" and pp2["pp_p2p_link"] == "ib" and
+          pp2["step_overlap_s"] < tp16["step_overlap_s"] / 2 and pp2["fits"] and tp16["fits"],
+          "6.7B, 16 GPUs per replica: pp 2 x tp 8 (%.3f s) beats tp 16 across nodes (%.3f s)"
+          % (pp2["step_overlap_s"], tp16["step_overlap_s"]))
+    r = tool("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all")
+    check(r.returncode == 0 and "PP p2p per micro-batch" in r.stdout and "bubble" in r.stdout and
+          "fastest layout that fits: dp" in r.stdout, "the layout table with pipelines prints", r.stderr)
+
+
+def align(n):
+    return (n + 255) // 256 * 256
+
+
+def search_row_pp(j, dp, pp, v, cp, tp, sp):
+    return next(x for x in j["rows"] if (x["dp"], x["pp"], x["v"], x["cp"], x["tp"], x["sp"]) == (dp, pp, v, cp, tp, sp))
 
 
 if __name__ == "__main__":

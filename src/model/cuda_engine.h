@@ -15,13 +15,17 @@
 // that ZeRO-1's keep_optimizer_range can free all but a shard); the step loop
 // allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
 // holds its rank's slice (LocalDims) and all-reduces as CpuEngine does, with
-// the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h. Compiled only
-// with -DKVS_CUDA=ON.
+// the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h; with sequence
+// parallelism (tp.sequence_parallel) the residual stream, the norms and their
+// gradients hold this rank's N/tp rows as on the CPU engine (all-gathers and
+// reduce-scatters in CudaParallelLinear, the norm gains' gradients summed over
+// the group per layer). Compiled only with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +82,11 @@ struct CudaPlan {
   // batch inputs
   size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
   size_t ce_stats = 0;  // fp32 vocab-parallel loss statistics (tp > 1 only), VocabCeStats::floats(N)
+  // Sequence parallelism (sp > 1) only: two [N, C] bf16 buffers for gathered or
+  // not-yet-scattered rows, and fp32 [2 C] for one layer's norm-gain gradients
+  // before their sum over the group. The residual stream's buffers (resid,
+  // res_mid, ln1, ln2, rstd1, rstd2, lnf, rstdf, proj, dresid, dln) hold N/sp rows.
+  size_t sp_full = 0, sp_full2 = 0, norm_grads = 0;
   // AdamW chunk tables: every tensor (num_chunks), and the same clipped to a
   // ZeRO-1 shard (range_chunks, at most num_chunks entries)
   size_t chunks, range_chunks;
@@ -86,9 +95,10 @@ struct CudaPlan {
   // Layer l's activations inside the allocation at `base`.
   CudaLayerActs layer(char* base, int l) const;
 
-  // d: this rank's sizes (the whole model at tp = 1); tp: the group size.
+  // d: this rank's sizes (the whole model at tp = 1); tp: the group size; sp:
+  // the ranks the residual stream is split over (tp under sequence parallelism, else 1).
   static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
-                        Recompute recompute = Recompute::None);
+                        Recompute recompute = Recompute::None, int sp = 1);
 };
 
 class CudaEngine : public Engine {
@@ -160,6 +170,11 @@ class CudaEngine : public Engine {
   enum class LayerPass { Forward, RecomputeLayer, RecomputeAttention };
   void forward_layer(int l, int B, int T, LayerPass pass);
   void backward_from_dlogits(int B, int T);
+  // Where rmsnorm_backward accumulates a norm gain's gradient: the gradient
+  // tensor itself, or under sequence parallelism plan_.norm_grads + i * C
+  // (i = 0, 1), which sum_norm_grads then sums over the group into the tensors.
+  float* norm_grad(size_t offset, int i);
+  void sum_norm_grads(std::initializer_list<size_t> offsets);
   double device_sum_losses(size_t N);
   // Effective q/k/v shift coefficients of layer l (fp32, device); null if that
   // tensor is not shifted. Applies the sigmoid gate into the plan's coef slice.

@@ -51,9 +51,9 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
               attention_backend);
     return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
   }
-  KVS_CHECK(cp.size == 1 && !tp.sequence_parallel && (!part || part->is_whole(m)),
+  KVS_CHECK(cp.size == 1 && (!part || part->is_whole(m)),
             "device 'cuda': {} is not built for the CUDA engine yet (device \"cpu\" has it)",
-            cp.size > 1 ? "context parallelism" : (tp.sequence_parallel ? "sequence parallelism" : "pipeline parallelism"));
+            cp.size > 1 ? "context parallelism" : "pipeline parallelism");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

@@ -1,13 +1,15 @@
 // The host-built CUDA engine under mpirun -np 2 (tests/cuda_host): data
-// parallelism (ZeRO-1 on the engine's device buffers) and tensor parallelism,
-// each over both of the engine's communication paths, against one process:
+// parallelism (ZeRO-1 on the engine's device buffers), tensor parallelism and
+// tensor + sequence parallelism, each over both of the engine's communication
+// paths, against one process:
 //   - MPI: the communicator takes host memory, so ZeRO-1 stages the device
 //     buffers through the host (StagedFlatSync) and the tensor-parallel
 //     all-reduces drain the stream and go through pinned memory;
 //   - NCCL (the shim's, over MPI): ZeRO-1 reduces each layer's gradients on
 //     the communicator's stream as the backward announces them, waiting for
 //     the engine's events (DirectNccl), and the tensor-parallel all-reduces
-//     are enqueued on the engine's stream.
+//     (sequence parallel: all-gathers and reduce-scatters) are enqueued on the
+//     engine's stream.
 // The GPU tests' tolerances (tests/parallel/test_cuda_zero1.cpp, test_cuda_tp.cpp:
 // 2e-3 and 5e-3 relative per step), over 5 steps.
 #include <gtest/gtest.h>
@@ -29,7 +31,7 @@ namespace {
 
 using kvs::testing_util::world;
 
-kvs::Config config(bool shift, int vocab, int tp) {
+kvs::Config config(bool shift, int vocab, int tp, bool sequence_parallel = false) {
   nlohmann::json j = {
       {"name", "cuda-host-parallel"},
       {"device", "cuda"},
@@ -43,7 +45,7 @@ kvs::Config config(bool shift, int vocab, int tp) {
         {"max_position_embeddings", 16},
         {"kv_shift", {{"enabled", shift}}}}},
       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-      {"parallel", {{"tp", tp}}},
+      {"parallel", {{"tp", tp}, {"sequence_parallel", sequence_parallel}}},
       {"train",
        {{"seq_len", 16},
         {"micro_batch_size", 2},
@@ -94,6 +96,7 @@ void expect_follows_one_process(const kvs::Config& c, kvs::dist::Communicator& c
   SCOPED_TRACE(what);
   kvs::Config alone = c;
   alone.parallel.tp = 1;
+  alone.parallel.sequence_parallel = false;
   const kvs::TrainSummary one = kvs::train(alone, {own_dir(what + "_one"), false, true});
   const uint64_t collectives = hostcuda::stats().collectives;
   const kvs::TrainSummary par = kvs::train(c, {shared_dir(what), false, true, &comm});
@@ -133,4 +136,17 @@ TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
   expect_follows_one_process(c, world(), "tp2_mpi", 5e-3);
   auto nccl = nccl_world();
   expect_follows_one_process(c, *nccl, "tp2_nccl", 5e-3);
+}
+
+// tp = 2 with sequence parallelism: the residual stream, the norms and the
+// embedding's output hold 16 of a micro-batch's 32 rows per rank. Every sum
+// is the tp = 2 test's (a reduce-scatter adds the same two bf16 partials as
+// the all-reduce, an all-gather moves bf16 rows unchanged), the norm gains'
+// gradients are fp32 sums of two halves instead of one pass: the same 5e-3.
+TEST(HostCudaParallel, SequenceParallelFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 200, 2, true);
+  expect_follows_one_process(c, world(), "tp2sp_mpi", 5e-3);
+  auto nccl = nccl_world();
+  expect_follows_one_process(c, *nccl, "tp2sp_nccl", 5e-3);
 }

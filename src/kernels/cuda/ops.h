@@ -35,6 +35,8 @@ void f32_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 void bf16_to_f32(float* out, const bf16* in, size_t n, cudaStream_t stream);
 void fill_f32(float* out, float value, size_t n, cudaStream_t stream);
 void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream);
+// y[0..n) += x[0..n) (fp32; y and x must not partially overlap).
+void add_f32(float* y, const float* x, size_t n, cudaStream_t stream);
 
 // ---------------------------------------------------------------- embedding
 // out[n, :] = wte[tokens[n], :]    (wte bf16 [V, C])

@@ -77,5 +77,20 @@ TEST(CudaConvert, AddF32AddsEveryElement) {
   }
 }
 
+// y += float(x) for bf16 x: the host's fp32 add of the widened value, bit for bit.
+TEST(CudaConvert, AddBf16ToF32WidensAndAdds) {
+  KVS_REQUIRE_GPU();
+  for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) {
+    const FVec x = random_bf16_values(n, 41 + n);
+    FVec y = random_uniform(n + 1, 51 + n, -2.0f, 2.0f);
+    DeviceBuffer<bf16> dx(to_bf16(x));
+    DeviceBuffer<float> dy(y);
+    kc::add_bf16_to_f32(dy.get(), dx.get(), n, 0);
+    const auto got = dy.download();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], y[i] + x[i]) << "element " << i;
+    ASSERT_EQ(got[n], y[n]) << "wrote past n";
+  }
+}
+
 }  // namespace
 #endif  // KVS_CUDA

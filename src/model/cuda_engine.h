@@ -204,7 +204,7 @@ class CudaEngine : public Engine {
   const Batch& cp_rows(const Batch& b);
   // Token losses and argmax of the whole batch from every rank's rows (device -> host).
   void cp_gather_outputs(const Batch& b, float* token_losses, int32_t* argmax);
-  // Shift + RoPE per chunk with the halos, then ring attention, for layer l.
+  // One layer's shift + RoPE per chunk with the halos, then ring attention.
   void cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& c, int B);
   // Its backward from dattout into dqkv (and the shift coefficients' gradients).
   void cp_attention_backward(int l, const CudaLayerActs& x, const LayerCoefs& c, int B);

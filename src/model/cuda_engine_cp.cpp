@@ -169,7 +169,6 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
       std::swap(ring[0], ring[1]);
     }
   }
-  // The ring's buffers swap roles each step; the plan's two offsets follow the data.
   cuda::f32_to_bf16(x.attout, acc, 2 * half * QD, stream_);
 }
 

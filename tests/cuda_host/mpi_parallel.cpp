@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,19 +93,20 @@ std::unique_ptr<kvs::dist::Communicator> nccl_world() {
 
 // One process (every rank runs it alone, at the same time), then `comm`'s
 // ranks together; every rank compares the losses, rank 0 the evaluation.
-// (`baseline`: that one-process run already done, for a second communicator.)
-kvs::TrainSummary one_process(const kvs::Config& c, const std::string& what) {
+// (Each one-process run is done once per configuration and reused: the tests
+// that differ only in the layout share it.)
+void expect_follows_one_process(const kvs::Config& c, kvs::dist::Communicator& comm, const std::string& what,
+                                double tol) {
+  SCOPED_TRACE(what);
   kvs::Config alone = c;
   alone.parallel.tp = 1;
   alone.parallel.sequence_parallel = false;
   alone.parallel.cp = 1;
-  return kvs::train(alone, {own_dir(what + "_one"), false, true});
-}
-
-void expect_follows_one_process(const kvs::Config& c, kvs::dist::Communicator& comm, const std::string& what,
-                                double tol, const kvs::TrainSummary* baseline = nullptr) {
-  SCOPED_TRACE(what);
-  const kvs::TrainSummary one = baseline ? *baseline : one_process(c, what);
+  static std::map<std::string, kvs::TrainSummary> runs;
+  const std::string key = kvs::to_json(alone).dump();
+  auto run = runs.find(key);
+  if (run == runs.end()) run = runs.emplace(key, kvs::train(alone, {own_dir(what + "_one"), false, true})).first;
+  const kvs::TrainSummary& one = run->second;
   const uint64_t collectives = hostcuda::stats().collectives;
   const kvs::TrainSummary par = kvs::train(c, {shared_dir(what), false, true, &comm});
   if (comm.backend() == "nccl") {
@@ -153,10 +155,9 @@ TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
 TEST(HostCudaParallel, SequenceParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 200, 2, true);
-  const kvs::TrainSummary one = one_process(c, "tp2sp");
-  expect_follows_one_process(c, world(), "tp2sp_mpi", 5e-3, &one);
+  expect_follows_one_process(c, world(), "tp2sp_mpi", 5e-3);
   auto nccl = nccl_world();
-  expect_follows_one_process(c, *nccl, "tp2sp_nccl", 5e-3, &one);
+  expect_follows_one_process(c, *nccl, "tp2sp_nccl", 5e-3);
 }
 
 // cp = 2: each rank holds chunks r and 3 - r (4 positions each) of every
@@ -170,8 +171,7 @@ TEST(HostCudaParallel, SequenceParallelFollowsOneProcess) {
 TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 32, 1, false, 2, 2);
-  const kvs::TrainSummary one = one_process(c, "cp2");
-  expect_follows_one_process(c, world(), "cp2_mpi", 5e-3, &one);
+  expect_follows_one_process(c, world(), "cp2_mpi", 5e-3);
   auto nccl = nccl_world();
-  expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3, &one);
+  expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }

@@ -309,13 +309,14 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
 # 50 steps in one process and as 2 ranks, loss curves compared. On one GPU the
 # 2 ranks are MPI processes sharing it (CUDA buffers staged through the host);
 # with 2+ GPUs also NCCL ranks (reduction overlapped with the backward).
-dp_train() {  # dir, one extra --set KEY=VALUE, launcher-prefix...
-  local dir=$1 set=$2
+dp_train() {  # dir, extra KEY=VALUE settings (space-separated), launcher-prefix...
+  local dir=$1 sets=() s
+  for s in $2; do sets+=(--set "$s"); done
   shift 2
   rm -rf "$dir"
   "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
     --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-    --set train.eval_every=50 --set train.checkpoint_every=50 --set "$set" --run-dir "$dir"
+    --set train.eval_every=50 --set train.checkpoint_every=50 "${sets[@]}" --run-dir "$dir"
 }
 curve_diff() {  # metrics of run A vs run B: the largest relative train-loss difference
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
@@ -351,6 +352,22 @@ dp_rows() {
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
     else
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "FAILED: $(why "$log")"
+    fi
+  done
+  # Sequence parallelism (tp=2) and context parallelism (cp=2, the shift's
+  # halo and ring attention) on the CUDA engine: never run on a GPU before
+  # this row (checked only through the host-built engine in CI).
+  local name sets
+  for name in "tp=2 + sequence parallel" "cp=2"; do
+    case $name in
+      tp*) sets="parallel.tp=2 parallel.sequence_parallel=true"; log=$out/tp2_sp.log ;;
+      *) sets="parallel.tp=1 parallel.cp=2"; log=$out/cp2.log ;;
+    esac
+    if dp_train "$out/${log##*/}.run" "$sets" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        "${mpi_env[@]}" timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+      row "train cuda, $name, MPI on 1 GPU" "$(curve_diff "$out/${log##*/}.run" "$out/dp1")"
+    else
+      row "train cuda, $name, MPI on 1 GPU" "FAILED: $(why "$log")"
     fi
   done
   if [ "$ngpu" -ge 2 ]; then

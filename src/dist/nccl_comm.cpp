@@ -214,6 +214,21 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
                            nccl_op(op), comm_, static_cast<cudaStream_t>(cuda_stream));
     });
   }
+  void all_gather_on_stream(const void* send, void* recv, size_t count, Elem t, void* cuda_stream) override {
+    if (count == 0) return;
+    enqueue("all-gather (sequence parallel)", [&] {
+      return ncclAllGather(send, recv, count, t == Elem::BF16 ? ncclBfloat16 : ncclFloat32, comm_,
+                           static_cast<cudaStream_t>(cuda_stream));
+    });
+  }
+  void reduce_scatter_on_stream(const void* send, void* recv, size_t count, Elem t, ReduceOp op,
+                                void* cuda_stream) override {
+    if (count == 0) return;
+    enqueue("reduce-scatter (sequence parallel)", [&] {
+      return ncclReduceScatter(send, recv, count, t == Elem::BF16 ? ncclBfloat16 : ncclFloat32, nccl_op(op), comm_,
+                               static_cast<cudaStream_t>(cuda_stream));
+    });
+  }
   void wait_for_stream(void* cuda_stream, const char* what) override {
     usable(what);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");

@@ -62,6 +62,12 @@ class AsyncDeviceCollectives {
   // wait. bf16 is summed by NCCL (ncclBfloat16), as Megatron does.
   enum class Elem { F32, BF16 };
   virtual void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) = 0;
+  // Sequence parallelism's edges, on the caller's stream like all_reduce_on_stream:
+  // recv [size x count] = every rank's send [count], in rank order ...
+  virtual void all_gather_on_stream(const void* send, void* recv, size_t count, Elem t, void* cuda_stream) = 0;
+  // ... and recv [count] = this rank's block of the sum over ranks of send [size x count].
+  virtual void reduce_scatter_on_stream(const void* send, void* recv, size_t count, Elem t, ReduceOp op,
+                                        void* cuda_stream) = 0;
   // Blocks until `cuda_stream` (the caller's, holding all_reduce_on_stream
   // work) is idle, watching this communicator's asynchronous errors: a peer
   // that died or stalls ends in a kvs::Error after the timeout, not a hang.

@@ -498,9 +498,10 @@ void validate(const Config& c, const std::string& origin) {
   if (p.pp > 1) StageSplit::make(m, p.pp, p.virtual_stages, p.layers_per_stage, origin);  // a shape that does not split
   if (c.device == Device::Cuda && p.pp > 1)
     fail("{}: parallel.pp: needs device \"cpu\" for now (the CUDA engine has no pipeline stages yet)", origin);
-  if (c.device == Device::Cuda && (p.cp > 1 || p.sequence_parallel))
-    fail("{}: parallel.{}: needs device \"cpu\" for now (the CUDA engine has no {} yet)", origin,
-         p.cp > 1 ? "cp" : "sequence_parallel", p.cp > 1 ? "context parallelism" : "sequence parallelism");
+  if (c.device == Device::Cuda && p.cp > 1 && t.attention_backend != AttentionImpl::Flash)
+    fail("{}: parallel.cp: device \"cuda\" runs ring attention on the flash kernels: needs train.attention_backend "
+         "\"flash\"",
+         origin);
 }
 
 json to_json(const Config& c) { return write_section(config_fields(), c); }

@@ -41,9 +41,10 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
-                         Recompute recompute) {
+                         Recompute recompute, int sp, int cp) {
   CudaPlan p;
-  const size_t N = static_cast<size_t>(B) * T, L = m.num_hidden_layers, C = d.C;
+  const size_t N = static_cast<size_t>(B) * T / cp, L = m.num_hidden_layers, C = d.C;
+  const size_t Nl = N / sp;  // the residual stream's rows on this rank
   const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
   const size_t Hq = d.Hq, Hkv = d.Hkv, D = d.D;
   const size_t W1 = static_cast<size_t>(m.kv_shift.window) + 1;
@@ -59,15 +60,15 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   p.grads = take(P * f4);
   p.params16 = take(P * h2);
 
-  p.resid_stride = align256(N * C * h2);
+  p.resid_stride = align256(Nl * C * h2);
   p.ln_stride = p.resid_stride;
   p.qkv_stride = align256(N * (QD + 2 * KD) * h2);
   p.q_stride = align256(N * QD * h2);
   p.kv_stride = align256(N * KD * h2);
   p.ffn2_stride = align256(N * 2 * F * h2);
   p.ffn_stride = align256(N * F * h2);
-  p.rstd_stride = align256(N * f4);
-  p.lse_stride = align256(static_cast<size_t>(B) * Hq * T * f4);
+  p.rstd_stride = align256(Nl * f4);
+  p.lse_stride = align256(static_cast<size_t>(B) * Hq * (T / cp) * f4);
   p.attn_slots = recompute == Recompute::None ? static_cast<int>(L) : 1;
   p.rest_slots = recompute == Recompute::Full ? 1 : static_cast<int>(L);
   const size_t A = p.attn_slots, R = p.rest_slots;
@@ -86,18 +87,39 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   p.rstd2 = take(R * p.rstd_stride);
   p.lse = take(A * p.lse_stride);
 
-  p.lnf = take(N * C * h2);
-  p.rstdf = take(N * f4);
+  p.lnf = take(Nl * C * h2);
+  p.rstdf = take(Nl * f4);
   p.logits = take(N * V * h2);
   p.losses = take(N * f4);
-  p.proj = take(N * C * h2);
+  p.proj = take(Nl * C * h2);
   p.coef_stride = align256((Hq + 2 * Hkv) * W1 * f4);
   p.coef = take(L * p.coef_stride);
   p.rope_cos = take(static_cast<size_t>(T) * D / 2 * f4);
   p.rope_sin = take(static_cast<size_t>(T) * D / 2 * f4);
 
-  p.dresid = take(N * C * h2);
-  p.dln = take(N * C * h2);
+  p.dresid = take(Nl * C * h2);
+  p.dln = take(Nl * C * h2);
+  if (sp > 1) {
+    p.sp_full = take(N * C * h2);
+    p.sp_full2 = take(N * C * h2);
+    p.norm_grads = take(2 * C * f4);
+  }
+  if (cp > 1) {
+    const size_t Tc = T / (2 * cp), R = 2 * static_cast<size_t>(B) * (W1 - 1), QKV = QD + 2 * KD;
+    const size_t kv = 2 * B * Tc * KD;  // one of k, v, dk, dv: both halves
+    p.cp_tails = take(R * QKV * h2);
+    p.cp_halos = take(cp * R * QKV * h2);
+    p.cp_dtails = take(R * QKV * f4);
+    p.cp_dhalos = take(cp * R * QKV * f4);
+    p.cp_ring_bytes = 2 * kv * h2 + 2 * kv * f4;
+    p.cp_ring[0] = take(p.cp_ring_bytes);
+    p.cp_ring[1] = take(p.cp_ring_bytes);
+    p.cp_acc = take(N * QD * f4);
+    p.cp_part = take(B * Tc * QD * h2);
+    p.cp_part_lse = take(B * Hq * Tc * f4);
+    p.cp_dk = take(B * Tc * KD * h2);
+    p.cp_dv = take(B * Tc * KD * h2);
+  }
   p.dh = take(N * F * h2);
   p.dgate_up = take(N * 2 * F * h2);
   p.dattout = take(N * QD * h2);
@@ -159,9 +181,10 @@ CudaLayerActs CudaPlan::layer(char* base, int l) const {
 }
 
 CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, Recompute recompute,
-                       AttentionImpl attention_backend, TensorParallel tp)
+                       AttentionImpl attention_backend, TensorParallel tp, ContextParallel cp)
     : m_(m),
       tp_(tp),
+      cp_(cp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
       layout_(ParamLayout::build(m, tp.rank, tp.size)),
       max_B_(max_batch),
@@ -182,6 +205,21 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   KVS_CHECK(tp_.size == 1 || (tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank),
             "engine: tensor-parallel rank {} of {} needs a communicator of that size and rank", tp_.rank, tp_.size);
   check_tensor_parallel(m_, tp_.size, "engine");
+  const bool sp = tp_.sequence_parallel && tp_.size > 1;
+  KVS_CHECK(!sp || static_cast<int64_t>(max_B_) * max_T_ % tp_.size == 0,
+            "engine: sequence parallelism needs micro-batch rows ({} x {}) divisible by tp ({})", max_B_, max_T_,
+            tp_.size);
+  if (cp_.size > 1) {
+    KVS_CHECK(attention_backend == AttentionImpl::Flash,
+              "device 'cuda': context parallelism runs ring attention on the flash kernels (train.attention_backend "
+              "\"flash\"), got \"{}\"",
+              attention_backend);
+    KVS_CHECK(max_T_ % (2 * cp_.size) == 0,
+              "context parallelism: a sequence of {} positions does not split into 2 x {} chunks", max_T_, cp_.size);
+    KVS_CHECK(max_T_ / (2 * cp_.size) >= m_.kv_shift.window,
+              "context parallelism: chunks of {} positions are shorter than the shift window {}",
+              max_T_ / (2 * cp_.size), m_.kv_shift.window);
+  }
   KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None,
             "device 'cuda': model.document_boundaries \"{}\" is not supported by the CUDA kernels (CPU only)",
             m_.document_boundaries);
@@ -194,7 +232,7 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   // This rank's heads: under tensor parallelism a slice of whole GQA groups.
   attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, d_.Hq, d_.Hkv, D, d_.QD(), d_.KD());
-  plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_);
+  plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_, sp ? tp_.size : 1, cp_.size);
   void* base = nullptr;
   void* moments = nullptr;
   const size_t moment_bytes = 2 * layout_.total * sizeof(float);
@@ -217,8 +255,15 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   mm_ = std::make_unique<cuda::Matmul>();
   {
     const size_t N = static_cast<size_t>(max_B_) * max_T_;
-    region_ = std::make_unique<CudaTpRegion>(tp_, stream_, std::max(N * d_.C, 2 * N));
-    linear_ = std::make_unique<CudaParallelLinear>(*mm_, *region_, stream_);
+    region_ = std::make_unique<CudaTpRegion>(tp_, stream_, std::max(N * d_.C, 2 * N) / cp_.size, sp);
+    linear_ = std::make_unique<CudaParallelLinear>(*mm_, *region_, stream_, sp ? at<bf16>(plan_.sp_full) : nullptr,
+                                                   sp ? at<bf16>(plan_.sp_full2) : nullptr);
+  }
+
+  if (cp_.size > 1) {
+    const size_t halo_bytes = cp_.size * 2 * static_cast<size_t>(max_B_) * m_.kv_shift.window *
+                              (d_.QD() + 2 * d_.KD()) * sizeof(float);
+    cp_x_ = std::make_unique<CudaCpExchange>(cp_, stream_, std::max(plan_.cp_ring_bytes, halo_bytes));
   }
 
   // Tensor offsets.
@@ -412,8 +457,9 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
 
 void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   ProfileRange range(pass == LayerPass::Forward ? "forward layer" : "recompute layer", l);
-  // This rank's sizes: under tensor parallelism its heads and FFN columns.
-  const int N = B * T, C = d_.C, F = d_.F;
+  // This rank's sizes: under tensor parallelism its heads and FFN columns; Nl
+  // rows of the residual stream (N / tp under sequence parallelism).
+  const int N = B * T, C = d_.C, F = d_.F, Nl = static_cast<int>(region_->local_rows(N));
   const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
   const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
   const float eps = static_cast<float>(m_.rms_norm_eps);
@@ -434,22 +480,26 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     // down_proj output (in proj) is added here; recomputation starts from the
     // stored resid_l, whose normalisation gives the same bits.
     if (l == 0 || pass == LayerPass::RecomputeLayer) {
-      cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, master + o.ln1, N, C, eps, stream_);
+      cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, master + o.ln1, Nl, C, eps, stream_);
     } else {
       const bf16* prev_mid = p.layer(base_, l - 1).res_mid;
-      cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, N, C, eps, stream_);
+      cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, Nl, C, eps, stream_);
     }
     linear_->column_forward(x.qkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
   }
   // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
-  cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
-  cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
-  cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
-                           stream_);
-  attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
+  if (cp_.size > 1) {
+    cp_attention_forward(x, c, B);  // per chunk, with the halos; ring attention
+  } else {
+    cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
+    cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
+    cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
+                             stream_);
+    attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
+  }
   if (pass == LayerPass::RecomputeAttention) return;
   linear_->row_forward(proj, x.attout, QD, P16 + o.wo, N, QD, C);
-  cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, master + o.ln2, N, C, eps, stream_);
+  cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, master + o.ln2, Nl, C, eps, stream_);
   linear_->column_forward(x.gate_up, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
   cuda::swiglu_forward(x.h, x.gate_up, N, F, stream_);
   // The backward does not need the down projection's output.
@@ -457,28 +507,37 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
 }
 
 void CudaEngine::forward_to_logits(int B, int T) {
-  const int N = B * T, C = d_.C, V = d_.V;
+  const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
+  KVS_CHECK(Nl * tp_.size == N || !region_->sequence_parallel(),
+            "engine: sequence parallelism needs micro-batch rows ({} x {}) divisible by tp ({})", B, T, tp_.size);
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
-  // Vocab-parallel embedding: each token's row lives on one rank, the others write zeros.
-  cuda::embedding_forward_vocab_slice(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C, d_.v_begin,
-                                      d_.V, stream_);
-  region_->exit_forward(at<bf16>(p.resid), static_cast<size_t>(N) * C);
+  // Vocab-parallel embedding: each token's row lives on one rank, the others
+  // write zeros; the sum over the group (sequence parallel: its rows of it).
+  if (region_->sequence_parallel()) {
+    cuda::embedding_forward_vocab_slice(at<bf16>(p.sp_full), at<int32_t>(p.tokens), P16 + embed_off_, N, C,
+                                        d_.v_begin, d_.V, stream_);
+    region_->scatter_sum_bf16(at<bf16>(p.sp_full), at<bf16>(p.resid), static_cast<size_t>(Nl) * C);
+  } else {
+    cuda::embedding_forward_vocab_slice(at<bf16>(p.resid), at<int32_t>(p.tokens), P16 + embed_off_, N, C,
+                                        d_.v_begin, d_.V, stream_);
+    region_->exit_forward(at<bf16>(p.resid), static_cast<size_t>(N) * C);
+  }
   for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
   const int L = m_.num_hidden_layers;
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
   const bf16* mid = p.layer(base_, L - 1).res_mid;
   cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj),
-                                 master + norm_off_, N, C, eps, stream_);
+                                 master + norm_off_, Nl, C, eps, stream_);
   linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
 }
 
 // ---------------------------------------------------------------- backward
 
 void CudaEngine::backward_from_dlogits(int B, int T) {
-  const int N = B * T, C = d_.C, V = d_.V;
+  const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
@@ -490,8 +549,9 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   // LM head (column-parallel over the vocabulary) and final norm.
   linear_->column_backward(dln, G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
   const int L = m_.num_hidden_layers;
-  cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
-                         master + norm_off_, at<float>(p.rstdf), N, C, at<float>(p.scratch), stream_);
+  cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
+                         master + norm_off_, at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
+  sum_norm_grads({norm_off_});
   grads_final(0);  // final norm and (untied) LM head
   for (int l = L - 1; l >= 0; --l) backward_layer(l, B, T);
   // Embedding: positions grouped by token on the host (deterministic, no atomics).
@@ -511,14 +571,19 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   check(cudaMemcpyAsync(at<int32_t>(p.emb_positions), h_positions_, N * sizeof(int32_t), cudaMemcpyHostToDevice,
                         stream_),
         "upload embedding plan");
-  cuda::embedding_backward(G + embed_off_, dresid, at<int32_t>(p.emb_uniq) + u0, at<int32_t>(p.emb_offsets) + u0,
+  const bf16* demb = dresid;  // sequence parallel: every rank's rows of it
+  if (region_->sequence_parallel()) {
+    region_->gather_bf16(dresid, at<bf16>(p.sp_full), static_cast<size_t>(Nl) * C);
+    demb = at<bf16>(p.sp_full);
+  }
+  cuda::embedding_backward(G + embed_off_, demb, at<int32_t>(p.emb_uniq) + u0, at<int32_t>(p.emb_offsets) + u0,
                            at<int32_t>(p.emb_positions), u1 - u0, C, stream_);
   grads_final(L + 1);  // the embedding (and a tied LM head)
 }
 
 void CudaEngine::backward_layer(int l, int B, int T) {
   ProfileRange range("backward layer", l);
-  const int N = B * T, C = d_.C, F = d_.F;
+  const int N = B * T, C = d_.C, F = d_.F, Nl = static_cast<int>(region_->local_rows(N));
   const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
   const int QD = d_.QD(), KD = d_.KD(), QKV = QD + 2 * KD, W = m_.kv_shift.window;
   const size_t W1 = static_cast<size_t>(W) + 1;
@@ -551,7 +616,8 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   linear_->row_backward(dh, G + o.wdown, dresid, x.h, F, P16 + o.wdown, N, F, C);
   cuda::swiglu_backward(dgu, dh, x.gate_up, N, F, stream_);
   linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
-  cuda::rmsnorm_backward(dresid, G + o.ln2, dln, dresid, x.res_mid, master + o.ln2, x.rstd2, N, C, scratch, stream_);
+  cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, master + o.ln2, x.rstd2, Nl, C, scratch,
+                         stream_);
 
   // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
   bf16* dattout = at<bf16>(p.dattout);
@@ -560,36 +626,60 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   bf16* dvhat = at<bf16>(p.dvhat);
   bf16* dqkv = at<bf16>(p.dqkv);
   linear_->row_backward(dattout, G + o.wo, dresid, x.attout, QD, P16 + o.wo, N, QD, C);
-  attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
-                  scratch, stream_);
-  // Through RoPE and the shifts into the fused projection's gradient. The
-  // coefficient gradients go straight into the gradient tensor, or for the
-  // sigmoid gate into dcoef and then through the gate.
-  float* dcoef = at<float>(p.dcoef);
-  auto unshift = [&](bf16* dx, const bf16* dy, int ld_dy, const bf16* in, const float* coef, bool has, size_t goff,
-                     const float* rc, const float* rs, int H) {
-    float* dc = nullptr;
-    if (has) {
-      if (gated) {
-        cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * W1, stream_);
-        dc = dcoef;
-      } else {
-        dc = G + goff;
+  if (cp_.size > 1) {
+    cp_attention_backward(l, x, c, B);  // ring attention, then the shifts with the halos, into dqkv
+  } else {
+    attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
+                    scratch, stream_);
+    // Through RoPE and the shifts into the fused projection's gradient. The
+    // coefficient gradients go straight into the gradient tensor, or for the
+    // sigmoid gate into dcoef and then through the gate.
+    float* dcoef = at<float>(p.dcoef);
+    auto unshift = [&](bf16* dx, const bf16* dy, int ld_dy, const bf16* in, const float* coef, bool has, size_t goff,
+                       const float* rc, const float* rs, int H) {
+      float* dc = nullptr;
+      if (has) {
+        if (gated) {
+          cuda::fill_f32(dcoef, 0.0f, static_cast<size_t>(H) * W1, stream_);
+          dc = dcoef;
+        } else {
+          dc = G + goff;
+        }
       }
-    }
-    cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
-                              stream_);
-    if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
-  };
-  unshift(dqkv, dqhat, QD, x.qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
-  unshift(dqkv + QD, dkhat, KD, x.qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
-  unshift(dqkv + QD + KD, dvhat, KD, x.qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
+      cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
+                                stream_);
+      if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
+    };
+    unshift(dqkv, dqhat, QD, x.qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
+    unshift(dqkv + QD, dkhat, KD, x.qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
+    unshift(dqkv + QD + KD, dvhat, KD, x.qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
+  }
   linear_->column_backward(dln, G + o.wqkv, dqkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
-  cuda::rmsnorm_backward(dresid, G + o.ln1, dln, dresid, x.resid, master + o.ln1, x.rstd1, N, C, scratch, stream_);
+  cuda::rmsnorm_backward(dresid, norm_grad(o.ln1, 1), dln, dresid, x.resid, master + o.ln1, x.rstd1, Nl, C, scratch,
+                         stream_);
+  sum_norm_grads({o.ln2, o.ln1});
   grads_final(L - l);  // every weight gradient of layer l is written
 }
 
 void CudaEngine::sync(const char* what) const { region_->wait(what); }
+
+float* CudaEngine::norm_grad(size_t offset, int i) {
+  if (!region_->sequence_parallel()) return at<float>(plan_.grads) + offset;
+  float* part = at<float>(plan_.norm_grads) + static_cast<size_t>(i) * d_.C;
+  cuda::fill_f32(part, 0.0f, d_.C, stream_);
+  return part;
+}
+
+void CudaEngine::sum_norm_grads(std::initializer_list<size_t> offsets) {
+  if (!region_->sequence_parallel()) return;
+  // Each rank's gains saw only its rows: the gradient is the sum over the
+  // group, the same on every rank (the gains stay replicated).
+  const size_t C = d_.C;
+  float* parts = at<float>(plan_.norm_grads);
+  region_->reduce_f32(parts, offsets.size() * C, dist::ReduceOp::Sum);
+  size_t i = 0;
+  for (size_t off : offsets) cuda::add_f32(at<float>(plan_.grads) + off, parts + C * i++, C, stream_);
+}
 
 void CudaEngine::grads_final(int i) {
   if (!hook_) return;
@@ -632,17 +722,33 @@ void CudaEngine::loss(int N, bool with_dlogits, float grad_scale, bool with_argm
 double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
   validate_batch(b, m_, max_B_, max_T_);
   KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
-  upload_batch(b, true);
-  forward_to_logits(b.B, b.T);
-  const int N = b.B * b.T;
+  const Batch& lb = cp_rows(b);  // this rank's chunks under context parallelism
+  upload_batch(lb, true);
+  forward_to_logits(lb.B, lb.T);
+  const int N = lb.B * lb.T;
   loss(N, true, static_cast<float>(grad_scale), false);
-  backward_from_dlogits(b.B, b.T);
-  return device_sum_losses(N);
+  backward_from_dlogits(lb.B, lb.T);
+  const double sum = device_sum_losses(N);
+  return cp_x_ ? cp_x_->sum(sum) : sum;
 }
 
 double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
   validate_batch(b, m_, max_B_, max_T_);
   KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
+  KVS_CHECK(!logits || cp_.size == 1, "forward: full logits are not gathered under context parallelism");
+  if (cp_.size > 1) {
+    const Batch& lb = cp_rows(b);
+    upload_batch(lb, lb.targets != nullptr);
+    forward_to_logits(lb.B, lb.T);
+    if (!lb.targets) {
+      sync("forward");
+      return 0.0;
+    }
+    const int N = lb.B * lb.T;
+    loss(N, false, 1.0f, argmax != nullptr);
+    cp_gather_outputs(b, token_losses, argmax);
+    return cp_x_->sum(device_sum_losses(N));
+  }
   upload_batch(b, b.targets != nullptr);
   forward_to_logits(b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T, V = m_.vocab_size;

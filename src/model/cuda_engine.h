@@ -15,13 +15,20 @@
 // that ZeRO-1's keep_optimizer_range can free all but a shard); the step loop
 // allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
 // holds its rank's slice (LocalDims) and all-reduces as CpuEngine does, with
-// the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h. Compiled only
-// with -DKVS_CUDA=ON.
+// the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h; with sequence
+// parallelism (tp.sequence_parallel) the residual stream, the norms and their
+// gradients hold this rank's N/tp rows as on the CPU engine (all-gathers and
+// reduce-scatters in CudaParallelLinear, the norm gains' gradients summed over
+// the group per layer). With context parallelism (cp.size > 1) the engine
+// holds its two chunks of every sequence ([2][B][T/2cp] rows, CpLayout) and
+// runs the shift's halo and ring attention of parallel/context_parallel.h on
+// the device (model/cuda_engine_cp.cpp). Compiled only with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +37,8 @@
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "model/engine.h"
+#include "parallel/context_parallel.h"
+#include "parallel/cuda_cp_exchange.h"
 #include "parallel/cuda_linear.h"
 #include "parallel/cuda_tp_region.h"
 #include "parallel/tensor_parallel.h"
@@ -78,6 +87,22 @@ struct CudaPlan {
   // batch inputs
   size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
   size_t ce_stats = 0;  // fp32 vocab-parallel loss statistics (tp > 1 only), VocabCeStats::floats(N)
+  // Sequence parallelism (sp > 1) only: two [N, C] bf16 buffers for gathered or
+  // not-yet-scattered rows, and fp32 [2 C] for one layer's norm-gain gradients
+  // before their sum over the group. The residual stream's buffers (resid,
+  // res_mid, ln1, ln2, rstd1, rstd2, lnf, rstdf, proj, dresid, dln) hold N/sp rows.
+  size_t sp_full = 0, sp_full2 = 0, norm_grads = 0;
+  // Context parallelism (cp > 1) only, with Tc = T / (2 cp) and R = 2 B W rows:
+  //   cp_tails [R][QKV] bf16: this rank's chunks' last W raw q/k/v rows;
+  //   cp_halos [cp][R][QKV] bf16: every rank's (the halo all-gather);
+  //   cp_dtails [R][QKV], cp_dhalos [cp][R][QKV] fp32: the same for the halo gradients;
+  //   cp_ring[2]: the block in hand and the next, [k | v] bf16 ([2][B][Tc][KD]
+  //     each) then [dk | dv] fp32 (same shape), cp_ring_bytes each;
+  //   cp_acc fp32 [N][QD]: the merged output (forward), dq (backward);
+  //   cp_part bf16 [B Tc][QD], cp_part_lse fp32 [B][Hq][Tc]: one block's
+  //     output and lse (forward), its dq (backward); cp_dk, cp_dv bf16 [B Tc][KD].
+  size_t cp_tails = 0, cp_halos = 0, cp_dtails = 0, cp_dhalos = 0, cp_ring[2] = {0, 0}, cp_ring_bytes = 0;
+  size_t cp_acc = 0, cp_part = 0, cp_part_lse = 0, cp_dk = 0, cp_dv = 0;
   // AdamW chunk tables: every tensor (num_chunks), and the same clipped to a
   // ZeRO-1 shard (range_chunks, at most num_chunks entries)
   size_t chunks, range_chunks;
@@ -86,9 +111,11 @@ struct CudaPlan {
   // Layer l's activations inside the allocation at `base`.
   CudaLayerActs layer(char* base, int l) const;
 
-  // d: this rank's sizes (the whole model at tp = 1); tp: the group size.
+  // d: this rank's sizes (the whole model at tp = 1); tp: the group size; sp:
+  // the ranks the residual stream is split over (tp under sequence parallelism, else 1).
+  // cp: the context-parallel group size (the activations then hold B T / cp rows).
   static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
-                        Recompute recompute = Recompute::None);
+                        Recompute recompute = Recompute::None, int sp = 1, int cp = 1);
 };
 
 class CudaEngine : public Engine {
@@ -96,7 +123,7 @@ class CudaEngine : public Engine {
   // attention_backend (train.attention_backend): "flash" or "cudnn" (attention_backend.h).
   CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
              Recompute recompute = Recompute::None, AttentionImpl attention_backend = AttentionImpl::Flash,
-             TensorParallel tp = {});
+             TensorParallel tp = {}, ContextParallel cp = {});
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -160,6 +187,11 @@ class CudaEngine : public Engine {
   enum class LayerPass { Forward, RecomputeLayer, RecomputeAttention };
   void forward_layer(int l, int B, int T, LayerPass pass);
   void backward_from_dlogits(int B, int T);
+  // Where rmsnorm_backward accumulates a norm gain's gradient: the gradient
+  // tensor itself, or under sequence parallelism plan_.norm_grads + i * C
+  // (i = 0, 1), which sum_norm_grads then sums over the group into the tensors.
+  float* norm_grad(size_t offset, int i);
+  void sum_norm_grads(std::initializer_list<size_t> offsets);
   double device_sum_losses(size_t N);
   // Effective q/k/v shift coefficients of layer l (fp32, device); null if that
   // tensor is not shifted. Applies the sigmoid gate into the plan's coef slice.
@@ -167,6 +199,15 @@ class CudaEngine : public Engine {
     const float *q, *k, *v;
   };
   LayerCoefs layer_coefs(int l, bool compute);
+  // Context parallelism (cuda_engine_cp.cpp). cp_rows: the batch's rows this
+  // rank holds (cp_batch_, over cp_inputs_...; b itself at cp = 1).
+  const Batch& cp_rows(const Batch& b);
+  // Token losses and argmax of the whole batch from every rank's rows (device -> host).
+  void cp_gather_outputs(const Batch& b, float* token_losses, int32_t* argmax);
+  // One layer's shift + RoPE per chunk with the halos, then ring attention.
+  void cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& c, int B);
+  // Its backward from dattout into dqkv (and the shift coefficients' gradients).
+  void cp_attention_backward(int l, const CudaLayerActs& x, const LayerCoefs& c, int B);
   // Bucket `i` of buckets_ is final: record its event, tell the hook (if any).
   void grads_final(int i);
   // The moments of element i (valid for opt_begin_ <= i < opt_end_).
@@ -175,6 +216,12 @@ class CudaEngine : public Engine {
 
   ModelConfig m_;
   TensorParallel tp_;
+  ContextParallel cp_;
+  std::unique_ptr<CudaCpExchange> cp_x_;  // cp > 1: the group's transfers
+  CpLayout cp_layout_;                    // the current micro-batch's rows (cp > 1)
+  Batch cp_batch_{};
+  std::vector<int32_t> cp_inputs_, cp_targets_;
+  std::vector<float> cp_mask_, cp_gather_;
   LocalDims d_;  // this rank's sizes (LocalDims::of; the whole model at tp = 1)
   ParamLayout layout_;
   int max_B_, max_T_;

@@ -51,15 +51,14 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
               attention_backend);
     return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
   }
-  KVS_CHECK(cp.size == 1 && !tp.sequence_parallel && (!part || part->is_whole(m)),
-            "device 'cuda': {} is not built for the CUDA engine yet (device \"cpu\" has it)",
-            cp.size > 1 ? "context parallelism" : (tp.sequence_parallel ? "sequence parallelism" : "pipeline parallelism"));
+  KVS_CHECK(!part || part->is_whole(m),
+            "device 'cuda': pipeline parallelism is not built for the CUDA engine yet (device \"cpu\" has it)");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
   // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
   const int gpu = dist::select_device(dist::detect_launch());
-  return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp);
+  return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp, cp);
 #else
   (void)recompute;
   fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");

@@ -3,7 +3,15 @@
 // cuBLASLt (kernels/cuda/matmul.h), the group's sums through CudaTpRegion, all
 // enqueued on one stream. A column-parallel group is one GEMM against its
 // adjacent weights (q/k/v_proj as [QD + 2 KD, C], gate/up_proj as [2F, C]),
-// so its input gradient is one GEMM and one sum. Compiled only with -DKVS_CUDA=ON.
+// so its input gradient is one GEMM and one sum.
+//
+// N is the rows the GEMMs see. Under sequence parallelism (region.sequence_parallel())
+// the tensors outside the region (a column group's x and dx, a row-parallel
+// layer's y and dy) hold region.local_rows(N) contiguous rows, and `full`,
+// `full2` are [N, C] device scratch (C: the one width they ever take, the
+// hidden size) for the gathered or not-yet-scattered rows; as on the CPU
+// (parallel/linear.cpp) the column group's input is gathered again in the
+// backward rather than kept. Compiled only with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_bf16.h>
@@ -17,8 +25,8 @@ namespace kvs {
 class CudaParallelLinear {
  public:
   using bf16 = __nv_bfloat16;
-  CudaParallelLinear(cuda::Matmul& mm, CudaTpRegion& region, cudaStream_t stream)
-      : mm_(mm), region_(region), stream_(stream) {}
+  CudaParallelLinear(cuda::Matmul& mm, CudaTpRegion& region, cudaStream_t stream, bf16* full = nullptr,
+                     bf16* full2 = nullptr);
 
   // Column-parallel: y [N, out] (row stride ldy) = x [N, in] (row stride ldx) W^T, W [out, in].
   void column_forward(bf16* y, int ldy, const bf16* x, int ldx, const bf16* w, int N, int in, int out);
@@ -35,6 +43,7 @@ class CudaParallelLinear {
   cuda::Matmul& mm_;
   CudaTpRegion& region_;
   cudaStream_t stream_;
+  bf16 *full_, *full2_;  // sequence parallelism's [N, C] scratch
 };
 
 }  // namespace kvs

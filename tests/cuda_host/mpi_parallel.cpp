@@ -1,19 +1,23 @@
 // The host-built CUDA engine under mpirun -np 2 (tests/cuda_host): data
-// parallelism (ZeRO-1 on the engine's device buffers) and tensor parallelism,
-// each over both of the engine's communication paths, against one process:
+// parallelism (ZeRO-1 on the engine's device buffers), tensor parallelism,
+// tensor + sequence parallelism and context parallelism, each over both of
+// the engine's communication paths, against one process:
 //   - MPI: the communicator takes host memory, so ZeRO-1 stages the device
 //     buffers through the host (StagedFlatSync) and the tensor-parallel
 //     all-reduces drain the stream and go through pinned memory;
 //   - NCCL (the shim's, over MPI): ZeRO-1 reduces each layer's gradients on
 //     the communicator's stream as the backward announces them, waiting for
 //     the engine's events (DirectNccl), and the tensor-parallel all-reduces
-//     are enqueued on the engine's stream.
+//     (sequence parallel: all-gathers and reduce-scatters) are enqueued on the
+//     engine's stream; context parallelism's halo all-gathers and ring steps
+//     run on the communicator's stream after the engine's is drained.
 // The GPU tests' tolerances (tests/parallel/test_cuda_zero1.cpp, test_cuda_tp.cpp:
 // 2e-3 and 5e-3 relative per step), over 5 steps.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +33,7 @@ namespace {
 
 using kvs::testing_util::world;
 
-kvs::Config config(bool shift, int vocab, int tp) {
+kvs::Config config(bool shift, int vocab, int tp, bool sequence_parallel = false, int cp = 1, int window = 1) {
   nlohmann::json j = {
       {"name", "cuda-host-parallel"},
       {"device", "cuda"},
@@ -41,9 +45,9 @@ kvs::Config config(bool shift, int vocab, int tp) {
         {"num_key_value_heads", 2},
         {"vocab_size", vocab},
         {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", shift}}}}},
+        {"kv_shift", {{"enabled", shift}, {"window", window}, {"shift_q", cp > 1}}}}},
       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-      {"parallel", {{"tp", tp}}},
+      {"parallel", {{"tp", tp}, {"sequence_parallel", sequence_parallel}, {"cp", cp}}},
       {"train",
        {{"seq_len", 16},
         {"micro_batch_size", 2},
@@ -89,12 +93,20 @@ std::unique_ptr<kvs::dist::Communicator> nccl_world() {
 
 // One process (every rank runs it alone, at the same time), then `comm`'s
 // ranks together; every rank compares the losses, rank 0 the evaluation.
+// (Each one-process run is done once per configuration and reused: the tests
+// that differ only in the layout share it.)
 void expect_follows_one_process(const kvs::Config& c, kvs::dist::Communicator& comm, const std::string& what,
                                 double tol) {
   SCOPED_TRACE(what);
   kvs::Config alone = c;
   alone.parallel.tp = 1;
-  const kvs::TrainSummary one = kvs::train(alone, {own_dir(what + "_one"), false, true});
+  alone.parallel.sequence_parallel = false;
+  alone.parallel.cp = 1;
+  static std::map<std::string, kvs::TrainSummary> runs;
+  const std::string key = kvs::to_json(alone).dump();
+  auto run = runs.find(key);
+  if (run == runs.end()) run = runs.emplace(key, kvs::train(alone, {own_dir(what + "_one"), false, true})).first;
+  const kvs::TrainSummary& one = run->second;
   const uint64_t collectives = hostcuda::stats().collectives;
   const kvs::TrainSummary par = kvs::train(c, {shared_dir(what), false, true, &comm});
   if (comm.backend() == "nccl") {
@@ -133,4 +145,33 @@ TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
   expect_follows_one_process(c, world(), "tp2_mpi", 5e-3);
   auto nccl = nccl_world();
   expect_follows_one_process(c, *nccl, "tp2_nccl", 5e-3);
+}
+
+// tp = 2 with sequence parallelism: the residual stream, the norms and the
+// embedding's output hold 16 of a micro-batch's 32 rows per rank. Every sum
+// is the tp = 2 test's (a reduce-scatter adds the same two bf16 partials as
+// the all-reduce, an all-gather moves bf16 rows unchanged), the norm gains'
+// gradients are fp32 sums of two halves instead of one pass: the same 5e-3.
+TEST(HostCudaParallel, SequenceParallelFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 200, 2, true);
+  expect_follows_one_process(c, world(), "tp2sp_mpi", 5e-3);
+  auto nccl = nccl_world();
+  expect_follows_one_process(c, *nccl, "tp2sp_nccl", 5e-3);
+}
+
+// cp = 2: each rank holds chunks r and 3 - r (4 positions each) of every
+// sequence; shifted GQA with window 2 and q, k and v shifted (shift_q), so
+// every chunk but the first reads a 2-row halo from another rank or its own
+// other chunk, and the ring merges up to three blocks per query chunk.
+// Differences from one process come from where bf16 rounds (the merged output
+// is rounded once from fp32; dq, dK̂, dV̂ are fp32 sums of bf16 block shares; a
+// halo gradient is added to its row's bf16 gradient), the same kind and size
+// as tensor parallelism's re-associated sums: its 5e-3.
+TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 32, 1, false, 2, 2);
+  expect_follows_one_process(c, world(), "cp2_mpi", 5e-3);
+  auto nccl = nccl_world();
+  expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }

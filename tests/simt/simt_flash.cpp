@@ -8,6 +8,8 @@
 // plus: padding columns and the bytes past the buffers stay poisoned. The
 // backward runs from the reference out (rounded to bf16) and lse, as the GPU
 // test's does from the kernels' own forward. Grids mirror launch_fwd/launch_bwd.
+// Also without the causal mask (ring attention's block of an earlier chunk:
+// the reference's queries at positions T .. 2T - 1 see every key), same tolerances.
 #include "gen_flash_attention_bwd.h"
 #include "gen_flash_attention_fwd.h"
 #include "kernels/cpu/ops.h"
@@ -34,11 +36,12 @@ double max_abs(const std::vector<double>& x) {
 }
 
 template <int D>
-void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale) {
+void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale, bool causal = true) {
   static_assert(dkdv_smem_bytes<D>() <= emu::kDynBytes && dq_smem_bytes<D>() <= emu::kDynBytes);
   const std::string tag = "flash D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
                           " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
-                          " layout=" + std::to_string(layout) + (qk_scale != 1.0f ? " peaked" : "");
+                          " layout=" + std::to_string(layout) + (qk_scale != 1.0f ? " peaked" : "") +
+                          (causal ? "" : " full");
   const int G = Hq / Hkv;
   const size_t N = (size_t)B * T, QD = (size_t)Hq * D, KD = (size_t)Hkv * D;
   const auto q = randn(N * QD, seed + 1, qk_scale), k = randn(N * KD, seed + 2, qk_scale), v = randn(N * KD, seed + 3),
@@ -79,31 +82,34 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
       dod(dout.begin(), dout.end());
   std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T), datt(att.size());
-  kvs::cpu::attention_forward<double>(outr.data(), att.data(), qd.data(), kd.data(), vd.data(), B, T, Hq, Hkv, D);
+  const int qpos0 = causal ? 0 : T;  // non-causal: every query after every key
+  kvs::cpu::attention_forward<double>(outr.data(), att.data(), nullptr, qd.data(), kd.data(), vd.data(), B, T, T, Hq,
+                                      Hkv, D, qpos0, 0);
   std::vector<double> lser((size_t)B * Hq * T);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h)
       for (int t = 0; t < T; ++t) {
-        std::vector<double> s(t + 1);
+        const int last = causal ? t : T - 1;
+        std::vector<double> s(last + 1);
         double mx = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = 0; j <= last; ++j) {
           double a = 0;
           for (int d = 0; d < D; ++d) a += qd[(size_t)(b * T + t) * QD + h * D + d] * kd[(size_t)(b * T + j) * KD + (h / G) * D + d];
           s[j] = a / std::sqrt((double)D);
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += std::exp(s[j] - mx);
+        for (int j = 0; j <= last; ++j) sum += std::exp(s[j] - mx);
         lser[((size_t)b * Hq + h) * T + t] = mx + std::log(sum);
       }
   std::vector<double> dqr(N * QD, 0.0), dkr(N * KD, 0.0), dvr(N * KD, 0.0);
   kvs::cpu::attention_backward<double>(dqr.data(), dkr.data(), dvr.data(), datt.data(), dod.data(), qd.data(),
-                                       kd.data(), vd.data(), att.data(), B, T, Hq, Hkv, D);
+                                       kd.data(), vd.data(), att.data(), B, T, T, Hq, Hkv, D, qpos0, 0);
 
   // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd).
   const unsigned nqt = (unsigned)((T + 16 * kWarps - 1) / (16 * kWarps));
   emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-    fwd_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e);
+    fwd_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
   });
   const std::vector<float> outf = f32(out);
   check(tag, "out", outf, outr, 1e-2, 1e-2);
@@ -118,11 +124,11 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
               [&] { delta_kernel(delta.data(), doutb.data(), outb.data(), T, Hq, D, rows); });
   emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
     dkdv_kernel<D>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
-                   scale * kLog2e);
+                   scale * kLog2e, causal);
   });
   emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
     dq_kernel<D>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
-                 scale * kLog2e);
+                 scale * kLog2e, causal);
   });
   std::vector<float> dq(N * QD), dk(N * KD), dv(N * KD);
   size_t pad_written = 0;
@@ -148,6 +154,49 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   done(tag);
 }
 
+// merge_kernel (attention_merge) vs the same merge in double: a running
+// accumulator (some rows still empty, -inf) and a block (some rows it does not
+// reach, -inf). out/acc: rtol 1e-5, atol 1e-6; lse: rtol 1e-6, atol 1e-6.
+void run_attention_merge() {
+  const int B = 2, T = 37, Hq = 3, D = 16;
+  const std::string tag = "attention_merge B=2 T=37 Hq=3 D=16";
+  const size_t rows = (size_t)B * Hq * T, n = rows * D;
+  std::vector<float> acc = randn(n, 2001), acc_lse = randn(rows, 2002), lse = randn(rows, 2003);
+  const std::vector<bf16> out = b16(randn(n, 2004));
+  for (size_t r = 0; r < rows; r += 5) acc_lse[r] = -INFINITY;
+  for (size_t r = 0; r < rows; r += 7) lse[r] = -INFINITY;
+  std::vector<double> want(acc.begin(), acc.end()), want_lse(acc_lse.begin(), acc_lse.end());
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int t = 0; t < T; ++t) {
+        const size_t r = ((size_t)b * Hq + h) * T + t, at = (((size_t)b * T + t) * Hq + h) * D;
+        const double pl = lse[r], al = acc_lse[r];
+        if (pl == -INFINITY) continue;
+        if (al == -INFINITY) {
+          for (int d = 0; d < D; ++d) want[at + d] = __bfloat162float(out[at + d]);
+          want_lse[r] = pl;
+          continue;
+        }
+        const double m = std::max(al, pl), merged = m + std::log(std::exp(al - m) + std::exp(pl - m));
+        for (int d = 0; d < D; ++d)
+          want[at + d] = std::exp(al - merged) * acc[at + d] + std::exp(pl - merged) * __bfloat162float(out[at + d]);
+        want_lse[r] = merged;
+      }
+  emu::launch({(unsigned)((rows + 127) / 128), 1, 1}, 128,
+              [&] { merge_kernel(acc.data(), acc_lse.data(), out.data(), lse.data(), T, Hq, D, rows); });
+  check(tag, "acc", acc, want, 1e-5, 1e-6);
+  std::vector<float> got_lse = acc_lse;
+  size_t inf_mismatch = 0;
+  for (size_t r = 0; r < rows; ++r)
+    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
+      inf_mismatch += want_lse[r] != got_lse[r];
+      got_lse[r] = 0, want_lse[r] = 0;
+    }
+  expect(inf_mismatch == 0, tag, "rows reached by no block must stay -inf");
+  check(tag, "lse", got_lse, want_lse, 1e-6, 1e-6);
+  done(tag);
+}
+
 }  // namespace
 
 // A subset of tests/kernels/cuda/test_flash_attention.cpp's sweep (all of it takes minutes here):
@@ -163,6 +212,10 @@ void run_flash_attention() {
   run<32>(2, 130, 4, 1, 1, 1060, 1.0f);
   run<16>(2, 37, 4, 2, 0, 1070, 1.0f);
   run<64>(1, 130, 4, 2, 1, 55, 4.0f);  // peaked softmax (qk scale 4)
+  // Without the causal mask: a partial last tile for keys and queries, GQA.
+  run<64>(1, 70, 4, 2, 1, 1080, 1.0f, false);
+  run<16>(2, 37, 4, 2, 0, 1090, 1.0f, false);
+  run_attention_merge();
 }
 
 }  // namespace simt

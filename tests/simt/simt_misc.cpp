@@ -13,6 +13,8 @@
 //   kernel): bf16 bits equal __float2bfloat16_rn (and an integer
 //   round-to-nearest-even reference), the round trip exact, the element past
 //   the range untouched. fill_kernel: n 1, 9, 100003, every element.
+//   add_f32_kernel and add_bf16_to_f32_kernel: y += x (x fp32, or bf16 widened)
+//   for n 1, 9, 100003, bit for bit the host's fp32 add, the element past n untouched.
 // - shift_gate_forward_kernel / shift_gate_backward_kernel vs the CPU ops
 //   shift_gate_forward / shift_gate_backward ("sigmoid_gate",
 //   src/kernels/cpu/shift_gate.h, in float): H 1, 5, 128, 130 (a partial second block of 128),
@@ -168,6 +170,26 @@ void fill(size_t n) {
   done(tag);
 }
 
+void add(size_t n) {
+  const std::string tag = "add_f32 n" + std::to_string(n);
+  const std::vector<float> x = randu(n, 40 + n, -2.0f, 2.0f, false);
+  std::vector<float> y = randu(n + 1, 50 + n, -2.0f, 2.0f, false);
+  std::vector<float> want = y;
+  for (size_t i = 0; i < n; ++i) want[i] += x[i];
+  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::add_f32_kernel(y.data(), x.data(), n); });
+  size_t bad = 0;
+  for (size_t i = 0; i <= n; ++i) bad += std::memcmp(&y[i], &want[i], 4) != 0;
+  expect(bad == 0, tag, "y + x differs from the host's fp32 add (or the element past n changed)");
+  const std::vector<bf16> xb = b16(x);
+  for (size_t i = 0; i < n; ++i) want[i] += __bfloat162float(xb[i]);
+  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads,
+              [&] { kc::add_bf16_to_f32_kernel(y.data(), xb.data(), n); });
+  bad = 0;
+  for (size_t i = 0; i <= n; ++i) bad += std::memcmp(&y[i], &want[i], 4) != 0;
+  expect(bad == 0, tag, "y + bf16 x differs from the host's fp32 add (or the element past n changed)");
+  done(tag);
+}
+
 void shift_gate(int H) {
   const std::string tag = "shift_gate H" + std::to_string(H);
   std::vector<float> stored = randu(2 * H, 300 + H, -4.0f, 4.0f, false);
@@ -208,6 +230,7 @@ void run_convert() {
     if (n >= 8) convert(n, 0, true);  // aligned, scalar kernel
   }
   for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) fill(n);
+  for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) add(n);
 }
 
 void run_shift_gate() {

@@ -6,6 +6,12 @@
 // Both vector widths: V = 8 where the launcher would take it, V = 1 always.
 // Grids mirror shift_rope_forward/backward: (ceil(T / TT), H, B) x kThreads,
 // then H (W + 1) blocks of 256 for the dcoef reduction.
+// With a halo (context parallelism: W raw rows before position 0, padded row
+// stride) against the CPU ops' halo arguments: y, dx as above, the halo's
+// gradient (fp32, padding untouched) rtol 1e-5, atol 1e-6 (an fp32 sum of at
+// most W + 1 products of bf16-exact values), dcoef now including the halo rows.
+// shift_halo_add_kernel: dx rows T - W .. T - 1 get bf16(dx + dtail), bit for
+// bit, every other element untouched.
 #include "gen_shift_rope.h"
 #include "kernels/cpu/ops.h"
 #include "simt_util.h"
@@ -19,6 +25,7 @@ struct Case {
   int B, T, H, D, W;
   bool coef, rope;
   int in_pad, in_off, out_pad;
+  bool halo = false;
 };
 
 template <int V>
@@ -29,7 +36,8 @@ void run(const Case& c) {
   const std::string tag = "shift_rope V=" + std::to_string(V) + " B" + std::to_string(c.B) + " T" +
                           std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) + " W" +
                           std::to_string(W) + (c.rope ? " rope" : "") + (c.coef ? " coef" : "") + " pads " +
-                          std::to_string(c.in_pad) + "/" + std::to_string(c.in_off) + "/" + std::to_string(c.out_pad);
+                          std::to_string(c.in_pad) + "/" + std::to_string(c.in_off) + "/" + std::to_string(c.out_pad) +
+                          (c.halo ? " halo" : "");
   const auto xf = randu(N * in_ld, 1 + c.T * 7 + c.D, -1, 1);
   const auto coef = randu((size_t)c.H * (c.W + 1), 2, -0.5f, 1.0f, false);
   std::vector<float> cs((size_t)c.T * std::max(1, c.D / 2)), sn(cs.size());
@@ -38,8 +46,18 @@ void run(const Case& c) {
   for (size_t r = 0; r < N; ++r)
     for (size_t k = 0; k < HD; ++k) x[r * HD + k] = xf[r * in_ld + c.in_off + k];
   const std::vector<double> coefd(coef.begin(), coef.end()), csd(cs.begin(), cs.end()), snd(sn.begin(), sn.end());
+  // The halo: [B][W] rows of stride halo_ld (8 padding columns), bf16-exact values.
+  const bool halo = c.halo && W > 0;
+  const int halo_ld = (int)HD + 8;
+  const auto halof = randu((size_t)c.B * W * halo_ld, 7 + c.T, -1, 1);
+  std::vector<double> halod((size_t)c.B * W * HD);
+  for (size_t r = 0; r < (size_t)c.B * W; ++r)
+    for (size_t k = 0; k < HD; ++k) halod[r * HD + k] = halof[r * halo_ld + k];
+  const std::vector<bf16> halob = b16(halof);
   std::vector<double> sh = x, want(N * HD);
-  if (c.coef) kvs::cpu::kv_shift_forward<double>(sh.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D, W);
+  if (c.coef)
+    kvs::cpu::kv_shift_forward<double>(sh.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D, W, nullptr,
+                                       halo ? halod.data() : nullptr);
   if (c.rope)
     kvs::cpu::rope_forward<double>(want.data(), sh.data(), csd.data(), snd.data(), c.B, c.T, c.H, c.D);
   else
@@ -57,7 +75,8 @@ void run(const Case& c) {
   const float* cosp = c.rope ? cs.data() : nullptr;
   const float* sinp = c.rope ? sn.data() : nullptr;
   emu::launch(grid, kc::kThreads, [&] {
-    kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.D, W, TT);
+    kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.D, W, TT,
+                                     halo ? halob.data() : nullptr, halo_ld);
   });
   std::vector<float> got(N * HD);
   size_t outside = 0;
@@ -76,13 +95,14 @@ void run(const Case& c) {
     for (size_t k = 0; k < HD; ++k) dy[r * HD + k] = dyf[r * out_ld + k];
   const auto dcoef0 = randu((size_t)c.H * (W + 1), 500, -1.0f, 1.0f, false);
   std::vector<double> ds(N * HD, 0.0), wdx(N * HD, 0.0), wdc(dcoef0.begin(), dcoef0.end());
+  std::vector<double> wdh((size_t)c.B * W * HD, 0.0);
   if (c.rope)
     kvs::cpu::rope_backward<double>(ds.data(), dy.data(), csd.data(), snd.data(), c.B, c.T, c.H, c.D);
   else
     ds = dy;
   if (c.coef)
     kvs::cpu::kv_shift_backward<double>(wdx.data(), wdc.data(), ds.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D,
-                                        W);
+                                        W, nullptr, halo ? halod.data() : nullptr, halo ? wdh.data() : nullptr);
   else
     wdx = ds;
   const std::vector<bf16> dyb = b16(dyf);
@@ -90,10 +110,24 @@ void run(const Case& c) {
   const size_t nblk = (size_t)grid.x * grid.z;
   std::vector<float> partial(c.coef ? (size_t)c.H * nblk * (W + 1) : 0, NAN), dcoef = dcoef0;
   float* pp = c.coef ? partial.data() : nullptr;
+  const int dh_ld = (int)HD + 8;
+  std::vector<float> dhalo((size_t)c.B * W * dh_ld, NAN);
   emu::launch(grid, kc::kThreads, [&] {
     kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
-                                      in_ld, cp, cosp, sinp, c.T, c.D, W, TT);
+                                      in_ld, cp, cosp, sinp, c.T, c.D, W, TT, halo ? halob.data() : nullptr, halo_ld,
+                                      halo ? dhalo.data() : nullptr, dh_ld);
   });
+  if (halo) {
+    std::vector<float> gdh((size_t)c.B * W * HD);
+    size_t pad = 0;
+    for (size_t r = 0; r < (size_t)c.B * W; ++r)
+      for (int k = 0; k < dh_ld; ++k) {
+        if (k < (int)HD) gdh[r * HD + k] = dhalo[r * dh_ld + k];
+        else pad += !std::isnan(dhalo[r * dh_ld + k]);
+      }
+    check(tag, "bwd dhalo", gdh, wdh, 1e-5, 1e-6);
+    expect(pad == 0, tag, "bwd wrote the halo gradient's padding");
+  }
   if (c.coef)
     emu::launch(emu::Dim{(unsigned)(c.H * (W + 1)), 1, 1}, 256,
                 [&] { kc::shift_dcoef_reduce_kernel(dcoef.data(), partial.data(), (int)nblk, W); });
@@ -107,6 +141,30 @@ void run(const Case& c) {
   check(tag, "bwd dx", gdx, wdx, 1e-2, 1e-4);
   expect(outside == 0, tag, "bwd wrote outside the heads");
   if (c.coef) check(tag, "bwd dcoef", dcoef, wdc, 1e-5, 1e-6 * c.B * c.T * c.D);
+  done(tag);
+}
+
+void halo_add(int B, int T, int width, int W, int ld_dx, int ld_tail) {
+  const std::string tag = "shift_halo_add B" + std::to_string(B) + " T" + std::to_string(T) + " width" +
+                          std::to_string(width) + " W" + std::to_string(W);
+  const std::vector<bf16> dx0 = b16(randu((size_t)B * T * ld_dx, 900 + T, -1, 1));
+  const auto tail = randu((size_t)B * W * ld_tail, 910 + T, -1, 1, false);
+  std::vector<bf16> dx = dx0;
+  const size_t n = (size_t)B * W * width;
+  emu::launch(emu::Dim{(unsigned)((n + 255) / 256), 1, 1}, 256,
+              [&] { kc::shift_halo_add_kernel(dx.data(), ld_dx, tail.data(), ld_tail, T, width, W, n); });
+  size_t bad = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < ld_dx; ++k) {
+        const size_t i = ((size_t)b * T + t) * ld_dx + k;
+        uint16_t want = __bfloat16_as_ushort(dx0[i]);
+        if (t >= T - W && k < width)
+          want = __bfloat16_as_ushort(__float2bfloat16_rn(
+              __bfloat162float(dx0[i]) + tail[((size_t)b * W + t - (T - W)) * ld_tail + k]));
+        bad += __bfloat16_as_ushort(dx[i]) != want;
+      }
+  expect(bad == 0, tag, "rows differ from bf16(dx + dtail), or other elements changed");
   done(tag);
 }
 
@@ -131,6 +189,20 @@ void run_shift_rope() {
     if (vec) run<8>(c);
     run<1>(c);
   }
+  // With a halo: chunks of a longer sequence (one tile and several, W 1 to 3, padded QKV-like rows).
+  const Case halo_cases[] = {
+      {2, 5, 3, 16, 1, true, true, 0, 0, 0, true},
+      {3, 37, 2, 64, 2, true, true, 24, 8, 8, true},
+      {2, 9, 2, 6, 3, true, false, 3, 1, 5, true},
+  };
+  for (const Case& c : halo_cases) {
+    const bool vec = c.D % 16 == 0 && (c.H * c.D + c.in_pad) % 8 == 0 && (c.H * c.D + c.out_pad) % 8 == 0 &&
+                     c.in_off % 8 == 0;
+    if (vec) run<8>(c);
+    run<1>(c);
+  }
+  halo_add(2, 5, 48, 2, 56, 64);
+  halo_add(3, 4, 7, 1, 9, 7);
 }
 
 }  // namespace simt

@@ -1,4 +1,4 @@
-// Conversions between fp32 and bf16, and fills. Pure streaming kernels over a
+// Conversions between fp32 and bf16, fills, and fp32 accumulation (add_f32, add_bf16_to_f32). Pure streaming kernels over a
 // flat array with a grid-stride loop. When both pointers are 16-byte aligned
 // (checked on the host; cudaMalloc'd buffers are) each thread moves chunks of
 // 8 elements through 16-byte accesses and the last n % 8 elements go one per
@@ -73,6 +73,16 @@ __global__ void fill_kernel(T* out, T value, size_t n) {
   for (size_t i = thread_index(); i < n; i += grid_threads()) out[i] = value;
 }
 
+// y[i] += x[i] (fp32): one element per thread, grid-stride.
+__global__ void add_f32_kernel(float* y, const float* x, size_t n) {
+  for (size_t i = thread_index(); i < n; i += grid_threads()) y[i] += x[i];
+}
+
+// y[i] += float(x[i]).
+__global__ void add_bf16_to_f32_kernel(float* y, const bf16* x, size_t n) {
+  for (size_t i = thread_index(); i < n; i += grid_threads()) y[i] += __bfloat162float(x[i]);
+}
+
 }  // namespace
 
 void f32_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
@@ -105,6 +115,18 @@ void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<bf16><<<blocks_for(n), kThreads, 0, stream>>>(out, __float2bfloat16_rn(value), n);
   KVS_CUDA_LAUNCH_CHECK("fill_kernel<bf16>");
+}
+
+void add_f32(float* y, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  KVS_CUDA_LAUNCH_CHECK("add_f32_kernel");
+}
+
+void add_bf16_to_f32(float* y, const bf16* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_bf16_to_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  KVS_CUDA_LAUNCH_CHECK("add_bf16_to_f32_kernel");
 }
 
 }  // namespace kvs::cuda

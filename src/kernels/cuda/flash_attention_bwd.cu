@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
                                                         const float* __restrict__ delta, const bf16* __restrict__ q,
                                                         int ld_q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
-                                                        float scale, float scale_log2) {
+                                                        float scale, float scale_log2, bool causal) {
   constexpr int BKV = 16 * kWarps;  // keys per block
   constexpr int BQ = dkdv_bq<D>();  // query rows per inner step
   constexpr int LDS = row_stride<D>();
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
     const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
     const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
 
-    for (int q0 = k0; q0 < T; q0 += BQ) {
+    for (int q0 = causal ? k0 : 0; q0 < T; q0 += BQ) {
       __syncthreads();  // everyone is done with the previous sQ / sdO / sLse / sDelta
       load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
       load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
       // P^T. Element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2.
       // A key can exceed a query only when this warp's last key passes the
       // tile's first query; padded queries (>= T) already give exp2(-inf) = 0.
-      const bool band = k0 + wkey + 15 > q0;
+      const bool band = causal && k0 + wkey + 15 > q0;
 #pragma unroll
       for (int j = 0; j < NQ; ++j)
 #pragma unroll
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
                                                       const float* __restrict__ delta, const bf16* __restrict__ q,
                                                       int ld_q, const bf16* __restrict__ k,
                                                       const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
-                                                      float scale, float scale_log2) {
+                                                      float scale, float scale_log2, bool causal) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
 
-  const int n_tiles = (min(T, q0 + BQ) + BK - 1) / BK;
+  const int n_tiles = ((causal ? min(T, q0 + BQ) : T) + BK - 1) / BK;
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
     __syncthreads();  // everyone is done with the previous sK / sV
@@ -317,14 +317,16 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 
     // dS = P (dP - delta), P = 0 above the diagonal. Element e of s[j] is row
     // row[e / 2], key k0 + 8 j + 2 c + e % 2.
-    const bool diag = k0 + BK - 1 > q0 + wrow;
+    // Without the causal mask only the keys past T (zero rows) are masked.
+    const bool diag = causal ? k0 + BK - 1 > q0 + wrow : k0 + BK > T;
 #pragma unroll
     for (int j = 0; j < NK; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float p = exp2f(fmaf(s[j][e], scale_log2, -lse2[r]));
-        if (diag && k0 + j * 8 + 2 * c + (e & 1) > row[r]) p = 0.f;
+        const int key = k0 + j * 8 + 2 * c + (e & 1);
+        if (diag && ((causal && key > row[r]) || key >= T)) p = 0.f;
         s[j][e] = p * (dp[j][e] - dlt[r]);
       }
 
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 
 template <int D>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
-                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, bool causal,
                 cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int G = Hq / Hkv;
@@ -359,7 +361,7 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse
                                         static_cast<int>(kv_smem)));
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
   dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
-                                                         scale, scale * kLog2e);
+                                                         scale, scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)");
 
   constexpr size_t q_smem = dq_smem_bytes<D>();
@@ -368,7 +370,7 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse
                                         static_cast<int>(q_smem)));
   const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
   dq_kernel<D><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale,
-                                                     scale * kLog2e);
+                                                     scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)");
 }
 
@@ -382,6 +384,12 @@ size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D) {
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, float* scratch, cudaStream_t stream) {
+  flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, scratch, stream);
+}
+
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, bool causal, float* scratch, cudaStream_t stream) {
   flash::check_args("flash_attention_backward", {dq, dk, dv, dout, out, q, k, v}, {lse, scratch}, ld_q, ld_kv, B, T,
                     Hq, Hkv, D);
   if (B == 0 || T == 0) return;
@@ -392,10 +400,14 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)");
 
   switch (D) {
-    case 16: return flash::launch_bwd<16>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    case 32: return flash::launch_bwd<32>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    case 64: return flash::launch_bwd<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    default: return flash::launch_bwd<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 16:
+      return flash::launch_bwd<16>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 32:
+      return flash::launch_bwd<32>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 64:
+      return flash::launch_bwd<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    default:
+      return flash::launch_bwd<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
   }
 }
 

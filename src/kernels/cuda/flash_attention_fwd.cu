@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
                                                        const bf16* __restrict__ q, int ld_q,
                                                        const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                        int ld_kv, int T, int Hq, int G, float scale,
-                                                       float scale_log2) {
+                                                       float scale_log2, bool causal) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
 
-  const int kv_end = min(T, q0 + BQ);  // keys [0, kv_end) can be seen by this tile
+  // Keys [0, kv_end) can be seen by this tile (every key without the causal mask).
+  const int kv_end = causal ? min(T, q0 + BQ) : T;
   const int n_tiles = (kv_end + BK - 1) / BK;
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
@@ -91,13 +92,13 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
     // Causal mask (and keys past the end): only where a key can exceed a row
     // of this warp, i.e. on the diagonal tile. Element e of s[j] is row
     // row[e / 2], key k0 + 8 j + 2 c + e % 2.
-    if (k0 + BK - 1 > q0 + wrow || k0 + BK > T) {
+    if ((causal && k0 + BK - 1 > q0 + wrow) || k0 + BK > T) {
 #pragma unroll
       for (int j = 0; j < NK; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + j * 8 + 2 * c + (e & 1);
-          if (key > row[e >> 1] || key >= T) s[j][e] = -INFINITY;
+          if ((causal && key > row[e >> 1]) || key >= T) s[j][e] = -INFINITY;
         }
     }
 
@@ -164,12 +165,12 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
 
 template <int D>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
-                int Hq, int Hkv, cudaStream_t stream) {
+                int Hq, int Hkv, bool causal, cudaStream_t stream) {
   constexpr int BQ = 16 * kWarps;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const dim3 grid(ceil_div(T, BQ), Hq, B);
   fwd_kernel<D><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                               scale * kLog2e);
+                                               scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_forward");
 }
 
@@ -177,14 +178,57 @@ void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, c
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) {
+  flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, stream);
+}
+
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
   switch (D) {
-    case 16: return flash::launch_fwd<16>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    case 32: return flash::launch_fwd<32>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    case 64: return flash::launch_fwd<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
-    default: return flash::launch_fwd<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, stream);
+    case 16: return flash::launch_fwd<16>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 32: return flash::launch_fwd<32>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 64: return flash::launch_fwd<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    default: return flash::launch_fwd<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
   }
+}
+
+namespace flash {
+
+// One thread per (b, h, t) row: the running (acc, acc_lse) and a block's
+// (out, lse) merged by their log-sum-exp, in fp32. A row the block does not
+// reach (lse = -inf) keeps its accumulator; the first block a row sees is copied.
+__global__ void merge_kernel(float* acc, float* acc_lse, const bf16* out, const float* lse, int T, int Hq, int D,
+                             size_t rows) {
+  const size_t n = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (b * Hq + h) * T + t
+  if (n >= rows) return;
+  const float pl = lse[n], al = acc_lse[n];
+  if (pl == -INFINITY) return;
+  const size_t t = n % T, bh = n / T, h = bh % Hq, b = bh / Hq;
+  const size_t at = ((b * T + t) * Hq + h) * D;
+  float* a = acc + at;
+  const bf16* o = out + at;
+  if (al == -INFINITY) {
+    for (int d = 0; d < D; ++d) a[d] = __bfloat162float(o[d]);
+    acc_lse[n] = pl;
+    return;
+  }
+  const float m = fmaxf(al, pl);
+  const float merged = m + logf(expf(al - m) + expf(pl - m));
+  const float wa = expf(al - merged), wp = expf(pl - merged);
+  for (int d = 0; d < D; ++d) a[d] = wa * a[d] + wp * __bfloat162float(o[d]);
+  acc_lse[n] = merged;
+}
+
+}  // namespace flash
+
+void attention_merge(float* acc, float* acc_lse, const bf16* out, const float* lse, int B, int T, int Hq, int D,
+                     cudaStream_t stream) {
+  const size_t rows = static_cast<size_t>(B) * Hq * T;
+  if (rows == 0) return;
+  flash::merge_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream>>>(acc, acc_lse, out, lse, T, Hq, D,
+                                                                                     rows);
+  KVS_CUDA_LAUNCH_CHECK("attention_merge");
 }
 
 }  // namespace kvs::cuda

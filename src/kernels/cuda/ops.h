@@ -35,6 +35,10 @@ void f32_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 void bf16_to_f32(float* out, const bf16* in, size_t n, cudaStream_t stream);
 void fill_f32(float* out, float value, size_t n, cudaStream_t stream);
 void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream);
+// y[0..n) += x[0..n) (fp32; y and x must not partially overlap).
+void add_f32(float* y, const float* x, size_t n, cudaStream_t stream);
+// y[0..n) += x[0..n) widened from bf16 (fp32 accumulators of bf16 partial gradients).
+void add_bf16_to_f32(float* y, const bf16* x, size_t n, cudaStream_t stream);
 
 // ---------------------------------------------------------------- embedding
 // out[n, :] = wte[tokens[n], :]    (wte bf16 [V, C])
@@ -79,15 +83,33 @@ size_t rmsnorm_backward_scratch_floats(int N, int C);
 // K (or V, or Q) is read once. coef is fp32 [H, W+1], oldest first (the engine
 // has already applied a sigmoid gate). W is 0 when coef is null.
 // y must not alias x when W > 0 (a tile's halo rows are another tile's rows).
+// Context parallelism: each of the B sequences is one chunk of a longer one,
+// and the raw rows before its position 0 come from the previous chunk.
+//   rows:  [B][W] raw rows (bf16, row stride ld, head h at column h*D, oldest
+//          first) read as x_{-W} .. x_{-1} (null: zeros);
+//   grad:  fp32 [B][W] rows (row stride ld_grad) the backward overwrites with
+//          the gradient of those rows (null: not wanted; needs T >= W).
+// cos/sin of a chunk that starts at position p are the tables + p * D / 2.
+struct ShiftHalo {
+  const bf16* rows = nullptr;
+  int ld = 0;
+  float* grad = nullptr;
+  int ld_grad = 0;
+};
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
-                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream);
+                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream,
+                        ShiftHalo halo = {});
 // The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
 // row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
 // (via scratch; dcoef may be null; W <= 8 when dcoef is wanted). coef null:
 // dx = RoPE^T dy. dx must not alias dy when W > 0.
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
-                         float* scratch, cudaStream_t stream);
+                         float* scratch, cudaStream_t stream, ShiftHalo halo = {});
+// The owner's side of a halo gradient: dx[b, T - W + j, c] += dtail[b, j, c]
+// (bf16 rows of stride ld_dx, fp32 rows of stride ld_tail; c < width), rounded once.
+void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B, int T, int width, int W,
+                    cudaStream_t stream);
 size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W);
 // The cos/sin tables [T, D/2] (fp32) are kernels/cpu rope_tables' output,
 // computed on the host by the engine and copied once.
@@ -115,6 +137,23 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, float* scratch, cudaStream_t stream);
 size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D);
+// Ring attention (context parallelism) attends a block of T queries to a block
+// of T keys: causal (the diagonal block, the forms above) or not (keys of an
+// earlier chunk: every key visible). A block's out and lse are partial; the
+// backward takes the merged out and lse of the whole row (the softmax over
+// every block), so delta and P are the row's, and its dq, dk, dv are this
+// block's shares (overwritten).
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream);
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, bool causal, float* scratch, cudaStream_t stream);
+// The log-sum-exp merge of a block's partial attention into a running one
+// (fp32 acc [B, T, Hq, D], acc_lse [B, Hq, T], starting at -inf):
+//   lse' = log(exp(acc_lse) + exp(lse)),  acc' = exp(acc_lse - lse') acc + exp(lse - lse') out;
+// rows with lse = -inf (no visible key) are left as they are.
+void attention_merge(float* acc, float* acc_lse, const bf16* out, const float* lse, int B, int T, int Hq, int D,
+                     cudaStream_t stream);
 
 // ---------------------------------------------------------------- SwiGLU
 // gate_up [N, 2F]: columns [0, F) gate, [F, 2F) up (the fused projection's output).

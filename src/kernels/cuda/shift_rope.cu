@@ -16,6 +16,14 @@
 // otherwise. RoPE pairs column i with i + D/2, so with rotation a thread owns
 // V columns of the first half and the matching V of the second half.
 //
+// Context parallelism: a sequence may be one chunk of a longer one. The W raw
+// rows before its position 0 then come from `halo` ([B][W] rows, row stride
+// ld_halo, oldest first) instead of zeros, and the backward writes their
+// gradient into `dhalo` (fp32 [B][W] rows, row stride ld_dhalo, overwritten)
+// from the tile at t0 = 0, whose staged ds rows 0 .. TT + W - 1 cover every
+// output a halo row reaches (rows 0 .. W - 1). shift_halo_add returns such a
+// gradient to the rows it came from (the chunk's last W rows).
+//
 // Aliasing: the halo rows of one tile are another tile's own rows, so y must
 // not alias x (nor dx alias dy) unless W == 0 (then a block only reads the rows
 // it writes, all read before the __syncthreads that precedes the writes).
@@ -38,15 +46,19 @@ int tile_rows(int D) { return std::clamp(kTileFloats / D, 1, 32); }
 
 
 // Stages dst[r][0..D) = src row of position t_first + r of the sequence whose
-// first row is `seq` (row stride ld), for r < rows, as fp32; 0 outside [0, T).
+// first row is `seq` (row stride ld), for r < rows, as fp32; 0 outside [0, T),
+// except positions -W .. -1 from halo (rows (b W + W + t) of stride ld_halo) when given.
 template <int V>
-__device__ void stage_rows(float* dst, const bf16* src, int ld, size_t seq, int t_first, int rows, int T, int D) {
+__device__ void stage_rows(float* dst, const bf16* src, int ld, size_t seq, int t_first, int rows, int T, int D,
+                           const bf16* halo = nullptr, int ld_halo = 0, int W = 0) {
   const int cpr = D / V;  // chunks per row
   for (int i = threadIdx.x; i < rows * cpr; i += blockDim.x) {
     const int r = i / cpr, d = (i % cpr) * V, t = t_first + r;
     float v[V];
     if (t >= 0 && t < T) {
       load_bf16<V>(v, src + (seq + t) * ld + d);
+    } else if (halo && t < 0 && t >= -W) {
+      load_bf16<V>(v, halo + ((size_t)blockIdx.z * W + W + t) * ld_halo + d);
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = 0.0f;
@@ -115,12 +127,13 @@ __device__ __forceinline__ void shift_at(float (&s)[V], const float* xs, int tl,
 // writes y once in bf16.
 template <int V>
 __global__ void shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef,
-                                          const float* cos, const float* sin, int T, int D, int W, int TT) {
+                                          const float* cos, const float* sin, int T, int D, int W, int TT,
+                                          const bf16* halo, int ld_halo) {
   extern __shared__ __align__(16) float xs[];  // [TT + W][D]: row r = position t0 - W + r
   const int t0 = blockIdx.x * TT, h = blockIdx.y;
   const size_t seq = (size_t)blockIdx.z * T;  // first row of sequence b
   const int col = h * D;
-  stage_rows<V>(xs, x + col, ld_in, seq, t0 - W, TT + W, T, D);
+  stage_rows<V>(xs, x + col, ld_in, seq, t0 - W, TT + W, T, D, halo ? halo + col : nullptr, ld_halo, W);
   __syncthreads();
   const int nt = min(TT, T - t0);
   const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
@@ -164,7 +177,8 @@ __global__ void shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, in
 template <int V>
 __global__ void shift_rope_backward_kernel(bf16* dx, int ld_dx, float* partial, const bf16* dy, int ld_dy,
                                            const bf16* x, int ld_x, const float* coef, const float* cos,
-                                           const float* sin, int T, int D, int W, int TT) {
+                                           const float* sin, int T, int D, int W, int TT, const bf16* halo,
+                                           int ld_halo, float* dhalo, int ld_dhalo) {
   extern __shared__ __align__(16) float smem[];
   const int rows = TT + W;
   float* gs = smem;             // [rows][D]: row r = ds at position t0 + r
@@ -173,7 +187,7 @@ __global__ void shift_rope_backward_kernel(bf16* dx, int ld_dx, float* partial, 
   const size_t seq = (size_t)blockIdx.z * T;
   const int col = h * D;
   stage_unrotated<V>(gs, dy + col, ld_dy, seq, t0, rows, T, D, cos, sin);
-  if (partial) stage_rows<V>(xs, x + col, ld_x, seq, t0 - W, rows, T, D);
+  if (partial) stage_rows<V>(xs, x + col, ld_x, seq, t0 - W, rows, T, D, halo ? halo + col : nullptr, ld_halo, W);
   __syncthreads();
 
   const int nt = min(TT, T - t0);
@@ -190,6 +204,24 @@ __global__ void shift_rope_backward_kernel(bf16* dx, int ld_dx, float* partial, 
       for (int k = 0; k < V; ++k) acc[k] += cw * g[k];
     }
     store_bf16<V>(dx + (seq + t0 + tl) * ld_dx + col + d, acc);
+  }
+  // The halo rows j = -W .. -1: d x_j = sum_w c_w ds_{j+W-w} over the outputs
+  // j + W - w >= 0 (gs rows; row r is position r in the first tile).
+  if (dhalo && blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < W * cpr; i += blockDim.x) {
+      const int j = i / cpr - W, d = (i % cpr) * V;
+      float acc[V] = {};
+      for (int w = W; w >= 0; --w) {
+        const int r = j + W - w;
+        if (r < 0) continue;
+        float g[V];
+        load_f32<V>(g, gs + r * D + d);
+        const float cw = c ? c[w] : 1.0f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += cw * g[k];
+      }
+      store_f32<V>(dhalo + ((size_t)blockIdx.z * W + W + j) * ld_dhalo + col + d, acc);
+    }
   }
   if (!partial) return;  // uniform across the block
 
@@ -225,6 +257,18 @@ __global__ void shift_dcoef_reduce_kernel(float* dcoef, const float* partial, in
   if (threadIdx.x == 0) dcoef[hw] += s;
 }
 
+// dx[b, T - W + j, c] = bf16(dx + dtail[b, j, c]) for j < W, c < width: one thread per element.
+__global__ void shift_halo_add_kernel(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int T, int width, int W,
+                                      size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t row = i / width;  // b * W + j
+    const int c = (int)(i % width);
+    const size_t b = row / W, j = row % W;
+    bf16* p = dx + (b * T + T - W + j) * ld_dx + c;
+    *p = to_bf16(__bfloat162float(*p) + dtail[row * ld_tail + c]);
+  }
+}
+
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
@@ -241,18 +285,19 @@ void check_shape(const char* op, const float* cos, const float* sin, int B, int 
 }  // namespace
 
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
-                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream) {
+                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream, ShiftHalo halo) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
+  const bf16* hx = W > 0 ? halo.rows : nullptr;
   check_shape("shift_rope_forward", cos, sin, B, H, D, W);
   const int TT = tile_rows(D);
   const dim3 grid(ceil_div(T, TT), H, B);
   const size_t smem = (size_t)(TT + W) * D * sizeof(float);
   const bool vec = D % 16 == 0 && ld_in % 8 == 0 && ld_out % 8 == 0 && aligned16(x) && aligned16(y) &&
-                   (!cos || (aligned16(cos) && aligned16(sin)));
+                   (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % 8 == 0 && aligned16(hx)));
   auto launch = [&](auto kernel) {
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, D, W, TT);
+    kernel<<<grid, kThreads, smem, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, D, W, TT, hx, halo.ld);
   };
   if (vec) {
     launch(shift_rope_forward_kernel<8>);
@@ -270,9 +315,12 @@ size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W) {
 
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
-                         float* scratch, cudaStream_t stream) {
+                         float* scratch, cudaStream_t stream, ShiftHalo halo) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
+  const bf16* hx = W > 0 ? halo.rows : nullptr;
+  float* dh = W > 0 ? halo.grad : nullptr;
+  KVS_CHECK(!dh || T >= W, "shift_rope_backward: a halo gradient needs T >= W, got T = {}, W = {}", T, W);
   check_shape("shift_rope_backward", cos, sin, B, H, D, W);
   float* partial = coef && dcoef ? scratch : nullptr;
   if (coef && dcoef) {
@@ -284,10 +332,13 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
   const dim3 grid(ceil_div(T, TT), H, B);
   const size_t smem = (size_t)(partial ? 2 : 1) * (TT + W) * D * sizeof(float);
   const bool vec = D % 16 == 0 && ld_dx % 8 == 0 && ld_dy % 8 == 0 && aligned16(dx) && aligned16(dy) &&
-                   (!partial || (ld_x % 8 == 0 && aligned16(x))) && (!cos || (aligned16(cos) && aligned16(sin)));
+                   (!partial || (ld_x % 8 == 0 && aligned16(x))) && (!cos || (aligned16(cos) && aligned16(sin))) &&
+                   (!partial || !hx || (halo.ld % 8 == 0 && aligned16(hx))) &&
+                   (!dh || (halo.ld_grad % 8 == 0 && aligned16(dh)));
   auto launch = [&](auto kernel) {
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, D, W, TT);
+    kernel<<<grid, kThreads, smem, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, D, W, TT, hx,
+                                             halo.ld, dh, halo.ld_grad);
   };
   if (vec) {
     launch(shift_rope_backward_kernel<8>);
@@ -300,6 +351,16 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
     shift_dcoef_reduce_kernel<<<H * (W + 1), 256, 0, stream>>>(dcoef, partial, nblk, W);
     KVS_CUDA_LAUNCH_CHECK("shift_dcoef_reduce_kernel");
   }
+}
+
+void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B, int T, int width, int W,
+                    cudaStream_t stream) {
+  if (B <= 0 || width <= 0 || W <= 0) return;
+  KVS_CHECK(T >= W, "shift_halo_add: T = {} rows are fewer than W = {}", T, W);
+  const size_t n = (size_t)B * W * width;
+  const unsigned blocks = (unsigned)std::min<size_t>((n + 255) / 256, 1u << 16);
+  shift_halo_add_kernel<<<blocks, 256, 0, stream>>>(dx, ld_dx, dtail, ld_tail, T, width, W, n);
+  KVS_CUDA_LAUNCH_CHECK("shift_halo_add_kernel");
 }
 
 }  // namespace kvs::cuda

@@ -1,4 +1,4 @@
-// fp32 <-> bf16 conversion and fills (kernels/cuda/convert.cu): the rounding is
+// fp32 <-> bf16 conversion, fills and add_f32 (kernels/cuda/convert.cu): the rounding is
 // the host's round-to-nearest-even bit for bit, bf16 -> fp32 is exact, and
 // nothing outside the range is written (the poison stays).
 #ifdef KVS_CUDA
@@ -57,6 +57,38 @@ TEST(CudaConvert, FillWritesEveryElement) {
       ASSERT_EQ(gf[i], 1.5f);
       ASSERT_EQ(bits(gh[i]), bits(__float2bfloat16_rn(0.1f)));
     }
+  }
+}
+
+// y += x element by element, the fp32 sum of the host (one add: exact same bits),
+// and nothing past n written.
+TEST(CudaConvert, AddF32AddsEveryElement) {
+  KVS_REQUIRE_GPU();
+  for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) {
+    const FVec x = random_uniform(n, 21 + n, -2.0f, 2.0f);
+    FVec y = random_uniform(n + 1, 31 + n, -2.0f, 2.0f);
+    DeviceBuffer<float> dx(n), dy(n + 1);
+    dx.upload(x);
+    dy.upload(y);
+    kc::add_f32(dy.get(), dx.get(), n, 0);
+    const auto got = dy.download();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], y[i] + x[i]) << "element " << i;
+    ASSERT_EQ(got[n], y[n]) << "wrote past n";
+  }
+}
+
+// y += float(x) for bf16 x: the host's fp32 add of the widened value, bit for bit.
+TEST(CudaConvert, AddBf16ToF32WidensAndAdds) {
+  KVS_REQUIRE_GPU();
+  for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) {
+    const FVec x = random_bf16_values(n, 41 + n);
+    FVec y = random_uniform(n + 1, 51 + n, -2.0f, 2.0f);
+    DeviceBuffer<bf16> dx(to_bf16(x));
+    DeviceBuffer<float> dy(y);
+    kc::add_bf16_to_f32(dy.get(), dx.get(), n, 0);
+    const auto got = dy.download();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], y[i] + x[i]) << "element " << i;
+    ASSERT_EQ(got[n], y[n]) << "wrote past n";
   }
 }
 

@@ -45,6 +45,8 @@ file(GLOB KVS_HOST_SHIM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda
 add_library(kvs_cuda_host OBJECT
   ${KVS_HOST_GEN_SOURCES} ${KVS_HOST_WRAPPERS} ${KVS_HOST_SHIM_SOURCES}
   ${CMAKE_SOURCE_DIR}/src/model/cuda_engine.cpp
+  ${CMAKE_SOURCE_DIR}/src/model/cuda_engine_stage.cpp
+  ${CMAKE_SOURCE_DIR}/src/parallel/tied_embedding.cpp
   ${CMAKE_SOURCE_DIR}/src/parallel/cuda_linear.cpp
   ${CMAKE_SOURCE_DIR}/src/parallel/cuda_tp_region.cpp
   ${CMAKE_SOURCE_DIR}/src/parallel/zero1_device.cpp

@@ -27,6 +27,7 @@ void sum_tied_embedding_grads(Engine& e, dist::Communicator* embed_comm) {
   check(cudaMemcpy(host.data(), g, t->numel * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
   embed_comm->all_reduce(host.data(), t->numel, dist::DType::F32, dist::ReduceOp::Sum);
   check(cudaMemcpy(g, host.data(), t->numel * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaDeviceSynchronize(), "tied embedding");  // a pageable copy's DMA may still be in flight
 #else
   fail("pipeline: gradients in device memory need a CUDA build");
 #endif

@@ -124,5 +124,5 @@ add_dependencies(kvshift_cuda_host_gpu_tests kvshift_host)
 # comparison at B = 3, whose 3% bound on a two-element shift-coefficient
 # gradient is below the bf16 noise of a cancelling sum (docs/CUDA.md).
 add_test(NAME cuda_host_gpu_tests COMMAND kvshift_cuda_host_gpu_tests
-  "--gtest_filter=CudaAdamW.*:CudaConvert.*:CudaCrossEntropy*:CudaEmbedding.*:CudaMatmul*:CudaReduce.*:CudaRmsNorm.*:CudaShiftRope.*:CudaSwiGLU.*:CudaTensorParallel.*:CudaZero1.*:CudaEngine.*:CudaCudnnSdpa.*:-*Mpi*:*Nccl*:CudaEngine.MatchesTheCpuEngineOnLogitsLossAndEveryGradient:CudaEngine.FiftySteps*:CudaEngine.ResumeIsBitIdentical")
+  "--gtest_filter=CudaAdamW.*:CudaConvert.*:CudaCrossEntropy*:CudaEmbedding.*:CudaMatmul*:CudaReduce.*:CudaRmsNorm.*:CudaShiftRope.*:CudaSwiGLU.*:CudaTensorParallel.*:CudaZero1.*:CudaPipeline.*:CudaEngine.*:CudaCudnnSdpa.*:-*Mpi*:*Nccl*:CudaEngine.MatchesTheCpuEngineOnLogitsLossAndEveryGradient:CudaEngine.FiftySteps*:CudaEngine.ResumeIsBitIdentical")
 set_tests_properties(cuda_host_gpu_tests PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)

@@ -57,6 +57,10 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
   KVS_CHECK(cp.size == 1 && !tp.sequence_parallel,
             "device 'cuda': {} is not built for the CUDA engine yet (device \"cpu\" has it)",
             cp.size > 1 ? "context parallelism" : "sequence parallelism");
+  // The pipeline stages (cuda_engine_stage.cpp) pass whole rows of the residual stream.
+  KVS_CHECK(!part || (cp.size == 1 && !tp.sequence_parallel),
+            "device 'cuda': pipeline stages with {} are not built for the CUDA engine yet (device \"cpu\" has them)",
+            cp.size > 1 ? "context parallelism" : "sequence parallelism");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

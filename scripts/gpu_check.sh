@@ -6,10 +6,10 @@
 #   usage: scripts/gpu_check.sh [--quick] [--only SECTIONS]
 #     --quick          toy benchmarks only
 #     --only a,b,...   run only these sections, in this order of priority:
-#                      build cuda sanitize bench attention launch dp hf ctest
+#                      build cuda sanitize bench attention launch dp pp hf ctest
 #                      (default: all). A lent machine gives one command at most
 #                      10 minutes, so run it in pieces, e.g.
-#                        --only build,cuda     then     --only bench,attention,launch,dp,hf
+#                        --only build,cuda     then     --only bench,attention,launch,dp,pp,hf
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm.
 # Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to
@@ -18,13 +18,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-only="build,cuda,sanitize,bench,attention,launch,dp,hf,ctest"
+only="build,cuda,sanitize,bench,attention,launch,dp,pp,hf,ctest"
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --only) only=${2:?--only needs a list}; shift ;;
     --only=*) only=${1#--only=} ;;
-    *) echo "usage: $0 [--quick] [--only build,cuda,sanitize,bench,attention,launch,dp,hf,ctest]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--only build,cuda,sanitize,bench,attention,launch,dp,pp,hf,ctest]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -388,6 +388,59 @@ dp_rows() {
   fi
 }
 
+# Pipeline parallelism on the CUDA engine (docs/PARALLEL.md): the toy model
+# with 4 layers in one process and as pp=2 stages, 1F1B and interleaved (2
+# virtual stages, tied embeddings and full recomputation), loss curves
+# compared (the host-built engine gives the same bits). On one GPU the 2
+# stages are MPI processes sharing it (activations through pinned host
+# memory); with 2+ GPUs also NCCL ranks (bf16 device buffers, ncclSend/Recv).
+pp_train() {  # dir, space-separated KEY=VALUE settings, launcher-prefix...
+  local dir=$1 sets=() s
+  for s in $2; do sets+=(--set "$s"); done
+  shift 2
+  rm -rf "$dir"
+  "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
+    --set model.num_hidden_layers=4 --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
+    --set train.steps=50 --set train.eval_every=50 --set train.checkpoint_every=50 "${sets[@]}" --run-dir "$dir"
+}
+pp_rows() {
+  local ngpu log
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  for tied in false true; do
+    if ! pp_train "$out/pp1-$tied" "model.tie_word_embeddings=$tied" >"$out/pp1_$tied.log" 2>&1; then
+      row "train cuda, 4 layers (pp reference)" "FAILED: $(why "$out/pp1_$tied.log")"
+      return
+    fi
+  done
+  log=$out/pp2_mpi.log
+  if pp_train "$out/pp2-mpi" "parallel.pp=2 model.tie_word_embeddings=false" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 \
+      >"$log" 2>&1; then
+    row "train cuda, pp=2 1F1B, MPI on 1 GPU" "$(curve_diff "$out/pp2-mpi" "$out/pp1-false")"
+  else
+    row "train cuda, pp=2 1F1B, MPI on 1 GPU" "FAILED: $(why "$log")"
+  fi
+  log=$out/pp2v2_mpi.log
+  if pp_train "$out/pp2v2-mpi" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true train.recompute=full" \
+      env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout 300 "$mpirun_bin" \
+      --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+    row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "$(curve_diff "$out/pp2v2-mpi" "$out/pp1-true")"
+  else
+    row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "FAILED: $(why "$log")"
+  fi
+  if [ "$ngpu" -ge 2 ]; then
+    log=$out/pp2_nccl.log
+    if pp_train "$out/pp2-nccl" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true" \
+        torchrun_like 2 29650 "$log"; then
+      row "train cuda, NCCL pp=2 x v2 on 2 GPUs" "$(curve_diff "$out/pp2-nccl" "$out/pp1-true")"
+    else
+      row "train cuda, NCCL pp=2 x v2 on 2 GPUs" "FAILED: $(why "$log")"
+    fi
+  else
+    row "train cuda, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu)"
+  fi
+}
+
 # The cuDNN attention backend in training: the dp=1 reference run (flash) again with
 # train.attention_backend=cudnn, loss curves compared.
 cudnn_rows() {
@@ -453,6 +506,7 @@ if [ $build_rc -eq 0 ]; then
   fi
   want launch && launch_rows
   want dp && { dp_rows; cudnn_rows; }
+  want pp && pp_rows
   if want hf; then
     # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
     KVS_HF_NO_VENV=1 timeout 300 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1

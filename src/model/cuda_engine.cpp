@@ -42,8 +42,13 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
                          Recompute recompute, int sp, int cp) {
+  return build(m, d, tp, layout, B, T, recompute, CudaStages::whole(m), sp, cp);
+}
+
+CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
+                         Recompute recompute, const CudaStages& stages, int sp, int cp) {
   CudaPlan p;
-  const size_t N = static_cast<size_t>(B) * T / cp, L = m.num_hidden_layers, C = d.C;
+  const size_t N = static_cast<size_t>(B) * T / cp, L = stages.chunk_of.size(), C = d.C;
   const size_t Nl = N / sp;  // the residual stream's rows on this rank
   const size_t QD = d.QD(), KD = d.KD(), F = d.F, V = d.V;
   const size_t Hq = d.Hq, Hkv = d.Hkv, D = d.D;
@@ -72,25 +77,46 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   p.attn_slots = recompute == Recompute::None ? static_cast<int>(L) : 1;
   p.rest_slots = recompute == Recompute::Full ? 1 : static_cast<int>(L);
   const size_t A = p.attn_slots, R = p.rest_slots;
-  p.resid = take((L + 1) * p.resid_stride);  // layer inputs: always kept
-  p.res_mid = take(R * p.resid_stride);
-  p.ln1 = take(R * p.ln_stride);
-  p.ln2 = take(R * p.ln_stride);
-  p.qkv = take(R * p.qkv_stride);
-  p.qhat = take(A * p.q_stride);
-  p.khat = take(A * p.kv_stride);
-  p.vhat = take(A * p.kv_stride);
-  p.attout = take(A * p.q_stride);
-  p.gate_up = take(R * p.ffn2_stride);
-  p.h = take(R * p.ffn_stride);
-  p.rstd1 = take(R * p.rstd_stride);
-  p.rstd2 = take(R * p.rstd_stride);
-  p.lse = take(A * p.lse_stride);
+  // Pipeline slots: what one micro-batch keeps from its forward to its
+  // backward is taken once per slot; a recomputed group is shared by the
+  // slots (a staged backward recomputes every layer).
+  p.slots = stages.slots;
+  p.staged = stages.staged;
+  const size_t runs = L ? static_cast<size_t>(stages.chunk_of.back()) + 1 : 1;
+  for (size_t li = 0; li < L; ++li) p.resid_index.push_back(static_cast<int>(li) + stages.chunk_of[li]);
+  auto per_slot = [&](size_t CudaPlan::*field, size_t bytes) {
+    p.*field = take(static_cast<size_t>(p.slots) * align256(bytes));
+    p.slot_fields.push_back({field, align256(bytes)});
+  };
+  auto group = [&](size_t CudaPlan::*field, size_t count, size_t stride, bool kept) {
+    if (kept)
+      per_slot(field, count * stride);
+    else
+      p.*field = take(count * stride);
+  };
+  const bool attn_kept = recompute == Recompute::None, rest_kept = recompute != Recompute::Full;
+  per_slot(&CudaPlan::resid, (L + runs) * p.resid_stride);  // layer inputs: always kept
+  group(&CudaPlan::res_mid, R, p.resid_stride, rest_kept);
+  group(&CudaPlan::ln1, R, p.ln_stride, rest_kept);
+  group(&CudaPlan::ln2, R, p.ln_stride, rest_kept);
+  group(&CudaPlan::qkv, R, p.qkv_stride, rest_kept);
+  group(&CudaPlan::qhat, A, p.q_stride, attn_kept);
+  group(&CudaPlan::khat, A, p.kv_stride, attn_kept);
+  group(&CudaPlan::vhat, A, p.kv_stride, attn_kept);
+  group(&CudaPlan::attout, A, p.q_stride, attn_kept);
+  group(&CudaPlan::gate_up, R, p.ffn2_stride, rest_kept);
+  group(&CudaPlan::h, R, p.ffn_stride, rest_kept);
+  group(&CudaPlan::rstd1, R, p.rstd_stride, rest_kept);
+  group(&CudaPlan::rstd2, R, p.rstd_stride, rest_kept);
+  group(&CudaPlan::lse, A, p.lse_stride, attn_kept);
 
-  p.lnf = take(Nl * C * h2);
-  p.rstdf = take(Nl * f4);
-  p.logits = take(N * V * h2);
-  p.losses = take(N * f4);
+  const size_t head = stages.head ? 1 : 0;  // the final norm, LM head and loss (the last stage's)
+  per_slot(&CudaPlan::lnf, head * Nl * C * h2);
+  per_slot(&CudaPlan::rstdf, head * Nl * f4);
+  per_slot(&CudaPlan::logits, head * N * V * h2);
+  per_slot(&CudaPlan::losses, head * N * f4);
+  p.dstage = take(p.staged ? Nl * C * h2 : 0);
+  p.stage_rstd = take(p.staged ? Nl * f4 : 0);
   p.proj = take(Nl * C * h2);
   p.coef_stride = align256((Hq + 2 * Hkv) * W1 * f4);
   p.coef = take(L * p.coef_stride);
@@ -139,9 +165,9 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   p.dscratch = take(p.dscratch_doubles * sizeof(double));
   p.dsum = take(sizeof(double));
 
-  p.tokens = take(N * sizeof(int32_t));
-  p.targets = take(N * sizeof(int32_t));
-  p.mask = take(N * f4);
+  per_slot(&CudaPlan::tokens, N * sizeof(int32_t));
+  per_slot(&CudaPlan::targets, N * sizeof(int32_t));
+  per_slot(&CudaPlan::mask, N * f4);
   p.emb_uniq = take(N * sizeof(int32_t));
   p.emb_offsets = take((N + 1) * sizeof(int32_t));
   p.emb_positions = take(N * sizeof(int32_t));
@@ -157,13 +183,19 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   return p;
 }
 
+CudaPlan CudaPlan::in_slot(int s) const {
+  CudaPlan p = *this;
+  for (const auto& [field, bytes] : slot_fields) p.*field += static_cast<size_t>(s) * bytes;
+  return p;
+}
+
 CudaLayerActs CudaPlan::layer(char* base, int l) const {
   // Recomputation keeps one slot of a group for every layer.
   const size_t r = rest_slots == 1 ? 0 : l, a = attn_slots == 1 ? 0 : l;
   auto h = [&](size_t offset) { return reinterpret_cast<bf16*>(base + offset); };
   auto f = [&](size_t offset) { return reinterpret_cast<float*>(base + offset); };
   CudaLayerActs x;
-  x.resid = h(resid + l * resid_stride);
+  x.resid = h(resid + resid_index[l] * resid_stride);
   x.res_mid = h(res_mid + r * resid_stride);
   x.ln1 = h(ln1 + r * ln_stride);
   x.ln2 = h(ln2 + r * ln_stride);
@@ -181,18 +213,21 @@ CudaLayerActs CudaPlan::layer(char* base, int l) const {
 }
 
 CudaEngine::CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device, Recompute recompute,
-                       AttentionImpl attention_backend, TensorParallel tp, ContextParallel cp)
+                       AttentionImpl attention_backend, TensorParallel tp, ContextParallel cp,
+                       const ModelPart* part, int slots)
     : m_(m),
       tp_(tp),
       cp_(cp),
       d_(LocalDims::of(m, tp.rank, tp.size)),
-      layout_(ParamLayout::build(m, tp.rank, tp.size)),
+      layout_(ParamLayout::build(m, tp.rank, tp.size, part)),
       max_B_(max_batch),
       max_T_(max_seq_len),
       recompute_(recompute) {
   // A throw part-way (no memory, a bad backend, a layout check) must not leak
   // what was already allocated: the destructor does not run for it.
   try {
+    take_part(part);
+    stages_.slots = slots;
     init(device, attention_backend);
   } catch (...) {
     release();
@@ -232,7 +267,13 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   // This rank's heads: under tensor parallelism a slice of whole GQA groups.
   attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, d_.Hq, d_.Hkv, D, d_.QD(), d_.KD());
-  plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_, sp ? tp_.size : 1, cp_.size);
+  KVS_CHECK(stages_.slots >= 1, "engine: {} activation slots", stages_.slots);
+  // The pipeline stages (cuda_engine_stage.cpp) pass whole rows of the residual stream.
+  KVS_CHECK(!stages_.staged || (cp_.size == 1 && !sp),
+            "device 'cuda': pipeline stages with {} are not built for the CUDA engine yet (device \"cpu\" has them)",
+            cp_.size > 1 ? "context parallelism" : "sequence parallelism");
+  plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_, stages_, sp ? tp_.size : 1, cp_.size);
+  plan0_ = plan_;
   void* base = nullptr;
   void* moments = nullptr;
   const size_t moment_bytes = 2 * layout_.total * sizeof(float);
@@ -272,12 +313,19 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
     KVS_CHECK(t != nullptr, "CUDA engine: parameter {} missing from the layout", name);
     return t->offset;
   };
-  embed_off_ = off("model.embed_tokens.weight");
-  norm_off_ = off("model.norm.weight");
-  lm_head_off_ = m_.tie_word_embeddings ? embed_off_ : off("lm_head.weight");
+  // A pipeline stage holds the embedding (first stage, or the last one's
+  // tied LM head), the head (last stage) and its layers only.
+  const bool head = part_.head, embedding = part_.embedding || (head && m_.tie_word_embeddings);
+  embed_off_ = embedding ? off("model.embed_tokens.weight") : 0;
+  norm_off_ = head ? off("model.norm.weight") : 0;
+  lm_head_off_ = !head ? 0 : m_.tie_word_embeddings ? embed_off_ : off("lm_head.weight");
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerOffsets o{};
+    if (local_of_[l] < 0) {  // not held by this stage
+      lo_.push_back(o);
+      continue;
+    }
     o.ln1 = off(p + "input_layernorm.weight");
     o.wqkv = off(p + "self_attn.q_proj.weight");
     KVS_CHECK(off(p + "self_attn.k_proj.weight") == o.wqkv + static_cast<size_t>(d_.QD()) * d_.C &&
@@ -301,8 +349,9 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
     lo_.push_back(o);
   }
   // Overlap buckets in backward order; each layer's tensors are contiguous,
-  // from its input_layernorm to the next layer's (params.cpp).
-  const int L = m_.num_hidden_layers;
+  // from its input_layernorm to the next layer's (params.cpp). A pipeline
+  // stage announces none (announces_ready_grads).
+  const int L = plan_.staged ? 0 : m_.num_hidden_layers;
   buckets_.push_back({norm_off_, layout_.total});
   for (int l = L - 1; l >= 0; --l) buckets_.push_back({lo_[l].ln1, l + 1 < L ? lo_[l + 1].ln1 : norm_off_});
   buckets_.push_back({0, L > 0 ? lo_[0].ln1 : norm_off_});
@@ -336,6 +385,7 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   check(cudaMallocHost(&h_tokens_, (3 * N + 1) * sizeof(int32_t)), "cudaMallocHost");
   check(cudaMallocHost(&h_positions_, N * sizeof(int32_t)), "cudaMallocHost");
   check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
+  if (plan_.staged) check(cudaMallocHost(&h_stage_, N * d_.C * sizeof(uint16_t)), "cudaMallocHost");
   check(cudaStreamSynchronize(stream_), "engine set-up");
 }
 
@@ -348,6 +398,7 @@ void CudaEngine::release() {
   if (h_tokens_) cudaFreeHost(h_tokens_);
   if (h_positions_) cudaFreeHost(h_positions_);
   if (h_sum_) cudaFreeHost(h_sum_);
+  if (h_stage_) cudaFreeHost(h_stage_);
   if (base_) cudaFree(base_);
   if (moments_) cudaFree(moments_);
   for (cudaEvent_t ev : events_)
@@ -356,6 +407,7 @@ void CudaEngine::release() {
   h_tokens_ = nullptr;
   h_positions_ = nullptr;
   h_sum_ = nullptr;
+  h_stage_ = nullptr;
   base_ = nullptr;
   moments_ = nullptr;
   events_.clear();
@@ -434,7 +486,7 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
     if (o.has_v_shift) c.v = master + o.v_shift;
     return c;
   }
-  float* eff = at<float>(plan_.coef + l * plan_.coef_stride);
+  float* eff = at<float>(plan_.coef + local_of_[l] * plan_.coef_stride);
   float* eq = eff;
   float* ek = eff + Hq * W1;
   float* ev = eff + (Hq + Hkv) * W1;
@@ -471,18 +523,22 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
   bf16* proj = at<bf16>(p.proj);
   const LayerOffsets& o = lo_[l];
-  const CudaLayerActs x = p.layer(base_, l);
+  const int li = local_of_[l];  // among the held layers
+  KVS_CHECK(li >= 0, "CUDA engine: layer {} is not held by this pipeline stage", l);
+  const CudaLayerActs x = p.layer(base_, li);
   // The forward computes the effective (gated) coefficients; recomputation reuses them.
   const LayerCoefs c = layer_coefs(l, pass == LayerPass::Forward);
 
   if (pass != LayerPass::RecomputeAttention) {
     // ln1 = norm(resid_l). In the forward, for l > 0, resid_l = res_mid_{l-1} +
     // down_proj output (in proj) is added here; recomputation starts from the
-    // stored resid_l, whose normalisation gives the same bits.
-    if (l == 0 || pass == LayerPass::RecomputeLayer) {
+    // stored resid_l, whose normalisation gives the same bits. A chunk's
+    // first layer (a pipeline stage's) starts from its stored input too.
+    const bool chunk_start = li == 0 || part_.layers[li - 1] != l - 1;
+    if (chunk_start || pass == LayerPass::RecomputeLayer) {
       cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, master + o.ln1, Nl, C, eps, stream_);
     } else {
-      const bf16* prev_mid = p.layer(base_, l - 1).res_mid;
+      const bf16* prev_mid = p.layer(base_, li - 1).res_mid;
       cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, Nl, C, eps, stream_);
     }
     linear_->column_forward(x.qkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
@@ -554,6 +610,15 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   sum_norm_grads({norm_off_});
   grads_final(0);  // final norm and (untied) LM head
   for (int l = L - 1; l >= 0; --l) backward_layer(l, B, T);
+  embedding_backward(N);
+  grads_final(L + 1);  // the embedding (and a tied LM head)
+}
+
+void CudaEngine::embedding_backward(int N) {
+  const CudaPlan& p = plan_;
+  float* G = at<float>(p.grads);
+  bf16* dresid = at<bf16>(p.dresid);
+  const int C = d_.C, Nl = static_cast<int>(region_->local_rows(N));
   // Embedding: positions grouped by token on the host (deterministic, no atomics).
   const int U = cuda::embedding_backward_plan(h_tokens_, N, h_tokens_ + N, h_tokens_ + 2 * N, h_positions_);
   // Under tensor parallelism this rank scatters only into its vocabulary rows:
@@ -578,7 +643,6 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   }
   cuda::embedding_backward(G + embed_off_, demb, at<int32_t>(p.emb_uniq) + u0, at<int32_t>(p.emb_offsets) + u0,
                            at<int32_t>(p.emb_positions), u1 - u0, C, stream_);
-  grads_final(L + 1);  // the embedding (and a tied LM head)
 }
 
 void CudaEngine::backward_layer(int l, int B, int T) {
@@ -590,10 +654,12 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   const CudaPlan& p = plan_;
   const int L = m_.num_hidden_layers;
   // Recompute what this layer did not keep (train.recompute). The last
-  // layer's values are still in the single slots from the forward.
-  if (p.rest_slots == 1 && l != L - 1) {
+  // layer's values are still in the single slots from the forward (not in a
+  // pipeline stage, whose other micro-batches ran in between).
+  const bool kept = l == L - 1 && !p.staged;
+  if (p.rest_slots == 1 && !kept && recompute_ == Recompute::Full) {
     forward_layer(l, B, T, LayerPass::RecomputeLayer);
-  } else if (p.attn_slots == 1 && l != L - 1) {
+  } else if (p.attn_slots == 1 && !kept && recompute_ != Recompute::None) {
     forward_layer(l, B, T, LayerPass::RecomputeAttention);
   }
   const bf16* P16 = at<bf16>(p.params16);
@@ -607,7 +673,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   bf16* dresid = at<bf16>(p.dresid);  // d of the layer's output on entry, of its input on return
   bf16* dln = at<bf16>(p.dln);
   const LayerOffsets& o = lo_[l];
-  const CudaLayerActs x = p.layer(base_, l);
+  const CudaLayerActs x = p.layer(base_, local_of_[l]);
   const LayerCoefs c = layer_coefs(l, false);  // computed by this step's forward
 
   // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))).
@@ -720,6 +786,7 @@ void CudaEngine::loss(int N, bool with_dlogits, float grad_scale, bool with_argm
 }
 
 double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
+  KVS_CHECK(!plan_.staged, "engine: forward_backward needs the whole model (a pipeline stage runs stage_forward)");
   validate_batch(b, m_, max_B_, max_T_);
   KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
   const Batch& lb = cp_rows(b);  // this rank's chunks under context parallelism
@@ -733,6 +800,7 @@ double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
 }
 
 double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {
+  KVS_CHECK(!plan_.staged, "engine: forward needs the whole model (a pipeline stage runs stage_forward)");
   validate_batch(b, m_, max_B_, max_T_);
   KVS_CHECK(!logits || tp_.size == 1, "forward: full logits are not gathered under tensor parallelism");
   KVS_CHECK(!logits || cp_.size == 1, "forward: full logits are not gathered under context parallelism");

@@ -31,6 +31,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention_backend.h"
@@ -55,8 +56,19 @@ struct CudaLayerActs {
   float *rstd1, *rstd2, *lse;
 };
 
+// The layers a plan is for: the whole model, or a pipeline stage's part
+// (parallel/pipeline.h) with `slots` micro-batches in flight.
+struct CudaStages {
+  std::vector<int> chunk_of;  // [held layers]: the run of consecutive layers (chunk) each belongs to
+  bool head = true;           // the final norm, LM head and loss are held
+  int slots = 1;
+  bool staged = false;  // run by stage_forward/stage_backward (a ModelPart), not forward_backward
+  static CudaStages whole(const ModelConfig& m) { return {std::vector<int>(m.num_hidden_layers, 0), true, 1, false}; }
+};
+
 // Byte offsets of every buffer in the one device allocation. Per-layer
-// activations sit at base + l * stride, sized for the largest micro-batch.
+// activations sit at base + l * stride, sized for the largest micro-batch;
+// l is the layer's index among the held ones (all of them for the whole model).
 struct CudaPlan {
   size_t total = 0;  // bytes
   // parameters (fp32 unless noted), each [layout.total]; the moments are a
@@ -108,6 +120,21 @@ struct CudaPlan {
   size_t chunks, range_chunks;
   int num_chunks = 0;
 
+  // Pipeline stages (CudaStages): resid_index[l] is held layer l's input
+  // entry in resid, its output the next entry (each chunk ends in one more).
+  // Every buffer one micro-batch keeps from its forward to its backward (the
+  // layer inputs, the groups not recomputed, the head's outputs, the batch) is
+  // there `slots` times: slot_fields lists them with their bytes per slot, and
+  // in_slot(s) is the plan of slot s. dstage and stage_rstd (staged only):
+  // the input gradient a backward leaves for the previous stage (bf16 [N, C]),
+  // and the discarded rstd of a chunk's last residual add (fp32 [N]).
+  std::vector<int> resid_index;
+  int slots = 1;
+  bool staged = false;
+  size_t dstage = 0, stage_rstd = 0;
+  std::vector<std::pair<size_t CudaPlan::*, size_t>> slot_fields;
+  CudaPlan in_slot(int s) const;
+
   // Layer l's activations inside the allocation at `base`.
   CudaLayerActs layer(char* base, int l) const;
 
@@ -116,6 +143,8 @@ struct CudaPlan {
   // cp: the context-parallel group size (the activations then hold B T / cp rows).
   static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
                         Recompute recompute = Recompute::None, int sp = 1, int cp = 1);
+  static CudaPlan build(const ModelConfig& m, const LocalDims& d, int tp, const ParamLayout& layout, int B, int T,
+                        Recompute recompute, const CudaStages& stages, int sp = 1, int cp = 1);
 };
 
 class CudaEngine : public Engine {
@@ -123,7 +152,7 @@ class CudaEngine : public Engine {
   // attention_backend (train.attention_backend): "flash" or "cudnn" (attention_backend.h).
   CudaEngine(const ModelConfig& m, int max_batch, int max_seq_len, int device = 0,
              Recompute recompute = Recompute::None, AttentionImpl attention_backend = AttentionImpl::Flash,
-             TensorParallel tp = {}, ContextParallel cp = {});
+             TensorParallel tp = {}, ContextParallel cp = {}, const ModelPart* part = nullptr, int slots = 1);
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -160,8 +189,23 @@ class CudaEngine : public Engine {
   double grad_sq_sum_range(size_t begin, size_t end) override;
   void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
   void keep_optimizer_range(size_t begin, size_t end) override;
-  bool announces_ready_grads() const override { return true; }
+  bool announces_ready_grads() const override { return !plan_.staged; }
   void set_grad_ready_hook(GradReadyHook* hook) override { hook_ = hook; }
+
+  // Pipeline stages (cuda_engine_stage.cpp; Engine, engine.h): the engine
+  // built with a ModelPart runs one chunk of one micro-batch in one slot at a
+  // time. The activations between stages are the bf16 residual stream: the
+  // engine's own device buffers (stage_device_buffer) for a communicator that
+  // takes device memory, else host fp32 arrays staged through pinned memory
+  // (bf16 -> fp32 -> bf16 is exact).
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  int slots() const override { return plan_.slots; }
+  size_t stage_floats(const Batch& b) const override;
+  double stage_forward(int slot, int chunk, const Batch& b, const float* input, float* output, double grad_scale,
+                       float* token_losses = nullptr, int32_t* argmax = nullptr) override;
+  void stage_backward(int slot, int chunk, const float* doutput, float* dinput) override;
+  bool stage_on_device() const override { return plan_.staged; }
+  DeviceBuffer stage_device_buffer(int slot, int chunk, StageTensor which, const Batch& b) override;
 
  private:
   template <class T>
@@ -192,6 +236,17 @@ class CudaEngine : public Engine {
   // (i = 0, 1), which sum_norm_grads then sums over the group into the tensors.
   float* norm_grad(size_t offset, int i);
   void sum_norm_grads(std::initializer_list<size_t> offsets);
+  // The embedding's gradient from dresid, for the N tokens in h_tokens_.
+  void embedding_backward(int N);
+  // Pipeline stages (cuda_engine_stage.cpp): the held layers and their
+  // chunks from `part` (null: the whole model), before the plan is built.
+  void take_part(const ModelPart* part);
+  void use_slot(int slot);  // plan_ becomes slot `slot`'s (plan0_.in_slot)
+  __nv_bfloat16* chunk_input(const CudaPlan& p, int chunk) const;
+  __nv_bfloat16* chunk_output(const CudaPlan& p, int chunk) const;
+  // Host fp32 <-> device bf16 through the pinned h_stage_ (the MPI path).
+  void stage_upload(__nv_bfloat16* dst, const float* src, size_t n);
+  void stage_download(float* dst, const __nv_bfloat16* src, size_t n);
   double device_sum_losses(size_t N);
   // Effective q/k/v shift coefficients of layer l (fp32, device); null if that
   // tensor is not shifted. Applies the sigmoid gate into the plan's coef slice.
@@ -222,6 +277,22 @@ class CudaEngine : public Engine {
   Batch cp_batch_{};
   std::vector<int32_t> cp_inputs_, cp_targets_;
   std::vector<float> cp_mask_, cp_gather_;
+  // Pipeline stages: the held layers (all of them without a part), each
+  // layer's index among them (-1: not held) and the chunks (runs of
+  // consecutive held layers, with the embedding before the model's first layer
+  // and the head after its last).
+  ModelPart part_;
+  std::vector<int> local_of_;
+  struct StageChunk {
+    int first, last;  // local layer indices
+    bool embedding, head;
+  };
+  std::vector<StageChunk> chunks_;
+  CudaStages stages_;
+  CudaPlan plan0_;                                // slot 0's plan (plan_ is the slot in use)
+  std::vector<std::vector<int32_t>> slot_tokens_;  // [slot]: the embedding chunk's tokens, for its backward
+  std::vector<std::pair<int, int>> slot_shape_;    // [slot]: B, T of the micro-batch in it
+  uint16_t* h_stage_ = nullptr;                    // pinned bf16 [N_max, C] (host activations)
   LocalDims d_;  // this rank's sizes (LocalDims::of; the whole model at tp = 1)
   ParamLayout layout_;
   int max_B_, max_T_;

@@ -37,11 +37,14 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
   }
 }
 
-size_t Engine::stage_floats(const Batch&) const { fail("engine: pipeline stages need the CPU engine"); }
+size_t Engine::stage_floats(const Batch&) const { fail("engine: this engine has no pipeline stages"); }
 double Engine::stage_forward(int, int, const Batch&, const float*, float*, double, float*, int32_t*) {
-  fail("engine: pipeline stages need the CPU engine");
+  fail("engine: this engine has no pipeline stages");
 }
-void Engine::stage_backward(int, int, const float*, float*) { fail("engine: pipeline stages need the CPU engine"); }
+void Engine::stage_backward(int, int, const float*, float*) { fail("engine: this engine has no pipeline stages"); }
+Engine::DeviceBuffer Engine::stage_device_buffer(int, int, StageTensor, const Batch&) {
+  fail("engine: this engine keeps no stage activations in device memory");
+}
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,
                                     Recompute recompute, TensorParallel tp, AttentionImpl attention_backend,
@@ -51,16 +54,21 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
               attention_backend);
     return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
   }
-  KVS_CHECK(!part || part->is_whole(m),
-            "device 'cuda': pipeline parallelism is not built for the CUDA engine yet (device \"cpu\" has it)");
+  // The pipeline stages (cuda_engine_stage.cpp) pass whole rows of the residual stream.
+  KVS_CHECK(!part || part->is_whole(m) || (cp.size == 1 && !tp.sequence_parallel),
+            "device 'cuda': pipeline stages with {} are not built for the CUDA engine yet (device \"cpu\" has them)",
+            cp.size > 1 ? "context parallelism" : "sequence parallelism");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);
   // One GPU per process: local rank % visible devices (docs/LAUNCH.md).
   const int gpu = dist::select_device(dist::detect_launch());
-  return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp, cp);
+  return std::make_unique<CudaEngine>(m, max_batch, max_seq_len, gpu, recompute, attention_backend, tp, cp, part,
+                                      slots);
 #else
   (void)recompute;
+  (void)part;
+  (void)slots;
   fail("device 'cuda': this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");
 #endif
 }

@@ -73,6 +73,22 @@ class Engine {
   virtual double stage_forward(int slot, int chunk, const Batch& b, const float* input, float* output,
                                double grad_scale, float* token_losses = nullptr, int32_t* argmax = nullptr);
   virtual void stage_backward(int slot, int chunk, const float* doutput, float* dinput);
+  // Stage activations in the engine's own device memory (the CUDA engine),
+  // for a communicator that takes device memory: the runner receives into and
+  // sends from stage_device_buffer(slot, chunk, which, b) and passes null for
+  // the host arrays above (input, output, doutput, dinput), which then mean
+  // "in that buffer". Input: where a forward's activations are received;
+  // Output: what a forward leaves for the next stage; GradOutput: where a
+  // backward's gradient is received; GradInput: what a backward leaves for
+  // the previous stage. The bytes are the engine's own format (bf16 for the
+  // CUDA engine), the same on every stage. The default: host arrays only.
+  enum class StageTensor { Input, Output, GradOutput, GradInput };
+  struct DeviceBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  virtual bool stage_on_device() const { return false; }
+  virtual DeviceBuffer stage_device_buffer(int slot, int chunk, StageTensor which, const Batch& b);
   virtual void adamw_step(const AdamWHyper& h) = 0;
 
   // ZeRO-1 (docs/PARALLEL.md): a data-parallel rank reduces the gradients,
@@ -128,8 +144,8 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // `tp` makes the engine one tensor-parallel rank's slice of the model (with
 // sequence parallelism if tp.sequence_parallel), `cp` one context-parallel
 // rank's chunks of every sequence (CPU engine only for now), `part` a pipeline
-// stage's part of the model with `slots` micro-batches in flight (CPU engine only
-// for now; null: the whole model).
+// stage's part of the model with `slots` micro-batches in flight (null: the
+// whole model).
 // `attention_backend` (train.attention_backend) picks the CUDA engine's
 // attention: Flash (ours) or Cudnn (cuDNN SDPA); the CPU engine takes only Flash.
 std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max_seq_len, Device device,

@@ -83,12 +83,50 @@ void PipelineRunner::recv(float* data, size_t n, int from_stage, int kind, int a
 void PipelineRunner::finish_sends() {
   for (Pending& p : pending_) pp_.comm->wait(p.request);
   pending_.clear();
+  device_flush();
+}
+
+bool PipelineRunner::on_device(const Engine& e) const { return e.stage_on_device() && pp_.comm->device_memory(); }
+
+namespace {
+// Device buffers move as raw bytes: counted in fp32 words (no reduction touches them).
+size_t words(const Engine::DeviceBuffer& b) {
+  KVS_CHECK(b.bytes % sizeof(float) == 0, "pipeline: a stage buffer of {} bytes is not whole 4-byte words", b.bytes);
+  return b.bytes / sizeof(float);
+}
+}  // namespace
+
+void PipelineRunner::device_send(const Engine::DeviceBuffer& buf, int to_stage) {
+  device_flush();
+  held_ = {buf, split_.rank_of(to_stage)};
+}
+
+void PipelineRunner::device_recv(const Engine::DeviceBuffer& buf, int from_stage) {
+  const int from = split_.rank_of(from_stage);
+  const auto* h = static_cast<const char*>(held_.buf.data);
+  const auto* r = static_cast<const char*>(buf.data);
+  const bool apart = h + held_.buf.bytes <= r || r + buf.bytes <= h;
+  if (held_.to_rank >= 0 && held_.buf.bytes == buf.bytes && apart) {
+    pp_.comm->send_recv(held_.buf.data, held_.to_rank, buf.data, from, words(buf), dist::DType::F32);
+    held_.to_rank = -1;
+    return;
+  }
+  device_flush();
+  pp_.comm->recv(buf.data, words(buf), dist::DType::F32, from, 0);
+}
+
+void PipelineRunner::device_flush() {
+  if (held_.to_rank < 0) return;
+  pp_.comm->wait(pp_.comm->isend(held_.buf.data, words(held_.buf), dist::DType::F32, held_.to_rank, 0));
+  held_.to_rank = -1;
 }
 
 double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double grad_scale) {
   KVS_CHECK(e.slots() >= slots_, "pipeline: the engine has {} activation slots, the schedule needs {}", e.slots(),
             slots_);
   const int S = split_.stages(), v = split_.v;
+  const bool device = on_device(e);
+  using T = Engine::StageTensor;
   std::map<int, int> slot_of;  // micro-batch -> activation slot
   std::vector<bool> busy(slots_, false);
   double loss = 0;
@@ -106,6 +144,15 @@ double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double 
         slot_of[op.micro] = free;
       }
       const int slot = slot_of[op.micro];
+      if (device) {
+        if (s > 0)
+          device_recv(e.stage_device_buffer(slot, op.chunk, T::Input, b), s - 1);
+        else
+          device_flush();
+        loss += e.stage_forward(slot, op.chunk, b, nullptr, nullptr, grad_scale);
+        if (s < S - 1) device_send(e.stage_device_buffer(slot, op.chunk, T::Output, b), s + 1);
+        continue;
+      }
       std::vector<float>& in = in_[static_cast<size_t>(slot) * v + op.chunk];
       if (s > 0) {
         in.resize(n);
@@ -117,12 +164,21 @@ double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double 
     } else {
       ProfileRange range("pipeline backward", op.micro);
       const int slot = slot_of.at(op.micro);
-      if (s < S - 1) {
-        grad_in_.resize(n);
-        recv(grad_in_.data(), n, s + 1, kGradient, s);
+      if (device) {
+        if (s < S - 1)
+          device_recv(e.stage_device_buffer(slot, op.chunk, T::GradOutput, b), s + 1);
+        else
+          device_flush();
+        e.stage_backward(slot, op.chunk, nullptr, nullptr);
+        if (s > 0) device_send(e.stage_device_buffer(slot, op.chunk, T::GradInput, b), s - 1);
+      } else {
+        if (s < S - 1) {
+          grad_in_.resize(n);
+          recv(grad_in_.data(), n, s + 1, kGradient, s);
+        }
+        e.stage_backward(slot, op.chunk, s < S - 1 ? grad_in_.data() : nullptr, s > 0 ? out_.data() : nullptr);
+        if (s > 0) send(out_.data(), n, s - 1, kGradient);
       }
-      e.stage_backward(slot, op.chunk, s < S - 1 ? grad_in_.data() : nullptr, s > 0 ? out_.data() : nullptr);
-      if (s > 0) send(out_.data(), n, s - 1, kGradient);
       if (op.chunk == 0) {  // the micro-batch's last pass on this rank
         busy[slot] = false;
         slot_of.erase(op.micro);
@@ -138,14 +194,24 @@ double PipelineRunner::evaluate(Engine& e, const Batch& b, float* token_losses, 
   const size_t n = e.stage_floats(b);
   if (out_.size() < n) out_.resize(n);
   double loss = 0;
+  const bool device = on_device(e);
   for (int c = 0; c < split_.v; ++c) {  // the virtual stages in order: this rank's chunks come in order
     const int s = split_.stage(pp_.rank, c);
+    const bool last = s == S - 1;
+    if (device) {
+      if (s > 0)
+        device_recv(e.stage_device_buffer(0, c, Engine::StageTensor::Input, b), s - 1);
+      else
+        device_flush();
+      loss += e.stage_forward(0, c, b, nullptr, nullptr, -1.0, last ? token_losses : nullptr, last ? argmax : nullptr);
+      if (!last) device_send(e.stage_device_buffer(0, c, Engine::StageTensor::Output, b), s + 1);
+      continue;
+    }
     std::vector<float>& in = in_[c];
     if (s > 0) {
       in.resize(n);
       recv(in.data(), n, s - 1, kActivation, s);
     }
-    const bool last = s == S - 1;
     loss += e.stage_forward(0, c, b, s > 0 ? in.data() : nullptr, last ? nullptr : out_.data(), -1.0,
                             last ? token_losses : nullptr, last ? argmax : nullptr);
     if (!last) send(out_.data(), n, s + 1, kActivation);

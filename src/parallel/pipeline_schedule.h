@@ -12,7 +12,13 @@
 //
 // The runner sends activations to the rank of the next virtual stage and
 // gradients to the previous one, point to point (Communicator::isend/recv on
-// the pipeline group), and receives what each pass needs just before it.
+// the pipeline group), and receives what each pass needs just before it:
+// host fp32 arrays, or, for an engine that keeps them in device memory
+// (Engine::stage_on_device) over a communicator that takes device memory
+// (NCCL), the engine's own buffers in its format. NCCL has no tags and a send
+// waits for its receiver, so there each send is held back and goes out in
+// one group with the pass's next receive (Megatron's send_forward_recv_backward
+// and send_backward_recv_forward), or alone before the next pass without one.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -52,6 +58,12 @@ class PipelineRunner {
   void send(const float* data, size_t n, int to_stage, int kind);
   void recv(float* data, size_t n, int from_stage, int kind, int at_stage);
   void finish_sends();
+  // The device path: a send held back, a receive (with the held send in one
+  // group when they fit), the held send alone.
+  void device_send(const Engine::DeviceBuffer& buf, int to_stage);
+  void device_recv(const Engine::DeviceBuffer& buf, int from_stage);
+  void device_flush();
+  bool on_device(const Engine& e) const;
 
   StageSplit split_;
   PipelineParallel pp_;
@@ -65,6 +77,10 @@ class PipelineRunner {
     std::vector<float> data;
   };
   std::deque<Pending> pending_;  // sends not yet known to be complete
+  struct HeldSend {
+    Engine::DeviceBuffer buf;
+    int to_rank = -1;  // -1: none held
+  } held_;
 };
 
 }  // namespace kvs

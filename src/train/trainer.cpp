@@ -15,6 +15,7 @@
 #include "parallel/grad_norm.h"
 #include "parallel/parallel_groups.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/tied_embedding.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
@@ -138,16 +139,6 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   r.loss = r.scored_tokens ? loss_sum / r.scored_tokens : NAN;
   r.accuracy = r.scored_tokens ? static_cast<double>(hits) / r.scored_tokens : NAN;
   return r;
-}
-
-// Pipeline parallelism with tied embeddings: the first stage's embedding and
-// the last stage's copy (its LM head) each got part of the gradient; their sum
-// on both keeps the two copies equal through the optimizer.
-void sync_tied_embedding(Engine& e, dist::Communicator* embed_comm) {
-  if (!embed_comm) return;
-  const ParamTensor* t = e.layout().find("model.embed_tokens.weight");
-  KVS_CHECK(t != nullptr, "pipeline: the first or last stage has no embedding to keep tied");
-  embed_comm->all_reduce(e.host_grads() + t->offset, t->numel, dist::DType::F32, dist::ReduceOp::Sum);
 }
 
 void check_parallel_layout(const Config& cfg, int world_size) {
@@ -366,7 +357,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       for (int s = 0; s < LB; s += MB) micro.push_back(batch.micro(s, MB));
       loss_sum = pipe->train(*engine, micro, grad_scale);
       groups.pp_comm->all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);  // the last stage's
-      sync_tied_embedding(*engine, groups.embed_comm);
+      sum_tied_embedding_grads(*engine, groups.embed_comm);
     }
     for (int s = 0; s < LB && !pipe; s += MB) {
       // ZeRO-1 on CUDA + NCCL: the last micro-batch's backward starts the gradient reduction.

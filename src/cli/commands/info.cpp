@@ -89,6 +89,31 @@ void add_info(CLI::App& app) {
                   {"activations_and_workspaces", arena - weights + cublas},
                   {"optimizer_unsharded", moments},
                   {"total_unsharded", arena + cublas + moments}};
+      // Under pipeline parallelism each stage's engine: its part's
+      // parameters and a plan with its schedule's activation slots.
+      nlohmann::json cuda_stages = nlohmann::json::array();
+      if (par.pp > 1) {
+        const StageSplit split = StageSplit::make(m, par.pp, par.virtual_stages, par.layers_per_stage, a->config);
+        for (int r = 0; r < par.pp; ++r) {
+          const ModelPart part = ModelPart::of(split, r);
+          CudaStages st;
+          for (size_t i = 0; i < part.layers.size(); ++i)
+            st.chunk_of.push_back(i == 0 ? 0 : st.chunk_of.back() + (part.layers[i] != part.layers[i - 1] + 1));
+          st.head = part.head;
+          st.slots = micro_batches_in_flight(pipeline_schedule(split, r, cfg.train.grad_accum_steps));
+          st.staged = true;
+          const ParamLayout sl = ParamLayout::build(m, 0, tp, &part);
+          const CudaPlan sp = CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, sl, B, T, cfg.train.recompute, st);
+          const double sP = static_cast<double>(sl.total), sw = 10.0 * sP, sa = static_cast<double>(sp.total);
+          cuda_stages.push_back({{"stage", r},
+                                 {"slots", st.slots},
+                                 {"weights_and_grads", sw},
+                                 {"activations_and_workspaces", sa - sw + cublas},
+                                 {"optimizer_unsharded", 8.0 * sP},
+                                 {"total_unsharded", sa + cublas + 8.0 * sP}});
+        }
+      }
+      cuda_mem["pipeline_stages"] = cuda_stages;
     }
 #endif
     if (a->json) {
@@ -153,6 +178,12 @@ void add_info(CLI::App& app) {
                   cuda_mem["weights_and_grads"].get<double>() / GiB,
                   cuda_mem["activations_and_workspaces"].get<double>() / GiB,
                   cuda_mem["optimizer_unsharded"].get<double>() / GiB, cuda_mem["total_unsharded"].get<double>() / GiB);
+      for (const auto& st : cuda_mem["pipeline_stages"])
+        std::printf("  pipeline stage %d: weights + grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB "
+                    "(%d slots), AdamW %.3f GiB, total %.3f GiB\n",
+                    st["stage"].get<int>(), st["weights_and_grads"].get<double>() / GiB,
+                    st["activations_and_workspaces"].get<double>() / GiB, st["slots"].get<int>(),
+                    st["optimizer_unsharded"].get<double>() / GiB, st["total_unsharded"].get<double>() / GiB);
     }
   });
 }

@@ -1,0 +1,157 @@
+// The host-built CUDA engine as pipeline stages under mpirun -np 2
+// (tests/cuda_host): 1F1B at pp = 2 and the interleaved schedule (pp = 2, 2
+// virtual stages), shifted GQA with tied embeddings, over both of the
+// runner's paths, against one process with the same global batch:
+//   - MPI: the activations and their gradients leave the engine as host fp32
+//     (bf16 -> fp32 -> bf16 is exact) through its pinned staging buffer, and
+//     the tied embedding's gradient is summed through the host;
+//   - NCCL (the shim's, over MPI): the engine's own bf16 device buffers go
+//     through ncclSend/ncclRecv, each send grouped with the next receive.
+// A stage boundary changes no bits of the math (cuda_engine_stage.cpp) and
+// every gradient is accumulated over the micro-batches in the same order as
+// in one process, except the tied embedding: one process adds the LM head's
+// and the embedding's contributions micro-batch by micro-batch, the pipeline
+// sums each stage's total, so its fp32 rounding may differ (kTiedTol, 1e-5
+// relative, allows for that; these runs measured 0). The untied runs are
+// checked bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "dist/launch.h"
+#include "dist/nccl_comm.h"
+#include "hostcuda.h"
+#include "model/config.h"
+#include "parallel/mpi_world.h"
+#include "train/trainer.h"
+
+namespace {
+
+using kvs::testing_util::world;
+
+constexpr double kTiedTol = 1e-5;
+constexpr int kSteps = 3;
+
+// Shifted GQA (2 query heads, 1 KV head), 4 layers: two per stage at pp = 2,
+// one per virtual stage at pp = 2 x 2; 4 micro-batches of one sequence per
+// step, so the interleaved schedule has a steady state.
+kvs::Config config(bool tied, int pp, int virtual_stages, const std::string& recompute) {
+  nlohmann::json j = {
+      {"name", "cuda-host-pipeline"},
+      {"device", "cuda"},
+      {"model",
+       {{"hidden_size", 32},  // head_dim 16: the smallest the CUDA attention kernels take
+        {"intermediate_size", 64},
+        {"num_hidden_layers", 4},
+        {"num_attention_heads", 2},
+        {"num_key_value_heads", 1},
+        {"vocab_size", 32},
+        {"max_position_embeddings", 16},
+        {"tie_word_embeddings", tied},
+        {"kv_shift", {{"enabled", true}}}}},
+      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+      {"parallel", {{"pp", pp}, {"virtual_stages", virtual_stages}}},
+      {"train",
+       {{"seq_len", 16},
+        {"micro_batch_size", 1},
+        {"grad_accum_steps", 4},
+        {"steps", kSteps},
+        {"lr", 1e-2},
+        {"warmup_steps", 2},
+        {"eval_every", 0},
+        {"eval_sequences", 4},
+        {"checkpoint_every", 0},
+        {"recompute", recompute},
+        {"threads", 1}}}};
+  kvs::Config c = kvs::config_from_json(j, "cuda-host-pipeline");
+  kvs::validate(c, "cuda-host-pipeline");
+  return c;
+}
+
+std::string own_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "kvs_cuda_host_pp_" + name + "_rank" + std::to_string(world().rank());
+  std::filesystem::remove_all(d);
+  return d;
+}
+std::string shared_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "kvs_cuda_host_pp_" + name;
+  if (world().rank() == 0) std::filesystem::remove_all(d);
+  world().barrier();
+  return d;
+}
+
+// The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).
+std::unique_ptr<kvs::dist::Communicator> nccl_world() {
+  kvs::dist::LaunchInfo info;
+  info.rank = world().rank();
+  info.world_size = world().size();
+  info.local_rank = info.rank;
+  info.local_world_size = info.world_size;
+  info.launcher = "mpirun";
+  std::string id = info.rank == 0 ? kvs::dist::nccl_unique_id() : std::string(128, '\0');
+  world().broadcast_bytes(id.data(), id.size(), 0);
+  return kvs::dist::make_nccl(info, id, 0, 60, 60);
+}
+
+// One process (every rank runs it alone, at the same time): the reference.
+kvs::TrainSummary one_process(kvs::Config c, const std::string& what) {
+  c.parallel.pp = 1;
+  c.parallel.virtual_stages = 1;
+  c.train.recompute = kvs::Recompute::None;
+  return kvs::train(c, {own_dir(what + "_one"), false, true});
+}
+
+// `comm`'s ranks as pipeline stages against the reference; every rank
+// compares the losses (all-reduced from the last stage), rank 0 the
+// evaluation. tol 0: the same bits.
+void expect_follows(const kvs::TrainSummary& one, const kvs::Config& c, kvs::dist::Communicator& comm,
+                    const std::string& what, double tol) {
+  SCOPED_TRACE(what);
+  const uint64_t collectives = hostcuda::stats().collectives;
+  const kvs::TrainSummary par = kvs::train(c, {shared_dir(what), false, true, &comm});
+  if (comm.backend() == "nccl") {
+    EXPECT_GT(hostcuda::stats().collectives - collectives, 10u);
+  }
+  ASSERT_EQ(par.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
+  double worst = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    const double rel = std::fabs(par.losses[i] - one.losses[i]) / one.losses[i];
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, tol) << "step " << i + 1 << ": " << par.losses[i] << " vs " << one.losses[i];
+  }
+  if (world().rank() != 0) return;
+  EXPECT_LE(std::fabs(par.final_eval.loss - one.final_eval.loss) / one.final_eval.loss, tol) << "evaluation";
+  std::printf("[ %s ] max relative loss difference %.3g over %d steps\n", what.c_str(), worst, kSteps);
+}
+
+}  // namespace
+
+// Untied, the same bits as one process: 1F1B at pp = 2 (layers 0-1 with the
+// embedding on rank 0, layers 2-3 with the head on rank 1) over both paths,
+// with attention recomputation; the interleaved schedule (rank 0 holds layers
+// 0 and 2, rank 1 layers 1 and 3: a micro-batch crosses the ranks three
+// times) with full recomputation, every layer recomputed before its backward
+// since the slots' other micro-batches ran in between.
+TEST(HostCudaPipeline, FollowsOneProcessBitForBit) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::TrainSummary one = one_process(config(false, 2, 1, "none"), "untied");
+  auto nccl = nccl_world();
+  expect_follows(one, config(false, 2, 1, "none"), world(), "pp2_mpi", 0.0);
+  expect_follows(one, config(false, 2, 1, "none"), *nccl, "pp2_nccl", 0.0);
+  expect_follows(one, config(false, 2, 1, "attention"), world(), "pp2_attention_mpi", 0.0);
+  expect_follows(one, config(false, 2, 2, "full"), *nccl, "pp2v2_full_nccl", 0.0);
+}
+
+// Tied embeddings: the last stage's LM head copy and the first stage's
+// embedding summed over the embedding group (through the host under MPI).
+TEST(HostCudaPipeline, TiedEmbeddingsFollowOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::TrainSummary one = one_process(config(true, 2, 1, "none"), "tied");
+  auto nccl = nccl_world();
+  expect_follows(one, config(true, 2, 2, "none"), *nccl, "pp2v2_tied_nccl", kTiedTol);
+  expect_follows(one, config(true, 2, 1, "none"), world(), "pp2_tied_mpi", kTiedTol);
+}

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -63,14 +64,28 @@ GemmPeak measure_sgemm_peak(int threads, int n) {
   threads = std::max(1, threads);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
-  // About 0.1-0.2 s per product on a few cores at AVX-512 speed; larger for
-  // many threads so each still gets whole blocks.
-  if (n <= 0) n = threads <= 4 ? 2048 : threads <= 16 ? 3072 : 4096;
-  const size_t nn = static_cast<size_t>(n) * n;
+  // The size: 2048 for a few threads, larger for many so each still gets whole
+  // blocks, smaller on a slow machine (generic kernels) so a product stays
+  // near 0.1-0.2 s: a 512^3 product first estimates the speed.
+  const int n_max = threads <= 4 ? 2048 : threads <= 16 ? 3072 : 4096;
+  const size_t nn = static_cast<size_t>(n > 0 ? n : n_max) * (n > 0 ? n : n_max);
   std::vector<float> a(nn), b(nn), c(nn);
   for (size_t i = 0; i < nn; ++i) {
     a[i] = static_cast<float>((i * 7919) % 1009) / 1009.0f - 0.5f;
     b[i] = static_cast<float>((i * 104729) % 997) / 997.0f - 0.5f;
+  }
+  if (n <= 0) {
+    constexpr int kProbe = 512;
+    double probe_s = 0;
+    for (int rep = 0; rep < 2; ++rep) {  // the first pays for page faults and thread start
+      const auto t0 = std::chrono::steady_clock::now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kProbe, kProbe, kProbe, 1.0f, a.data(), kProbe, b.data(),
+                  kProbe, 0.0f, c.data(), kProbe);
+      probe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double flops_per_s = 2.0 * kProbe * kProbe * kProbe / std::max(probe_s, 1e-9);
+    const int fit = static_cast<int>(std::cbrt(0.2 * flops_per_s / 2.0)) / 256 * 256;  // the probe runs slower than a large product
+    n = std::clamp(fit, kProbe, n_max);
   }
   const double flop = 2.0 * n * static_cast<double>(n) * n;
   double best = 0, spent = 0;

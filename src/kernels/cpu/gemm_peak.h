@@ -19,7 +19,7 @@ struct GemmPeak {
 };
 
 // Measures now: n x n x n SGEMM on `threads` OpenMP/OpenBLAS threads (n = 0: a
-// size that keeps every thread busy for a few hundred ms). Sets the thread
+// size that keeps every thread busy for about 0.1-0.2 s per product). Sets the thread
 // counts; the caller sets them back if it needs others.
 GemmPeak measure_sgemm_peak(int threads, int n = 0);
 

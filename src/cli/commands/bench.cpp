@@ -287,8 +287,9 @@ void add_bench(CLI::App& app) {
                   r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
       if (a->profile) print_profile(r, peak.gflops);
       if (peak_fraction(r) > 1.0)
-        std::printf("warning: this run beat the calibrated peak, which was measured while other work shared the "
-                    "cores (load average %.2f at %s): rerun with --recalibrate on an idle machine\n",
+        std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
+                    "more threads than cores; load average %.2f at %s): rerun with --recalibrate on an idle "
+                    "machine\n",
                     peak.loadavg, peak.measured_at.c_str());
     }
     if (a->compare_shift)

@@ -1,36 +1,42 @@
 #!/usr/bin/python3
-"""Training-step throughput: kvshift's CPU engine vs the same model in PyTorch (CPU, fp32).
+"""Training-step throughput on the CPU: kvshift against PyTorch, side by side in one run.
 
-What is compared: the median wall time of one whole optimizer step, and tokens/s derived
-from it (tokens per step = micro_batch_size * seq_len * grad_accum_steps), for the model
-and train shapes of one kvshift config file.
+Engines, timed one after the other (never at the same time) on the same threads, for the
+model and train shapes of one kvshift config file:
 
-  kvshift:  `kvshift bench --config CFG --device cpu --json --warmup W --steps S
-             --set train.threads=N` (src/cli/commands/bench.cpp times zero_grad,
-             forward+backward of every micro-batch, the global grad norm, AdamW).
-  PyTorch:  the same model built here from standard PyTorch ops in float32 (`LeanKvShiftLlama`,
-            checked first against the project's independent oracle tests/oracle/kvshift_torch.py:
-            same weights -> same logits within 1e-4), timed on exactly the same step:
-            opt.zero_grad(set_to_none=False); forward + backward of each of the
-            grad_accum_steps micro-batches (masked mean cross-entropy / accum);
-            clip_grad_norm_(params, 1.0); torch.optim.AdamW(lr, betas, eps, weight_decay).step().
+  kvshift             `kvshift bench --config CFG --device cpu --json` (src/cli/commands/bench.cpp
+                      times zero_grad, forward+backward of every micro-batch, the global grad
+                      norm, AdamW); it also calibrates the machine's fp32 SGEMM peak on the same
+                      threads (kernels/cpu/gemm_peak.h), which every engine's fraction refers to.
+  torch <ver> eager   Debian's PyTorch (1.13, /usr/bin/python3; --debian-python).
+  torch <ver> eager   the current PyTorch from PyPI in the project's virtual environment
+  torch <ver> compile (.venv-hf5, made by scripts/setup.sh; --pypi-python), eager and under
+                      torch.compile (inductor, offline; its compile time is reported, not timed).
+
+Each PyTorch engine runs in its own process (this script with --worker) on the same model
+built from standard PyTorch ops in float32 (`LeanKvShiftLlama`, checked first against the
+project's independent oracle tests/oracle/kvshift_torch.py: same weights -> same logits
+within 1e-4), timed on exactly the same step: opt.zero_grad(set_to_none=False); forward +
+backward of each of the grad_accum_steps micro-batches (masked mean cross-entropy / accum);
+clip_grad_norm_(params, 1.0); torch.optim.AdamW(lr, betas, eps, weight_decay).step().
 
 Why it is fair: same shapes (B, T, accum, every model dimension, untied/tied head, GQA,
 kv_shift window), same float32 arithmetic, same thread count (torch.set_num_threads(N) and
 train.threads=N), same work per step including gradient clipping and the optimizer, random
 tokens with an all-ones mask on both sides, the same warm-up / timed step counts and the
-same median (sorted[S // 2], as bench.cpp). The two runs happen one after the other, never
-at the same time, under the same environment: kvshift sets GOMP_SPINCOUNT=20000 for itself
-unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (src/core/runtime_env.h), so this script
-applies the same rule to PyTorch before importing it, and both report the OpenBLAS kernel
-family in use (OPENBLAS_CORETYPE, if set, reaches both). The 1-minute load average is
-reported because other work on the machine skews both. The PyTorch model is what a competent PyTorch 1.13 user would write
-(no per-step re-materialisation: RoPE tables and the causal mask are precomputed buffers;
-attention is matmul + additive causal mask + softmax, since 1.13 has no
-scaled_dot_product_attention); `--torch-impl oracle` times the oracle module instead.
+same median (sorted[S // 2], as bench.cpp). All run under the same environment: kvshift
+sets GOMP_SPINCOUNT=20000 for itself unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set
+(src/core/runtime_env.h), so this script applies the same rule to PyTorch before importing
+it. The model FLOP/s use kvshift's count (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads
+per token) for every engine. The PyTorch model is what a competent PyTorch user would write
+(RoPE tables and the causal mask are precomputed buffers; attention is matmul + additive
+causal mask + softmax, since 1.13 has no scaled_dot_product_attention); `--torch-impl
+oracle` times the oracle module instead.
 
-Run with Debian's Python (torch 1.13 + numpy):
-  /usr/bin/python3 scripts/bench_cpu_vs_torch.py --config configs/toy/lm-small-kvshift.json
+A shared machine skews every engine: --rounds R repeats the whole sequence R times
+(interleaved) and reports medians, with the 1-minute load average before each run.
+
+  /usr/bin/python3 scripts/bench_cpu_vs_torch.py --config configs/toy/lm-small-kvshift.json --rounds 3
 """
 import argparse
 import ctypes
@@ -55,6 +61,7 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "oracle"))
 import kvshift_torch as oracle  # noqa: E402  (independent reference model, not edited here)
 
 DEFAULT_KVSHIFT = os.path.join("build", "kvshift")
+DEFAULT_PYPI_PYTHON = os.path.join(REPO_ROOT, ".venv-hf5", "bin", "python")
 
 
 # ----------------------------------------------------------------------------- config
@@ -237,19 +244,22 @@ def torch_openblas_core():
     return "not OpenBLAS"
 
 
-def bench_torch(model, cfg, train, threads, warmup, steps):
-    """Median ms of one optimizer step of `model` (see the module docstring)."""
+def bench_torch(model, cfg, train, threads, warmup, steps, compile_model=False):
+    """Median ms of one optimizer step of `model` (see the module docstring), and the
+    seconds of the first step (torch.compile's compilation, with --compile)."""
     set_torch_threads(threads)
+    params = [p for p in model.parameters()]
+    if compile_model:
+        model = torch.compile(model)
     B, T, accum = train["micro_batch_size"], train["seq_len"], train["grad_accum_steps"]
     g = torch.Generator().manual_seed(int(train["seed"]))
     inputs = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
     targets = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
     mask = torch.ones(B, T)
-    params = [p for p in model.parameters()]
     opt = make_adamw(params, train)
     model.train()
-    times = []
-    for s in range(warmup + steps):
+    times, first_s = [], None
+    for s in range(max(warmup, 1 if compile_model else 0) + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         for _ in range(accum):
@@ -257,9 +267,11 @@ def bench_torch(model, cfg, train, threads, warmup, steps):
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if s >= warmup:
+        if first_s is None:
+            first_s = time.perf_counter() - t0
+        if s >= max(warmup, 1 if compile_model else 0):
             times.append(time.perf_counter() - t0)
-    return median_ms(times)
+    return median_ms(times), first_s
 
 
 def make_adamw(params, train):
@@ -271,10 +283,22 @@ def make_adamw(params, train):
         return torch.optim.AdamW(params, **kwargs)
 
 
-def run_kvshift(binary, config, threads, warmup, steps):
+def torch_blas():
+    """The BLAS behind PyTorch's CPU GEMMs, in words."""
+    mkl = getattr(torch.backends, "mkl", None)
+    if mkl is not None and mkl.is_available():
+        cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+        return f"MKL ({cap()})" if cap else "MKL"
+    core = torch_openblas_core()
+    return f"OpenBLAS {core}" if core != "not OpenBLAS" else "BLAS"
+
+
+def run_kvshift(binary, config, threads, warmup, steps, recalibrate=False):
     """The JSON object `kvshift bench --json` prints (its last JSON line)."""
     cmd = [binary, "bench", "--config", config, "--device", "cpu", "--json",
            "--warmup", str(warmup), "--steps", str(steps), "--set", f"train.threads={threads}"]
+    if recalibrate:
+        cmd.append("--recalibrate")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.strip()}")
@@ -289,32 +313,68 @@ def run_kvshift(binary, config, threads, warmup, steps):
     raise RuntimeError(f"no JSON object in the output of {' '.join(cmd)}:\n{proc.stdout}")
 
 
+# ----------------------------------------------------------------------------- worker (one PyTorch engine)
+
+def worker(args):
+    """Times one PyTorch engine in this process and prints one JSON object."""
+    cfg, train, _ = read_config(args.config)
+    threads = args.threads
+    check_diff = check_against_oracle(cfg, seed=int(train["seed"]))
+    model = build_torch_model(cfg, args.torch_impl, seed=int(train["seed"]))
+    ms, first_s = bench_torch(model, cfg, train, threads, args.warmup, args.steps,
+                              compile_model=args.worker == "compile")
+    tokens = train["micro_batch_size"] * train["seq_len"] * train["grad_accum_steps"]
+    print(json.dumps({"torch_version": torch.__version__, "mode": args.worker,
+                      "median_ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000.0),
+                      "first_step_s": first_s, "blas": torch_blas(),
+                      "torch_threads": torch.get_num_threads(),
+                      "oracle_check_max_abs_diff": check_diff}))
+    return 0
+
+
+def run_worker(python, mode, args, threads, timeout_s):
+    """One PyTorch engine in a fresh process: its JSON object, or {"error": ...}."""
+    cmd = [python, os.path.abspath(__file__), "--worker", mode, "--config", args.config,
+           "--threads", str(threads), "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--torch-impl", args.torch_impl]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {timeout_s} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.strip().startswith("{"):
+            return json.loads(line)
+    err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {proc.returncode}: {err}"}
+
+
 # ----------------------------------------------------------------------------- report
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
 
 def print_table(r):
     def fmt(v, spec):
         return "n/a" if v is None else format(v, spec)
-    rows = [
-        ("config", r["config_name"]),
-        ("shape", f"B={r['micro_batch_size']} T={r['seq_len']} accum={r['grad_accum_steps']} "
-                  f"({r['tokens_per_step']} tokens/step)"),
-        ("threads", f"{r['threads']} (load average before: {r['loadavg_1min_before']:.2f})"),
-        ("torch", f"{r['torch_version']} ({r['torch_impl']} module, oracle check "
-                  f"max|dlogits|={r['oracle_check_max_abs_diff']:.1e})"),
-        ("OpenBLAS kernels", f"kvshift {r.get('kvshift_openblas_core') or 'n/a'}, "
-                             f"PyTorch {r['torch_openblas_core']}"),
-        ("OpenMP spin", os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY") or "default"),
-        ("kvshift tokens/s", fmt(r["kvshift_tokens_per_s"], ",.0f")),
-        ("PyTorch tokens/s", fmt(r["torch_tokens_per_s"], ",.0f")),
-        ("ratio kvshift/PyTorch", fmt(r["ratio_kvshift_over_torch"], ".2f")),
-        ("kvshift median ms/step", fmt(r["kvshift_median_ms_per_step"], ".1f")),
-        ("PyTorch median ms/step", fmt(r["torch_median_ms_per_step"], ".1f")),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    if r.get("note"):
-        print(f"note: {r['note']}")
+    print(f"config    {r['config_name']}: B={r['micro_batch_size']} T={r['seq_len']} "
+          f"accum={r['grad_accum_steps']} ({r['tokens_per_step']} tokens/step)")
+    print(f"threads   {r['threads']}; rounds {r['rounds']} (medians); load average (1 min) before the "
+          f"runs {r['loadavg_min']:.2f}-{r['loadavg_max']:.2f}")
+    peak = r.get("sgemm_peak_gflops")
+    print(f"peak      {fmt(peak, '.1f')} GFLOP/s fp32 SGEMM ({r.get('sgemm_peak_core') or 'n/a'}, "
+          f"{r['threads']} threads, kvshift bench's calibration)")
+    print(f"OpenMP    spin {os.environ.get('GOMP_SPINCOUNT') or os.environ.get('OMP_WAIT_POLICY') or 'default'}")
+    rows = [("engine", "tokens/s", "ms/step", "kvshift/x", "of peak", "BLAS kernels", "note")]
+    for e in r["engines"]:
+        rows.append((e["name"], fmt(e.get("tokens_per_s"), ",.0f"), fmt(e.get("median_ms_per_step"), ".1f"),
+                     fmt(e.get("kvshift_over"), ".2f"),
+                     "n/a" if e.get("fraction_of_peak") is None else f"{100 * e['fraction_of_peak']:.1f}%",
+                     e.get("blas") or "", e.get("note") or ""))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def parse_args(argv):
@@ -323,15 +383,27 @@ def parse_args(argv):
     p.add_argument("--kvshift", default=None,
                    help=f"kvshift binary (default {DEFAULT_KVSHIFT}; skipped with a note if absent)")
     p.add_argument("--threads", type=int, default=None,
-                   help="threads for both (default: the config's train.threads, else os.cpu_count())")
+                   help="threads for every engine (default: the config's train.threads, else os.cpu_count())")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the whole sequence of engines this many times and report medians")
     p.add_argument("--torch-impl", choices=("lean", "oracle"), default="lean",
                    help="PyTorch module to time (default: lean, this script's)")
+    p.add_argument("--debian-python", default="/usr/bin/python3",
+                   help="Python with Debian's PyTorch ('' to skip)")
+    p.add_argument("--pypi-python", default=DEFAULT_PYPI_PYTHON,
+                   help="Python of a virtual environment with PyTorch from PyPI (default .venv-hf5; '' to skip)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile engine")
+    p.add_argument("--compile-timeout", type=int, default=900,
+                   help="seconds allowed for the torch.compile engine, compilation included")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the SGEMM peak again (kvshift bench --recalibrate) in the first round")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--worker", choices=("eager", "compile"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -339,43 +411,90 @@ def main(argv=None):
     args = parse_args(argv)
     cfg, train, name = read_config(args.config)
     threads = args.threads or int(train.get("threads") or 0) or os.cpu_count()
+    if args.worker:
+        args.threads = threads
+        return worker(args)
     B, T, accum = train["micro_batch_size"], train["seq_len"], train["grad_accum_steps"]
     tokens = B * T * accum
 
-    load_before = os.getloadavg()[0]  # other work on the machine skews both timings
-    check_diff = check_against_oracle(cfg, seed=int(train["seed"]))
-
     binary = args.kvshift or DEFAULT_KVSHIFT
-    kv, note = None, None
-    if os.path.exists(binary):
-        kv = run_kvshift(binary, args.config, threads, args.warmup, args.steps)
-    elif args.kvshift:
-        sys.exit(f"error: kvshift binary not found: {binary}")
-    else:
-        note = f"{binary} not found: kvshift side skipped (pass --kvshift PATH)"
+    notes = []
+    if not os.path.exists(binary):
+        if args.kvshift:
+            sys.exit(f"error: kvshift binary not found: {binary}")
+        notes.append(f"{binary} not found: kvshift skipped (pass --kvshift PATH)")
+        binary = None
+    engines = []  # (name, how to run it)
+    if binary:
+        engines.append(("kvshift", None, None))
+    for python, label in ((args.debian_python, "Debian"), (args.pypi_python, "PyPI")):
+        if not python:
+            continue
+        if not os.path.exists(python):
+            notes.append(f"{label} PyTorch skipped: {python} not found")
+            continue
+        engines.append((f"{label} torch eager", python, "eager"))
+        if label == "PyPI" and not args.no_compile:
+            engines.append((f"{label} torch compile", python, "compile"))
 
-    model = build_torch_model(cfg, args.torch_impl, seed=int(train["seed"]))
-    torch_ms = bench_torch(model, cfg, train, threads, args.warmup, args.steps)
-    torch_tps = tokens / (torch_ms / 1000.0)
+    runs = {e[0]: [] for e in engines}
+    loads = []
+    for rnd in range(args.rounds):
+        for ename, python, mode in engines:
+            loads.append(os.getloadavg()[0])
+            if python is None:
+                res = run_kvshift(binary, args.config, threads, args.warmup, args.steps,
+                                  recalibrate=args.recalibrate and rnd == 0)
+            else:
+                res = run_worker(python, mode, args, threads,
+                                 args.compile_timeout if mode == "compile" else 900)
+            res["loadavg_1min_before"] = loads[-1]
+            runs[ename].append(res)
+            print(f"round {rnd + 1}/{args.rounds} {ename}: "
+                  + (f"{res['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in res else res.get("error", "?"))
+                  + f" (load {loads[-1]:.2f})", file=sys.stderr)
+
+    kv_runs = runs.get("kvshift", [])
+    peak = median([r.get("sgemm_peak_gflops") for r in kv_runs])
+    flops_per_token = median([r["model_tflops_per_s"] * 1e12 / r["tokens_per_s"] for r in kv_runs])
+    kv_tps = median([r.get("tokens_per_s") for r in kv_runs])
+    result_engines = []
+    for ename, python, mode in engines:
+        ok = [r for r in runs[ename] if "tokens_per_s" in r]
+        e = {"name": ename, "runs": runs[ename]}
+        if ok:
+            last = ok[-1]
+            e["tokens_per_s"] = median([r["tokens_per_s"] for r in ok])
+            e["median_ms_per_step"] = median([r["median_ms_per_step"] for r in ok])
+            if python is None:
+                e["blas"] = f"OpenBLAS {last.get('openblas_core')} ({last.get('openblas_core_source', '')})"
+            else:
+                e["name"] = f"torch {last['torch_version'].split('+')[0]} {mode}"
+                e["blas"] = last.get("blas")
+                if mode == "compile":
+                    e["note"] = f"first step (compilation) {median([r['first_step_s'] for r in ok]):.0f} s"
+            if peak and flops_per_token:
+                e["fraction_of_peak"] = e["tokens_per_s"] * flops_per_token / (peak * 1e9)
+            if kv_tps:
+                e["kvshift_over"] = kv_tps / e["tokens_per_s"]
+        else:
+            e["note"] = runs[ename][-1].get("error", "failed")
+        result_engines.append(e)
 
     result = {
         "config": args.config, "config_name": name, "threads": threads,
         "micro_batch_size": B, "seq_len": T, "grad_accum_steps": accum, "tokens_per_step": tokens,
-        "warmup": args.warmup, "steps": args.steps, "loadavg_1min_before": load_before,
-        "torch_version": torch.__version__, "torch_impl": args.torch_impl,
-        "torch_openblas_core": torch_openblas_core(),
-        "oracle_check_max_abs_diff": check_diff,
-        "kvshift_tokens_per_s": kv["tokens_per_s"] if kv else None,
-        "kvshift_openblas_core": kv.get("openblas_core") if kv else None,
-        "kvshift_median_ms_per_step": kv["median_ms_per_step"] if kv else None,
-        "torch_tokens_per_s": torch_tps,
-        "torch_median_ms_per_step": torch_ms,
-        "ratio_kvshift_over_torch": kv["tokens_per_s"] / torch_tps if kv else None,
-        "kvshift": kv,
+        "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+        "loadavg_min": min(loads) if loads else 0.0, "loadavg_max": max(loads) if loads else 0.0,
+        "sgemm_peak_gflops": peak,
+        "sgemm_peak_core": kv_runs[-1].get("openblas_core") if kv_runs else None,
+        "model_flops_per_token": flops_per_token,
+        "engines": result_engines,
     }
-    if note:
-        result["note"] = note
-        print(f"note: {note}", file=sys.stderr)
+    if notes:
+        result["notes"] = notes
+        for n in notes:
+            print(f"note: {n}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:

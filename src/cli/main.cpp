@@ -6,9 +6,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/runtime_env.h"
+#include "kernels/cpu/blas_kernels.h"
 
 int main(int argc, char** argv) {
   kvs::tune_runtime_environment(argv);  // may re-execute once with OpenMP/OpenBLAS settings
+  kvs::cpu::select_blas_kernels();      // before any BLAS call: the GEMM kernels for this CPU
   CLI::App app{"kvshift: pretrain Llama-architecture language models with KV shifting attention"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every subcommand");

@@ -5,14 +5,20 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/op_profile.h"
 #include "kernels/cpu/ops.h"
 #include "parallel/linear.h"
 
 namespace kvs {
 
+namespace prof = cpu::profile;
+
 namespace {
 
-void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
+void zero(float* p, size_t n) {
+  const prof::Scope timed("zero scratch");
+  std::memset(p, 0, n * sizeof(float));
+}
 
 // The coefficients the shift op uses: the stored tensor itself, or for
 // "sigmoid_gate" [1 - sigmoid(g), sigmoid(g)] per head (g = stored column 1)
@@ -56,6 +62,10 @@ int segments(Segment out[2], const LayerView& w, const LayerActs& a, const Block
   return 2;
 }
 
+// The forward's two causal products (Q K^T, P V): 2 * T*T/2 * D multiply-adds
+// each per head; the backward does twice as much.
+double attention_flops(int B, int Hq, int T, int D) { return 2.0 * B * Hq * static_cast<double>(T) * T * D; }
+
 }  // namespace
 
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c) {
@@ -68,13 +78,20 @@ void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c
   const float* kc = w.k_shift ? effective_coef(w.k_shift, a.coef + Hq * W1, Hkv, c.sigmoid_gate) : nullptr;
   const float* vc = w.v_shift ? effective_coef(w.v_shift, a.coef + (Hq + Hkv) * W1, Hkv, c.sigmoid_gate) : nullptr;
 
-  cpu::rmsnorm_forward(a.ln1, a.rstd1, a.resid, w.ln1, static_cast<int>(NCl / C), C, c.eps);
-  column_parallel_forward(a.ln1, N, C, {{w.q_shift ? a.qraw : a.q, w.wq, QD}, {a.k, w.wk, KD}, {a.v, w.wv, KD}}, c.tp,
-                          c.sp_full);
+  {
+    const prof::Scope timed("rmsnorm fwd");
+    cpu::rmsnorm_forward(a.ln1, a.rstd1, a.resid, w.ln1, static_cast<int>(NCl / C), C, c.eps);
+  }
+  {
+    const prof::Label label("qkv proj");
+    column_parallel_forward(a.ln1, N, C, {{w.q_shift ? a.qraw : a.q, w.wq, QD}, {a.k, w.wk, KD}, {a.v, w.wv, KD}},
+                            c.tp, c.sp_full);
+  }
   // KV shifting acts on the raw projections, before RoPE.
   Segment seg[2];
   const int nseg = segments(seg, w, a, c);
   for (int i = 0; i < nseg; ++i) {
+    const prof::Scope timed("shift+rope fwd");
     const Segment& g = seg[i];
     const size_t rq = g.row0 * QD, rk = g.row0 * KD, n = static_cast<size_t>(g.B) * g.T * KD;
     const size_t at = static_cast<size_t>(g.pos0) * (D / 2);  // RoPE rows from the segment's first position
@@ -93,19 +110,39 @@ void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c
     if (c.rope) cpu::rope_forward(a.q + rq, a.q + rq, cos, sin, g.B, g.T, Hq, D);
   }
   if (c.cp) {
+    const prof::Scope timed("attention fwd", attention_flops(B, Hq, T, D));
     c.cp->forward(a.attout, a.att, a.q, a.khat, a.vhat, c.attention_doc, *c.cp_layout);
   } else {
+    const prof::Scope timed("attention fwd", attention_flops(B, Hq, T, D));
     const size_t past = static_cast<size_t>(c.kv_past) * KD;
     cpu::attention_forward(a.attout, a.att, nullptr, a.q, a.khat - past, a.vhat - past, B, T, c.kv_past + T, Hq, Hkv,
                            D, c.pos0, c.pos0 - c.kv_past, c.attention_doc);
   }
-  row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
-  cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NCl);
-
-  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.res_mid, w.ln2, static_cast<int>(NCl / C), C, c.eps);
-  column_parallel_forward(a.ln2, N, C, {{a.gate, w.w_gate, F}, {a.up, w.w_up, F}}, c.tp, c.sp_full);
-  cpu::swiglu_forward(a.h, a.gate, a.up, static_cast<size_t>(N) * F);
-  row_parallel_forward(a.out, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
+  {
+    const prof::Label label("o proj");
+    row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
+  }
+  {
+    const prof::Scope timed("residual add");
+    cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NCl);
+  }
+  {
+    const prof::Scope timed("rmsnorm fwd");
+    cpu::rmsnorm_forward(a.ln2, a.rstd2, a.res_mid, w.ln2, static_cast<int>(NCl / C), C, c.eps);
+  }
+  {
+    const prof::Label label("gate,up proj");
+    column_parallel_forward(a.ln2, N, C, {{a.gate, w.w_gate, F}, {a.up, w.w_up, F}}, c.tp, c.sp_full);
+  }
+  {
+    const prof::Scope timed("swiglu fwd");
+    cpu::swiglu_forward(a.h, a.gate, a.up, static_cast<size_t>(N) * F);
+  }
+  {
+    const prof::Label label("down proj");
+    row_parallel_forward(a.out, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
+  }
+  const prof::Scope timed("residual add");
   cpu::residual_forward(a.out, a.out, a.res_mid, NCl);
 }
 
@@ -125,23 +162,40 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
 
   // MLP: out = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d out.
   zero(s.dh, NF);
-  row_parallel_backward(s.dh, g.w_down, dresid, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
+  {
+    const prof::Label label("down proj");
+    row_parallel_backward(s.dh, g.w_down, dresid, a.h, w.w_down, N, F, C, c.tp, c.sp_full);
+  }
   zero(s.dgate, NF);
   zero(s.dup, NF);
-  cpu::swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up, NF);
-  column_parallel_backward(s.dln, a.ln2, N, C, {{s.dgate, w.w_gate, g.w_gate, F}, {s.dup, w.w_up, g.w_up, F}}, c.tp,
-                           c.sp_full, c.sp_full2);
-  cpu::rmsnorm_backward(dresid, g.ln2, s.dln, a.res_mid, w.ln2, a.rstd2, Nl, C);  // dresid is now d res_mid
+  {
+    const prof::Scope timed("swiglu bwd");
+    cpu::swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up, NF);
+  }
+  {
+    const prof::Label label("gate,up proj");
+    column_parallel_backward(s.dln, a.ln2, N, C, {{s.dgate, w.w_gate, g.w_gate, F}, {s.dup, w.w_up, g.w_up, F}}, c.tp,
+                             c.sp_full, c.sp_full2);
+  }
+  {
+    const prof::Scope timed("rmsnorm bwd");
+    cpu::rmsnorm_backward(dresid, g.ln2, s.dln, a.res_mid, w.ln2, a.rstd2, Nl, C);  // dresid is now d res_mid
+  }
 
   // Attention: res_mid = resid + o_proj(attout).
   zero(s.dattout, NQ);
-  row_parallel_backward(s.dattout, g.wo, dresid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
+  {
+    const prof::Label label("o proj");
+    row_parallel_backward(s.dattout, g.wo, dresid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
+  }
   zero(s.dq, NQ);
   zero(s.dkhat, NK);
   zero(s.dvhat, NK);
   if (c.cp) {
+    const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
     c.cp->backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.attout, a.q, a.khat, a.vhat, a.att, *c.cp_layout);
   } else {
+    const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
     cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
   }
 
@@ -167,6 +221,7 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   Segment seg[2];
   const int nseg = segments(seg, w, a, c);  // (with context parallelism: the halos again)
   for (int i = 0; i < nseg; ++i) {
+    const prof::Scope timed("shift+rope bwd");
     const Segment& sg = seg[i];
     const size_t rq = sg.row0 * QD, rk = sg.row0 * KD, n = static_cast<size_t>(sg.B) * sg.T * KD;
     const size_t at = static_cast<size_t>(sg.pos0) * (D / 2);
@@ -204,9 +259,13 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
     if (w.v_shift) cpu::shift_gate_backward(g.v_shift, s.dcoef + (Hq + Hkv) * W1, w.v_shift, Hkv);
   }
   const float* dv_raw = w.v_shift ? s.dv : s.dvhat;
-  column_parallel_backward(s.dln, a.ln1, N, C,
-                           {{dq_raw, w.wq, g.wq, QD}, {s.dk, w.wk, g.wk, KD}, {dv_raw, w.wv, g.wv, KD}}, c.tp,
-                           c.sp_full, c.sp_full2);
+  {
+    const prof::Label label("qkv proj");
+    column_parallel_backward(s.dln, a.ln1, N, C,
+                             {{dq_raw, w.wq, g.wq, QD}, {s.dk, w.wk, g.wk, KD}, {dv_raw, w.wv, g.wv, KD}}, c.tp,
+                             c.sp_full, c.sp_full2);
+  }
+  const prof::Scope timed("rmsnorm bwd");
   cpu::rmsnorm_backward(dresid, g.ln1, s.dln, a.resid, w.ln1, a.rstd1, Nl, C);  // dresid is now d resid
 }
 

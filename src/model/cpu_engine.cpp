@@ -12,15 +12,22 @@
 #include "core/error.h"
 #include "core/profile_range.h"
 #include "dist/comm.h"
+#include "kernels/cpu/op_profile.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/row_reduce.h"
 #include "model/rope_frequencies.h"
 #include "parallel/linear.h"
 #include "parallel/vocab_parallel_loss.h"
 
 namespace kvs {
 
+namespace prof = cpu::profile;
+
 namespace {
-void zero(float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); }
+void zero(float* p, size_t n) {
+  const prof::Scope timed("zero grads/scratch");
+  std::memset(p, 0, n * sizeof(float));
+}
 }  // namespace
 
 ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, int B, int T, int sp_ranks, int cp) {
@@ -299,6 +306,7 @@ double CpuEngine::stage_forward(int slot, int chunk, const Batch& b, const float
   float* full = region_.sequence_parallel() ? a + p.sp_full : nullptr;
   float* in = a + p.resid + p.resid_index[c.first] * p.resid_stride;
   if (c.embedding) {
+    const prof::Scope timed("embedding fwd");
     vocab_parallel_embedding_forward(in, lb.inputs, P_.embed, N, C, d_.v_begin, V, region_, full);
   } else {
     KVS_CHECK(input != nullptr, "engine: chunk {} needs the previous stage's activations", chunk);
@@ -311,12 +319,21 @@ double CpuEngine::stage_forward(int slot, int chunk, const Batch& b, const float
     std::copy(out, out + static_cast<size_t>(Nl) * C, output);
     return 0.0;
   }
-  cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, out, P_.norm, Nl, C, m_.rms_norm_eps);
-  // The LM head is column-parallel over the vocabulary.
-  column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}}, region_, full);
+  {
+    const prof::Scope timed("rmsnorm fwd");
+    cpu::rmsnorm_forward(a + p.lnf, a + p.rstdf, out, P_.norm, Nl, C, m_.rms_norm_eps);
+  }
+  {
+    // The LM head is column-parallel over the vocabulary.
+    const prof::Label label("lm head");
+    column_parallel_forward(a + p.lnf, N, C, {{a + p.logits, P_.lm_head, V}}, region_, full);
+  }
   if (!lb.targets) return 0.0;
   const bool train = grad_scale >= 0;
-  cross_entropy(train ? a + p.logits : nullptr, train ? nullptr : argmax_.data(), lb, train ? grad_scale : 1.0);
+  {
+    const prof::Scope timed("cross-entropy fwd+bwd");
+    cross_entropy(train ? a + p.logits : nullptr, train ? nullptr : argmax_.data(), lb, train ? grad_scale : 1.0);
+  }
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += a[p.losses + i];
   if (cp_.size == 1) {
@@ -353,10 +370,14 @@ void CpuEngine::stage_backward(int slot, int chunk, const float* doutput, float*
   if (c.head) {
     // LM head and final norm (dlogits were written over the logits).
     const float* last = a + p.resid + (p.resid_index[c.last] + 1) * p.resid_stride;
-    column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_, full,
-                             sp ? a + p.sp_full2 : nullptr);
+    {
+      const prof::Label label("lm head");
+      column_parallel_backward(dln, a + p.lnf, N, C, {{a + p.logits, P_.lm_head, G_.lm_head, V}}, region_, full,
+                               sp ? a + p.sp_full2 : nullptr);
+    }
     zero(dresid, static_cast<size_t>(Nl) * C);
     float* dnorm = sp ? norm_grads + 2 * layers * C : G_.norm;
+    const prof::Scope timed("rmsnorm bwd");
     cpu::rmsnorm_backward(dresid, dnorm, dln, last, P_.norm, a + p.rstdf, Nl, C);
   } else {
     KVS_CHECK(doutput != nullptr, "engine: chunk {} needs the next stage's gradient", chunk);
@@ -364,6 +385,7 @@ void CpuEngine::stage_backward(int slot, int chunk, const float* doutput, float*
   }
   for (int li = c.last; li >= c.first; --li) backward_layer(part_.layers[li], B, T);
   if (c.embedding) {
+    const prof::Scope timed("embedding bwd");
     vocab_parallel_embedding_backward(G_.embed, dresid, lb.inputs, N, C, d_.v_begin, V, region_, full);
   } else {
     KVS_CHECK(dinput != nullptr, "engine: chunk {} has no place for its input gradient", chunk);
@@ -490,16 +512,15 @@ double CpuEngine::grad_sq_sum_range(size_t begin, size_t end) {
   constexpr size_t kChunk = 1 << 16;
   KVS_CHECK(begin <= end && end <= grads_.size(), "grad_sq_sum_range: [{}, {}) outside {} floats", begin, end,
             grads_.size());
+  const prof::Scope timed("grad norm", 2.0 * (end - begin));
   const size_t n = end - begin, chunks = (n + kChunk - 1) / kChunk;
   std::vector<double>& partial = norm_partials_;
   partial.assign(chunks, 0.0);
   const float* g = grads_.data() + begin;
 #pragma omp parallel for schedule(static)
   for (size_t c = 0; c < chunks; ++c) {
-    double s = 0;
     const size_t e = std::min(n, (c + 1) * kChunk);
-    for (size_t i = c * kChunk; i < e; ++i) s += static_cast<double>(g[i]) * g[i];
-    partial[c] = s;
+    partial[c] = cpu::detail::row_dot_wide<double>(g + c * kChunk, g + c * kChunk, e - c * kChunk);
   }
   double total = 0;
   for (double s : partial) total += s;
@@ -518,6 +539,7 @@ void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end)
   const float scale = static_cast<float>(hp.grad_scale);
   const float step_size = static_cast<float>(hp.lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const prof::Scope timed("adamw");
   for (const ParamTensor& t : layout_.tensors) {
     // The part of this tensor inside [begin, end): a shard boundary may cut a
     // tensor, and each element keeps its own tensor's decay and projection.

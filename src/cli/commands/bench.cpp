@@ -1,16 +1,23 @@
 // `bench`: median time of whole optimizer steps (forward + backward of every
-// micro-batch, gradient norm, AdamW) on random tokens, after warm-up.
+// micro-batch, gradient norm, AdamW) on random tokens, after warm-up. On the
+// CPU also the model FLOP/s as a fraction of the machine's calibrated fp32
+// SGEMM peak on the same threads (kernels/cpu/gemm_peak.h).
 #include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <ctime>
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/runtime_env.h"
+#include "kernels/cpu/blas_kernels.h"
+#include "kernels/cpu/gemm_peak.h"
+#include "kernels/cpu/op_profile.h"
 #include "model/config.h"
 #include "model/engine.h"
 #include "model/flops.h"
@@ -23,6 +30,11 @@ extern "C" void openblas_set_num_threads(int);
 namespace kvs::cli {
 
 namespace {
+double loadavg_1min() {
+  double l = 0;
+  return getloadavg(&l, 1) == 1 ? l : 0.0;
+}
+
 std::string env_or(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -30,12 +42,16 @@ std::string env_or(const char* name) {
 
 struct BenchResult {
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens = 0, tok_s = 0, tflops = 0, mfu = 0;
+  double median_cpu_ms = 0;  // process CPU time per step, all threads: less sensitive to other load than wall time
   double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda)
   std::string peak_what;
+  std::vector<cpu::profile::OpStat> ops;  // with --profile: summed over the timed steps
+  int steps = 0;
+  double mean_ms = 0;  // the profile's shares are of the mean step
 };
 
 // Times whole optimizer steps of `cfg` on random tokens.
-BenchResult bench_one(const Config& cfg, int warmup, int steps) {
+BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
   const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
   auto engine = make_engine(cfg.model, B, T, cfg.device, cfg.train.recompute, {}, cfg.train.attention_backend);
   std::vector<float> init(engine->layout().total);
@@ -49,21 +65,38 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps) {
     targets[i] = static_cast<int32_t>(splitmix64(2 * i + 1) % cfg.model.vocab_size);
   }
   const Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
-  std::vector<double> ms;
+  BenchResult r;
+  r.steps = steps;
+  std::vector<double> ms, cpu_ms;
   for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup && profile) {
+      cpu::profile::take();
+      cpu::profile::set_enabled(true);
+    }
     const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
     engine->zero_grad();
     for (int m = 0; m < accum; ++m) engine->forward_backward(batch, 1.0 / (N * accum));
     const double gn = engine->grad_norm();  // synchronises: the step's time is all in
     engine->adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, gn > 1.0 ? 1.0 / gn : 1.0});
     const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) ms.push_back(dt);
+    const double cpu = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+    if (s >= warmup) {
+      ms.push_back(dt);
+      cpu_ms.push_back(cpu);
+    }
+  }
+  if (profile) {
+    cpu::profile::set_enabled(false);
+    r.ops = cpu::profile::take();
   }
   std::sort(ms.begin(), ms.end());
-  BenchResult r;
+  std::sort(cpu_ms.begin(), cpu_ms.end());
   r.median_ms = ms[ms.size() / 2];
   r.min_ms = ms.front();
   r.max_ms = ms.back();
+  r.median_cpu_ms = cpu_ms[cpu_ms.size() / 2];
+  for (double m : ms) r.mean_ms += m / ms.size();
   r.tokens = static_cast<double>(N) * accum;
   r.tok_s = r.tokens / (r.median_ms / 1000.0);
   r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / 1e12;
@@ -83,6 +116,62 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps) {
   return r;
 }
 
+struct ProfileRow {
+  std::string name;
+  double calls = 0, ms = 0, share = 0, gflops = 0, of_peak = 0;
+};
+
+// Per step, slowest first, then "other": the step's time outside every timed op.
+std::vector<ProfileRow> profile_rows(const BenchResult& r, double peak_gflops) {
+  std::vector<ProfileRow> rows;
+  double timed = 0, gemm_ms = 0, gemm_flops = 0;
+  for (const auto& op : r.ops) {
+    ProfileRow row{op.name, double(op.calls) / r.steps, 1000.0 * op.seconds / r.steps};
+    row.share = row.ms / r.mean_ms;
+    if (op.flops > 0 && op.seconds > 0) row.gflops = op.flops / op.seconds / 1e9;
+    if (peak_gflops > 0) row.of_peak = row.gflops / peak_gflops;
+    timed += row.ms;
+    if (op.name.find(" fwd ") != std::string::npos || op.name.find(" bwd d") != std::string::npos) {
+      gemm_ms += row.ms;
+      gemm_flops += op.flops / r.steps;
+    }
+    rows.push_back(row);
+  }
+  std::sort(rows.begin(), rows.end(), [](const ProfileRow& a, const ProfileRow& b) { return a.ms > b.ms; });
+  ProfileRow other{"other (outside the timed ops)", 0, r.mean_ms - timed};
+  other.share = other.ms / r.mean_ms;
+  rows.push_back(other);
+  ProfileRow gemms{"= all GEMMs", 0, gemm_ms, gemm_ms / r.mean_ms, gemm_ms > 0 ? gemm_flops / gemm_ms / 1e6 : 0};
+  if (peak_gflops > 0) gemms.of_peak = gemms.gflops / peak_gflops;
+  rows.push_back(gemms);
+  return rows;
+}
+
+void print_profile(const BenchResult& r, double peak_gflops) {
+  std::printf("per-op profile (mean over %d steps of %.2f ms; GEMMs are MxNxK of out[M,N] += A[M,K] B[K,N]):\n",
+              r.steps, r.mean_ms);
+  std::printf("  %-44s %7s %9s %7s %9s %8s\n", "op", "calls", "ms/step", "share", "GFLOP/s", "of peak");
+  for (const ProfileRow& row : profile_rows(r, peak_gflops)) {
+    std::printf("  %-44s %7.0f %9.3f %6.1f%%", row.name.c_str(), row.calls, row.ms, 100 * row.share);
+    if (row.gflops > 0) std::printf(" %9.1f", row.gflops);
+    else std::printf(" %9s", "");
+    if (row.of_peak > 0) std::printf(" %7.1f%%", 100 * row.of_peak);
+    std::printf("\n");
+  }
+}
+
+nlohmann::json profile_json(const BenchResult& r, double peak_gflops) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ProfileRow& row : profile_rows(r, peak_gflops))
+    rows.push_back({{"op", row.name},
+                    {"calls_per_step", row.calls},
+                    {"ms_per_step", row.ms},
+                    {"share", row.share},
+                    {"gflops", row.gflops},
+                    {"fraction_of_sgemm_peak", row.of_peak}});
+  return rows;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -91,7 +180,7 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false, compare_shift = false;
+    bool json = false, compare_shift = false, recalibrate = false, profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -101,6 +190,11 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "Timed steps (the median is reported)")->capture_default_str();
   cmd->add_flag("--compare-shift", a->compare_shift,
                 "Time the config with kv_shift off and on in the same run and print the overhead of the shift");
+  cmd->add_flag("--profile", a->profile,
+                "Time every op of the timed steps (CPU): GEMMs by shape, attention, shift+RoPE, norms, SwiGLU, "
+                "cross-entropy, AdamW, grad norm; share of the step and GFLOP/s against the calibrated peak");
+  cmd->add_flag("--recalibrate", a->recalibrate,
+                "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
@@ -119,8 +213,24 @@ void add_bench(CLI::App& app) {
     } else {
       runs = {cfg};
     }
+    const bool cpu_run = cfg.device == Device::Cpu;
+    const cpu::BlasChoice& blas = cpu::select_blas_kernels();
+    if (cpu_run && !a->json) {
+      std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
+      if (blas.slow_fallback)
+        std::printf("warning: OpenBLAS runs its generic %s kernels on a CPU with AVX2 or AVX-512 (unset "
+                    "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",
+                    blas.core.c_str());
+    }
+    // The peak first: the steps then run on the threads it left warm.
+    cpu::GemmPeak peak;
+    if (cpu_run) peak = cpu::sgemm_peak(threads, a->recalibrate);
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
     std::vector<BenchResult> res;
-    for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps));
+    KVS_CHECK(!a->profile || cpu_run, "bench: --profile times the CPU engine's ops (use nsys for the CUDA engine)");
+    for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps, a->profile));
+    auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     if (a->json) {
       nlohmann::json all = nlohmann::json::array();
       for (size_t i = 0; i < runs.size(); ++i) {
@@ -131,6 +241,7 @@ void add_bench(CLI::App& app) {
                             {"kv_shift", runs[i].model.kv_shift.enabled},
                             {"tokens_per_step", r.tokens},
                             {"median_ms_per_step", r.median_ms},
+                            {"median_cpu_ms_per_step", r.median_cpu_ms},
                             {"min_ms_per_step", r.min_ms},
                             {"max_ms_per_step", r.max_ms},
                             {"tokens_per_s", r.tok_s},
@@ -139,11 +250,22 @@ void add_bench(CLI::App& app) {
                             {"peak_rss_mib", r.peak_mib},
                             {"peak_memory_kind", r.peak_what},
                             {"openblas_core", openblas_core_name()},
+                            {"openblas_core_source", blas.source},
+                            {"openblas_slow_fallback", blas.slow_fallback},
+                            {"loadavg_1min", loadavg_1min()},
                             {"env",
                              {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
+        if (a->profile) j["profile"] = profile_json(r, peak.gflops);
+        if (peak.gflops > 0) {
+          j["sgemm_peak_gflops"] = peak.gflops;
+          j["fraction_of_sgemm_peak"] = peak_fraction(r);
+          j["sgemm_peak_below_run"] = peak_fraction(r) > 1.0;  // calibrated under load: --recalibrate
+          j["sgemm_peak"] = {{"n", peak.n},         {"threads", peak.threads},         {"core", peak.core},
+                             {"cached", peak.cached}, {"measured_at", peak.measured_at}, {"loadavg_1min", peak.loadavg}};
+        }
         all.push_back(j);
       }
       std::printf("%s\n", (a->compare_shift ? all : all[0]).dump().c_str());
@@ -157,8 +279,18 @@ void add_bench(CLI::App& app) {
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)",
                   r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
-      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s\n", r.peak_what.c_str(), r.peak_mib,
-                  openblas_core_name().c_str());
+      if (peak.gflops > 0)
+        std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %d threads, %s%s)",
+                    100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
+                    peak.cached ? peak.measured_at.c_str() : "now");
+      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f\n", r.peak_what.c_str(),
+                  r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
+      if (a->profile) print_profile(r, peak.gflops);
+      if (peak_fraction(r) > 1.0)
+        std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
+                    "more threads than cores; load average %.2f at %s): rerun with --recalibrate on an idle "
+                    "machine\n",
+                    peak.loadavg, peak.measured_at.c_str());
     }
     if (a->compare_shift)
       std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",

@@ -9,16 +9,13 @@
 // parallelism have more keys than queries, or keys from an earlier chunk.
 // Per (b, query head h) with KV head hk = h / (Hq / Hkv), on one [Tq, Tk] slice
 // P = att[b, h] and rows of q/k/v that are D contiguous values with a stride of
-// H*D between positions, everything is built from three small kernels:
-//   scores   S[t, s] = alpha * <A[t], Bm[s]>           (Q K^T and dO V^T)
-//   rows_mm  Out[t] (=|+=) alpha * sum_s P[t, s] Bm[s] (P V and dS K)
-//   cols_mm  Out[s] += alpha * sum_t P[t, s] A[t]      (dS^T Q and P^T dO)
-// rows_mm / cols_mm rely on P[t, s] = 0 for s > t + off (att and datt are
-// written that way), which lets them run full register tiles without masks.
-// scores transposes a tile of key rows into a stack buffer so its inner loop is
-// a broadcast-FMA over keys (no horizontal sums). head_dim 32/64/128 get
-// compile-time specialisations (accumulators stay in registers); other sizes
-// take the same code with a runtime length, in chunks of at most kDMax.
+// H*D between positions, the four products (Q K^T and P V forward; dO V^T,
+// dS K, dS^T Q and P^T dO backward) are BLAS GEMMs on those strided views, one
+// thread each inside the parallel loop, cut into blocks of kQB query rows (or
+// keys) so the work above the causal diagonal is mostly skipped. P and dS are
+// exactly 0 above the diagonal (softmax and the backward write them so), so the
+// blocks may run over it without masks. Softmax and dS are row passes with the
+// vectorised exp.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -28,139 +25,14 @@
 #include <type_traits>
 
 #include "kernels/cpu/exp_fast.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/row_reduce.h"
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
 namespace detail::attn {
 
-constexpr int kDMax = 256;  // head_dim chunk of the generic path
-constexpr int kQB = 64;     // query rows per forward work unit
-
-template <class T> constexpr int key_tile() { return std::is_same_v<T, float> ? 32 : 16; }
-// Rows of accumulators per register tile in rows_mm/cols_mm: about 24 vector
-// registers of state for the specialised sizes, 4 rows for the generic path.
-template <class T, int DC> constexpr int acc_rows() {
-  if constexpr (DC == 0) {
-    return 4;
-  } else {
-    constexpr int r = 768 / (DC * (int)sizeof(T));
-    return r < 1 ? 1 : (r > 4 ? 4 : r);
-  }
-}
-
-// S[t*lds + s] = alpha * <A[t*lda ..], Bm[s*ldb ..]> for t in [t0, t1) and
-// 0 <= s < min(nk, t1 + off), except that key tiles entirely above row t
-// (s > t + off) are skipped (so some entries with s > t + off are written, some
-// not: callers mask them themselves).
-template <class T, int DC>
-void scores(T* S, size_t lds, const T* A, size_t lda, const T* Bm, size_t ldb, int t0, int t1, int off, int nk, int D,
-            T alpha) {
-  constexpr int TK = key_tile<T>();
-  constexpr int TQ = 4;
-  constexpr int DA = DC ? DC : kDMax;
-  alignas(64) T kt[DA * TK];
-  const int jend = std::min(nk, t1 + off);  // the keys some row of [t0, t1) sees
-  for (int j0 = 0; j0 < jend; j0 += TK) {
-    const int nj = std::min(TK, jend - j0);
-    for (int dc0 = 0; dc0 < D; dc0 += DA) {
-      const int nd = DC ? DC : std::min(DA, D - dc0);
-      for (int j = 0; j < TK; ++j) {
-        if (j < nj) {
-          const T* br = Bm + (size_t)(j0 + j) * ldb + dc0;
-          for (int d = 0; d < nd; ++d) kt[d * TK + j] = br[d];
-        } else {
-          for (int d = 0; d < nd; ++d) kt[d * TK + j] = T(0);
-        }
-      }
-      for (int t = std::max(t0, j0 - off); t < t1; t += TQ) {
-        const int nt = std::min(TQ, t1 - t);
-        const T* ar[TQ];
-        for (int i = 0; i < TQ; ++i) ar[i] = A + (size_t)(t + std::min(i, nt - 1)) * lda + dc0;
-        T acc[TQ][TK] = {};
-        for (int d = 0; d < nd; ++d) {
-          const T* kr = kt + d * TK;
-          for (int i = 0; i < TQ; ++i) {
-            const T a = ar[i][d];
-            for (int j = 0; j < TK; ++j) acc[i][j] += a * kr[j];
-          }
-        }
-        for (int i = 0; i < nt; ++i) {
-          T* sr = S + (size_t)(t + i) * lds + j0;
-          if (dc0 == 0)
-            for (int j = 0; j < nj; ++j) sr[j] = alpha * acc[i][j];
-          else
-            for (int j = 0; j < nj; ++j) sr[j] += alpha * acc[i][j];
-        }
-      }
-    }
-  }
-}
-
-// Out[t] = alpha * sum_{s<=t+off, s<nk} P[t, s] Bm[s]  (accumulate: Out[t] += ...), t in [t0, t1).
-template <class T, int DC, bool kAccumulate>
-void rows_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* Bm, size_t ldb, int t0, int t1, int off, int nk,
-             int D, T alpha) {
-  constexpr int R = acc_rows<T, DC>();
-  constexpr int DA = DC ? DC : kDMax;
-  for (int t = t0; t < t1; t += R) {
-    const int nr = std::min(R, t1 - t);
-    const int smax = std::min(nk - 1, t + nr - 1 + off);  // P[t+i, s] = 0 for s > t+i+off
-    const T* pr[R];
-    for (int i = 0; i < R; ++i) pr[i] = P + (size_t)(t + std::min(i, nr - 1)) * ldp;
-    for (int dc0 = 0; dc0 < D; dc0 += DA) {
-      const int nd = DC ? DC : std::min(DA, D - dc0);
-      T acc[R][DA];
-      for (int i = 0; i < R; ++i)
-        for (int d = 0; d < nd; ++d) acc[i][d] = T(0);
-      for (int s = 0; s <= smax; ++s) {
-        const T* br = Bm + (size_t)s * ldb + dc0;
-        for (int i = 0; i < R; ++i) {
-          const T p = pr[i][s];
-          for (int d = 0; d < nd; ++d) acc[i][d] += p * br[d];
-        }
-      }
-      for (int i = 0; i < nr; ++i) {
-        T* o = Out + (size_t)(t + i) * ldo + dc0;
-        if constexpr (kAccumulate)
-          for (int d = 0; d < nd; ++d) o[d] += alpha * acc[i][d];
-        else
-          for (int d = 0; d < nd; ++d) o[d] = alpha * acc[i][d];
-      }
-    }
-  }
-}
-
-// Out[s] += alpha * sum_{s-off<=t<nq} P[t, s] A[t], s in [0, nk).
-template <class T, int DC>
-void cols_mm(T* Out, size_t ldo, const T* P, size_t ldp, const T* A, size_t lda, int nq, int nk, int off, int D,
-             T alpha) {
-  constexpr int R = acc_rows<T, DC>();
-  constexpr int DA = DC ? DC : kDMax;
-  for (int s = 0; s < nk; s += R) {
-    const int nr = std::min(R, nk - s);
-    int col[R];
-    for (int i = 0; i < R; ++i) col[i] = s + std::min(i, nr - 1);
-    for (int dc0 = 0; dc0 < D; dc0 += DA) {
-      const int nd = DC ? DC : std::min(DA, D - dc0);
-      T acc[R][DA];
-      for (int i = 0; i < R; ++i)
-        for (int d = 0; d < nd; ++d) acc[i][d] = T(0);
-      for (int t = std::max(0, s - off); t < nq; ++t) {  // P[t, s+i] = 0 for t + off < s+i
-        const T* ar = A + (size_t)t * lda + dc0;
-        const T* pr = P + (size_t)t * ldp;
-        for (int i = 0; i < R; ++i) {
-          const T p = pr[col[i]];
-          for (int d = 0; d < nd; ++d) acc[i][d] += p * ar[d];
-        }
-      }
-      for (int i = 0; i < nr; ++i) {
-        T* o = Out + (size_t)(s + i) * ldo + dc0;
-        for (int d = 0; d < nd; ++d) o[d] += alpha * acc[i][d];
-      }
-    }
-  }
-}
+constexpr int kQB = 64;  // query rows (or keys) per GEMM block
 
 // Stable causal softmax of rows [t0, t1) of S [.., nk] (in place): columns
 // lo <= s < hi become probabilities, the others 0, with hi = min(nk, t + off + 1)
@@ -192,19 +64,21 @@ void causal_softmax_rows(T* S, size_t lds, T* lse, int t0, int t1, int off, int 
   }
 }
 
-template <class T, int DC>
-void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, int Tq, int Tk, int Hq, int Hkv, int D,
-             int q_pos0, int k_pos0, const int32_t* doc_start) {
+// S = scale Q K^T, P = softmax(S), O = P V, per (b, h, block of kQB query
+// rows) against the keys the block can see.
+template <class T>
+void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, int Tq, int Tk, int Hq, int Hkv,
+                  int D, int q_pos0, int k_pos0, const int32_t* doc_start) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const int off = q_pos0 - k_pos0;
   const int nqb = (Tq + kQB - 1) / kQB;
-  const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+  const int ldq = Hq * D, ldk = Hkv * D;
 #pragma omp parallel for collapse(3) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < Hq; ++h) {
       for (int qb = 0; qb < nqb; ++qb) {
-        const int t0 = qb * kQB, t1 = std::min(Tq, t0 + kQB);
+        const int t0 = qb * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
         const int hk = h / G;
         const T* qh = q + (size_t)b * Tq * ldq + (size_t)h * D;
         const T* kh = k + (size_t)b * Tk * ldk + (size_t)hk * D;
@@ -212,9 +86,17 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
         T* oh = out + (size_t)b * Tq * ldq + (size_t)h * D;
         T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
         T* lh = lse ? lse + ((size_t)b * Hq + h) * Tq : nullptr;
-        scores<T, DC>(P, Tk, qh, ldq, kh, ldk, t0, t1, off, Tk, D, scale);
+        const int kend = std::min(Tk, t1 + off);  // the keys some row of the block sees
+        if (kend > 0)
+          cpu::detail::gemm<T>(CblasNoTrans, CblasTrans, nr, kend, D, scale, qh + (size_t)t0 * ldq, ldq, kh, ldk, T(0),
+                               P + (size_t)t0 * Tk, Tk);
         causal_softmax_rows(P, Tk, lh, t0, t1, off, Tk, doc_start ? doc_start + (size_t)b * Tq : nullptr, k_pos0);
-        rows_mm<T, DC, false>(oh, ldq, P, Tk, vh, ldk, t0, t1, off, Tk, D, T(1));
+        if (kend > 0) {
+          cpu::detail::gemm<T>(CblasNoTrans, CblasNoTrans, nr, D, kend, T(1), P + (size_t)t0 * Tk, Tk, vh, ldk, T(0),
+                               oh + (size_t)t0 * ldq, ldq);
+        } else {
+          for (int t = t0; t < t1; ++t) std::fill(oh + (size_t)t * ldq, oh + (size_t)t * ldq + D, T(0));
+        }
       }
     }
   }
@@ -227,39 +109,60 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 // delta (null: computed from this block) holds the row sums
 // sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
 // only some of them (context parallelism).
-template <class T, int DC>
-void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
-              int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
+template <class T>
+void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v, const T* att,
+                   int B, int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
-  const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+  const int ldq = Hq * D, ldk = Hkv * D;
   const bool need_ds = dq || dk;
+  using cpu::detail::gemm;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int hk = 0; hk < Hkv; ++hk) {
       const T* kh = k + (size_t)b * Tk * ldk + (size_t)hk * D;
       const T* vh = v + (size_t)b * Tk * ldk + (size_t)hk * D;
+      T* dkh = dk ? dk + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
+      T* dvh = dv ? dv + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
       for (int g = 0; g < G; ++g) {
         const int h = hk * G + g;
         const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
         const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
         T* dS = datt + ((size_t)b * Hq + h) * Tq * Tk;
-        if (need_ds) {
-          scores<T, DC>(dS, Tk, dout + qoff, ldq, vh, ldk, 0, Tq, off, Tk, D, T(1));  // dP
-          for (int t = 0; t < Tq; ++t) {
-            const T* pr = P + (size_t)t * Tk;
-            T* r = dS + (size_t)t * Tk;
-            const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
-            const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : row_dot(pr, r, hi);
-            for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
-            for (int s = hi; s < Tk; ++s) r[s] = T(0);
+        // Row blocks: dP and dS, then dQ (rows of dS times K).
+        for (int t0 = 0; t0 < Tq; t0 += kQB) {
+          const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+          const int kend = std::min(Tk, t1 + off);
+          if (need_ds) {
+            if (kend > 0)
+              gemm<T>(CblasNoTrans, CblasTrans, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, vh, ldk, T(0),
+                      dS + (size_t)t0 * Tk, Tk);  // dP
+            for (int t = t0; t < t1; ++t) {
+              const T* pr = P + (size_t)t * Tk;
+              T* r = dS + (size_t)t * Tk;
+              const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
+              const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : row_dot(pr, r, hi);
+              for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
+              for (int s = hi; s < Tk; ++s) r[s] = T(0);
+            }
           }
+          if (dq && kend > 0)
+            gemm<T>(CblasNoTrans, CblasNoTrans, nr, D, kend, scale, dS + (size_t)t0 * Tk, Tk, kh, ldk, T(1),
+                    dq + qoff + (size_t)t0 * ldq, ldq);
         }
-        T* dkh = dk ? dk + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
-        T* dvh = dv ? dv + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
-        if (dq) rows_mm<T, DC, true>(dq + qoff, ldq, dS, Tk, kh, ldk, 0, Tq, off, Tk, D, scale);
-        if (dk) cols_mm<T, DC>(dkh, ldk, dS, Tk, q + qoff, ldq, Tq, Tk, off, D, scale);
-        if (dv) cols_mm<T, DC>(dvh, ldk, P, Tk, dout + qoff, ldq, Tq, Tk, off, D, T(1));
+        // Key blocks: dK and dV (columns of dS and P times Q and dO), over the
+        // query rows that see the block's first key.
+        for (int s0 = 0; s0 < Tk; s0 += kQB) {
+          const int s1 = std::min(Tk, s0 + kQB), ns = s1 - s0;
+          const int tmin = std::max(0, s0 - off);
+          if (tmin >= Tq) continue;
+          if (dk)
+            gemm<T>(CblasTrans, CblasNoTrans, ns, D, Tq - tmin, scale, dS + (size_t)tmin * Tk + s0, Tk,
+                    q + qoff + (size_t)tmin * ldq, ldq, T(1), dkh + (size_t)s0 * ldk, ldk);
+          if (dv)
+            gemm<T>(CblasTrans, CblasNoTrans, ns, D, Tq - tmin, T(1), P + (size_t)tmin * Tk + s0, Tk,
+                    dout + qoff + (size_t)tmin * ldq, ldq, T(1), dvh + (size_t)s0 * ldk, ldk);
+        }
       }
     }
   }
@@ -285,12 +188,7 @@ void attention_forward(T* out, T* att, std::type_identity_t<T>* lse, const T* q,
                        int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0, const int32_t* doc_start = nullptr) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
-  switch (D) {
-    case 32: return a::forward<T, 32>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
-    case 64: return a::forward<T, 64>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
-    case 128: return a::forward<T, 128>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
-    default: return a::forward<T, 0>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
-  }
+  a::forward<T>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
 }
 
 // The backward of the general form (att as its forward wrote it). datt is
@@ -306,12 +204,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q,
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   const int off = q_pos0 - k_pos0;
-  switch (D) {
-    case 32: return a::backward<T, 32>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
-    case 64: return a::backward<T, 64>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
-    case 128: return a::backward<T, 128>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
-    default: return a::backward<T, 0>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
-  }
+  a::backward<T>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]: the row sum

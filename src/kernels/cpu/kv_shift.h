@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/row_reduce.h"
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
@@ -61,7 +62,8 @@ void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, 
 // dhalo[b,W+p,h,:] += the same for the halo positions p = -W..-1 (parallel over (b, p));
 //                   the gradient with respect to the halo rows (zeros when halo is null).
 // dcoef[h,w]     += sum_{b,t,d} dout[b,t,h,d] x[b,t-W+w,h,d]  (parallel over h: own row;
-//                   summed over b, t, d in order, in double; x reads the halo as the forward)
+//                   in double, over b and t in order, each row's d-sum in fixed lanes;
+//                   x reads the halo as the forward)
 // Terms that the forward's document boundaries drop are dropped here too.
 template <class T>
 void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D,
@@ -107,9 +109,7 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
             const int lo = doc_start ? std::max(first, (int)doc_start[(size_t)b * Tn + t]) : first;
             for (int w = std::max(w0, W - t + lo); w < w1; ++w) {
               const T* x = detail::shift_row(in, halo, b, t - W + w, Tn, W, row) + (size_t)h * D;
-              double s = 0.0;
-              for (int d = 0; d < D; ++d) s += (double)g[d] * (double)x[d];
-              acc[w - w0] += s;
+              acc[w - w0] += detail::row_dot_wide<double>(g, x, D);
             }
           }
         }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "kernels/cpu/op_profile.h"
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
@@ -33,6 +34,7 @@ template <class T> void matmul_forward(T* out, const T* inp, const T* W, int N, 
     return;
   }
   // beta = 0: out is never read
+  const profile::GemmScope timed("fwd", N, OC, C);
   detail::gemm<T>(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, W, C, T(0), out, OC);
 }
 
@@ -41,8 +43,14 @@ template <class T>
 void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, int N, int C, int OC) {
   static_assert(detail::kSupported<T>);
   if (N == 0 || C == 0 || OC == 0) return;
-  if (dinp) detail::gemm<T>(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, W, C, T(1), dinp, C);
-  if (dW) detail::gemm<T>(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dW, C);
+  if (dinp) {
+    const profile::GemmScope timed("bwd dinp", N, C, OC);
+    detail::gemm<T>(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, W, C, T(1), dinp, C);
+  }
+  if (dW) {
+    const profile::GemmScope timed("bwd dW", OC, C, N);
+    detail::gemm<T>(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dW, C);
+  }
 }
 
 }  // namespace kvs::cpu

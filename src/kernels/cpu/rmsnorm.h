@@ -1,11 +1,13 @@
 // RMSNorm over the last dimension and its backward (CUDA: rmsnorm.cu, where
 // the forward is fused with the residual add: residual_rmsnorm_forward).
-// Row reductions accumulate in double (O(N*C), cheap) for float accuracy.
+// Row reductions accumulate in double (O(N*C), cheap) for float accuracy, in
+// fixed lanes (row_reduce.h) so they vectorise.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/cpu/row_reduce.h"
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
@@ -18,8 +20,7 @@ template <class T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* 
   for (int n = 0; n < N; ++n) {
     const T* x = inp + (size_t)n * C;
     T* o = out + (size_t)n * C;
-    double ss = 0.0;
-    for (int c = 0; c < C; ++c) ss += (double)x[c] * (double)x[c];
+    const double ss = detail::row_dot_wide<double>(x, x, (size_t)C);
     const T r = (T)(1.0 / std::sqrt(ss / C + eps));
     if (rstd) rstd[n] = r;
     for (int c = 0; c < C; ++c) o[c] = (x[c] * r) * w[c];
@@ -38,8 +39,13 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
       const T* x = inp + (size_t)n * C;
       const T* g = dout + (size_t)n * C;
       T* dx = dinp + (size_t)n * C;
+      double part[detail::kLanes] = {};
+      int c = 0;
+      for (; c + detail::kLanes <= C; c += detail::kLanes)
+        for (int j = 0; j < detail::kLanes; ++j) part[j] += (double)g[c + j] * (double)w[c + j] * (double)x[c + j];
       double dot = 0.0;
-      for (int c = 0; c < C; ++c) dot += (double)g[c] * (double)w[c] * (double)x[c];
+      for (int j = 0; j < detail::kLanes; ++j) dot += part[j];
+      for (; c < C; ++c) dot += (double)g[c] * (double)w[c] * (double)x[c];
       const T r = rstd[n];
       const T k = (T)((double)r * r * r * dot / C);
       for (int c = 0; c < C; ++c) dx[c] += r * w[c] * g[c] - k * x[c];

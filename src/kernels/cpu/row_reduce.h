@@ -4,6 +4,7 @@
 // depends only on n.
 #pragma once
 #include <algorithm>
+#include <cstddef>
 
 namespace kvs::cpu::detail {
 
@@ -40,6 +41,19 @@ template <class T> T row_dot(const T* a, const T* b, int n) {
   T sum = 0;
   for (int j = 0; j < kLanes; ++j) sum += part[j];
   for (; s < n; ++s) sum += a[s] * b[s];
+  return sum;
+}
+
+// a . b with every product and partial sum in Acc (double for float rows):
+// the same precision as a sequential double loop, kLanes times shorter chains.
+template <class Acc, class T> Acc row_dot_wide(const T* a, const T* b, size_t n) {
+  Acc part[kLanes] = {};
+  size_t s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += static_cast<Acc>(a[s + j]) * static_cast<Acc>(b[s + j]);
+  Acc sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += part[j];
+  for (; s < n; ++s) sum += static_cast<Acc>(a[s]) * static_cast<Acc>(b[s]);
   return sum;
 }
 

@@ -1,0 +1,88 @@
+// Per-op wall time of the CPU engine (`kvshift bench --profile`): each op's
+// call site opens a Scope; GEMMs name themselves by shape under the label of
+// the projection they belong to. Off by default, and then a Scope costs one
+// branch. Ops run on the main thread (their OpenMP regions are inside them),
+// so the table needs no locking.
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace kvs::cpu::profile {
+
+struct OpStat {
+  std::string name;
+  double seconds = 0, flops = 0;
+  long calls = 0;
+};
+
+inline bool g_enabled = false;
+inline const char* g_label = nullptr;  // the projection the next GEMMs belong to
+
+void set_enabled(bool on);
+void add(const std::string& name, double seconds, double flops);
+// Every op timed since the last reset, in first-call order; then empties it.
+std::vector<OpStat> take();
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Times its own lifetime as `name` (flops: the op's floating-point operations, 0 for data movement).
+class Scope {
+ public:
+  explicit Scope(const char* name, double flops = 0) : on_(g_enabled) {
+    if (on_) {
+      name_ = name;
+      flops_ = flops;
+      t0_ = now_s();
+    }
+  }
+  ~Scope() {
+    if (on_) add(name_, now_s() - t0_, flops_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  bool on_;
+  const char* name_ = nullptr;
+  double flops_ = 0, t0_ = 0;
+};
+
+// GEMMs inside its lifetime are reported as "<label> <pass> <shape>".
+class Label {
+ public:
+  explicit Label(const char* label) : prev_(g_label) { g_label = label; }
+  ~Label() { g_label = prev_; }
+  Label(const Label&) = delete;
+  Label& operator=(const Label&) = delete;
+
+ private:
+  const char* prev_;
+};
+
+// A GEMM out[M, N] (+)= A[M, K] B[K, N] of the current label, `pass` "fwd", "bwd dinp" or "bwd dW".
+class GemmScope {
+ public:
+  GemmScope(const char* pass, int M, int N, int K) : on_(g_enabled) {
+    if (on_) {
+      name_ = std::string(g_label ? g_label : "gemm") + " " + pass + " " + std::to_string(M) + "x" +
+              std::to_string(N) + "x" + std::to_string(K);
+      flops_ = 2.0 * M * static_cast<double>(N) * K;
+      t0_ = now_s();
+    }
+  }
+  ~GemmScope() {
+    if (on_) add(name_, now_s() - t0_, flops_);
+  }
+  GemmScope(const GemmScope&) = delete;
+  GemmScope& operator=(const GemmScope&) = delete;
+
+ private:
+  bool on_;
+  std::string name_;
+  double flops_ = 0, t0_ = 0;
+};
+
+}  // namespace kvs::cpu::profile

@@ -13,7 +13,9 @@
 // and the embedding's contributions micro-batch by micro-batch, the pipeline
 // sums each stage's total, so its fp32 rounding may differ (kTiedTol, 1e-5
 // relative, allows for that; these runs measured 0). The untied runs are
-// checked bit for bit.
+// checked bit for bit. Under mpirun -np 4 (ctest cuda_host_mpi_np4) the
+// stages combine with context parallelism and with tensor + sequence
+// parallelism (HostCudaPipelineWithParallel).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,6 +73,41 @@ kvs::Config config(bool tied, int pp, int virtual_stages, const std::string& rec
   return c;
 }
 
+// Two stages of one layer each, every stage split again over 2 ranks (4 in
+// all): GQA with 4 query and 2 KV heads (so tp = 2 holds whole groups),
+// q, k and v shifted with window 2 (at cp = 2 every chunk but the first reads
+// a 2-row halo), 2 micro-batches of 2 sequences per step.
+kvs::Config config_4ranks(int tp, bool sequence_parallel, int cp) {
+  nlohmann::json j = {
+      {"name", "cuda-host-pipeline-4"},
+      {"device", "cuda"},
+      {"model",
+       {{"hidden_size", 64},  // head_dim 16
+        {"intermediate_size", 128},
+        {"num_hidden_layers", 2},
+        {"num_attention_heads", 4},
+        {"num_key_value_heads", 2},
+        {"vocab_size", 32},
+        {"max_position_embeddings", 16},
+        {"kv_shift", {{"enabled", true}, {"window", 2}, {"shift_q", true}}}}},
+      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+      {"parallel", {{"pp", 2}, {"tp", tp}, {"sequence_parallel", sequence_parallel}, {"cp", cp}}},
+      {"train",
+       {{"seq_len", 16},
+        {"micro_batch_size", 2},
+        {"grad_accum_steps", 2},
+        {"steps", kSteps},
+        {"lr", 1e-2},
+        {"warmup_steps", 2},
+        {"eval_every", 0},
+        {"eval_sequences", 4},
+        {"checkpoint_every", 0},
+        {"threads", 1}}}};
+  kvs::Config c = kvs::config_from_json(j, "cuda-host-pipeline-4");
+  kvs::validate(c, "cuda-host-pipeline-4");
+  return c;
+}
+
 std::string own_dir(const std::string& name) {
   const std::string d = testing::TempDir() + "kvs_cuda_host_pp_" + name + "_rank" + std::to_string(world().rank());
   std::filesystem::remove_all(d);
@@ -100,6 +137,9 @@ std::unique_ptr<kvs::dist::Communicator> nccl_world() {
 kvs::TrainSummary one_process(kvs::Config c, const std::string& what) {
   c.parallel.pp = 1;
   c.parallel.virtual_stages = 1;
+  c.parallel.tp = 1;
+  c.parallel.sequence_parallel = false;
+  c.parallel.cp = 1;
   c.train.recompute = kvs::Recompute::None;
   return kvs::train(c, {own_dir(what + "_one"), false, true});
 }
@@ -154,4 +194,23 @@ TEST(HostCudaPipeline, TiedEmbeddingsFollowOneProcess) {
   auto nccl = nccl_world();
   expect_follows(one, config(true, 2, 2, "none"), *nccl, "pp2v2_tied_nccl", kTiedTol);
   expect_follows(one, config(true, 2, 1, "none"), world(), "pp2_tied_mpi", kTiedTol);
+}
+
+// 4 ranks: pp = 2 with cp = 2 (each stage's ranks hold chunks r and 3 - r of
+// every sequence; the stages pass those 16 of a micro-batch's 32 rows) and
+// pp = 2 with tp = 2 and sequence parallelism (the stages pass this rank's 16
+// rows; the first stage's embedding is reduce-scattered, its gradient
+// gathered), over both of the runner's paths. A stage boundary changes no
+// bits (the 2-rank tests above), so the differences from one process are
+// those of cp = 2 and tp = 2 + SP alone (tests/cuda_host/mpi_parallel.cpp:
+// where bf16 rounds in ring attention, re-associated sums over the group),
+// with their tolerance, 5e-3 relative per step.
+TEST(HostCudaPipelineWithParallel, ContextAndSequenceParallelFollowOneProcess) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const kvs::TrainSummary one = one_process(config_4ranks(1, false, 1), "4ranks");
+  auto nccl = nccl_world();
+  expect_follows(one, config_4ranks(1, false, 2), world(), "pp2cp2_mpi", 5e-3);
+  expect_follows(one, config_4ranks(1, false, 2), *nccl, "pp2cp2_nccl", 5e-3);
+  expect_follows(one, config_4ranks(2, true, 1), world(), "pp2tp2sp_mpi", 5e-3);
+  expect_follows(one, config_4ranks(2, true, 1), *nccl, "pp2tp2sp_nccl", 5e-3);
 }

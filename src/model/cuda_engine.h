@@ -260,6 +260,8 @@ class CudaEngine : public Engine {
   const Batch& cp_rows(const Batch& b);
   // Token losses and argmax of the whole batch from every rank's rows (device -> host).
   void cp_gather_outputs(const Batch& b, float* token_losses, int32_t* argmax);
+  // The shift's halo: every rank's chunks' last W raw q/k/v rows of layer x into cp_halos.
+  void cp_gather_halos(const CudaLayerActs& x, int B);
   // One layer's shift + RoPE per chunk with the halos, then ring attention.
   void cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& c, int B);
   // Its backward from dattout into dqkv (and the shift coefficients' gradients).

@@ -183,10 +183,11 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
 TEST(HostCudaParallel, ContextParallelRecomputationChangesNoBits) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   kvs::Config c = config(true, 32, 1, false, 2, 2);
+  c.train.steps = 2;  // the first update shows in the second step's loss
   const kvs::TrainSummary none = kvs::train(c, {shared_dir("cp2_recompute_none"), false, true, &world()});
   c.train.recompute = kvs::Recompute::Attention;
   const kvs::TrainSummary attention = kvs::train(c, {shared_dir("cp2_recompute_attention"), false, true, &world()});
-  ASSERT_EQ(none.losses.size(), 5u);
-  ASSERT_EQ(attention.losses.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(none.losses[i], attention.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(none.losses.size(), 2u);
+  ASSERT_EQ(attention.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(none.losses[i], attention.losses[i]) << "step " << i + 1;
 }

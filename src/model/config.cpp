@@ -496,10 +496,6 @@ void validate(const Config& c, const std::string& origin) {
   if (!p.layers_per_stage.empty() && p.pp == 1)
     fail("{}: parallel.layers_per_stage: needs pipeline parallelism (parallel.pp > 1)", origin);
   if (p.pp > 1) StageSplit::make(m, p.pp, p.virtual_stages, p.layers_per_stage, origin);  // a shape that does not split
-  // The CUDA engine's pipeline stages pass whole rows of the residual stream.
-  if (c.device == Device::Cuda && p.pp > 1 && (p.cp > 1 || p.sequence_parallel))
-    fail("{}: parallel.pp with parallel.{}: the CUDA engine's pipeline stages have no {} yet (device \"cpu\" has it)",
-         origin, p.cp > 1 ? "cp" : "sequence_parallel", p.cp > 1 ? "context parallelism" : "sequence parallelism");
   if (c.device == Device::Cuda && p.cp > 1 && t.attention_backend != AttentionImpl::Flash)
     fail("{}: parallel.cp: device \"cuda\" runs ring attention on the flash kernels: needs train.attention_backend "
          "\"flash\"",

@@ -268,10 +268,6 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   // This rank's heads: under tensor parallelism a slice of whole GQA groups.
   attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, d_.Hq, d_.Hkv, D, d_.QD(), d_.KD());
   KVS_CHECK(stages_.slots >= 1, "engine: {} activation slots", stages_.slots);
-  // The pipeline stages (cuda_engine_stage.cpp) pass whole rows of the residual stream.
-  KVS_CHECK(!stages_.staged || (cp_.size == 1 && !sp),
-            "device 'cuda': pipeline stages with {} are not built for the CUDA engine yet (device \"cpu\" has them)",
-            cp_.size > 1 ? "context parallelism" : "sequence parallelism");
   plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_, stages_, sp ? tp_.size : 1, cp_.size);
   plan0_ = plan_;
   void* base = nullptr;

@@ -194,7 +194,8 @@ class CudaEngine : public Engine {
 
   // Pipeline stages (cuda_engine_stage.cpp; Engine, engine.h): the engine
   // built with a ModelPart runs one chunk of one micro-batch in one slot at a
-  // time. The activations between stages are the bf16 residual stream: the
+  // time. The activations between stages are the bf16 residual stream (this
+  // rank's rows of it under context and sequence parallelism): the
   // engine's own device buffers (stage_device_buffer) for a communicator that
   // takes device memory, else host fp32 arrays staged through pinned memory
   // (bf16 -> fp32 -> bf16 is exact).
@@ -259,6 +260,8 @@ class CudaEngine : public Engine {
   const Batch& cp_rows(const Batch& b);
   // Token losses and argmax of the whole batch from every rank's rows (device -> host).
   void cp_gather_outputs(const Batch& b, float* token_losses, int32_t* argmax);
+  // The shift's halo: every rank's chunks' last W raw q/k/v rows of layer x into cp_halos.
+  void cp_gather_halos(const CudaLayerActs& x, int B);
   // One layer's shift + RoPE per chunk with the halos, then ring attention.
   void cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& c, int B);
   // Its backward from dattout into dqkv (and the shift coefficients' gradients).
@@ -291,7 +294,7 @@ class CudaEngine : public Engine {
   CudaStages stages_;
   CudaPlan plan0_;                                // slot 0's plan (plan_ is the slot in use)
   std::vector<std::vector<int32_t>> slot_tokens_;  // [slot]: the embedding chunk's tokens, for its backward
-  std::vector<std::pair<int, int>> slot_shape_;    // [slot]: B, T of the micro-batch in it
+  std::vector<std::pair<int, int>> slot_shape_;    // [slot]: B, T of this rank's rows of its micro-batch (T / cp)
   uint16_t* h_stage_ = nullptr;                    // pinned bf16 [N_max, C] (host activations)
   LocalDims d_;  // this rank's sizes (LocalDims::of; the whole model at tp = 1)
   ParamLayout layout_;

@@ -98,6 +98,20 @@ void CudaEngine::cp_gather_outputs(const Batch& b, float* token_losses, int32_t*
   }
 }
 
+void CudaEngine::cp_gather_halos(const CudaLayerActs& x, int B) {
+  const CpLayout& l = cp_layout_;
+  const int Tc = l.Tc, W = m_.kv_shift.window, QKV = d_.QD() + 2 * d_.KD();
+  const size_t tail_rows = 2 * static_cast<size_t>(B) * W;
+  bf16* tails = at<bf16>(plan_.cp_tails);
+  for (int h = 0; h < 2; ++h)
+    for (int b = 0; b < B; ++b)
+      check(cudaMemcpyAsync(tails + (static_cast<size_t>(h) * B + b) * W * QKV,
+                            x.qkv + ((static_cast<size_t>(h) * B + b) * Tc + Tc - W) * QKV,
+                            static_cast<size_t>(W) * QKV * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_),
+            "halo tails");
+  cp_x_->all_gather(tails, at<bf16>(plan_.cp_halos), tail_rows * QKV * sizeof(bf16));
+}
+
 void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& c, int B) {
   const CpLayout& l = cp_layout_;
   const CudaPlan& p = plan_;
@@ -106,18 +120,7 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
   const size_t half = static_cast<size_t>(B) * Tc;  // rows of one half
   const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const bool shifted = c.q || c.k || c.v;
-  // The halo: every rank's chunks' last W raw rows (all of q, k, v).
-  const size_t tail_rows = 2 * static_cast<size_t>(B) * W;
-  if (shifted) {
-    bf16* tails = at<bf16>(p.cp_tails);
-    for (int h = 0; h < 2; ++h)
-      for (int b = 0; b < B; ++b)
-        check(cudaMemcpyAsync(tails + (static_cast<size_t>(h) * B + b) * W * QKV,
-                              x.qkv + ((static_cast<size_t>(h) * B + b) * Tc + Tc - W) * QKV,
-                              static_cast<size_t>(W) * QKV * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_),
-              "halo tails");
-    cp_x_->all_gather(tails, at<bf16>(p.cp_halos), tail_rows * QKV * sizeof(bf16));
-  }
+  if (shifted) cp_gather_halos(x, B);
   for (int h = 0; h < 2; ++h) {
     // The chunk before this half's, on rank `owner` as its half `owner_half`.
     const int prev = l.chunk(h) - 1;
@@ -229,8 +232,12 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
   cuda::f32_to_bf16(dvhat, rdk + kv, kv, stream_);
 
   // Through RoPE and the shifts, per half, into the fused projection's
-  // gradient; the halo rows' gradients into cp_dtails ([2][B][W][QKV]).
+  // gradient; the halo rows' gradients into cp_dtails ([2][B][W][QKV]). The
+  // coefficients' gradients read the halo rows: gathered again, since
+  // cp_halos holds the last forward's layer (and, in a pipeline stage, the
+  // last forward's micro-batch).
   const bool shifted = c.q || c.k || c.v;
+  if (shifted) cp_gather_halos(x, B);
   float* dtails = at<float>(p.cp_dtails);
   if (shifted) cuda::fill_f32(dtails, 0.0f, 2 * static_cast<size_t>(B) * W * QKV, stream_);
   float* dcoef = at<float>(p.dcoef);

@@ -11,6 +11,11 @@
 // the slot's resid, dresid for the incoming gradient, dstage for the outgoing
 // one). Over MPI they come and go as host fp32 through the pinned h_stage_
 // (bf16 -> fp32 -> bf16 is exact, so both paths give the same bits).
+//
+// Under context and sequence parallelism the stages pass this rank's rows of
+// the residual stream, as CpuEngine's do: its two chunks of every sequence
+// (cp_rows), then its N / tp of them (SP). The cp layout is the current
+// micro-batch's; stage_backward rebuilds it from the slot's shape.
 #ifdef KVS_CUDA
 #include <cuda_runtime.h>
 
@@ -78,7 +83,11 @@ void CudaEngine::stage_download(float* dst, const bf16* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h_stage_[i]);
 }
 
-size_t CudaEngine::stage_floats(const Batch& b) const { return static_cast<size_t>(b.B) * b.T * d_.C; }
+// This rank's residual rows: its cp chunks of every sequence, then its N / tp
+// of them under sequence parallelism.
+size_t CudaEngine::stage_floats(const Batch& b) const {
+  return region_->local_rows(static_cast<size_t>(b.B) * b.T / cp_.size) * d_.C;
+}
 
 Engine::DeviceBuffer CudaEngine::stage_device_buffer(int slot, int chunk, StageTensor which, const Batch& b) {
   KVS_CHECK(plan0_.staged, "engine: stage buffers need a pipeline stage (a ModelPart)");
@@ -99,23 +108,36 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
   KVS_CHECK(plan0_.staged, "engine: stage_forward needs a pipeline stage (a ModelPart)");
   use_slot(slot);
   validate_batch(b, m_, max_B_, max_T_);
+  // This rank's chunks under context parallelism (cp_layout_ for this
+  // micro-batch; stage_backward rebuilds it from the slot's shape).
+  const Batch& lb = cp_rows(b);
   const StageChunk& c = chunks_.at(chunk);
-  const int B = b.B, T = b.T, N = B * T, C = d_.C, V = d_.V;
+  const int B = lb.B, T = lb.T, N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
+  KVS_CHECK(Nl * tp_.size == N || !region_->sequence_parallel(),
+            "engine: sequence parallelism needs micro-batch rows ({} x {}) divisible by tp ({})", B, T, tp_.size);
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
   slot_shape_[slot] = {B, T};
-  const bool targets = c.head && b.targets != nullptr;
-  if (c.embedding || targets) upload_batch(b, targets);
+  const bool targets = c.head && lb.targets != nullptr;
+  if (c.embedding || targets) upload_batch(lb, targets);
   bf16* in = chunk_input(p, chunk);
   if (c.embedding) {
     // The embedding's backward groups positions by token on the host: keep this slot's.
-    slot_tokens_[slot].assign(b.inputs, b.inputs + N);
-    cuda::embedding_forward_vocab_slice(in, at<int32_t>(p.tokens), P16 + embed_off_, N, C, d_.v_begin, d_.V, stream_);
-    region_->exit_forward(in, static_cast<size_t>(N) * C);
+    slot_tokens_[slot].assign(lb.inputs, lb.inputs + N);
+    // Vocab-parallel: the sum over the group (sequence parallel: its rows of it).
+    if (region_->sequence_parallel()) {
+      cuda::embedding_forward_vocab_slice(at<bf16>(p.sp_full), at<int32_t>(p.tokens), P16 + embed_off_, N, C,
+                                          d_.v_begin, d_.V, stream_);
+      region_->scatter_sum_bf16(at<bf16>(p.sp_full), in, static_cast<size_t>(Nl) * C);
+    } else {
+      cuda::embedding_forward_vocab_slice(in, at<int32_t>(p.tokens), P16 + embed_off_, N, C, d_.v_begin, d_.V,
+                                          stream_);
+      region_->exit_forward(in, static_cast<size_t>(N) * C);
+    }
   } else if (input) {
-    stage_upload(in, input, static_cast<size_t>(N) * C);
+    stage_upload(in, input, static_cast<size_t>(Nl) * C);
   }  // else the previous stage's activations were received into `in` (stage_device_buffer)
   for (int li = c.first; li <= c.last; ++li) forward_layer(part_.layers[li], B, T);
   bf16* out = chunk_output(p, chunk);
@@ -124,23 +146,28 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
     // The last layer's residual add, which the next layer would fuse into its
     // norm: the same kernel, its normalised output discarded.
     cuda::residual_rmsnorm_forward(out, at<bf16>(p.dln), at<float>(p.stage_rstd), mid, at<bf16>(p.proj),
-                                   master + lo_[part_.layers[c.last]].ln1, N, C, eps, stream_);
+                                   master + lo_[part_.layers[c.last]].ln1, Nl, C, eps, stream_);
     if (output) {
-      stage_download(output, out, static_cast<size_t>(N) * C);
+      stage_download(output, out, static_cast<size_t>(Nl) * C);
     } else {
       sync("stage forward");
     }
     return 0.0;
   }
   cuda::residual_rmsnorm_forward(out, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj), master + norm_off_,
-                                 N, C, eps, stream_);
+                                 Nl, C, eps, stream_);
   linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
-  if (!b.targets) {
+  if (!lb.targets) {
     sync("stage forward");
     return 0.0;
   }
   const bool train = grad_scale >= 0;
   loss(N, train, train ? static_cast<float>(grad_scale) : 1.0f, !train && argmax != nullptr);
+  if (cp_.size > 1) {
+    // The whole micro-batch's token outputs from every rank's chunks; the loss summed over the group.
+    if (!train) cp_gather_outputs(b, token_losses, argmax);
+    return cp_x_->sum(device_sum_losses(N));
+  }
   if (!train && token_losses)
     check(cudaMemcpyAsync(token_losses, at<float>(p.losses), N * sizeof(float), cudaMemcpyDeviceToHost, stream_),
           "read losses");
@@ -154,9 +181,11 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
   KVS_CHECK(plan0_.staged, "engine: stage_backward needs a pipeline stage (a ModelPart)");
   use_slot(slot);
   const StageChunk& c = chunks_.at(chunk);
-  const auto [B, T] = slot_shape_[slot];
+  const auto [B, T] = slot_shape_[slot];  // this rank's rows (its chunks under context parallelism)
   KVS_CHECK(B > 0, "engine: stage_backward of slot {} before its forward", slot);
-  const int N = B * T, C = d_.C, V = d_.V;
+  // Other micro-batches ran since this one's forward: its chunks' layout again.
+  if (cp_.size > 1) cp_layout_ = CpLayout(cp_, B, T * cp_.size);
+  const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
@@ -167,20 +196,22 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
     bf16* dln = at<bf16>(p.dln);
     linear_->column_backward(dln, G + lm_head_off_, at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N,
                              C, V);
-    cuda::rmsnorm_backward(dresid, G + norm_off_, dln, nullptr, chunk_output(p, chunk), master + norm_off_,
-                           at<float>(p.rstdf), N, C, at<float>(p.scratch), stream_);
+    cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, chunk_output(p, chunk), master + norm_off_,
+                           at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
+    sum_norm_grads({norm_off_});
   } else if (doutput) {
-    stage_upload(dresid, doutput, static_cast<size_t>(N) * C);
+    stage_upload(dresid, doutput, static_cast<size_t>(Nl) * C);
   }  // else the next stage's gradient was received into dresid (stage_device_buffer)
   for (int li = c.last; li >= c.first; --li) backward_layer(part_.layers[li], B, T);
   if (c.embedding) {
+    // Sequence parallel: every rank's rows of the gradient gathered first (embedding_backward).
     std::memcpy(h_tokens_, slot_tokens_[slot].data(), N * sizeof(int32_t));
     embedding_backward(N);
     sync("stage backward");
   } else if (dinput) {
-    stage_download(dinput, dresid, static_cast<size_t>(N) * C);
+    stage_download(dinput, dresid, static_cast<size_t>(Nl) * C);
   } else {
-    check(cudaMemcpyAsync(at<bf16>(p.dstage), dresid, static_cast<size_t>(N) * C * sizeof(bf16),
+    check(cudaMemcpyAsync(at<bf16>(p.dstage), dresid, static_cast<size_t>(Nl) * C * sizeof(bf16),
                           cudaMemcpyDeviceToDevice, stream_),
           "stage input gradient");
     sync("stage backward");

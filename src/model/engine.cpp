@@ -54,10 +54,6 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
               attention_backend);
     return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
   }
-  // The pipeline stages (cuda_engine_stage.cpp) pass whole rows of the residual stream.
-  KVS_CHECK(!part || part->is_whole(m) || (cp.size == 1 && !tp.sequence_parallel),
-            "device 'cuda': pipeline stages with {} are not built for the CUDA engine yet (device \"cpu\" has them)",
-            cp.size > 1 ? "context parallelism" : "sequence parallelism");
 #ifdef KVS_CUDA
   std::string why;
   if (cuda::device_count(&why) == 0) fail("device 'cuda': no usable GPU ({})", why);

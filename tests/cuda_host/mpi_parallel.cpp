@@ -175,3 +175,19 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
   auto nccl = nccl_world();
   expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }
+
+// cp = 2 without recomputation against attention recomputation, which runs
+// each layer's shift and ring attention again (halo all-gather included)
+// before its backward: the same bits, so the backward's coefficient
+// gradients read the halo rows of their own layer, not the last forward's.
+TEST(HostCudaParallel, ContextParallelRecomputationChangesNoBits) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  kvs::Config c = config(true, 32, 1, false, 2, 2);
+  c.train.steps = 2;  // the first update shows in the second step's loss
+  const kvs::TrainSummary none = kvs::train(c, {shared_dir("cp2_recompute_none"), false, true, &world()});
+  c.train.recompute = kvs::Recompute::Attention;
+  const kvs::TrainSummary attention = kvs::train(c, {shared_dir("cp2_recompute_attention"), false, true, &world()});
+  ASSERT_EQ(none.losses.size(), 2u);
+  ASSERT_EQ(attention.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(none.losses[i], attention.losses[i]) << "step " << i + 1;
+}

@@ -78,7 +78,10 @@ void add_info(CLI::App& app) {
     {
       const int tp = cfg.parallel.tp;
       const ParamLayout layout = ParamLayout::build(m, 0, tp);
-      const CudaPlan plan = CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, layout, B, T, cfg.train.recompute);
+      // Under sequence / context parallelism the rank holds fewer rows (the plan sizes them).
+      const int sp_rows = cfg.parallel.sequence_parallel ? tp : 1, cp = cfg.parallel.cp;
+      const CudaPlan plan =
+          CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, layout, B, T, cfg.train.recompute, sp_rows, cp);
       const double P = static_cast<double>(layout.total);
       const double arena = static_cast<double>(plan.total), weights = 10.0 * P, moments = 8.0 * P;
       const double cublas = 32.0 * 1024 * 1024;
@@ -103,7 +106,8 @@ void add_info(CLI::App& app) {
           st.slots = micro_batches_in_flight(pipeline_schedule(split, r, cfg.train.grad_accum_steps));
           st.staged = true;
           const ParamLayout sl = ParamLayout::build(m, 0, tp, &part);
-          const CudaPlan sp = CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, sl, B, T, cfg.train.recompute, st);
+          const CudaPlan sp =
+              CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, sl, B, T, cfg.train.recompute, st, sp_rows, cp);
           const double sP = static_cast<double>(sl.total), sw = 10.0 * sP, sa = static_cast<double>(sp.total);
           cuda_stages.push_back({{"stage", r},
                                  {"slots", st.slots},

@@ -26,6 +26,7 @@
 #include "dist/nccl_comm.h"
 #include "hostcuda.h"
 #include "model/config.h"
+#include "mpi_runs.h"
 #include "parallel/mpi_world.h"
 #include "train/trainer.h"
 
@@ -64,32 +65,8 @@ kvs::Config config(bool shift, int vocab, int tp, bool sequence_parallel = false
   return c;
 }
 
-// A run directory of this rank alone.
-std::string own_dir(const std::string& name) {
-  const std::string d = testing::TempDir() + "kvs_cuda_host_mpi_" + name + "_rank" + std::to_string(world().rank());
-  std::filesystem::remove_all(d);
-  return d;
-}
-// A run directory shared by the ranks (rank 0 writes it).
-std::string shared_dir(const std::string& name) {
-  const std::string d = testing::TempDir() + "kvs_cuda_host_mpi_" + name;
-  if (world().rank() == 0) std::filesystem::remove_all(d);
-  world().barrier();
-  return d;
-}
-
-// The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).
-std::unique_ptr<kvs::dist::Communicator> nccl_world() {
-  kvs::dist::LaunchInfo info;
-  info.rank = world().rank();
-  info.world_size = world().size();
-  info.local_rank = info.rank;
-  info.local_world_size = info.world_size;
-  info.launcher = "mpirun";
-  std::string id = info.rank == 0 ? kvs::dist::nccl_unique_id() : std::string(128, '\0');
-  world().broadcast_bytes(id.data(), id.size(), 0);
-  return kvs::dist::make_nccl(info, id, 0, 60, 60);
-}
+std::string own_dir(const std::string& name) { return kvs::testing_util::own_run_dir("kvs_cuda_host_mpi_", name); }
+std::string shared_dir(const std::string& name) { return kvs::testing_util::shared_run_dir("kvs_cuda_host_mpi_", name); }
 
 // One process (every rank runs it alone, at the same time), then `comm`'s
 // ranks together; every rank compares the losses, rank 0 the evaluation.
@@ -133,7 +110,7 @@ TEST(HostCudaParallel, DataParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 32, 1);
   expect_follows_one_process(c, world(), "dp2_mpi", 2e-3);
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows_one_process(c, *nccl, "dp2_nccl", 2e-3);
 }
 
@@ -143,7 +120,7 @@ TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 200, 2);
   expect_follows_one_process(c, world(), "tp2_mpi", 5e-3);
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows_one_process(c, *nccl, "tp2_nccl", 5e-3);
 }
 
@@ -156,7 +133,7 @@ TEST(HostCudaParallel, SequenceParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 200, 2, true);
   expect_follows_one_process(c, world(), "tp2sp_mpi", 5e-3);
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows_one_process(c, *nccl, "tp2sp_nccl", 5e-3);
 }
 
@@ -172,7 +149,7 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 32, 1, false, 2, 2);
   expect_follows_one_process(c, world(), "cp2_mpi", 5e-3);
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }
 

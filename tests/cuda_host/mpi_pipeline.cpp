@@ -27,6 +27,7 @@
 #include "dist/nccl_comm.h"
 #include "hostcuda.h"
 #include "model/config.h"
+#include "mpi_runs.h"
 #include "parallel/mpi_world.h"
 #include "train/trainer.h"
 
@@ -108,30 +109,8 @@ kvs::Config config_4ranks(int tp, bool sequence_parallel, int cp) {
   return c;
 }
 
-std::string own_dir(const std::string& name) {
-  const std::string d = testing::TempDir() + "kvs_cuda_host_pp_" + name + "_rank" + std::to_string(world().rank());
-  std::filesystem::remove_all(d);
-  return d;
-}
-std::string shared_dir(const std::string& name) {
-  const std::string d = testing::TempDir() + "kvs_cuda_host_pp_" + name;
-  if (world().rank() == 0) std::filesystem::remove_all(d);
-  world().barrier();
-  return d;
-}
-
-// The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).
-std::unique_ptr<kvs::dist::Communicator> nccl_world() {
-  kvs::dist::LaunchInfo info;
-  info.rank = world().rank();
-  info.world_size = world().size();
-  info.local_rank = info.rank;
-  info.local_world_size = info.world_size;
-  info.launcher = "mpirun";
-  std::string id = info.rank == 0 ? kvs::dist::nccl_unique_id() : std::string(128, '\0');
-  world().broadcast_bytes(id.data(), id.size(), 0);
-  return kvs::dist::make_nccl(info, id, 0, 60, 60);
-}
+std::string own_dir(const std::string& name) { return kvs::testing_util::own_run_dir("kvs_cuda_host_pp_", name); }
+std::string shared_dir(const std::string& name) { return kvs::testing_util::shared_run_dir("kvs_cuda_host_pp_", name); }
 
 // One process (every rank runs it alone, at the same time): the reference.
 kvs::TrainSummary one_process(kvs::Config c, const std::string& what) {
@@ -186,7 +165,7 @@ void expect_follows(const kvs::TrainSummary& one, const kvs::Config& c, kvs::dis
 TEST(HostCudaPipeline, FollowsOneProcessBitForBit) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::TrainSummary one = one_process(config(false, 2, 1, "none"), "untied");
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows(one, config(false, 2, 1, "none"), world(), "pp2_mpi", 0.0);
   expect_follows(one, config(false, 2, 1, "none"), *nccl, "pp2_nccl", 0.0);
   expect_follows(one, config(false, 2, 1, "attention"), world(), "pp2_attention_mpi", 0.0);
@@ -198,7 +177,7 @@ TEST(HostCudaPipeline, FollowsOneProcessBitForBit) {
 TEST(HostCudaPipeline, TiedEmbeddingsFollowOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::TrainSummary one = one_process(config(true, 2, 1, "none"), "tied");
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows(one, config(true, 2, 2, "none"), *nccl, "pp2v2_tied_nccl", kTiedTol);
   expect_follows(one, config(true, 2, 1, "none"), world(), "pp2_tied_mpi", kTiedTol);
 }
@@ -233,7 +212,7 @@ TEST(HostCudaPipelineWithParallel, ContextAndSequenceParallelFollowOneProcess) {
     c.train.recompute = r;
     return c;
   };
-  auto nccl = nccl_world();
+  auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows(one, config_4ranks(1, false, 2), world(), "pp2cp2_mpi", 5e-3, &cp2);
   expect_follows(one, recomputing(config_4ranks(1, false, 2), kvs::Recompute::Full), *nccl, "pp2cp2_full_nccl", 5e-3,
                  &cp2);

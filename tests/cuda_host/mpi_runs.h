@@ -1,0 +1,46 @@
+// Shared by the host engine's multi-process tests (mpi_parallel.cpp,
+// mpi_pipeline.cpp): run directories and the shim's NCCL world over the MPI
+// ranks of tests/parallel/mpi_world.h.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "dist/launch.h"
+#include "dist/nccl_comm.h"
+#include "parallel/mpi_world.h"
+
+namespace kvs::testing_util {
+
+// A run directory of this rank alone: <tmp>/<prefix><name>_rank<r>, emptied.
+inline std::string own_run_dir(const std::string& prefix, const std::string& name) {
+  const std::string d = testing::TempDir() + prefix + name + "_rank" + std::to_string(world().rank());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// A run directory shared by the ranks (rank 0 writes it), emptied by rank 0
+// before any rank goes on.
+inline std::string shared_run_dir(const std::string& prefix, const std::string& name) {
+  const std::string d = testing::TempDir() + prefix + name;
+  if (world().rank() == 0) std::filesystem::remove_all(d);
+  world().barrier();
+  return d;
+}
+
+// The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).
+inline std::unique_ptr<dist::Communicator> shim_nccl_world() {
+  dist::LaunchInfo info;
+  info.rank = world().rank();
+  info.world_size = world().size();
+  info.local_rank = info.rank;
+  info.local_world_size = info.world_size;
+  info.launcher = "mpirun";
+  std::string id = info.rank == 0 ? dist::nccl_unique_id() : std::string(128, '\0');
+  world().broadcast_bytes(id.data(), id.size(), 0);
+  return dist::make_nccl(info, id, 0, 60, 60);
+}
+
+}  // namespace kvs::testing_util

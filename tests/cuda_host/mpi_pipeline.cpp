@@ -220,3 +220,27 @@ TEST(HostCudaPipelineWithParallel, ContextAndSequenceParallelFollowOneProcess) {
   expect_follows(one, recomputing(config_4ranks(2, true, 1), kvs::Recompute::Attention), *nccl,
                  "pp2tp2sp_attention_nccl", 5e-3, &sp2);
 }
+
+// 4 ranks as pp = 2 x dp = 2: ZeRO-1 over each stage's data-parallel group on
+// the engine's device buffers, and the global grad norm (the clip) summed over
+// the stages. Against one process: the data-parallel tests' 2e-3 (the
+// gradient all-reduce re-associates the micro-batches' sums). Against the same
+// dp = 2 run without stages (each half of the world runs it alone) only the
+// grad norm's sum of squares is split differently (per stage, then summed), so
+// the clip scale may differ in its last bits: 1e-6 relative per step.
+TEST(HostCudaPipelineWithParallel, DataParallelStagesFollowOneProcess) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const kvs::TrainSummary one = one_process(config_4ranks(1, false, 1), "4ranks_dp");
+  auto half = world().split(world().rank() / 2, world().rank());
+  kvs::Config alone = config_4ranks(1, false, 1);
+  alone.parallel.pp = 1;
+  const kvs::TrainSummary dp2 = kvs::train(alone, {own_dir("dp2_alone"), false, true, half.get()});
+  expect_close(dp2, one, "dp2 alone vs one process", 2e-3);
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  for (kvs::dist::Communicator* comm : {&world(), nccl.get()}) {
+    const std::string what = "pp2dp2_" + comm->backend();
+    const kvs::TrainSummary par = kvs::train(config_4ranks(1, false, 1), {shared_dir(what), false, true, comm});
+    expect_close(par, one, what, 2e-3);
+    expect_close(par, dp2, what + " vs the same without pp", 1e-6);
+  }
+}

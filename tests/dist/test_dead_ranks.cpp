@@ -32,6 +32,25 @@ int count(const std::string& s, const std::string& what) {
   return n;
 }
 
+// Starts `cmd` under sh in its own process group and returns the pid of what
+// it execs (sh's `exec` keeps the pid, so with an mpirun command it is mpirun).
+pid_t start_in_background(const std::string& cmd) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits (at most about a minute) until the run's metrics.jsonl holds more than `bytes`.
+void wait_for_metrics(const std::string& run, uintmax_t bytes) {
+  const std::string metrics = run + "/metrics.jsonl";
+  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > bytes); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 }  // namespace
 
 TEST(DeadRanks, AHungRankIsNamedWithinTheCollectiveTimeout) {
@@ -71,15 +90,8 @@ TEST(DeadRanks, SigusrToMpirunStopsEveryRankAfterTheSameStep) {
   launcher.replace(launcher.find("timeout 120 "), 12, "");
   const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
                           " > " + (tmp / "out.txt") + " 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const std::string metrics = run + "/metrics.jsonl";
-  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 200); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = start_in_background(cmd);
+  wait_for_metrics(run, 200);
   ::kill(pid, SIGUSR1);
   int st = 0;
   for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
@@ -145,15 +157,8 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   launcher.replace(launcher.find("timeout 120 "), 12, "");
   const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
                           " > " + (tmp / "out.txt") + " 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const std::string metrics = run + "/metrics.jsonl";
-  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 3000); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = start_in_background(cmd);
+  wait_for_metrics(run, 3000);
   const pid_t r1 = rank_pid(pid, 1);
   bool named = false;
   for (int attempt = 0; attempt < 6 && r1 > 0 && !named; ++attempt) {
@@ -161,7 +166,7 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     ::kill(r1, SIGCONT);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    std::ifstream in(metrics);
+    std::ifstream in(run + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_discarded() && j.value("type", "") == "straggler" && j.value("slowest_rank", -1) == 1 &&
@@ -197,15 +202,8 @@ TEST(DeadRanks, AHungPipelineStageIsNamedWithinTheTimeout) {
   launcher.replace(launcher.find("env "), 4, "env KVS_COLLECTIVE_TIMEOUT_S=2 ");
   const std::string cmd = launcher + " " + KVS_BINARY + " train --quiet --config " + cfg + " --run-dir " + run +
                           " --set parallel.pp=2 > " + (tmp / "out.txt") + " 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const std::string metrics = run + "/metrics.jsonl";
-  for (int i = 0; i < 60000 && !(fs::exists(metrics) && fs::file_size(metrics) > 2000); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = start_in_background(cmd);
+  wait_for_metrics(run, 2000);
   const pid_t r1 = rank_pid(pid, 1);
   if (r1 > 0) ::kill(r1, SIGSTOP);
   const auto t0 = std::chrono::steady_clock::now();

@@ -2,8 +2,8 @@
 // SIMT emulator with its launch's grid and block, cuBLASLt answered by the
 // host GEMM, the shim's contract checks on every access) against the CPU
 // engine on the same bf16-valued weights: logits, loss and every parameter
-// gradient, q/k/v_shift included, for the GPU test's variants
-// (tests/model/test_cuda_engine.cpp) with its tolerances; and recomputation
+// gradient, q/k/v_shift included, for the variants of tests/model/engine_variants.h
+// with the GPU test's tolerances (tests/model/test_cuda_engine.cpp); and recomputation
 // none / attention / full giving bit-identical gradients.
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/cuda_engine.h"
+#include "model/engine_variants.h"
 #include "model/params.h"
 
 namespace {
@@ -24,54 +25,9 @@ namespace {
 using kvs::ModelConfig;
 using kvs::cuda_test::rel_l2;
 
-struct Variant {
-  const char* name;
-  int hidden, heads, kv_heads, layers;
-  bool shift, tied;
-  int window;
-  bool shift_q;
-  const char* param;  // kv_shift.parametrization
-  const char* pos;    // position_encoding
-};
-
-// Test names and failure messages show the variant's name, not its bytes.
-void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
-
-ModelConfig model_of(const Variant& v) {
-  nlohmann::json j = {{"name", v.name},
-                      {"model",
-                       {{"hidden_size", v.hidden},
-                        {"intermediate_size", 2 * v.hidden + 8},
-                        {"num_hidden_layers", v.layers},
-                        {"num_attention_heads", v.heads},
-                        {"num_key_value_heads", v.kv_heads},
-                        {"vocab_size", 96},
-                        {"max_position_embeddings", 64},
-                        {"tie_word_embeddings", v.tied},
-                        {"position_encoding", v.pos},
-                        {"kv_shift",
-                         {{"enabled", v.shift},
-                          {"window", v.window},
-                          {"shift_q", v.shift_q},
-                          {"parametrization", v.param}}}}},
-                      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
-                      {"train", {{"seq_len", 64}}}};
-  kvs::Config c = kvs::config_from_json(j, v.name);
-  kvs::validate(c, v.name);
-  return c.model;
-}
-
-// The GPU test's variants: head_dim 16 (MHA and GQA), 32 (tied), 64 and 128;
-// window 3 with q shifted; the sigmoid gate without RoPE.
-const Variant kVariants[] = {
-    {"vanilla_mha", 64, 4, 4, 2, false, false, 1, false, "free", "rope"},
-    {"shift_gqa", 64, 4, 2, 2, true, false, 1, false, "free", "rope"},
-    {"shift_gqa_tied_d32", 64, 2, 1, 2, true, true, 1, false, "free", "rope"},
-    {"shift_window3_qkv", 64, 4, 2, 1, true, false, 3, true, "free", "rope"},
-    {"shift_gate_norope", 64, 4, 4, 1, true, false, 1, false, "sigmoid_gate", "none"},
-    {"shift_d64", 128, 2, 1, 1, true, false, 1, false, "free", "rope"},
-    {"shift_d128", 256, 2, 2, 1, true, false, 2, false, "free", "rope"},
-};
+using kvs::testing_util::model_of;
+using Variant = kvs::testing_util::EngineVariant;
+const auto& kVariants = kvs::testing_util::kEngineVariants;
 
 class HostCudaEngineVsCpu : public ::testing::TestWithParam<Variant> {};
 
@@ -168,7 +124,7 @@ TEST(HostCudaEngine, SmallerMicroBatchesThanPlannedMatchTheCpuEngine) {
 // Three layers (the last one is not recomputed), the sigmoid gate (its
 // effective coefficients are reused, not recomputed).
 TEST(HostCudaEngine, RecomputationGivesBitIdenticalGradients) {
-  const Variant v{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};
+  const Variant& v = kvs::testing_util::kRecomputeVariant;
   const ModelConfig m = model_of(v);
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
   std::vector<float> params(layout.total);

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/cuda_engine.h"
+#include "model/engine_variants.h"
 #include "model/params.h"
 #include "train/trainer.h"
 
@@ -25,50 +26,10 @@ using kvs::cuda_test::rel_l2;
 
 using kvs::ModelConfig;
 
-struct Variant {
-  const char* name;
-  int hidden, heads, kv_heads, layers;
-  bool shift, tied;
-  int window;
-  bool shift_q;
-  const char* param;  // kv_shift.parametrization
-  const char* pos;    // position_encoding
-};
-
-ModelConfig model_of(const Variant& v) {
-  nlohmann::json j = {{"name", v.name},
-                      {"model",
-                       {{"hidden_size", v.hidden},
-                        {"intermediate_size", 2 * v.hidden + 8},
-                        {"num_hidden_layers", v.layers},
-                        {"num_attention_heads", v.heads},
-                        {"num_key_value_heads", v.kv_heads},
-                        {"vocab_size", 96},
-                        {"max_position_embeddings", 64},
-                        {"tie_word_embeddings", v.tied},
-                        {"position_encoding", v.pos},
-                        {"kv_shift",
-                         {{"enabled", v.shift},
-                          {"window", v.window},
-                          {"shift_q", v.shift_q},
-                          {"parametrization", v.param}}}}},
-                      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
-                      {"train", {{"seq_len", 64}}}};
-  kvs::Config c = kvs::config_from_json(j, v.name);
-  kvs::validate(c, v.name);
-  return c.model;
-}
-
-const Variant kVariants[] = {
-    {"vanilla-mha", 64, 4, 4, 2, false, false, 1, false, "free", "rope"},
-    {"shift-gqa", 64, 4, 2, 2, true, false, 1, false, "free", "rope"},
-    {"shift-gqa-tied-d32", 64, 2, 1, 2, true, true, 1, false, "free", "rope"},
-    {"shift-window3-qkv", 64, 4, 2, 1, true, false, 3, true, "free", "rope"},
-    {"shift-gate-norope", 64, 4, 4, 1, true, false, 1, false, "sigmoid_gate", "none"},
-    {"shift-d64", 128, 2, 1, 1, true, false, 1, false, "free", "rope"},
-    {"shift-d128", 256, 2, 2, 1, true, false, 2, false, "free", "rope"},
-};
-const Variant kRecompute{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};
+using kvs::testing_util::model_of;
+using Variant = kvs::testing_util::EngineVariant;
+const auto& kVariants = kvs::testing_util::kEngineVariants;
+const Variant kRecompute = kvs::testing_util::kRecomputeVariant;
 const Variant kClamp{"clamp", 64, 4, 2, 1, true, false, 1, false, "clamp01", "rope"};
 
 }  // namespace

@@ -8,9 +8,11 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
 #include "model/engine.h"
 #include "parallel/zero1.h"
 #include "test_util.h"
@@ -139,6 +141,35 @@ inline void expect_shard_steps_equal_whole(kvs::Engine& whole, kvs::Engine& shar
     ASSERT_EQ(params(whole), params(sharded)) << "step " << step;
     ASSERT_EQ(moments(whole), moments(sharded)) << "step " << step;
   }
+}
+
+// tiny_config on the CUDA engine: head_dim 16, the smallest the CUDA attention
+// kernels take.
+inline nlohmann::json tiny_cuda_config(bool shift, int accum) {
+  nlohmann::json j = tiny_config(shift, accum);
+  j["device"] = "cuda";
+  j["model"]["hidden_size"] = 64;
+  j["model"]["intermediate_size"] = 128;
+  return j;
+}
+
+inline Config validated(const nlohmann::json& j, const std::string& origin) {
+  Config c = config_from_json(j, origin);
+  validate(c, origin);
+  return c;
+}
+
+// One micro-batch of 2 x 16 induction-like tokens (targets: the inputs shifted
+// by one), all scored; `mult` varies the tokens.
+struct TinyBatch {
+  std::vector<int32_t> in, tg;
+  std::vector<float> mask;
+  Batch batch() const { return {2, 16, in.data(), tg.data(), mask.data()}; }
+};
+inline TinyBatch tiny_batch(int mult) {
+  TinyBatch d{std::vector<int32_t>(32), std::vector<int32_t>(32), std::vector<float>(32, 1.0f)};
+  for (int i = 0; i < 32; ++i) d.in[i] = d.tg[(i + 31) % 32] = 2 + (i * mult) % 30;
+  return d;
 }
 
 }  // namespace kvs::testing_util

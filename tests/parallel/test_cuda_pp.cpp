@@ -26,31 +26,10 @@ using namespace kvs::testing_util;
 
 namespace {
 
-// head_dim 16: the smallest the CUDA attention kernels take; 4 layers.
-nlohmann::json cuda_config(bool shift, int accum) {
-  nlohmann::json j = tiny_config(shift, accum);
-  j["device"] = "cuda";
-  j["model"]["hidden_size"] = 64;
-  j["model"]["intermediate_size"] = 128;
+nlohmann::json cuda_config(bool shift, int accum) {  // 4 layers
+  nlohmann::json j = tiny_cuda_config(shift, accum);
   j["model"]["num_hidden_layers"] = 4;
   return j;
-}
-
-kvs::Config config_of(const nlohmann::json& j) {
-  kvs::Config c = kvs::config_from_json(j, "cuda-pp");
-  kvs::validate(c, "cuda-pp");
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> in, tg;
-  std::vector<float> mask;
-  kvs::Batch batch() const { return {2, 16, in.data(), tg.data(), mask.data()}; }
-};
-Data data(int mult) {
-  Data d{std::vector<int32_t>(32), std::vector<int32_t>(32), std::vector<float>(32, 1.0f)};
-  for (int i = 0; i < 32; ++i) d.in[i] = d.tg[(i + 31) % 32] = 2 + (i * mult) % 30;
-  return d;
 }
 
 // The stage's parameters (or gradients) written into / read from a full-model flat buffer, by name.
@@ -78,7 +57,7 @@ TEST(CudaPipeline, StagesChainedInOneProcessEqualTheWholeEngine) {
   KVS_REQUIRE_GPU();
   for (const bool on_device : {false, true}) {
     SCOPED_TRACE(on_device ? "device buffers" : "host fp32");
-    const kvs::Config c = config_of(cuda_config(true, 1));
+    const kvs::Config c = validated(cuda_config(true, 1), "cuda-pp");
     const kvs::StageSplit split = kvs::StageSplit::make(c.model, 2, 1, {}, "test");
     const kvs::ModelPart p0 = kvs::ModelPart::of(split, 0), p1 = kvs::ModelPart::of(split, 1);
     kvs::CudaEngine whole(c.model, 2, 16);
@@ -90,13 +69,13 @@ TEST(CudaPipeline, StagesChainedInOneProcessEqualTheWholeEngine) {
     whole.write_params(init.data());
     s0.write_params(full_to_stage(full, init, s0.layout()).data());
     s1.write_params(full_to_stage(full, init, s1.layout()).data());
-    const Data d[2] = {data(7), data(5)};
+    const TinyBatch d[2] = {tiny_batch(7), tiny_batch(5)};
     whole.zero_grad();
     s0.zero_grad();
     s1.zero_grad();
     const double scale = 1.0 / 64;
     double want = 0, got = 0;
-    for (const Data& x : d) want += whole.forward_backward(x.batch(), scale);
+    for (const TinyBatch& x : d) want += whole.forward_backward(x.batch(), scale);
     using T = kvs::Engine::StageTensor;
     auto move = [](kvs::Engine& from, int fslot, T ft, kvs::Engine& to, int tslot, T tt, const kvs::Batch& b) {
       const kvs::Engine::DeviceBuffer src = from.stage_device_buffer(fslot, 0, ft, b);

@@ -31,31 +31,6 @@ using namespace kvs::testing_util;
 
 namespace {
 
-// head_dim 16: the smallest the CUDA attention kernels take.
-nlohmann::json cuda_config(bool shift, int accum) {
-  nlohmann::json j = tiny_config(shift, accum);
-  j["device"] = "cuda";
-  j["model"]["hidden_size"] = 64;
-  j["model"]["intermediate_size"] = 128;
-  return j;
-}
-
-kvs::Config config_of(const nlohmann::json& j) {
-  kvs::Config c = kvs::config_from_json(j, "cuda-zero1");
-  kvs::validate(c, "cuda-zero1");
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> in, tg;
-  std::vector<float> mask;
-  kvs::Batch batch() const { return {2, 16, in.data(), tg.data(), mask.data()}; }
-};
-Data data(int mult) {
-  Data d{std::vector<int32_t>(32), std::vector<int32_t>(32), std::vector<float>(32, 1.0f)};
-  for (int i = 0; i < 32; ++i) d.in[i] = d.tg[(i + 31) % 32] = 2 + (i * mult) % 30;
-  return d;
-}
 
 std::vector<float> params_of(const kvs::Engine& e) {
   std::vector<float> p(e.layout().total);
@@ -84,16 +59,16 @@ struct Recorder : kvs::Engine::GradReadyHook {
 // squared norms sum to the whole norm.
 TEST(CudaZero1, ShardUpdateEqualsUnshardedCudaAdamW) {
   KVS_REQUIRE_GPU();
-  nlohmann::json j = cuda_config(true, 1);
+  nlohmann::json j = tiny_cuda_config(true, 1);
   j["model"]["kv_shift"]["parametrization"] = "clamp01";
-  const kvs::Config c = config_of(j);
+  const kvs::Config c = validated(j, "cuda-zero1");
   kvs::CudaEngine whole(c.model, 2, 16), sharded(c.model, 2, 16);
   const auto& layout = whole.layout();
   std::vector<float> init(layout.total);
   kvs::init_params(layout, c.model, 7, init.data());
   whole.write_params(init.data());
   sharded.write_params(init.data());
-  const Data d = data(7);
+  const TinyBatch d = tiny_batch(7);
   expect_shard_steps_equal_whole(whole, sharded, d.batch());
 }
 
@@ -101,7 +76,7 @@ TEST(CudaZero1, ShardUpdateEqualsUnshardedCudaAdamW) {
 // same shard update as the whole engine, and no step outside the shard.
 TEST(CudaZero1, EngineKeepsOnlyItsShard) {
   KVS_REQUIRE_GPU();
-  const kvs::Config c = config_of(cuda_config(true, 1));
+  const kvs::Config c = validated(tiny_cuda_config(true, 1), "cuda-zero1");
   kvs::CudaEngine whole(c.model, 2, 16), part(c.model, 2, 16);
   const size_t n = whole.layout().total;
   std::vector<float> init(n);
@@ -110,7 +85,7 @@ TEST(CudaZero1, EngineKeepsOnlyItsShard) {
   part.write_params(init.data());
   const auto s = kvs::shard_range(n, 3, 1);
   part.keep_optimizer_range(s.begin, s.end);
-  const Data d = data(5);
+  const TinyBatch d = tiny_batch(5);
   for (int step = 1; step <= 3; ++step) {
     for (auto* e : {&whole, &part}) {
       e->zero_grad();
@@ -138,7 +113,7 @@ TEST(CudaZero1, EngineKeepsOnlyItsShard) {
 // bf16 copy: the same steps and losses as the plain CUDA engine, bit for bit.
 TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
   KVS_REQUIRE_GPU();
-  const kvs::Config c = config_of(cuda_config(true, 1));
+  const kvs::Config c = validated(tiny_cuda_config(true, 1), "cuda-zero1");
   kvs::CudaEngine plain(c.model, 2, 16), zeroed(c.model, 2, 16);
   std::vector<float> init(plain.layout().total);
   kvs::init_params(plain.layout(), c.model, 11, init.data());
@@ -146,7 +121,7 @@ TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
   zeroed.write_params(init.data());
   auto comm = kvs::dist::make_single_process();
   kvs::Zero1 z(zeroed, *comm);
-  const Data d = data(3);
+  const TinyBatch d = tiny_batch(3);
   for (int step = 1; step <= 3; ++step) {
     plain.zero_grad();
     zeroed.zero_grad();
@@ -171,9 +146,9 @@ TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
 TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
   KVS_REQUIRE_GPU();
   for (bool tied : {false, true}) {
-    nlohmann::json j = cuda_config(true, 1);
+    nlohmann::json j = tiny_cuda_config(true, 1);
     j["model"]["tie_word_embeddings"] = tied;
-    const kvs::Config c = config_of(j);
+    const kvs::Config c = validated(j, "cuda-zero1");
     kvs::CudaEngine a(c.model, 2, 16), b(c.model, 2, 16);
     const size_t n = a.layout().total;
     std::vector<float> init(n);
@@ -182,7 +157,7 @@ TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
     b.write_params(init.data());
     Recorder rec;
     b.set_grad_ready_hook(&rec);
-    const Data d = data(7);
+    const TinyBatch d = tiny_batch(7);
     a.zero_grad();
     b.zero_grad();
     a.forward_backward(d.batch(), 1.0 / 32);
@@ -211,7 +186,7 @@ TEST(CudaZero1, TwoMpiRanksOnOneGpuFollowTheSingleProcessCurve) {
   for (bool shift : {true, false}) {
     TmpDir tmp;
     const std::string cfg = tmp / "c.json";
-    spit(cfg, cuda_config(shift, 4).dump());
+    spit(cfg, tiny_cuda_config(shift, 4).dump());
     train(0, cfg, tmp / "dp1");
     const Curve ref = read_metrics(tmp / "dp1");
     ASSERT_EQ(ref.train.size(), 20u);
@@ -230,7 +205,7 @@ TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
   if (kvs::cuda::device_count(&why) < 2) GTEST_SKIP() << "skipped: needs 2 GPUs";
   TmpDir tmp;
   const std::string cfg = tmp / "c.json";
-  spit(cfg, cuda_config(true, 4).dump());
+  spit(cfg, tiny_cuda_config(true, 4).dump());
   train(0, cfg, tmp / "dp1");
   std::vector<FILE*> procs;
   for (int r = 0; r < 2; ++r) {
@@ -256,8 +231,8 @@ TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
 // No GPU needed: the configurations above are valid, and dp > 1 on device
 // cuda passes the layout check (tp > 1 on cuda: test_cuda_tp.cpp).
 TEST(CudaZero1, TestConfigurationsAreValidAndDpIsAllowed) {
-  for (bool shift : {true, false}) EXPECT_NO_THROW(config_of(cuda_config(shift, 4)));
-  const kvs::Config c = config_of(cuda_config(true, 4));
+  for (bool shift : {true, false}) EXPECT_NO_THROW(validated(tiny_cuda_config(shift, 4), "cuda-zero1"));
+  const kvs::Config c = validated(tiny_cuda_config(true, 4), "cuda-zero1");
   EXPECT_NO_THROW(kvs::check_parallel_layout(c, 2));
   EXPECT_NO_THROW(kvs::check_parallel_layout(c, 4));
 }

@@ -143,7 +143,7 @@ void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max
 // the CUDA engine's activation recomputation; the CPU engine keeps everything.
 // `tp` makes the engine one tensor-parallel rank's slice of the model (with
 // sequence parallelism if tp.sequence_parallel), `cp` one context-parallel
-// rank's chunks of every sequence (CPU engine only for now), `part` a pipeline
+// rank's chunks of every sequence (both engines), `part` a pipeline
 // stage's part of the model with `slots` micro-batches in flight (null: the
 // whole model).
 // `attention_backend` (train.attention_backend) picks the CUDA engine's

@@ -4,9 +4,15 @@
 // window 3 with q shifted; the sigmoid gate without RoPE. One table, so the
 // two checks cannot drift apart.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <ostream>
+#include <vector>
 
+#include "core/error.h"
 #include "model/config.h"
+#include "model/cpu_engine.h"
+#include "model/params.h"
 
 namespace kvs::testing_util {
 
@@ -59,5 +65,58 @@ inline const EngineVariant kEngineVariants[] = {
 // Three layers (the last one is not recomputed) and the sigmoid gate (its
 // effective coefficients are reused, not recomputed): recomputation's check.
 inline const EngineVariant kRecomputeVariant{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};
+
+// The scale each gradient tensor's CUDA-vs-CPU error is measured against.
+// The loss is a sum over independent sequences, so a gradient is the sum of
+// the batch rows' gradients g_b, and bf16 rounding errors are relative to
+// those contributions, not to their sum. Where the rows' contributions cancel
+// further than chance (a shift coefficient's gradient is one sum over every
+// token and channel: layer 1's v_shift in shift_gqa_tied_d32 at B x T = 3 x 37
+// is 1.1e-3 from rows of about 1e-2, and its 1e-4 of bf16 error is 9.5% of
+// the sum but 0.6% of the rows), the tensor is measured against the size the
+// sum has without that cancellation, |sum_b |g_b|| / sqrt(B); every other
+// tensor against its own norm, as before (the larger of the two). A wrong
+// term is O(1) of the rows' contributions, so it is still seen.
+inline std::vector<double> gradient_error_scales(const ModelConfig& m, const ParamLayout& layout,
+                                                 const std::vector<float>& params, const Batch& batch,
+                                                 double grad_scale, const std::vector<float>& whole_grad) {
+  const int B = batch.B, T = batch.T;
+  std::vector<double> abs_sum(layout.total, 0.0), row_sum(layout.total, 0.0);
+  std::vector<float> g(layout.total);
+  for (int b = 0; b < B; ++b) {
+    CpuEngine one(m, 1, T);
+    one.write_params(params.data());
+    one.zero_grad();
+    const size_t at = static_cast<size_t>(b) * T;
+    const Batch row{1, T, batch.inputs + at, batch.targets ? batch.targets + at : nullptr,
+                    batch.mask ? batch.mask + at : nullptr};
+    one.forward_backward(row, grad_scale);
+    one.read_grads(g.data());
+    for (size_t i = 0; i < layout.total; ++i) {
+      abs_sum[i] += std::fabs(g[i]);
+      row_sum[i] += g[i];
+    }
+  }
+  std::vector<double> scales;
+  for (const ParamTensor& t : layout.tensors) {
+    double whole = 0, abs = 0, split = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      whole += static_cast<double>(whole_grad[i]) * whole_grad[i];
+      abs += abs_sum[i] * abs_sum[i];
+      split += (row_sum[i] - whole_grad[i]) * (row_sum[i] - whole_grad[i]);
+    }
+    // The premise: the rows' gradients add up to the batch's (fp32 sums in another order).
+    if (std::sqrt(split) > 1e-5 * std::sqrt(abs)) fail("gradient_error_scales: the rows' gradients of {} do not sum to the batch's", t.name);
+    scales.push_back(std::max(std::sqrt(whole), std::sqrt(abs / B)));
+  }
+  return scales;
+}
+
+// |a - b| / scale over n values.
+inline double l2_error_over(const float* a, const float* b, size_t n, double scale) {
+  double num = 0;
+  for (size_t i = 0; i < n; ++i) num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return scale > 0 ? std::sqrt(num) / scale : std::sqrt(num);
+}
 
 }  // namespace kvs::testing_util

@@ -26,6 +26,8 @@ using kvs::cuda_test::rel_l2;
 
 using kvs::ModelConfig;
 
+using kvs::testing_util::gradient_error_scales;
+using kvs::testing_util::l2_error_over;
 using kvs::testing_util::model_of;
 using Variant = kvs::testing_util::EngineVariant;
 const auto& kVariants = kvs::testing_util::kEngineVariants;
@@ -46,7 +48,10 @@ TEST(CudaEngine, TestConfigurationsAreValid) {
 // both engines are already bf16 values, so only activation rounding differs.
 // Through a few layers that gives about 0.5-1% relative error per tensor; 3%
 // on the relative L2 error of each gradient tensor and 1% on the loss catch
-// any real mistake (a wrong index or a missing term is O(1)).
+// any real mistake (a wrong index or a missing term is O(1)). A tensor whose
+// batch rows' gradients cancel is measured against the rows' contributions
+// (gradient_error_scales): on the host build at B = 3, layer 1's v_shift of
+// shift_gqa_tied_d32 is 9.5% of its cancelled sum and 0.6% of those.
 TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
   KVS_REQUIRE_GPU();
   const int B = 3, T = 37;
@@ -76,8 +81,13 @@ TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
     std::vector<float> gc(layout.total), gg(layout.total);
     cpu.read_grads(gc.data());
     gpu.read_grads(gg.data());
-    for (const kvs::ParamTensor& t : layout.tensors)
-      EXPECT_LT(rel_l2(gg.data() + t.offset, gc.data() + t.offset, t.numel), 3e-2) << t.name;
+    // 3% of each tensor's norm, or of its batch rows' contributions where they
+    // cancel (gradient_error_scales explains).
+    const std::vector<double> scales = gradient_error_scales(m, layout, params, batch, scale, gc);
+    for (size_t i = 0; i < layout.tensors.size(); ++i) {
+      const kvs::ParamTensor& t = layout.tensors[i];
+      EXPECT_LT(l2_error_over(gg.data() + t.offset, gc.data() + t.offset, t.numel, scales[i]), 3e-2) << t.name;
+    }
     EXPECT_NEAR(gpu.grad_norm(), cpu.grad_norm(), 3e-2 * cpu.grad_norm());
   }
 }

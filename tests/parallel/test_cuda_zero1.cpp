@@ -178,9 +178,10 @@ TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
 // single-process CUDA curve (same global batch). Not bit-identical: each
 // rank sums its own micro-batches' fp32 gradients before the ranks are
 // summed, and a last-bit difference in a master weight can flip its bf16
-// copy. 2e-3 relative over 20 steps is an estimate made without a GPU (the
-// CPU engine's dp runs agree within 4e-8); a wrong reduction or a stale bf16
-// copy moves the loss by far more within a few steps at lr 1e-2.
+// copy. 2e-3 relative over 20 steps (the CPU engine's dp runs agree within
+// 4e-8); a wrong reduction or a stale bf16 copy moves the loss by more within
+// a few steps: on the host build, dp = 2 agrees within 2.1e-4 and a
+// planted missing gradient sum is 7e-3 off at step 2 (lr: tiny_cuda_config).
 TEST(CudaZero1, TwoMpiRanksOnOneGpuFollowTheSingleProcessCurve) {
   KVS_REQUIRE_GPU();
   for (bool shift : {true, false}) {

@@ -8,10 +8,13 @@
 #     --only a,b,...   run only these sections, in this order of priority:
 #                      build cuda sanitize bench attention launch dp pp hf ctest
 #                      (default: all). A lent machine gives one command at most
-#                      10 minutes, so run it in pieces, e.g.
-#                        --only build,cuda     then     --only bench,attention,launch,dp,pp,hf
+#                      10 minutes and a session 15 minutes in all (its start
+#                      included), so run it in two pieces on one warm machine:
+#                        --only build,cuda,bench,attention   then   --only sanitize,launch,dp,pp,hf
 #                      the build in build-gpu/ and the logs in build-gpu/check/
-#                      stay on the machine between calls while it is warm.
+#                      stay on the machine between calls while it is warm
+#                      (30 s idle: start the second call at once).
+# KVS_CHECK_BUDGET (default 560 s): the whole call's deadline; every section is cut to it.
 # Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to
 # its summary.txt. With $OUT set (the device tool), summary.txt and a
 # logs.tar.gz of the *.log / *.jsonl files are copied there at the end.
@@ -34,6 +37,11 @@ mkdir -p "$out"
 summary=$out/summary.txt
 row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$summary"; }
 t0=$(date +%s)
+# One deadline for the whole call (a lent machine kills a command at 10
+# minutes and nothing comes back): every section's timeout is capped by the
+# seconds left, so the summary and logs are always written in time.
+deadline=$((t0 + ${KVS_CHECK_BUDGET:-560}))
+cap() { local left=$((deadline - $(date +%s))); [ "$left" -lt 1 ] && left=1; echo $(($1 < left ? $1 : left)); }
 bundle() {  # the summary and the logs, back through the device tool's $OUT
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
@@ -137,6 +145,11 @@ if want build; then
     fi
   fi
   find_nccl
+  # Only the two binaries the sections run: the host-emulator targets (the
+  # SIMT emulator, the ASan-instrumented host engine and their tests, CI's
+  # job) would take about as long again. `ctest` needs them all.
+  build_targets=(--target kvshift kvshift_tests)
+  want ctest && build_targets=()
   rm -f "$out/cmake.log" "$out/build.log"
   if preflight; then
     # CMAKE_POLICY_VERSION_MINIMUM: a pip CMake 4 on the image refuses package
@@ -146,7 +159,7 @@ if want build; then
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       ${arch:+-DKVS_CUDA_ARCHS=$arch} \
       "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" "${fe_cmake_args[@]}" \
-      >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1
+      >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" "${build_targets[@]}" >"$out/build.log" 2>&1
     build_rc=$?
   else
     build_rc=1
@@ -191,7 +204,7 @@ if [ $build_rc -eq 0 ] && want cuda; then
   # the lease's 10-minute command limit (KVS_CUDA_TIMEOUT seconds in all,
   # default 480), so the summary and logs still come back.
   tc=$(date +%s)
-  budget=${KVS_CUDA_TIMEOUT:-480}
+  budget=$(cap "${KVS_CUDA_TIMEOUT:-480}")
   : >"$out/cuda_tests.log"
   suites=$(./build-gpu/kvshift_tests --gtest_list_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" 2>/dev/null |
     sed -n 's/^\([A-Za-z0-9_/]*\)\.$/\1/p')
@@ -206,7 +219,7 @@ if [ $build_rc -eq 0 ] && want cuda; then
     # A suite filter that keeps the caller's negative patterns (after '-').
     filter="$suite.*"
     case ${KVS_CUDA_FILTER:-} in *-*) filter="$suite.*-${KVS_CUDA_FILTER#*-}" ;; esac
-    timeout $((left < 240 ? left : 240)) ./build-gpu/kvshift_tests --gtest_filter="$filter" >>"$out/cuda_tests.log" 2>&1
+    timeout $(cap $((left < 240 ? left : 240))) ./build-gpu/kvshift_tests --gtest_filter="$filter" >>"$out/cuda_tests.log" 2>&1
     rc=$?
     if [ $rc -eq 124 ]; then hung+=("$suite (timed out)"); echo "[  FAILED  ] $suite (timed out)" >>"$out/cuda_tests.log"
     elif [ $rc -gt 1 ]; then hung+=("$suite (exit $rc)"); echo "[  FAILED  ] $suite (exit status $rc)" >>"$out/cuda_tests.log"
@@ -228,7 +241,7 @@ if [ $build_rc -eq 0 ] && want sanitize; then
   else
     ts=$(date +%s)
     sanitize() {  # tool, gtest filter, log name
-      timeout "${KVS_SANITIZE_TIMEOUT:-240}" "$cs" --tool "$1" --error-exitcode 99 --print-limit 20 \
+      timeout "$(cap "${KVS_SANITIZE_TIMEOUT:-240}")" "$cs" --tool "$1" --error-exitcode 99 --print-limit 20 \
         ./build-gpu/kvshift_tests --gtest_filter="$2" >"$out/$3" 2>&1
       case $? in
         0) echo "clean" ;;
@@ -254,19 +267,19 @@ fi
 export KVS_BOOTSTRAP_TIMEOUT_S=60
 launcher="torchrun variables"
 if { want launch || want dp; } &&
-  timeout 120 torchrun --no_python --nproc_per_node 1 --master_port 29590 true >"$out/torchrun_probe.log" 2>&1; then
+  timeout $(cap 120) torchrun --no_python --nproc_per_node 1 --master_port 29590 true >"$out/torchrun_probe.log" 2>&1; then
   launcher=torchrun
 fi
 torchrun_like() {
   local n=$1 port=$2 log=$3 pids=() rc=0 r
   shift 3
   if [ "$launcher" = torchrun ]; then
-    timeout 300 torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
+    timeout $(cap 300) torchrun --no_python --nproc_per_node "$n" --master_port "$port" "$@" >"$log" 2>&1
     return
   fi
   for ((r = 0; r < n; r++)); do
     env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout 300 "$@" >"$log.$r" 2>&1 &
+      timeout $(cap 300) "$@" >"$log.$r" 2>&1 &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
@@ -337,7 +350,7 @@ dp_rows() {
   fi
   log=$out/dp2_mpi.log
   if dp_train "$out/dp2-mpi" parallel.tp=1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
-      timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+      timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
     row "train cuda, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
@@ -348,7 +361,7 @@ dp_rows() {
   for np in 2 4; do
     log=$out/tp2_np$np.log
     if dp_train "$out/tp2-np$np" parallel.tp=2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
-        timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
+        timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
     else
       row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "FAILED: $(why "$log")"
@@ -364,7 +377,7 @@ dp_rows() {
       *) sets="parallel.tp=1 parallel.cp=2"; log=$out/cp2.log ;;
     esac
     if dp_train "$out/${log##*/}.run" "$sets" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        "${mpi_env[@]}" timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
+        "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
       row "train cuda, $name, MPI on 1 GPU" "$(curve_diff "$out/${log##*/}.run" "$out/dp1")"
     else
       row "train cuda, $name, MPI on 1 GPU" "FAILED: $(why "$log")"
@@ -414,7 +427,7 @@ pp_rows() {
   done
   log=$out/pp2_mpi.log
   if pp_train "$out/pp2-mpi" "parallel.pp=2 model.tie_word_embeddings=false" env OMPI_ALLOW_RUN_AS_ROOT=1 \
-      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np 2 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 \
       >"$log" 2>&1; then
     row "train cuda, pp=2 1F1B, MPI on 1 GPU" "$(curve_diff "$out/pp2-mpi" "$out/pp1-false")"
   else
@@ -422,7 +435,7 @@ pp_rows() {
   fi
   log=$out/pp2v2_mpi.log
   if pp_train "$out/pp2v2-mpi" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true train.recompute=full" \
-      env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout 300 "$mpirun_bin" \
+      env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" \
       --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
     row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "$(curve_diff "$out/pp2v2-mpi" "$out/pp1-true")"
   else
@@ -464,7 +477,7 @@ bench() {  # label, args...
   local label=$1
   shift
   local j
-  j=$(timeout 400 ./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
+  j=$(timeout $(cap 400) ./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
   if [ -z "$j" ]; then
     row "$label" "FAILED: $(tail -1 "$out/bench_err.log")"
     return
@@ -495,7 +508,7 @@ if [ $build_rc -eq 0 ]; then
   if want attention; then
     echo "attention microbenchmark (ours beside cuDNN SDPA, same shapes, same run; then shift+RoPE vs copy):" |
       tee -a "$summary"
-    timeout 300 ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
+    timeout $(cap 300) ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
       $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
       >"$out/bench_attention.log" 2>&1
     sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
@@ -509,15 +522,16 @@ if [ $build_rc -eq 0 ]; then
   want pp && pp_rows
   if want hf; then
     # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
-    KVS_HF_NO_VENV=1 timeout 300 python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
+    KVS_HF_NO_VENV=1 timeout $(cap 300) python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
     row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
   fi
   if want ctest; then
     # Everything else (CPU tests, python tests); the Cuda* tests ran above.
-    (cd build-gpu && timeout "${KVS_CTEST_TIMEOUT:-480}" ctest -j"$(nproc)" -E '^Cuda' --timeout 400 >"$out/ctest.log" 2>&1)
+    (cd build-gpu && timeout "$(cap "${KVS_CTEST_TIMEOUT:-480}")" ctest -j"$(nproc)" -E '^Cuda' --timeout $(cap 400) >"$out/ctest.log" 2>&1)
     row "ctest (all but Cuda*)" "$(grep -E 'tests passed' "$out/ctest.log" || echo "see $out/ctest.log")"
   fi
 fi
 row "wall time" "$(($(date +%s) - t0)) s"
+[ "$(date +%s)" -ge "$deadline" ] && row "budget" "used up (KVS_CHECK_BUDGET=${KVS_CHECK_BUDGET:-560} s): the last sections were cut short"
 echo "MFU = model FLOPs/s (6*N_nonembedding + 6*N_lm_head + 6*L*T*d_head*n_heads per token) / peak dense bf16"
 echo "logs: $out"

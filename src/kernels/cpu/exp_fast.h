@@ -3,7 +3,9 @@
 #pragma once
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace kvs::cpu::detail {
 
@@ -28,5 +30,60 @@ inline float exp_fast(float x) {
   return x < -87.3f ? 0.0f : p * scale;
 }
 inline double exp_fast(double x) { return std::exp(x); }
+
+// Eight floats as one value (GCC/Clang vector extensions: one AVX register,
+// two SSE ones). GCC (12, default -ftrapping-math) does not vectorise a loop
+// that calls the scalar exp_fast on a computed argument: it turns its selects
+// into branches around the arithmetic. The same steps on f32x8 are vector
+// instructions whatever the optimiser decides.
+using f32x8 = float __attribute__((vector_size(32)));
+using i32x8 = int32_t __attribute__((vector_size(32)));
+
+inline f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
+
+// exp_fast lane by lane: the same operations in the same order.
+inline f32x8 exp_fast(f32x8 x) {
+  const f32x8 lo = f32x8{} - 87.3f, hi = f32x8{} + 88.7f;
+  f32x8 xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const f32x8 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  f32x8 r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f32x8 p = f32x8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const f32x8 scale = (f32x8)((__builtin_convertvector(n, i32x8) + 127) << 23);  // 2^n, bits reinterpreted
+  return x < lo ? f32x8{} : p * scale;
+}
+
+// r[s] = exp(r[s] - shift) for s < n; returns their sum (float: eight lanes,
+// then the tail, a fixed order for a given n).
+inline float exp_shifted_sum(float* r, int n, float shift) {
+  f32x8 acc{};
+  int s = 0;
+  for (; s + 8 <= n; s += 8) {
+    const f32x8 e = exp_fast(load8(r + s) - shift);
+    store8(r + s, e);
+    acc += e;
+  }
+  float sum = 0;
+  for (int j = 0; j < 8; ++j) sum += acc[j];
+  for (; s < n; ++s) sum += r[s] = exp_fast(r[s] - shift);
+  return sum;
+}
+inline double exp_shifted_sum(double* r, int n, double shift) {
+  double sum = 0;
+  for (int s = 0; s < n; ++s) sum += r[s] = std::exp(r[s] - shift);
+  return sum;
+}
 
 }  // namespace kvs::cpu::detail

@@ -1,4 +1,4 @@
-// The vectorisable float exp used by softmax, cross-entropy and SwiGLU.
+// The vectorisable float exp used by softmax, cross-entropy and SwiGLU, and its eight-lane form.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +24,33 @@ TEST(OpsExp, FastFloatExpIsAccurate) {
   EXPECT_LT(worst, 2.5e-7);  // about 2 ulp
   EXPECT_EQ(kvs::cpu::detail::exp_fast(0.0f), 1.0f);
   EXPECT_EQ(kvs::cpu::detail::exp_fast(-100.0f), 0.0f);
+}
+
+// The eight-lane version (softmax rows) computes what the scalar one does, lane by lane.
+TEST(OpsExp, VectorExpMatchesScalar) {
+  using kvs::cpu::detail::exp_fast;
+  using kvs::cpu::detail::f32x8;
+  for (int i = 0; i <= 40000; ++i) {
+    f32x8 x;
+    for (int j = 0; j < 8; ++j) x[j] = -100.0f + 200.0f * (float)(8 * i + j) / 320000.0f;
+    const f32x8 y = exp_fast(x);
+    for (int j = 0; j < 8; ++j) ASSERT_EQ(y[j], exp_fast(x[j])) << "x = " << x[j];
+  }
+}
+
+TEST(OpsExp, ShiftedSumOverRowsOfAnyLength) {
+  for (int n : {0, 1, 7, 8, 9, 31, 64, 100}) {
+    std::vector<float> r(n);
+    for (int s = 0; s < n; ++s) r[s] = 0.25f * (float)((s * 7) % 13) - 1.0f;
+    const std::vector<float> x = r;
+    const float sum = kvs::cpu::detail::exp_shifted_sum(r.data(), n, 0.5f);
+    double ref = 0;
+    for (int s = 0; s < n; ++s) {
+      ASSERT_EQ(r[s], kvs::cpu::detail::exp_fast(x[s] - 0.5f)) << "n = " << n << ", s = " << s;
+      ref += r[s];
+    }
+    EXPECT_NEAR(sum, ref, 1e-6 * (1 + ref)) << "n = " << n;
+  }
 }
 
 }  // namespace

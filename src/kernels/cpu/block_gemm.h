@@ -1,0 +1,175 @@
+// The attention blocks' products (CPU): C[M, N] = alpha A B (+ C) with A read
+// in place through a row and a column stride (A or its transpose) and B packed
+// once into column panels that many products share (K^T and V per KV head,
+// Q and dO per query head). OpenBLAS packs both operands again on every call
+// and makes a separate pass over C for beta = 0, which at attention's sizes
+// (M = 64, N = 64..T, K = 64..T) costs about 40% on top of its kernel.
+// A register tile of 6 rows x one panel (2 vectors) of C sums over k with a
+// broadcast of A and two vector loads of B per k; the panel (K x 2 vectors,
+// contiguous, <= 16 KB for K <= 256 floats) stays in L1 while the row tiles walk
+// down A. Each C element is one sum over k in order, so results do not depend
+// on the thread count or on the tile its row falls in.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+namespace kvs::cpu::detail::bgemm {
+
+// 32 bytes of T (GCC/Clang vector extensions: one AVX register, two SSE ones).
+template <class T> struct VecOf;
+template <> struct VecOf<float> {
+  using type = float __attribute__((vector_size(32)));
+};
+template <> struct VecOf<double> {
+  using type = double __attribute__((vector_size(32)));
+};
+template <class T> using Vec = typename VecOf<T>::type;
+template <class T> constexpr int kLanes = 32 / sizeof(T);
+template <class T> constexpr int kPanel = 2 * kLanes<T>;  // C columns per panel (16 floats)
+constexpr int kRows = 6;  // C rows per tile: 12 accumulators, 2 B vectors and a broadcast fit 16 registers
+
+}  // namespace kvs::cpu::detail::bgemm
+
+namespace kvs::cpu::detail {
+
+// The causal structure a product may skip, at register-tile granularity
+// (exactly: what it skips is zero or never read). For C row i:
+//   out_diag:     C[i, j] is not needed for j > i + out_diag (tiles wholly past
+//                 it are left unwritten);
+//   k_end_diag:   A[i, k] = 0 for k > i + k_end_diag (the sum stops at the tile's last row's);
+//   k_begin_diag: A[i, k] = 0 for k < i + k_begin_diag (the sum starts at the tile's first row's).
+struct CausalSkip {
+  static constexpr int kNone = 1 << 29;
+  int out_diag = kNone, k_end_diag = kNone, k_begin_diag = -kNone;
+};
+
+}  // namespace kvs::cpu::detail
+
+namespace kvs::cpu::detail::bgemm {
+
+template <class T> inline Vec<T> load(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T> inline void store(T* p, Vec<T> v) { std::memcpy(p, &v, sizeof v); }
+
+// R rows x one panel of C; only the first nc (<= kPanel) columns are written.
+template <int R, bool Accumulate, class T>
+inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C, size_t ldc, int nc) {
+  constexpr int W = kLanes<T>, P = kPanel<T>;
+  Vec<T> acc[R][2] = {};
+  for (int k = 0; k < K; ++k) {
+    const T* b = Bp + (size_t)k * P;
+    const Vec<T> b0 = load(b), b1 = load(b + W);
+    const T* a = A + (size_t)k * csa;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const T ar = a[r * rsa];  // a scalar operand is broadcast (one vbroadcastss from memory)
+      acc[r][0] += b0 * ar;
+      acc[r][1] += b1 * ar;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    T* c = C + r * ldc;
+    if (nc == P) {
+      for (int j = 0; j < 2; ++j) {
+        const Vec<T> v = acc[r][j] * alpha;
+        store(c + j * W, Accumulate ? load(c + j * W) + v : v);
+      }
+    } else {
+      T part[P];
+      store(part, acc[r][0] * alpha);
+      store(part + W, acc[r][1] * alpha);
+      for (int j = 0; j < nc; ++j) c[j] = Accumulate ? c[j] + part[j] : part[j];
+    }
+  }
+}
+
+template <int R, bool Accumulate, class T>
+inline void skipping_tile(int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C,
+                          size_t ldc, int nc, const CausalSkip& cs) {
+  if (j > i + R - 1 + cs.out_diag) return;  // every C element of the tile is past the diagonal: not needed
+  const int kb = std::clamp(i + cs.k_begin_diag, 0, K), ke = std::clamp(i + R + cs.k_end_diag, kb, K);
+  tile<R, Accumulate>(ke - kb, alpha, A + i * rsa + kb * csa, rsa, csa, Bp + (size_t)kb * kPanel<T>, C + i * ldc,
+                      ldc, nc);
+}
+
+template <bool Accumulate, class T>
+void panel(int M, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C, size_t ldc, int nc,
+           const CausalSkip& cs) {
+  int i = 0;
+  for (; i + kRows <= M; i += kRows)
+    skipping_tile<kRows, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs);
+  switch (M - i) {
+    case 5: skipping_tile<5, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs); break;
+    case 4: skipping_tile<4, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs); break;
+    case 3: skipping_tile<3, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs); break;
+    case 2: skipping_tile<2, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs); break;
+    case 1: skipping_tile<1, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs); break;
+    default: break;
+  }
+}
+
+}  // namespace kvs::cpu::detail::bgemm
+
+namespace kvs::cpu::detail {
+
+// Packed B [K, N]: column panel p (columns p*kPanel ..) is K rows of kPanel
+// contiguous values (zero past N), panels pstride = K_full * kPanel apart; row
+// k0 of every panel starts at packed + k0 * kPanel.
+template <class T> constexpr int kPanelCols = bgemm::kPanel<T>;
+template <class T> size_t packed_size(int K, int N) {
+  return (size_t)K * ((N + kPanelCols<T> - 1) / kPanelCols<T>) * kPanelCols<T>;
+}
+
+// B = src [K, N] (row k at src + k * ld).
+template <class T> void pack_rows(T* dst, const T* src, size_t ld, int K, int N) {
+  constexpr int P = kPanelCols<T>;
+  for (int j0 = 0; j0 < N; j0 += P) {
+    T* d = dst + (size_t)(j0 / P) * K * P;
+    const int nc = std::min(P, N - j0);
+    for (int k = 0; k < K; ++k) {
+      const T* s = src + (size_t)k * ld + j0;
+      T* dk = d + (size_t)k * P;
+      if (nc == P) {
+        std::memcpy(dk, s, sizeof(T) * P);
+      } else {
+        for (int j = 0; j < P; ++j) dk[j] = j < nc ? s[j] : T(0);
+      }
+    }
+  }
+}
+
+// B = src^T with src [N, K] (row j at src + j * ld): B[k, j] = src[j, k].
+template <class T> void pack_transposed(T* dst, const T* src, size_t ld, int N, int K) {
+  constexpr int P = kPanelCols<T>;
+  for (int j0 = 0; j0 < N; j0 += P) {
+    T* d = dst + (size_t)(j0 / P) * K * P;
+    const int nc = std::min(P, N - j0);
+    for (int j = 0; j < P; ++j) {
+      const T* s = src + (size_t)(j0 + j) * ld;
+      for (int k = 0; k < K; ++k) d[(size_t)k * P + j] = j < nc ? s[k] : T(0);
+    }
+  }
+}
+
+// C[M, N] = alpha A B (accumulate = false: C is only written) or C += alpha A B,
+// with A[i, k] = A[i * rsa + k * csa] and B packed (pack_rows / pack_transposed,
+// panels pstride apart, Bp pointing at row 0 of the sum in panel 0), skipping
+// what cs says.
+template <class T>
+void block_gemm(bool accumulate, int M, int N, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp,
+                size_t pstride, T* C, size_t ldc, const CausalSkip& cs = {}) {
+  constexpr int P = kPanelCols<T>;
+  for (int j = 0; j < N; j += P) {
+    const int nc = std::min(P, N - j);
+    const T* b = Bp + (size_t)(j / P) * pstride;
+    if (accumulate) bgemm::panel<true>(M, j, K, alpha, A, rsa, csa, b, C + j, ldc, nc, cs);
+    else bgemm::panel<false>(M, j, K, alpha, A, rsa, csa, b, C + j, ldc, nc, cs);
+  }
+}
+
+}  // namespace kvs::cpu::detail

@@ -1,0 +1,100 @@
+// The attention blocks' GEMM (block_gemm.h) against a plain triple loop: both
+// layouts of A, packed B of any width, accumulation, and the causal skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/block_gemm.h"
+
+namespace {
+
+using kvs::cpu::detail::block_gemm;
+using kvs::cpu::detail::CausalSkip;
+using kvs::cpu::detail::kPanelCols;
+using kvs::cpu::detail::packed_size;
+
+template <class T> struct Problem {
+  int M, N, K;
+  bool a_transposed;
+  std::vector<T> A, B, C0;
+  Problem(int m, int n, int k, bool at)
+      : M(m), N(n), K(k), a_transposed(at), A((size_t)m * k), B((size_t)k * n), C0((size_t)m * n) {
+    for (size_t i = 0; i < A.size(); ++i) A[i] = T(std::sin(0.7 * (double)i + 0.1));
+    for (size_t i = 0; i < B.size(); ++i) B[i] = T(std::cos(1.3 * (double)i));
+    for (size_t i = 0; i < C0.size(); ++i) C0[i] = T(0.5 * std::sin(0.37 * (double)i));
+  }
+  // A[i, k] as block_gemm reads it: row-major [M, K], or stored [K, M] when transposed.
+  size_t rsa() const { return a_transposed ? 1 : (size_t)K; }
+  size_t csa() const { return a_transposed ? (size_t)M : 1; }
+  T a(int i, int k) const { return A[i * rsa() + k * csa()]; }
+};
+
+template <class T> void check(int M, int N, int K, bool at, bool accumulate, bool b_transposed, double tol) {
+  Problem<T> p(M, N, K, at);
+  std::vector<T> packed(packed_size<T>(K, N), T(-7));
+  // B [K, N]: packed from rows, or from its transpose stored [N, K].
+  std::vector<T> bt((size_t)N * K);
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < N; ++j) bt[(size_t)j * K + k] = p.B[(size_t)k * N + j];
+  if (b_transposed) kvs::cpu::detail::pack_transposed(packed.data(), bt.data(), K, N, K);
+  else kvs::cpu::detail::pack_rows(packed.data(), p.B.data(), N, K, N);
+  std::vector<T> C = p.C0;
+  const T alpha = T(0.75);
+  const size_t pstride = (size_t)K * kPanelCols<T>;
+  block_gemm<T>(accumulate, M, N, K, alpha, p.A.data(), p.rsa(), p.csa(), packed.data(), pstride, C.data(), N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += (double)p.a(i, k) * (double)p.B[(size_t)k * N + j];
+      const double want = (accumulate ? (double)p.C0[(size_t)i * N + j] : 0.0) + (double)alpha * s;
+      ASSERT_NEAR(C[(size_t)i * N + j], want, tol * (1 + std::fabs(want)))
+          << M << "x" << N << "x" << K << " at=" << at << " acc=" << accumulate << " (" << i << ", " << j << ")";
+    }
+}
+
+TEST(OpsBlockGemm, MatchesTripleLoop) {
+  for (bool at : {false, true})
+    for (bool acc : {false, true})
+      for (bool bt : {false, true})
+        for (auto [M, N, K] : {std::tuple{1, 1, 1}, {6, 16, 5}, {7, 17, 3}, {13, 40, 64}, {64, 64, 256}, {5, 3, 0}}) {
+          check<float>(M, N, K, at, acc, bt, 1e-5);
+          check<double>(M, N, K, at, acc, bt, 1e-13);
+        }
+}
+
+// With A zero past (or before) each row's diagonal, skipping that part gives
+// the full product; with out_diag, every element on or before the diagonal is right.
+TEST(OpsBlockGemm, CausalSkipsAreExact) {
+  const int M = 29, N = 45, K = 45;
+  for (int diag : {-9, 0, 4, 16}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      Problem<double> p(M, N, K, mode == 2);
+      for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) {
+          const bool zero = mode == 1 ? k > i + diag : (mode == 2 ? k < i + diag : false);
+          if (zero) p.A[i * p.rsa() + k * p.csa()] = 0;
+        }
+      std::vector<double> packed(packed_size<double>(K, N));
+      kvs::cpu::detail::pack_rows(packed.data(), p.B.data(), N, K, N);
+      std::vector<double> C(p.C0.size(), std::nan(""));
+      CausalSkip cs;
+      if (mode == 0) cs.out_diag = diag;
+      if (mode == 1) cs.k_end_diag = diag;
+      if (mode == 2) cs.k_begin_diag = diag;
+      block_gemm<double>(false, M, N, K, 1.0, p.A.data(), p.rsa(), p.csa(), packed.data(),
+                         (size_t)K * kPanelCols<double>, C.data(), N, cs);
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          if (mode == 0 && j > i + diag) continue;  // not needed, may be left unwritten
+          double s = 0;
+          for (int k = 0; k < K; ++k) s += p.a(i, k) * p.B[(size_t)k * N + j];
+          ASSERT_NEAR(C[(size_t)i * N + j], s, 1e-12 * (1 + std::fabs(s)))
+              << "mode " << mode << " diag " << diag << " (" << i << ", " << j << ")";
+        }
+    }
+  }
+}
+
+}  // namespace

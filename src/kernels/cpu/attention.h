@@ -11,14 +11,16 @@
 // P = att[b, h] and rows of q/k/v that are D contiguous values with a stride of
 // H*D between positions, the six products (Q K^T and P V forward; dO V^T,
 // dS K, dS^T Q and P^T dO backward) are block_gemm calls (block_gemm.h): the
-// left operand (Q, dO, P, dS or its transpose) is read in place, the right one
-// (K^T, V, K, Q, dO) was packed once per (b, kv head) or query head. Cut into
-// blocks of kQB query rows (or keys), and inside them into register tiles of
-// 6 rows that skip what lies wholly past the causal diagonal, they do ~1.05x
-// the causal work at T = 256 (BLAS on whole 64-blocks did 1.25x). P and dS are
-// exactly 0 above the diagonal wherever a tile reads them (softmax writes P's
-// zeros up to Tk; dS's only as far as a GEMM reads), so tiles that straddle it
-// need no masks. Softmax and dS are row passes with the vectorised exp.
+// left operand (Q, dO, P, dS or their transposes) is read in place, the right
+// one (K^T, V, K, Q, dO) was packed once per (b, kv head) or query head. All
+// six run per block of kQB query rows against the keys the block sees (the
+// backward keeps the block's dS in a per-thread buffer, so dS never leaves L2
+// and P is read once); register tiles of 6 rows skip what lies wholly past the
+// causal diagonal, so they do ~1.05x the causal work at T = 256 (BLAS on
+// whole 64-blocks did 1.25x). P and dS are exactly 0 past the diagonal where a
+// tile reads them (softmax writes P's zeros up to Tk, the backward dS's up to
+// the block's last key), so tiles that straddle it need no masks. Softmax and
+// dS are row passes; softmax's exp and sum run in one eight-lane pass.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -65,14 +67,6 @@ void causal_softmax_rows(T* S, size_t lds, T* lse, int t0, int t1, int off, int 
     for (int s = 0; s < lo; ++s) r[s] = T(0);
     for (int s = hi; s < nk; ++s) r[s] = T(0);
   }
-}
-
-// The columns of row t that a key-block GEMM of the backward reads: key block
-// [s0, s0 + kQB) reads the rows t >= s0 - off, so row t up to the end of the
-// block that holds its diagonal key t + off (0 when no block reads it).
-inline int read_end(int t, int off, int Tk) {
-  const int diag = t + off;
-  return diag < 0 ? 0 : std::min(Tk, (diag / kQB + 1) * kQB);
 }
 
 // Scratch that grows to the largest size asked of it, one per calling thread
@@ -140,8 +134,8 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 // sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
 // only some of them (context parallelism).
 template <class T>
-void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v, const T* att,
-                   int B, int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B, int Tq,
+              int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const int ldq = Hq * D, ldk = Hkv * D;
@@ -157,52 +151,50 @@ void backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* 
       const T* vh = v + (size_t)b * Tk * ldk + (size_t)hk * D;
       T* dkh = dk ? dk + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
       T* dvh = dv ? dv + (size_t)b * Tk * ldk + (size_t)hk * D : nullptr;
-      T* vt = scratch<T, Use::kBackward>(vt_size + k_size + 2 * q_size);
+      T* vt = scratch<T, Use::kBackward>(vt_size + k_size + 2 * q_size + (size_t)kQB * Tk);
       T* kp = vt + vt_size;
       T* qp = kp + k_size;
       T* dop = qp + q_size;
+      T* dS = dop + q_size;  // one row block's dS [kQB, Tk], hot in L2 for all four products
       if (need_ds) pack_transposed(vt, vh, ldk, Tk, D);
       if (dq) pack_rows(kp, kh, ldk, Tk, D);
       for (int g = 0; g < G; ++g) {
         const int h = hk * G + g;
         const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
         const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
-        T* dS = datt + ((size_t)b * Hq + h) * Tq * Tk;
         if (dk) pack_rows(qp, q + qoff, ldq, Tq, D);
         if (dv) pack_rows(dop, dout + qoff, ldq, Tq, D);
-        // Row blocks: dP and dS, then dQ (rows of dS times K).
+        // Per block of query rows, against the keys [0, kend) it sees: dP and
+        // dS, then dQ += dS K (its rows), dK += dS^T Q and dV += P^T dO (its
+        // columns: each row block adds its part, in order).
         for (int t0 = 0; t0 < Tq; t0 += kQB) {
           const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
           const int kend = std::min(Tk, t1 + off);
+          if (kend <= 0) continue;  // no row of the block sees a key: nothing to add
+          const T* Pb = P + (size_t)t0 * Tk;
           if (need_ds) {
-            if (kend > 0)
-              block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC,
-                            dS + (size_t)t0 * Tk, Tk, {.out_diag = t0 + off});  // dP
+            block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
+                          {.out_diag = t0 + off});  // dP
             for (int t = t0; t < t1; ++t) {
               const T* pr = P + (size_t)t * Tk;
-              T* r = dS + (size_t)t * Tk;
+              T* r = dS + (size_t)(t - t0) * Tk;
               const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
               const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : row_dot(pr, r, hi);
               for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
-              for (int s = hi, e = std::max(kend, read_end(t, off, Tk)); s < e; ++s) r[s] = T(0);
+              for (int s = hi; s < kend; ++s) r[s] = T(0);
             }
           }
-          if (dq && kend > 0)
-            block_gemm<T>(true, nr, D, kend, scale, dS + (size_t)t0 * Tk, Tk, 1, kp, (size_t)Tk * PC,
-                          dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
-        }
-        // Key blocks: dK and dV (columns of dS and P times Q and dO), over the
-        // query rows that see the block's first key.
-        for (int s0 = 0; s0 < Tk; s0 += kQB) {
-          const int s1 = std::min(Tk, s0 + kQB), ns = s1 - s0;
-          const int tmin = std::max(0, s0 - off);
-          if (tmin >= Tq) continue;
+          if (dq)
+            block_gemm<T>(true, nr, D, kend, scale, dS, Tk, 1, kp, (size_t)Tk * PC, dq + qoff + (size_t)t0 * ldq, ldq,
+                          {.k_end_diag = t0 + off});
+          // Key s gets the rows t >= s - off of the block.
+          const CausalSkip seen_from{.k_begin_diag = -off - t0};
           if (dk)
-            block_gemm<T>(true, ns, D, Tq - tmin, scale, dS + (size_t)tmin * Tk + s0, 1, Tk, qp + (size_t)tmin * PC,
-                          (size_t)Tq * PC, dkh + (size_t)s0 * ldk, ldk, {.k_begin_diag = s0 - off - tmin});
+            block_gemm<T>(true, kend, D, nr, scale, dS, 1, Tk, qp + (size_t)t0 * PC, (size_t)Tq * PC, dkh, ldk,
+                          seen_from);
           if (dv)
-            block_gemm<T>(true, ns, D, Tq - tmin, T(1), P + (size_t)tmin * Tk + s0, 1, Tk, dop + (size_t)tmin * PC,
-                          (size_t)Tq * PC, dvh + (size_t)s0 * ldk, ldk, {.k_begin_diag = s0 - off - tmin});
+            block_gemm<T>(true, kend, D, nr, T(1), Pb, 1, Tk, dop + (size_t)t0 * PC, (size_t)Tq * PC, dvh, ldk,
+                          seen_from);
         }
       }
     }
@@ -232,20 +224,22 @@ void attention_forward(T* out, T* att, std::type_identity_t<T>* lse, const T* q,
   a::forward<T>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
 }
 
-// The backward of the general form (att as its forward wrote it). datt is
-// scratch of the same shape as att (overwritten). When the keys of a row are
+// The backward of the general form (att as its forward wrote it). datt, the
+// scratch of att's shape that dS once went through, is no longer written (dS
+// now lives one row block at a time in a per-thread buffer that stays in L2);
+// callers still pass it. When the keys of a row are
 // split over several blocks (context parallelism: att then holds each block's
 // part of the whole row's probabilities), delta [B, Hq, Tq] must hold the
 // whole row's sum_s P dP, which equals sum_d dO O (attention_row_delta);
 // null computes it from this block's keys, which is right when they are all.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
-                        const T* att, int B, int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0,
-                        const std::type_identity_t<T>* delta = nullptr) {
+void attention_backward(T* dq, T* dk, T* dv, [[maybe_unused]] T* datt, const T* dout, const T* q, const T* k,
+                        const T* v, const T* att, int B, int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0,
+                        int k_pos0, const std::type_identity_t<T>* delta = nullptr) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   const int off = q_pos0 - k_pos0;
-  a::backward<T>(dq, dk, dv, datt, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
+  a::backward<T>(dq, dk, dv, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]: the row sum
@@ -273,7 +267,7 @@ void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B
   attention_forward(out, att, nullptr, q, k, v, B, Tn, Tn, Hq, Hkv, D, 0, 0, doc_start);
 }
 
-// datt is scratch of the same shape as att (overwritten).
+// datt: as for the general form (not written).
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
                         const T* att, int B, int Tn, int Hq, int Hkv, int D) {

@@ -6,9 +6,9 @@
 // (M = 64, N = 64..T, K = 64..T) costs about 40% on top of its kernel.
 // A register tile of 6 rows x one panel (2 vectors) of C sums over k with a
 // broadcast of A and two vector loads of B per k; the panel (K x 2 vectors,
-// contiguous, <= 16 KB for K <= 256 floats) stays in L1 while the row tiles walk
-// down A. Each C element is one sum over k in order, so results do not depend
-// on the thread count or on the tile its row falls in.
+// contiguous: 16 KB for K = 256 floats with AVX2) stays in L1 while the row
+// tiles walk down A. Each C element is one sum over k in order, so results do
+// not depend on the thread count or on the tile its row falls in.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -16,17 +16,27 @@
 
 namespace kvs::cpu::detail::bgemm {
 
-// 32 bytes of T (GCC/Clang vector extensions: one AVX register, two SSE ones).
+// The widest register the build targets (GCC/Clang vector extensions): 64
+// bytes with AVX-512, else 32 (one AVX register, two SSE ones). Tests may set
+// KVS_BGEMM_VEC_BYTES to run the other width's code here.
+#ifndef KVS_BGEMM_VEC_BYTES
+#if defined(__AVX512F__)
+#define KVS_BGEMM_VEC_BYTES 64
+#else
+#define KVS_BGEMM_VEC_BYTES 32
+#endif
+#endif
+constexpr int kVecBytes = KVS_BGEMM_VEC_BYTES;
 template <class T> struct VecOf;
 template <> struct VecOf<float> {
-  using type = float __attribute__((vector_size(32)));
+  using type = float __attribute__((vector_size(kVecBytes)));
 };
 template <> struct VecOf<double> {
-  using type = double __attribute__((vector_size(32)));
+  using type = double __attribute__((vector_size(kVecBytes)));
 };
 template <class T> using Vec = typename VecOf<T>::type;
-template <class T> constexpr int kLanes = 32 / sizeof(T);
-template <class T> constexpr int kPanel = 2 * kLanes<T>;  // C columns per panel (16 floats)
+template <class T> constexpr int kLanes = kVecBytes / sizeof(T);
+template <class T> constexpr int kPanel = 2 * kLanes<T>;  // C columns per panel (16 floats with AVX2)
 constexpr int kRows = 6;  // C rows per tile: 12 accumulators, 2 B vectors and a broadcast fit 16 registers
 
 }  // namespace kvs::cpu::detail::bgemm

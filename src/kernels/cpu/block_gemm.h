@@ -160,8 +160,12 @@ template <class T> void pack_transposed(T* dst, const T* src, size_t ld, int N, 
     T* d = dst + (size_t)(j0 / P) * K * P;
     const int nc = std::min(P, N - j0);
     for (int j = 0; j < P; ++j) {
+      if (j >= nc) {  // past N: zeros (no pointer is formed past src's rows)
+        for (int k = 0; k < K; ++k) d[(size_t)k * P + j] = T(0);
+        continue;
+      }
       const T* s = src + (size_t)(j0 + j) * ld;
-      for (int k = 0; k < K; ++k) d[(size_t)k * P + j] = j < nc ? s[k] : T(0);
+      for (int k = 0; k < K; ++k) d[(size_t)k * P + j] = s[k];
     }
   }
 }

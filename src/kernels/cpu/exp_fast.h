@@ -9,23 +9,32 @@
 
 namespace kvs::cpu::detail {
 
+// The steps shared by the scalar exp_fast and its eight-lane twin (V = float
+// or f32x8, the same operations in the same order, so both give the same
+// bits) on a clamped argument xc: n = round(xc / ln2) with the 1.5*2^23 trick
+// (floorf blocks vectorisation), r = xc - n ln2 (ln2 split in two: n * hi is
+// exact in float); returns e^r by Cephes' polynomial, the caller scales by 2^n.
+template <class V> inline V exp_reduced(V xc, V& n) {
+  n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  V r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * (r * r) + r + 1.0f;
+}
+
 // float: Cephes' expf reduction and polynomial, within 2 ulp of the true value
 // over the whole range (tested); results below e^-87.3 flush to 0, NaN/inf are
 // not expected. double: std::exp (the double path is the finite-difference reference).
 inline float exp_fast(float x) {
   float xc = x < -87.3f ? -87.3f : x;
   xc = xc > 88.7f ? 88.7f : xc;
-  // n = round(xc / ln2) with the 1.5*2^23 trick (floorf blocks vectorisation)
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f;  // ln2 split in two: n * hi is exact in float
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  float n;
+  const float p = exp_reduced(xc, n);
   const float scale = std::bit_cast<float>(((int32_t)n + 127) << 23);  // 2^n
   return x < -87.3f ? 0.0f : p * scale;
 }
@@ -51,16 +60,8 @@ inline f32x8 exp_fast(f32x8 x) {
   const f32x8 lo = f32x8{} - 87.3f, hi = f32x8{} + 88.7f;
   f32x8 xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const f32x8 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  f32x8 r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  f32x8 p = f32x8{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  f32x8 n;
+  const f32x8 p = exp_reduced(xc, n);
   const f32x8 scale = (f32x8)((__builtin_convertvector(n, i32x8) + 127) << 23);  // 2^n, bits reinterpreted
   return x < lo ? f32x8{} : p * scale;
 }

@@ -114,6 +114,9 @@ preflight() {
     return 1
   fi
 }
+# CMake records whether it found NCCL (CMakeLists.txt): without it the build
+# is for one GPU in one process, and the NCCL rows cannot run.
+nccl_built() { grep -q '^KVS_BUILT_WITH_NCCL:INTERNAL=ON' build-gpu/CMakeCache.txt 2>/dev/null; }
 # NCCL: the toolkit's, the system's, or the pip wheel's that PyTorch brings.
 nccl_cmake_args=()
 find_nccl() {
@@ -168,7 +171,7 @@ if want build; then
     echo "--- last lines of the configure/build log:"
     tail -25 "$out/build.log" 2>/dev/null || tail -25 "$out/cmake.log" 2>/dev/null
   fi
-  row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo "ok ($(($(date +%s) - tb)) s)" || echo "FAILED: $out/cmake.log, build.log")"
+  row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo "ok ($(($(date +%s) - tb)) s, NCCL $(nccl_built && echo yes || echo "NOT FOUND: one GPU, one process"))" || echo "FAILED: $out/cmake.log, build.log")"
 elif [ ! -x build-gpu/kvshift ] || [ ! -x build-gpu/kvshift_tests ]; then
   build_rc=1
   row "CUDA build" "not built: run with --only build first"
@@ -290,6 +293,10 @@ torchrun_like() {
 why() { grep -m1 'kvshift: error' "$1" || tail -1 "$1"; }
 launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
   local log=$out/nccl_w1.log ngpu
+  if ! nccl_built; then
+    row "NCCL rows ($launcher)" "not run: built without NCCL (cmake.log: NCCL not found)"
+    return 0
+  fi
   if torchrun_like 1 29600 "$log" ./build-gpu/kvshift dist-check --nccl; then
     row "NCCL world of 1 ($launcher)" "$(grep -m1 'NCCL all-reduce' "$log")"
   else
@@ -383,7 +390,7 @@ dp_rows() {
       row "train cuda, $name, MPI on 1 GPU" "FAILED: $(why "$log")"
     fi
   done
-  if [ "$ngpu" -ge 2 ]; then
+  if [ "$ngpu" -ge 2 ] && nccl_built; then
     log=$out/dp2_nccl.log
     if dp_train "$out/dp2-nccl" parallel.tp=1 torchrun_like 2 29630 "$log"; then
       row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "$(curve_diff "$out/dp2-nccl" "$out/dp1")"
@@ -397,7 +404,7 @@ dp_rows() {
       row "train cuda, NCCL tp=2 on 2 GPUs" "FAILED: $(why "$log")"
     fi
   else
-    row "train cuda, NCCL dp=2 (overlap)" "not run: needs 2 GPUs (found $ngpu)"
+    row "train cuda, NCCL dp=2 (overlap)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
   fi
 }
 
@@ -441,7 +448,7 @@ pp_rows() {
   else
     row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "FAILED: $(why "$log")"
   fi
-  if [ "$ngpu" -ge 2 ]; then
+  if [ "$ngpu" -ge 2 ] && nccl_built; then
     log=$out/pp2_nccl.log
     if pp_train "$out/pp2-nccl" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true" \
         torchrun_like 2 29650 "$log"; then
@@ -450,7 +457,7 @@ pp_rows() {
       row "train cuda, NCCL pp=2 x v2 on 2 GPUs" "FAILED: $(why "$log")"
     fi
   else
-    row "train cuda, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu)"
+    row "train cuda, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
   fi
 }
 

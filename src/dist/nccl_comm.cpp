@@ -408,15 +408,6 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
 
 AsyncDeviceCollectives* async_device_collectives(Communicator& comm) { return dynamic_cast<Nccl*>(&comm); }
 
-int select_device(const LaunchInfo& info) {
-  int n = 0;
-  check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
-  KVS_CHECK(n > 0, "rank {}: no CUDA device visible", info.rank);
-  const int dev = info.local_rank % n;
-  check_cuda(cudaSetDevice(dev), "cudaSetDevice");
-  return dev;
-}
-
 std::string nccl_unique_id() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);

@@ -53,6 +53,7 @@ add_library(kvs_cuda_host OBJECT
   ${CMAKE_SOURCE_DIR}/src/parallel/cuda_tp_region.cpp
   ${CMAKE_SOURCE_DIR}/src/parallel/zero1_device.cpp
   ${CMAKE_SOURCE_DIR}/src/dist/nccl_comm.cpp
+  ${CMAKE_SOURCE_DIR}/src/dist/gpu_device.cpp
   ${CMAKE_SOURCE_DIR}/src/kernels/cuda/attention_backend.cpp)
 target_include_directories(kvs_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim
                            ${CMAKE_SOURCE_DIR}/tests/simt ${KVS_HOST_GEN_DIR})

@@ -12,10 +12,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/deadline_guard.h"
 #include "core/error.h"
 #include "kernels/cuda/check.h"
 
@@ -71,6 +75,21 @@ bool is_host(const void* p) {
   return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
 }
 
+class Nccl;
+
+// Every live communicator of the process. When the device does not become
+// idle before a collective (wait_device_idle), a watchdog thread aborts them
+// all: ncclCommAbort from another thread is NCCL's way out of a hang, and it
+// ends the kernels of their collectives that hold the device.
+struct LiveComms {
+  std::mutex mu;
+  std::vector<Nccl*> all;
+};
+LiveComms& live_comms() {
+  static auto* l = new LiveComms;  // never destroyed: safe in exit-time destructors
+  return *l;
+}
+
 class Nccl final : public Communicator, public AsyncDeviceCollectives {
  public:
   Nccl(ncclComm_t comm, int device, double timeout_s) : comm_(comm), device_(device), timeout_s_(timeout_s) {
@@ -79,8 +98,15 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_, 4 * sizeof(int64_t)), "cudaMalloc");
+    const std::lock_guard<std::mutex> lock(live_comms().mu);
+    live_comms().all.push_back(this);
   }
   ~Nccl() override {
+    {
+      LiveComms& l = live_comms();
+      const std::lock_guard<std::mutex> lock(l.mu);
+      l.all.erase(std::remove(l.all.begin(), l.all.end(), this), l.all.end());
+    }
     cudaSetDevice(device_);
     if (comm_) {
       // Finalize flushes pending work; if that does not end in time, abort.
@@ -93,6 +119,13 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     if (staging_) cudaFree(staging_);
     if (scratch_) cudaFree(scratch_);
     if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // The watchdog's abort (live_comms' lock held; the owning thread is blocked in wait_device_idle).
+  void abort_from_watchdog() {
+    if (!comm_) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
   }
 
   int rank() const override { return rank_; }
@@ -289,9 +322,44 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
   void run(const char* what, F&& op) {
     usable(what);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // inputs from any stream are ready
+    wait_device_idle(what);  // inputs from any stream are ready
     enqueue(what, op);
     wait_stream(what);
+  }
+
+  // cudaDeviceSynchronize has no time limit, and a collective that another
+  // stream holds (a tensor-parallel all-reduce whose peer died) would keep it
+  // waiting forever. Past the timeout every communicator of the process is
+  // aborted, which ends such kernels, and the call fails; if the device is
+  // still busy after a grace period (a kernel that never ends), the process
+  // ends with the same one-line error: nothing else could unblock it.
+  void wait_device_idle(const char* what) {
+    const double grace_s = std::min(timeout_s_, 60.0);
+    const std::string why = fmt::format(
+        "NCCL {} on rank {} (collective #{}): the device did not become idle within {} s before it (a kernel or a "
+        "collective on another stream is stuck: a rank missing?)",
+        what, rank_, seq_, timeout_s_);
+    cudaError_t e = cudaSuccess;
+    bool fired = false;
+    {
+      const DeadlineGuard guard(
+          timeout_s_, grace_s,
+          [] {
+            LiveComms& l = live_comms();
+            const std::lock_guard<std::mutex> lock(l.mu);
+            for (Nccl* c : l.all) c->abort_from_watchdog();
+          },
+          [&why, grace_s] {
+            std::fprintf(stderr, "kvshift: error: %s; every NCCL communicator aborted, and %g s later the device "
+                                 "was still busy: ending the process\n", why.c_str(), grace_s);
+            std::fflush(stderr);
+            std::_Exit(1);
+          });
+      e = cudaDeviceSynchronize();
+      fired = guard.fired();
+    }
+    if (fired) fail("{}; every NCCL communicator of this process aborted", why);
+    check_cuda(e, "cudaDeviceSynchronize");
   }
 
   // Makes the NCCL call(s) and polls until the non-blocking communicator has

@@ -124,6 +124,13 @@ void check_static_smem(const LaunchInfo& k, size_t bytes);
 void set_launch_only(bool on);
 bool launch_only();
 
+// ---------------------------------------------------------------- a stuck device (tests)
+// The next cudaDeviceSynchronize blocks as a kernel that does not end would:
+// until some NCCL communicator is aborted (if `until_nccl_abort`; a
+// collective's kernel ends then), or `max_s` passed.
+void stall_next_device_sync(double max_s, bool until_nccl_abort);
+void note_nccl_abort();  // the shim's ncclCommAbort
+
 // ---------------------------------------------------------------- statistics (tests)
 struct Stats {
   uint64_t kernels = 0, gemms = 0, copies = 0, collectives = 0, syncs = 0;

@@ -217,7 +217,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  hostcuda::note_nccl_abort();
+  return ncclCommDestroy(comm);
+}
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* st) {
   if (!comm || !st) return nccl_fail(comm, ncclInvalidArgument, "ncclCommGetAsyncError: null");

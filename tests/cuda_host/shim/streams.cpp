@@ -2,6 +2,7 @@
 // (hostcuda.h): issue order, vector clocks, and running what a
 // synchronisation needs.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -206,7 +208,26 @@ cudaError_t sync_stream(cudaStream_t handle) {
   return e;
 }
 
+namespace {
+std::atomic<int> g_nccl_aborts{0};
+double g_stall_s = 0;  // the next sync_device's stall
+bool g_stall_until_abort = false;
+}  // namespace
+
+void stall_next_device_sync(double max_s, bool until_nccl_abort) {
+  g_stall_s = max_s;
+  g_stall_until_abort = until_nccl_abort;
+}
+void note_nccl_abort() { ++g_nccl_aborts; }
+
 cudaError_t sync_device() {
+  if (g_stall_s > 0) {
+    const int aborts = g_nccl_aborts;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(g_stall_s);
+    g_stall_s = 0;
+    while (std::chrono::steady_clock::now() < end && !(g_stall_until_abort && g_nccl_aborts != aborts))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   ++g_stats.syncs;
   const std::vector<uint64_t> all = all_clocks();
   const cudaError_t e = run_covered(all);

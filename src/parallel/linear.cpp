@@ -19,8 +19,13 @@ void column_parallel_backward(float* dx, const float* x, int N, int in, std::ini
   // computed for all N rows before its reduce-scatter.
   const float* xs = region.enter_forward(x, full, N, in);
   float* dxs = region.sequence_parallel() ? full2 : dx;
-  std::memset(dxs, 0, static_cast<size_t>(N) * in * sizeof(float));
-  for (const ColumnGrad& g : grads) cpu::matmul_backward(dxs, g.dw, g.dy, xs, g.w, N, in, g.out);
+  // The first layer's product overwrites dxs (no pass to zero it first), the others add.
+  bool first = true;
+  for (const ColumnGrad& g : grads) {
+    cpu::matmul_backward(dxs, g.dw, g.dy, xs, g.w, N, in, g.out, /*overwrite_dinp=*/first);
+    first = false;
+  }
+  if (first) std::memset(dxs, 0, static_cast<size_t>(N) * in * sizeof(float));
   region.enter_backward(dxs, dx, N, in);
 }
 
@@ -32,8 +37,8 @@ void row_parallel_forward(float* y, const float* x, const float* w, int N, int i
 }
 
 void row_parallel_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
-                           int out, const TensorParallelRegion& region, float* full) {
-  cpu::matmul_backward(dx, dw, region.exit_backward(dy, full, N, out), x, w, N, in, out);
+                           int out, const TensorParallelRegion& region, float* full, bool overwrite_dx) {
+  cpu::matmul_backward(dx, dw, region.exit_backward(dy, full, N, out), x, w, N, in, out, overwrite_dx);
 }
 
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int v_begin,

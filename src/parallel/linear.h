@@ -53,9 +53,10 @@ void column_parallel_backward(float* dx, const float* x, int N, int in, std::ini
 // y = sum over the TP group of x [N, in] W^T, W [out, in] (overwrites y).
 void row_parallel_forward(float* y, const float* x, const float* w, int N, int in, int out,
                           const TensorParallelRegion& region, float* full = nullptr);
-// dx [N, in] += dy W ; dW += dy^T x. dy is replicated: nothing is summed.
+// dx [N, in] += dy W (overwrite_dx: dx = dy W) ; dW += dy^T x. dy is replicated: nothing is summed.
 void row_parallel_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
-                           int out, const TensorParallelRegion& region, float* full = nullptr);
+                           int out, const TensorParallelRegion& region, float* full = nullptr,
+                           bool overwrite_dx = false);
 
 // out = wte[tokens] for N tokens, where wte holds vocabulary rows [v_begin, v_begin + v_count).
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int v_begin,

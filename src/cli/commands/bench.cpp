@@ -231,6 +231,11 @@ void add_bench(CLI::App& app) {
     KVS_CHECK(!a->profile || cpu_run, "bench: --profile times the CPU engine's ops (use nsys for the CUDA engine)");
     for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps, a->profile));
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
+    // The calibration keeps its best product (other work only slows one down),
+    // so on a shared machine the like-for-like figure is the fastest step's.
+    auto fastest_fraction = [&](const BenchResult& r) {
+      return r.min_ms > 0 ? peak_fraction(r) * r.median_ms / r.min_ms : 0.0;
+    };
     if (a->json) {
       nlohmann::json all = nlohmann::json::array();
       for (size_t i = 0; i < runs.size(); ++i) {
@@ -262,6 +267,7 @@ void add_bench(CLI::App& app) {
         if (peak.gflops > 0) {
           j["sgemm_peak_gflops"] = peak.gflops;
           j["fraction_of_sgemm_peak"] = peak_fraction(r);
+          j["fraction_of_sgemm_peak_fastest_step"] = fastest_fraction(r);
           j["sgemm_peak_below_run"] = peak_fraction(r) > 1.0;  // calibrated under load: --recalibrate
           j["sgemm_peak"] = {{"n", peak.n},         {"threads", peak.threads},         {"core", peak.core},
                              {"cached", peak.cached}, {"measured_at", peak.measured_at}, {"loadavg_1min", peak.loadavg}};
@@ -280,9 +286,10 @@ void add_bench(CLI::App& app) {
                   r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
       if (peak.gflops > 0)
-        std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %d threads, %s%s)",
+        std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %d threads, %s%s; the fastest "
+                    "step %.1f%%)",
                     100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
-                    peak.cached ? peak.measured_at.c_str() : "now");
+                    peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f\n", r.peak_what.c_str(),
                   r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
       if (a->profile) print_profile(r, peak.gflops);

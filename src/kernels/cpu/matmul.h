@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/op_profile.h"
@@ -15,9 +16,19 @@
 namespace kvs::cpu {
 
 namespace detail {
+// beta = 0 is done as a memset of C and beta = 1: OpenBLAS's own beta = 0
+// pass (its gemm_beta kernel, before the product) is slower than glibc's
+// memset, by 4-14% of the whole product at the model's shapes on a Zen 3
+// with 2 threads (docs/PERFORMANCE.md). The result is the same.
 template <class T>
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A, int lda,
                  const T* Bm, int ldb, T beta, T* Cm, int ldc) {
+  if (beta == T(0)) {
+    if (ldc == N) std::memset(Cm, 0, sizeof(T) * M * (size_t)N);
+    else
+      for (int i = 0; i < M; ++i) std::memset(Cm + (size_t)i * ldc, 0, sizeof(T) * N);
+    beta = T(1);
+  }
   if constexpr (std::is_same_v<T, float>)
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
   else
@@ -38,14 +49,21 @@ template <class T> void matmul_forward(T* out, const T* inp, const T* W, int N, 
   detail::gemm<T>(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, W, C, T(0), out, OC);
 }
 
-// dinp[N, C] += dout @ W ; dW[OC, C] += dout^T @ inp
+// dinp[N, C] += dout @ W ; dW[OC, C] += dout^T @ inp. With overwrite_dinp,
+// dinp = dout @ W instead (the caller need not zero it first).
 template <class T>
-void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, int N, int C, int OC) {
+void matmul_backward(T* dinp, T* dW, const T* dout, const T* inp, const T* W, int N, int C, int OC,
+                     bool overwrite_dinp = false) {
   static_assert(detail::kSupported<T>);
-  if (N == 0 || C == 0 || OC == 0) return;
+  if (N == 0 || C == 0) return;
+  if (OC == 0) {
+    if (dinp && overwrite_dinp) std::fill(dinp, dinp + (size_t)N * C, T(0));
+    return;
+  }
   if (dinp) {
     const profile::GemmScope timed("bwd dinp", N, C, OC);
-    detail::gemm<T>(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, W, C, T(1), dinp, C);
+    detail::gemm<T>(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, W, C, overwrite_dinp ? T(0) : T(1), dinp,
+                    C);
   }
   if (dW) {
     const profile::GemmScope timed("bwd dW", OC, C, N);

@@ -48,8 +48,10 @@ template <class T> void swiglu_forward(T* out, const T* gate, const T* up, size_
   });
 }
 
-// d silu(g)/dg = sig (1 + g (1 - sig))
-template <class T> void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, size_t n) {
+// d silu(g)/dg = sig (1 + g (1 - sig)). With overwrite, dgate and dup are
+// written instead of added into (the caller need not zero them first).
+template <class T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, size_t n, bool overwrite = false) {
   static_assert(detail::kSupported<T>);
   if (!dgate && !dup) return;
   using namespace detail::swiglu;
@@ -57,8 +59,9 @@ template <class T> void swiglu_backward(T* dgate, T* dup, const T* dout, const T
     const V g = get<V>(gate, i);
     const V sig = T(1) / (T(1) + detail::exp_fast(-g));
     const V d = get<V>(dout, i);
-    if (dgate) put<V>(dgate, i, get<V>(dgate, i) + d * get<V>(up, i) * sig * (T(1) + g * (T(1) - sig)));
-    if (dup) put<V>(dup, i, get<V>(dup, i) + d * g * sig);
+    const V dg = d * get<V>(up, i) * sig * (T(1) + g * (T(1) - sig)), du = d * g * sig;
+    if (dgate) put<V>(dgate, i, overwrite ? dg : get<V>(dgate, i) + dg);
+    if (dup) put<V>(dup, i, overwrite ? du : get<V>(dup, i) + du);
   });
 }
 

@@ -54,4 +54,20 @@ TEST(OpsMatmul, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   EXPECT_LT(rel_err(to_double(dW2f), dW2), kFloatTol);
 }
 
+// overwrite_dinp: dinp = dout W whatever it held (NaN here), the same values
+// as adding into zeros; dW still accumulates. OC = 0 writes zeros.
+TEST(OpsMatmul, OverwritingTheInputGradientEqualsAddingIntoZeros) {
+  const int N = 64, C = 96, OC = 80;
+  FVec x = to_float(randn((size_t)N * C, 50)), W = to_float(randn((size_t)OC * C, 51)),
+       g = to_float(randn((size_t)N * OC, 52)), dW0 = to_float(randn(W.size(), 53));
+  FVec dx_add(x.size(), 0.f), dx_over(x.size(), std::nanf("")), dW_add = dW0, dW_over = dW0;
+  matmul_backward(dx_add.data(), dW_add.data(), g.data(), x.data(), W.data(), N, C, OC);
+  matmul_backward(dx_over.data(), dW_over.data(), g.data(), x.data(), W.data(), N, C, OC, /*overwrite_dinp=*/true);
+  EXPECT_EQ(dx_over, dx_add);
+  EXPECT_EQ(dW_over, dW_add);
+  FVec dx_empty(x.size(), std::nanf(""));
+  matmul_backward(dx_empty.data(), (float*)nullptr, g.data(), x.data(), W.data(), N, C, 0, true);
+  EXPECT_EQ(dx_empty, FVec(x.size(), 0.f));
+}
+
 }  // namespace

@@ -41,4 +41,17 @@ TEST(OpsSwiglu, ForwardAndBackward) {
   EXPECT_LT(rel_err(to_double(duff), duf), kFloatTol);
 }
 
+// overwrite: the gradients are written, not added: whatever the buffers held
+// (NaN here), the values of adding into zeros, in both lane widths' tails.
+TEST(OpsSwiglu, OverwritingEqualsAddingIntoZeros) {
+  for (size_t n : {size_t{37}, size_t{64}}) {
+    FVec g = to_float(randn(n, 710, 3.0)), u = to_float(randn(n, 711)), R = to_float(randn(n, 712));
+    FVec dg_add(n, 0.f), du_add(n, 0.f), dg_over(n, std::nanf("")), du_over(n, std::nanf(""));
+    swiglu_backward(dg_add.data(), du_add.data(), R.data(), g.data(), u.data(), n);
+    swiglu_backward(dg_over.data(), du_over.data(), R.data(), g.data(), u.data(), n, /*overwrite=*/true);
+    EXPECT_EQ(dg_over, dg_add) << n;
+    EXPECT_EQ(du_over, du_add) << n;
+  }
+}
+
 }  // namespace

@@ -202,10 +202,10 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   zero(s.dvhat, NK);
   if (c.cp) {
     const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
-    c.cp->backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.attout, a.q, a.khat, a.vhat, a.att, *c.cp_layout);
+    c.cp->backward(s.dq, s.dkhat, s.dvhat, s.dattout, a.attout, a.q, a.khat, a.vhat, a.att, *c.cp_layout);
   } else {
     const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
-    cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.datt, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
+    cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
   }
 
   // Through RoPE and the shifts, segment by segment, to the raw projections.

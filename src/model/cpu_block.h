@@ -45,7 +45,7 @@ struct LayerActs {
 
 // Backward scratch, shared by every layer (dln: N/tp rows under sequence parallelism).
 struct LayerScratch {
-  float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *datt, *dqs, *dcoef;
+  float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *dqs, *dcoef;
 };
 
 // What every layer of one micro-batch (or one decoding block) shares.

@@ -104,7 +104,6 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.dk = take(N * KD);
   p.dvhat = take(N * KD);
   p.dv = take(N * KD);
-  p.datt = take(cp > 1 ? static_cast<size_t>(B) * H * (T / (2 * cp)) * (T / (2 * cp)) : p.att_stride);  // one block
   p.dqs = take(p.qraw_stride);
   p.dcoef = take(p.coef_stride);
   p.total = off;
@@ -139,7 +138,7 @@ LayerActs ActivationPlan::layer(float* a, int li) const {
 
 LayerScratch ActivationPlan::scratch(float* a) const {
   return {a + dln, a + dh, a + dgate, a + dup, a + dattout, a + dq, a + dq_pre, a + dkhat,
-          a + dks, a + dk, a + dvhat, a + dv, a + datt, a + dqs, a + dcoef};
+          a + dks, a + dk, a + dvhat, a + dv, a + dqs, a + dcoef};
 }
 
 CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, TensorParallel tp, ContextParallel cp,

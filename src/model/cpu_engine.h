@@ -40,7 +40,7 @@ struct ActivationPlan {
   // forward, once (the head's only on the engine that holds the head)
   size_t lnf, rstdf, logits, losses, rope_cos, rope_sin;
   // backward scratch, reused by every layer
-  size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv, datt;
+  size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv;
   size_t dqs;    // d raw q under shift_q
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
   bool v_shifted = false;  // without a V shift attention reads v itself (no vhat buffer is used)

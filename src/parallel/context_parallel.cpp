@@ -178,9 +178,9 @@ void ContextParallelAttention::forward(float* out, float* att, const float* q, c
       }
 }
 
-void ContextParallelAttention::backward(float* dq, float* dk, float* dv, float* datt, const float* dout,
-                                        const float* out, const float* q, const float* k, const float* v,
-                                        const float* att, const CpLayout& l) {
+void ContextParallelAttention::backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                        const float* q, const float* k, const float* v, const float* att,
+                                        const CpLayout& l) {
   const int B = l.B, Tc = l.Tc, P = l.cp, Hq = Hq_, Hkv = Hkv_, D = D_;
   const size_t QD = static_cast<size_t>(Hq) * D, KD = static_cast<size_t>(Hkv) * D;
   const size_t half_rows = static_cast<size_t>(B) * Tc, blk = block_floats(l), pa = pair_att(l);
@@ -202,7 +202,7 @@ void ContextParallelAttention::backward(float* dq, float* dk, float* dv, float* 
         if (kc > qc) continue;
         const float* A = att + ((static_cast<size_t>(s) * 2 + hq) * 2 + hk) * pa;
         const size_t ko = hk * half_rows * KD;
-        cpu::attention_backward(dq + hq * half_rows * QD, ring + 2 * blk + ko, ring + 3 * blk + ko, datt,
+        cpu::attention_backward(dq + hq * half_rows * QD, ring + 2 * blk + ko, ring + 3 * blk + ko,
                                 dout + hq * half_rows * QD, q + hq * half_rows * QD, ring + ko, ring + blk + ko, A, B,
                                 Tc, Tc, Hq, Hkv, D, qc * Tc, kc * Tc, delta_.data() + hq * half_lse);
       }

@@ -88,9 +88,9 @@ class ContextParallelAttention {
   // absolute document starts (null: none).
   void forward(float* out, float* att, const float* q, const float* k, const float* v, const int32_t* doc_start,
                const CpLayout& l);
-  // dq, dk, dv += the gradients (datt: scratch of one block [B][Hq][Tc][Tc]).
-  void backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* out, const float* q,
-                const float* k, const float* v, const float* att, const CpLayout& l);
+  // dq, dk, dv += the gradients.
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* q, const float* k,
+                const float* v, const float* att, const CpLayout& l);
 
   // Floats of att per layer for a micro-batch of B sequences of T positions.
   static size_t att_floats(int cp, int B, int Hq, int T);

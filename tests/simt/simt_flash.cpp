@@ -81,7 +81,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   // Reference in double (as tests/kernels/cuda/cuda_attention_problem.h).
   const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
       dod(dout.begin(), dout.end());
-  std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T), datt(att.size());
+  std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T);
   const int qpos0 = causal ? 0 : T;  // non-causal: every query after every key
   kvs::cpu::attention_forward<double>(outr.data(), att.data(), nullptr, qd.data(), kd.data(), vd.data(), B, T, T, Hq,
                                       Hkv, D, qpos0, 0);
@@ -103,7 +103,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
         lser[((size_t)b * Hq + h) * T + t] = mx + std::log(sum);
       }
   std::vector<double> dqr(N * QD, 0.0), dkr(N * KD, 0.0), dvr(N * KD, 0.0);
-  kvs::cpu::attention_backward<double>(dqr.data(), dkr.data(), dvr.data(), datt.data(), dod.data(), qd.data(),
+  kvs::cpu::attention_backward<double>(dqr.data(), dkr.data(), dvr.data(), dod.data(), qd.data(),
                                        kd.data(), vd.data(), att.data(), B, T, T, Hq, Hkv, D, qpos0, 0);
 
   // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd).

@@ -224,18 +224,17 @@ void attention_forward(T* out, T* att, std::type_identity_t<T>* lse, const T* q,
   a::forward<T>(out, att, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, q_pos0, k_pos0, doc_start);
 }
 
-// The backward of the general form (att as its forward wrote it). datt, the
-// scratch of att's shape that dS once went through, is no longer written (dS
-// now lives one row block at a time in a per-thread buffer that stays in L2);
-// callers still pass it. When the keys of a row are
+// The backward of the general form (att as its forward wrote it); dS lives
+// one row block at a time in a per-thread buffer that stays in L2, so no
+// scratch of att's shape is needed. When the keys of a row are
 // split over several blocks (context parallelism: att then holds each block's
 // part of the whole row's probabilities), delta [B, Hq, Tq] must hold the
 // whole row's sum_s P dP, which equals sum_d dO O (attention_row_delta);
 // null computes it from this block's keys, which is right when they are all.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, [[maybe_unused]] T* datt, const T* dout, const T* q, const T* k,
-                        const T* v, const T* att, int B, int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0,
-                        int k_pos0, const std::type_identity_t<T>* delta = nullptr) {
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
+                        int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0,
+                        const std::type_identity_t<T>* delta = nullptr) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   const int off = q_pos0 - k_pos0;
@@ -267,11 +266,11 @@ void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B
   attention_forward(out, att, nullptr, q, k, v, B, Tn, Tn, Hq, Hkv, D, 0, 0, doc_start);
 }
 
-// datt: as for the general form (not written).
+// The training form's backward.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, T* datt, const T* dout, const T* q, const T* k, const T* v,
-                        const T* att, int B, int Tn, int Hq, int Hkv, int D) {
-  attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, Tn, Tn, Hq, Hkv, D, 0, 0);
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
+                        int Tn, int Hq, int Hkv, int D) {
+  attention_backward(dq, dk, dv, dout, q, k, v, att, B, Tn, Tn, Hq, Hkv, D, 0, 0);
 }
 
 }  // namespace kvs::cpu

@@ -7,12 +7,15 @@
 // llm.c): tensors are contiguous row-major; shapes are given as ints;
 // every *_backward ACCUMULATES (+=) into the gradients it writes (input and
 // parameter gradients alike), so callers zero gradient buffers first and a
-// tensor used twice just receives two contributions. A null gradient pointer
+// tensor used twice just receives two contributions (matmul_backward's and
+// swiglu_backward's overwrite flags let the first writer of a scratch
+// gradient skip that zeroing pass). A null gradient pointer
 // means "not needed". All ops are deterministic for a fixed thread count:
 // OpenMP splits work so that no two threads add into the same element, and
 // every reduction runs in a fixed order. Offsets are computed in size_t (att
-// is B*Hq*T*T and can pass 2^31). No heap allocation: scratch is small fixed
-// stack arrays or the buffers the caller passes.
+// is B*Hq*T*T and can pass 2^31). No heap allocation per call: scratch is
+// small fixed stack arrays, the buffers the caller passes, or (attention)
+// per-thread buffers that grow once to the largest size asked.
 //
 // Layouts: activations [B, T, H, D] = [B*T rows, H*D columns]; linear weights
 // [out, in] as in Hugging Face (y = x W^T); attention probabilities [B, Hq, T, T].

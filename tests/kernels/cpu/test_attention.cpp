@@ -90,14 +90,14 @@ TEST_P(OpsAttention, ForwardMatchesNaiveAndProbabilitiesAreCausal) {
 TEST_P(OpsAttention, BackwardMatchesFiniteDifferences) {
   const AttnShape s = GetParam();
   AttnData a(s, 300);
-  Vec out(a.q.size()), att(a.natt()), datt(a.natt());
+  Vec out(a.q.size()), att(a.natt());
   auto f = [&] {
     attention_forward(out.data(), att.data(), a.q.data(), a.k.data(), a.v.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
     return dot(out, a.R);
   };
   f();
   Vec dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
-  attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+  attention_backward(dq.data(), dk.data(), dv.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                      att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   expect_grad_close(dq, numgrad(a.q, f), "dq");
   expect_grad_close(dk, numgrad(a.k, f), "dk");
@@ -107,11 +107,11 @@ TEST_P(OpsAttention, BackwardMatchesFiniteDifferences) {
   f();
   Vec q0 = randn(dq.size(), 310), k0 = randn(dk.size(), 311), v0 = randn(dv.size(), 312);
   Vec dq2 = q0, dk2 = k0, dv2 = v0;
-  attention_backward(dq2.data(), (double*)nullptr, (double*)nullptr, datt.data(), a.R.data(), a.q.data(), a.k.data(),
+  attention_backward(dq2.data(), (double*)nullptr, (double*)nullptr, a.R.data(), a.q.data(), a.k.data(),
                      a.v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  attention_backward((double*)nullptr, dk2.data(), (double*)nullptr, datt.data(), a.R.data(), a.q.data(), a.k.data(),
+  attention_backward((double*)nullptr, dk2.data(), (double*)nullptr, a.R.data(), a.q.data(), a.k.data(),
                      a.v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  attention_backward((double*)nullptr, (double*)nullptr, dv2.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(),
+  attention_backward((double*)nullptr, (double*)nullptr, dv2.data(), a.R.data(), a.q.data(), a.k.data(),
                      a.v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   EXPECT_LT(rel_err(dq2, add(q0, dq)), 1e-13);
   EXPECT_LT(rel_err(dk2, add(k0, dk)), 1e-13);
@@ -121,15 +121,15 @@ TEST_P(OpsAttention, BackwardMatchesFiniteDifferences) {
 TEST_P(OpsAttention, FloatAgreesWithDouble) {
   const AttnShape s = GetParam();
   AttnData a(s, 400);
-  Vec out(a.q.size()), att(a.natt()), datt(a.natt()), dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
+  Vec out(a.q.size()), att(a.natt()), dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
   attention_forward(out.data(), att.data(), a.q.data(), a.k.data(), a.v.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+  attention_backward(dq.data(), dk.data(), dv.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                      att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   FVec qf = to_float(a.q), kf = to_float(a.k), vf = to_float(a.v), Rf = to_float(a.R);
-  FVec of(out.size()), attf(att.size()), dattf(att.size()), dqf(dq.size(), 0.f), dkf(dk.size(), 0.f),
+  FVec of(out.size()), attf(att.size()), dqf(dq.size(), 0.f), dkf(dk.size(), 0.f),
       dvf(dv.size(), 0.f);
   attention_forward(of.data(), attf.data(), qf.data(), kf.data(), vf.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  attention_backward(dqf.data(), dkf.data(), dvf.data(), dattf.data(), Rf.data(), qf.data(), kf.data(), vf.data(),
+  attention_backward(dqf.data(), dkf.data(), dvf.data(), Rf.data(), qf.data(), kf.data(), vf.data(),
                      attf.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   EXPECT_LT(rel_err(to_double(of), out), kFloatTol);
   EXPECT_LT(rel_err(to_double(attf), att), kFloatTol);
@@ -163,7 +163,7 @@ TEST(OpsAttentionGqa, SingleKvHeadEqualsMhaWithReplicatedKv) {
         v3[((size_t)bt * m.Hkv + h) * m.D + d] = a.v[(size_t)bt * m.D + d];
       }
   const size_t natt = (size_t)g.B * g.Hq * g.T * g.T;
-  Vec og(a.q.size()), attg(natt), om(a.q.size()), attm(natt), datt(natt);
+  Vec og(a.q.size()), attg(natt), om(a.q.size()), attm(natt);
   attention_forward(og.data(), attg.data(), a.q.data(), a.k.data(), a.v.data(), g.B, g.T, g.Hq, g.Hkv, g.D);
   attention_forward(om.data(), attm.data(), a.q.data(), k3.data(), v3.data(), m.B, m.T, m.Hq, m.Hkv, m.D);
   EXPECT_EQ(og, om);
@@ -171,9 +171,9 @@ TEST(OpsAttentionGqa, SingleKvHeadEqualsMhaWithReplicatedKv) {
   // Backward: the GQA dk/dv are the sums over the replicated heads' gradients.
   Vec dqg(a.q.size(), 0.0), dkg(a.k.size(), 0.0), dvg(a.v.size(), 0.0);
   Vec dqm(a.q.size(), 0.0), dkm(k3.size(), 0.0), dvm(v3.size(), 0.0);
-  attention_backward(dqg.data(), dkg.data(), dvg.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+  attention_backward(dqg.data(), dkg.data(), dvg.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                      attg.data(), g.B, g.T, g.Hq, g.Hkv, g.D);
-  attention_backward(dqm.data(), dkm.data(), dvm.data(), datt.data(), a.R.data(), a.q.data(), k3.data(), v3.data(),
+  attention_backward(dqm.data(), dkm.data(), dvm.data(), a.R.data(), a.q.data(), k3.data(), v3.data(),
                      attm.data(), m.B, m.T, m.Hq, m.Hkv, m.D);
   EXPECT_LT(rel_err(dqg, dqm), 1e-14);
   Vec dks(a.k.size(), 0.0), dvs(a.v.size(), 0.0);
@@ -191,13 +191,13 @@ TEST(OpsAttentionDeterminism, FloatBackwardIsBitwiseDeterministic) {
   const AttnShape s{2, 70, 4, 2, 64};
   AttnData a(s, 600);
   FVec q = to_float(a.q), k = to_float(a.k), v = to_float(a.v), g = to_float(a.R);
-  FVec out(q.size()), att(a.natt()), datt(a.natt());
+  FVec out(q.size()), att(a.natt());
   attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   FVec dq1(q.size(), 0.f), dk1(k.size(), 0.f), dv1(v.size(), 0.f);
   FVec dq2(q.size(), 0.f), dk2(k.size(), 0.f), dv2(v.size(), 0.f);
-  attention_backward(dq1.data(), dk1.data(), dv1.data(), datt.data(), g.data(), q.data(), k.data(), v.data(),
+  attention_backward(dq1.data(), dk1.data(), dv1.data(), g.data(), q.data(), k.data(), v.data(),
                      att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-  attention_backward(dq2.data(), dk2.data(), dv2.data(), datt.data(), g.data(), q.data(), k.data(), v.data(),
+  attention_backward(dq2.data(), dk2.data(), dv2.data(), g.data(), q.data(), k.data(), v.data(),
                      att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   EXPECT_EQ(dq1, dq2);
   EXPECT_EQ(dk1, dk2);

@@ -134,7 +134,7 @@ TEST_P(OpsAttentionPositions, BackwardMatchesFiniteDifferences) {
   const std::vector<int32_t> ds = doc_starts(s);
   for (const int32_t* doc : {(const int32_t*)nullptr, ds.data()}) {
     SCOPED_TRACE(doc ? "with documents" : "without documents");
-    Vec out(a.q.size()), att(a.natt()), datt(a.natt());
+    Vec out(a.q.size()), att(a.natt());
     auto f = [&] {
       attention_forward(out.data(), att.data(), nullptr, a.q.data(), a.k.data(), a.v.data(), s.B, s.Tq, s.Tk, s.Hq,
                         s.Hkv, s.D, s.q_pos0, s.k_pos0, doc);
@@ -142,7 +142,7 @@ TEST_P(OpsAttentionPositions, BackwardMatchesFiniteDifferences) {
     };
     f();
     Vec dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
-    attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+    attention_backward(dq.data(), dk.data(), dv.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                        att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
     expect_grad_close(dq, numgrad(a.q, f), "dq");
     expect_grad_close(dk, numgrad(a.k, f), "dk");
@@ -152,11 +152,11 @@ TEST_P(OpsAttentionPositions, BackwardMatchesFiniteDifferences) {
     f();
     Vec q0 = randn(dq.size(), 2110), k0 = randn(dk.size(), 2111), v0 = randn(dv.size(), 2112);
     Vec dq2 = q0, dk2 = k0, dv2 = v0;
-    attention_backward(dq2.data(), (double*)nullptr, (double*)nullptr, datt.data(), a.R.data(), a.q.data(),
+    attention_backward(dq2.data(), (double*)nullptr, (double*)nullptr, a.R.data(), a.q.data(),
                        a.k.data(), a.v.data(), att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
-    attention_backward((double*)nullptr, dk2.data(), (double*)nullptr, datt.data(), a.R.data(), a.q.data(),
+    attention_backward((double*)nullptr, dk2.data(), (double*)nullptr, a.R.data(), a.q.data(),
                        a.k.data(), a.v.data(), att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
-    attention_backward((double*)nullptr, (double*)nullptr, dv2.data(), datt.data(), a.R.data(), a.q.data(),
+    attention_backward((double*)nullptr, (double*)nullptr, dv2.data(), a.R.data(), a.q.data(),
                        a.k.data(), a.v.data(), att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
     EXPECT_LT(rel_err(dq2, add(q0, dq)), 1e-13);
     EXPECT_LT(rel_err(dk2, add(k0, dk)), 1e-13);
@@ -168,18 +168,18 @@ TEST_P(OpsAttentionPositions, FloatAgreesWithDouble) {
   const PosShape s = GetParam();
   PosData a(s, 2200);
   const std::vector<int32_t> ds = doc_starts(s);
-  Vec out(a.q.size()), att(a.natt()), lse(a.nlse()), datt(a.natt());
+  Vec out(a.q.size()), att(a.natt()), lse(a.nlse());
   Vec dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
   attention_forward(out.data(), att.data(), lse.data(), a.q.data(), a.k.data(), a.v.data(), s.B, s.Tq, s.Tk, s.Hq,
                     s.Hkv, s.D, s.q_pos0, s.k_pos0, ds.data());
-  attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+  attention_backward(dq.data(), dk.data(), dv.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                      att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
   FVec qf = to_float(a.q), kf = to_float(a.k), vf = to_float(a.v), Rf = to_float(a.R);
-  FVec of(out.size()), attf(att.size()), lsef(lse.size()), dattf(att.size()), dqf(dq.size(), 0.f),
+  FVec of(out.size()), attf(att.size()), lsef(lse.size()), dqf(dq.size(), 0.f),
       dkf(dk.size(), 0.f), dvf(dv.size(), 0.f);
   attention_forward(of.data(), attf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv,
                     s.D, s.q_pos0, s.k_pos0, ds.data());
-  attention_backward(dqf.data(), dkf.data(), dvf.data(), dattf.data(), Rf.data(), qf.data(), kf.data(), vf.data(),
+  attention_backward(dqf.data(), dkf.data(), dvf.data(), Rf.data(), qf.data(), kf.data(), vf.data(),
                      attf.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
   EXPECT_LT(rel_err(to_double(of), out), kFloatTol);
   EXPECT_LT(rel_err(to_double(attf), att), kFloatTol);
@@ -208,11 +208,11 @@ TEST(OpsAttentionPositionsRows, RowWithoutVisibleKeysIsZeroWithLseMinusInf) {
   // Keys at positions 4..8, queries at 0..5: rows 0..3 see nothing.
   const PosShape s{"", 1, 6, 5, 2, 1, 4, 0, 4};
   PosData a(s, 2300);
-  Vec out(a.q.size(), std::nan("")), att(a.natt(), std::nan("")), lse(a.nlse(), std::nan("")), datt(a.natt());
+  Vec out(a.q.size(), std::nan("")), att(a.natt(), std::nan("")), lse(a.nlse(), std::nan(""));
   attention_forward(out.data(), att.data(), lse.data(), a.q.data(), a.k.data(), a.v.data(), s.B, s.Tq, s.Tk, s.Hq,
                     s.Hkv, s.D, s.q_pos0, s.k_pos0);
   Vec dq(a.q.size(), 0.0);
-  attention_backward(dq.data(), (double*)nullptr, (double*)nullptr, datt.data(), a.R.data(), a.q.data(), a.k.data(),
+  attention_backward(dq.data(), (double*)nullptr, (double*)nullptr, a.R.data(), a.q.data(), a.k.data(),
                      a.v.data(), att.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
   for (int h = 0; h < s.Hq; ++h)
     for (int t = 0; t < s.Tq; ++t) {
@@ -271,8 +271,8 @@ TEST(OpsAttentionPositionsRows, LastQueriesEqualRowsOfFullAttention) {
       const Vec R_last = last_rows(R);
 
       const size_t natt_full = (size_t)c.B * c.Hq * T * T, natt_last = (size_t)c.B * c.Hq * Tq * T;
-      Vec fo(a.q.size()), fa(natt_full), fl((size_t)c.B * c.Hq * T), fdatt(natt_full);
-      Vec lo((size_t)c.B * Tq * row), la(natt_last), ll((size_t)c.B * c.Hq * Tq), ldatt(natt_last);
+      Vec fo(a.q.size()), fa(natt_full), fl((size_t)c.B * c.Hq * T);
+      Vec lo((size_t)c.B * Tq * row), la(natt_last), ll((size_t)c.B * c.Hq * Tq);
       attention_forward(fo.data(), fa.data(), fl.data(), a.q.data(), a.k.data(), a.v.data(), c.B, T, T, c.Hq, c.Hkv,
                         c.D, 0, 0, fdoc);
       attention_forward(lo.data(), la.data(), ll.data(), q_last.data(), a.k.data(), a.v.data(), c.B, Tq, T, c.Hq,
@@ -283,9 +283,9 @@ TEST(OpsAttentionPositionsRows, LastQueriesEqualRowsOfFullAttention) {
 
       Vec fdq(a.q.size(), 0.0), fdk(a.k.size(), 0.0), fdv(a.v.size(), 0.0);
       Vec ldq(q_last.size(), 0.0), ldk(a.k.size(), 0.0), ldv(a.v.size(), 0.0);
-      attention_backward(fdq.data(), fdk.data(), fdv.data(), fdatt.data(), R.data(), a.q.data(), a.k.data(),
+      attention_backward(fdq.data(), fdk.data(), fdv.data(), R.data(), a.q.data(), a.k.data(),
                          a.v.data(), fa.data(), c.B, T, T, c.Hq, c.Hkv, c.D, 0, 0);
-      attention_backward(ldq.data(), ldk.data(), ldv.data(), ldatt.data(), R_last.data(), q_last.data(), a.k.data(),
+      attention_backward(ldq.data(), ldk.data(), ldv.data(), R_last.data(), q_last.data(), a.k.data(),
                          a.v.data(), la.data(), c.B, Tq, T, c.Hq, c.Hkv, c.D, q0, 0);
       EXPECT_LT(rel_err(ldq, last_rows(fdq)), 1e-14);
       EXPECT_LT(rel_err(ldk, fdk), 1e-14);
@@ -304,7 +304,7 @@ TEST(OpsAttentionPositionsRows, LastQueriesEqualRowsOfFullAttention) {
       EXPECT_EQ(so, fo);
       EXPECT_EQ(sa, fa);
       Vec tdq(a.q.size(), 0.0), tdk(a.k.size(), 0.0), tdv(a.v.size(), 0.0);
-      attention_backward(tdq.data(), tdk.data(), tdv.data(), fdatt.data(), R.data(), a.q.data(), a.k.data(),
+      attention_backward(tdq.data(), tdk.data(), tdv.data(), R.data(), a.q.data(), a.k.data(),
                          a.v.data(), fa.data(), c.B, T, c.Hq, c.Hkv, c.D);
       EXPECT_EQ(tdq, fdq);
       EXPECT_EQ(tdk, fdk);
@@ -330,7 +330,7 @@ TEST(OpsAttentionPositionsRows, KeyBlocksMergeByLseAndBackwardWithRowDelta) {
       std::copy_n(x.begin() + ((size_t)b * Tk + from) * kr, (size_t)n * kr, r.begin() + (size_t)b * n * kr);
     return r;
   };
-  Vec fo(a.q.size()), fa((size_t)B * Hq * Tq * Tk), fl((size_t)B * Hq * Tq), fdatt(fa.size());
+  Vec fo(a.q.size()), fa((size_t)B * Hq * Tq * Tk), fl((size_t)B * Hq * Tq);
   attention_forward(fo.data(), fa.data(), fl.data(), a.q.data(), a.k.data(), a.v.data(), B, Tq, Tk, Hq, Hkv, D, q0, 0);
   const Vec k1 = key_rows(a.k, 0, T1), v1 = key_rows(a.v, 0, T1), k2 = key_rows(a.k, T1, T2), v2 = key_rows(a.v, T1, T2);
   Vec o1(a.q.size()), o2(a.q.size()), a1((size_t)B * Hq * Tq * T1), a2((size_t)B * Hq * Tq * T2), l1(fl.size()),
@@ -356,15 +356,14 @@ TEST(OpsAttentionPositionsRows, KeyBlocksMergeByLseAndBackwardWithRowDelta) {
   EXPECT_LT(rel_err(mo, fo), 1e-13);
 
   Vec fdq(a.q.size(), 0.0), fdk(a.k.size(), 0.0), fdv(a.v.size(), 0.0);
-  attention_backward(fdq.data(), fdk.data(), fdv.data(), fdatt.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
+  attention_backward(fdq.data(), fdk.data(), fdv.data(), a.R.data(), a.q.data(), a.k.data(), a.v.data(),
                      fa.data(), B, Tq, Tk, Hq, Hkv, D, q0, 0);
   Vec delta(fl.size());
   attention_row_delta(delta.data(), a.R.data(), fo.data(), B, Tq, Hq, D);
   Vec dq(a.q.size(), 0.0), dk1(k1.size(), 0.0), dv1(v1.size(), 0.0), dk2(k2.size(), 0.0), dv2(v2.size(), 0.0);
-  Vec s1(a1.size()), s2(a2.size());
-  attention_backward(dq.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+  attention_backward(dq.data(), dk1.data(), dv1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
                      a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0, delta.data());
-  attention_backward(dq.data(), dk2.data(), dv2.data(), s2.data(), a.R.data(), a.q.data(), k2.data(), v2.data(),
+  attention_backward(dq.data(), dk2.data(), dv2.data(), a.R.data(), a.q.data(), k2.data(), v2.data(),
                      a2.data(), B, Tq, T2, Hq, Hkv, D, q0, T1, delta.data());
   EXPECT_LT(rel_err(dq, fdq), 1e-12);
   EXPECT_LT(rel_err(dk1, key_rows(fdk, 0, T1)), 1e-12);
@@ -373,10 +372,10 @@ TEST(OpsAttentionPositionsRows, KeyBlocksMergeByLseAndBackwardWithRowDelta) {
   EXPECT_LT(rel_err(dv2, key_rows(fdv, T1, T2)), 1e-12);
   // Without the whole row's delta the block's own sum is wrong.
   Vec bad(a.q.size(), 0.0);
-  attention_backward(bad.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+  attention_backward(bad.data(), dk1.data(), dv1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
                      a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0);
   Vec want1(a.q.size(), 0.0);
-  attention_backward(want1.data(), dk1.data(), dv1.data(), s1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
+  attention_backward(want1.data(), dk1.data(), dv1.data(), a.R.data(), a.q.data(), k1.data(), v1.data(),
                      a1.data(), B, Tq, T1, Hq, Hkv, D, q0, 0, delta.data());
   EXPECT_GT(rel_err(bad, want1), 1e-3);
 }

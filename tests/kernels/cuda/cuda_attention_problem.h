@@ -51,14 +51,14 @@ inline Problem make_problem(const Shape& s, uint64_t seed, float qk_scale = 1.0f
             random_bf16_values(s.rows() * s.qd(), seed + 4), {}, {}, {}, {}, {}};
   const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end()),
       dout(p.dout.begin(), p.dout.end());
-  std::vector<double> att(static_cast<size_t>(s.B) * s.Hq * s.T * s.T), datt(att.size());
+  std::vector<double> att(static_cast<size_t>(s.B) * s.Hq * s.T * s.T);
   p.out.assign(q.size(), 0.0);
   kvs::cpu::attention_forward<double>(p.out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.Hq, s.Hkv,
                                       s.D);
   p.dq.assign(q.size(), 0.0);  // the CPU backward accumulates
   p.dk.assign(k.size(), 0.0);
   p.dv.assign(v.size(), 0.0);
-  kvs::cpu::attention_backward<double>(p.dq.data(), p.dk.data(), p.dv.data(), datt.data(), dout.data(), q.data(),
+  kvs::cpu::attention_backward<double>(p.dq.data(), p.dk.data(), p.dv.data(), dout.data(), q.data(),
                                        k.data(), v.data(), att.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
   // lse[b, h, t] = log sum_{j <= t} exp(<q_t, k_j> / sqrt(D)), straight from the definition.
   p.lse.assign(s.lse_size(), 0.0);

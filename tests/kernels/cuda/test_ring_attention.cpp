@@ -52,8 +52,8 @@ void expect_ring_of_two_blocks_is_whole_attention(int B, int T, int Hq, int Hkv,
   DVec out(NQ), lse(static_cast<size_t>(B) * Hq * T), att(static_cast<size_t>(B) * Hq * T * 2 * T);
   kvs::cpu::attention_forward<double>(out.data(), att.data(), lse.data(), qd.data(), kd.data(), vd.data(), B, T, 2 * T,
                                       Hq, Hkv, D, T, 0);
-  DVec dq(NQ, 0.0), dk(2 * NK, 0.0), dv(2 * NK, 0.0), datt(att.size());
-  kvs::cpu::attention_backward<double>(dq.data(), dk.data(), dv.data(), datt.data(), dod.data(), qd.data(), kd.data(),
+  DVec dq(NQ, 0.0), dk(2 * NK, 0.0), dv(2 * NK, 0.0);
+  kvs::cpu::attention_backward<double>(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
                                        vd.data(), att.data(), B, T, 2 * T, Hq, Hkv, D, T, 0);
 
   DeviceBuffer<bf16> d_q(to_bf16(q)), d_dout(to_bf16(dout)), d_part(NQ), d_out(NQ), d_dq(NQ);

@@ -251,7 +251,7 @@ def check_context_parallel(kvshift):
 
     def cpu_per_row(floats, cp):
         Tc = T // (2 * cp)
-        att = (L19 * T * T + T * T) * Hq if cp == 1 else (L19 * cp * 4 * Tc * Tc + Tc * Tc) * Hq
+        att = L19 * T * T * Hq if cp == 1 else L19 * cp * 4 * Tc * Tc * Hq  # per layer (no gradient scratch of it)
         coef = (Hq + 2 * Hkv) * 2  # [Hq | Hkv | Hkv] x (W+1)
         fixed = T * D19 + L19 * coef + (coef + 15) // 16 * 16  # RoPE tables, coefficients, their gradient
         return floats / 4 - att - fixed

@@ -2,36 +2,48 @@
 # Registers, spills, stack and static shared memory of every CUDA kernel, as
 # ptxas reports them (-Xptxas -v), for one architecture: a host-side look at
 # occupancy limits and local-memory spills before a GPU sees the code
-# (docs/CUDA.md "Kernel resources"). Needs a configured build directory.
+# (docs/CUDA.md "Kernel resources"). Each .cu file is compiled with the
+# build's own command (compile_commands.json of a -DKVS_CUDA=ON build), its
+# architectures replaced by the one asked for.
 #   bash scripts/cuda_resources.sh [arch, default 90] [build dir, default build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-arch=${1:-90}
-build=${2:-build}
-rsp=$build/CMakeFiles/kvs_cuda.dir/includes_CUDA.rsp
-[ -f "$rsp" ] || { echo "cuda_resources: $rsp not found: configure $build with -DKVS_CUDA=ON first" >&2; exit 1; }
-nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-printf '%-22s %-44s %5s %7s %7s %6s\n' file kernel regs spill_B stack_B smem_B
-for cu in src/kernels/cuda/*.cu; do
-  (cd "$build" && "$nvcc" -forward-unknown-to-host-compiler -DFMT_SHARED -DSPDLOG_COMPILED_LIB \
-    -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB --options-file "${rsp#$build/}" -O3 -DNDEBUG \
-    --generate-code=arch=compute_$arch,code=sm_$arch --expt-relaxed-constexpr -std=c++17 -x cu -c "../$cu" \
-    -o "$tmp/k.o" -Xptxas -v) 2>&1 |
-    /usr/bin/python3 -c '
-import re, subprocess, sys
-f, kernel, stack, spill = sys.argv[1], "", 0, 0
-for line in sys.stdin:
-    m = re.search(r"Compiling entry function .([^\x27]+)", line)
-    if m: kernel = m.group(1); continue
-    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)
-    if m: stack, spill = int(m.group(1)), int(m.group(2)); continue
-    m = re.search(r"Used (\d+) registers", line)
-    if m:
-        smem = re.search(r"(\d+) bytes smem", line)
-        name = subprocess.run(["c++filt", "-p", kernel], capture_output=True, text=True).stdout.strip()
-        name = name.replace("kvs::cuda::(anonymous namespace)::", "").replace("kvs::cuda::", "")
-        print(f"{f:22} {name[:44]:44} {int(m.group(1)):5} {spill:7} {stack:7} {int(smem.group(1)) if smem else 0:6}")
-' "$(basename "$cu")"
-done
+exec /usr/bin/python3 - "${1:-90}" "${2:-build}" <<'PY'
+import json, os, re, shlex, subprocess, sys, tempfile
+
+arch, build = sys.argv[1], sys.argv[2]
+db = os.path.join(build, "compile_commands.json")
+try:
+    entries = [e for e in json.load(open(db)) if e["file"].endswith(".cu")]
+except FileNotFoundError:
+    sys.exit(f"cuda_resources: {db} not found: configure {build} with -DKVS_CUDA=ON first")
+if not entries:
+    sys.exit(f"cuda_resources: no .cu file in {db}: configure {build} with -DKVS_CUDA=ON")
+print(f"{'file':22} {'kernel':44} {'regs':>5} {'spill_B':>7} {'stack_B':>7} {'smem_B':>6}")
+with tempfile.TemporaryDirectory() as tmp:
+    for e in sorted(entries, key=lambda e: e["file"]):
+        args = shlex.split(e["command"])
+        args = [a for a in args if not a.startswith("--generate-code")]
+        args[args.index("-o") + 1] = os.path.join(tmp, "k.o")
+        args += [f"--generate-code=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"]
+        r = subprocess.run(args, cwd=e["directory"], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"cuda_resources: {e['file']} did not compile:\n{r.stderr[-2000:]}")
+        f, kernel, stack, spill = os.path.basename(e["file"]), "", 0, 0
+        for line in (r.stdout + r.stderr).splitlines():
+            m = re.search(r"Compiling entry function '([^']+)'", line)
+            if m:
+                kernel = m.group(1)
+                continue
+            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)
+            if m:
+                stack, spill = int(m.group(1)), int(m.group(2))
+                continue
+            m = re.search(r"Used (\d+) registers", line)
+            if m:
+                smem = re.search(r"(\d+) bytes smem", line)
+                name = subprocess.run(["c++filt", "-p", kernel], capture_output=True, text=True).stdout.strip()
+                name = name.replace("kvs::cuda::(anonymous namespace)::", "").replace("kvs::cuda::", "")
+                print(f"{f:22} {name[:44]:44} {int(m.group(1)):5} {spill:7} {stack:7} "
+                      f"{int(smem.group(1)) if smem else 0:6}")
+PY

@@ -18,8 +18,9 @@ namespace kvs::cpu {
 namespace detail {
 // beta = 0 is done as a memset of C and beta = 1: OpenBLAS's own beta = 0
 // pass (its gemm_beta kernel, before the product) is slower than glibc's
-// memset, by 4-14% of the whole product at the model's shapes on a Zen 3
-// with 2 threads (docs/PERFORMANCE.md). The result is the same.
+// memset, by about 6-7% of a forward product at the model's shapes on a
+// Zen 3 with 2 threads, the same on 1 (scripts/bench_gemm_beta.sh,
+// docs/PERFORMANCE.md). The result is the same.
 template <class T>
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A, int lda,
                  const T* Bm, int ldb, T beta, T* Cm, int ldc) {

@@ -227,8 +227,8 @@ void CpuEngine::write_optimizer_state(const float* m, const float* v) {
 void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
   KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
             "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
-  std::vector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
-  std::vector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
+  HostVector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
+  HostVector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
   exp_avg_.swap(m);  // the old, larger buffers are freed here
   exp_avg_sq_.swap(v);
   opt_begin_ = begin;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "model/cpu_block.h"
 #include "model/engine.h"
 #include "parallel/context_parallel.h"
@@ -130,7 +131,7 @@ class CpuEngine : public Engine {
   // One micro-batch in flight: its activations and what the batch it came
   // from fixes (this rank's rows, document starts).
   struct Slot {
-    std::vector<float> acts;
+    HostVector<float> acts;
     Batch rows;  // this rank's rows (into the caller's batch, or the cp vectors below)
     CpLayout cp_layout;
     std::vector<int32_t> doc_start, cp_inputs, cp_targets, cp_shift_doc, cp_doc_full;
@@ -164,7 +165,7 @@ class CpuEngine : public Engine {
   TensorParallelRegion region_;
   ContextParallel cp_;
   std::unique_ptr<ContextParallelAttention> cp_attn_;  // cp > 1 only
-  std::vector<float> cp_gather_, cp_ids_;              // forward's gather of per-token outputs
+  HostVector<float> cp_gather_, cp_ids_;               // forward's gather of per-token outputs
   ModelPart part_;
   std::vector<int> local_of_;  // [L]: a layer's index among the held ones, -1 if not held
   std::vector<Chunk> chunks_;
@@ -172,12 +173,12 @@ class CpuEngine : public Engine {
   ParamLayout layout_;
   int max_B_, max_T_;
   ActivationPlan plan_;
-  std::vector<float> params_, grads_;
+  HostVector<float> params_, grads_;  // (huge pages: core/huge_pages.h)
   std::vector<Slot> slots_;
   Slot* cur_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) of the layout (all of it unless
   // keep_optimizer_range narrowed it).
-  std::vector<float> exp_avg_, exp_avg_sq_;
+  HostVector<float> exp_avg_, exp_avg_sq_;
   size_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<int32_t> argmax_;
   std::vector<double> norm_partials_, ce_scratch_;

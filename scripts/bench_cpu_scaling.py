@@ -9,11 +9,18 @@ fraction of the fp32 SGEMM peak calibrated on the same threads and kernels.
   /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 3 --threads 1 --threads 2 \\
       --config configs/toy/lm-small-kvshift.json --core default --core Cooperlake --core SkylakeX \\
       --core Haswell --core Zen
+  /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 12 --threads 2 --core default \
+      --config configs/toy/lm-small-kvshift.json --kvshift /tmp/kvshift-before --kvshift build/kvshift
 
 Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). A core
 is run with OPENBLAS_CORETYPE set to it; "default" unsets OPENBLAS_CORETYPE (and
 OPENBLAS_L2_SIZE), so kvshift picks the kernels itself. Without --core the environment is
 passed as it is.
+
+With two or more --kvshift binaries (a change against the commit before it), every run is
+done with each binary in turn, and the table is followed by each binary's median step time
+against the first's: the median of the per-round ratios and their range, which is how far a
+noisy machine can be trusted (a shared VM's rounds spread by 10-30%).
 """
 import argparse
 import json
@@ -22,9 +29,11 @@ import subprocess
 import sys
 
 
-def bench(binary, config, threads, warmup, steps, recalibrate, core=None):
+def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=()):
     cmd = [binary, "bench", "--config", config, "--device", "cpu", "--json", "--warmup", str(warmup),
            "--steps", str(steps), "--set", f"train.threads={threads}"]
+    for s in sets:
+        cmd += ["--set", s]
     if recalibrate:
         cmd.append("--recalibrate")
     env = dict(os.environ)
@@ -41,7 +50,8 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None):
 
 def median(values):
     values = sorted(values)
-    return values[len(values) // 2]
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def default_threads():
@@ -59,7 +69,10 @@ def main(argv=None):
     p.add_argument("--threads", type=int, action="append", help="thread count (repeatable; default 1, 2, 4, .. all)")
     p.add_argument("--core", action="append",
                    help="OpenBLAS core to run with (repeatable; 'default': kvshift's own choice)")
-    p.add_argument("--kvshift", default=os.path.join("build", "kvshift"))
+    p.add_argument("--kvshift", action="append",
+                   help="kvshift binary (repeatable: binaries compared run by run; default build/kvshift)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override passed to every run (repeatable), e.g. train.seq_len=1024")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--rounds", type=int, default=1, help="repeat every run this many times, interleaved")
@@ -68,16 +81,22 @@ def main(argv=None):
     args = p.parse_args(argv)
     threads = args.threads or default_threads()
     cores = args.core or [None]
-    runs = {(c, t, k): [] for c in args.config for t in threads for k in cores}
+    binaries = args.kvshift or [os.path.join("build", "kvshift")]
+    if len(set(binaries)) != len(binaries):
+        raise ValueError("--kvshift: the same binary twice")
+    runs = {(c, t, k, b): [] for c in args.config for t in threads for k in cores for b in binaries}
     for rnd in range(args.rounds):
-        for c, t, k in runs:
-            r = bench(args.kvshift, c, t, args.warmup, args.steps, args.recalibrate and rnd == 0, k)
-            runs[(c, t, k)].append(r)
-            print(f"round {rnd + 1}: {c} {t} threads {r['openblas_core']}: {r['tokens_per_s']:,.0f} tokens/s, "
-                  f"load {r['loadavg_1min']:.2f}", file=sys.stderr)
+        for c, t, k, b in runs:
+            r = bench(b, c, t, args.warmup, args.steps, args.recalibrate and rnd == 0 and b == binaries[0], k,
+                      args.set)
+            runs[(c, t, k, b)].append(r)
+            who = f" {b}" if len(binaries) > 1 else ""
+            print(f"round {rnd + 1}: {c} {t} threads {r['openblas_core']}{who}: {r['tokens_per_s']:,.0f} tokens/s, "
+                  f"{r['median_ms_per_step']:.1f} ms/step, load {r['loadavg_1min']:.2f}", file=sys.stderr)
     rows = []
-    for (c, t, k), rs in runs.items():
-        rows.append({"config": c, "threads": t, "core_asked": k or "environment",
+    for (c, t, k, b), rs in runs.items():
+        rows.append({"config": c, "threads": t, "core_asked": k or "environment", "kvshift": b,
+                     "median_ms_per_step": median([r["median_ms_per_step"] for r in rs]),
                      "tokens_per_s": median([r["tokens_per_s"] for r in rs]),
                      "cpu_ms_per_step": median([r["median_cpu_ms_per_step"] for r in rs]),
                      "model_tflops_per_s": median([r["model_tflops_per_s"] for r in rs]),
@@ -86,17 +105,33 @@ def main(argv=None):
                      "openblas_core": rs[-1]["openblas_core"],
                      "openblas_core_source": rs[-1].get("openblas_core_source", ""),
                      "loadavg": [r["loadavg_1min"] for r in rs]})
+    # Each binary against the first, round by round (the rounds interleave them).
+    comparisons = []
+    for (c, t, k, b), rs in runs.items():
+        if b == binaries[0]:
+            continue
+        base = runs[(c, t, k, binaries[0])]
+        ratios = sorted(x["median_ms_per_step"] / y["median_ms_per_step"] for x, y in zip(base, rs))
+        comparisons.append({"config": c, "threads": t, "core_asked": k or "environment", "kvshift": b,
+                            "baseline": binaries[0], "speedup_median": median(ratios),
+                            "speedup_min": ratios[0], "speedup_max": ratios[-1], "rounds": len(ratios)})
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"runs": rows, "comparisons": comparisons} if comparisons else rows))
         return 0
-    print("| config | threads | OpenBLAS kernels | tokens/s | CPU ms/step | model TFLOP/s | SGEMM peak GFLOP/s "
-          "| of peak | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    binary_col = len(binaries) > 1
+    print("| config | threads |" + (" kvshift |" if binary_col else "") +
+          " OpenBLAS kernels | tokens/s | CPU ms/step | model TFLOP/s | SGEMM peak GFLOP/s | of peak | load avg |")
+    print("|---|---|" + ("---|" if binary_col else "") + "---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {os.path.basename(r['config'])} | {r['threads']} | {r['openblas_core']} "
+        print(f"| {os.path.basename(r['config'])} | {r['threads']} |" + (f" {r['kvshift']} |" if binary_col else "") +
+              f" {r['openblas_core']} "
               f"({r['openblas_core_source']}) | {r['tokens_per_s']:,.0f} | {r['cpu_ms_per_step']:.0f} | "
               f"{r['model_tflops_per_s']:.3f} | {r['sgemm_peak_gflops']:.0f} | "
               f"{100 * r['fraction_of_sgemm_peak']:.0f}% | {min(r['loadavg']):.1f}-{max(r['loadavg']):.1f} |")
+    for cmp in comparisons:
+        print(f"{os.path.basename(cmp['config'])}, {cmp['threads']} threads, {cmp['core_asked']}: {cmp['kvshift']} is "
+              f"{cmp['speedup_median']:.3f}x {cmp['baseline']} (median of {cmp['rounds']} per-round ratios of the "
+              f"median step; range {cmp['speedup_min']:.3f}-{cmp['speedup_max']:.3f})")
     return 0
 
 

@@ -124,7 +124,9 @@ TEST_P(OpsAttentionPositions, ForwardAndLseMatchNaive) {
     expect_lse_close(lse, ref_lse, 1e-12);
     // Exact zeros where a key is not visible (the backward relies on them).
     for (size_t i = 0; i < att.size(); ++i)
-      if (ref_att[i] == 0.0) ASSERT_EQ(att[i], 0.0) << "att element " << i;
+      if (ref_att[i] == 0.0) {
+        ASSERT_EQ(att[i], 0.0) << "att element " << i;
+      }
   }
 }
 
@@ -219,7 +221,9 @@ TEST(OpsAttentionPositionsRows, RowWithoutVisibleKeysIsZeroWithLseMinusInf) {
       const bool empty = t < 4;
       EXPECT_EQ(std::isinf(lse[(size_t)h * s.Tq + t]) && lse[(size_t)h * s.Tq + t] < 0, empty) << "row " << t;
       for (int u = 0; u < s.Tk; ++u)
-        if (empty) EXPECT_EQ(att[((size_t)h * s.Tq + t) * s.Tk + u], 0.0);
+        if (empty) {
+          EXPECT_EQ(att[((size_t)h * s.Tq + t) * s.Tk + u], 0.0);
+        }
       for (int d = 0; d < s.D; ++d) {
         if (!empty) continue;
         EXPECT_EQ(out[qi(s, 0, t, h) + d], 0.0);
@@ -240,7 +244,7 @@ TEST(OpsAttentionPositionsRows, LastQueriesEqualRowsOfFullAttention) {
     for (bool docs : {false, true}) {
       SCOPED_TRACE(fmt::format("B{} T{} Tq{} D{}{}", c.B, c.T, c.Tq, c.D, docs ? " with documents" : ""));
       const int T = c.T, Tq = c.Tq, q0 = T - Tq;
-      const PosShape full{"", c.B, T, T, c.Hq, c.Hkv, c.D, 0, 0}, last{"", c.B, Tq, T, c.Hq, c.Hkv, c.D, q0, 0};
+      const PosShape full{"", c.B, T, T, c.Hq, c.Hkv, c.D, 0, 0};
       PosData a(full, 2400 + T);
       // Documents: sequence b starts a new one at T/2 + b.
       std::vector<int32_t> full_ds((size_t)c.B * T), last_ds((size_t)c.B * Tq);

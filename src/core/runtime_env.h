@@ -7,7 +7,9 @@
 // a short spin keeps small models fast and degrades gracefully.
 //
 // A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left alone, and
-// KVS_NO_ENV_TUNING=1 disables the mechanism.
+// KVS_NO_ENV_TUNING=1 disables the mechanism. The re-executed program starts
+// on the CPUs this one was started on (not the one CPU that OMP_PROC_BIND
+// binds the initial thread to before main).
 #pragma once
 #include <string>
 

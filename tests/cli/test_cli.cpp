@@ -1,6 +1,7 @@
 // The kvshift binary as a user runs it: help text, info on the paper configs,
 // and one-line errors with a non-zero exit for bad input.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <array>
@@ -182,6 +183,21 @@ TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_EQ(env_of(p)["GOMP_SPINCOUNT"], "");
   EXPECT_EQ(env_of(p)["OMP_WAIT_POLICY"], "PASSIVE");
+}
+
+TEST(Cli, StartupUnderOmpProcBindKeepsEveryCpuItWasStartedOn) {
+  // libgomp binds the initial thread to its first place before main; the
+  // re-execution that sets the spin must not inherit that one-CPU mask.
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  const int cpus = CPU_COUNT(&mine);
+  if (cpus < 2) GTEST_SKIP() << "this process may use " << cpus << " CPU";
+  const std::string cfg = " bench --json --warmup 0 --steps 1 --config " + src("configs/toy/induction-1l-kvshift.json");
+  Result r = run_with_env("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OMP_PROC_BIND=close OMP_PLACES=threads", cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["env"]["GOMP_SPINCOUNT"], "20000");  // it did re-execute
+  EXPECT_EQ(j["omp_places"].get<int>(), cpus);     // one place per CPU of the mask it started with
 }
 
 TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {

@@ -258,6 +258,7 @@ void add_bench(CLI::App& app) {
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
                             {"loadavg_1min", loadavg_1min()},
+                            {"omp_places", omp_get_num_places()},  // 0 unless OMP_PLACES/OMP_PROC_BIND bind threads
                             {"env",
                              {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands/commands.h"
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/runtime_env.h"
@@ -11,6 +12,7 @@
 int main(int argc, char** argv) {
   kvs::tune_runtime_environment(argv);  // may re-execute once with OpenMP/OpenBLAS settings
   kvs::cpu::select_blas_kernels();      // before any BLAS call: the GEMM kernels for this CPU
+  kvs::default_threads_to_cpu_budget();  // a container's CPU quota caps the default thread count
   CLI::App app{"kvshift: pretrain Llama-architecture language models with KV shifting attention"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every subcommand");

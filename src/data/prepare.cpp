@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_dir.h"
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -91,7 +92,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);
   validate_doc_split(o.split);
   KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
-  const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+  const int threads = resolve_threads(o.threads);
 
   const TokenizerMeta meta = read_tokenizer_meta(o.tokenizer);
   const auto tok = load_tokenizer(o.tokenizer);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -61,7 +62,7 @@ struct BatchBuffers {
 };
 
 void set_threads(int threads) {
-  const int n = threads > 0 ? threads : omp_get_num_procs();
+  const int n = resolve_threads(threads);
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
@@ -276,7 +277,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
-               tc.threads > 0 ? tc.threads : omp_get_num_procs());
+               resolve_threads(tc.threads));
+  if (rank0 && tc.threads == 0 && !process_cpu_budget().note().empty()) spdlog::info("{}", process_cpu_budget().note());
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
   const int LB = GB / dp;  // this replica's sequences: [dp_rank * LB, (dp_rank + 1) * LB) of each global batch

@@ -12,6 +12,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/runtime_env.h"
@@ -200,7 +201,7 @@ void add_bench(CLI::App& app) {
     Config cfg = load_config(a->config, a->sets);
     if (!a->device.empty()) cfg.device = device_flag(a->device);
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
-    const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
+    const int threads = resolve_threads(cfg.train.threads);
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
@@ -217,6 +218,8 @@ void add_bench(CLI::App& app) {
     const cpu::BlasChoice& blas = cpu::select_blas_kernels();
     if (cpu_run && !a->json) {
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
+      if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
+        std::printf("%s\n", process_cpu_budget().note().c_str());
       if (blas.slow_fallback)
         std::printf("warning: OpenBLAS runs its generic %s kernels on a CPU with AVX2 or AVX-512 (unset "
                     "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",
@@ -259,6 +262,9 @@ void add_bench(CLI::App& app) {
                             {"openblas_slow_fallback", blas.slow_fallback},
                             {"loadavg_1min", loadavg_1min()},
                             {"omp_places", omp_get_num_places()},  // 0 unless OMP_PLACES/OMP_PROC_BIND bind threads
+                            {"affinity_cpus", process_cpu_budget().affinity_cpus},
+                            {"cgroup_cpu_quota", process_cpu_budget().quota ? nlohmann::json(*process_cpu_budget().quota)
+                                                                            : nlohmann::json(nullptr)},
                             {"env",
                              {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},

@@ -15,6 +15,7 @@
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
 #include "cli/commands/text_stream.h"
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "model/generator.h"
 #include "model/sampler.h"
@@ -98,7 +99,7 @@ std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint&
 // size 1024 (a guess, not measured above 256) and every core from there on.
 int pick_threads(int requested, const ModelConfig& m) {
   if (requested > 0) return requested;
-  return m.hidden_size < 1024 ? 1 : omp_get_num_procs();
+  return m.hidden_size < 1024 ? 1 : resolve_threads(0);
 }
 
 // Prints `text` at once (streaming).

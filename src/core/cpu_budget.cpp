@@ -109,6 +109,15 @@ std::string CpuBudget::note() const {
                      threads, *quota, affinity_cpus);
 }
 
+std::string CpuBudget::oversubscribed(int requested) const {
+  if (requested <= threads) return {};
+  const std::string why = quota && threads < affinity_cpus ? fmt::format(" (a cgroup CPU quota of {:.2f})", *quota) : "";
+  return fmt::format("{} threads asked for, but this process may use {} CPUs{}: the threads take turns on the "
+                     "cores and every parallel op waits for the last (8 threads on 2 cores: 1.6x slower steps); "
+                     "train.threads = 0 picks {}",
+                     requested, threads, why, threads);
+}
+
 const CpuBudget& process_cpu_budget() {
   static const CpuBudget b = cpu_budget(omp_get_num_procs(), cgroup_cpu_quota(read_small("/proc/self/cgroup"),
                                                                                "/sys/fs/cgroup"));

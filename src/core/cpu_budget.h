@@ -26,6 +26,10 @@ struct CpuBudget {
   std::optional<double> quota;  // the cgroup CPU quota, if one is set
   // "" when the mask decides; else one line on the quota that caps it.
   std::string note() const;
+  // "" unless `requested` threads are more than the budget; else a one-line
+  // warning (the threads take turns on the cores and wait for each other at
+  // every OpenMP barrier).
+  std::string oversubscribed(int requested) const;
 };
 
 // affinity_cpus capped by ceil(quota) (at least 1).

@@ -279,6 +279,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                resolve_threads(tc.threads));
   if (rank0 && tc.threads == 0 && !process_cpu_budget().note().empty()) spdlog::info("{}", process_cpu_budget().note());
+  if (rank0 && !process_cpu_budget().oversubscribed(tc.threads).empty())
+    spdlog::warn("{}", process_cpu_budget().oversubscribed(tc.threads));
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
   const int LB = GB / dp;  // this replica's sequences: [dp_rank * LB, (dp_rank + 1) * LB) of each global batch

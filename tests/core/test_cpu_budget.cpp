@@ -100,6 +100,18 @@ TEST(CpuBudget, AQuotaCapsTheAffinityMaskRoundedUp) {
   EXPECT_EQ(cpu_budget(0, std::nullopt).threads, 1);
 }
 
+TEST(CpuBudget, MoreThreadsThanTheBudgetGetAWarning) {
+  const CpuBudget mask = cpu_budget(2, std::nullopt);
+  EXPECT_EQ(mask.oversubscribed(2), "");
+  EXPECT_EQ(mask.oversubscribed(1), "");
+  const std::string w = mask.oversubscribed(8);
+  EXPECT_NE(w.find("8 threads asked for"), std::string::npos) << w;
+  EXPECT_NE(w.find("may use 2 CPUs:"), std::string::npos) << w;
+  const std::string q = cpu_budget(64, 2.0).oversubscribed(16);
+  EXPECT_NE(q.find("may use 2 CPUs (a cgroup CPU quota of 2.00)"), std::string::npos) << q;
+  EXPECT_EQ(cpu_budget(64, 2.0).oversubscribed(2), "");
+}
+
 TEST(CpuBudget, ThisProcessResolvesZeroToItsBudgetAndKeepsAnExplicitCount) {
   EXPECT_EQ(resolve_threads(3), 3);
   EXPECT_EQ(resolve_threads(0), process_cpu_budget().threads);

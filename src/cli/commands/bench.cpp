@@ -220,6 +220,8 @@ void add_bench(CLI::App& app) {
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
       if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
         std::printf("%s\n", process_cpu_budget().note().c_str());
+      if (const std::string w = process_cpu_budget().oversubscribed(threads); !w.empty())
+        std::printf("warning: %s\n", w.c_str());
       if (blas.slow_fallback)
         std::printf("warning: OpenBLAS runs its generic %s kernels on a CPU with AVX2 or AVX-512 (unset "
                     "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",

@@ -3,8 +3,6 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <string>
 
 namespace kvs {
 
@@ -26,18 +24,6 @@ void huge_page_free(void* p, size_t bytes) noexcept {
   if (!p) return;
   if (bytes < kHugePageBytes) ::operator delete(p);
   else std::free(p);
-}
-
-const char* transparent_huge_page_mode() {
-  static const std::string mode = [] {
-    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string line;
-    if (!std::getline(f, line)) return std::string();
-    const size_t open = line.find('['), close = line.find(']');
-    if (open == std::string::npos || close == std::string::npos || close < open) return std::string();
-    return line.substr(open + 1, close - open - 1);
-  }();
-  return mode.c_str();
 }
 
 }  // namespace kvs

@@ -19,9 +19,6 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 // smaller: ordinary operator new. Throws std::bad_alloc like new.
 void* huge_page_alloc(size_t bytes);
 void huge_page_free(void* p, size_t bytes) noexcept;
-// The system's THP mode from /sys/kernel/mm/transparent_hugepage/enabled:
-// "always", "madvise", "never", or "" where the file is absent.
-const char* transparent_huge_page_mode();
 
 template <class T>
 struct HugePageAllocator {

@@ -15,6 +15,17 @@
 namespace kvs {
 namespace {
 
+// The system's THP mode from /sys/kernel/mm/transparent_hugepage/enabled:
+// "always", "madvise", "never", or "" where the file is absent.
+std::string transparent_huge_page_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(f, line)) return {};
+  const size_t open = line.find('['), close = line.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return {};
+  return line.substr(open + 1, close - open - 1);
+}
+
 bool huge_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kHugePageBytes == 0; }
 
 // AnonHugePages (kB) of the mapping in /proc/self/smaps that holds p, -1 if none does.

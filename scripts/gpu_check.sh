@@ -15,6 +15,7 @@
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the second call at once).
 # KVS_CHECK_BUDGET (default 560 s): the whole call's deadline; every section is cut to it.
+# KVS_CHECK_BUILD, KVS_CHECK_DEVICE, KVS_CHECK_STEPS: the host rehearsal's settings (below).
 # Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to
 # its summary.txt. With $OUT set (the device tool), summary.txt and a
 # logs.tar.gz of the *.log / *.jsonl files are copied there at the end.
@@ -32,10 +33,19 @@ while [ $# -gt 0 ]; do
   shift
 done
 want() { case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-out=${KVS_CHECK_LOGS:-$PWD/build-gpu/check}
+# A rehearsal on a host without a GPU (tests/test_gpu_check_rehearsal.py, in
+# CI): KVS_CHECK_BUILD names a build to use instead of build-gpu/ and
+# KVS_CHECK_DEVICE=cpu runs every training run and benchmark on the CPU engine,
+# so the script's own flags, parsing and rows are checked before a lease's
+# minutes go to them.
+bd=${KVS_CHECK_BUILD:-build-gpu}
+case $bd in /*) ;; *) bd=$PWD/$bd ;; esac
+dev=${KVS_CHECK_DEVICE:-cuda}
+steps=${KVS_CHECK_STEPS:-50}  # of every short training run (the rehearsal takes fewer)
+out=${KVS_CHECK_LOGS:-$bd/check}
 mkdir -p "$out"
 summary=$out/summary.txt
-row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$summary"; }
+row() { printf '%-44s  %s\n' "$1" "$2" | tee -a "$summary"; }  # label, two spaces at least, value
 t0=$(date +%s)
 # One deadline for the whole call (a lent machine kills a command at 10
 # minutes and nothing comes back): every section's timeout is capped by the
@@ -116,7 +126,7 @@ preflight() {
 }
 # CMake records whether it found NCCL (CMakeLists.txt): without it the build
 # is for one GPU in one process, and the NCCL rows cannot run.
-nccl_built() { grep -q '^KVS_BUILT_WITH_NCCL:INTERNAL=ON' build-gpu/CMakeCache.txt 2>/dev/null; }
+nccl_built() { grep -q '^KVS_BUILT_WITH_NCCL:INTERNAL=ON' "$bd"/CMakeCache.txt 2>/dev/null; }
 # NCCL: the toolkit's, the system's, or the pip wheel's that PyTorch brings.
 nccl_cmake_args=()
 find_nccl() {
@@ -159,10 +169,10 @@ if want build; then
     # config files that still ask for policies below 3.5 (3.x ignores it).
     # Only this GPU's architecture (e.g. 9.0 -> 90): half the nvcc time of "80;90".
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    cmake -S . -B "$bd" -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       ${arch:+-DKVS_CUDA_ARCHS=$arch} \
       "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" "${fe_cmake_args[@]}" \
-      >"$out/cmake.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" "${build_targets[@]}" >"$out/build.log" 2>&1
+      >"$out/cmake.log" 2>&1 && cmake --build "$bd" -j"$(nproc)" "${build_targets[@]}" >"$out/build.log" 2>&1
     build_rc=$?
   else
     build_rc=1
@@ -172,7 +182,7 @@ if want build; then
     tail -25 "$out/build.log" 2>/dev/null || tail -25 "$out/cmake.log" 2>/dev/null
   fi
   row "CUDA build (KVS_CUDA=ON)" "$([ $build_rc -eq 0 ] && echo "ok ($(($(date +%s) - tb)) s, NCCL $(nccl_built && echo yes || echo "NOT FOUND: one GPU, one process"))" || echo "FAILED: $out/cmake.log, build.log")"
-elif [ ! -x build-gpu/kvshift ] || [ ! -x build-gpu/kvshift_tests ]; then
+elif [ ! -x "$bd"/kvshift ] || [ ! -x "$bd"/kvshift_tests ]; then
   build_rc=1
   row "CUDA build" "not built: run with --only build first"
 fi
@@ -182,8 +192,8 @@ mpi_env=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1)
 # cuDNN (optional, for attention backend "cudnn"; built when CMake found both
 # cuDNN and the frontend's headers): a pip wheel's libcudnn.so.9 loads its
 # engine libraries from its own directory, which the loader may not search.
-cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:[A-Z]*=//p' build-gpu/CMakeCache.txt 2>/dev/null)
-cudnn_fe=$(sed -n 's/^KVS_CUDNN_FRONTEND_INCLUDE:[A-Z]*=//p' build-gpu/CMakeCache.txt 2>/dev/null)
+cudnn_lib=$(sed -n 's/^KVS_CUDNN_LIB:[A-Z]*=//p' "$bd"/CMakeCache.txt 2>/dev/null)
+cudnn_fe=$(sed -n 's/^KVS_CUDNN_FRONTEND_INCLUDE:[A-Z]*=//p' "$bd"/CMakeCache.txt 2>/dev/null)
 cudnn_row="not found: backend not built"
 if [ -n "$cudnn_lib" ] && [ "${cudnn_lib%NOTFOUND}" = "$cudnn_lib" ]; then
   export LD_LIBRARY_PATH="$(dirname "$cudnn_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -209,7 +219,7 @@ if [ $build_rc -eq 0 ] && want cuda; then
   tc=$(date +%s)
   budget=$(cap "${KVS_CUDA_TIMEOUT:-480}")
   : >"$out/cuda_tests.log"
-  suites=$(./build-gpu/kvshift_tests --gtest_list_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" 2>/dev/null |
+  suites=$("$bd"/kvshift_tests --gtest_list_tests --gtest_filter="${KVS_CUDA_FILTER:-Cuda*}" 2>/dev/null |
     sed -n 's/^\([A-Za-z0-9_/]*\)\.$/\1/p')
   hung=()
   for suite in $suites; do
@@ -222,7 +232,7 @@ if [ $build_rc -eq 0 ] && want cuda; then
     # A suite filter that keeps the caller's negative patterns (after '-').
     filter="$suite.*"
     case ${KVS_CUDA_FILTER:-} in *-*) filter="$suite.*-${KVS_CUDA_FILTER#*-}" ;; esac
-    timeout $(cap $((left < 240 ? left : 240))) ./build-gpu/kvshift_tests --gtest_filter="$filter" >>"$out/cuda_tests.log" 2>&1
+    timeout $(cap $((left < 240 ? left : 240))) "$bd"/kvshift_tests --gtest_filter="$filter" >>"$out/cuda_tests.log" 2>&1
     rc=$?
     if [ $rc -eq 124 ]; then hung+=("$suite (timed out)"); echo "[  FAILED  ] $suite (timed out)" >>"$out/cuda_tests.log"
     elif [ $rc -gt 1 ]; then hung+=("$suite (exit $rc)"); echo "[  FAILED  ] $suite (exit status $rc)" >>"$out/cuda_tests.log"
@@ -245,7 +255,7 @@ if [ $build_rc -eq 0 ] && want sanitize; then
     ts=$(date +%s)
     sanitize() {  # tool, gtest filter, log name
       timeout "$(cap "${KVS_SANITIZE_TIMEOUT:-240}")" "$cs" --tool "$1" --error-exitcode 99 --print-limit 20 \
-        ./build-gpu/kvshift_tests --gtest_filter="$2" >"$out/$3" 2>&1
+        "$bd"/kvshift_tests --gtest_filter="$2" >"$out/$3" 2>&1
       case $? in
         0) echo "clean" ;;
         124) echo "timed out (KVS_SANITIZE_TIMEOUT=${KVS_SANITIZE_TIMEOUT:-240}): $out/$3" ;;
@@ -297,7 +307,7 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
     row "NCCL rows ($launcher)" "not run: built without NCCL (cmake.log: NCCL not found)"
     return 0
   fi
-  if torchrun_like 1 29600 "$log" ./build-gpu/kvshift dist-check --nccl; then
+  if torchrun_like 1 29600 "$log" "$bd"/kvshift dist-check --nccl; then
     row "NCCL world of 1 ($launcher)" "$(grep -m1 'NCCL all-reduce' "$log")"
   else
     row "NCCL world of 1 ($launcher)" "FAILED: $(why "$log")"
@@ -306,7 +316,7 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
   # two ranks of a communicator on the same device ("Duplicate GPU detected").
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   log=$out/nccl_w2.log
-  if torchrun_like 2 29610 "$log" ./build-gpu/kvshift dist-check --nccl; then
+  if torchrun_like 2 29610 "$log" "$bd"/kvshift dist-check --nccl; then
     row "NCCL 2 ranks on $ngpu GPU(s)" "ok: $(grep -m1 'NCCL all-reduce' "$log")"
   elif grep -qiE "duplicate GPU|invalid usage" "$log"; then
     row "NCCL 2 ranks on $ngpu GPU(s)" "refused by NCCL: two ranks on one GPU ($(grep -m1 -oiE 'duplicate GPU[^)]*|invalid usage' "$log"))"
@@ -316,12 +326,28 @@ launch_rows() {  # the torchrun path on the GPU (docs/LAUNCH.md)
   # A short training run under the same launcher (a world of one: the single-process backend).
   log=$out/torchrun_train.log
   rm -rf "$out/torchrun-train"
-  if torchrun_like 1 29620 "$log" ./build-gpu/kvshift train --quiet \
-      --config configs/toy/induction-1l-kvshift.json --set device=cuda --set train.steps=50 \
-      --set train.eval_every=50 --set train.checkpoint_every=50 --run-dir "$out/torchrun-train"; then
-    row "train, device cuda, world of 1 ($launcher)" "$(grep -m1 '^run ' "$log" | sed 's/^run [^:]*: //')"
+  if torchrun_like 1 29620 "$log" "$bd"/kvshift train --quiet \
+      --config configs/toy/induction-1l-kvshift.json --set device="$dev" --set train.steps=$steps \
+      --set train.eval_every=$steps --set train.checkpoint_every=$steps --run-dir "$out/torchrun-train"; then
+    row "train, device $dev, world of 1 ($launcher)" "$(grep -m1 '^run ' "$log" | sed 's/^run [^:]*: //')"
   else
-    row "train, device cuda, world of 1 ($launcher)" "FAILED: $(why "$log")"
+    row "train, device $dev, world of 1 ($launcher)" "FAILED: $(why "$log")"
+    return 0
+  fi
+  # Its checkpoint evaluated by the CPU engine: the same validation loss as the
+  # run's own last evaluation, within bf16's rounding of the GPU's arithmetic.
+  local j r
+  j=$(timeout $(cap 120) "$bd"/kvshift eval --checkpoint "$out/torchrun-train" --device cpu --json 2>"$out/eval_cpu.log")
+  if r=$(python3 - "$out/torchrun-train/metrics.jsonl" "$j" <<'PY' 2>>"$out/eval_cpu.log"
+import json, sys
+run = [j["val_loss"] for j in map(json.loads, open(sys.argv[1])) if j["type"] == "eval"][-1]
+cpu = json.loads(sys.argv[2])["val_loss"]
+print("val_loss %.4f on the CPU, %.4f in the run: rel diff %.1e" % (cpu, run, abs(cpu - run) / abs(run)))
+PY
+  ); then
+    row "eval on the CPU of that checkpoint" "$r"
+  else
+    row "eval on the CPU of that checkpoint" "FAILED: $(why "$out/eval_cpu.log")"
   fi
 }
 
@@ -334,9 +360,9 @@ dp_train() {  # dir, extra KEY=VALUE settings (space-separated), launcher-prefix
   for s in $2; do sets+=(--set "$s"); done
   shift 2
   rm -rf "$dir"
-  "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
-    --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=50 \
-    --set train.eval_every=50 --set train.checkpoint_every=50 "${sets[@]}" --run-dir "$dir"
+  "$@" "$bd"/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device="$dev" \
+    --set train.micro_batch_size=16 --set train.grad_accum_steps=2 --set train.steps=$steps \
+    --set train.eval_every=$steps --set train.checkpoint_every=$steps "${sets[@]}" --run-dir "$dir"
 }
 curve_diff() {  # metrics of run A vs run B: the largest relative train-loss difference
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
@@ -352,15 +378,15 @@ dp_rows() {
   local ngpu log
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   if ! dp_train "$out/dp1" parallel.tp=1 >"$out/dp1.log" 2>&1; then
-    row "train, device cuda, dp=1 (reference)" "FAILED: $(why "$out/dp1.log")"
+    row "train, device $dev, dp=1 (reference)" "FAILED: $(why "$out/dp1.log")"
     return
   fi
   log=$out/dp2_mpi.log
   if dp_train "$out/dp2-mpi" parallel.tp=1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
       timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
-    row "train cuda, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
+    row "train $dev, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
-    row "train cuda, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
+    row "train $dev, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
   fi
   # Tensor parallelism with the CUDA kernels: tp=2, then dp=2 x tp=2, as MPI
   # ranks sharing the GPU (activations all-reduced through the host).
@@ -369,9 +395,9 @@ dp_rows() {
     log=$out/tp2_np$np.log
     if dp_train "$out/tp2-np$np" parallel.tp=2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" \
         timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np $np >"$log" 2>&1; then
-      row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
+      row "train $dev, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "$(curve_diff "$out/tp2-np$np" "$out/dp1")"
     else
-      row "train cuda, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "FAILED: $(why "$log")"
+      row "train $dev, tp=2 x dp=$((np / 2)), MPI on 1 GPU" "FAILED: $(why "$log")"
     fi
   done
   # Sequence parallelism (tp=2) and context parallelism (cp=2, the shift's
@@ -385,26 +411,26 @@ dp_rows() {
     esac
     if dp_train "$out/${log##*/}.run" "$sets" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
-      row "train cuda, $name, MPI on 1 GPU" "$(curve_diff "$out/${log##*/}.run" "$out/dp1")"
+      row "train $dev, $name, MPI on 1 GPU" "$(curve_diff "$out/${log##*/}.run" "$out/dp1")"
     else
-      row "train cuda, $name, MPI on 1 GPU" "FAILED: $(why "$log")"
+      row "train $dev, $name, MPI on 1 GPU" "FAILED: $(why "$log")"
     fi
   done
   if [ "$ngpu" -ge 2 ] && nccl_built; then
     log=$out/dp2_nccl.log
     if dp_train "$out/dp2-nccl" parallel.tp=1 torchrun_like 2 29630 "$log"; then
-      row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "$(curve_diff "$out/dp2-nccl" "$out/dp1")"
+      row "train $dev, NCCL dp=2 on 2 GPUs (overlap)" "$(curve_diff "$out/dp2-nccl" "$out/dp1")"
     else
-      row "train cuda, NCCL dp=2 on 2 GPUs (overlap)" "FAILED: $(why "$log")"
+      row "train $dev, NCCL dp=2 on 2 GPUs (overlap)" "FAILED: $(why "$log")"
     fi
     log=$out/tp2_nccl.log
     if dp_train "$out/tp2-nccl" parallel.tp=2 torchrun_like 2 29640 "$log"; then
-      row "train cuda, NCCL tp=2 on 2 GPUs" "$(curve_diff "$out/tp2-nccl" "$out/dp1")"
+      row "train $dev, NCCL tp=2 on 2 GPUs" "$(curve_diff "$out/tp2-nccl" "$out/dp1")"
     else
-      row "train cuda, NCCL tp=2 on 2 GPUs" "FAILED: $(why "$log")"
+      row "train $dev, NCCL tp=2 on 2 GPUs" "FAILED: $(why "$log")"
     fi
   else
-    row "train cuda, NCCL dp=2 (overlap)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
+    row "train $dev, NCCL dp=2 (overlap)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
   fi
 }
 
@@ -419,16 +445,16 @@ pp_train() {  # dir, space-separated KEY=VALUE settings, launcher-prefix...
   for s in $2; do sets+=(--set "$s"); done
   shift 2
   rm -rf "$dir"
-  "$@" ./build-gpu/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device=cuda \
+  "$@" "$bd"/kvshift train --quiet --config configs/toy/induction-1l-kvshift.json --set device="$dev" \
     --set model.num_hidden_layers=4 --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
-    --set train.steps=50 --set train.eval_every=50 --set train.checkpoint_every=50 "${sets[@]}" --run-dir "$dir"
+    --set train.steps=$steps --set train.eval_every=$steps --set train.checkpoint_every=$steps "${sets[@]}" --run-dir "$dir"
 }
 pp_rows() {
   local ngpu log
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   for tied in false true; do
     if ! pp_train "$out/pp1-$tied" "model.tie_word_embeddings=$tied" >"$out/pp1_$tied.log" 2>&1; then
-      row "train cuda, 4 layers (pp reference)" "FAILED: $(why "$out/pp1_$tied.log")"
+      row "train $dev, 4 layers (pp reference)" "FAILED: $(why "$out/pp1_$tied.log")"
       return
     fi
   done
@@ -436,28 +462,28 @@ pp_rows() {
   if pp_train "$out/pp2-mpi" "parallel.pp=2 model.tie_word_embeddings=false" env OMPI_ALLOW_RUN_AS_ROOT=1 \
       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" --oversubscribe --bind-to none -np 2 \
       >"$log" 2>&1; then
-    row "train cuda, pp=2 1F1B, MPI on 1 GPU" "$(curve_diff "$out/pp2-mpi" "$out/pp1-false")"
+    row "train $dev, pp=2 1F1B, MPI on 1 GPU" "$(curve_diff "$out/pp2-mpi" "$out/pp1-false")"
   else
-    row "train cuda, pp=2 1F1B, MPI on 1 GPU" "FAILED: $(why "$log")"
+    row "train $dev, pp=2 1F1B, MPI on 1 GPU" "FAILED: $(why "$log")"
   fi
   log=$out/pp2v2_mpi.log
   if pp_train "$out/pp2v2-mpi" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true train.recompute=full" \
       env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" \
       --oversubscribe --bind-to none -np 2 >"$log" 2>&1; then
-    row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "$(curve_diff "$out/pp2v2-mpi" "$out/pp1-true")"
+    row "train $dev, pp=2 x v2 tied recompute, MPI 1 GPU" "$(curve_diff "$out/pp2v2-mpi" "$out/pp1-true")"
   else
-    row "train cuda, pp=2 x v2 tied recompute, MPI 1 GPU" "FAILED: $(why "$log")"
+    row "train $dev, pp=2 x v2 tied recompute, MPI 1 GPU" "FAILED: $(why "$log")"
   fi
   if [ "$ngpu" -ge 2 ] && nccl_built; then
     log=$out/pp2_nccl.log
     if pp_train "$out/pp2-nccl" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true" \
         torchrun_like 2 29650 "$log"; then
-      row "train cuda, NCCL pp=2 x v2 on 2 GPUs" "$(curve_diff "$out/pp2-nccl" "$out/pp1-true")"
+      row "train $dev, NCCL pp=2 x v2 on 2 GPUs" "$(curve_diff "$out/pp2-nccl" "$out/pp1-true")"
     else
-      row "train cuda, NCCL pp=2 x v2 on 2 GPUs" "FAILED: $(why "$log")"
+      row "train $dev, NCCL pp=2 x v2 on 2 GPUs" "FAILED: $(why "$log")"
     fi
   else
-    row "train cuda, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
+    row "train $dev, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"
   fi
 }
 
@@ -465,18 +491,22 @@ pp_rows() {
 # train.attention_backend=cudnn, loss curves compared.
 cudnn_rows() {
   local log=$out/train_cudnn.log
+  if [ "$dev" != cuda ]; then
+    row "train $dev, attention cudnn vs flash" "n/a: device $dev (cuDNN is the CUDA engine's)"
+    return
+  fi
   if [ -z "$cudnn_lib" ]; then
-    row "train cuda, attention cudnn vs flash" "n/a: built without cuDNN"
+    row "train $dev, attention cudnn vs flash" "n/a: built without cuDNN"
     return
   fi
   if dp_train "$out/train-cudnn" train.attention_backend=cudnn >"$log" 2>&1; then
     if [ -f "$out/dp1/metrics.jsonl" ]; then
-      row "train cuda, attention cudnn vs flash" "$(curve_diff "$out/train-cudnn" "$out/dp1")"
+      row "train $dev, attention cudnn vs flash" "$(curve_diff "$out/train-cudnn" "$out/dp1")"
     else
-      row "train cuda, attention cudnn" "ran; no flash reference run to compare"
+      row "train $dev, attention cudnn" "ran; no flash reference run to compare"
     fi
   else
-    row "train cuda, attention cudnn" "FAILED: $(why "$log")"
+    row "train $dev, attention cudnn" "FAILED: $(why "$log")"
   fi
 }
 
@@ -484,13 +514,13 @@ bench() {  # label, args...
   local label=$1
   shift
   local j
-  j=$(timeout $(cap 400) ./build-gpu/kvshift bench --json --device cuda "$@" 2>"$out/bench_err.log")
+  j=$(timeout $(cap 400) "$bd"/kvshift bench --json --device "$dev" "$@" 2>"$out/bench_err.log")
   if [ -z "$j" ]; then
     row "$label" "FAILED: $(tail -1 "$out/bench_err.log")"
     return
   fi
   echo "$j" >>"$out/bench.jsonl"
-  python3 - "$label" "$j" <<'PY' | tee -a "$summary"
+  if ! python3 - "$label" "$j" <<'PY' 2>>"$out/bench_err.log" | tee -a "$summary"; then
 import json, sys
 label, j = sys.argv[1], json.loads(sys.argv[2])
 runs = j if isinstance(j, list) else [j]
@@ -502,6 +532,8 @@ for r in runs:
 if len(runs) == 2:
     print("%-44s %+.1f%%" % (label + " shift overhead", 100 * (runs[1]["median_ms_per_step"] / runs[0]["median_ms_per_step"] - 1)))
 PY
+    row "$label" "FAILED: bench printed JSON this script cannot read (bench.jsonl, bench_err.log)"
+  fi
 }
 
 if [ $build_rc -eq 0 ]; then
@@ -515,7 +547,7 @@ if [ $build_rc -eq 0 ]; then
   if want attention; then
     echo "attention microbenchmark (ours beside cuDNN SDPA, same shapes, same run; then shift+RoPE vs copy):" |
       tee -a "$summary"
-    timeout $(cap 300) ./build-gpu/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
+    timeout $(cap 300) "$bd"/kvshift bench-attention --batch 4 --heads 16 --kv-heads 16 --head-dim 128 \
       $([ $quick -eq 1 ] && echo "--seq-len 1024 --seq-len 2048" || echo "--seq-len 1024 --seq-len 2048 --seq-len 4096 --seq-len 8192") \
       >"$out/bench_attention.log" 2>&1
     sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
@@ -529,12 +561,21 @@ if [ $build_rc -eq 0 ]; then
   want pp && pp_rows
   if want hf; then
     # The HF export loaded by this machine's own transformers (whatever python3 has it), not .venv-hf.
-    KVS_HF_NO_VENV=1 timeout $(cap 300) python3 tests/hf/run_hf.py --kvshift build-gpu/kvshift --workdir "$out/hf" >"$out/hf.log" 2>&1
-    row "HF export ($(head -1 "$out/hf.log" | cut -c1-40))" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
+    # With the dp section's reference run (trained on the GPU), that checkpoint too:
+    # exported, and its logits and greedy tokens equal to the CPU engine's.
+    given=()
+    [ -f "$out/dp1/checkpoints/latest" ] && given=(--checkpoint "$out/dp1")
+    KVS_HF_NO_VENV=1 timeout $(cap 300) python3 tests/hf/run_hf.py --kvshift "$bd"/kvshift --workdir "$out/hf" \
+      "${given[@]}" >"$out/hf.log" 2>&1
+    stack=$(head -1 "$out/hf.log" | grep -oE '(transformers|torch) [^ ,]+' | paste -sd' ' -)
+    row "HF export (${stack:-$(head -1 "$out/hf.log" | cut -c1-40)})" "$(grep -E '^[0-9]+ passed' "$out/hf.log" | tail -1 || echo "see $out/hf.log")"
+    if [ ${#given[@]} -gt 0 ]; then
+      row "HF export of the $dev-trained dp=1 run" "$(grep -cE '^given .*PASS$' "$out/hf.log") of 2 checks passed"
+    fi
   fi
   if want ctest; then
     # Everything else (CPU tests, python tests); the Cuda* tests ran above.
-    (cd build-gpu && timeout "$(cap "${KVS_CTEST_TIMEOUT:-480}")" ctest -j"$(nproc)" -E '^Cuda' --timeout $(cap 400) >"$out/ctest.log" 2>&1)
+    (cd "$bd" && timeout "$(cap "${KVS_CTEST_TIMEOUT:-480}")" ctest -j"$(nproc)" -E '^Cuda' --timeout $(cap 400) >"$out/ctest.log" 2>&1)
     row "ctest (all but Cuda*)" "$(grep -E 'tests passed' "$out/ctest.log" || echo "see $out/ctest.log")"
   fi
 fi

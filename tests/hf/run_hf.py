@@ -2,6 +2,7 @@
 """Hugging Face export/import checks (CTest `hf_export` and `hf_export_tf5`).
 
     /usr/bin/python3 tests/hf/run_hf.py --kvshift BUILD/kvshift --workdir BUILD/hf_test [--stack 4|5]
+                                        [--checkpoint CKPT]
 
 --stack 4 (default) runs under .venv-hf/bin/python (scripts/setup.sh: transformers 4.44 pinned for
 Debian's torch 1.13) when that venv exists, else under this python with the modeling file's
@@ -27,6 +28,8 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
   - tokenizer files (when sentencepiece is importable);
   - bad inputs (unknown RoPE types, RoPE keys that disagree, ...) give one-line errors and leave
     no output behind.
+  - with --checkpoint CKPT (scripts/gpu_check.sh: a checkpoint trained on the GPU), that one too:
+    exported, logits equal `kvshift forward` on the CPU, `kvshift generate` equals greedy generate().
 Prints one line per check and `N passed, N failed`; exits 1 on any failure.
 """
 import argparse
@@ -544,11 +547,40 @@ def tokenizer_case(t, binary, work, vanilla):
             t.record("tokenizer", "AutoTokenizer loads", False, f"{type(e).__name__}: {e}"[:40])
 
 
+def resolve_checkpoint(path):
+    """A step dir, a checkpoints/ dir or a run dir -> the step dir (as kvshift resolves them)."""
+    for latest in (os.path.join(path, "checkpoints", "latest"), os.path.join(path, "latest")):
+        if os.path.exists(latest):
+            return os.path.join(os.path.dirname(latest), open(latest).read().strip())
+    return path
+
+
+def given_case(t, binary, work, path):
+    """A checkpoint made elsewhere (scripts/gpu_check.sh passes one trained on the GPU): exported here,
+    the export's logits equal `kvshift forward` on the CPU, and `kvshift generate` (CPU) equals the
+    export's greedy generate."""
+    case = "given"
+    ckpt = resolve_checkpoint(path)
+    d = os.path.join(work, "given")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    vocab = json.load(open(os.path.join(ckpt, "config.json")))["vocab_size"]
+    tokens = [x % vocab for x in TOKENS]
+    want = kvshift_logits(binary, ckpt, tokens, d)
+    out = os.path.join(d, "hf")
+    export(binary, ckpt, out, "--dtype", "fp32")
+    model = load_export(out)
+    t.compare(case, "logits == kvshift forward (CPU)", logits_of(model, torch.tensor([tokens]))[0][0].numpy(), want)
+    check_generator(t, case, binary, ckpt, model, tokens)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvshift", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--stack", choices=["4", "5"], default="4", help="transformers line: 4 (.venv-hf), 5 (.venv-hf5)")
+    ap.add_argument("--checkpoint", help="also export this checkpoint (step, checkpoints/ or run dir) and check it "
+                    "against `kvshift forward` and `generate` on the CPU")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     torch.set_num_threads(2)
@@ -566,6 +598,8 @@ def main():
         rope_cases(t, a.kvshift, a.workdir)
         error_cases(t, a.kvshift, a.workdir, vanilla, src)
         tokenizer_case(t, a.kvshift, a.workdir, vanilla)
+        if a.checkpoint:
+            given_case(t, a.kvshift, a.workdir, a.checkpoint)
     except Exception as e:  # noqa: BLE001
         import traceback
         traceback.print_exc()

@@ -140,6 +140,17 @@ def main():
         v = find(t, f"toy lm-small (8x256) {kind}")
         check(bool(re.match(r"\d+ tok/s .* MiB +[0-9.]+ ms/step$", v or "")), f"bench row {kind}", v)
     check(bool(re.match(r"[+-]\d+\.\d%$", find(t, "toy lm-small (8x256) shift overhead") or "")), "shift overhead row")
+    # bench --profile: the ten slowest ops, then the time outside them and all GEMMs together.
+    lines = open(summary).read().splitlines()
+    head = [i for i, line in enumerate(lines) if line.startswith("toy lm-small (8x256) per-op profile: ")]
+    check(len(head) == 1 and re.search(r"ms/step, the 10 slowest of \d+ ops", lines[head[0]]), "profile header",
+          str([lines[i] for i in head]))
+    if head:
+        body = lines[head[0] + 1:head[0] + 13]
+        check(len(body) == 12 and all(re.match(r"  \S.* +-?[0-9.]+ +-?[0-9.]+% +\d+ +[0-9.]+$", b) for b in body),
+              "profile: 10 ops, other and all GEMMs", "\n".join(body))
+        check(any(b.startswith("  = all GEMMs") for b in body) and any(" proj fwd " in b for b in body),
+              "profile names the projections' GEMMs and sums them", "\n".join(body))
 
     # launch: NCCL needs a GPU (a one-line reason here); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):
@@ -174,7 +185,8 @@ def main():
     check(os.path.exists(os.path.join(out, "summary.txt")), "summary.txt in $OUT")
     tgz = os.path.join(out, "logs.tar.gz")
     names = tarfile.open(tgz).getnames() if os.path.exists(tgz) else []
-    for name in ("./cuda_tests.log", "./dp1.log", "./pp2_mpi.log", "./bench.jsonl", "./memcheck_kernels.log"):
+    for name in ("./cuda_tests.log", "./dp1.log", "./pp2_mpi.log", "./bench.jsonl", "./bench_profile.jsonl",
+                 "./memcheck_kernels.log"):
         check(name in names, f"{name} in $OUT/logs.tar.gz")
     return finish()
 

@@ -20,10 +20,12 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/op_stat.h"
 #include "core/profile_range.h"
 #include "core/safetensors.h"  // bf16_to_f32
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/kernel_profile.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/vocab_parallel_ce.h"
 #include "model/rope_frequencies.h"
@@ -461,13 +463,12 @@ void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
   if (with_targets) {
     check(cudaMemcpyAsync(at<int32_t>(plan_.targets), b.targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
           "upload targets");
-    if (b.mask) {
+    if (b.mask)
       check(cudaMemcpyAsync(at<float>(plan_.mask), b.mask, N * sizeof(float), cudaMemcpyHostToDevice, stream_),
             "upload mask");
-    } else {
-      cuda::fill_f32(at<float>(plan_.mask), 1.0f, N, stream_);
-    }
   }
+  cuda::profile::mark("copy: batch to the GPU", stream_);
+  if (with_targets && !b.mask) cuda::fill_f32(at<float>(plan_.mask), 1.0f, N, stream_);
 }
 
 CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
@@ -537,7 +538,10 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
       const bf16* prev_mid = p.layer(base_, li - 1).res_mid;
       cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, Nl, C, eps, stream_);
     }
-    linear_->column_forward(x.qkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
+    {
+      const kvs::profile::GemmLabel gemm_label("qkv proj");
+      linear_->column_forward(x.qkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
+    }
   }
   // Shift (before RoPE), then RoPE; V is shifted only. Each writes a contiguous tensor.
   if (cp_.size > 1) {
@@ -550,12 +554,21 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
   }
   if (pass == LayerPass::RecomputeAttention) return;
-  linear_->row_forward(proj, x.attout, QD, P16 + o.wo, N, QD, C);
+  {
+    const kvs::profile::GemmLabel gemm_label("o proj");
+    linear_->row_forward(proj, x.attout, QD, P16 + o.wo, N, QD, C);
+  }
   cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, master + o.ln2, Nl, C, eps, stream_);
-  linear_->column_forward(x.gate_up, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  {
+    const kvs::profile::GemmLabel gemm_label("gate,up proj");
+    linear_->column_forward(x.gate_up, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  }
   cuda::swiglu_forward(x.h, x.gate_up, N, F, stream_);
   // The backward does not need the down projection's output.
-  if (pass == LayerPass::Forward) linear_->row_forward(proj, x.h, F, P16 + o.wdown, N, F, C);
+  if (pass == LayerPass::Forward) {
+    const kvs::profile::GemmLabel gemm_label("down proj");
+    linear_->row_forward(proj, x.h, F, P16 + o.wdown, N, F, C);
+  }
 }
 
 void CudaEngine::forward_to_logits(int B, int T) {
@@ -583,7 +596,10 @@ void CudaEngine::forward_to_logits(int B, int T) {
   const bf16* mid = p.layer(base_, L - 1).res_mid;
   cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj),
                                  master + norm_off_, Nl, C, eps, stream_);
-  linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  {
+    const kvs::profile::GemmLabel gemm_label("lm head");
+    linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  }
 }
 
 // ---------------------------------------------------------------- backward
@@ -599,7 +615,10 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   const bf16* dlogits = at<bf16>(p.logits);  // written over the logits by the loss
 
   // LM head (column-parallel over the vocabulary) and final norm.
-  linear_->column_backward(dln, G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  {
+    const kvs::profile::GemmLabel gemm_label("lm head");
+    linear_->column_backward(dln, G + lm_head_off_, dlogits, V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  }
   const int L = m_.num_hidden_layers;
   cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
                          master + norm_off_, at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
@@ -632,6 +651,7 @@ void CudaEngine::embedding_backward(int N) {
   check(cudaMemcpyAsync(at<int32_t>(p.emb_positions), h_positions_, N * sizeof(int32_t), cudaMemcpyHostToDevice,
                         stream_),
         "upload embedding plan");
+  cuda::profile::mark("copy: embedding plan to the GPU", stream_);
   const bf16* demb = dresid;  // sequence parallel: every rank's rows of it
   if (region_->sequence_parallel()) {
     region_->gather_bf16(dresid, at<bf16>(p.sp_full), static_cast<size_t>(Nl) * C);
@@ -675,9 +695,15 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   // MLP: resid_{l+1} = res_mid + down(swiglu(gate_up(ln2))).
   bf16* dh = at<bf16>(p.dh);
   bf16* dgu = at<bf16>(p.dgate_up);
-  linear_->row_backward(dh, G + o.wdown, dresid, x.h, F, P16 + o.wdown, N, F, C);
+  {
+    const kvs::profile::GemmLabel gemm_label("down proj");
+    linear_->row_backward(dh, G + o.wdown, dresid, x.h, F, P16 + o.wdown, N, F, C);
+  }
   cuda::swiglu_backward(dgu, dh, x.gate_up, N, F, stream_);
-  linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  {
+    const kvs::profile::GemmLabel gemm_label("gate,up proj");
+    linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
+  }
   cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, master + o.ln2, x.rstd2, Nl, C, scratch,
                          stream_);
 
@@ -687,7 +713,10 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   bf16* dkhat = at<bf16>(p.dkhat);
   bf16* dvhat = at<bf16>(p.dvhat);
   bf16* dqkv = at<bf16>(p.dqkv);
-  linear_->row_backward(dattout, G + o.wo, dresid, x.attout, QD, P16 + o.wo, N, QD, C);
+  {
+    const kvs::profile::GemmLabel gemm_label("o proj");
+    linear_->row_backward(dattout, G + o.wo, dresid, x.attout, QD, P16 + o.wo, N, QD, C);
+  }
   if (cp_.size > 1) {
     cp_attention_backward(l, x, c, B);  // ring attention, then the shifts with the halos, into dqkv
   } else {
@@ -716,7 +745,10 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     unshift(dqkv + QD, dkhat, KD, x.qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
     unshift(dqkv + QD + KD, dvhat, KD, x.qkv + QD + KD, c.v, o.has_v_shift, o.v_shift, nullptr, nullptr, Hkv);
   }
-  linear_->column_backward(dln, G + o.wqkv, dqkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
+  {
+    const kvs::profile::GemmLabel gemm_label("qkv proj");
+    linear_->column_backward(dln, G + o.wqkv, dqkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
+  }
   cuda::rmsnorm_backward(dresid, norm_grad(o.ln1, 1), dln, dresid, x.resid, master + o.ln1, x.rstd1, Nl, C, scratch,
                          stream_);
   sum_norm_grads({o.ln2, o.ln1});

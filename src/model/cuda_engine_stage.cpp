@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/op_stat.h"
 #include "core/profile_range.h"
 #include "core/safetensors.h"  // bf16_to_f32, f32_to_bf16
 #include "kernels/cuda/check.h"
@@ -156,7 +157,10 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
   }
   cuda::residual_rmsnorm_forward(out, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj), master + norm_off_,
                                  Nl, C, eps, stream_);
-  linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  {
+    const kvs::profile::GemmLabel gemm_label("lm head");
+    linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
+  }
   if (!lb.targets) {
     sync("stage forward");
     return 0.0;
@@ -194,8 +198,11 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
   if (c.head) {
     // LM head and final norm (the loss wrote dlogits over the slot's logits).
     bf16* dln = at<bf16>(p.dln);
-    linear_->column_backward(dln, G + lm_head_off_, at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N,
-                             C, V);
+    {
+      const kvs::profile::GemmLabel gemm_label("lm head");
+      linear_->column_backward(dln, G + lm_head_off_, at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_,
+                               N, C, V);
+    }
     cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, chunk_output(p, chunk), master + norm_off_,
                            at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
     sum_norm_grads({norm_off_});

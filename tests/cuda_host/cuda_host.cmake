@@ -54,7 +54,8 @@ add_library(kvs_cuda_host OBJECT
   ${CMAKE_SOURCE_DIR}/src/parallel/zero1_device.cpp
   ${CMAKE_SOURCE_DIR}/src/dist/nccl_comm.cpp
   ${CMAKE_SOURCE_DIR}/src/dist/gpu_device.cpp
-  ${CMAKE_SOURCE_DIR}/src/kernels/cuda/attention_backend.cpp)
+  ${CMAKE_SOURCE_DIR}/src/kernels/cuda/attention_backend.cpp
+  ${CMAKE_SOURCE_DIR}/src/kernels/cuda/kernel_profile.cpp)
 target_include_directories(kvs_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim
                            ${CMAKE_SOURCE_DIR}/tests/simt ${KVS_HOST_GEN_DIR})
 target_include_directories(kvs_cuda_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${KVS_NCCL_INCLUDE})
@@ -132,5 +133,5 @@ add_dependencies(kvshift_cuda_host_gpu_tests kvshift_host)
 # Left out: the flash attention tests (40 s here; tests/simt runs the same kernels),
 # the 50- and 20-step training and multi-process runs (minutes).
 add_test(NAME cuda_host_gpu_tests COMMAND kvshift_cuda_host_gpu_tests
-  "--gtest_filter=CudaAdamW.*:CudaRingAttention.*:CudaConvert.*:CudaCrossEntropy*:CudaEmbedding.*:CudaMatmul*:CudaReduce.*:CudaRmsNorm.*:CudaShiftRope.*:CudaSwiGLU.*:CudaTensorParallel.*:CudaZero1.*:CudaPipeline.*:CudaEngine.*:CudaCudnnSdpa.*:-*Mpi*:*Nccl*:CudaEngine.FiftySteps*:CudaEngine.ResumeIsBitIdentical")
+  "--gtest_filter=CudaAdamW.*:CudaRingAttention.*:CudaConvert.*:CudaCrossEntropy*:CudaEmbedding.*:CudaMatmul*:CudaReduce.*:CudaRmsNorm.*:CudaShiftRope.*:CudaSwiGLU.*:CudaTensorParallel.*:CudaZero1.*:CudaPipeline.*:CudaEngine.*:CudaCudnnSdpa.*:CudaKernelProfile.*:-*Mpi*:*Nccl*:CudaEngine.FiftySteps*:CudaEngine.ResumeIsBitIdentical")
 set_tests_properties(cuda_host_gpu_tests PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)

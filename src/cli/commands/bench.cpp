@@ -24,6 +24,7 @@
 #include "model/flops.h"
 #ifdef KVS_CUDA
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kernel_profile.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int);
@@ -46,10 +47,42 @@ struct BenchResult {
   double median_cpu_ms = 0;  // process CPU time per step, all threads: less sensitive to other load than wall time
   double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda)
   std::string peak_what;
-  std::vector<cpu::profile::OpStat> ops;  // with --profile: summed over the timed steps
+  std::vector<kvs::profile::OpStat> ops;  // with --profile: summed over the timed steps
   int steps = 0;
   double mean_ms = 0;  // the profile's shares are of the mean step
 };
+
+// --profile: the CPU engine's ops are timed from the first timed step on.
+// The CUDA engine's marks go on one step earlier: a stream's first mark only
+// starts its clock (kernels/cuda/kernel_profile.h), so the last untimed step
+// starts them and the timed steps' every op has one.
+void profile_step_begins(int step, int warmup, Device device) {
+  if (device == Device::Cpu) {
+    if (step == warmup) {
+      cpu::profile::take();
+      cpu::profile::set_enabled(true);
+    }
+    return;
+  }
+#ifdef KVS_CUDA
+  if (step == std::max(warmup - 1, 0)) cuda::profile::set_enabled(true);
+  if (step == warmup && warmup > 0) cuda::profile::restart();
+#endif
+}
+
+std::vector<kvs::profile::OpStat> profile_take(Device device) {
+  if (device == Device::Cpu) {
+    cpu::profile::set_enabled(false);
+    return cpu::profile::take();
+  }
+#ifdef KVS_CUDA
+  auto ops = cuda::profile::take();
+  cuda::profile::set_enabled(false);
+  return ops;
+#else
+  return {};
+#endif
+}
 
 // Times whole optimizer steps of `cfg` on random tokens.
 BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
@@ -70,10 +103,7 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
   r.steps = steps;
   std::vector<double> ms, cpu_ms;
   for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup && profile) {
-      cpu::profile::take();
-      cpu::profile::set_enabled(true);
-    }
+    if (profile) profile_step_begins(s, warmup, cfg.device);
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
     engine->zero_grad();
@@ -87,10 +117,7 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
       cpu_ms.push_back(cpu);
     }
   }
-  if (profile) {
-    cpu::profile::set_enabled(false);
-    r.ops = cpu::profile::take();
-  }
+  if (profile) r.ops = profile_take(cfg.device);
   std::sort(ms.begin(), ms.end());
   std::sort(cpu_ms.begin(), cpu_ms.end());
   r.median_ms = ms[ms.size() / 2];
@@ -161,7 +188,8 @@ void print_profile(const BenchResult& r, double peak_gflops) {
   }
 }
 
-nlohmann::json profile_json(const BenchResult& r, double peak_gflops) {
+// peak_key: "fraction_of_sgemm_peak" (CPU) or "fraction_of_bf16_peak" (CUDA).
+nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char* peak_key) {
   nlohmann::json rows = nlohmann::json::array();
   for (const ProfileRow& row : profile_rows(r, peak_gflops))
     rows.push_back({{"op", row.name},
@@ -169,7 +197,7 @@ nlohmann::json profile_json(const BenchResult& r, double peak_gflops) {
                     {"ms_per_step", row.ms},
                     {"share", row.share},
                     {"gflops", row.gflops},
-                    {"fraction_of_sgemm_peak", row.of_peak}});
+                    {peak_key, row.of_peak}});
   return rows;
 }
 
@@ -192,8 +220,10 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--compare-shift", a->compare_shift,
                 "Time the config with kv_shift off and on in the same run and print the overhead of the shift");
   cmd->add_flag("--profile", a->profile,
-                "Time every op of the timed steps (CPU): GEMMs by shape, attention, shift+RoPE, norms, SwiGLU, "
-                "cross-entropy, AdamW, grad norm; share of the step and GFLOP/s against the calibrated peak");
+                "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
+                "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
+                "CUDA each kernel's and cuBLASLt GEMM's GPU time from CUDA events (no ncu or nsys needed) against "
+                "the dense bf16 peak; share of the step, calls and GFLOP/s");
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
@@ -233,7 +263,15 @@ void add_bench(CLI::App& app) {
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     std::vector<BenchResult> res;
-    KVS_CHECK(!a->profile || cpu_run, "bench: --profile times the CPU engine's ops (use nsys for the CUDA engine)");
+    // The profile's peak: the calibrated SGEMM peak on the CPU, the device's dense bf16 peak on CUDA.
+    double profile_peak_gflops = peak.gflops;
+    const char* profile_peak_key = "fraction_of_sgemm_peak";
+#ifdef KVS_CUDA
+    if (!cpu_run) {
+      profile_peak_gflops = 1e3 * cuda::peak_bf16_tflops(0);
+      profile_peak_key = "fraction_of_bf16_peak";
+    }
+#endif
     for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps, a->profile));
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
@@ -272,7 +310,7 @@ void add_bench(CLI::App& app) {
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
-        if (a->profile) j["profile"] = profile_json(r, peak.gflops);
+        if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops, profile_peak_key);
         if (peak.gflops > 0) {
           j["sgemm_peak_gflops"] = peak.gflops;
           j["fraction_of_sgemm_peak"] = peak_fraction(r);
@@ -301,7 +339,7 @@ void add_bench(CLI::App& app) {
                     peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f\n", r.peak_what.c_str(),
                   r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
-      if (a->profile) print_profile(r, peak.gflops);
+      if (a->profile) print_profile(r, profile_peak_gflops);
       if (peak_fraction(r) > 1.0)
         std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
                     "more threads than cores; load average %.2f at %s): rerun with --recalibrate on an idle "

@@ -8,16 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "core/op_stat.h"
+
 namespace kvs::cpu::profile {
 
-struct OpStat {
-  std::string name;
-  double seconds = 0, flops = 0;
-  long calls = 0;
-};
+using kvs::profile::OpStat;
 
 inline bool g_enabled = false;
-inline const char* g_label = nullptr;  // the projection the next GEMMs belong to
 
 void set_enabled(bool on);
 void add(const std::string& name, double seconds, double flops);
@@ -51,24 +48,14 @@ class Scope {
 };
 
 // GEMMs inside its lifetime are reported as "<label> <pass> <shape>".
-class Label {
- public:
-  explicit Label(const char* label) : prev_(g_label) { g_label = label; }
-  ~Label() { g_label = prev_; }
-  Label(const Label&) = delete;
-  Label& operator=(const Label&) = delete;
-
- private:
-  const char* prev_;
-};
+using Label = kvs::profile::GemmLabel;
 
 // A GEMM out[M, N] (+)= A[M, K] B[K, N] of the current label, `pass` "fwd", "bwd dinp" or "bwd dW".
 class GemmScope {
  public:
   GemmScope(const char* pass, int M, int N, int K) : on_(g_enabled) {
     if (on_) {
-      name_ = std::string(g_label ? g_label : "gemm") + " " + pass + " " + std::to_string(M) + "x" +
-              std::to_string(N) + "x" + std::to_string(K);
+      name_ = kvs::profile::gemm_name(pass, M, N, K);
       flops_ = 2.0 * M * static_cast<double>(N) * K;
       t0_ = now_s();
     }

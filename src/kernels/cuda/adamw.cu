@@ -67,7 +67,7 @@ void adamw_step(float* master, bf16* param_bf16, const float* grad, float* exp_a
   c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.bias_correction2)));
   c.decay = 1.0f - a.lr * a.weight_decay;  // float arithmetic, as on the CPU
   adamw_kernel<<<num_chunks, kAdamWThreads, 0, stream>>>(master, param_bf16, grad, exp_avg, exp_avg_sq, chunks, c);
-  KVS_CUDA_LAUNCH_CHECK("adamw_kernel");
+  KVS_CUDA_LAUNCH_CHECK("adamw_kernel", stream);
 }
 
 }  // namespace kvs::cuda

@@ -17,9 +17,10 @@ namespace kvs::cuda {
       ::kvs::fail("CUDA error in {} ({}:{}): {}", #call, __FILE__, __LINE__, cudaGetErrorString(kvs_err_));     \
   } while (0)
 
-// After a kernel launch: a bad configuration fails here, naming the kernel;
-// with KVS_CUDA_SYNC=1 a fault inside the kernel too (device.h, check_launch).
-#define KVS_CUDA_LAUNCH_CHECK(kernel_name) ::kvs::cuda::check_launch(kernel_name)
+// After a kernel launch on `stream`: a bad configuration fails here, naming
+// the kernel; with KVS_CUDA_SYNC=1 a fault inside the kernel too; with the
+// per-kernel profile on, the kernel's end is marked (device.h, check_launch).
+#define KVS_CUDA_LAUNCH_CHECK(kernel_name, stream) ::kvs::cuda::check_launch(kernel_name, stream)
 
 inline unsigned ceil_div(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 

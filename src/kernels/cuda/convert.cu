@@ -92,7 +92,7 @@ void f32_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
   } else {
     f32_to_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
   }
-  KVS_CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
+  KVS_CUDA_LAUNCH_CHECK("f32_to_bf16_kernel", stream);
 }
 
 void bf16_to_f32(float* out, const bf16* in, size_t n, cudaStream_t stream) {
@@ -102,31 +102,31 @@ void bf16_to_f32(float* out, const bf16* in, size_t n, cudaStream_t stream) {
   } else {
     bf16_to_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
   }
-  KVS_CUDA_LAUNCH_CHECK("bf16_to_f32_kernel");
+  KVS_CUDA_LAUNCH_CHECK("bf16_to_f32_kernel", stream);
 }
 
 void fill_f32(float* out, float value, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(out, value, n);
-  KVS_CUDA_LAUNCH_CHECK("fill_kernel<float>");
+  KVS_CUDA_LAUNCH_CHECK("fill_kernel<float>", stream);
 }
 
 void fill_bf16(bf16* out, float value, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<bf16><<<blocks_for(n), kThreads, 0, stream>>>(out, __float2bfloat16_rn(value), n);
-  KVS_CUDA_LAUNCH_CHECK("fill_kernel<bf16>");
+  KVS_CUDA_LAUNCH_CHECK("fill_kernel<bf16>", stream);
 }
 
 void add_f32(float* y, const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
-  KVS_CUDA_LAUNCH_CHECK("add_f32_kernel");
+  KVS_CUDA_LAUNCH_CHECK("add_f32_kernel", stream);
 }
 
 void add_bf16_to_f32(float* y, const bf16* x, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_bf16_to_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
-  KVS_CUDA_LAUNCH_CHECK("add_bf16_to_f32_kernel");
+  KVS_CUDA_LAUNCH_CHECK("add_bf16_to_f32_kernel", stream);
 }
 
 }  // namespace kvs::cuda

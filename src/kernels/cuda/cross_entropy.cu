@@ -106,7 +106,7 @@ void cross_entropy_forward_backward(float* losses, bf16* dlogits, int32_t* argma
   } else {
     cross_entropy_kernel<1><<<N, threads, 0, stream>>>(losses, dlogits, argmax, logits, targets, mask, V, grad_scale);
   }
-  KVS_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
+  KVS_CUDA_LAUNCH_CHECK("cross_entropy_kernel", stream);
 }
 
 }  // namespace kvs::cuda

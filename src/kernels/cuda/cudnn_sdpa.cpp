@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/kernel_profile.h"
 
 #ifdef KVS_CUDNN
 #include <cudnn_frontend.h>
@@ -285,6 +286,7 @@ void CudnnSdpa::forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf
                                           {kV, const_cast<bf16*>(v)}, {kO, out},
                                           {kStats, lse}};
   execute(*p.fwd, impl_->handle, pack, workspace_, stream, "forward");
+  profile::mark("cudnn sdpa forward", stream);
 }
 
 void CudnnSdpa::backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
@@ -302,6 +304,7 @@ void CudnnSdpa::backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const b
       {kO, const_cast<bf16*>(out)},    {kDO, const_cast<bf16*>(dout)},    {kStats, const_cast<float*>(lse)},
       {kDQ, dq},                       {kDK, dk},                         {kDV, dv}};
   execute(*p.bwd, impl_->handle, pack, workspace_, stream, "backward");
+  profile::mark("cudnn sdpa backward", stream);
 }
 
 #endif  // KVS_CUDNN

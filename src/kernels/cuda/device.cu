@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kernel_profile.h"
 
 namespace kvs::cuda {
 
@@ -56,7 +57,11 @@ bool sync_after_launch() {
   return on;
 }
 
-void check_launch(const char* kernel_name) { check_launch(kernel_name, sync_after_launch()); }
+void check_launch(const char* kernel_name, cudaStream_t stream) {
+  check_launch(kernel_name, false);
+  profile::mark(kernel_name, stream);
+  if (sync_after_launch()) check_launch(kernel_name, true);
+}
 
 void check_launch(const char* kernel_name, bool wait) {
   cudaError_t err = cudaGetLastError();

@@ -113,7 +113,7 @@ void embedding_forward_vocab_slice(bf16* out, const int32_t* tokens, const bf16*
   } else {
     embedding_forward_kernel<1><<<blocks, kThreads, 0, stream>>>(out, tokens, wte, N, C, v_begin, v_rows);
   }
-  KVS_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("embedding_forward_kernel", stream);
 }
 
 void embedding_backward(float* dwte, const bf16* dout, const int32_t* uniq, const int32_t* offsets,
@@ -125,7 +125,7 @@ void embedding_backward(float* dwte, const bf16* dout, const int32_t* uniq, cons
   } else {
     embedding_backward_kernel<1><<<U, row_threads(C), 0, stream>>>(dwte, dout, uniq, offsets, positions, C);
   }
-  KVS_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("embedding_backward_kernel", stream);
 }
 
 // Counting sort by token id: count each token, give each distinct token (in

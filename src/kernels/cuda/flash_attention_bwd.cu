@@ -362,7 +362,7 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
   dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
                                                          scale, scale * kLog2e, causal);
-  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)");
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
 
   constexpr size_t q_smem = dq_smem_bytes<D>();
   if (q_smem > 48 * 1024)
@@ -371,7 +371,7 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse
   const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
   dq_kernel<D><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale,
                                                      scale * kLog2e, causal);
-  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)");
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
 }
 
 }  // namespace flash
@@ -397,7 +397,7 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   float* delta = scratch;
   const size_t rows = static_cast<size_t>(B) * T * Hq;
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
-  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)");
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
   switch (D) {
     case 16:

@@ -171,7 +171,7 @@ void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, c
   const dim3 grid(ceil_div(T, BQ), Hq, B);
   fwd_kernel<D><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
                                                scale * kLog2e, causal);
-  KVS_CUDA_LAUNCH_CHECK("flash_attention_forward");
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_forward", stream);
 }
 
 }  // namespace flash
@@ -228,7 +228,7 @@ void attention_merge(float* acc, float* acc_lse, const bf16* out, const float* l
   if (rows == 0) return;
   flash::merge_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream>>>(acc, acc_lse, out, lse, T, Hq, D,
                                                                                      rows);
-  KVS_CUDA_LAUNCH_CHECK("attention_merge");
+  KVS_CUDA_LAUNCH_CHECK("attention_merge", stream);
 }
 
 }  // namespace kvs::cuda

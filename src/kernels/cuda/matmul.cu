@@ -45,6 +45,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kernel_profile.h"
 #include "kernels/cuda/matmul.h"
 
 namespace kvs::cuda {
@@ -86,16 +87,19 @@ Matmul::~Matmul() {
 void Matmul::forward(__nv_bfloat16* out, int ld_out, const __nv_bfloat16* inp, int ld_in, const __nv_bfloat16* W,
                      int N, int C, int OC, cudaStream_t stream) {
   gemm(true, false, OC, N, C, W, C, inp, ld_in, 0.0f, out, ld_out, false, stream);
+  if (profile::enabled()) profile::mark(kvs::profile::gemm_name("fwd", N, OC, C), stream, 2.0 * N * OC * C);
 }
 
 void Matmul::backward_input(__nv_bfloat16* dinp, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* W,
                             int N, int C, int OC, cudaStream_t stream) {
   gemm(false, false, C, N, OC, W, C, dout, ld_dout, 0.0f, dinp, C, false, stream);
+  if (profile::enabled()) profile::mark(kvs::profile::gemm_name("bwd dinp", N, C, OC), stream, 2.0 * N * C * OC);
 }
 
 void Matmul::backward_weight(float* dW, const __nv_bfloat16* dout, int ld_dout, const __nv_bfloat16* inp, int ld_in,
                              int N, int C, int OC, cudaStream_t stream) {
   gemm(false, true, C, OC, N, inp, ld_in, dout, ld_dout, 1.0f, dW, C, true, stream);
+  if (profile::enabled()) profile::mark(kvs::profile::gemm_name("bwd dW", OC, C, N), stream, 2.0 * OC * C * N);
 }
 
 void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,

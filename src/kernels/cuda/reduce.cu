@@ -56,9 +56,9 @@ __global__ void __launch_bounds__(kFinalThreads) sum_final_kernel(double* out, c
 template <bool kSquare>
 void launch_sum(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream) {
   sum_partials_kernel<kSquare><<<kSumBlocks, kSumThreads, 0, stream>>>(scratch, x, n);
-  KVS_CUDA_LAUNCH_CHECK("sum_partials_kernel");
+  KVS_CUDA_LAUNCH_CHECK("sum_partials_kernel", stream);
   sum_final_kernel<<<1, kFinalThreads, 0, stream>>>(out, scratch, kSumBlocks);
-  KVS_CUDA_LAUNCH_CHECK("sum_final_kernel");
+  KVS_CUDA_LAUNCH_CHECK("sum_final_kernel", stream);
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ void residual_rmsnorm_forward(bf16* resid_out, bf16* out, float* rstd, const bf1
   } else {
     residual_rmsnorm_forward_kernel<1><<<N, row_threads(C), 0, stream>>>(resid_out, out, rstd, a, b, w, C, eps);
   }
-  KVS_CUDA_LAUNCH_CHECK("residual_rmsnorm_forward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("residual_rmsnorm_forward_kernel", stream);
 }
 
 size_t rmsnorm_backward_scratch_floats(int N, int C) {
@@ -195,10 +195,10 @@ void rmsnorm_backward(bf16* dinp, float* dw, const bf16* dout, const bf16* dresi
   } else {
     launch(rmsnorm_backward_kernel<1>);
   }
-  KVS_CUDA_LAUNCH_CHECK("rmsnorm_backward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("rmsnorm_backward_kernel", stream);
   if (dw) {
     rmsnorm_dw_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, partial, G, C);
-    KVS_CUDA_LAUNCH_CHECK("rmsnorm_dw_reduce_kernel");
+    KVS_CUDA_LAUNCH_CHECK("rmsnorm_dw_reduce_kernel", stream);
   }
 }
 

@@ -27,13 +27,13 @@ __global__ void shift_gate_backward_kernel(float* dstored, const float* deff, co
 void shift_gate_forward(float* eff, const float* stored, int H, cudaStream_t stream) {
   if (H <= 0) return;  // a zero-block grid is a launch error
   shift_gate_forward_kernel<<<ceil_div(H, 128), 128, 0, stream>>>(eff, stored, H);
-  KVS_CUDA_LAUNCH_CHECK("shift_gate_forward");
+  KVS_CUDA_LAUNCH_CHECK("shift_gate_forward", stream);
 }
 
 void shift_gate_backward(float* dstored, const float* deff, const float* stored, int H, cudaStream_t stream) {
   if (H <= 0) return;
   shift_gate_backward_kernel<<<ceil_div(H, 128), 128, 0, stream>>>(dstored, deff, stored, H);
-  KVS_CUDA_LAUNCH_CHECK("shift_gate_backward");
+  KVS_CUDA_LAUNCH_CHECK("shift_gate_backward", stream);
 }
 
 }  // namespace kvs::cuda

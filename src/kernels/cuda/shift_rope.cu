@@ -304,7 +304,7 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
   } else {
     launch(shift_rope_forward_kernel<1>);
   }
-  KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_kernel", stream);
 }
 
 size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W) {
@@ -345,11 +345,11 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
   } else {
     launch(shift_rope_backward_kernel<1>);
   }
-  KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);
   if (partial) {
     const int nblk = (int)(grid.x * grid.z);
     shift_dcoef_reduce_kernel<<<H * (W + 1), 256, 0, stream>>>(dcoef, partial, nblk, W);
-    KVS_CUDA_LAUNCH_CHECK("shift_dcoef_reduce_kernel");
+    KVS_CUDA_LAUNCH_CHECK("shift_dcoef_reduce_kernel", stream);
   }
 }
 
@@ -360,7 +360,7 @@ void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B,
   const size_t n = (size_t)B * W * width;
   const unsigned blocks = (unsigned)std::min<size_t>((n + 255) / 256, 1u << 16);
   shift_halo_add_kernel<<<blocks, 256, 0, stream>>>(dx, ld_dx, dtail, ld_tail, T, width, W, n);
-  KVS_CUDA_LAUNCH_CHECK("shift_halo_add_kernel");
+  KVS_CUDA_LAUNCH_CHECK("shift_halo_add_kernel", stream);
 }
 
 }  // namespace kvs::cuda

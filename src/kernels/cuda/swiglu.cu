@@ -78,7 +78,7 @@ void swiglu_forward(bf16* out, const bf16* gate_up, int N, int F, cudaStream_t s
   } else {
     swiglu_forward_kernel<1><<<blocks_for((size_t)N * F), kThreads, 0, stream>>>(out, gate_up, N, F);
   }
-  KVS_CUDA_LAUNCH_CHECK("swiglu_forward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("swiglu_forward_kernel", stream);
 }
 
 void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int N, int F, cudaStream_t stream) {
@@ -88,7 +88,7 @@ void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int 
   } else {
     swiglu_backward_kernel<1><<<blocks_for((size_t)N * F), kThreads, 0, stream>>>(dgate_up, dout, gate_up, N, F);
   }
-  KVS_CUDA_LAUNCH_CHECK("swiglu_backward_kernel");
+  KVS_CUDA_LAUNCH_CHECK("swiglu_backward_kernel", stream);
 }
 
 }  // namespace kvs::cuda

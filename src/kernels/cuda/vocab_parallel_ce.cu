@@ -89,13 +89,13 @@ void vocab_parallel_ce_local(VocabCeStats st, const bf16* logits, const int32_t*
   if (N <= 0) return;
   KVS_CHECK(V > 0 && valid >= 0 && valid <= V, "vocab_parallel_ce: {} valid columns of {}", valid, V);
   local_kernel<<<N, row_threads(V), 0, stream>>>(st, logits, targets, mask, V, valid, v_begin, want_argmax);
-  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce local_kernel");
+  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce local_kernel", stream);
 }
 
 void vocab_parallel_ce_rescale(VocabCeStats st, const float* mask, int N, int v_begin, cudaStream_t stream) {
   if (N <= 0) return;
   rescale_kernel<<<ceil_div(size_t(N), 256), 256, 0, stream>>>(st, mask, N, v_begin);
-  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce rescale_kernel");
+  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce rescale_kernel", stream);
 }
 
 void vocab_parallel_ce_finish(float* losses, bf16* dlogits, int32_t* argmax, VocabCeStats st, const bf16* logits,
@@ -104,7 +104,7 @@ void vocab_parallel_ce_finish(float* losses, bf16* dlogits, int32_t* argmax, Voc
   if (N <= 0) return;
   finish_kernel<<<N, row_threads(V), 0, stream>>>(losses, dlogits, argmax, st, logits, targets, mask, V, valid,
                                                   v_begin, grad_scale);
-  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce finish_kernel");
+  KVS_CUDA_LAUNCH_CHECK("vocab_parallel_ce finish_kernel", stream);
 }
 
 }  // namespace kvs::cuda

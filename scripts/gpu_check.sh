@@ -510,6 +510,11 @@ cudnn_rows() {
   fi
 }
 
+# `kvshift bench --json "$@"` as summary rows: tokens/s, MFU, memory (and the
+# shift's overhead with --compare-shift); with --profile (on CUDA each kernel's
+# and GEMM's GPU time from CUDA events: kernels/cuda/kernel_profile.h) the ten
+# slowest ops, the time outside them and all GEMMs together, so the next
+# optimisation is chosen from a measurement.
 bench() {  # label, args...
   local label=$1
   shift
@@ -524,6 +529,16 @@ bench() {  # label, args...
 import json, sys
 label, j = sys.argv[1], json.loads(sys.argv[2])
 runs = j if isinstance(j, list) else [j]
+if "profile" in runs[0]:
+    r = runs[0]
+    ops = [o for o in r["profile"] if not o["op"].startswith(("other", "="))]
+    rest = [o for o in r["profile"] if o["op"].startswith(("other", "="))]
+    print("%s: %.1f ms/step, the 10 slowest of %d ops (ms/step, share, calls/step, GFLOP/s):" % (
+        label, r["median_ms_per_step"], len(ops)))
+    for o in ops[:10] + rest:
+        print("  %-52s %9.3f %6.1f%% %6.0f %9.1f" % (o["op"], o["ms_per_step"], 100 * o["share"], o["calls_per_step"],
+                                                    o["gflops"]))
+    sys.exit(0)
 for r in runs:
     name = "%s %s" % (label, "kvshift" if r["kv_shift"] else "vanilla")
     print("%-44s %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%%  %7.0f MiB  %.1f ms/step" % (
@@ -536,43 +551,14 @@ PY
   fi
 }
 
-# The per-op profile of `bench --profile` (on CUDA each kernel's and GEMM's GPU
-# time from CUDA events: kernels/cuda/kernel_profile.h): the ten slowest ops,
-# the time outside them and all GEMMs together, so the next optimisation is
-# chosen from a measurement.
-bench_profile() {  # label, args...
-  local label=$1
-  shift
-  local j
-  j=$(timeout $(cap 300) "$bd"/kvshift bench --json --profile --device "$dev" "$@" 2>"$out/bench_profile_err.log")
-  if [ -z "$j" ]; then
-    row "$label" "FAILED: $(tail -1 "$out/bench_profile_err.log")"
-    return
-  fi
-  echo "$j" >>"$out/bench_profile.jsonl"
-  if ! python3 - "$label" "$j" <<'PY' 2>>"$out/bench_profile_err.log" | tee -a "$summary"; then
-import json, sys
-label, j = sys.argv[1], json.loads(sys.argv[2])
-ops = [r for r in j["profile"] if not r["op"].startswith(("other", "="))]
-rest = [r for r in j["profile"] if r["op"].startswith(("other", "="))]
-print("%s: %.1f ms/step, the 10 slowest of %d ops (ms/step, share, calls/step, GFLOP/s):" % (
-    label, j["median_ms_per_step"], len(ops)))
-for r in ops[:10] + rest:
-    print("  %-52s %9.3f %6.1f%% %6.0f %9.1f" % (r["op"], r["ms_per_step"], 100 * r["share"], r["calls_per_step"],
-                                                r["gflops"]))
-PY
-    row "$label" "FAILED: bench --profile printed JSON this script cannot read (bench_profile.jsonl)"
-  fi
-}
-
 if [ $build_rc -eq 0 ]; then
   if want bench; then
     bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
-    bench_profile "toy lm-small (8x256) per-op profile" --config configs/toy/lm-small-kvshift.json --warmup 2 --steps 3
+    bench "toy lm-small (8x256) per-op profile" --profile --config configs/toy/lm-small-kvshift.json --warmup 2 --steps 3
     if [ $quick -eq 0 ]; then
       bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
-      bench_profile "paper 1.5B (4x2048) per-op profile" --config configs/paper/1.5B-kvshift.json \
+      bench "paper 1.5B (4x2048) per-op profile" --profile --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 3
     fi
   fi

@@ -13,7 +13,8 @@
 //   - a stream's first mark after set_enabled(true) only starts its clock
 //     (restart() and take() keep each stream's last mark as the start of
 //     its next op; `bench` turns the profile on one untimed step early).
-// Off by default; then a mark costs one branch.
+// Off by default; then a mark costs one branch. Marks come from the thread
+// that launches the engine's work (one per process).
 #pragma once
 #include <cuda_runtime_api.h>
 

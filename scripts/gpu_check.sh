@@ -371,7 +371,7 @@ def losses(p):
     return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if j["type"] == "train"}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 d = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
-print("%d steps, max rel loss diff %.2e vs one process, final loss %.4f" % (len(b), d, a[max(a)]))
+print("%d logged losses, max rel diff %.2e vs one process, final loss %.4f" % (len(b), d, a[max(a)]))
 PY
 }
 dp_rows() {

@@ -10,7 +10,7 @@
 #include "kernels/cpu/blas_kernels.h"
 
 int main(int argc, char** argv) {
-  kvs::tune_runtime_environment(argv);  // may re-execute once with OpenMP/OpenBLAS settings
+  kvs::tune_runtime_environment(argc, argv);  // may re-execute once with OpenMP settings (train, bench, ...)
   kvs::cpu::select_blas_kernels();      // before any BLAS call: the GEMM kernels for this CPU
   kvs::default_threads_to_cpu_budget();  // a container's CPU quota caps the default thread count
   CLI::App app{"kvshift: pretrain Llama-architecture language models with KV shifting attention"};

@@ -47,7 +47,14 @@ std::string openblas_core_name() {
   return name ? name : "unknown";
 }
 
-void tune_runtime_environment(char** argv) {
+bool tunes_runtime_for(const char* subcommand) {
+  if (!subcommand) return false;
+  const std::string s = subcommand;
+  return s == "train" || s == "bench" || s == "eval" || s == "generate";
+}
+
+void tune_runtime_environment(int argc, char** argv) {
+  if (!tunes_runtime_for(argc > 1 ? argv[1] : nullptr)) return;
   if (set_at_exec("KVS_NO_ENV_TUNING") || set_at_exec("KVS_ENV_TUNED")) return;
   if (set_at_exec("OMP_WAIT_POLICY") || set_at_exec("GOMP_SPINCOUNT")) return;
   setenv("GOMP_SPINCOUNT", "20000", 1);

@@ -16,8 +16,17 @@
 namespace kvs {
 
 // Call first thing in main(): re-executes the program once if a setting
-// should change (the same process id, arguments and environment otherwise).
-void tune_runtime_environment(char** argv);
+// should change (the same process id, arguments and environment otherwise),
+// for the subcommands that run many OpenMP regions (tunes_runtime_for). The
+// others skip it: a re-execution loads every shared library again, 0.13 s of
+// start-up with the CUDA libraries (cuBLASLt, NCCL, NVRTC, cuDNN) linked in,
+// which scripts that call `kvshift forward` or `export-hf` many times pay on
+// every call, for nothing.
+void tune_runtime_environment(int argc, char** argv);
+
+// Whether `subcommand` (argv[1], may be null) re-executes with the tuned
+// settings: train, bench, eval and generate.
+bool tunes_runtime_for(const char* subcommand);
 
 // The OpenBLAS kernel family in use ("Cooperlake", "Haswell", ...), for reports.
 // OPENBLAS_CORETYPE in the environment overrides OpenBLAS's own detection.

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/runtime_env.h"
 #include "data/shards.h"
 #include "cuda_test_util.h"
 #include "test_util.h"
@@ -183,6 +184,16 @@ TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_EQ(env_of(p)["GOMP_SPINCOUNT"], "");
   EXPECT_EQ(env_of(p)["OMP_WAIT_POLICY"], "PASSIVE");
+}
+
+// Re-executing loads every shared library again (0.13 s with the CUDA ones):
+// only the commands that run many OpenMP regions are worth it.
+TEST(Cli, OnlyTheLongRunningCommandsReExecuteForTheSpin) {
+  for (const char* c : {"train", "bench", "eval", "generate"}) EXPECT_TRUE(kvs::tunes_runtime_for(c)) << c;
+  for (const char* c : {"forward", "backward", "export-hf", "import-hf", "info", "inspect", "data", "tokenizer",
+                        "bench-attention", "dist-check", "--help", "trainx"})
+    EXPECT_FALSE(kvs::tunes_runtime_for(c)) << c;
+  EXPECT_FALSE(kvs::tunes_runtime_for(nullptr));
 }
 
 TEST(Cli, StartupUnderOmpProcBindKeepsEveryCpuItWasStartedOn) {

@@ -16,21 +16,14 @@ import subprocess
 import sys
 import tempfile
 
+from checks import Tally  # tests/checks.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "scripts", "bench_cpu_scaling.py")
 PY = sys.executable or "/usr/bin/python3"
 
-passed, failed = 0, 0
-
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what} {detail}")
-
+TALLY = Tally(quiet=True)
+check = TALLY.check
 
 # A stand-in for `kvshift bench --json`: the n-th call of this binary reports the n-th step
 # time of its list, and logs its arguments (one line per call, in one log for all binaries).
@@ -99,8 +92,7 @@ def main():
         p = run(["--config", "c.json", "--threads", "1", "--kvshift", a, "--kvshift", a])
         check(p.returncode != 0 and "the same binary twice" in p.stderr, "the same binary twice is refused",
               p.stderr)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return TALLY.finish()
 
 
 if __name__ == "__main__":

@@ -23,20 +23,13 @@ import subprocess
 import sys
 import tarfile
 
+from checks import Tally  # tests/checks.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
 
-passed, failed = 0, 0
-
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what} {detail}")
-
+TALLY = Tally(quiet=True)
+check = TALLY.check
 
 # Runs what it is given after its own options, and logs the tool and the test filter.
 FAKE_SANITIZER = r'''#!/bin/bash
@@ -109,7 +102,7 @@ def main():
     summary = os.path.join(logs, "summary.txt")
     check(os.path.exists(summary), "summary.txt written")
     if not os.path.exists(summary):
-        return finish()
+        return TALLY.finish()
     t = rows(summary)
     check(find(t, "GPU") == "none found", "GPU row", find(t, "GPU"))
 
@@ -187,12 +180,7 @@ def main():
     names = tarfile.open(tgz).getnames() if os.path.exists(tgz) else []
     for name in ("./cuda_tests.log", "./dp1.log", "./pp2_mpi.log", "./bench.jsonl", "./memcheck_kernels.log"):
         check(name in names, f"{name} in $OUT/logs.tar.gz")
-    return finish()
-
-
-def finish():
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return TALLY.finish()
 
 
 if __name__ == "__main__":

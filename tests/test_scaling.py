@@ -28,23 +28,15 @@ import subprocess
 import sys
 from fractions import Fraction
 
+from checks import Tally  # tests/checks.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "scripts", "scaling.py")
 PAPER = os.path.join(ROOT, "configs", "paper")
 PY = sys.executable or "/usr/bin/python3"
 
-passed, failed = 0, 0
-
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok    %s" % what)
-    else:
-        failed += 1
-        print("FAIL  %s%s" % (what, (": " + detail) if detail else ""))
-
+TALLY = Tally(quiet=False)
+check = TALLY.check
 
 def close(a, b, rel=1e-9):
     return abs(a - b) <= rel * max(abs(a), abs(b))
@@ -139,8 +131,7 @@ def main():
     check_layout_search()
     check_pipeline(a.kvshift)
 
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return TALLY.finish()
 
 
 def info(kvshift, cfg, *sets):

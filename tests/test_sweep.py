@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+from checks import Tally  # tests/checks.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
 PLOT = os.path.join(ROOT, "scripts", "plot_sweep.py")
@@ -27,19 +29,8 @@ RESULTS = os.path.join(ROOT, "scripts", "results.py")
 SMOKE = os.path.join(ROOT, "configs", "experiments", "smoke.json")
 PY = sys.executable or "/usr/bin/python3"
 
-passed, failed = 0, 0
-
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok    %s" % what)
-    else:
-        failed += 1
-        print("FAIL  %s%s" % (what, (": " + detail) if detail else ""))
-    return cond
-
+TALLY = Tally(quiet=False)
+check = TALLY.check
 
 def run(args, **kw):
     p = subprocess.run([PY] + args, capture_output=True, text=True, **kw)
@@ -260,8 +251,7 @@ def main():
     p = run([REPRODUCE, "--spec", "nosuch", "--dry-run"])
     check(p.returncode == 1 and "nosuch" in p.stderr, "reproduce: unknown spec is a one-line error", show(p))
 
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return TALLY.finish()
 
 
 if __name__ == "__main__":

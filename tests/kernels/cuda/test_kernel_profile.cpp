@@ -2,7 +2,8 @@
 // bench --profile` on CUDA): the arithmetic that turns event marks into per-op
 // GPU times (no GPU needed), and that one training step marks every kernel
 // and GEMM it runs, under its name and the projection's label, the number of
-// times the model's structure says (on a GPU, and on the host build in CI).
+// times the model's structure says, across take() and restart() (on a GPU,
+// and on the host build in CI).
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 
@@ -94,6 +95,11 @@ TEST(CudaKernelProfile, EveryKernelAndGemmOfAStepIsMarked) {
   const auto first = kp::take();
   step();
   const auto rows = kp::take();
+  // restart() drops what was timed but keeps each stream's clock: the step after it counts as one taken.
+  step();
+  kp::restart();
+  step();
+  const auto after_restart = kp::take();
   kp::set_enabled(false);
   ASSERT_FALSE(rows.empty());
   const auto s = by_name(rows), s1 = by_name(first);
@@ -133,6 +139,9 @@ TEST(CudaKernelProfile, EveryKernelAndGemmOfAStepIsMarked) {
     lost += st.calls - before;
   }
   EXPECT_EQ(lost, 1);
+  const auto s3 = by_name(after_restart);
+  ASSERT_EQ(s3.size(), s.size());
+  for (const auto& [name, st] : s) EXPECT_EQ(s3.at(name).calls, st.calls) << name;
 }
 
 }  // namespace

@@ -5,13 +5,20 @@
 # (docs/CUDA.md "Kernel resources"). Each .cu file is compiled with the
 # build's own command (compile_commands.json of a -DKVS_CUDA=ON build), its
 # architectures replaced by the one asked for.
-#   bash scripts/cuda_resources.sh [arch, default 90] [build dir, default build]
+# With --ptx it also counts, per kernel of the flash attention files, the PTX
+# instructions that move data and do the math (shared loads, ldmatrix,
+# cp.async, global loads, shared stores, mma.sync, barriers; loops are
+# unrolled, so a count is per block of the loop body): the host-side view of
+# what the tile-load paths (kernels/cuda/ops.h FlashLoads) change.
+#   bash scripts/cuda_resources.sh [--ptx] [arch, default 90] [build dir, default build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec /usr/bin/python3 - "${1:-90}" "${2:-build}" <<'PY'
-import json, os, re, shlex, subprocess, sys, tempfile
+ptx=0
+if [ "${1:-}" = --ptx ]; then ptx=1; shift; fi
+exec /usr/bin/python3 - "${1:-90}" "${2:-build}" "$ptx" <<'PY'
+import collections, json, os, re, shlex, subprocess, sys, tempfile
 
-arch, build = sys.argv[1], sys.argv[2]
+arch, build, want_ptx = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 db = os.path.join(build, "compile_commands.json")
 try:
     entries = [e for e in json.load(open(db)) if e["file"].endswith(".cu")]
@@ -46,4 +53,33 @@ with tempfile.TemporaryDirectory() as tmp:
                 name = name.replace("kvs::cuda::(anonymous namespace)::", "").replace("kvs::cuda::", "")
                 print(f"{f:22} {name[:44]:44} {int(m.group(1)):5} {spill:7} {stack:7} "
                       f"{int(smem.group(1)) if smem else 0:6}")
+if want_ptx:
+    ops = ["ld.shared", "ldmatrix", "cp.async.cg", "ld.global", "st.shared", "mma.sync", "bar.sync"]
+    print(f"\nPTX instructions per kernel (sm_{arch}):")
+    print(f"{'kernel':44} " + " ".join(f"{o:>11}" for o in ops) + f" {'all':>6}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for e in sorted(entries, key=lambda e: e["file"]):
+            if "flash_attention" not in e["file"]:
+                continue
+            args = [a for a in shlex.split(e["command"]) if not a.startswith("--generate-code") and a != "-c"]
+            out = os.path.join(tmp, "k.ptx")
+            args[args.index("-o") + 1] = out
+            args += [f"--generate-code=arch=compute_{arch},code=compute_{arch}", "-ptx"]
+            r = subprocess.run(args, cwd=e["directory"], capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"cuda_resources: {e['file']} did not compile to PTX:\n{r.stderr[-2000:]}")
+            for body in re.split(r"\n\.visible \.entry ", open(out).read())[1:]:
+                mangled = body.split("(")[0]
+                count = collections.Counter()
+                for line in body.splitlines():
+                    words = line.split()
+                    if not words or words[0].startswith(("//", ".", "{", "}", "$")):
+                        continue
+                    op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+                    count["all"] += 1
+                    for o in ops:
+                        count[o] += op.startswith(o)
+                name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
+                name = re.sub(r"\(.*", "", name.replace("kvs::cuda::", ""))
+                print(f"{name[:44]:44} " + " ".join(f"{count[o]:11}" for o in ops) + f" {count['all']:6}")
 PY

@@ -572,7 +572,12 @@ if [ $build_rc -eq 0 ]; then
     # One row per sequence length: ours/cuDNN fwd+bwd throughput (the target: >= 0.8).
     awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
       $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
-        printf "%-44s %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log" | tee -a "$summary"
+        printf "%-44s  %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log" | tee -a "$summary"
+    # And our kernels' default tile loads (cp.async + ldmatrix) against the first version's.
+    awk -F'|' '/^our flash attention, tile loads/ {on = 1; next} on && /^ *$/ {exit}
+      on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+        printf "%-44s  %s\n", "attention T=" $1 " cp.async/sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
+      tee -a "$summary"
   fi
   want launch && launch_rows
   want dp && { dp_rows; cudnn_rows; }

@@ -1,7 +1,8 @@
 // Tiny SIMT emulator (tests/simt/README.md): runs CUDA kernel source on the
 // host, one block at a time, one cooperative fiber (ucontext) per thread, with
-// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 bf16) and __syncthreads
-// as barriers. The fiber order is forward, reversed or greedy (one warp runs as
+// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 bf16, ldmatrix) and
+// __syncthreads as barriers, and cp.async copies that land either at once or
+// only at the wait that covers them. The fiber order is forward, reversed or greedy (one warp runs as
 // far ahead as the barriers allow), so a missing barrier shows up as a read of
 // NaN-poisoned shared memory or of another thread's not-yet-written values.
 // Blocks of up to 1024 threads, 1-D or 2-D (threadIdx.y), fixed at launch.
@@ -128,6 +129,24 @@ inline bool g_reverse = false;
 inline int g_woke = 0;
 inline bool g_greedy = false;
 inline int g_nthreads = 128;
+// cp.async (sm_80): a copy may land in shared memory any time between its
+// issue and the cp.async.wait_group that covers it. The emulator takes one of
+// the two extremes: at once (g_cp_async_eager, which exposes a copy issued
+// over a tile other threads still read) or only at that wait (which exposes a
+// read without the wait, or without the __syncthreads after other threads'
+// waits). A kernel must be right under both.
+struct CpAsync {
+  unsigned char* dst;
+  const unsigned char* src;
+  int src_bytes;  // copied from src; the rest of the 16 bytes is zero-filled
+  long group;     // its commit group (the thread's count of commits when issued)
+  bool landed;
+};
+constexpr int kMaxCpAsync = 256;  // copies a thread may have in flight
+inline CpAsync g_cp[1024][kMaxCpAsync];
+inline int g_cp_n[1024];
+inline long g_cp_commits[1024];
+inline bool g_cp_async_eager = false;
 
 EMU_INTERNAL inline Dim cur_tid() { return g_fibers[g_cur].idx; }
 
@@ -188,6 +207,10 @@ EMU_INTERNAL inline void leave(Group& grp) {
 EMU_INTERNAL inline void fiber_entry() {
   g_body();
   Fiber& f = g_fibers[g_cur];
+  if (g_cp_n[f.tid] > 0) {
+    fprintf(stderr, "emu: thread %d ended with %d cp.async copies it never waited for\n", f.tid, g_cp_n[f.tid]);
+    abort();
+  }
   f.done = true;
   leave(g_warp_grp[f.tid / 32]);
   leave(g_block_grp);
@@ -201,6 +224,8 @@ EMU_INTERNAL inline void run_block(int nthreads) {
   }
   g_nthreads = nthreads;
   for (int i = 0; i < nthreads; ++i) g_fibers[i] = Fiber{};
+  std::fill(g_cp_n, g_cp_n + nthreads, 0);
+  std::fill(g_cp_commits, g_cp_commits + nthreads, 0L);
   g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
   for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
@@ -345,6 +370,86 @@ EMU_INTERNAL inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
     out[e] = (float)((double)c[e] + s);
   }
   for (int e = 0; e < 4; ++e) c[e] = out[e];
+}
+
+// A pointer into the running block's shared memory, aligned to `align`, or abort.
+EMU_INTERNAL inline void check_smem(const void* p, size_t bytes, size_t align, const char* who) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < g_smem.data() || c + bytes > g_smem.data() + g_smem.size() || reinterpret_cast<uintptr_t>(p) % align != 0) {
+    fprintf(stderr, "emu: %s: address %p is not %zu-byte aligned shared memory\n", who, p, align);
+    abort();
+  }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the address
+// of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); r[i] receives
+// matrix i's elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), low half
+// first, or with .trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+EMU_INTERNAL inline void ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans) {
+  const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
+  check_smem(p, 16, 16, "ldmatrix");
+  static const unsigned char* buf[2][32][32];  // two buffers, as in shfl_xor
+  const unsigned char*(&rows)[32][32] = buf[g_warp_grp[w].gen & 1];
+  rows[w][lane] = static_cast<const unsigned char*>(p);
+  wait(g_warp_grp[w]);
+  const int g = lane / 4, c = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    if (!trans) {
+      std::memcpy(&lo, rows[w][8 * i + g] + 4 * c, 2);
+      std::memcpy(&hi, rows[w][8 * i + g] + 4 * c + 2, 2);
+    } else {
+      std::memcpy(&lo, rows[w][8 * i + 2 * c] + 2 * g, 2);
+      std::memcpy(&hi, rows[w][8 * i + 2 * c + 1] + 2 * g, 2);
+    }
+    r[i] = lo | (uint32_t)hi << 16;
+  }
+}
+
+// The source bytes of a cp.async, read as the kernel's own loads (so not
+// EMU_INTERNAL, and always inlined into the kernel): a build that checks the
+// kernels' accesses (tests/cuda_host) checks these against the allocations too.
+__attribute__((always_inline)) inline void cp_async_source_read(const void* src, int n) {
+  const volatile unsigned char* p = static_cast<const volatile unsigned char*>(src);
+  for (int i = 0; i < n; ++i) (void)p[i];
+}
+EMU_INTERNAL inline void cp_async_land(CpAsync& cp) {
+  std::memset(cp.dst, 0, 16);
+  std::memcpy(cp.dst, cp.src, (size_t)cp.src_bytes);
+  cp.landed = true;
+}
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes.
+EMU_INTERNAL inline void cp_async(void* dst, const void* src, int src_bytes) {
+  const int tid = g_fibers[g_cur].tid;
+  check_smem(dst, 16, 16, "cp.async destination");
+  if (src_bytes < 0 || src_bytes > 16 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+    fprintf(stderr, "emu: cp.async: source %p (need 16-byte alignment) or size %d (0..16)\n", src, src_bytes);
+    abort();
+  }
+  if (g_cp_n[tid] == kMaxCpAsync) {
+    fprintf(stderr, "emu: thread %d has more than %d cp.async copies in flight\n", tid, kMaxCpAsync);
+    abort();
+  }
+  CpAsync& cp = g_cp[tid][g_cp_n[tid]++];
+  cp = CpAsync{static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), src_bytes,
+               g_cp_commits[tid], false};
+  if (g_cp_async_eager) cp_async_land(cp);
+}
+// cp.async.commit_group: the copies issued since the last commit form a group.
+EMU_INTERNAL inline void cp_async_commit() { ++g_cp_commits[g_fibers[g_cur].tid]; }
+// cp.async.wait_group n: every committed group but the n most recent has landed.
+EMU_INTERNAL inline void cp_async_wait(int n) {
+  const int tid = g_fibers[g_cur].tid;
+  int kept = 0;
+  for (int i = 0; i < g_cp_n[tid]; ++i) {
+    CpAsync& cp = g_cp[tid][i];
+    if (cp.group < g_cp_commits[tid] - n) {
+      if (!cp.landed) cp_async_land(cp);
+    } else {
+      g_cp[tid][kept++] = cp;
+    }
+  }
+  g_cp_n[tid] = kept;
 }
 
 EMU_INTERNAL inline Dim block_idx() { return g_block_idx; }

@@ -10,7 +10,8 @@ writes OUT_DIR/gen_NAME.h with:
   - `#include "kernels/cuda/X.cuh"` -> `#include "gen_X.h"`;
   - `__shared__ [__align__(N)] T a[n][m]..., b[k];` -> emulator shared memory,
     one slot per declaration; `extern __shared__ ... T a[];` -> dynamic smem;
-  - the mma.sync inline asm of flash_attention_common.cuh -> ::emu::mma;
+  - the inline PTX of flash_attention_common.cuh (mma.sync, ldmatrix, cp.async)
+    -> the emulator's ::emu::mma, ::emu::ldmatrix_x4, ::emu::cp_async...;
   - every top-level function that launches a kernel (`<<<`), or calls one
     that does, removed (the launchers; the drivers mirror their grids).
 With --launchers it writes OUT_DIR/host_NAME.cpp instead, keeping the
@@ -58,19 +59,48 @@ def shared_decls(text, name):
     return text
 
 
-def replace_mma(text, name):
-    n = text.count('asm(') + text.count('asm volatile(')
-    if n == 0:
-        return text
-    if name != 'flash_attention_common.cuh' or n != 1:
-        fail(f'{name}: inline asm the emulator does not know')
-    i = text.index('  asm(')
-    j = text.index('}\n', i)
-    body = text[i:j]
-    if 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' not in body:
-        fail(f'{name}: the asm is not the mma.sync m16n8k16 bf16 the emulator implements')
-    # Same number of lines, so that #line keeps compiler messages on the source lines.
-    return text[:i] + '  ::emu::mma(c, a, b0, b1);' + '\n' * body.count('\n') + text[j:]
+# The inline PTX of flash_attention_common.cuh (one instruction per asm
+# statement, inside a wrapper whose parameters the call names) -> the emulator.
+ASM_TO_EMU = {
+    'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32': '::emu::mma(c, a, b0, b1);',
+    'ldmatrix.sync.aligned.m8n8.x4.shared.b16': '::emu::ldmatrix_x4(r, p, false);',
+    'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16': '::emu::ldmatrix_x4(r, p, true);',
+    'cp.async.cg.shared.global':
+        '::emu::cp_async_source_read(src, src_bytes); ::emu::cp_async(dst, src, src_bytes);',
+    'cp.async.commit_group': '::emu::cp_async_commit();',
+    'cp.async.wait_group': '::emu::cp_async_wait(N);',
+}
+
+
+def replace_asm(text, name):
+    out, pos = [], 0
+    for m in re.finditer(r'\basm(?: volatile)?\(', text):
+        if m.start() < pos:
+            continue
+        if name != 'flash_attention_common.cuh':
+            fail(f'{name}: inline asm the emulator does not know')
+        depth, e = 0, m.end() - 1
+        while True:  # the statement ends at its closing parenthesis
+            if text[e] == '(':
+                depth += 1
+            elif text[e] == ')':
+                depth -= 1
+                if depth == 0:
+                    break
+            e += 1
+        if text[e + 1] != ';':
+            fail(f'{name}: an asm statement not followed by ";"')
+        stmt = text[m.start():e + 2]
+        lit = re.search(r'"([^"]*)"', stmt)
+        op = re.match(r'[\w.]*', lit.group(1)).group(0) if lit else ''
+        if op not in ASM_TO_EMU:
+            fail(f'{name}: inline asm "{op}" the emulator does not implement')
+        # Same number of lines, so that #line keeps compiler messages on the source lines.
+        out.append(text[pos:m.start()])
+        out.append(ASM_TO_EMU[op] + '\n' * stmt.count('\n'))
+        pos = e + 2
+    out.append(text[pos:])
+    return ''.join(out)
 
 
 def cut_launchers(text, name):
@@ -178,7 +208,7 @@ def translate(src_dir, out_dir, name, done, launchers=False):
     for inc in re.findall(r'#include "kernels/cuda/(\w+)\.cuh"', text):
         translate(src_dir, out_dir, inc + '.cuh', done)
     text = re.sub(r'#include "kernels/cuda/(\w+)\.cuh"', r'#include "gen_\1.h"', text)
-    text = replace_mma(text, name)
+    text = replace_asm(text, name)
     text = shared_decls(text, name)
     base = name.rsplit('.', 1)[0]
     if launchers and name.endswith('.cu'):

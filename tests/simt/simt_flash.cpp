@@ -1,4 +1,4 @@
-// Flash attention forward (fwd_kernel) and backward (delta_kernel, dkdv_kernel,
+// Flash attention forward (fwd_kernel, both tile-load paths) and backward (delta_kernel, dkdv_kernel,
 // dq_kernel) under the emulator vs kvs::cpu::attention_forward/backward in
 // double. Same problems as tests/kernels/cuda/test_flash_attention.cpp (B = 2, Hq = 4,
 // bf16-rounded normal inputs, the three buffer layouts) and its tolerances:
@@ -37,7 +37,7 @@ double max_abs(const std::vector<double>& x) {
 
 template <int D>
 void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale, bool causal = true) {
-  static_assert(dkdv_smem_bytes<D>() <= emu::kDynBytes && dq_smem_bytes<D>() <= emu::kDynBytes);
+  static_assert(dkdv_smem_bytes<D, true>() <= emu::kDynBytes && dq_smem_bytes<D, true>() <= emu::kDynBytes);
   const std::string tag = "flash D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
                           " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
                           " layout=" + std::to_string(layout) + (qk_scale != 1.0f ? " peaked" : "") +
@@ -106,15 +106,33 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   kvs::cpu::attention_backward<double>(dqr.data(), dkr.data(), dvr.data(), dod.data(), qd.data(),
                                        kd.data(), vd.data(), att.data(), B, T, T, Hq, Hkv, D, qpos0, 0);
 
-  // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd).
+  // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd), with
+  // both tile-load paths (FlashLoads), each into freshly poisoned outputs.
   const unsigned nqt = (unsigned)((T + 16 * kWarps - 1) / (16 * kWarps));
-  emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-    fwd_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
-  });
-  const std::vector<float> outf = f32(out);
-  check(tag, "out", outf, outr, 1e-2, 1e-2);
-  expect(norm_close(outf, outr, 5e-3), tag, "out norm");
-  check(tag, "lse", lse, lser, 1e-5, 2e-4);
+  std::vector<bf16> sync_out;
+  std::vector<float> sync_lse;
+  for (const bool async : {false, true}) {
+    std::fill(out.begin(), out.end(), poison_bf16());
+    std::fill(lse.begin(), lse.end(), NAN);
+    emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+      if (async)
+        fwd_kernel<D, true>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+      else
+        fwd_kernel<D, false>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+    });
+    const std::string ftag = tag + (async ? " fwd cp.async+ldmatrix" : " fwd sync loads");
+    const std::vector<float> outf = f32(out);
+    check(ftag, "out", outf, outr, 1e-2, 1e-2);
+    expect(norm_close(outf, outr, 5e-3), ftag, "out norm");
+    check(ftag, "lse", lse, lser, 1e-5, 2e-4);
+    if (!async) {
+      sync_out = out, sync_lse = lse;
+    } else {  // the same MMAs in the same order: the same bits
+      expect(std::memcmp(out.data(), sync_out.data(), out.size() * sizeof(bf16)) == 0 &&
+                 std::memcmp(lse.data(), sync_lse.data(), lse.size() * sizeof(float)) == 0,
+             ftag, "bit-identical to the sync loads");
+    }
+  }
 
   // Backward (flash_attention_backward, launch_bwd).
   const std::vector<bf16> outb = b16(std::vector<float>(outr.begin(), outr.end()));
@@ -122,35 +140,63 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   const size_t rows = N * Hq;
   emu::launch({(unsigned)((rows + kWarps - 1) / kWarps), 1, 1}, kThreads,
               [&] { delta_kernel(delta.data(), doutb.data(), outb.data(), T, Hq, D, rows); });
-  emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
-    dkdv_kernel<D>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
-                   scale * kLog2e, causal);
-  });
-  emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-    dq_kernel<D>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
-                 scale * kLog2e, causal);
-  });
-  std::vector<float> dq(N * QD), dk(N * KD), dv(N * KD);
-  size_t pad_written = 0;
-  for (size_t n = 0; n < N; ++n) {
-    for (size_t i = 0; i < QD; ++i) dq[n * QD + i] = __bfloat162float(dqp[n * ld_q + i]);
-    for (size_t i = 0; i < KD; ++i) {
-      dk[n * KD + i] = __bfloat162float(dkp[n * ld_kv + i]);
-      dv[n * KD + i] = __bfloat162float(dvp[n * ld_kv + i]);
+  // Both tile-load paths, each into freshly poisoned gradients (padding
+  // included); the second must give the first one's bits.
+  std::vector<bf16> sync_grads;
+  for (const bool async : {false, true}) {
+    const std::string btag = tag + (async ? " bwd cp.async+ldmatrix" : " bwd sync loads");
+    std::fill(dQb.begin(), dQb.end(), poison_bf16());  // the fused layout's dk, dv too
+    std::fill(dKb.begin(), dKb.end(), poison_bf16());  // (both empty in the fused layout)
+    std::fill(dVb.begin(), dVb.end(), poison_bf16());
+    emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
+      if (async)
+        dkdv_kernel<D, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
+                             scale, scale * kLog2e, causal);
+      else
+        dkdv_kernel<D, false>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
+                              scale, scale * kLog2e, causal);
+    });
+    emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+      if (async)
+        dq_kernel<D, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                           scale * kLog2e, causal);
+      else
+        dq_kernel<D, false>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                            scale * kLog2e, causal);
+    });
+    std::vector<float> dq(N * QD), dk(N * KD), dv(N * KD);
+    size_t pad_written = 0;
+    for (size_t n = 0; n < N; ++n) {
+      for (size_t i = 0; i < QD; ++i) dq[n * QD + i] = __bfloat162float(dqp[n * ld_q + i]);
+      for (size_t i = 0; i < KD; ++i) {
+        dk[n * KD + i] = __bfloat162float(dkp[n * ld_kv + i]);
+        dv[n * KD + i] = __bfloat162float(dvp[n * ld_kv + i]);
+      }
+      if (layout == 2) {
+        for (int i = QD; i < ld_q; ++i) pad_written += __bfloat16_as_ushort(dqp[n * ld_q + i]) != 0xFFFF;
+        for (int i = KD; i < ld_kv; ++i)
+          pad_written += (__bfloat16_as_ushort(dkp[n * ld_kv + i]) != 0xFFFF) +
+                         (__bfloat16_as_ushort(dvp[n * ld_kv + i]) != 0xFFFF);
+      }
     }
-    if (layout == 2) {
-      for (int i = QD; i < ld_q; ++i) pad_written += __bfloat16_as_ushort(dqp[n * ld_q + i]) != 0xFFFF;
-      for (int i = KD; i < ld_kv; ++i)
-        pad_written += (__bfloat16_as_ushort(dkp[n * ld_kv + i]) != 0xFFFF) +
-                       (__bfloat16_as_ushort(dvp[n * ld_kv + i]) != 0xFFFF);
+    for (size_t i = 0; i < 64; ++i) pad_written += __bfloat16_as_ushort(dQb[N * ld_q + i]) != 0xFFFF;
+    check(btag, "dq", dq, dqr, 2e-2, 1e-2 * max_abs(dqr) + 1e-3);
+    check(btag, "dk", dk, dkr, 2e-2, 1e-2 * max_abs(dkr) + 1e-3);
+    check(btag, "dv", dv, dvr, 2e-2, 1e-2 * max_abs(dvr) + 1e-3);
+    expect(norm_close(dq, dqr, 1e-2) && norm_close(dk, dkr, 1e-2) && norm_close(dv, dvr, 1e-2), btag,
+           "dq/dk/dv norm");
+    expect(pad_written == 0, btag, "padding columns (or past the buffer) written");
+    std::vector<bf16> grads(dQb);
+    if (layout != 1) {
+      grads.insert(grads.end(), dKb.begin(), dKb.end());
+      grads.insert(grads.end(), dVb.begin(), dVb.end());
     }
+    if (!async)
+      sync_grads = grads;
+    else
+      expect(std::memcmp(grads.data(), sync_grads.data(), grads.size() * sizeof(bf16)) == 0, btag,
+             "bit-identical to the sync loads");
   }
-  for (size_t i = 0; i < 64; ++i) pad_written += __bfloat16_as_ushort(dQb[N * ld_q + i]) != 0xFFFF;
-  check(tag, "dq", dq, dqr, 2e-2, 1e-2 * max_abs(dqr) + 1e-3);
-  check(tag, "dk", dk, dkr, 2e-2, 1e-2 * max_abs(dkr) + 1e-3);
-  check(tag, "dv", dv, dvr, 2e-2, 1e-2 * max_abs(dvr) + 1e-3);
-  expect(norm_close(dq, dqr, 1e-2) && norm_close(dk, dkr, 1e-2) && norm_close(dv, dvr, 1e-2), tag, "dq/dk/dv norm");
-  expect(pad_written == 0, tag, "padding columns (or past the buffer) written");
   done(tag);
 }
 

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   for (const auto& order : orders) {
     emu::g_reverse = order == "rev" || order == "greedyrev";
     emu::g_greedy = order == "greedy" || order == "greedyrev";
+    // cp.async copies land at once in rev and greedy, at their wait in fwd and greedyrev (emu.h).
+    emu::g_cp_async_eager = order == "rev" || order == "greedy";
     for (const auto& [name, fn] : families) {
       if (!only.empty() && only != name) continue;
       const auto t = std::chrono::steady_clock::now();

@@ -1,7 +1,9 @@
 // `bench-attention`: forward and backward TFLOP/s of our flash attention
 // kernels at the shapes of a real model (causal, bf16), and of cuDNN's fused
 // SDPA (kernels/cuda/cudnn_sdpa.cpp) at the same shapes in the same run, with
-// the ratio ours/cuDNN of fwd+bwd throughput; then the KV shift + RoPE kernel
+// the ratio ours/cuDNN of fwd+bwd throughput; our kernels' two tile-load
+// paths (FlashLoads: cp.async + ldmatrix, and through registers) side by
+// side; then the KV shift + RoPE kernel
 // against a device-to-device copy of the same bytes. Timed with CUDA events,
 // median over repetitions after two warm-ups. FLOPs follow FlashAttention's
 // convention: forward 4·B·Hq·T²·D / 2 (two matmuls, causal half), backward
@@ -222,6 +224,24 @@ void add_bench_attention(CLI::App& app) {
     }
     std::printf("ours/cuDNN fwd+bwd = cuDNN (fwd+bwd ms) / ours (fwd+bwd ms): above 1 means ours is faster "
                 "(target >= 0.8)\n");
+
+    // Our kernels' two tile-load paths (kernels/cuda/ops.h FlashLoads), the
+    // same shapes in the same run: the default (cp.async overlapped with the
+    // math, ldmatrix fragments) against the first version (through registers).
+    std::printf("\nour flash attention, tile loads: cp.async + ldmatrix (default) vs through registers (sync):\n");
+    std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "async fwd", "TF/s", "async bwd", "TF/s",
+                "sync fwd", "TF/s", "sync bwd", "TF/s", "async/sync speed fwd, bwd");
+    cuda::FlashAttentionBackend flash_sync(cuda::FlashLoads::kSync);
+    for (int T : a->seq_lens) {
+      const AttnTiming fa = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
+      const AttnTiming fs = time_attention(flash_sync, B, T, Hq, Hkv, D, a->reps);
+      const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
+      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f %9.3f %9.1f | %.2f %.2f\n", T, fa.fwd_ms,
+                  fwd_flops / (fa.fwd_ms * 1e9), fa.bwd_ms, 2.5 * fwd_flops / (fa.bwd_ms * 1e9), fs.fwd_ms,
+                  fwd_flops / (fs.fwd_ms * 1e9), fs.bwd_ms, 2.5 * fwd_flops / (fs.bwd_ms * 1e9), fs.fwd_ms / fa.fwd_ms,
+                  fs.bwd_ms / fa.bwd_ms);
+      std::fflush(stdout);
+    }
 
     // The KV shift + RoPE kernels are memory bound: their bytes moved per
     // second against cudaMemcpyAsync's on the same tensor. Forward reads x and

@@ -39,22 +39,28 @@ class AttentionBackend {
   virtual size_t device_bytes() const { return 0; }
 };
 
-// "flash": the kernels in flash_attention_*.cu (holds nothing).
+// "flash": the kernels in flash_attention_*.cu (holds nothing). `loads`
+// picks their tile loads (ops.h; bench-attention times both).
 class FlashAttentionBackend final : public AttentionBackend {
  public:
-  const char* name() const override { return "flash"; }
+  explicit FlashAttentionBackend(FlashLoads loads = FlashLoads::kAsync) : loads_(loads) {}
+  const char* name() const override { return loads_ == FlashLoads::kAsync ? "flash" : "flash (sync loads)"; }
   void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
                int Hq, int Hkv, int D, cudaStream_t stream) override {
-    flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, stream);
+    flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_, stream);
   }
   void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse, const bf16* q,
                 int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, int D,
                 float* scratch, cudaStream_t stream) override {
-    flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, scratch, stream);
+    flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_, scratch,
+                             stream);
   }
   size_t backward_scratch_floats(int B, int T, int Hq, int D) const override {
     return flash_attention_backward_scratch_floats(B, T, Hq, D);
   }
+
+ private:
+  FlashLoads loads_;
 };
 
 // True when this binary was built with cuDNN (-DKVS_CUDNN).

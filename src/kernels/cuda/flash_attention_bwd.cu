@@ -44,10 +44,10 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(float* __restrict__ del
 // dK, dV for one tile of 64 keys of one (batch, KV head). 4 warps, each owning
 // 16 keys, so each warp works on transposed scores S^T (16 keys x BQ queries)
 // and its dK/dV rows stay in registers (2 x D/2 fp32 per thread) for the whole
-// block: the block loops over the G query heads of the group and, for each,
+// block: the block steps over the G query heads of the group and, for each,
 // over the query tiles at or after the key tile (earlier queries cannot see
 // these keys), so the group's sum happens in registers in a fixed order and
-// nothing is written twice. Per query tile: Q and dO tiles go to shared memory
+// nothing is written twice. Per step: Q and dO tiles in shared memory
 // ([BQ][D+8] bf16 each) beside the block's K and V ([64][D+8], loaded once),
 // with lse (times log2 e) and delta for the tile's rows; then
 //   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e) (masked on the band
@@ -57,21 +57,27 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(float* __restrict__ del
 // accumulator registers. BQ is 64 for D <= 64 and 32 for D = 128: the two
 // score tiles (BQ/2 floats each) and the two D-wide accumulators (D/2 floats
 // each) must fit next to each other (ptxas, sm_90: 166 registers at D = 64,
-// 243 at D = 128, no spills); the D = 128 variant needs 52 KB of dynamic
-// shared memory. Padded query rows
+// 243 at D = 128, no spills). Padded query rows
 // (>= T) get lse = +inf, so their P is exactly 0. The key tiles are launched
 // in order: tile 0 (the longest loop) first.
+// kAsync (as in the forward): two stages of the Q/dO/lse/delta buffers; the
+// next step's Q and dO travel by cp.async (its lse and delta by plain loads
+// held in registers) while this step computes, and the fragments come by
+// ldmatrix. Without it each step's tiles are loaded through registers and
+// waited for (FlashLoads::kSync). Dynamic shared memory at D = 128: 52 KB
+// (sync), 70 KB (async).
 template <int D>
 constexpr int dkdv_bq() {
   return D <= 64 ? 64 : 32;
 }
-template <int D>
+template <int D, bool kAsync>
 constexpr size_t dkdv_smem_bytes() {
-  return static_cast<size_t>(2 * 64 + 2 * dkdv_bq<D>()) * row_stride<D>() * sizeof(bf16) +
-         2 * dkdv_bq<D>() * sizeof(float);
+  constexpr int stages = kAsync ? 2 : 1;
+  return static_cast<size_t>(2 * 64 + stages * 2 * dkdv_bq<D>()) * row_stride<D>() * sizeof(bf16) +
+         stages * 2 * dkdv_bq<D>() * sizeof(float);
 }
 
-template <int D>
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                         const float* __restrict__ delta, const bf16* __restrict__ q,
@@ -79,20 +85,21 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
                                                         const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
                                                         float scale, float scale_log2, bool causal) {
   constexpr int BKV = 16 * kWarps;  // keys per block
-  constexpr int BQ = dkdv_bq<D>();  // query rows per inner step
+  constexpr int BQ = dkdv_bq<D>();  // query rows per step
   constexpr int LDS = row_stride<D>();
   constexpr int KD = D / 16;  // k-steps over the head dimension
   constexpr int ND = D / 8;   // n-tiles over the head dimension
   constexpr int NQ = BQ / 8;  // n-tiles over the queries of a step
+  constexpr int kStages = kAsync ? 2 : 1;
   static_assert(BKV % BQ == 0, "the first query tile must start exactly at the key tile");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);
   bf16* sV = sK + BKV * LDS;
-  bf16* sQ = sV + BKV * LDS;
-  bf16* sdO = sQ + BQ * LDS;
-  float* sLse = reinterpret_cast<float*>(sdO + BQ * LDS);  // lse * log2(e); +inf past T
-  float* sDelta = sLse + BQ;
+  bf16* sQ_stages = sV + BKV * LDS;              // kStages x [BQ][LDS]
+  bf16* sdO_stages = sQ_stages + kStages * BQ * LDS;  // kStages x [BQ][LDS]
+  float* sLse_stages = reinterpret_cast<float*>(sdO_stages + kStages * BQ * LDS);  // lse * log2(e); +inf past T
+  float* sDelta_stages = sLse_stages + kStages * BQ;
 
   const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -100,9 +107,40 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
   const int wkey = warp * 16;  // first key of this warp inside the tile
   const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
 
+  // The steps: query head gi of the group (outer), query tile q0 (inner).
+  const size_t ld_o = static_cast<size_t>(Hq) * D;  // dO is contiguous [B, T, Hq, D]
+  const int q_first = causal ? k0 : 0;
+  const int q_tiles = (T - q_first + BQ - 1) / BQ;
+  const int steps = G * q_tiles;
+  auto q_head = [&](int gi) { return q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(hk * G + gi) * D; };
+  auto do_head = [&](int gi) { return dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(hk * G + gi) * D; };
+  auto row_stats = [&](const float* x, int gi) { return x + (static_cast<size_t>(b) * Hq + hk * G + gi) * T; };
+  // This thread's lse * log2(e) and delta for row i < BQ of a step (+inf and 0 past T).
+  auto lse_of = [&](int step, int i) {
+    const int t = q_first + (step % q_tiles) * BQ + i;
+    return t < T ? row_stats(lse, step / q_tiles)[t] * kLog2e : INFINITY;
+  };
+  auto delta_of = [&](int step, int i) {
+    const int t = q_first + (step % q_tiles) * BQ + i;
+    return t < T ? row_stats(delta, step / q_tiles)[t] : 0.f;
+  };
+
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
-  load_tile<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
-  load_tile<BKV, D>(sV, v + kv_off, ld_kv, k0, T);
+  if constexpr (kAsync) {
+    // K, V and step 0's Q, dO in one group; step 0's lse and delta by plain stores.
+    load_tile_async<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
+    load_tile_async<BKV, D>(sV, v + kv_off, ld_kv, k0, T);
+    load_tile_async<BQ, D>(sQ_stages, q_head(0), ld_q, q_first, T);
+    load_tile_async<BQ, D>(sdO_stages, do_head(0), ld_o, q_first, T);
+    cp_async_commit();
+    if (threadIdx.x < BQ) {
+      sLse_stages[threadIdx.x] = lse_of(0, threadIdx.x);
+      sDelta_stages[threadIdx.x] = delta_of(0, threadIdx.x);
+    }
+  } else {
+    load_tile<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
+    load_tile<BKV, D>(sV, v + kv_off, ld_kv, k0, T);
+  }
   // (made visible by the first __syncthreads inside the loop)
 
   float dk_acc[ND][4], dv_acc[ND][4];
@@ -111,104 +149,105 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
 
-  const size_t ld_o = static_cast<size_t>(Hq) * D;  // dO is contiguous [B, T, Hq, D]
-  for (int gi = 0; gi < G; ++gi) {
-    const int h = hk * G + gi;
-    const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
-    const bf16* doh = dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(h) * D;
-    const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
-    const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
-
-    for (int q0 = causal ? k0 : 0; q0 < T; q0 += BQ) {
-      __syncthreads();  // everyone is done with the previous sQ / sdO / sLse / sDelta
-      load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
-      load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = kAsync ? step & 1 : 0;
+    bf16* sQ = sQ_stages + stage * BQ * LDS;
+    bf16* sdO = sdO_stages + stage * BQ * LDS;
+    const float* sLse = sLse_stages + stage * BQ;
+    const float* sDelta = sDelta_stages + stage * BQ;
+    const int q0 = q_first + (step % q_tiles) * BQ;
+    float next_lse = 0.f, next_delta = 0.f;
+    __syncthreads();  // everyone is done with the previous step (the other stage, or this one without kAsync)
+    if constexpr (kAsync) {
+      if (step + 1 < steps) {  // the next step into the other stage while this one computes
+        const int nq0 = q_first + ((step + 1) % q_tiles) * BQ;
+        load_tile_async<BQ, D>(sQ_stages + (stage ^ 1) * BQ * LDS, q_head((step + 1) / q_tiles), ld_q, nq0, T);
+        load_tile_async<BQ, D>(sdO_stages + (stage ^ 1) * BQ * LDS, do_head((step + 1) / q_tiles), ld_o, nq0, T);
+        if (threadIdx.x < BQ) {
+          next_lse = lse_of(step + 1, threadIdx.x);
+          next_delta = delta_of(step + 1, threadIdx.x);
+        }
+      }
+      cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
+      cp_async_wait<1>();
+    } else {
+      load_tile<BQ, D>(sQ, q_head(step / q_tiles), ld_q, q0, T);
+      load_tile<BQ, D>(sdO, do_head(step / q_tiles), ld_o, q0, T);
       if (threadIdx.x < BQ) {
-        const int t = q0 + threadIdx.x;
-        sLse[threadIdx.x] = t < T ? lse_h[t] * kLog2e : INFINITY;
-        sDelta[threadIdx.x] = t < T ? delta_h[t] : 0.f;
+        sLse_stages[threadIdx.x] = lse_of(step, threadIdx.x);
+        sDelta_stages[threadIdx.x] = delta_of(step, threadIdx.x);
       }
-      __syncthreads();
+    }
+    __syncthreads();
 
-      // S^T = K Q^T: this warp's 16 keys x BQ queries.
-      float st[NQ][4];
+    // S^T = K Q^T: this warp's 16 keys x BQ queries.
+    float st[NQ][4];
 #pragma unroll
-      for (int j = 0; j < NQ; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.f;
+    for (int j = 0; j < NQ; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t ka[4];
-        ld_a<LDS>(ka, sK + wkey * LDS + kk * 16, g, c);
-#pragma unroll
-        for (int j = 0; j < NQ; ++j) {
-          uint32_t b0, b1;
-          ld_b_rows<LDS>(b0, b1, sQ + (j * 8) * LDS + kk * 16, g, c);
-          mma_16816(st[j], ka, b0, b1);
-        }
-      }
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t ka[4];
+      load_a<LDS, kAsync>(ka, sK + wkey * LDS + kk * 16, lane);
+      mma_b_rows<NQ, LDS, kAsync>(st, ka, sQ + kk * 16, lane);
+    }
 
-      // P^T. Element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2.
-      // A key can exceed a query only when this warp's last key passes the
-      // tile's first query; padded queries (>= T) already give exp2(-inf) = 0.
-      const bool band = causal && k0 + wkey + 15 > q0;
+    // P^T. Element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2.
+    // A key can exceed a query only when this warp's last key passes the
+    // tile's first query; padded queries (>= T) already give exp2(-inf) = 0.
+    const bool band = causal && k0 + wkey + 15 > q0;
 #pragma unroll
-      for (int j = 0; j < NQ; ++j)
+    for (int j = 0; j < NQ; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = j * 8 + 2 * c + (e & 1);
-          float p = exp2f(fmaf(st[j][e], scale_log2, -sLse[qi]));
-          if (band && key[e >> 1] > q0 + qi) p = 0.f;
-          st[j][e] = p;
-        }
-
-      // dV += P^T dO (k = queries: dO's rows).
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        uint32_t pa[4];
-        a_from_c(pa, st[2 * kk], st[2 * kk + 1]);
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-          uint32_t b0, b1;
-          ld_b_cols<LDS>(b0, b1, sdO + (kk * 16) * LDS + n * 8, g, c);
-          mma_16816(dv_acc[n], pa, b0, b1);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int qi = j * 8 + 2 * c + (e & 1);
+        float p = exp2f(fmaf(st[j][e], scale_log2, -sLse[qi]));
+        if (band && key[e >> 1] > q0 + qi) p = 0.f;
+        st[j][e] = p;
       }
 
-      // dP^T = V dO^T: this warp's 16 keys x BQ queries.
-      float dpt[NQ][4];
+    // dV += P^T dO (k = queries: dO's rows).
 #pragma unroll
-      for (int j = 0; j < NQ; ++j) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t va[4];
-        ld_a<LDS>(va, sV + wkey * LDS + kk * 16, g, c);
-#pragma unroll
-        for (int j = 0; j < NQ; ++j) {
-          uint32_t b0, b1;
-          ld_b_rows<LDS>(b0, b1, sdO + (j * 8) * LDS + kk * 16, g, c);
-          mma_16816(dpt[j], va, b0, b1);
-        }
-      }
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      uint32_t pa[4];
+      a_from_c(pa, st[2 * kk], st[2 * kk + 1]);
+      mma_b_cols<ND, LDS, kAsync>(dv_acc, pa, sdO + (kk * 16) * LDS, lane);
+    }
 
-      // dS^T = P^T (dP^T - delta) (masked entries have P = 0, so dS = 0 there).
+    // dP^T = V dO^T: this warp's 16 keys x BQ queries.
+    float dpt[NQ][4];
 #pragma unroll
-      for (int j = 0; j < NQ; ++j)
+    for (int j = 0; j < NQ; ++j) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sDelta[j * 8 + 2 * c + (e & 1)]);
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t va[4];
+      load_a<LDS, kAsync>(va, sV + wkey * LDS + kk * 16, lane);
+      mma_b_rows<NQ, LDS, kAsync>(dpt, va, sdO + kk * 16, lane);
+    }
 
-      // dK += dS^T Q (k = queries: Q's rows); scale is applied once at the end.
+    // dS^T = P^T (dP^T - delta) (masked entries have P = 0, so dS = 0 there).
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        uint32_t da[4];
-        a_from_c(da, dpt[2 * kk], dpt[2 * kk + 1]);
+    for (int j = 0; j < NQ; ++j)
 #pragma unroll
-        for (int n = 0; n < ND; ++n) {
-          uint32_t b0, b1;
-          ld_b_cols<LDS>(b0, b1, sQ + (kk * 16) * LDS + n * 8, g, c);
-          mma_16816(dk_acc[n], da, b0, b1);
-        }
+      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sDelta[j * 8 + 2 * c + (e & 1)]);
+
+    // dK += dS^T Q (k = queries: Q's rows); scale is applied once at the end.
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      uint32_t da[4];
+      a_from_c(da, dpt[2 * kk], dpt[2 * kk + 1]);
+      mma_b_cols<ND, LDS, kAsync>(dk_acc, da, sQ + (kk * 16) * LDS, lane);
+    }
+
+    // The next step's lse and delta into the other stage: its last reader was
+    // the previous step, done before this step's first __syncthreads.
+    if constexpr (kAsync) {
+      if (step + 1 < steps && threadIdx.x < BQ) {
+        sLse_stages[(stage ^ 1) * BQ + threadIdx.x] = next_lse;
+        sDelta_stages[(stage ^ 1) * BQ + threadIdx.x] = next_delta;
       }
     }
   }
+  if constexpr (kAsync) cp_async_wait<0>();  // the last (empty) group
 
   bf16* dkh = dk + kv_off;
   bf16* dvh = dv + kv_off;
@@ -228,12 +267,15 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
 // + one D-wide accumulator (ptxas, sm_90: 128 registers at D = 64, 238 at
 // D = 128, no spills). Each thread keeps lse and delta of its two rows in
 // registers.
-template <int D>
+// kAsync (as in the forward): two stages of K/V buffers (102 KB at D = 128);
+// the next key tile travels by cp.async during the whole of this one's work,
+// and the fragments come by ldmatrix.
+template <int D, bool kAsync>
 constexpr size_t dq_smem_bytes() {
-  return static_cast<size_t>(4 * 64) * row_stride<D>() * sizeof(bf16);
+  return static_cast<size_t>((2 + (kAsync ? 4 : 2)) * 64) * row_stride<D>() * sizeof(bf16);
 }
 
-template <int D>
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                                                       const float* __restrict__ lse,
                                                       const float* __restrict__ delta, const bf16* __restrict__ q,
@@ -251,8 +293,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sdO = sQ + BQ * LDS;
-  bf16* sK = sdO + BQ * LDS;
-  bf16* sV = sK + BK * LDS;
+  bf16* sKV_stages = sdO + BQ * LDS;  // per stage: K [BK][LDS], then V [BK][LDS]
 
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
@@ -267,8 +308,16 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   const bf16* kh = k + kv_off;
   const bf16* vh = v + kv_off;
-  load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
-  load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
+  if constexpr (kAsync) {  // Q, dO and key tile 0 in one group
+    load_tile_async<BQ, D>(sQ, qh, ld_q, q0, T);
+    load_tile_async<BQ, D>(sdO, doh, ld_o, q0, T);
+    load_tile_async<BK, D>(sKV_stages, kh, ld_kv, 0, T);
+    load_tile_async<BK, D>(sKV_stages + BK * LDS, vh, ld_kv, 0, T);
+    cp_async_commit();
+  } else {
+    load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
+    load_tile<BQ, D>(sdO, doh, ld_o, q0, T);
+  }
   // (made visible by the second __syncthreads inside the loop)
 
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
@@ -289,9 +338,22 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   const int n_tiles = ((causal ? min(T, q0 + BQ) : T) + BK - 1) / BK;
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
-    __syncthreads();  // everyone is done with the previous sK / sV
-    load_tile<BK, D>(sK, kh, ld_kv, k0, T);
-    load_tile<BK, D>(sV, vh, ld_kv, k0, T);
+    const int stage = kAsync ? kt & 1 : 0;
+    bf16* sK = sKV_stages + stage * 2 * BK * LDS;
+    bf16* sV = sK + BK * LDS;
+    __syncthreads();  // everyone is done with key tile kt - 1 (the other stage, or this one without kAsync)
+    if constexpr (kAsync) {
+      if (kt + 1 < n_tiles) {  // key tile kt + 1 into the other stage while this one computes
+        bf16* nK = sKV_stages + (stage ^ 1) * 2 * BK * LDS;
+        load_tile_async<BK, D>(nK, kh, ld_kv, k0 + BK, T);
+        load_tile_async<BK, D>(nK + BK * LDS, vh, ld_kv, k0 + BK, T);
+      }
+      cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
+      cp_async_wait<1>();
+    } else {
+      load_tile<BK, D>(sK, kh, ld_kv, k0, T);
+      load_tile<BK, D>(sV, vh, ld_kv, k0, T);
+    }
     __syncthreads();
 
     // S = Q K^T and dP = dO V^T: this warp's 16 rows x BK keys.
@@ -303,16 +365,10 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       uint32_t qa[4], da[4];
-      ld_a<LDS>(qa, sQ + wrow * LDS + kk * 16, g, c);
-      ld_a<LDS>(da, sdO + wrow * LDS + kk * 16, g, c);
-#pragma unroll
-      for (int j = 0; j < NK; ++j) {
-        uint32_t b0, b1;
-        ld_b_rows<LDS>(b0, b1, sK + (j * 8) * LDS + kk * 16, g, c);
-        mma_16816(s[j], qa, b0, b1);
-        ld_b_rows<LDS>(b0, b1, sV + (j * 8) * LDS + kk * 16, g, c);
-        mma_16816(dp[j], da, b0, b1);
-      }
+      load_a<LDS, kAsync>(qa, sQ + wrow * LDS + kk * 16, lane);
+      load_a<LDS, kAsync>(da, sdO + wrow * LDS + kk * 16, lane);
+      mma_b_rows<NK, LDS, kAsync>(s, qa, sK + kk * 16, lane);
+      mma_b_rows<NK, LDS, kAsync>(dp, da, sV + kk * 16, lane);
     }
 
     // dS = P (dP - delta), P = 0 above the diagonal. Element e of s[j] is row
@@ -335,43 +391,56 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t dsa[4];
       a_from_c(dsa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        uint32_t b0, b1;
-        ld_b_cols<LDS>(b0, b1, sK + (kk * 16) * LDS + n * 8, g, c);
-        mma_16816(dq_acc[n], dsa, b0, b1);
-      }
+      mma_b_cols<ND, LDS, kAsync>(dq_acc, dsa, sK + (kk * 16) * LDS, lane);
     }
   }
+  if constexpr (kAsync) cp_async_wait<0>();  // the last (empty) group
 
   bf16* dqh = dq + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
   store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
 }
 
-template <int D>
+template <int D, bool kAsync>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                 int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, bool causal,
                 cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int G = Hq / Hkv;
 
-  constexpr size_t kv_smem = dkdv_smem_bytes<D>();
+  constexpr size_t kv_smem = dkdv_smem_bytes<D, kAsync>();
   if (kv_smem > 48 * 1024)
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kv_smem)));
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
-  dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
-                                                         scale, scale * kLog2e, causal);
+  dkdv_kernel<D, kAsync><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T,
+                                                                 Hq, G, scale, scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
 
-  constexpr size_t q_smem = dq_smem_bytes<D>();
+  constexpr size_t q_smem = dq_smem_bytes<D, kAsync>();
   if (q_smem > 48 * 1024)
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(q_smem)));
   const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
-  dq_kernel<D><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale,
-                                                     scale * kLog2e, causal);
+  dq_kernel<D, kAsync><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
+                                                             scale, scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
+}
+
+template <bool kAsync>
+void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
+                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, int D, bool causal,
+                cudaStream_t stream) {
+  switch (D) {
+    case 16:
+      return launch_bwd<16, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 32:
+      return launch_bwd<32, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 64:
+      return launch_bwd<64, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    default:
+      return launch_bwd<128, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
+                                     stream);
+  }
 }
 
 }  // namespace flash
@@ -384,12 +453,20 @@ size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D) {
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, float* scratch, cudaStream_t stream) {
-  flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, scratch, stream);
+  flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true,
+                           FlashLoads::kAsync, scratch, stream);
 }
 
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, float* scratch, cudaStream_t stream) {
+  flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal,
+                           FlashLoads::kAsync, scratch, stream);
+}
+
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream) {
   flash::check_args("flash_attention_backward", {dq, dk, dv, dout, out, q, k, v}, {lse, scratch}, ld_q, ld_kv, B, T,
                     Hq, Hkv, D);
   if (B == 0 || T == 0) return;
@@ -399,16 +476,10 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  switch (D) {
-    case 16:
-      return flash::launch_bwd<16>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 32:
-      return flash::launch_bwd<32>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 64:
-      return flash::launch_bwd<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    default:
-      return flash::launch_bwd<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-  }
+  if (loads == FlashLoads::kAsync)
+    flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+  else
+    flash::launch_bwd<false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
 }
 
 }  // namespace kvs::cuda

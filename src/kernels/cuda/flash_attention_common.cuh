@@ -1,7 +1,9 @@
 // Building blocks shared by the flash attention forward (flash_attention_fwd.cu)
 // and backward (flash_attention_bwd.cu): one tensor-core MMA, its register
-// fragments read from shared memory, and tile loads. Included by those two
-// files only.
+// fragments read from shared memory (by plain loads or by ldmatrix), and tile
+// loads (through registers, or by cp.async). Included by those two files
+// only. The inline PTX here is all there is in the kernels: tests/simt/gen.py
+// maps each wrapper's instruction to the SIMT emulator's version of it.
 //
 // The MMA is PTX mma.sync.m16n8k16 (bf16 inputs, fp32 accumulators), issued by
 // one warp. With g = lane / 4 ("group") and c = lane % 4 ("column pair"), a
@@ -20,8 +22,9 @@
 //
 // Shared-memory tiles are [rows][D + kPad] bf16. The 8-element pad makes the
 // row stride (D/2 + 4) 32-bit words, which spreads the 8 rows x 4 words that
-// a fragment load touches over 32 distinct banks for every D in {16..128},
-// and keeps every row 16-byte aligned for the vectorised tile loads.
+// a fragment load (or one 8x8 matrix of an ldmatrix) touches over 32
+// distinct banks for every D in {16..128}, and keeps every row 16-byte
+// aligned for the vectorised tile loads, cp.async and ldmatrix.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -53,6 +56,41 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix.x4: four 8x8 bf16 matrices from shared memory in one instruction.
+// Lane l gives the address `p` of row l % 8 of matrix l / 8 (16 bytes, 16-byte
+// aligned); r[i] receives matrix i's elements (l / 4, 2 (l % 4) and + 1), the
+// layout of one mma A or B register, or with .trans those of the transposed
+// matrix: (2 (l % 4) and + 1, l / 4). Volatile: it reads shared memory that
+// __syncthreads orders.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+}
+
+// cp.async (sm_80+): 16 bytes global -> shared without passing through
+// registers, so the copy runs while the thread computes. The first src_bytes
+// (0 or 16) are read, the rest of the 16 are zero-filled. A copy belongs to the
+// group the next cp_async_commit closes; cp_async_wait<N> returns when every
+// committed group but the N most recent has landed (in this thread's view:
+// other threads see them after a __syncthreads that follows their waits).
+__device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Two floats -> one b32 of two bf16 (round to nearest even), `lo` in the low half.
@@ -98,6 +136,82 @@ __device__ __forceinline__ void ld_b_cols(uint32_t& b0, uint32_t& b1, const bf16
   b1 = ld_pair_strided(p + 8 * LDS, LDS);
 }
 
+// The same fragments by ldmatrix, one instruction for what the helpers above
+// read in 4 to 8 loads. `lane` is the thread's lane (0..31).
+// ld_a's A fragment of the 16x16 block at s.
+template <int LDS>
+__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const bf16* s, int lane) {
+  ldsm_x4(a, s + (lane % 16) * LDS + (lane / 16) * 8);
+}
+// ld_b_rows' B fragments of two adjacent n-tiles: b[0], b[1] for the smem rows
+// 0-7 at s, b[2], b[3] for rows 8-15.
+template <int LDS>
+__device__ __forceinline__ void ldsm_b_rows_x2(uint32_t (&b)[4], const bf16* s, int lane) {
+  ldsm_x4(b, s + ((lane / 16) * 8 + lane % 8) * LDS + ((lane / 8) % 2) * 8);
+}
+// ld_b_cols' B fragments of two adjacent n-tiles: b[0], b[1] for the smem
+// columns 0-7 at s, b[2], b[3] for columns 8-15.
+template <int LDS>
+__device__ __forceinline__ void ldsm_b_cols_x2(uint32_t (&b)[4], const bf16* s, int lane) {
+  ldsm_x4_trans(b, s + (((lane / 8) % 2) * 8 + lane % 8) * LDS + (lane / 16) * 8);
+}
+
+// The products of the attention kernels, on fragments read either way
+// (kLdmatrix: ldmatrix, else the loads above), in the same order, so both
+// give the same bits.
+// The A fragment of the 16x16 block at s (row-major in k).
+template <int LDS, bool kLdmatrix>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* s, int lane) {
+  if constexpr (kLdmatrix)
+    ldsm_a<LDS>(a, s, lane);
+  else
+    ld_a<LDS>(a, s, lane / 4, lane % 4);
+}
+// acc[j] += A B_j for j < NJ, where B_j[k][n] = s[(8 j + n) LDS + k]: the n run
+// down the smem rows (K for Q K^T, ...), k along them.
+template <int NJ, int LDS, bool kLdmatrix>
+__device__ __forceinline__ void mma_b_rows(float (&acc)[NJ][4], const uint32_t (&a)[4], const bf16* s, int lane) {
+  if constexpr (kLdmatrix) {
+    static_assert(NJ % 2 == 0, "ldmatrix.x4 reads two n-tiles at a time");
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t b[4];
+      ldsm_b_rows_x2<LDS>(b, s + (j * 8) * LDS, lane);
+      mma_16816(acc[j], a, b[0], b[1]);
+      mma_16816(acc[j + 1], a, b[2], b[3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      uint32_t b0, b1;
+      ld_b_rows<LDS>(b0, b1, s + (j * 8) * LDS, lane / 4, lane % 4);
+      mma_16816(acc[j], a, b0, b1);
+    }
+  }
+}
+// acc[n] += A B_n for n < NN, where B_n[k][m] = s[k LDS + 8 n + m]: k runs down
+// the smem rows (V for P V, K for dS K, ...).
+template <int NN, int LDS, bool kLdmatrix>
+__device__ __forceinline__ void mma_b_cols(float (&acc)[NN][4], const uint32_t (&a)[4], const bf16* s, int lane) {
+  if constexpr (kLdmatrix) {
+    static_assert(NN % 2 == 0, "ldmatrix.x4 reads two n-tiles at a time");
+#pragma unroll
+    for (int n = 0; n < NN; n += 2) {
+      uint32_t b[4];
+      ldsm_b_cols_x2<LDS>(b, s + n * 8, lane);
+      mma_16816(acc[n], a, b[0], b[1]);
+      mma_16816(acc[n + 1], a, b[2], b[3]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NN; ++n) {
+      uint32_t b0, b1;
+      ld_b_cols<LDS>(b0, b1, s + n * 8, lane / 4, lane % 4);
+      mma_16816(acc[n], a, b0, b1);
+    }
+  }
+}
+
 // The A fragment (16 rows x 16 k) made of two adjacent fp32 C tiles lo (k 0-7)
 // and hi (k 8-15), rounded to bf16.
 __device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
@@ -125,6 +239,24 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* src, size_t ld, i
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(r0 + r) * ld + col);
       *reinterpret_cast<uint4*>(s + r * kLds + col) = v;
+    }
+  }
+}
+
+// load_tile by cp.async: the same rows into the same layout, rows >= T
+// zero-filled, issued but not waited for (the caller commits and waits).
+template <int R, int D>
+__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* src, size_t ld, int r0, int T) {
+  constexpr int kChunksPerRow = D / 8;
+  constexpr int kChunks = R * kChunksPerRow;
+  constexpr int kLds = row_stride<D>();
+#pragma unroll
+  for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
+    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+    if (kChunks % kThreads == 0 || i < kChunks) {
+      const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
+      const bool in = r0 + r < T;  // outside: no bytes read, from a valid address all the same
+      cp_async_16(s + r * kLds + col, src + static_cast<size_t>(in ? r0 + r : 0) * ld + col, in ? 16 : 0);
     }
   }
 }

@@ -23,7 +23,16 @@ namespace flash {
 // summed over the quad once at the end. Blocks are launched heaviest (last
 // query tile) first so the causal triangle's long rows do not trail. K and V
 // are read from the KV head h / G in place (GQA without copies).
-template <int D>
+//
+// kAsync (the default, FlashAttention-2's pipeline): the tiles travel by
+// cp.async while the tensor cores work, V's during S = Q K^T and the next
+// K's during O += P V, in the same two buffers and with the same two
+// __syncthreads per tile; and the fragments come out of shared memory by
+// ldmatrix (4 matrices per instruction) instead of 32- and 16-bit loads.
+// Without it (FlashLoads::kSync), every thread loads each tile through its
+// registers and waits for it: the first version, kept as the baseline that
+// bench-attention times beside it and as a fallback.
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, int ld_q,
                                                        const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -50,13 +59,22 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   const bf16* kh = k + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   const bf16* vh = v + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
 
-  // Q -> registers, through sK (free until the first K tile load, which sits
-  // behind the loop's leading __syncthreads).
-  load_tile<BQ, D>(sK, qh, ld_q, q0, T);
-  __syncthreads();
   uint32_t qf[KD][4];
+  if constexpr (kAsync) {
+    // Q -> registers through sV (free until the loop's first V tile, issued
+    // after a __syncthreads), in flight together with the first K tile.
+    load_tile_async<BQ, D>(sV, qh, ld_q, q0, T);
+    load_tile_async<BK, D>(sK, kh, ld_kv, 0, T);
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
+    // Q -> registers, through sK (free until the first K tile load, which sits
+    // behind the loop's leading __syncthreads).
+    load_tile<BQ, D>(sK, qh, ld_q, q0, T);
+  }
+  __syncthreads();
 #pragma unroll
-  for (int kk = 0; kk < KD; ++kk) ld_a<LDS>(qf[kk], sK + wrow * LDS + kk * 16, g, c);
+  for (int kk = 0; kk < KD; ++kk) load_a<LDS, kAsync>(qf[kk], (kAsync ? sV : sK) + wrow * LDS + kk * 16, lane);
 
   float o[ND][4];
 #pragma unroll
@@ -71,23 +89,25 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   const int n_tiles = (kv_end + BK - 1) / BK;
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
-    __syncthreads();  // everyone is done with the previous sK / sV (and with Q in sK)
-    load_tile<BK, D>(sK, kh, ld_kv, k0, T);
-    load_tile<BK, D>(sV, vh, ld_kv, k0, T);
-    __syncthreads();
+    if constexpr (kAsync) {
+      // K tile kt was issued before (the prologue or the previous tile's P V).
+      cp_async_wait<0>();
+      __syncthreads();  // K tile kt is everyone's; everyone is done with sV (P V, or Q)
+      load_tile_async<BK, D>(sV, vh, ld_kv, k0, T);
+      cp_async_commit();
+    } else {
+      __syncthreads();  // everyone is done with the previous sK / sV (and with Q in sK)
+      load_tile<BK, D>(sK, kh, ld_kv, k0, T);
+      load_tile<BK, D>(sV, vh, ld_kv, k0, T);
+      __syncthreads();
+    }
 
     // S = Q K^T for this warp's 16 rows x BK keys.
     float s[NK][4];
 #pragma unroll
-    for (int j = 0; j < NK; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < NK; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t b0, b1;
-        ld_b_rows<LDS>(b0, b1, sK + (j * 8) * LDS + kk * 16, g, c);
-        mma_16816(s[j], qf[kk], b0, b1);
-      }
-    }
+    for (int kk = 0; kk < KD; ++kk) mma_b_rows<NK, LDS, kAsync>(s, qf[kk], sK + kk * 16, lane);
 
     // Causal mask (and keys past the end): only where a key can exceed a row
     // of this warp, i.e. on the diagonal tile. Element e of s[j] is row
@@ -129,18 +149,22 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
       }
     }
 
+    if constexpr (kAsync) {
+      cp_async_wait<0>();
+      __syncthreads();  // V tile kt is everyone's; everyone is done with sK
+      if (kt + 1 < n_tiles) {
+        load_tile_async<BK, D>(sK, kh, ld_kv, k0 + BK, T);
+        cp_async_commit();
+      }
+    }
+
     // O += P V: P's A fragments come from pairs of S tiles (bf16), V's B
     // fragments run down the rows of sV.
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t pa[4];
       a_from_c(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        uint32_t b0, b1;
-        ld_b_cols<LDS>(b0, b1, sV + (kk * 16) * LDS + n * 8, g, c);
-        mma_16816(o[n], pa, b0, b1);
-      }
+      mma_b_cols<ND, LDS, kAsync>(o, pa, sV + (kk * 16) * LDS, lane);
     }
   }
 
@@ -163,34 +187,49 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   }
 }
 
-template <int D>
+template <int D, bool kAsync>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
                 int Hq, int Hkv, bool causal, cudaStream_t stream) {
   constexpr int BQ = 16 * kWarps;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const dim3 grid(ceil_div(T, BQ), Hq, B);
-  fwd_kernel<D><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                               scale * kLog2e, causal);
+  fwd_kernel<D, kAsync><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
+                                                       scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_forward", stream);
+}
+
+template <bool kAsync>
+void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
+                int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
+  switch (D) {
+    case 16: return launch_fwd<16, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 32: return launch_fwd<32, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 64: return launch_fwd<64, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    default: return launch_fwd<128, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+  }
 }
 
 }  // namespace flash
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) {
-  flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, stream);
+  flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, FlashLoads::kAsync, stream);
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
+  flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, FlashLoads::kAsync, stream);
+}
+
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
+                             cudaStream_t stream) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
-  switch (D) {
-    case 16: return flash::launch_fwd<16>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 32: return flash::launch_fwd<32>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 64: return flash::launch_fwd<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    default: return flash::launch_fwd<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-  }
+  if (loads == FlashLoads::kAsync)
+    flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+  else
+    flash::launch_fwd<false>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
 }
 
 namespace flash {

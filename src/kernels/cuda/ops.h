@@ -145,6 +145,18 @@ size_t flash_attention_backward_scratch_floats(int B, int T, int Hq, int D);
 // block's shares (overwritten).
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream);
+// How the flash kernels move their tiles into shared memory (the same bits
+// either way): kAsync, the default, by cp.async while the tensor cores work
+// (two stages in the backward kernels), fragments read by ldmatrix; kSync,
+// every tile through registers and waited for (the first version:
+// bench-attention's baseline, and a fallback).
+enum class FlashLoads { kAsync, kSync };
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                             int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
+                             cudaStream_t stream);
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                              const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream);
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, float* scratch, cudaStream_t stream);

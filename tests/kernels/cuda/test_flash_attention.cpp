@@ -49,43 +49,68 @@ using namespace kvs::cuda_test;
 namespace kc = kvs::cuda;
 
 
+// Both tile-load paths of the forward (kc::FlashLoads), each into fresh
+// NaN-poisoned buffers; the default (cp.async + ldmatrix) first. They feed the
+// same MMAs in the same order, so their results are also bit-identical.
 void expect_forward_matches(const Problem& p, Layout layout) {
   const Shape& s = p.s;
   SCOPED_TRACE(describe(s, layout));
   DeviceQKV d = upload_qkv(p, layout);
-  DeviceBuffer<bf16> out(s.rows() * s.qd());
-  DeviceBuffer<float> lse(s.lse_size());
-  kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
-                              nullptr);
-  const std::vector<float> got_out = to_f32(out.download()), got_lse = lse.download();
-  EXPECT_TRUE(all_close(got_out, to_float(p.out), 1e-2, 1e-2)) << "out";
-  EXPECT_TRUE(norm_close(got_out, p.out, 5e-3)) << "out";
-  EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-5, 2e-4)) << "lse";
+  std::vector<float> first_out, first_lse;
+  for (const kc::FlashLoads loads : {kc::FlashLoads::kAsync, kc::FlashLoads::kSync}) {
+    SCOPED_TRACE(loads == kc::FlashLoads::kAsync ? "cp.async + ldmatrix" : "sync loads");
+    DeviceBuffer<bf16> out(s.rows() * s.qd());
+    DeviceBuffer<float> lse(s.lse_size());
+    kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
+                                true, loads, nullptr);
+    const std::vector<float> got_out = to_f32(out.download()), got_lse = lse.download();
+    EXPECT_TRUE(all_close(got_out, to_float(p.out), 1e-2, 1e-2)) << "out";
+    EXPECT_TRUE(norm_close(got_out, p.out, 5e-3)) << "out";
+    EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-5, 2e-4)) << "lse";
+    if (first_out.empty()) {
+      first_out = got_out, first_lse = got_lse;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first_out.data(), got_out.data(), got_out.size() * sizeof(float))) << "out bits";
+      EXPECT_EQ(0, std::memcmp(first_lse.data(), got_lse.data(), got_lse.size() * sizeof(float))) << "lse bits";
+    }
+  }
 }
 
 // The backward from the reference out (bf16-rounded) and lse (fp32), so that
-// a failure here points at the backward kernels only.
+// a failure here points at the backward kernels only. Both tile-load paths,
+// each on freshly uploaded (NaN-poisoned) gradient buffers; bit-identical.
 void expect_backward_matches(const Problem& p, Layout layout, double norm_rel = 1e-2) {
   const Shape& s = p.s;
   SCOPED_TRACE(describe(s, layout));
-  DeviceQKV d = upload_qkv(p, layout);
   DeviceBuffer<bf16> out(to_bf16(to_float(p.out))), dout(to_bf16(p.dout));
   DeviceBuffer<float> lse(to_float(p.lse));
   DeviceBuffer<float> scratch(kc::flash_attention_backward_scratch_floats(s.B, s.T, s.Hq, s.D));
-  kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B,
-                               s.T, s.Hq, s.Hkv, s.D, scratch.get(), nullptr);
-  size_t untouched = 0;
-  size_t* pad = layout == Layout::kPadded ? &untouched : nullptr;
-  const std::vector<float> dq = download_strided(d.dq, s.rows(), s.qd(), d.ld_q, pad);
-  const std::vector<float> dk = download_strided(d.dk, s.rows(), s.kd(), d.ld_kv, pad);
-  const std::vector<float> dv = download_strided(d.dv, s.rows(), s.kd(), d.ld_kv, pad);
-  EXPECT_TRUE(all_close(dq, to_float(p.dq), 2e-2, 1e-2 * max_abs(p.dq) + 1e-3)) << "dq";
-  EXPECT_TRUE(all_close(dk, to_float(p.dk), 2e-2, 1e-2 * max_abs(p.dk) + 1e-3)) << "dk";
-  EXPECT_TRUE(all_close(dv, to_float(p.dv), 2e-2, 1e-2 * max_abs(p.dv) + 1e-3)) << "dv";
-  EXPECT_TRUE(norm_close(dq, p.dq, norm_rel)) << "dq";
-  EXPECT_TRUE(norm_close(dk, p.dk, norm_rel)) << "dk";
-  EXPECT_TRUE(norm_close(dv, p.dv, norm_rel)) << "dv";
-  EXPECT_EQ(untouched, 0u) << "padding columns of dq/dk/dv were written";
+  std::vector<float> first;
+  for (const kc::FlashLoads loads : {kc::FlashLoads::kAsync, kc::FlashLoads::kSync}) {
+    SCOPED_TRACE(loads == kc::FlashLoads::kAsync ? "cp.async + ldmatrix" : "sync loads");
+    DeviceQKV d = upload_qkv(p, layout);
+    kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv,
+                                 s.B, s.T, s.Hq, s.Hkv, s.D, true, loads, scratch.get(), nullptr);
+    size_t untouched = 0;
+    size_t* pad = layout == Layout::kPadded ? &untouched : nullptr;
+    const std::vector<float> dq = download_strided(d.dq, s.rows(), s.qd(), d.ld_q, pad);
+    const std::vector<float> dk = download_strided(d.dk, s.rows(), s.kd(), d.ld_kv, pad);
+    const std::vector<float> dv = download_strided(d.dv, s.rows(), s.kd(), d.ld_kv, pad);
+    EXPECT_TRUE(all_close(dq, to_float(p.dq), 2e-2, 1e-2 * max_abs(p.dq) + 1e-3)) << "dq";
+    EXPECT_TRUE(all_close(dk, to_float(p.dk), 2e-2, 1e-2 * max_abs(p.dk) + 1e-3)) << "dk";
+    EXPECT_TRUE(all_close(dv, to_float(p.dv), 2e-2, 1e-2 * max_abs(p.dv) + 1e-3)) << "dv";
+    EXPECT_TRUE(norm_close(dq, p.dq, norm_rel)) << "dq";
+    EXPECT_TRUE(norm_close(dk, p.dk, norm_rel)) << "dk";
+    EXPECT_TRUE(norm_close(dv, p.dv, norm_rel)) << "dv";
+    EXPECT_EQ(untouched, 0u) << "padding columns of dq/dk/dv were written";
+    std::vector<float> all(dq);
+    all.insert(all.end(), dk.begin(), dk.end());
+    all.insert(all.end(), dv.begin(), dv.end());
+    if (first.empty())
+      first = all;
+    else
+      EXPECT_EQ(0, std::memcmp(first.data(), all.data(), all.size() * sizeof(float))) << "dq/dk/dv bits";
+  }
 }
 
 // The sweep shared by the forward and backward tests: every head_dim x

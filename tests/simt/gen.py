@@ -59,6 +59,19 @@ def shared_decls(text, name):
     return text
 
 
+def closing_paren(text, i):
+    # The index of the parenthesis that closes the one at text[i].
+    depth = 0
+    while True:
+        if text[i] == '(':
+            depth += 1
+        elif text[i] == ')':
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+
+
 # The inline PTX of flash_attention_common.cuh (one instruction per asm
 # statement, inside a wrapper whose parameters the call names) -> the emulator.
 ASM_TO_EMU = {
@@ -79,15 +92,7 @@ def replace_asm(text, name):
             continue
         if name != 'flash_attention_common.cuh':
             fail(f'{name}: inline asm the emulator does not know')
-        depth, e = 0, m.end() - 1
-        while True:  # the statement ends at its closing parenthesis
-            if text[e] == '(':
-                depth += 1
-            elif text[e] == ')':
-                depth -= 1
-                if depth == 0:
-                    break
-            e += 1
+        e = closing_paren(text, m.end() - 1)  # the statement ends there
         if text[e + 1] != ';':
             fail(f'{name}: an asm statement not followed by ";"')
         stmt = text[m.start():e + 2]
@@ -174,15 +179,7 @@ def rewrite_launches(text, name):
             k += 1
         if text[k] != '(':
             fail(f'{name}: a launch of {kernel} without an argument list')
-        depth, e = 0, k
-        while True:
-            if text[e] == '(':
-                depth += 1
-            elif text[e] == ')':
-                depth -= 1
-                if depth == 0:
-                    break
-            e += 1
+        e = closing_paren(text, k)
         args = text[k + 1:e]
         parts = [p.strip() for p in split_top(cfg)]
         if not 2 <= len(parts) <= 4:

@@ -385,6 +385,12 @@ EMU_INTERNAL inline void check_smem(const void* p, size_t bytes, size_t align, c
 // of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); r[i] receives
 // matrix i's elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), low half
 // first, or with .trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+// Shared-memory bank conflicts of ldmatrix (a performance property the
+// emulator can see): each 8x8 matrix is read in one pass over 32 banks of 4
+// bytes when its 8 rows of 16 bytes fall on distinct banks; a matrix whose
+// rows share a bank is counted (by lane 0 of the warp) in g_ldmatrix_conflicts.
+inline long g_ldmatrix_matrices = 0, g_ldmatrix_conflicts = 0;
+
 EMU_INTERNAL inline void ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans) {
   const int lane = g_fibers[g_cur].tid % 32, w = g_fibers[g_cur].tid / 32;
   check_smem(p, 16, 16, "ldmatrix");
@@ -392,6 +398,19 @@ EMU_INTERNAL inline void ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans
   const unsigned char*(&rows)[32][32] = buf[g_warp_grp[w].gen & 1];
   rows[w][lane] = static_cast<const unsigned char*>(p);
   wait(g_warp_grp[w]);
+  if (lane == 0)
+    for (int i = 0; i < 4; ++i) {
+      uint32_t used = 0;  // bank mask
+      bool conflict = false;
+      for (int j = 0; j < 8; ++j) {
+        const size_t bank = (size_t)(rows[w][8 * i + j] - g_smem.data()) / 4 % 32;
+        const uint32_t mask = 0xFu << bank;  // 4 consecutive banks (16 bytes, 16-byte aligned: no wrap)
+        conflict |= (used & mask) != 0;
+        used |= mask;
+      }
+      ++g_ldmatrix_matrices;
+      g_ldmatrix_conflicts += conflict;
+    }
   const int g = lane / 4, c = lane % 4;
   for (int i = 0; i < 4; ++i) {
     uint16_t lo, hi;

@@ -109,6 +109,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   // Forward: grid (ceil(T / 64), Hq, B), kThreads threads (launch_fwd), with
   // both tile-load paths (FlashLoads), each into freshly poisoned outputs.
   const unsigned nqt = (unsigned)((T + 16 * kWarps - 1) / (16 * kWarps));
+  emu::g_ldmatrix_matrices = emu::g_ldmatrix_conflicts = 0;
   std::vector<bf16> sync_out;
   std::vector<float> sync_lse;
   for (const bool async : {false, true}) {
@@ -197,6 +198,12 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       expect(std::memcmp(grads.data(), sync_grads.data(), grads.size() * sizeof(bf16)) == 0, btag,
              "bit-identical to the sync loads");
   }
+  // The padded tile rows (flash_attention_common.cuh, kPad) keep every
+  // ldmatrix of the forward and backward free of bank conflicts.
+  expect(emu::g_ldmatrix_matrices > 0 && emu::g_ldmatrix_conflicts == 0, tag,
+         ("ldmatrix bank conflicts: " + std::to_string(emu::g_ldmatrix_conflicts) + " of " +
+          std::to_string(emu::g_ldmatrix_matrices) + " 8x8 matrices")
+             .c_str());
   done(tag);
 }
 

@@ -10,7 +10,8 @@ compute-sanitizer that runs the tests it is given, and python3 from .venv-hf5 (c
 transformers, as on the GPU image) when present. Then it checks the summary row by row: the
 flags the script passes, the JSON and log lines it parses, the launchers (torchrun or its
 variables, mpirun), the loss-curve comparisons, the sanitizer's test filters (each names tests
-that exist), the HF export of the run the script trained, and the logs bundled into $OUT.
+that exist), bench-attention's two tables (run by kvshift_host, the kernels on the host shim),
+the HF export of the run the script trained, and the logs bundled into $OUT.
 What it cannot show: anything on the GPU itself (the NCCL rows fail here with a one-line reason).
 Prints `N passed, N failed`; exit 1 on any failure.
 """
@@ -83,7 +84,7 @@ def main():
         f.write(FAKE_SANITIZER)
     os.chmod(sanitizer, 0o755)
 
-    sections = "cuda,sanitize,bench,launch,dp,pp"
+    sections = "cuda,sanitize,bench,attention,launch,dp,pp"
     path = [bindir]
     venv = next((v for v in (".venv-hf5", ".venv-hf") if os.path.exists(os.path.join(ROOT, v, "bin", "python3"))),
                 None)
@@ -144,6 +145,14 @@ def main():
               "profile: 10 ops, other and all GEMMs", "\n".join(body))
         check(any(b.startswith("  = all GEMMs") for b in body) and any(" proj fwd " in b for b in body),
               "profile names the projections' GEMMs and sums them", "\n".join(body))
+
+    # attention: bench-attention of the host-built engine (kvshift_host: the kernels on the host
+    # shim, times 0, no cuDNN) at T = 64 and 130, both tables parsed into rows.
+    for T in (64, 130):
+        check(find(t, f"attention T={T} ours/cuDNN fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN row",
+              find(t, f"attention T={T} ours/cuDNN fwd+bwd"))
+        v = find(t, f"attention T={T} cp.async/sync speed fwd, bwd")
+        check(bool(re.match(r"\S+ \S+$", v or "")), f"attention T={T} cp.async/sync row (two ratios)", v)
 
     # launch: NCCL needs a GPU (a one-line reason here); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):

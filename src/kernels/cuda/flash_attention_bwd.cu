@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(float* __restrict__ del
 // where P^T and dS^T feed the next MMA as A fragments straight from their
 // accumulator registers. BQ is 64 for D <= 64 and 32 for D = 128: the two
 // score tiles (BQ/2 floats each) and the two D-wide accumulators (D/2 floats
-// each) must fit next to each other (ptxas, sm_90: 166 registers at D = 64,
-// 243 at D = 128, no spills). Padded query rows
+// each) must fit next to each other (ptxas, sm_90, sync / cp.async loads:
+// 166 / 239 registers at D = 64, 245 / 251 at D = 128, no spills; docs/CUDA.md
+// "Kernel resources"). Padded query rows
 // (>= T) get lse = +inf, so their P is exactly 0. The key tiles are launched
 // in order: tile 0 (the longest loop) first.
 // kAsync (as in the forward): two stages of the Q/dO/lse/delta buffers; the
@@ -264,9 +265,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
 // stream through it ([64][D+8] bf16 each: 68 KB of dynamic shared memory at
 // D = 128); the fragments of Q and dO are re-read from shared memory per key
 // tile instead of being pinned in registers: two 64-key score tiles (S, dP)
-// + one D-wide accumulator (ptxas, sm_90: 128 registers at D = 64, 238 at
-// D = 128, no spills). Each thread keeps lse and delta of its two rows in
-// registers.
+// + one D-wide accumulator (ptxas, sm_90, sync / cp.async loads: 168 / 168
+// registers at D = 64, 244 / 248 at D = 128, no spills). Each thread keeps lse
+// and delta of its two rows in registers.
 // kAsync (as in the forward): two stages of K/V buffers (102 KB at D = 128);
 // the next key tile travels by cp.async during the whole of this one's work,
 // and the fragments come by ldmatrix.

@@ -207,7 +207,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   done(tag);
 }
 
-// merge_kernel (attention_merge) vs the same merge in double: a running
+// merge_values_kernel and merge_lse_kernel (attention_merge) vs the same merge in double: a running
 // accumulator (some rows still empty, -inf) and a block (some rows it does not
 // reach, -inf). out/acc: rtol 1e-5, atol 1e-6; lse: rtol 1e-6, atol 1e-6.
 void run_attention_merge() {
@@ -235,8 +235,10 @@ void run_attention_merge() {
           want[at + d] = std::exp(al - merged) * acc[at + d] + std::exp(pl - merged) * __bfloat162float(out[at + d]);
         want_lse[r] = merged;
       }
-  emu::launch({(unsigned)((rows + 127) / 128), 1, 1}, 128,
-              [&] { merge_kernel(acc.data(), acc_lse.data(), out.data(), lse.data(), T, Hq, D, rows); });
+  // attention_merge's two launches: values (a thread per element), then lse (a thread per row).
+  emu::launch({(unsigned)((rows * D + 255) / 256), 1, 1}, 256,
+              [&] { merge_values_kernel(acc.data(), acc_lse.data(), out.data(), lse.data(), T, Hq, D, rows * D); });
+  emu::launch({(unsigned)((rows + 255) / 256), 1, 1}, 256, [&] { merge_lse_kernel(acc_lse.data(), lse.data(), rows); });
   check(tag, "acc", acc, want, 1e-5, 1e-6);
   std::vector<float> got_lse = acc_lse;
   size_t inf_mismatch = 0;

@@ -234,40 +234,54 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 
 namespace flash {
 
-// One thread per (b, h, t) row: the running (acc, acc_lse) and a block's
-// (out, lse) merged by their log-sum-exp, in fp32. A row the block does not
-// reach (lse = -inf) keeps its accumulator; the first block a row sees is copied.
-__global__ void merge_kernel(float* acc, float* acc_lse, const bf16* out, const float* lse, int T, int Hq, int D,
-                             size_t rows) {
+// The running (acc, acc_lse) and a block's (out, lse) merged by their
+// log-sum-exp, in fp32, in two passes so that both read and write memory in
+// consecutive addresses: merge_values_kernel, one thread per element of acc
+// [B, T, Hq, D] with its row's weights from the old acc_lse, then
+// merge_lse_kernel, one thread per (b, h, t) row, the new acc_lse (a single
+// pass would update acc_lse while other threads of its row still read it). A
+// row the block does not reach (lse = -inf) keeps its accumulator; the first
+// block a row sees is copied.
+__device__ __forceinline__ float merged_lse(float al, float pl) {
+  const float m = fmaxf(al, pl);
+  return m + logf(expf(al - m) + expf(pl - m));
+}
+
+__global__ void merge_values_kernel(float* acc, const float* acc_lse, const bf16* out, const float* lse, int T, int Hq,
+                                    int D, size_t elems) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // ((b * T + t) * Hq + h) * D + d
+  if (i >= elems) return;
+  const size_t bth = i / D, h = bth % Hq, bt = bth / Hq, t = bt % T, b = bt / T;
+  const size_t n = (b * Hq + h) * T + t;
+  const float pl = lse[n], al = acc_lse[n];
+  if (pl == -INFINITY) return;
+  const float o = __bfloat162float(out[i]);
+  if (al == -INFINITY) {
+    acc[i] = o;
+    return;
+  }
+  const float merged = merged_lse(al, pl);
+  acc[i] = expf(al - merged) * acc[i] + expf(pl - merged) * o;
+}
+
+__global__ void merge_lse_kernel(float* acc_lse, const float* lse, size_t rows) {
   const size_t n = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (b * Hq + h) * T + t
   if (n >= rows) return;
   const float pl = lse[n], al = acc_lse[n];
   if (pl == -INFINITY) return;
-  const size_t t = n % T, bh = n / T, h = bh % Hq, b = bh / Hq;
-  const size_t at = ((b * T + t) * Hq + h) * D;
-  float* a = acc + at;
-  const bf16* o = out + at;
-  if (al == -INFINITY) {
-    for (int d = 0; d < D; ++d) a[d] = __bfloat162float(o[d]);
-    acc_lse[n] = pl;
-    return;
-  }
-  const float m = fmaxf(al, pl);
-  const float merged = m + logf(expf(al - m) + expf(pl - m));
-  const float wa = expf(al - merged), wp = expf(pl - merged);
-  for (int d = 0; d < D; ++d) a[d] = wa * a[d] + wp * __bfloat162float(o[d]);
-  acc_lse[n] = merged;
+  acc_lse[n] = al == -INFINITY ? pl : merged_lse(al, pl);
 }
 
 }  // namespace flash
 
 void attention_merge(float* acc, float* acc_lse, const bf16* out, const float* lse, int B, int T, int Hq, int D,
                      cudaStream_t stream) {
-  const size_t rows = static_cast<size_t>(B) * Hq * T;
+  const size_t rows = static_cast<size_t>(B) * Hq * T, elems = rows * D;
   if (rows == 0) return;
-  flash::merge_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream>>>(acc, acc_lse, out, lse, T, Hq, D,
-                                                                                     rows);
-  KVS_CUDA_LAUNCH_CHECK("attention_merge", stream);
+  flash::merge_values_kernel<<<ceil_div(elems, 256), 256, 0, stream>>>(acc, acc_lse, out, lse, T, Hq, D, elems);
+  KVS_CUDA_LAUNCH_CHECK("attention_merge (values)", stream);
+  flash::merge_lse_kernel<<<ceil_div(rows, 256), 256, 0, stream>>>(acc_lse, lse, rows);
+  KVS_CUDA_LAUNCH_CHECK("attention_merge (lse)", stream);
 }
 
 }  // namespace kvs::cuda

@@ -74,7 +74,11 @@ unpack_deps() {
   local f pkg unpacked=() skipped=() t
   for f in .deps/*.deb; do
     pkg=$(dpkg-deb -f "$f" Package 2>/dev/null || basename "$f")
-    if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
+    # Ubuntu 24.04 renamed many library packages with a t64 suffix
+    # (libopenmpi3t64, libpmix2t64, ...): unpacking Debian's over them mixes
+    # two builds of one library (mpirun then crashed in libpmix on the H200 image).
+    if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' ||
+      dpkg-query -W -f='${Status}' "${pkg}t64" 2>/dev/null | grep -q 'ok installed'; then
       skipped+=("$pkg")
       continue
     fi
@@ -148,14 +152,14 @@ export PATH=/usr/local/cuda/bin:$PATH
 build_rc=0
 if want build; then
   tb=$(date +%s)
-  if ! command -v cmake >/dev/null || [ ! -f /usr/include/spdlog/spdlog.h ] ||
+  # Carried packages are always unpacked (unpack_deps skips what dpkg has): an
+  # image may have most of the libraries and still lack one (libxxhash).
+  if ls .deps/*.deb >/dev/null 2>&1; then
+    unpack_deps
+  elif ! command -v cmake >/dev/null || [ ! -f /usr/include/spdlog/spdlog.h ] ||
     [ ! -f /usr/include/sentencepiece_processor.h ] || [ ! -f /usr/include/openssl/evp.h ] ||
-    ! command -v mpicxx >/dev/null; then
-    if ls .deps/*.deb >/dev/null 2>&1; then
-      unpack_deps
-    else
-      bash scripts/setup.sh >"$out/setup.log" 2>&1 || echo "setup failed and no .deps/: $out/setup.log"
-    fi
+    ! command -v mpicxx >/dev/null || [ ! -f /usr/include/xxhash.h ]; then
+    bash scripts/setup.sh >"$out/setup.log" 2>&1 || echo "setup failed and no .deps/: $out/setup.log"
   fi
   find_nccl
   # Only the two binaries the sections run: the host-emulator targets (the

@@ -7,13 +7,15 @@
 //   adamw_step operation by operation), the test's tensors and 5 steps:
 //   master atol 2e-6, exp_avg rtol 1e-5 atol 1e-9, exp_avg_sq rtol 1e-5 atol
 //   1e-12; the bf16 copy exactly bf16(master); elements outside every chunk
-//   untouched. AdamWConsts is built as adamw_step builds it.
+//   untouched; the vector path (kVec) and the scalar one bit-identical.
+//   AdamWConsts is built as adamw_step builds it.
 #include "gen_adamw.h"
 #include "gen_swiglu.h"
 #include "kernels/cpu/ops.h"
 #include "simt_util.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace simt {
 namespace {
@@ -74,6 +76,8 @@ void adamw() {
       {71040, 37, false, false},
       {71104, 300, false, true},  // clamp01, no decay
       {71424, 129, true, true},   // clamp01 and decay
+      {71562, 33, true, false},    // starts and ends off a 4-element boundary (vector loads: 2 + 28 + 3)
+      {71597, 2, false, true},     // inside one 4-element group: no vector part
   };
   const size_t total = 71600;
   std::vector<bool> covered(total, false);
@@ -108,9 +112,21 @@ void adamw() {
     c.step_size = (float)((double)(float)lr / (double)bc1);
     c.inv_sqrt_bc2 = (float)(1.0 / std::sqrt((double)bc2));
     c.decay = 1.0f - (float)lr * (float)wd;
+    // Both paths from the same state: the scalar one (kVec false, for
+    // misaligned buffers) on copies, which must end bit-identical.
+    std::vector<float> sp = dp, sm = dm, sv = dv;
+    std::vector<bf16> sbf = dbf;
     emu::launch(emu::Dim{(unsigned)chunks.size(), 1, 1}, kc::kAdamWThreads, [&] {
-      kc::adamw_kernel(dp.data(), dbf.data(), grads.data(), dm.data(), dv.data(), chunks.data(), c);
+      kc::adamw_kernel<true>(dp.data(), dbf.data(), grads.data(), dm.data(), dv.data(), chunks.data(), c);
     });
+    emu::launch(emu::Dim{(unsigned)chunks.size(), 1, 1}, kc::kAdamWThreads, [&] {
+      kc::adamw_kernel<false>(sp.data(), sbf.data(), grads.data(), sm.data(), sv.data(), chunks.data(), c);
+    });
+    expect(std::memcmp(sp.data(), dp.data(), total * sizeof(float)) == 0 &&
+               std::memcmp(sm.data(), dm.data(), total * sizeof(float)) == 0 &&
+               std::memcmp(sv.data(), dv.data(), total * sizeof(float)) == 0 &&
+               std::memcmp(sbf.data(), dbf.data(), total * sizeof(bf16)) == 0,
+           t, "the vector and scalar paths differ");
     // CpuEngine::adamw_step, operation for operation (tests/kernels/cuda/test_adamw.cpp's host_adamw).
     {
       const double hbc1 = 1.0 - std::pow(beta1, (double)step), hbc2 = 1.0 - std::pow(beta2, (double)step);

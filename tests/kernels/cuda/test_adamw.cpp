@@ -70,6 +70,8 @@ TEST(CudaAdamW, MatchesCpuEngineStepForStep) {
       {71040, 37, false, false},
       {71104, 300, false, true},   // clamp01, no decay (shift coefficients)
       {71424, 129, true, true},    // clamp01 and decay
+      {71562, 33, true, false},    // starts and ends off a 4-element boundary (vector loads: 2 + 28 + 3)
+      {71597, 2, false, true},     // inside one 4-element group: no vector part
   };
   const size_t total = 71600;
   std::vector<bool> covered(total, false);
@@ -80,7 +82,7 @@ TEST(CudaAdamW, MatchesCpuEngineStepForStep) {
       chunks.push_back({b, std::min<uint64_t>(b + kc::kAdamWChunkElems, t.offset + t.numel), flags});
     for (size_t i = t.offset; i < t.offset + t.numel; ++i) covered[i] = true;
   }
-  ASSERT_EQ(chunks.size(), 6u);
+  ASSERT_EQ(chunks.size(), 8u);
 
   std::mt19937_64 g(101);
   std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -1,32 +1,39 @@
 // Fused KV shift + RoPE and its adjoint.
 //
-// Both directions tile the (sequence, position) axis: block (tile, h, b)
-// handles positions t0 .. t0 + TT - 1 of head h in sequence b. It first stages
-// the fp32 rows it needs in shared memory with coalesced (16-byte where the
-// layout allows) loads, each raw element read from global memory once per
-// tile: the TT own rows plus a W-row halo (before the tile for x, after it for
-// the gradient), with zeros outside [0, T) of sequence b (zero history before
-// t = 0; nothing ever leaks between sequences, whose rows are never staged
-// together). Then it computes from shared memory and writes its TT rows.
-// TT * D is about 2048 floats, so a block stages ~8 KiB (+ halo) per array.
+// Both directions tile the (sequence, position) axis and group the heads:
+// block (tile, g, b) handles positions t0 .. t0 + TT - 1 of sequence b for
+// heads g * kHeadsPerBlock .. + kHeadsPerBlock - 1, one head after the other.
+// A thread takes one "unit" of a row at a time: V consecutive columns, and
+// with RoPE also the V columns half a head further (RoPE pairs column i with
+// i + D/2). It reads the rows it needs straight from global memory and
+// writes its outputs once:
+//  - the shift's window rows t - W .. t - 1 are the neighbouring threads' own
+//    rows, so each raw element comes from DRAM once and its W repeats from
+//    L1/L2 (no shared-memory staging, no barrier);
+//  - the RoPE tables are indexed by (position, column) only, so the block's
+//    heads read the same table rows: from DRAM or L2 once per block, then L1.
+// The first version staged fp32 rows in shared memory, one head per block;
+// on an H200 it moved bytes at 0.59-0.64 (forward) and 0.38-0.45 (backward)
+// of a device copy's rate (docs/PERFORMANCE.md).
 //
-// Work split inside a block: V = 8 consecutive columns per thread (16-byte
-// global accesses, float4 shared accesses) when D % 16 == 0, every row stride
-// is a multiple of 8 elements and every pointer is 16-byte aligned; V = 1
-// otherwise. RoPE pairs column i with i + D/2, so with rotation a thread owns
-// V columns of the first half and the matching V of the second half.
+// Rows outside [0, T) of sequence b are zeros (zero history before t = 0;
+// nothing ever leaks between sequences).
+//
+// Vector width: V = 8 (16-byte global accesses) when D % 16 == 0, every row
+// stride is a multiple of 8 elements and every pointer is 16-byte aligned;
+// V = 1 otherwise.
 //
 // Context parallelism: a sequence may be one chunk of a longer one. The W raw
 // rows before its position 0 then come from `halo` ([B][W] rows, row stride
 // ld_halo, oldest first) instead of zeros, and the backward writes their
 // gradient into `dhalo` (fp32 [B][W] rows, row stride ld_dhalo, overwritten)
-// from the tile at t0 = 0, whose staged ds rows 0 .. TT + W - 1 cover every
-// output a halo row reaches (rows 0 .. W - 1). shift_halo_add returns such a
-// gradient to the rows it came from (the chunk's last W rows).
+// from the tile at t0 = 0 (the gradient reaching a halo row comes from rows
+// 0 .. W - 1). shift_halo_add returns such a gradient to the rows it came
+// from (the chunk's last W rows).
 //
-// Aliasing: the halo rows of one tile are another tile's own rows, so y must
-// not alias x (nor dx alias dy) unless W == 0 (then a block only reads the rows
-// it writes, all read before the __syncthreads that precedes the writes).
+// Aliasing: a thread reads rows other threads write, so y must not alias x
+// (nor dx alias dy) unless W == 0 (then every thread reads only the elements
+// it writes, before it writes them).
 #include <algorithm>
 #include <cstdint>
 
@@ -38,209 +45,207 @@ namespace kvs::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTileFloats = 2048;  // TT * D target per staged array
+constexpr int kHeadsPerBlock = 4;  // heads per block: they share the RoPE table rows read
+constexpr int kTileFloats = 2048;  // TT * D target: the rows of one head a block covers
 constexpr int kMaxDcoefWindow = 8;  // dcoef partials live in registers: at most 9 per thread
 
 
 int tile_rows(int D) { return std::clamp(kTileFloats / D, 1, 32); }
+int head_groups(int H) { return (H + kHeadsPerBlock - 1) / kHeadsPerBlock; }
 
 
-// Stages dst[r][0..D) = src row of position t_first + r of the sequence whose
-// first row is `seq` (row stride ld), for r < rows, as fp32; 0 outside [0, T),
-// except positions -W .. -1 from halo (rows (b W + W + t) of stride ld_halo) when given.
+// V values of raw row tt of sequence b (p: its column in row 0 of the
+// batch, row stride ld; seq = b * T) as fp32: rows inside [0, T), the halo
+// rows -W .. -1 from `halo` (rows b W + W + tt, stride ld_halo; p's column)
+// when given, zeros otherwise.
 template <int V>
-__device__ void stage_rows(float* dst, const bf16* src, int ld, size_t seq, int t_first, int rows, int T, int D,
-                           const bf16* halo = nullptr, int ld_halo = 0, int W = 0) {
-  const int cpr = D / V;  // chunks per row
-  for (int i = threadIdx.x; i < rows * cpr; i += blockDim.x) {
-    const int r = i / cpr, d = (i % cpr) * V, t = t_first + r;
-    float v[V];
-    if (t >= 0 && t < T) {
-      load_bf16<V>(v, src + (seq + t) * ld + d);
-    } else if (halo && t < 0 && t >= -W) {
-      load_bf16<V>(v, halo + ((size_t)blockIdx.z * W + W + t) * ld_halo + d);
-    } else {
+__device__ __forceinline__ void load_raw(float (&v)[V], const bf16* p, int ld, size_t seq, int tt, int T,
+                                         const bf16* halo, int ld_halo, int W) {
+  if (tt >= 0 && tt < T) {
+    load_bf16<V>(v, p + (seq + tt) * ld);
+  } else if (halo && tt < 0 && tt >= -W) {
+    load_bf16<V>(v, halo + ((size_t)blockIdx.z * W + W + tt) * ld_halo);
+  } else {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = 0.0f;
-    }
-    store_f32<V>(dst + r * D + d, v);
+    for (int k = 0; k < V; ++k) v[k] = 0.0f;
   }
 }
 
-// As stage_rows, but stages RoPE_t^T of each row (the un-rotated gradient):
-// ds1 = g1 cos + g2 sin, ds2 = g2 cos - g1 sin. Plain stage_rows without cos.
+// s = sum_{w=0..W} c[w] x_{t-W+w}, oldest first (the CPU's order);
+// c null: W = 0, s = x_t.
 template <int V>
-__device__ void stage_unrotated(float* dst, const bf16* src, int ld, size_t seq, int t_first, int rows, int T, int D,
-                                const float* cos, const float* sin) {
-  if (!cos) {
-    stage_rows<V>(dst, src, ld, seq, t_first, rows, T, D);
-    return;
-  }
-  const int half = D / 2, cpr = half / V;
-  for (int i = threadIdx.x; i < rows * cpr; i += blockDim.x) {
-    const int r = i / cpr, j = (i % cpr) * V, t = t_first + r;
-    float d1[V], d2[V];
-    if (t >= 0 && t < T) {
-      float g1[V], g2[V], cs[V], sn[V];
-      const bf16* row = src + (seq + t) * ld;
-      load_bf16<V>(g1, row + j);
-      load_bf16<V>(g2, row + half + j);
-      load_f32<V>(cs, cos + (size_t)t * half + j);
-      load_f32<V>(sn, sin + (size_t)t * half + j);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        d1[k] = g1[k] * cs[k] + g2[k] * sn[k];
-        d2[k] = g2[k] * cs[k] - g1[k] * sn[k];
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; ++k) d1[k] = d2[k] = 0.0f;
-    }
-    store_f32<V>(dst + r * D + j, d1);
-    store_f32<V>(dst + r * D + half + j, d2);
-  }
-}
-
-// s[0..V) = sum_{w=0..W} c[w] xs[tl + w][d..d+V), oldest first from 0 (the
-// CPU's order); xs row tl + w holds position t0 + tl - W + w. c null: W = 0, s = xs[tl].
-template <int V>
-__device__ __forceinline__ void shift_at(float (&s)[V], const float* xs, int tl, int d, int D, int W,
-                                         const float* c) {
+__device__ __forceinline__ void shifted(float (&s)[V], const bf16* p, int ld, size_t seq, int t, int T, int W,
+                                        const float* c, const bf16* halo, int ld_halo) {
   if (!c) {
-    load_f32<V>(s, xs + tl * D + d);
+    load_raw<V>(s, p, ld, seq, t, T, halo, ld_halo, W);
     return;
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) s[k] = 0.0f;
   for (int w = 0; w <= W; ++w) {
     float v[V];
-    load_f32<V>(v, xs + (tl + w) * D + d);
+    load_raw<V>(v, p, ld, seq, t - W + w, T, halo, ld_halo, W);
     const float cw = c[w];
 #pragma unroll
     for (int k = 0; k < V; ++k) s[k] += cw * v[k];
   }
 }
 
-// Forward: stage x rows t0 - W .. t0 + TT - 1 (the W-row halo before the
-// tile), then each thread forms the shifted s for its columns of a row and
-// rotates it in fp32 (RoPE pairs i, i + D/2 with cos/sin of position t), and
-// writes y once in bf16.
+// The unrotated gradient ds_r = RoPE_r^T dy_r of a unit (g1: V columns at
+// p, g2: V columns at p + half): ds1 = g1 cos + g2 sin, ds2 = g2 cos - g1 sin;
+// without RoPE (cos null) ds1 = dy at p, ds2 = 0. Zero from r = T on.
 template <int V>
-__global__ void shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef,
-                                          const float* cos, const float* sin, int T, int D, int W, int TT,
-                                          const bf16* halo, int ld_halo) {
-  extern __shared__ __align__(16) float xs[];  // [TT + W][D]: row r = position t0 - W + r
-  const int t0 = blockIdx.x * TT, h = blockIdx.y;
-  const size_t seq = (size_t)blockIdx.z * T;  // first row of sequence b
-  const int col = h * D;
-  stage_rows<V>(xs, x + col, ld_in, seq, t0 - W, TT + W, T, D, halo ? halo + col : nullptr, ld_halo, W);
-  __syncthreads();
-  const int nt = min(TT, T - t0);
-  const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
-  if (cos) {
-    const int half = D / 2, cpr = half / V;
-    for (int i = threadIdx.x; i < nt * cpr; i += blockDim.x) {
-      const int tl = i / cpr, j = (i % cpr) * V, t = t0 + tl;
-      float s1[V], s2[V], cs[V], sn[V], y1[V], y2[V];
-      shift_at<V>(s1, xs, tl, j, D, W, c);
-      shift_at<V>(s2, xs, tl, half + j, D, W, c);
-      load_f32<V>(cs, cos + (size_t)t * half + j);
-      load_f32<V>(sn, sin + (size_t)t * half + j);
+__device__ __forceinline__ void unrotated(float (&d1)[V], float (&d2)[V], const bf16* p, int ld, size_t seq, int r,
+                                          int T, int half, int j, const float* cos, const float* sin) {
+  if (r >= T) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
-        y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
-      }
+    for (int k = 0; k < V; ++k) d1[k] = d2[k] = 0.0f;
+    return;
+  }
+  const bf16* row = p + (seq + r) * ld;
+  if (!cos) {
+    load_bf16<V>(d1, row);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d2[k] = 0.0f;
+    return;
+  }
+  float g1[V], g2[V], cs[V], sn[V];
+  load_bf16<V>(g1, row);
+  load_bf16<V>(g2, row + half);
+  load_f32<V>(cs, cos + (size_t)r * half + j);
+  load_f32<V>(sn, sin + (size_t)r * half + j);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    d1[k] = g1[k] * cs[k] + g2[k] * sn[k];
+    d2[k] = g2[k] * cs[k] - g1[k] * sn[k];
+  }
+}
+
+// Forward: per unit, the shifted s of its columns in fp32, rotated in fp32
+// (RoPE pairs i, i + D/2 with cos/sin of position t), written once in bf16.
+template <int V>
+__global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, int ld_in,
+                                                                      const float* coef, const float* cos,
+                                                                      const float* sin, int T, int H, int D, int W,
+                                                                      int TT, const bf16* halo, int ld_halo) {
+  const int t0 = blockIdx.x * TT, nt = min(TT, T - t0);
+  const size_t seq = (size_t)blockIdx.z * T;  // first row of sequence b
+  const int half = D / 2, units = cos ? half / V : D / V;  // units per row
+  const int h_end = min(H, (int)(blockIdx.y + 1) * kHeadsPerBlock);
+  for (int h = blockIdx.y * kHeadsPerBlock; h < h_end; ++h) {
+    const int col = h * D;
+    const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
+    const bf16* hx = halo ? halo + col : nullptr;
+    for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
+      const int j = (i % units) * V, t = t0 + i / units;
       bf16* yr = y + (seq + t) * ld_out + col;
-      store_bf16<V>(yr + j, y1);
-      store_bf16<V>(yr + half + j, y2);
-    }
-  } else {
-    const int cpr = D / V;
-    for (int i = threadIdx.x; i < nt * cpr; i += blockDim.x) {
-      const int tl = i / cpr, d = (i % cpr) * V;
-      float s[V];
-      shift_at<V>(s, xs, tl, d, D, W, c);
-      store_bf16<V>(y + (seq + t0 + tl) * ld_out + col + d, s);
+      if (cos) {
+        float s1[V], s2[V], cs[V], sn[V], y1[V], y2[V];
+        shifted<V>(s1, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
+        shifted<V>(s2, x + col + half + j, ld_in, seq, t, T, W, c, hx ? hx + half + j : nullptr, ld_halo);
+        load_f32<V>(cs, cos + (size_t)t * half + j);
+        load_f32<V>(sn, sin + (size_t)t * half + j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
+          y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
+        }
+        store_bf16<V>(yr + j, y1);
+        store_bf16<V>(yr + half + j, y2);
+      } else {
+        float s[V];
+        shifted<V>(s, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
+        store_bf16<V>(yr + j, s);
+      }
     }
   }
 }
 
-// Backward: stage ds = RoPE^T dy for rows t0 .. t0 + TT - 1 + W (the halo
-// after the tile: dx_s needs ds_s .. ds_{s+W}; 0 from T on) and, when dcoef
-// is wanted, x for rows t0 - W .. t0 + TT - 1 as in the forward. Then
+// Backward, per unit of row s, with ds = RoPE^T dy (0 from T on):
 //   dx_s = sum_{w=W..0} c_w ds_{s+W-w}    (bf16, overwritten)
-// and, per w, the tile's partial sum_{t in tile, d} ds_t x_{t-W+w}: each
-// thread accumulates its elements in fp32 registers (one per w), a block
-// reduction per w gives the tile's value, stored in partial[h][b, tile][w].
-// shift_dcoef_reduce_kernel sums the (b, tile) partials in a fixed order.
+// and, when dcoef is wanted, per w the products ds_s . x_{s-W+w} of the
+// unit's columns, summed in fp32 registers (one per w) over the thread's
+// units of the head; a block reduction per (head, w) gives the tile's value,
+// stored in partial[h][b, tile][w]. shift_dcoef_reduce_kernel sums the
+// (b, tile) partials in a fixed order.
 template <int V>
-__global__ void shift_rope_backward_kernel(bf16* dx, int ld_dx, float* partial, const bf16* dy, int ld_dy,
-                                           const bf16* x, int ld_x, const float* coef, const float* cos,
-                                           const float* sin, int T, int D, int W, int TT, const bf16* halo,
-                                           int ld_halo, float* dhalo, int ld_dhalo) {
-  extern __shared__ __align__(16) float smem[];
-  const int rows = TT + W;
-  float* gs = smem;             // [rows][D]: row r = ds at position t0 + r
-  float* xs = smem + rows * D;  // [rows][D]: row r = x at position t0 - W + r (only with partial)
-  const int t0 = blockIdx.x * TT, h = blockIdx.y;
+__global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
+    bf16* dx, int ld_dx, float* partial, const bf16* dy, int ld_dy, const bf16* x, int ld_x, const float* coef,
+    const float* cos, const float* sin, int T, int H, int D, int W, int TT, const bf16* halo, int ld_halo,
+    float* dhalo, int ld_dhalo) {
+  __shared__ float red[32];
+  const int t0 = blockIdx.x * TT, nt = min(TT, T - t0);
   const size_t seq = (size_t)blockIdx.z * T;
-  const int col = h * D;
-  stage_unrotated<V>(gs, dy + col, ld_dy, seq, t0, rows, T, D, cos, sin);
-  if (partial) stage_rows<V>(xs, x + col, ld_x, seq, t0 - W, rows, T, D, halo ? halo + col : nullptr, ld_halo, W);
-  __syncthreads();
-
-  const int nt = min(TT, T - t0);
-  const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
-  const int cpr = D / V;
-  for (int i = threadIdx.x; i < nt * cpr; i += blockDim.x) {
-    const int tl = i / cpr, d = (i % cpr) * V;
-    float acc[V] = {};
-    for (int w = W; w >= 0; --w) {  // position tl + W - w of the tile, increasing
-      float g[V];
-      load_f32<V>(g, gs + (tl + W - w) * D + d);
-      const float cw = c ? c[w] : 1.0f;
+  const int half = D / 2, units = cos ? half / V : D / V;
+  const int h_end = min(H, (int)(blockIdx.y + 1) * kHeadsPerBlock);
+  const size_t nblk = (size_t)gridDim.z * gridDim.x, blk = (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+  for (int h = blockIdx.y * kHeadsPerBlock; h < h_end; ++h) {
+    const int col = h * D;
+    const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
+    const bf16* dyh = dy + col;
+    float acc[kMaxDcoefWindow + 1] = {};
+    for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
+      const int j = (i % units) * V, t = t0 + i / units;
+      float a1[V] = {}, a2[V] = {}, s1[V], s2[V];  // s: ds_t, for the partials
+      for (int w = W; w >= 0; --w) {  // position t + W - w, increasing
+        float d1[V], d2[V];
+        unrotated<V>(d1, d2, dyh + j, ld_dy, seq, t + W - w, T, half, j, cos, sin);
+        if (w == W) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) acc[k] += cw * g[k];
-    }
-    store_bf16<V>(dx + (seq + t0 + tl) * ld_dx + col + d, acc);
-  }
-  // The halo rows j = -W .. -1: d x_j = sum_w c_w ds_{j+W-w} over the outputs
-  // j + W - w >= 0 (gs rows; row r is position r in the first tile).
-  if (dhalo && blockIdx.x == 0) {
-    for (int i = threadIdx.x; i < W * cpr; i += blockDim.x) {
-      const int j = i / cpr - W, d = (i % cpr) * V;
-      float acc[V] = {};
-      for (int w = W; w >= 0; --w) {
-        const int r = j + W - w;
-        if (r < 0) continue;
-        float g[V];
-        load_f32<V>(g, gs + r * D + d);
+          for (int k = 0; k < V; ++k) s1[k] = d1[k], s2[k] = d2[k];
+        }
         const float cw = c ? c[w] : 1.0f;
 #pragma unroll
-        for (int k = 0; k < V; ++k) acc[k] += cw * g[k];
+        for (int k = 0; k < V; ++k) a1[k] += cw * d1[k], a2[k] += cw * d2[k];
       }
-      store_f32<V>(dhalo + ((size_t)blockIdx.z * W + W + j) * ld_dhalo + col + d, acc);
+      bf16* dxr = dx + (seq + t) * ld_dx + col;
+      store_bf16<V>(dxr + j, a1);
+      if (cos) store_bf16<V>(dxr + half + j, a2);
+      if (partial) {
+        const bf16* hx = halo ? halo + col + j : nullptr;
+        for (int w = 0; w <= W; ++w) {
+          float x1[V], x2[V];
+          load_raw<V>(x1, x + col + j, ld_x, seq, t - W + w, T, hx, ld_halo, W);
+          float p = 0.0f;
+#pragma unroll
+          for (int k = 0; k < V; ++k) p += s1[k] * x1[k];
+          if (cos) {
+            load_raw<V>(x2, x + col + half + j, ld_x, seq, t - W + w, T, hx ? hx + half : nullptr, ld_halo, W);
+#pragma unroll
+            for (int k = 0; k < V; ++k) p += s2[k] * x2[k];
+          }
+          acc[w] += p;  // w <= W <= kMaxDcoefWindow
+        }
+      }
     }
-  }
-  if (!partial) return;  // uniform across the block
-
-  // Rows tl >= nt of gs are zero, so the whole TT x D tile can be summed.
-  float acc[kMaxDcoefWindow + 1] = {};
-  for (int e = threadIdx.x; e < TT * D; e += blockDim.x) {
-    const float g = gs[e];  // ds at (tl, d) = (e / D, e % D); x_{t-W+w} is xs row tl + w
+    // The halo rows r = -W .. -1: d x_r = sum_w c_w ds_{r+W-w} over the
+    // outputs r + W - w >= 0 (rows of the first tile).
+    if (dhalo && blockIdx.x == 0) {
+      for (int i = threadIdx.x; i < W * units; i += blockDim.x) {
+        const int j = (i % units) * V, r = i / units - W;
+        float a1[V] = {}, a2[V] = {};
+        for (int w = W; w >= 0; --w) {
+          if (r + W - w < 0) continue;
+          float d1[V], d2[V];
+          unrotated<V>(d1, d2, dyh + j, ld_dy, seq, r + W - w, T, half, j, cos, sin);
+          const float cw = c ? c[w] : 1.0f;
 #pragma unroll
-    for (int w = 0; w <= kMaxDcoefWindow; ++w)
-      if (w <= W) acc[w] += g * xs[e + w * D];
-  }
-  __shared__ float red[32];
-  const size_t nblk = (size_t)gridDim.z * gridDim.x, blk = (size_t)blockIdx.z * gridDim.x + blockIdx.x;
-  float* out = partial + ((size_t)h * nblk + blk) * (W + 1);
+          for (int k = 0; k < V; ++k) a1[k] += cw * d1[k], a2[k] += cw * d2[k];
+        }
+        float* dh = dhalo + ((size_t)blockIdx.z * W + W + r) * ld_dhalo + col;
+        store_f32<V>(dh + j, a1);
+        if (cos) store_f32<V>(dh + half + j, a2);
+      }
+    }
+    if (partial) {  // uniform across the block
+      float* out = partial + ((size_t)h * nblk + blk) * (W + 1);
 #pragma unroll
-  for (int w = 0; w <= kMaxDcoefWindow; ++w) {
-    if (w > W) break;
-    const float s = block_sum(acc[w], red);
-    if (threadIdx.x == 0) out[w] = s;
+      for (int w = 0; w <= kMaxDcoefWindow; ++w) {
+        if (w > W) break;
+        const float s = block_sum(acc[w], red);
+        if (threadIdx.x == 0) out[w] = s;
+      }
+    }
   }
 }
 
@@ -269,12 +274,6 @@ __global__ void shift_halo_add_kernel(bf16* dx, int ld_dx, const float* dtail, i
   }
 }
 
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 void check_shape(const char* op, const float* cos, const float* sin, int B, int H, int D, int W) {
   KVS_CHECK((cos == nullptr) == (sin == nullptr), "{}: cos and sin must both be given or both be null", op);
   KVS_CHECK(!cos || D % 2 == 0, "{}: RoPE needs an even head dim, got {}", op, D);
@@ -291,13 +290,11 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
   const bf16* hx = W > 0 ? halo.rows : nullptr;
   check_shape("shift_rope_forward", cos, sin, B, H, D, W);
   const int TT = tile_rows(D);
-  const dim3 grid(ceil_div(T, TT), H, B);
-  const size_t smem = (size_t)(TT + W) * D * sizeof(float);
+  const dim3 grid(ceil_div(T, TT), head_groups(H), B);
   const bool vec = D % 16 == 0 && ld_in % 8 == 0 && ld_out % 8 == 0 && aligned16(x) && aligned16(y) &&
                    (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % 8 == 0 && aligned16(hx)));
   auto launch = [&](auto kernel) {
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, D, W, TT, hx, halo.ld);
+    kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld);
   };
   if (vec) {
     launch(shift_rope_forward_kernel<8>);
@@ -329,16 +326,14 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
               kMaxDcoefWindow, W);
   }
   const int TT = tile_rows(D);
-  const dim3 grid(ceil_div(T, TT), H, B);
-  const size_t smem = (size_t)(partial ? 2 : 1) * (TT + W) * D * sizeof(float);
+  const dim3 grid(ceil_div(T, TT), head_groups(H), B);
   const bool vec = D % 16 == 0 && ld_dx % 8 == 0 && ld_dy % 8 == 0 && aligned16(dx) && aligned16(dy) &&
                    (!partial || (ld_x % 8 == 0 && aligned16(x))) && (!cos || (aligned16(cos) && aligned16(sin))) &&
                    (!partial || !hx || (halo.ld % 8 == 0 && aligned16(hx))) &&
                    (!dh || (halo.ld_grad % 8 == 0 && aligned16(dh)));
   auto launch = [&](auto kernel) {
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, D, W, TT, hx,
-                                             halo.ld, dh, halo.ld_grad);
+    kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT, hx,
+                                          halo.ld, dh, halo.ld_grad);
   };
   if (vec) {
     launch(shift_rope_backward_kernel<8>);

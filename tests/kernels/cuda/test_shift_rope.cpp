@@ -45,6 +45,8 @@ const ShiftCase kShiftCases[] = {
     {2, 50, 2, 7, 1, true, false, 1, 0, 3},       // odd D without RoPE
     {2, 70, 2, 64, 8, true, true, 0, 0, 0},       // the largest window dcoef supports
     {4, 65, 1, 32, 2, true, true, 0, 0, 0},       // several sequences, tiles of 32: 65 = 2*32 + 1
+    {2, 37, 6, 64, 1, true, true, 8, 0, 0},       // 6 heads: a block's group of 4, then 2
+    {2, 21, 9, 16, 2, true, false, 0, 0, 8},      // 9 heads: groups 4 + 4 + 1, shift only
 };
 
 // Rows [B*T, ld] with head h at columns off + h*D: gather to contiguous [B, T, H, D].

@@ -171,8 +171,10 @@ if want build; then
   if preflight; then
     # CMAKE_POLICY_VERSION_MINIMUM: a pip CMake 4 on the image refuses package
     # config files that still ask for policies below 3.5 (3.x ignores it).
-    # Only this GPU's architecture (e.g. 9.0 -> 90): half the nvcc time of "80;90".
+    # Only this GPU's architecture (e.g. 9.0 -> 90): half the nvcc time of "80;90a". Hopper (9.0)
+    # as 90a, its arch-specific target: the wgmma kernels (flash_attention_fwd_sm90.cu) need it.
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    [ "$arch" = 90 ] && arch=90a
     cmake -S . -B "$bd" -DCMAKE_BUILD_TYPE=Release -DKVS_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       ${arch:+-DKVS_CUDA_ARCHS=$arch} \
       "${mpi_cmake_args[@]}" "${nccl_cmake_args[@]}" "${fe_cmake_args[@]}" \
@@ -564,6 +566,11 @@ if [ $build_rc -eq 0 ]; then
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
       bench "paper 1.5B (4x2048) per-op profile" --profile --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 3
+      # The same on the Hopper attention kernels (train.attention_backend "flash-hopper"; the "flash" ones where
+      # the build or the GPU has no sm_90a): the step's gain beside the rows above.
+      bench "paper 1.5B (4x2048) flash-hopper" --compare-shift --config configs/paper/1.5B-kvshift.json \
+        --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --set train.attention_backend=flash-hopper \
+        --warmup 2 --steps 5
     fi
   fi
   if want attention; then
@@ -588,6 +595,11 @@ if [ $build_rc -eq 0 ]; then
     awk -F'|' '/^our flash attention, tile loads/ {on = 1; next} on && /^ *$/ {exit}
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s  %s\n", "attention T=" $1 " cp.async/sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
+      tee -a "$summary"
+    # And the Hopper kernels (wgmma) against the default ones (mma.sync).
+    awk -F'|' '/^our flash attention: Hopper kernels/ {on = 1; next} on && /^ *$/ {exit}
+      on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+        printf "%-44s  %s\n", "attention T=" $1 " wgmma/mma.sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
       tee -a "$summary"
   fi
   want launch && launch_rows

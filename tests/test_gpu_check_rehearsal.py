@@ -147,12 +147,15 @@ def main():
               "profile names the projections' GEMMs and sums them", "\n".join(body))
 
     # attention: bench-attention of the host-built engine (kvshift_host: the kernels on the host
-    # shim, times 0, no cuDNN) at T = 64 and 130, both tables parsed into rows.
+    # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the three tables parsed into rows.
     for T in (64, 130):
         check(find(t, f"attention T={T} ours/cuDNN fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN row",
               find(t, f"attention T={T} ours/cuDNN fwd+bwd"))
         v = find(t, f"attention T={T} cp.async/sync speed fwd, bwd")
         check(bool(re.match(r"\S+ \S+$", v or "")), f"attention T={T} cp.async/sync row (two ratios)", v)
+        check(find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd") == "n/a",
+              f"attention T={T} wgmma row (n/a on the host at head_dim 16)",
+              find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd"))
 
     # launch: NCCL needs a GPU (a one-line reason here); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):

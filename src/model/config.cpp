@@ -468,8 +468,9 @@ void validate(const Config& c, const std::string& origin) {
          m.max_position_embeddings);
   if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
     fail("{}: train.min_lr: must be in [0, train.lr = {}], got {}", origin, t.lr, t.min_lr);
-  if (t.attention_backend == AttentionImpl::Cudnn && c.device != Device::Cuda)
-    fail("{}: train.attention_backend: \"cudnn\" needs device \"cuda\" (device is \"{}\")", origin, c.device);
+  if (t.attention_backend != AttentionImpl::Flash && c.device != Device::Cuda)
+    fail("{}: train.attention_backend: \"{}\" needs device \"cuda\" (device is \"{}\")", origin, t.attention_backend,
+         c.device);
 
   validate_data(c.data, m, t, top.at("data"));
 

@@ -83,11 +83,12 @@ constexpr auto enum_names(Recompute) {
   return std::to_array<EnumName<E>>({{E::None, "none"}, {E::Attention, "attention"}, {E::Full, "full"}});
 }
 
-// train.attention_backend: the CUDA engine's attention kernels.
-enum class AttentionImpl { Flash, Cudnn };
+// train.attention_backend: the CUDA engine's attention kernels. FlashHopper:
+// ours on wgmma (the Hopper kernels) where the build and GPU have them.
+enum class AttentionImpl { Flash, Cudnn, FlashHopper };
 constexpr auto enum_names(AttentionImpl) {
   using E = AttentionImpl;
-  return std::to_array<EnumName<E>>({{E::Flash, "flash"}, {E::Cudnn, "cudnn"}});
+  return std::to_array<EnumName<E>>({{E::Flash, "flash"}, {E::Cudnn, "cudnn"}, {E::FlashHopper, "flash-hopper"}});
 }
 
 // train.stop_signal: besides SIGTERM and SIGINT, the signal that stops a run

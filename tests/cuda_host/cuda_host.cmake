@@ -60,7 +60,8 @@ target_include_directories(kvs_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE
                            ${CMAKE_SOURCE_DIR}/tests/simt ${KVS_HOST_GEN_DIR})
 target_include_directories(kvs_cuda_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${KVS_NCCL_INCLUDE})
 # KVS_CUDA as in kvs_lib; no KVS_CUDNN (the cuDNN backend is out of scope: "cudnn" is refused).
-target_compile_definitions(kvs_cuda_host PRIVATE KVS_CUDA=1)
+# KVS_CUDA_SM90A: the host build has the Hopper forward (its kernel under the emulator; the shim is a 9.0 device).
+target_compile_definitions(kvs_cuda_host PRIVATE KVS_CUDA=1 KVS_CUDA_SM90A=1)
 # (-Wno-restrict: GCC 12's false positive on std::string concatenation.)
 target_compile_options(kvs_cuda_host PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-restrict)
 # The same OpenMP flag as kvs_lib: the engine includes the CPU ops' inline functions.
@@ -128,7 +129,7 @@ target_include_directories(kvshift_cuda_host_gpu_tests PRIVATE ${CMAKE_SOURCE_DI
 target_link_libraries(kvshift_cuda_host_gpu_tests PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host_gpu_tests PRIVATE -Wl,--as-needed)
 target_compile_definitions(kvshift_cuda_host_gpu_tests PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-                           KVS_BINARY="$<TARGET_FILE:kvshift_host>")
+                           KVS_BINARY="$<TARGET_FILE:kvshift_host>" KVS_CUDA_SM90A=1)
 add_dependencies(kvshift_cuda_host_gpu_tests kvshift_host)
 # Left out: the flash attention tests (40 s here; tests/simt runs the same kernels),
 # the 50- and 20-step training and multi-process runs (minutes).

@@ -13,9 +13,11 @@
 
 #include "cuda_test_util.h"
 #include "test_util.h"
+#include "kernels/cuda/ops.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/cuda_engine.h"
+#include "model/engine_backend_vs_flash.h"
 #include "model/engine_variants.h"
 #include "model/params.h"
 #include "train/trainer.h"
@@ -90,6 +92,16 @@ TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
     }
     EXPECT_NEAR(gpu.grad_norm(), cpu.grad_norm(), 3e-2 * cpu.grad_norm());
   }
+}
+
+// The engine on the Hopper attention kernels (train.attention_backend
+// "flash-hopper") against "flash" and the CPU engine, where this build and
+// GPU have them (tests/model/engine_backend_vs_flash.h has the tolerances).
+TEST(CudaEngine, FlashHopperBackendMatchesFlashAndTheCpuEngine) {
+  KVS_REQUIRE_GPU();
+  if (!kvs::cuda::flash_hopper_available(64) || !kvs::cuda::flash_hopper_available(128))
+    GTEST_SKIP() << "skipped: no Hopper kernels here (an sm_90a build on a compute capability 9.0 GPU)";
+  kvs::testing_util::expect_engine_backend_matches_flash(kvs::AttentionImpl::FlashHopper);
 }
 
 // Recomputation recomputes with the same deterministic kernels from the same

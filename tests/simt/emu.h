@@ -148,6 +148,34 @@ inline int g_cp_n[1024];
 inline long g_cp_commits[1024];
 inline bool g_cp_async_eager = false;
 
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: the warpgroup (4
+// warps) computes D[64][N] (+)= A[64][16] B[16][N]; warp w % 4 of it holds
+// rows 16 (w % 4) .. + 15 in the mma.m16n8k16 C layout repeated over the N/8
+// column blocks: d[4 i + e] = D[g + 8 (e / 2)][8 i + 2 c + e % 2]. A comes
+// from shared memory (K-major, descriptor) or from registers (the warp's 16
+// rows in the mma.m16n8k16 A layout); B from shared memory, K-major or, with
+// trans_b, MN-major. The operation is asynchronous: the emulator reads the
+// operands and writes D at the wgmma.wait_group that covers it (or at once in
+// the eager orders, g_cp_async_eager), so a read of D before that wait sees
+// the old values, and shared memory overwritten before it is what the
+// product reads; D or register A changed while in flight aborts.
+
+struct Wgmma {
+  float* d;
+  int n;                 // N
+  bool scale_d, trans_b, reg_a, chained;
+  uint64_t desc_a, desc_b;
+  uint32_t a[32][4];     // register A: the warp's 32 lanes' fragments
+  uint32_t own_a[4];     // this thread's, to check they stay put
+  const uint32_t* a_regs;
+  float d_in[128];       // D at issue (unless chained after an earlier in-flight wgmma on it)
+  long group;
+};
+constexpr int kMaxWgmma = 16;
+inline Wgmma g_wg[1024][kMaxWgmma];
+inline int g_wg_n[1024];
+inline long g_wg_commits[1024];
+
 EMU_INTERNAL inline Dim cur_tid() { return g_fibers[g_cur].idx; }
 
 EMU_INTERNAL inline void yield() { ctx_switch(g_fibers[g_cur].ctx, g_sched); }
@@ -211,6 +239,10 @@ EMU_INTERNAL inline void fiber_entry() {
     fprintf(stderr, "emu: thread %d ended with %d cp.async copies it never waited for\n", f.tid, g_cp_n[f.tid]);
     abort();
   }
+  if (g_wg_n[f.tid] > 0) {
+    fprintf(stderr, "emu: thread %d ended with %d wgmma it never waited for\n", f.tid, g_wg_n[f.tid]);
+    abort();
+  }
   f.done = true;
   leave(g_warp_grp[f.tid / 32]);
   leave(g_block_grp);
@@ -226,6 +258,8 @@ EMU_INTERNAL inline void run_block(int nthreads) {
   for (int i = 0; i < nthreads; ++i) g_fibers[i] = Fiber{};
   std::fill(g_cp_n, g_cp_n + nthreads, 0);
   std::fill(g_cp_commits, g_cp_commits + nthreads, 0L);
+  std::fill(g_wg_n, g_wg_n + nthreads, 0);
+  std::fill(g_wg_commits, g_wg_commits + nthreads, 0L);
   g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
   for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
@@ -471,6 +505,150 @@ EMU_INTERNAL inline void cp_async_wait(int n) {
   g_cp_n[tid] = kept;
 }
 
+// --- wgmma (sm_90a warpgroup MMA) -------------------------------------------
+// A shared-memory "address" is the byte offset in the block's shared memory
+// (the GPU's shared window starts at 0 too), so a kernel's alignment of its
+// tiles is checked as it is on the device.
+EMU_INTERNAL inline uint32_t smem_addr(const void* p) {
+  check_smem(p, 1, 1, "__cvta_generic_to_shared");
+  return (uint32_t)(static_cast<const unsigned char*>(p) - g_smem.data());
+}
+
+// The byte offset of element (mn, k) of a wgmma operand whose 64-bit shared
+// memory descriptor is `desc` (start address, leading and stride byte
+// offsets in 16-byte units at bits 0, 16 and 32; the base offset at bit 49;
+// the layout at bits 62-63: 0 no swizzle, 1 128-byte swizzle), k < 16, in
+// CUTLASS's canonical GMMA layouts (cute/atom/mma_traits_sm90_gmma.hpp),
+// T = 8 bf16 per 16 bytes:
+//   K-major,  no swizzle: ((8,m),(T,2)) : ((T, SBO), (1, LBO))
+//   K-major,  128B:       ((8,m),(T,2)) : ((8T, SBO), (1, T))
+//   MN-major, no swizzle: ((T,m),(8,2)) : ((1, SBO), (T, LBO))
+//   MN-major, 128B:       ((T,8,m),(8,2)) : ((1, T, LBO), (8T, SBO))
+// The 128-byte swizzle then XORs address bits 4-6 (the 16-byte chunk) with
+// bits 7-9 (the row of 128 bytes inside an aligned 1024-byte atom).
+EMU_INTERNAL inline size_t gmma_offset(uint64_t desc, int mn, int k, bool mn_major) {
+  const size_t start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+  const int layout = (int)(desc >> 62), base = (int)((desc >> 49) & 7);
+  if (base != 0 || (layout != 0 && layout != 1)) {
+    fprintf(stderr, "emu: wgmma descriptor %016llx: base offset %d, layout %d (the emulator knows 0 and 128B)\n",
+            (unsigned long long)desc, base, layout);
+    abort();
+  }
+  size_t off;
+  if (layout == 1) {
+    off = !mn_major ? start + (mn % 8) * 128 + (mn / 8) * sbo + (k % 8) * 2 + (k / 8) * 16
+                    : start + (mn % 64) * 2 + (mn / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo;
+    off ^= ((off >> 7) & 7) << 4;
+  } else {
+    off = !mn_major ? start + (mn % 8) * 16 + (mn / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo
+                    : start + (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo;
+  }
+  if (off + 2 > kDynBytes + kStaticBytes) {
+    fprintf(stderr, "emu: wgmma operand element at shared offset %zu, outside shared memory\n", off);
+    abort();
+  }
+  return off;
+}
+EMU_INTERNAL inline float smem_bf16(size_t off) {
+  uint16_t h;
+  std::memcpy(&h, g_smem.data() + off, 2);
+  return bf(h);
+}
+
+EMU_INTERNAL inline void wgmma_compute(Wgmma& op) {
+  const int tid = g_fibers[g_cur].tid, lane = tid % 32, wrow = 16 * ((tid / 32) % 4);
+  const int g = lane / 4, c = lane % 4;
+  if (!op.chained)
+    for (int i = 0; i < op.n / 2; ++i)
+      if (std::memcmp(&op.d[i], &op.d_in[i], 4) != 0) {
+        fprintf(stderr, "emu: thread %d changed a wgmma accumulator while the wgmma was in flight\n", tid);
+        abort();
+      }
+  if (op.reg_a && std::memcmp(op.a_regs, op.own_a, 16) != 0) {
+    fprintf(stderr, "emu: thread %d changed a wgmma A register while the wgmma was in flight\n", tid);
+    abort();
+  }
+  float arow[2][16];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const int m = wrow + g + 8 * r;
+      if (op.reg_a) {
+        const uint32_t v = op.a[(g)*4 + (k % 8) / 2][r + (k >= 8 ? 2 : 0)];
+        arow[r][k] = bf((k & 1) ? v >> 16 : v & 0xFFFF);
+      } else {
+        arow[r][k] = smem_bf16(gmma_offset(op.desc_a, m, k, false));
+      }
+    }
+  for (int i = 0; i < op.n / 8; ++i)
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * i + 2 * c + (e & 1);
+      double s = 0;
+      for (int k = 0; k < 16; ++k) s += (double)arow[e >> 1][k] * smem_bf16(gmma_offset(op.desc_b, col, k, op.trans_b));
+      float& d = op.d[4 * i + e];
+      d = (float)((op.scale_d ? (double)d : 0.0) + s);
+    }
+}
+
+// Issue (every thread of the warpgroup). a_regs null: A from desc_a.
+EMU_INTERNAL inline void wgmma(float* d, int n, const uint32_t* a_regs, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                               int trans_b) {
+  const int tid = g_fibers[g_cur].tid, lane = tid % 32, w = tid / 32;
+  if (g_wg_n[tid] == kMaxWgmma) {
+    fprintf(stderr, "emu: thread %d has more than %d wgmma in flight\n", tid, kMaxWgmma);
+    abort();
+  }
+  Wgmma& op = g_wg[tid][g_wg_n[tid]++];
+  op.d = d;
+  op.n = n;
+  op.scale_d = scale_d != 0;
+  op.trans_b = trans_b != 0;
+  op.reg_a = a_regs != nullptr;
+  op.desc_a = desc_a;
+  op.desc_b = desc_b;
+  op.group = g_wg_commits[tid];
+  op.a_regs = a_regs;
+  op.chained = false;
+  for (int i = 0; i + 1 < g_wg_n[tid]; ++i) op.chained |= g_wg[tid][i].d == d;
+  if (!op.chained) std::memcpy(op.d_in, d, sizeof(float) * (n / 2));
+  if (op.reg_a) {
+    static uint32_t buf[2][32][32][4];  // two buffers, as in shfl_xor
+    uint32_t(&A)[32][32][4] = buf[g_warp_grp[w].gen & 1];
+    std::memcpy(A[w][lane], a_regs, 16);
+    std::memcpy(op.own_a, a_regs, 16);
+    wait(g_warp_grp[w]);
+    std::memcpy(op.a, A[w], sizeof(op.a));
+  }
+  if (g_cp_async_eager) {
+    wgmma_compute(op);
+    --g_wg_n[tid];
+  }
+}
+EMU_INTERNAL inline void wgmma(float (*d)[4], int n, uint64_t a, uint64_t b, int scale_d, int trans_b) {
+  wgmma(&d[0][0], n, nullptr, a, b, scale_d, trans_b);
+}
+EMU_INTERNAL inline void wgmma(float (*d)[4], int n, const uint32_t (&a)[4], uint64_t b, int scale_d, int trans_b) {
+  wgmma(&d[0][0], n, a, 0, b, scale_d, trans_b);
+}
+EMU_INTERNAL inline void wgmma_fence() {}
+EMU_INTERNAL inline void fence_proxy_async() {}
+EMU_INTERNAL inline void wgmma_commit() { ++g_wg_commits[g_fibers[g_cur].tid]; }
+// wgmma.wait_group n: every committed group but the n most recent has completed.
+EMU_INTERNAL inline void wgmma_wait(int n) {
+  const int tid = g_fibers[g_cur].tid;
+  int kept = 0;
+  const int count = g_wg_n[tid];
+  for (int i = 0; i < count; ++i) {
+    Wgmma& op = g_wg[tid][i];
+    if (op.group < g_wg_commits[tid] - n) {
+      wgmma_compute(op);
+    } else {
+      if (kept != i) g_wg[tid][kept] = op;
+      ++kept;
+    }
+  }
+  g_wg_n[tid] = kept;
+}
+
 EMU_INTERNAL inline Dim block_idx() { return g_block_idx; }
 EMU_INTERNAL inline Dim grid_dim() { return g_grid_dim; }
 EMU_INTERNAL inline Dim block_dim() { return g_block_dim; }
@@ -483,3 +661,4 @@ EMU_INTERNAL inline Dim block_dim() { return g_block_dim; }
 #define blockDim (::emu::block_dim())
 #define __syncthreads() ::emu::wait(::emu::g_block_grp)
 #define __shfl_xor_sync(m, v, o) ::emu::shfl_xor(m, v, o)
+#define __cvta_generic_to_shared(p) ::emu::smem_addr(p)

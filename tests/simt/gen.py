@@ -11,7 +11,9 @@ writes OUT_DIR/gen_NAME.h with:
   - `__shared__ [__align__(N)] T a[n][m]..., b[k];` -> emulator shared memory,
     one slot per declaration; `extern __shared__ ... T a[];` -> dynamic smem;
   - the inline PTX of flash_attention_common.cuh (mma.sync, ldmatrix, cp.async)
-    -> the emulator's ::emu::mma, ::emu::ldmatrix_x4, ::emu::cp_async...;
+    and wgmma.cuh (wgmma, its fences, commits and waits)
+    -> the emulator's ::emu::mma, ::emu::ldmatrix_x4, ::emu::cp_async,
+    ::emu::wgmma...;
   - every top-level function that launches a kernel (`<<<`), or calls one
     that does, removed (the launchers; the drivers mirror their grids).
 With --launchers it writes OUT_DIR/host_NAME.cpp instead, keeping the
@@ -72,8 +74,8 @@ def closing_paren(text, i):
         i += 1
 
 
-# The inline PTX of flash_attention_common.cuh (one instruction per asm
-# statement, inside a wrapper whose parameters the call names) -> the emulator.
+# The inline PTX of ASM_FILES (one instruction per asm statement, inside a
+# wrapper whose parameters and constants the call names) -> the emulator.
 ASM_TO_EMU = {
     'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32': '::emu::mma(c, a, b0, b1);',
     'ldmatrix.sync.aligned.m8n8.x4.shared.b16': '::emu::ldmatrix_x4(r, p, false);',
@@ -82,7 +84,16 @@ ASM_TO_EMU = {
         '::emu::cp_async_source_read(src, src_bytes); ::emu::cp_async(dst, src, src_bytes);',
     'cp.async.commit_group': '::emu::cp_async_commit();',
     'cp.async.wait_group': '::emu::cp_async_wait(N);',
+    # wgmma.cuh
+    'wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16': '::emu::wgmma(d, kN, a, b, ScaleD, kTransB);',
+    'wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16': '::emu::wgmma(d, kN, a, b, ScaleD, kTransB);',
+    'wgmma.fence.sync.aligned': '::emu::wgmma_fence();',
+    'wgmma.commit_group.sync.aligned': '::emu::wgmma_commit();',
+    'wgmma.wait_group.sync.aligned': '::emu::wgmma_wait(N);',
+    'fence.proxy.async.shared': '::emu::fence_proxy_async();',
+    '': '(void)r;',  # reg_fence: a compiler-only register fence
 }
+ASM_FILES = ('flash_attention_common.cuh', 'wgmma.cuh')
 
 
 def replace_asm(text, name):
@@ -90,7 +101,7 @@ def replace_asm(text, name):
     for m in re.finditer(r'\basm(?: volatile)?\(', text):
         if m.start() < pos:
             continue
-        if name != 'flash_attention_common.cuh':
+        if name not in ASM_FILES:
             fail(f'{name}: inline asm the emulator does not know')
         e = closing_paren(text, m.end() - 1)  # the statement ends there
         if text[e + 1] != ';':

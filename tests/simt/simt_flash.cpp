@@ -1,5 +1,6 @@
 // Flash attention forward (fwd_kernel, both tile-load paths) and backward (delta_kernel, dkdv_kernel,
-// dq_kernel) under the emulator vs kvs::cpu::attention_forward/backward in
+// dq_kernel, both paths), and the Hopper (wgmma) kernels fwd_sm90_kernel, dkdv_sm90_kernel and
+// dq_sm90_kernel at head dims 64 and 128, under the emulator vs kvs::cpu::attention_forward/backward in
 // double. Same problems as tests/kernels/cuda/test_flash_attention.cpp (B = 2, Hq = 4,
 // bf16-rounded normal inputs, the three buffer layouts) and its tolerances:
 //   out (bf16): rtol 1e-2, atol 1e-2, and ||err|| <= 5e-3 ||ref|| + 1e-3 sqrt(n)
@@ -11,7 +12,9 @@
 // Also without the causal mask (ring attention's block of an earlier chunk:
 // the reference's queries at positions T .. 2T - 1 see every key), same tolerances.
 #include "gen_flash_attention_bwd.h"
+#include "gen_flash_attention_bwd_sm90.h"
 #include "gen_flash_attention_fwd.h"
+#include "gen_flash_attention_fwd_sm90.h"
 #include "kernels/cpu/ops.h"
 #include "simt_util.h"
 
@@ -135,6 +138,28 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     }
   }
 
+  // The Hopper forward (fwd_sm90_kernel, launch_fwd_sm90: grid (ceil(T / 64),
+  // Hq, B), 128 threads, its dynamic shared memory): the same tolerances, and
+  // under the emulator (every MMA rounded once per k-step of 16, in the same
+  // order) the mma.sync kernel's bits; on a GPU the tensor cores' internal
+  // accumulation may differ, so the GPU test holds it to the tolerances only.
+  if constexpr (D == 64 || D == 128) {
+    static_assert(sm90_fwd_smem_bytes<D>() <= emu::kDynBytes);
+    std::fill(out.begin(), out.end(), poison_bf16());
+    std::fill(lse.begin(), lse.end(), NAN);
+    emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+      fwd_sm90_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+    });
+    const std::string ftag = tag + " fwd sm90 (wgmma)";
+    const std::vector<float> outf = f32(out);
+    check(ftag, "out", outf, outr, 1e-2, 1e-2);
+    expect(norm_close(outf, outr, 5e-3), ftag, "out norm");
+    check(ftag, "lse", lse, lser, 1e-5, 2e-4);
+    expect(std::memcmp(out.data(), sync_out.data(), out.size() * sizeof(bf16)) == 0 &&
+               std::memcmp(lse.data(), sync_lse.data(), lse.size() * sizeof(float)) == 0,
+           ftag, "bit-identical to the mma.sync kernel under the emulator");
+  }
+
   // Backward (flash_attention_backward, launch_bwd).
   const std::vector<bf16> outb = b16(std::vector<float>(outr.begin(), outr.end()));
   const std::vector<float> lsef(lser.begin(), lser.end());
@@ -143,13 +168,28 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
               [&] { delta_kernel(delta.data(), doutb.data(), outb.data(), T, Hq, D, rows); });
   // Both tile-load paths, each into freshly poisoned gradients (padding
   // included); the second must give the first one's bits.
+  // And at D = 64 and 128 the Hopper kernels (dkdv_sm90_kernel,
+  // dq_sm90_kernel, launch_bwd_sm90's grids), held to the same tolerances and,
+  // under the emulator, to the mma.sync kernels' bits (the same k-steps of 16
+  // in the same order).
   std::vector<bf16> sync_grads;
-  for (const bool async : {false, true}) {
-    const std::string btag = tag + (async ? " bwd cp.async+ldmatrix" : " bwd sync loads");
+  constexpr int kPaths = D == 64 || D == 128 ? 3 : 2;  // sync, cp.async + ldmatrix, sm90
+  for (int path = 0; path < kPaths; ++path) {
+    const bool async = path == 1;
+    const std::string btag =
+        tag + (path == 2 ? " bwd sm90 (wgmma)" : async ? " bwd cp.async+ldmatrix" : " bwd sync loads");
     std::fill(dQb.begin(), dQb.end(), poison_bf16());  // the fused layout's dk, dv too
     std::fill(dKb.begin(), dKb.end(), poison_bf16());  // (both empty in the fused layout)
     std::fill(dVb.begin(), dVb.end(), poison_bf16());
     emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
+      if constexpr (kPaths == 3) {
+        if (path == 2) {
+          static_assert(sm90_dkdv_smem_bytes<D>() <= emu::kDynBytes && sm90_dq_smem_bytes<D>() <= emu::kDynBytes);
+          dkdv_sm90_kernel<D>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
+                              scale, scale * kLog2e, causal);
+          return;
+        }
+      }
       if (async)
         dkdv_kernel<D, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
                              scale, scale * kLog2e, causal);
@@ -158,6 +198,13 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
                               scale, scale * kLog2e, causal);
     });
     emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
+      if constexpr (kPaths == 3) {
+        if (path == 2) {
+          dq_sm90_kernel<D>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                            scale * kLog2e, causal);
+          return;
+        }
+      }
       if (async)
         dq_kernel<D, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
                            scale * kLog2e, causal);
@@ -192,7 +239,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       grads.insert(grads.end(), dKb.begin(), dKb.end());
       grads.insert(grads.end(), dVb.begin(), dVb.end());
     }
-    if (!async)
+    if (path == 0)
       sync_grads = grads;
     else
       expect(std::memcmp(grads.data(), sync_grads.data(), grads.size() * sizeof(bf16)) == 0, btag,
@@ -269,6 +316,7 @@ void run_flash_attention() {
   run<64>(1, 130, 4, 2, 1, 55, 4.0f);  // peaked softmax (qk scale 4)
   // Without the causal mask: a partial last tile for keys and queries, GQA.
   run<64>(1, 70, 4, 2, 1, 1080, 1.0f, false);
+  run<128>(1, 130, 4, 1, 0, 1085, 1.0f, false);
   run<16>(2, 37, 4, 2, 0, 1090, 1.0f, false);
   run_attention_merge();
 }

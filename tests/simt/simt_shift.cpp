@@ -70,8 +70,8 @@ void run(const Case& c) {
   const float* cosp = c.rope ? cs.data() : nullptr;
   const float* sinp = c.rope ? sn.data() : nullptr;
   emu::launch(grid, kc::kThreads, [&] {
-    kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT,
-                                     halo ? halob.data() : nullptr, halo_ld);
+    kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D, W,
+                                     TT, halo ? halob.data() : nullptr, halo_ld);
   });
   std::vector<float> got(N * HD);
   size_t outside = 0;
@@ -109,8 +109,8 @@ void run(const Case& c) {
   std::vector<float> dhalo((size_t)c.B * W * dh_ld, NAN);
   emu::launch(grid, kc::kThreads, [&] {
     kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
-                                      in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr, halo_ld,
-                                      halo ? dhalo.data() : nullptr, dh_ld);
+                                      in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
+                                      halo_ld, halo ? dhalo.data() : nullptr, dh_ld);
   });
   if (halo) {
     std::vector<float> gdh((size_t)c.B * W * HD);

@@ -2,7 +2,8 @@
 // kernels at the shapes of a real model (causal, bf16), and of cuDNN's fused
 // SDPA (kernels/cuda/cudnn_sdpa.cpp) at the same shapes in the same run, with
 // the ratio ours/cuDNN of fwd+bwd throughput; our kernels' two tile-load
-// paths (FlashLoads: cp.async + ldmatrix, and through registers) side by
+// paths (FlashLoads: cp.async + ldmatrix, and through registers) and the
+// Hopper kernels (wgmma) beside the default ones, side by
 // side; then the KV shift + RoPE kernel
 // against a device-to-device copy of the same bytes. Timed with CUDA events,
 // median over repetitions after two warm-ups. FLOPs follow FlashAttention's
@@ -242,6 +243,31 @@ void add_bench_attention(CLI::App& app) {
                   fs.bwd_ms / fa.bwd_ms);
       std::fflush(stdout);
     }
+
+    // The Hopper kernels (wgmma, FlashLoads::kHopper) against the default
+    // ones (mma.sync), forward and backward, same shapes, same run.
+    std::printf("\nour flash attention: Hopper kernels (wgmma) vs mma.sync (cp.async + ldmatrix, the default):\n");
+    std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "wgmma fwd", "TF/s", "wgmma bwd", "TF/s",
+                "mma fwd", "TF/s", "mma bwd", "TF/s", "wgmma/mma.sync speed fwd, bwd");
+    const bool hopper = cuda::flash_hopper_available(D);
+    cuda::FlashAttentionBackend flash_hopper(cuda::FlashLoads::kHopper);
+    for (int T : a->seq_lens) {
+      if (!hopper) {
+        std::printf("%8d | %9s %9s %9s %9s | %9s %9s %9s %9s | n/a\n", T, "n/a", "", "", "", "n/a", "", "", "");
+        continue;
+      }
+      const AttnTiming fh = time_attention(flash_hopper, B, T, Hq, Hkv, D, a->reps);
+      const AttnTiming fa = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
+      const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
+      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f %9.3f %9.1f | %.2f %.2f\n", T, fh.fwd_ms,
+                  fwd_flops / (fh.fwd_ms * 1e9), fh.bwd_ms, 2.5 * fwd_flops / (fh.bwd_ms * 1e9), fa.fwd_ms,
+                  fwd_flops / (fa.fwd_ms * 1e9), fa.bwd_ms, 2.5 * fwd_flops / (fa.bwd_ms * 1e9), fa.fwd_ms / fh.fwd_ms,
+                  fa.bwd_ms / fh.bwd_ms);
+      std::fflush(stdout);
+    }
+    if (!hopper)
+      std::printf("n/a: the Hopper kernels need a build with KVS_CUDA_ARCHS containing 90a, a compute capability "
+                  "9.0 GPU and head_dim 64 or 128\n");
 
     // The KV shift + RoPE kernels are memory bound: their bytes moved per
     // second against cudaMemcpyAsync's on the same tensor. Forward reads x and

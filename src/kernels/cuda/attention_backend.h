@@ -44,7 +44,9 @@ class AttentionBackend {
 class FlashAttentionBackend final : public AttentionBackend {
  public:
   explicit FlashAttentionBackend(FlashLoads loads = FlashLoads::kAsync) : loads_(loads) {}
-  const char* name() const override { return loads_ == FlashLoads::kAsync ? "flash" : "flash (sync loads)"; }
+  const char* name() const override {
+    return loads_ == FlashLoads::kAsync ? "flash" : loads_ == FlashLoads::kSync ? "flash (sync loads)" : "flash-hopper";
+  }
   void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
                int Hq, int Hkv, int D, cudaStream_t stream) override {
     flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_, stream);

@@ -108,35 +108,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
   const int wkey = warp * 16;  // first key of this warp inside the tile
   const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
 
-  // The steps: query head gi of the group (outer), query tile q0 (inner).
-  const size_t ld_o = static_cast<size_t>(Hq) * D;  // dO is contiguous [B, T, Hq, D]
-  const int q_first = causal ? k0 : 0;
-  const int q_tiles = (T - q_first + BQ - 1) / BQ;
-  const int steps = G * q_tiles;
-  auto q_head = [&](int gi) { return q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(hk * G + gi) * D; };
-  auto do_head = [&](int gi) { return dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(hk * G + gi) * D; };
-  auto row_stats = [&](const float* x, int gi) { return x + (static_cast<size_t>(b) * Hq + hk * G + gi) * T; };
-  // This thread's lse * log2(e) and delta for row i < BQ of a step (+inf and 0 past T).
-  auto lse_of = [&](int step, int i) {
-    const int t = q_first + (step % q_tiles) * BQ + i;
-    return t < T ? row_stats(lse, step / q_tiles)[t] * kLog2e : INFINITY;
-  };
-  auto delta_of = [&](int step, int i) {
-    const int t = q_first + (step % q_tiles) * BQ + i;
-    return t < T ? row_stats(delta, step / q_tiles)[t] : 0.f;
-  };
-
+  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal);
+  const int steps = qs.steps;
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   if constexpr (kAsync) {
     // K, V and step 0's Q, dO in one group; step 0's lse and delta by plain stores.
     load_tile_async<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
     load_tile_async<BKV, D>(sV, v + kv_off, ld_kv, k0, T);
-    load_tile_async<BQ, D>(sQ_stages, q_head(0), ld_q, q_first, T);
-    load_tile_async<BQ, D>(sdO_stages, do_head(0), ld_o, q_first, T);
+    load_tile_async<BQ, D>(sQ_stages, qs.q_head(0), ld_q, qs.q_first, T);
+    load_tile_async<BQ, D>(sdO_stages, qs.do_head(0), qs.ld_o, qs.q_first, T);
     cp_async_commit();
     if (threadIdx.x < BQ) {
-      sLse_stages[threadIdx.x] = lse_of(0, threadIdx.x);
-      sDelta_stages[threadIdx.x] = delta_of(0, threadIdx.x);
+      sLse_stages[threadIdx.x] = qs.lse2_of(0, threadIdx.x);
+      sDelta_stages[threadIdx.x] = qs.delta_of(0, threadIdx.x);
     }
   } else {
     load_tile<BKV, D>(sK, k + kv_off, ld_kv, k0, T);
@@ -156,27 +140,28 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
     bf16* sdO = sdO_stages + stage * BQ * LDS;
     const float* sLse = sLse_stages + stage * BQ;
     const float* sDelta = sDelta_stages + stage * BQ;
-    const int q0 = q_first + (step % q_tiles) * BQ;
+    const int q0 = qs.q0(step);
     float next_lse = 0.f, next_delta = 0.f;
     __syncthreads();  // everyone is done with the previous step (the other stage, or this one without kAsync)
     if constexpr (kAsync) {
       if (step + 1 < steps) {  // the next step into the other stage while this one computes
-        const int nq0 = q_first + ((step + 1) % q_tiles) * BQ;
-        load_tile_async<BQ, D>(sQ_stages + (stage ^ 1) * BQ * LDS, q_head((step + 1) / q_tiles), ld_q, nq0, T);
-        load_tile_async<BQ, D>(sdO_stages + (stage ^ 1) * BQ * LDS, do_head((step + 1) / q_tiles), ld_o, nq0, T);
+        const int nq0 = qs.q0(step + 1);
+        const int ngi = (step + 1) / qs.q_tiles;
+        load_tile_async<BQ, D>(sQ_stages + (stage ^ 1) * BQ * LDS, qs.q_head(ngi), ld_q, nq0, T);
+        load_tile_async<BQ, D>(sdO_stages + (stage ^ 1) * BQ * LDS, qs.do_head(ngi), qs.ld_o, nq0, T);
         if (threadIdx.x < BQ) {
-          next_lse = lse_of(step + 1, threadIdx.x);
-          next_delta = delta_of(step + 1, threadIdx.x);
+          next_lse = qs.lse2_of(step + 1, threadIdx.x);
+          next_delta = qs.delta_of(step + 1, threadIdx.x);
         }
       }
       cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
       cp_async_wait<1>();
     } else {
-      load_tile<BQ, D>(sQ, q_head(step / q_tiles), ld_q, q0, T);
-      load_tile<BQ, D>(sdO, do_head(step / q_tiles), ld_o, q0, T);
+      load_tile<BQ, D>(sQ, qs.q_head(step / qs.q_tiles), ld_q, q0, T);
+      load_tile<BQ, D>(sdO, qs.do_head(step / qs.q_tiles), qs.ld_o, q0, T);
       if (threadIdx.x < BQ) {
-        sLse_stages[threadIdx.x] = lse_of(step, threadIdx.x);
-        sDelta_stages[threadIdx.x] = delta_of(step, threadIdx.x);
+        sLse_stages[threadIdx.x] = qs.lse2_of(step, threadIdx.x);
+        sDelta_stages[threadIdx.x] = qs.delta_of(step, threadIdx.x);
       }
     }
     __syncthreads();
@@ -192,19 +177,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
       mma_b_rows<NQ, LDS, kAsync>(st, ka, sQ + kk * 16, lane);
     }
 
-    // P^T. Element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2.
-    // A key can exceed a query only when this warp's last key passes the
-    // tile's first query; padded queries (>= T) already give exp2(-inf) = 0.
-    const bool band = causal && k0 + wkey + 15 > q0;
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = j * 8 + 2 * c + (e & 1);
-        float p = exp2f(fmaf(st[j][e], scale_log2, -sLse[qi]));
-        if (band && key[e >> 1] > q0 + qi) p = 0.f;
-        st[j][e] = p;
-      }
+    bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
 
     // dV += P^T dO (k = queries: dO's rows).
 #pragma unroll
@@ -225,11 +198,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
       mma_b_rows<NQ, LDS, kAsync>(dpt, va, sdO + kk * 16, lane);
     }
 
-    // dS^T = P^T (dP^T - delta) (masked entries have P = 0, so dS = 0 there).
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sDelta[j * 8 + 2 * c + (e & 1)]);
+    bwd_ds_transposed<NQ>(dpt, st, sDelta, c);
 
     // dK += dS^T Q (k = queries: Q's rows); scale is applied once at the end.
 #pragma unroll
@@ -322,15 +291,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   // (made visible by the second __syncthreads inside the loop)
 
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
-  {
-    const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
-    const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      lse2[r] = row[r] < T ? lse_h[row[r]] * kLog2e : INFINITY;
-      dlt[r] = row[r] < T ? delta_h[row[r]] : 0.f;
-    }
-  }
+  bwd_row_stats(lse2, dlt, lse, delta, b, h, Hq, T, row);
 
   float dq_acc[ND][4];
 #pragma unroll
@@ -372,20 +333,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
       mma_b_rows<NK, LDS, kAsync>(dp, da, sV + kk * 16, lane);
     }
 
-    // dS = P (dP - delta), P = 0 above the diagonal. Element e of s[j] is row
-    // row[e / 2], key k0 + 8 j + 2 c + e % 2.
-    // Without the causal mask only the keys past T (zero rows) are masked.
-    const bool diag = causal ? k0 + BK - 1 > q0 + wrow : k0 + BK > T;
-#pragma unroll
-    for (int j = 0; j < NK; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float p = exp2f(fmaf(s[j][e], scale_log2, -lse2[r]));
-        const int key = k0 + j * 8 + 2 * c + (e & 1);
-        if (diag && ((causal && key > row[r]) || key >= T)) p = 0.f;
-        s[j][e] = p * (dp[j][e] - dlt[r]);
-      }
+    bwd_ds<NK>(s, dp, lse2, dlt, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     // dQ += dS K (k = keys: K's rows); scale at the end.
 #pragma unroll
@@ -477,7 +425,9 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  if (loads == FlashLoads::kAsync)
+  if (loads == FlashLoads::kHopper && flash_hopper_available(D))
+    flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+  else if (loads != FlashLoads::kSync)
     flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
   else
     flash::launch_bwd<false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);

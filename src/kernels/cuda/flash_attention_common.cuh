@@ -279,6 +279,197 @@ __device__ __forceinline__ void store_rows(bf16* dst, size_t ld, const float (&a
   }
 }
 
+// The forward's online softmax over one tile of BK = 8 NK keys starting at k0,
+// for a warp's 16 rows (first_row = the first; row[r] the thread's rows g and
+// g + 8): the causal mask (and keys past T) where a key can exceed a row,
+// i.e. on the diagonal tile; per row, the new max over the quad, O and l
+// rescaled by exp(scale (m_old - m_new)), and S replaced by P = exp(scale
+// (S - m)). m is in raw (unscaled) score units, l a per-thread partial sum.
+// Element e of s[j] is row row[e / 2], key k0 + 8 j + 2 c + e % 2 (the C
+// layout of mma.m16n8k16 and of wgmma alike).
+template <int NK, int ND>
+__device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4], float (&m)[2], float (&l)[2],
+                                             const int (&row)[2], int k0, int first_row, int c, bool causal, int T,
+                                             float scale_log2) {
+  constexpr int BK = 8 * NK;
+  if ((causal && k0 + BK - 1 > first_row) || k0 + BK > T) {
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + j * 8 + 2 * c + (e & 1);
+        if ((causal && key > row[e >> 1]) || key >= T) s[j][e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int j = 0; j < NK; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with no visible key yet keeps mx = -inf; offset 0 then makes
+    // every exp2 below exp2(-inf) = 0 instead of NaN.
+    const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
+    const float alpha = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
+    m[r] = mx;
+    l[r] *= alpha;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][2 * r] *= alpha;
+      o[n][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int j = 0; j < NK; ++j) {
+      s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -offset));
+      s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -offset));
+      l[r] += s[j][2 * r] + s[j][2 * r + 1];
+    }
+  }
+}
+
+// The forward's end for a warp's 16 rows (first_row the first): l summed over
+// the quad, out = O / l (bf16, rows >= T skipped), lse = scale m + log l.
+template <int ND>
+__device__ __forceinline__ void finish_rows(bf16* out, float* lse, const float (&o)[ND][4], const float (&m)[2],
+                                            float (&l)[2], const int (&row)[2], int b, int h, int Hq, int T,
+                                            int first_row, int g, int c, float scale) {
+  constexpr int D = 8 * ND;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const size_t ld_out = static_cast<size_t>(Hq) * D;
+  bf16* oh = out + static_cast<size_t>(b) * T * ld_out + static_cast<size_t>(h) * D;
+  store_rows<ND>(oh, ld_out, o, inv[0], inv[1], first_row, T, g, c);
+  if (c == 0) {
+    float* lh = lse + (static_cast<size_t>(b) * Hq + h) * T;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row[r] < T) lh[row[r]] = m[r] * scale + logf(l[r]);
+  }
+}
+
+// The backward's bookkeeping, shared by the mma.sync and wgmma kernels.
+//
+// dQ kernels: lse * log2(e) (+inf past T, so P = 0) and delta of the thread's
+// two rows of (b, h).
+__device__ __forceinline__ void bwd_row_stats(float (&lse2)[2], float (&dlt)[2], const float* lse, const float* delta,
+                                              int b, int h, int Hq, int T, const int (&row)[2]) {
+  const float* lse_h = lse + (static_cast<size_t>(b) * Hq + h) * T;
+  const float* delta_h = delta + (static_cast<size_t>(b) * Hq + h) * T;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = row[r] < T ? lse_h[row[r]] * kLog2e : INFINITY;
+    dlt[r] = row[r] < T ? delta_h[row[r]] : 0.f;
+  }
+}
+
+// dK/dV kernels: the steps of a block of keys from k0 of (b, KV head hk),
+// query head gi of the group (outer) and query tile of BQ rows (inner), from
+// the key tile on (causal: earlier queries cannot see these keys).
+struct BwdKvSteps {
+  const bf16 *q, *dout;
+  const float *lse, *delta;
+  int ld_q, T, Hq, G, b, hk, BQ, q_first, q_tiles, steps;
+  size_t ld_o;  // dO is contiguous [B, T, Hq, D]
+
+  __device__ BwdKvSteps(const bf16* q_, int ld_q_, const bf16* dout_, const float* lse_, const float* delta_, int T_,
+                        int Hq_, int G_, int D, int b_, int hk_, int k0, int BQ_, bool causal)
+      : q(q_), dout(dout_), lse(lse_), delta(delta_), ld_q(ld_q_), T(T_), Hq(Hq_), G(G_), b(b_), hk(hk_), BQ(BQ_) {
+    ld_o = static_cast<size_t>(Hq) * D;
+    q_first = causal ? k0 : 0;
+    q_tiles = (T - q_first + BQ - 1) / BQ;
+    steps = G * q_tiles;
+    d_ = D;
+  }
+  __device__ int q0(int step) const { return q_first + (step % q_tiles) * BQ; }
+  // Column 0 of query head gi of the group in Q and in dO, row 0 of sequence b.
+  __device__ const bf16* q_head(int gi) const {
+    return q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(hk * G + gi) * d_;
+  }
+  __device__ const bf16* do_head(int gi) const {
+    return dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(hk * G + gi) * d_;
+  }
+  // lse * log2(e) and delta of row i < BQ of a step (+inf and 0 past T).
+  __device__ float lse2_of(int step, int i) const {
+    const int t = q0(step) + i;
+    return t < T ? stats(lse, step / q_tiles)[t] * kLog2e : INFINITY;
+  }
+  __device__ float delta_of(int step, int i) const {
+    const int t = q0(step) + i;
+    return t < T ? stats(delta, step / q_tiles)[t] : 0.f;
+  }
+
+ private:
+  int d_;
+  __device__ const float* stats(const float* x, int gi) const {
+    return x + (static_cast<size_t>(b) * Hq + hk * G + gi) * T;
+  }
+};
+
+// The backward's elementwise steps, shared by the mma.sync and wgmma kernels
+// (flash_attention_bwd.cu, flash_attention_bwd_sm90.cu).
+//
+// dK/dV kernels, on a warp's transposed scores S^T (16 keys x 8 NQ queries;
+// element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c + e % 2):
+// P^T = exp2(S^T scale log2e - lse log2e) in place, 0 where a key exceeds its
+// query (band: the warp's last key passes the tile's first query; padded
+// queries >= T have lse = +inf, so P = exp2(-inf) = 0 already).
+template <int NQ>
+__device__ __forceinline__ void bwd_p_transposed(float (&st)[NQ][4], const float* sLse, bool band,
+                                                 const int (&key)[2], int q0, int c, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < NQ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = j * 8 + 2 * c + (e & 1);
+      float p = exp2f(fmaf(st[j][e], scale_log2, -sLse[qi]));
+      if (band && key[e >> 1] > q0 + qi) p = 0.f;
+      st[j][e] = p;
+    }
+}
+// dS^T = P^T (dP^T - delta) into dpt (masked entries have P = 0, so dS = 0 there).
+template <int NQ>
+__device__ __forceinline__ void bwd_ds_transposed(float (&dpt)[NQ][4], const float (&pt)[NQ][4], const float* sDelta,
+                                                  int c) {
+#pragma unroll
+  for (int j = 0; j < NQ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[j][e] = pt[j][e] * (dpt[j][e] - sDelta[j * 8 + 2 * c + (e & 1)]);
+}
+// dQ kernels, on a warp's 16 rows x 8 NK keys from k0 (first_row the warp's
+// first row; element e of s[j] is row row[e / 2], key k0 + 8 j + 2 c + e % 2):
+// dS = P (dP - delta) into s, P = exp2(S scale log2e - lse2) and 0 above the
+// diagonal and, without the causal mask, for the keys past T (zero rows).
+template <int NK>
+__device__ __forceinline__ void bwd_ds(float (&s)[NK][4], const float (&dp)[NK][4], const float (&lse2)[2],
+                                       const float (&dlt)[2], const int (&row)[2], int k0, int first_row, int c,
+                                       bool causal, int T, float scale_log2) {
+  constexpr int BK = 8 * NK;
+  const bool diag = causal ? k0 + BK - 1 > first_row : k0 + BK > T;
+#pragma unroll
+  for (int j = 0; j < NK; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      float p = exp2f(fmaf(s[j][e], scale_log2, -lse2[r]));
+      const int key = k0 + j * 8 + 2 * c + (e & 1);
+      if (diag && ((causal && key > row[r]) || key >= T)) p = 0.f;
+      s[j][e] = p * (dp[j][e] - dlt[r]);
+    }
+}
+
+// The Hopper kernels (flash_attention_{fwd,bwd}_sm90.cu), D = 64 or 128.
+void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
+                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream);
+void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
+                     const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                     int D, bool causal, cudaStream_t stream);
+
 // Host side: the launchers' argument checks. The vectorised tile loads read 16
 // bytes at a time, so every bf16 tensor's base pointer must be 16-byte aligned
 // and every row stride a multiple of 8 elements (true for cudaMalloc'd buffers

@@ -109,45 +109,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) mma_b_rows<NK, LDS, kAsync>(s, qf[kk], sK + kk * 16, lane);
 
-    // Causal mask (and keys past the end): only where a key can exceed a row
-    // of this warp, i.e. on the diagonal tile. Element e of s[j] is row
-    // row[e / 2], key k0 + 8 j + 2 c + e % 2.
-    if ((causal && k0 + BK - 1 > q0 + wrow) || k0 + BK > T) {
-#pragma unroll
-      for (int j = 0; j < NK; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + j * 8 + 2 * c + (e & 1);
-          if ((causal && key > row[e >> 1]) || key >= T) s[j][e] = -INFINITY;
-        }
-    }
-
-    // Online softmax, per row r: new max over the quad, rescale O and l, P = exp(scale (S - m)).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < NK; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with no visible key yet keeps mx = -inf; offset 0 then makes
-      // every exp2 below exp2(-inf) = 0 instead of NaN.
-      const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float alpha = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
-      m[r] = mx;
-      l[r] *= alpha;
-#pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        o[n][2 * r] *= alpha;
-        o[n][2 * r + 1] *= alpha;
-      }
-#pragma unroll
-      for (int j = 0; j < NK; ++j) {
-        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -offset));
-        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -offset));
-        l[r] += s[j][2 * r] + s[j][2 * r + 1];
-      }
-    }
+    softmax_tile<NK, ND>(s, o, m, l, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     if constexpr (kAsync) {
       cp_async_wait<0>();
@@ -168,23 +130,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
     }
   }
 
-  // Finish: l over the quad, O / l, lse = scale m + log l.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
-  }
-  const size_t ld_out = static_cast<size_t>(Hq) * D;
-  bf16* oh = out + static_cast<size_t>(b) * T * ld_out + static_cast<size_t>(h) * D;
-  store_rows<ND>(oh, ld_out, o, inv[0], inv[1], q0 + wrow, T, g, c);
-  if (c == 0) {
-    float* lh = lse + (static_cast<size_t>(b) * Hq + h) * T;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row[r] < T) lh[row[r]] = m[r] * scale + logf(l[r]);
-  }
+  finish_rows<ND>(out, lse, o, m, l, row, b, h, Hq, T, q0 + wrow, g, c, scale);
 }
 
 template <int D, bool kAsync>
@@ -211,6 +157,23 @@ void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, c
 
 }  // namespace flash
 
+bool flash_hopper_available(int D) {
+#ifdef KVS_CUDA_SM90A
+  if (D != 64 && D != 128) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return false;
+  }
+  return major == 9 && minor == 0;
+#else
+  (void)D;
+  return false;
+#endif
+}
+
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) {
   flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, FlashLoads::kAsync, stream);
@@ -226,7 +189,9 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
                              cudaStream_t stream) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
-  if (loads == FlashLoads::kAsync)
+  if (loads == FlashLoads::kHopper && flash_hopper_available(D))
+    flash::launch_fwd_sm90(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+  else if (loads != FlashLoads::kSync)
     flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
   else
     flash::launch_fwd<false>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);

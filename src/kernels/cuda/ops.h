@@ -149,8 +149,14 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 // either way): kAsync, the default, by cp.async while the tensor cores work
 // (two stages in the backward kernels), fragments read by ldmatrix; kSync,
 // every tile through registers and waited for (the first version:
-// bench-attention's baseline, and a fallback).
-enum class FlashLoads { kAsync, kSync };
+// bench-attention's baseline, and a fallback). kHopper: the Hopper kernels
+// (flash_attention_{fwd,bwd}_sm90.cu: every product on wgmma, tiles in its
+// swizzled layout; deterministic, but not kAsync's bits on a GPU: another
+// accumulation order) where flash_hopper_available(D), else as kAsync.
+enum class FlashLoads { kAsync, kSync, kHopper };
+// True when this build has the sm_90a kernels (KVS_CUDA_ARCHS with 90a), the
+// current device is compute capability 9.0 and D is 64 or 128.
+bool flash_hopper_available(int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
                              cudaStream_t stream);

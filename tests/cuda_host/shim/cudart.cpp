@@ -212,6 +212,19 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   return cudaSuccess;
 }
 
+// The attributes the kernels' launchers ask for: compute capability 9.0, as above.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
+  if (!value || d < 0 || d >= hostcuda::device_count())
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute(" + std::to_string(d) + ")");
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    default:
+      return fail(cudaErrorNotSupported, "cudaDeviceGetAttribute: attribute " + std::to_string(attr) +
+                                             " is not implemented");
+  }
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   if (!free_b || !total_b) return fail(cudaErrorInvalidValue, "cudaMemGetInfo: null output");
   *total_b = hostcuda::device_bytes_total();

@@ -74,11 +74,25 @@ void expect_forward_matches(const Problem& p, Layout layout) {
       EXPECT_EQ(0, std::memcmp(first_lse.data(), got_lse.data(), got_lse.size() * sizeof(float))) << "lse bits";
     }
   }
+  // The Hopper forward (wgmma; kHopper) where this build and GPU have it: the
+  // same tolerances (another accumulation order: not the same bits).
+  if (kc::flash_hopper_available(s.D)) {
+    SCOPED_TRACE("Hopper forward (wgmma)");
+    DeviceBuffer<bf16> out(s.rows() * s.qd());
+    DeviceBuffer<float> lse(s.lse_size());
+    kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
+                                true, kc::FlashLoads::kHopper, nullptr);
+    const std::vector<float> got_out = to_f32(out.download()), got_lse = lse.download();
+    EXPECT_TRUE(all_close(got_out, to_float(p.out), 1e-2, 1e-2)) << "out";
+    EXPECT_TRUE(norm_close(got_out, p.out, 5e-3)) << "out";
+    EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-5, 2e-4)) << "lse";
+  }
 }
 
 // The backward from the reference out (bf16-rounded) and lse (fp32), so that
 // a failure here points at the backward kernels only. Both tile-load paths,
-// each on freshly uploaded (NaN-poisoned) gradient buffers; bit-identical.
+// each on freshly uploaded (NaN-poisoned) gradient buffers; bit-identical. And
+// the Hopper kernels where this build and GPU have them (same tolerances).
 void expect_backward_matches(const Problem& p, Layout layout, double norm_rel = 1e-2) {
   const Shape& s = p.s;
   SCOPED_TRACE(describe(s, layout));
@@ -86,8 +100,11 @@ void expect_backward_matches(const Problem& p, Layout layout, double norm_rel = 
   DeviceBuffer<float> lse(to_float(p.lse));
   DeviceBuffer<float> scratch(kc::flash_attention_backward_scratch_floats(s.B, s.T, s.Hq, s.D));
   std::vector<float> first;
-  for (const kc::FlashLoads loads : {kc::FlashLoads::kAsync, kc::FlashLoads::kSync}) {
-    SCOPED_TRACE(loads == kc::FlashLoads::kAsync ? "cp.async + ldmatrix" : "sync loads");
+  for (const kc::FlashLoads loads : {kc::FlashLoads::kAsync, kc::FlashLoads::kSync, kc::FlashLoads::kHopper}) {
+    if (loads == kc::FlashLoads::kHopper && !kc::flash_hopper_available(s.D)) continue;
+    SCOPED_TRACE(loads == kc::FlashLoads::kAsync  ? "cp.async + ldmatrix"
+                 : loads == kc::FlashLoads::kSync ? "sync loads"
+                                                  : "Hopper (wgmma)");
     DeviceQKV d = upload_qkv(p, layout);
     kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv,
                                  s.B, s.T, s.Hq, s.Hkv, s.D, true, loads, scratch.get(), nullptr);
@@ -106,10 +123,11 @@ void expect_backward_matches(const Problem& p, Layout layout, double norm_rel = 
     std::vector<float> all(dq);
     all.insert(all.end(), dk.begin(), dk.end());
     all.insert(all.end(), dv.begin(), dv.end());
-    if (first.empty())
+    if (first.empty()) {
       first = all;
-    else
+    } else if (loads != kc::FlashLoads::kHopper) {  // the Hopper kernels: another accumulation order on a GPU
       EXPECT_EQ(0, std::memcmp(first.data(), all.data(), all.size() * sizeof(float))) << "dq/dk/dv bits";
+    }
   }
 }
 
@@ -172,31 +190,57 @@ TEST(CudaAttention, ForwardAndBackwardAreDeterministic) {
     DeviceBuffer<bf16> out(s.rows() * s.qd()), dout(to_bf16(p.dout));
     DeviceBuffer<float> lse(s.lse_size());
     DeviceBuffer<float> scratch(kc::flash_attention_backward_scratch_floats(s.B, s.T, s.Hq, s.D));
-    std::vector<bf16> first_out, first_dqkv;
-    std::vector<float> first_lse;
-    for (int run = 0; run < 2; ++run) {
-      out.poison();
-      lse.poison();
-      d.dqb->poison();
-      kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
-                                  nullptr);
-      kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv,
-                                   s.B, s.T, s.Hq, s.Hkv, s.D, scratch.get(), nullptr);
-      std::vector<bf16> o = out.download(), g = d.dqb->download();
-      std::vector<float> l = lse.download();
-      const size_t unwritten = std::count_if(g.begin(), g.end(), [](bf16 x) { return std::isnan(__bfloat162float(x)); });
-      EXPECT_EQ(unwritten, 0u) << "elements of dq/dk/dv not written (run " << run << ")";
-      if (run == 0) {
-        first_out = std::move(o);
-        first_dqkv = std::move(g);
-        first_lse = std::move(l);
-      } else {
-        EXPECT_EQ(0, std::memcmp(o.data(), first_out.data(), o.size() * sizeof(bf16))) << "out differs";
-        EXPECT_EQ(0, std::memcmp(l.data(), first_lse.data(), l.size() * sizeof(float))) << "lse differs";
-        EXPECT_EQ(0, std::memcmp(g.data(), first_dqkv.data(), g.size() * sizeof(bf16))) << "dq/dk/dv differ";
+    for (const kc::FlashLoads loads : {kc::FlashLoads::kAsync, kc::FlashLoads::kHopper}) {
+      if (loads == kc::FlashLoads::kHopper && !kc::flash_hopper_available(s.D)) continue;
+      SCOPED_TRACE(loads == kc::FlashLoads::kHopper ? "Hopper (wgmma)" : "default");
+      std::vector<bf16> first_out, first_dqkv;
+      std::vector<float> first_lse;
+      for (int run = 0; run < 2; ++run) {
+        out.poison();
+        lse.poison();
+        d.dqb->poison();
+        kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
+                                    true, loads, nullptr);
+        kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v,
+                                     d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D, true, loads, scratch.get(), nullptr);
+        std::vector<bf16> o = out.download(), g = d.dqb->download();
+        std::vector<float> l = lse.download();
+        const size_t unwritten =
+            std::count_if(g.begin(), g.end(), [](bf16 x) { return std::isnan(__bfloat162float(x)); });
+        EXPECT_EQ(unwritten, 0u) << "elements of dq/dk/dv not written (run " << run << ")";
+        if (run == 0) {
+          first_out = std::move(o);
+          first_dqkv = std::move(g);
+          first_lse = std::move(l);
+        } else {
+          EXPECT_EQ(0, std::memcmp(o.data(), first_out.data(), o.size() * sizeof(bf16))) << "out differs";
+          EXPECT_EQ(0, std::memcmp(l.data(), first_lse.data(), l.size() * sizeof(float))) << "lse differs";
+          EXPECT_EQ(0, std::memcmp(g.data(), first_dqkv.data(), g.size() * sizeof(bf16))) << "dq/dk/dv differ";
+        }
       }
     }
   }
+}
+
+// The Hopper kernels are there exactly when the build has sm_90a code
+// (KVS_CUDA_SM90A) and the GPU is compute capability 9.0, for head_dim 64 and
+// 128: a GPU run that silently fell back to the mma.sync kernels would
+// otherwise go unnoticed (Forward/BackwardMatchesCpu check them wherever they are there).
+TEST(CudaAttention, HopperKernelsAreThereOnAn90aBuildAndA90Gpu) {
+  KVS_REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+#ifdef KVS_CUDA_SM90A
+  const bool want = major == 9 && minor == 0;
+#else
+  const bool want = false;
+#endif
+  EXPECT_EQ(kc::flash_hopper_available(64), want) << "compute capability " << major << "." << minor;
+  EXPECT_EQ(kc::flash_hopper_available(128), want) << "compute capability " << major << "." << minor;
+  EXPECT_FALSE(kc::flash_hopper_available(32));
+  EXPECT_FALSE(kc::flash_hopper_available(16));
 }
 
 TEST(CudaAttention, RejectsUnsupportedArguments) {

@@ -1,0 +1,258 @@
+// Causal flash attention, backward, for Hopper (sm_90a): flash_attention_bwd.cu's
+// two kernels (dK/dV per key tile, dQ per query tile; no atomics, so the
+// gradients are bit-identical run to run) with every product on the
+// warpgroup MMA (wgmma.cuh), their elementwise steps shared through
+// flash_attention_common.cuh (bwd_p_transposed, bwd_ds_transposed, bwd_ds).
+// One block = one warpgroup: its 4 warps own 16 rows each (keys in dkdv,
+// queries in dq), as in the mma.sync kernels, so every register layout and
+// elementwise step is theirs. Tiles of 64 rows in wgmma's 128-byte-swizzled
+// layout (wgmma.cuh), by cp.async, the streamed operand double-buffered.
+//   dkdv: S^T = K Q^T and dP^T = V dO^T (both operands from shared memory,
+//         K-major), then dV += P^T dO and dK += dS^T Q (P^T, dS^T from
+//         registers, dO and Q "trans-b"); steps of 64 queries over the
+//         group's query heads; 96 KB of tiles at D = 128.
+//   dq:   S = Q K^T and dP = dO V^T, then dQ += dS K (K "trans-b"); key tiles
+//         of 64 up to the diagonal; 96 KB of tiles at D = 128.
+// flash_attention_backward takes it for FlashLoads::kHopper when
+// flash_hopper_available(D) (sm_90a build, compute capability 9.0, D = 64 or
+// 128).
+#include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/flash_attention_sm90.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace kvs::cuda {
+namespace flash {
+
+template <int D>
+constexpr size_t sm90_dkdv_smem_bytes() {  // K, V, 2 x (Q, dO); 2 x (lse, delta) of 64 rows; alignment slack
+  return 6 * kSm90Rows * D * sizeof(bf16) + 4 * kSm90Rows * sizeof(float) + 1024;
+}
+template <int D>
+constexpr size_t sm90_dq_smem_bytes() {  // Q, dO, 2 x (K, V); alignment slack
+  return 6 * kSm90Rows * D * sizeof(bf16) + 1024;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
+                                                             const bf16* __restrict__ dout,
+                                                             const float* __restrict__ lse,
+                                                             const float* __restrict__ delta,
+                                                             const bf16* __restrict__ q, int ld_q,
+                                                             const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                             int ld_kv, int T, int Hq, int G, float scale,
+                                                             float scale_log2, bool causal) {
+  constexpr int BKV = kSm90Rows, BQ = kSm90Rows, TILE = kSm90Rows * D;
+  constexpr int ND = D / 8, NQ = BQ / 8;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  bf16* sK = sm90_tiles(smem_raw);
+  bf16* sV = sK + TILE;
+  bf16* sQ_stages = sV + TILE;                 // 2 x [64][D]
+  bf16* sdO_stages = sQ_stages + 2 * TILE;     // 2 x [64][D]
+  float* sLse_stages = reinterpret_cast<float*>(sdO_stages + 2 * TILE);  // 2 x 64: lse * log2(e); +inf past T
+  float* sDelta_stages = sLse_stages + 2 * BQ;                           // 2 x 64
+
+  const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int k0 = kb * BKV;
+  const int wkey = warp * 16;
+  const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
+
+  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal);
+  const int steps = qs.steps;
+  const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  load_tile_swizzled<D>(sK, k + kv_off, ld_kv, k0, T);
+  load_tile_swizzled<D>(sV, v + kv_off, ld_kv, k0, T);
+  load_tile_swizzled<D>(sQ_stages, qs.q_head(0), ld_q, qs.q_first, T);
+  load_tile_swizzled<D>(sdO_stages, qs.do_head(0), qs.ld_o, qs.q_first, T);
+  cp_async_commit();
+  if (threadIdx.x < BQ) {
+    sLse_stages[threadIdx.x] = qs.lse2_of(0, threadIdx.x);
+    sDelta_stages[threadIdx.x] = qs.delta_of(0, threadIdx.x);
+  }
+
+  float dk_acc[ND][4], dv_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    const bf16* sQ = sQ_stages + stage * TILE;
+    const bf16* sdO = sdO_stages + stage * TILE;
+    const float* sLse = sLse_stages + stage * BQ;
+    const float* sDelta = sDelta_stages + stage * BQ;
+    const int q0 = qs.q0(step);
+    float next_lse = 0.f, next_delta = 0.f;
+    __syncthreads();  // everyone is done with the previous step (the other stage)
+    if (step + 1 < steps) {  // the next step into the other stage while this one computes
+      const int nq0 = qs.q0(step + 1);
+      load_tile_swizzled<D>(sQ_stages + (stage ^ 1) * TILE, qs.q_head((step + 1) / qs.q_tiles), ld_q, nq0, T);
+      load_tile_swizzled<D>(sdO_stages + (stage ^ 1) * TILE, qs.do_head((step + 1) / qs.q_tiles), qs.ld_o, nq0, T);
+      if (threadIdx.x < BQ) {
+        next_lse = qs.lse2_of(step + 1, threadIdx.x);
+        next_delta = qs.delta_of(step + 1, threadIdx.x);
+      }
+    }
+    cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each, one group.
+    float st[NQ][4], dpt[NQ][4];
+    wgmma_fence();
+    wgmma_rows_by_rows<D>(st, sK, sQ);
+    wgmma_rows_by_rows<D>(dpt, sV, sdO);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+    bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
+    bwd_ds_transposed<NQ>(dpt, st, sDelta, c);
+
+    // dV += P^T dO and dK += dS^T Q (k = queries: dO's and Q's rows); scale on dK at the end.
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      a_from_c(pa[kk], st[2 * kk], st[2 * kk + 1]);
+      a_from_c(da[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+    }
+    wgmma_fence();
+    wgmma_regs_by_rows<D>(dv_acc, pa, sdO);
+    wgmma_regs_by_rows<D>(dk_acc, da, sQ);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dv_acc);
+    reg_fence(dk_acc);
+
+    // The next step's lse and delta into the other stage: its last reader was
+    // the previous step, done before this step's first __syncthreads.
+    if (step + 1 < steps && threadIdx.x < BQ) {
+      sLse_stages[(stage ^ 1) * BQ + threadIdx.x] = next_lse;
+      sDelta_stages[(stage ^ 1) * BQ + threadIdx.x] = next_delta;
+    }
+  }
+  cp_async_wait<0>();  // the last (empty) group
+
+  store_rows<ND>(dk + kv_off, ld_kv, dk_acc, scale, scale, k0 + wkey, T, g, c);
+  store_rows<ND>(dv + kv_off, ld_kv, dv_acc, 1.f, 1.f, k0 + wkey, T, g, c);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                                                           const float* __restrict__ lse,
+                                                           const float* __restrict__ delta,
+                                                           const bf16* __restrict__ q, int ld_q,
+                                                           const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                           int ld_kv, int T, int Hq, int G, float scale,
+                                                           float scale_log2, bool causal) {
+  constexpr int BQ = kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
+  constexpr int ND = D / 8, NK = BK / 8;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  bf16* sQ = sm90_tiles(smem_raw);
+  bf16* sdO = sQ + TILE;
+  bf16* sKV_stages = sdO + TILE;  // per stage: K [64][D], then V [64][D]
+
+  const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int q0 = qb * BQ, wrow = warp * 16;
+  const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+
+  const size_t ld_o = static_cast<size_t>(Hq) * D;
+  const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  const bf16* doh = dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(h) * D;
+  const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  const bf16* kh = k + kv_off;
+  const bf16* vh = v + kv_off;
+  load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
+  load_tile_swizzled<D>(sdO, doh, ld_o, q0, T);
+  load_tile_swizzled<D>(sKV_stages, kh, ld_kv, 0, T);
+  load_tile_swizzled<D>(sKV_stages + TILE, vh, ld_kv, 0, T);
+  cp_async_commit();
+
+  float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
+  bwd_row_stats(lse2, dlt, lse, delta, b, h, Hq, T, row);
+
+  float dq_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
+
+  const int n_tiles = ((causal ? min(T, q0 + BQ) : T) + BK - 1) / BK;
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK, stage = kt & 1;
+    const bf16* sK = sKV_stages + stage * 2 * TILE;
+    const bf16* sV = sK + TILE;
+    __syncthreads();  // everyone is done with key tile kt - 1 (the other stage)
+    if (kt + 1 < n_tiles) {
+      bf16* nK = sKV_stages + (stage ^ 1) * 2 * TILE;
+      load_tile_swizzled<D>(nK, kh, ld_kv, k0 + BK, T);
+      load_tile_swizzled<D>(nK + TILE, vh, ld_kv, k0 + BK, T);
+    }
+    cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    // S = Q K^T and dP = dO V^T: 64 rows x 64 keys each, one group.
+    float s[NK][4], dp[NK][4];
+    wgmma_fence();
+    wgmma_rows_by_rows<D>(s, sQ, sK);
+    wgmma_rows_by_rows<D>(dp, sdO, sV);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+    reg_fence(dp);
+
+    bwd_ds<NK>(s, dp, lse2, dlt, row, k0, q0 + wrow, c, causal, T, scale_log2);
+
+    // dQ += dS K (k = keys: K's rows); scale at the end.
+    uint32_t dsa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) a_from_c(dsa[kk], s[2 * kk], s[2 * kk + 1]);
+    wgmma_fence();
+    wgmma_regs_by_rows<D>(dq_acc, dsa, sK);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dq_acc);
+  }
+  cp_async_wait<0>();  // the last (empty) group
+
+  bf16* dqh = dq + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
+}
+
+template <int D>
+void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
+                     const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                     bool causal, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const int G = Hq / Hkv;
+  constexpr size_t kv_smem = sm90_dkdv_smem_bytes<D>(), q_smem = sm90_dq_smem_bytes<D>();
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kv_smem)));
+  dkdv_sm90_kernel<D><<<dim3(ceil_div(T, kSm90Rows), Hkv, B), kThreads, kv_smem, stream>>>(
+      dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(q_smem)));
+  dq_sm90_kernel<D><<<dim3(ceil_div(T, kSm90Rows), Hq, B), kThreads, q_smem, stream>>>(
+      dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
+}
+
+void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
+                     const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                     int D, bool causal, cudaStream_t stream) {
+  if (D == 64)
+    launch_bwd_sm90<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+  else
+    launch_bwd_sm90<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+}
+
+}  // namespace flash
+}  // namespace kvs::cuda

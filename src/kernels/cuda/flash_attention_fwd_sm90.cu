@@ -1,0 +1,130 @@
+// Causal flash attention, forward, for Hopper (sm_90a): the same algorithm as
+// flash_attention_fwd.cu's kernel (FlashAttention-2's loop, its online
+// softmax and epilogue shared through flash_attention_common.cuh), with the
+// two products on the warpgroup MMA (wgmma.cuh) instead of mma.sync:
+//  - S = Q K^T: wgmma m64n64k16 with Q and K both read by the tensor cores
+//    from shared memory (no ldmatrix, no A/B fragments in registers);
+//  - O += P V: wgmma m64nDk16, P from the S registers as they are (bf16), V
+//    from shared memory (MN-major, "trans-b").
+// One block = one warpgroup (4 warps) and 64 query rows of one (batch, query
+// head); the warps own 16 rows each, as in the mma.sync kernel, so the
+// softmax is the same code on the same register layout. K/V tiles (64 keys)
+// travel by cp.async, double-buffered: tile kt + 1 is in flight while tile
+// kt is computed. Tiles are stored in wgmma's 128-byte-swizzled layout
+// (wgmma.cuh), written by cp.async to their swizzled addresses. Shared memory
+// at D = 128: Q 16 KB + K 2 x 16 KB + V 2 x 16 KB = 80 KB (2 blocks per SM).
+// Built for sm_90a only (KVS_CUDA_SM90A, -DKVS_CUDA_ARCHS containing 90a);
+// flash_attention_forward takes it for FlashLoads::kHopper when
+// flash_hopper_available says so, and head_dim 64 or 128.
+#include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/flash_attention_sm90.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace kvs::cuda {
+namespace flash {
+
+template <int D>
+constexpr size_t sm90_fwd_smem_bytes() {
+  return 5 * kSm90Rows * D * sizeof(bf16) + 1024;  // Q, 2 K, 2 V; + alignment slack
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                                                            const bf16* __restrict__ q, int ld_q,
+                                                            const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                            int ld_kv, int T, int Hq, int G, float scale,
+                                                            float scale_log2, bool causal) {
+  constexpr int BQ = kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
+  constexpr int ND = D / 8;   // n-blocks of O
+  constexpr int NK = BK / 8;  // n-blocks of S
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  bf16* sQ = sm90_tiles(smem_raw);
+  bf16* sK = sQ + TILE;      // 2 stages
+  bf16* sV = sK + 2 * TILE;  // 2 stages
+
+  const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int q0 = qb * BQ, wrow = warp * 16;
+
+  const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
+  const bf16* kh = k + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+  const bf16* vh = v + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
+
+  const int kv_end = causal ? min(T, q0 + BQ) : T;
+  const int n_tiles = (kv_end + BK - 1) / BK;
+  load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
+  load_tile_swizzled<D>(sK, kh, ld_kv, 0, T);
+  load_tile_swizzled<D>(sV, vh, ld_kv, 0, T);
+  cp_async_commit();
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK, st = kt & 1;
+    bf16* sKt = sK + st * TILE;
+    bf16* sVt = sV + st * TILE;
+    if (kt + 1 < n_tiles) {  // the other stage: its last readers finished at the previous tile's end barrier
+      load_tile_swizzled<D>(sK + (st ^ 1) * TILE, kh, ld_kv, k0 + BK, T);
+      load_tile_swizzled<D>(sV + (st ^ 1) * TILE, vh, ld_kv, k0 + BK, T);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group (and Q's) has landed
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();      // every thread's copies of tile kt are in
+
+    // S = Q K^T: 64 rows x 64 keys, k-steps of 16 over D.
+    float s[NK][4];
+    wgmma_fence();
+    wgmma_rows_by_rows<D>(s, sQ, sKt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+
+    softmax_tile<NK, ND>(s, o, m, l, row, k0, q0 + wrow, c, causal, T, scale_log2);
+
+    // O += P V: k-steps of 16 keys (rows 16 kk of V's tile); n runs along V's rows (trans-b).
+    uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) a_from_c(pa[kk], s[2 * kk], s[2 * kk + 1]);
+    wgmma_fence();  // o was rescaled, pa written: registers the wgmma reads
+    wgmma_regs_by_rows<D>(o, pa, sVt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(o);
+    __syncthreads();  // everyone is done with stage st before the next tile's loads overwrite it
+  }
+
+  finish_rows<ND>(out, lse, o, m, l, row, b, h, Hq, T, q0 + wrow, g, c, scale);
+}
+
+template <int D>
+void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
+                     int T, int Hq, int Hkv, bool causal, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const dim3 grid(ceil_div(T, kSm90Rows), Hq, B);
+  constexpr size_t smem = sm90_fwd_smem_bytes<D>();
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  fwd_sm90_kernel<D><<<grid, kThreads, smem, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
+                                                       scale * kLog2e, causal);
+  KVS_CUDA_LAUNCH_CHECK("flash_attention_forward (sm90)", stream);
+}
+
+void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
+                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
+  if (D == 64)
+    launch_fwd_sm90<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+  else
+    launch_fwd_sm90<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+}
+
+}  // namespace flash
+}  // namespace kvs::cuda

@@ -147,6 +147,14 @@ inline CpAsync g_cp[1024][kMaxCpAsync];
 inline int g_cp_n[1024];
 inline long g_cp_commits[1024];
 inline bool g_cp_async_eager = false;
+// The proxies (sm_90): cp.async writes shared memory through the generic
+// proxy, wgmma reads it through the async proxy, and the writing thread must
+// execute fence.proxy.async between the two. Each 16-byte chunk a cp.async
+// lands in is marked with its thread until that thread fences; a wgmma that
+// reads a marked chunk aborts.
+constexpr size_t kSmemChunks = (kDynBytes + kStaticBytes) / 16;
+inline int g_unfenced_by[kSmemChunks];                 // thread + 1, or 0
+inline std::vector<int> g_unfenced_list[1024];         // the chunks each thread marked
 
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: the warpgroup (4
 // warps) computes D[64][N] (+)= A[64][16] B[16][N]; warp w % 4 of it holds
@@ -158,7 +166,9 @@ inline bool g_cp_async_eager = false;
 // operands and writes D at the wgmma.wait_group that covers it (or at once in
 // the eager orders, g_cp_async_eager), so a read of D before that wait sees
 // the old values, and shared memory overwritten before it is what the
-// product reads; D or register A changed while in flight aborts.
+// product reads; D or register A changed while in flight aborts, and so
+// does a read of a chunk a cp.async wrote without its thread's
+// fence.proxy.async since (g_unfenced_by).
 
 struct Wgmma {
   float* d;
@@ -263,6 +273,8 @@ EMU_INTERNAL inline void run_block(int nthreads) {
   g_block_grp = Group{nthreads, 0, 0, 0, nthreads - 1};
   for (int w = 0; w < nthreads / 32; ++w) g_warp_grp[w] = Group{32, 0, 0, 32 * w, 32 * w + 31};
   std::memset(g_smem.data(), 0xFF, g_smem.size());  // NaN poison
+  std::fill(g_unfenced_by, g_unfenced_by + kSmemChunks, 0);
+  for (int i = 0; i < nthreads; ++i) g_unfenced_list[i].clear();
   g_sites.clear();
   g_static_off = kDynBytes;
   for (int i = 0; i < nthreads; ++i) {
@@ -466,10 +478,13 @@ __attribute__((always_inline)) inline void cp_async_source_read(const void* src,
   const volatile unsigned char* p = static_cast<const volatile unsigned char*>(src);
   for (int i = 0; i < n; ++i) (void)p[i];
 }
-EMU_INTERNAL inline void cp_async_land(CpAsync& cp) {
+EMU_INTERNAL inline void cp_async_land(CpAsync& cp, int tid) {
   std::memset(cp.dst, 0, 16);
   std::memcpy(cp.dst, cp.src, (size_t)cp.src_bytes);
   cp.landed = true;
+  const size_t chunk = (size_t)(cp.dst - g_smem.data()) / 16;
+  g_unfenced_by[chunk] = tid + 1;
+  g_unfenced_list[tid].push_back((int)chunk);
 }
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes.
 EMU_INTERNAL inline void cp_async(void* dst, const void* src, int src_bytes) {
@@ -486,7 +501,7 @@ EMU_INTERNAL inline void cp_async(void* dst, const void* src, int src_bytes) {
   CpAsync& cp = g_cp[tid][g_cp_n[tid]++];
   cp = CpAsync{static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), src_bytes,
                g_cp_commits[tid], false};
-  if (g_cp_async_eager) cp_async_land(cp);
+  if (g_cp_async_eager) cp_async_land(cp, tid);
 }
 // cp.async.commit_group: the copies issued since the last commit form a group.
 EMU_INTERNAL inline void cp_async_commit() { ++g_cp_commits[g_fibers[g_cur].tid]; }
@@ -497,7 +512,7 @@ EMU_INTERNAL inline void cp_async_wait(int n) {
   for (int i = 0; i < g_cp_n[tid]; ++i) {
     CpAsync& cp = g_cp[tid][i];
     if (cp.group < g_cp_commits[tid] - n) {
-      if (!cp.landed) cp_async_land(cp);
+      if (!cp.landed) cp_async_land(cp, tid);
     } else {
       g_cp[tid][kept++] = cp;
     }
@@ -550,6 +565,12 @@ EMU_INTERNAL inline size_t gmma_offset(uint64_t desc, int mn, int k, bool mn_maj
   return off;
 }
 EMU_INTERNAL inline float smem_bf16(size_t off) {
+  if (const int by = g_unfenced_by[off / 16]) {
+    fprintf(stderr,
+            "emu: wgmma reads shared offset %zu, which thread %d wrote by cp.async without fence.proxy.async since\n",
+            off, by - 1);
+    abort();
+  }
   uint16_t h;
   std::memcpy(&h, g_smem.data() + off, 2);
   return bf(h);
@@ -630,7 +651,12 @@ EMU_INTERNAL inline void wgmma(float (*d)[4], int n, const uint32_t (&a)[4], uin
   wgmma(&d[0][0], n, a, 0, b, scale_d, trans_b);
 }
 EMU_INTERNAL inline void wgmma_fence() {}
-EMU_INTERNAL inline void fence_proxy_async() {}
+EMU_INTERNAL inline void fence_proxy_async() {
+  const int tid = g_fibers[g_cur].tid;
+  for (int chunk : g_unfenced_list[tid])
+    if (g_unfenced_by[chunk] == tid + 1) g_unfenced_by[chunk] = 0;
+  g_unfenced_list[tid].clear();
+}
 EMU_INTERNAL inline void wgmma_commit() { ++g_wg_commits[g_fibers[g_cur].tid]; }
 // wgmma.wait_group n: every committed group but the n most recent has completed.
 EMU_INTERNAL inline void wgmma_wait(int n) {

@@ -1,5 +1,5 @@
 // Hopper's warpgroup MMA (PTX wgmma, sm_90a): the wrappers the Hopper flash
-// attention forward (flash_attention_fwd_sm90.cu) issues, and the shared
+// attention kernels (flash_attention_{fwd,bwd}_sm90.cu) issue, and the shared
 // memory descriptors they read their tiles through. The inline PTX here and
 // in flash_attention_common.cuh is all there is in the kernels:
 // tests/simt/gen.py maps each wrapper's instruction to the SIMT emulator's
@@ -38,6 +38,9 @@
 //   MN-major operand (n runs along the row: V for O += P V, trans-b): SBO =
 //     1024 (the next 8 k rows), LBO = the column block's size in bytes (the
 //     next 64 n); k-step kk starts at row 16 kk.
+// Shared memory written by cp.async (the generic proxy) needs
+// fence_proxy_async in each writing thread, then a barrier, before a wgmma
+// (the async proxy) reads it.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -55,6 +55,7 @@ add_library(kvs_cuda_host OBJECT
   ${CMAKE_SOURCE_DIR}/src/dist/nccl_comm.cpp
   ${CMAKE_SOURCE_DIR}/src/dist/gpu_device.cpp
   ${CMAKE_SOURCE_DIR}/src/kernels/cuda/attention_backend.cpp
+  ${CMAKE_SOURCE_DIR}/src/kernels/cuda/flash_hopper_check.cpp
   ${CMAKE_SOURCE_DIR}/src/kernels/cuda/kernel_profile.cpp)
 target_include_directories(kvs_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests/cuda_host/shim
                            ${CMAKE_SOURCE_DIR}/tests/simt ${KVS_HOST_GEN_DIR})

@@ -65,6 +65,13 @@ class FlashAttentionBackend final : public AttentionBackend {
   FlashLoads loads_;
 };
 
+// The Hopper kernels (FlashLoads::kHopper) against the default ones on one
+// small GQA problem (forward out and lse, backward dQ, dK, dV), where
+// flash_hopper_available(D): a GPU on which they compute something else fails
+// here, in one line naming the output, instead of training on it. The
+// "flash-hopper" backend runs it when it is made.
+void check_flash_hopper(int D);
+
 // True when this binary was built with cuDNN (-DKVS_CUDNN).
 bool cudnn_available();
 // The cuDNN version this binary was compiled against, the one loaded at run

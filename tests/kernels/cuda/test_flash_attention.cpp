@@ -41,6 +41,7 @@
 #include "cuda_attention_problem.h"
 #include "cuda_test_util.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention_backend.h"
 #include "kernels/cuda/ops.h"
 
 namespace {
@@ -241,6 +242,8 @@ TEST(CudaAttention, HopperKernelsAreThereOnAn90aBuildAndA90Gpu) {
   EXPECT_EQ(kc::flash_hopper_available(128), want) << "compute capability " << major << "." << minor;
   EXPECT_FALSE(kc::flash_hopper_available(32));
   EXPECT_FALSE(kc::flash_hopper_available(16));
+  // The "flash-hopper" backend's self-check passes where they are there (and does nothing elsewhere).
+  for (const int D : {16, 64, 128}) EXPECT_NO_THROW(kc::check_flash_hopper(D)) << "head_dim " << D;
 }
 
 TEST(CudaAttention, RejectsUnsupportedArguments) {

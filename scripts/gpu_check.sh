@@ -9,11 +9,12 @@
 #                      build cuda sanitize bench attention launch dp pp hf ctest
 #                      (default: all). A lent machine gives one command at most
 #                      10 minutes and a session 15 minutes in all (its start
-#                      included), so run it in two pieces on one warm machine:
-#                        --only build,cuda,bench,attention   then   --only sanitize,launch,dp,pp,hf
+#                      included), so run it in three pieces on one warm machine:
+#                        --only build,cuda,attention   then   --only bench,launch,dp,pp
+#                        then   --only sanitize,hf
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
-#                      (30 s idle: start the second call at once).
+#                      (30 s idle: start the next call at once).
 # KVS_CHECK_BUDGET (default 560 s): the whole call's deadline; every section is cut to it.
 # KVS_CHECK_BUILD, KVS_CHECK_DEVICE, KVS_CHECK_STEPS: the host rehearsal's settings (below).
 # Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to

@@ -203,7 +203,11 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
       if (cos) store_bf16<V>(dxr + half + j, a2);
       if (partial) {
         const bf16* hx = halo ? halo + col + j : nullptr;
-        for (int w = 0; w <= W; ++w) {
+        // Unrolled to the largest window so that acc is indexed by constants
+        // (a run-time index would move it to local memory).
+#pragma unroll
+        for (int w = 0; w <= kMaxDcoefWindow; ++w) {
+          if (w > W) break;
           float x1[V], x2[V];
           load_raw<V>(x1, x + col + j, ld_x, seq, t - W + w, T, hx, ld_halo, W);
           float p = 0.0f;
@@ -214,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
 #pragma unroll
             for (int k = 0; k < V; ++k) p += s2[k] * x2[k];
           }
-          acc[w] += p;  // w <= W <= kMaxDcoefWindow
+          acc[w] += p;
         }
       }
     }

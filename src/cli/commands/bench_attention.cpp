@@ -161,6 +161,37 @@ BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps) {
   return {median(f), median(b), median(c)};
 }
 
+struct NamedBackend {
+  const char* name;
+  cuda::AttentionBackend& backend;
+};
+
+// Two of our kernel paths at the same shapes in the same run, one row per
+// sequence length: each one's fwd/bwd ms and TF/s, then how much faster the
+// first is (the second's time over the first's, fwd and bwd). Rows read "n/a"
+// where the first path is not available.
+void compare_flash_paths(const char* title, NamedBackend first, NamedBackend second, const char* ratio_label, int B,
+                         int Hq, int Hkv, int D, const std::vector<int>& seq_lens, int reps, bool available = true) {
+  std::printf("\n%s\n", title);
+  const std::string f = first.name, s = second.name;
+  std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", (f + " fwd").c_str(), "TF/s",
+              (f + " bwd").c_str(), "TF/s", (s + " fwd").c_str(), "TF/s", (s + " bwd").c_str(), "TF/s", ratio_label);
+  for (int T : seq_lens) {
+    if (!available) {
+      std::printf("%8d | %9s %9s %9s %9s | %9s %9s %9s %9s | n/a\n", T, "n/a", "", "", "", "n/a", "", "", "");
+      continue;
+    }
+    const AttnTiming a = time_attention(first.backend, B, T, Hq, Hkv, D, reps);
+    const AttnTiming b = time_attention(second.backend, B, T, Hq, Hkv, D, reps);
+    const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
+    std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f %9.3f %9.1f | %.2f %.2f\n", T, a.fwd_ms,
+                fwd_flops / (a.fwd_ms * 1e9), a.bwd_ms, 2.5 * fwd_flops / (a.bwd_ms * 1e9), b.fwd_ms,
+                fwd_flops / (b.fwd_ms * 1e9), b.bwd_ms, 2.5 * fwd_flops / (b.bwd_ms * 1e9), b.fwd_ms / a.fwd_ms,
+                b.bwd_ms / a.bwd_ms);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 #endif
 
@@ -229,43 +260,17 @@ void add_bench_attention(CLI::App& app) {
     // Our kernels' two tile-load paths (kernels/cuda/ops.h FlashLoads), the
     // same shapes in the same run: the default (cp.async overlapped with the
     // math, ldmatrix fragments) against the first version (through registers).
-    std::printf("\nour flash attention, tile loads: cp.async + ldmatrix (default) vs through registers (sync):\n");
-    std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "async fwd", "TF/s", "async bwd", "TF/s",
-                "sync fwd", "TF/s", "sync bwd", "TF/s", "async/sync speed fwd, bwd");
     cuda::FlashAttentionBackend flash_sync(cuda::FlashLoads::kSync);
-    for (int T : a->seq_lens) {
-      const AttnTiming fa = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
-      const AttnTiming fs = time_attention(flash_sync, B, T, Hq, Hkv, D, a->reps);
-      const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
-      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f %9.3f %9.1f | %.2f %.2f\n", T, fa.fwd_ms,
-                  fwd_flops / (fa.fwd_ms * 1e9), fa.bwd_ms, 2.5 * fwd_flops / (fa.bwd_ms * 1e9), fs.fwd_ms,
-                  fwd_flops / (fs.fwd_ms * 1e9), fs.bwd_ms, 2.5 * fwd_flops / (fs.bwd_ms * 1e9), fs.fwd_ms / fa.fwd_ms,
-                  fs.bwd_ms / fa.bwd_ms);
-      std::fflush(stdout);
-    }
-
+    compare_flash_paths("our flash attention, tile loads: cp.async + ldmatrix (default) vs through registers (sync):",
+                        {"async", flash}, {"sync", flash_sync}, "async/sync speed fwd, bwd", B, Hq, Hkv, D,
+                        a->seq_lens, a->reps);
     // The Hopper kernels (wgmma, FlashLoads::kHopper) against the default
     // ones (mma.sync), forward and backward, same shapes, same run.
-    std::printf("\nour flash attention: Hopper kernels (wgmma) vs mma.sync (cp.async + ldmatrix, the default):\n");
-    std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "wgmma fwd", "TF/s", "wgmma bwd", "TF/s",
-                "mma fwd", "TF/s", "mma bwd", "TF/s", "wgmma/mma.sync speed fwd, bwd");
-    const bool hopper = cuda::flash_hopper_available(D);
     cuda::FlashAttentionBackend flash_hopper(cuda::FlashLoads::kHopper);
-    for (int T : a->seq_lens) {
-      if (!hopper) {
-        std::printf("%8d | %9s %9s %9s %9s | %9s %9s %9s %9s | n/a\n", T, "n/a", "", "", "", "n/a", "", "", "");
-        continue;
-      }
-      const AttnTiming fh = time_attention(flash_hopper, B, T, Hq, Hkv, D, a->reps);
-      const AttnTiming fa = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
-      const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
-      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f %9.3f %9.1f | %.2f %.2f\n", T, fh.fwd_ms,
-                  fwd_flops / (fh.fwd_ms * 1e9), fh.bwd_ms, 2.5 * fwd_flops / (fh.bwd_ms * 1e9), fa.fwd_ms,
-                  fwd_flops / (fa.fwd_ms * 1e9), fa.bwd_ms, 2.5 * fwd_flops / (fa.bwd_ms * 1e9), fa.fwd_ms / fh.fwd_ms,
-                  fa.bwd_ms / fh.bwd_ms);
-      std::fflush(stdout);
-    }
-    if (!hopper)
+    compare_flash_paths("our flash attention: Hopper kernels (wgmma) vs mma.sync (cp.async + ldmatrix, the default):",
+                        {"wgmma", flash_hopper}, {"mma", flash}, "wgmma/mma.sync speed fwd, bwd", B, Hq, Hkv, D,
+                        a->seq_lens, a->reps, cuda::flash_hopper_available(D));
+    if (!cuda::flash_hopper_available(D))
       std::printf("n/a: the Hopper kernels need a build with KVS_CUDA_ARCHS containing 90a, a compute capability "
                   "9.0 GPU and head_dim 64 or 128\n");
 

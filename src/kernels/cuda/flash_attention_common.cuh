@@ -374,25 +374,21 @@ __device__ __forceinline__ void bwd_row_stats(float (&lse2)[2], float (&dlt)[2],
 struct BwdKvSteps {
   const bf16 *q, *dout;
   const float *lse, *delta;
-  int ld_q, T, Hq, G, b, hk, BQ, q_first, q_tiles, steps;
+  int ld_q, T, Hq, G, D, b, hk, BQ, q_first, q_tiles, steps;
   size_t ld_o;  // dO is contiguous [B, T, Hq, D]
 
   __device__ BwdKvSteps(const bf16* q_, int ld_q_, const bf16* dout_, const float* lse_, const float* delta_, int T_,
-                        int Hq_, int G_, int D, int b_, int hk_, int k0, int BQ_, bool causal)
-      : q(q_), dout(dout_), lse(lse_), delta(delta_), ld_q(ld_q_), T(T_), Hq(Hq_), G(G_), b(b_), hk(hk_), BQ(BQ_) {
-    ld_o = static_cast<size_t>(Hq) * D;
-    q_first = causal ? k0 : 0;
-    q_tiles = (T - q_first + BQ - 1) / BQ;
-    steps = G * q_tiles;
-    d_ = D;
-  }
+                        int Hq_, int G_, int D_, int b_, int hk_, int k0, int BQ_, bool causal)
+      : q(q_), dout(dout_), lse(lse_), delta(delta_), ld_q(ld_q_), T(T_), Hq(Hq_), G(G_), D(D_), b(b_), hk(hk_),
+        BQ(BQ_), q_first(causal ? k0 : 0), q_tiles((T_ - q_first + BQ_ - 1) / BQ_), steps(G_ * q_tiles),
+        ld_o(static_cast<size_t>(Hq_) * D_) {}
   __device__ int q0(int step) const { return q_first + (step % q_tiles) * BQ; }
   // Column 0 of query head gi of the group in Q and in dO, row 0 of sequence b.
   __device__ const bf16* q_head(int gi) const {
-    return q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(hk * G + gi) * d_;
+    return q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(hk * G + gi) * D;
   }
   __device__ const bf16* do_head(int gi) const {
-    return dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(hk * G + gi) * d_;
+    return dout + static_cast<size_t>(b) * T * ld_o + static_cast<size_t>(hk * G + gi) * D;
   }
   // lse * log2(e) and delta of row i < BQ of a step (+inf and 0 past T).
   __device__ float lse2_of(int step, int i) const {
@@ -403,9 +399,6 @@ struct BwdKvSteps {
     const int t = q0(step) + i;
     return t < T ? stats(delta, step / q_tiles)[t] : 0.f;
   }
-
- private:
-  int d_;
   __device__ const float* stats(const float* x, int gi) const {
     return x + (static_cast<size_t>(b) * Hq + hk * G + gi) * T;
   }

@@ -257,6 +257,14 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
     if (w.v_shift)
       cpu::kv_shift_backward(s.dv + rk, dcv, s.dvhat + rk, a.v + rk, vc, sg.B, sg.T, Hkv, D, W, sg.shift_doc,
                              sg.v_halo, dhv ? dhv + hk : nullptr);
+    if (const auto& st = c.shift_terms; st.sq) {  // tests only: the stored coefficients are the effective ones
+      KVS_CHECK(!gated && !c.cp, "shift term squares: the \"free\" or \"clamp01\" shift, without context parallelism");
+      if (w.q_shift) cpu::kv_shift_term_squares(st.at(g.q_shift), dq_raw + rq, a.qraw + rq, sg.B, sg.T, Hq, D, W, sg.shift_doc);
+      if (w.k_shift)
+        cpu::kv_shift_term_squares(st.at(g.k_shift), (c.rope ? s.dks : s.dkhat) + rk, a.k + rk, sg.B, sg.T, Hkv, D, W,
+                                   sg.shift_doc);
+      if (w.v_shift) cpu::kv_shift_term_squares(st.at(g.v_shift), s.dvhat + rk, a.v + rk, sg.B, sg.T, Hkv, D, W, sg.shift_doc);
+    }
   }
   if (w.q_shift) dq_raw = s.dqs;
   if (dhq) c.cp->halo_backward(dhq, s.dqs, QD, *c.cp_layout);

@@ -77,6 +77,14 @@ struct BlockContext {
   // halo from the ring group and attention is the ring's.
   ContextParallelAttention* cp = nullptr;
   const CpLayout* cp_layout = nullptr;
+  // Test instrumentation (CpuEngine::collect_shift_term_squares): when sq is
+  // set, the backward adds the squares of each shift coefficient gradient's
+  // terms (cpu::kv_shift_term_squares) at sq + (that gradient - grads).
+  struct ShiftTermSquares {
+    const float* grads = nullptr;
+    double* sq = nullptr;
+    double* at(const float* grad) const { return sq + (grad - grads); }
+  } shift_terms;
 };
 
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c);

@@ -263,7 +263,14 @@ BlockContext CpuEngine::block_context(int B, int T) {
     c.sp_full = acts() + plan_.sp_full;
     c.sp_full2 = acts() + plan_.sp_full2;
   }
+  if (shift_term_squares_) c.shift_terms = {grads_.data(), shift_term_squares_->data()};
   return c;
+}
+
+void CpuEngine::collect_shift_term_squares(std::vector<double>* sq) {
+  KVS_CHECK(!sq || sq->size() == layout_.total, "collect_shift_term_squares: {} entries for {} parameters",
+            sq ? sq->size() : 0, layout_.total);
+  shift_term_squares_ = sq;
 }
 
 void CpuEngine::forward_layer(int l, int B, int T) {

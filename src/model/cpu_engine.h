@@ -119,6 +119,11 @@ class CpuEngine : public Engine {
   void keep_optimizer_range(size_t begin, size_t end) override;
 
   size_t activation_floats() const { return plan_.total; }  // per slot
+  // Test instrumentation: while set, every backward also adds to (*sq)[i],
+  // for each shift coefficient i, the sum of its gradient's terms' squares
+  // (cpu::kv_shift_term_squares; "free"/"clamp01" shifts, no context
+  // parallelism). sq has layout().total entries; null stops it.
+  void collect_shift_term_squares(std::vector<double>* sq);
 
  private:
   // A run of consecutive held layers [first, last] (local indices) and what
@@ -183,6 +188,7 @@ class CpuEngine : public Engine {
   std::vector<int32_t> argmax_;
   std::vector<double> norm_partials_, ce_scratch_;
   ModelView P_, G_;
+  std::vector<double>* shift_term_squares_ = nullptr;
 };
 
 }  // namespace kvs

@@ -51,7 +51,8 @@ TEST(CudaEngine, TestConfigurationsAreValid) {
 // Through a few layers that gives about 0.5-1% relative error per tensor; 3%
 // on the relative L2 error of each gradient tensor and 1% on the loss catch
 // any real mistake (a wrong index or a missing term is O(1)). A tensor whose
-// batch rows' gradients cancel is measured against the rows' contributions
+// batch rows' gradients cancel is measured against the rows' contributions,
+// and a shift coefficient's also against its terms' root-sum-square
 // (gradient_error_scales): on the host build at B = 3, layer 1's v_shift of
 // shift_gqa_tied_d32 is 9.5% of its cancelled sum and 0.6% of those.
 TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {

@@ -119,4 +119,33 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
   }
 }
 
+// sq[h,w] += sum_{b,t,d} (dout[b,t,h,d] x[b,t-W+w,h,d])^2: the squares of the
+// terms kv_shift_backward sums into dcoef[h,w], over the same terms. A
+// coefficient's gradient is one sum over every token and channel whose terms
+// mostly cancel; sqrt(sq) is the size rounding errors in those terms are
+// relative to (tests/model/engine_variants.h measures the CUDA engine's
+// coefficient gradients against it).
+template <class T>
+void kv_shift_term_squares(double* sq, const T* dout, const T* in, int B, int Tn, int H, int D, int W,
+                           const int32_t* doc_start = nullptr, const T* halo = nullptr) {
+  static_assert(detail::kSupported<T>);
+  const size_t row = (size_t)H * D;
+  const int first = halo ? -W : 0;
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < H; ++h) {
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tn; ++t) {
+        const T* g = dout + ((size_t)b * Tn + t) * row + (size_t)h * D;
+        const int lo = doc_start ? std::max(first, (int)doc_start[(size_t)b * Tn + t]) : first;
+        for (int w = std::max(0, W - t + lo); w <= W; ++w) {
+          const T* x = detail::shift_row(in, halo, b, t - W + w, Tn, W, row) + (size_t)h * D;
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += ((double)g[d] * x[d]) * ((double)g[d] * x[d]);
+          sq[(size_t)h * (W + 1) + w] += s;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace kvs::cpu

@@ -164,6 +164,42 @@ TEST(OpsKvShift, HaloAndDocumentBackwardMatchesFiniteDifferences) {
   }
 }
 
+// kv_shift_term_squares against dcoef one term at a time: with dout zero but
+// for one element (b, t, h, d), dcoef[h, w] is that element's single term for
+// each w, so the squares summed over every element are the squares of all the
+// terms (documents and a halo drop and add terms the same way as dcoef).
+TEST(OpsKvShift, TermSquaresAreTheSquaresOfDcoefsTerms) {
+  for (int W : {1, 3}) {
+    for (bool docs : {false, true}) {
+      for (bool with_halo : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "window " << W << (docs ? " with documents" : "")
+                                        << (with_halo ? " with a halo" : ""));
+        const int B = 2, T = 6, H = 2, D = 3;
+        const size_t row = (size_t)H * D;
+        Vec x = randn((size_t)B * T * row, 1300 + W), coef = randn((size_t)H * (W + 1), 1310 + W);
+        Vec halo = randn((size_t)B * W * row, 1320 + W), R = randn(x.size(), 1330 + W);
+        const std::vector<int32_t> ds = doc_starts(B, T, W, 3);
+        const int32_t* doc = docs ? ds.data() : nullptr;
+        const double* hx = with_halo ? halo.data() : nullptr;
+        Vec want(coef.size(), 0.0), one(x.size(), 0.0);
+        for (size_t e = 0; e < x.size(); ++e) {
+          one[e] = R[e];
+          Vec dc(coef.size(), 0.0);
+          kv_shift_backward((double*)nullptr, dc.data(), one.data(), x.data(), coef.data(), B, T, H, D, W, doc, hx);
+          for (size_t i = 0; i < dc.size(); ++i) want[i] += dc[i] * dc[i];
+          one[e] = 0.0;
+        }
+        std::vector<double> got(coef.size(), 1.0);  // += : starts from 1
+        kv_shift_term_squares(got.data(), R.data(), x.data(), B, T, H, D, W, doc, hx);
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_GT(want[i], 0.0) << i;
+          EXPECT_NEAR(got[i] - 1.0, want[i], 1e-12 * (1.0 + want[i])) << i;
+        }
+      }
+    }
+  }
+}
+
 // A sequence cut in two chunks: the second chunk with the first chunk's last W
 // rows as halo gives the whole sequence's rows, and its backward gives the
 // whole sequence's gradients (dhalo = those on the first chunk's last W rows,

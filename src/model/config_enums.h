@@ -83,12 +83,14 @@ constexpr auto enum_names(Recompute) {
   return std::to_array<EnumName<E>>({{E::None, "none"}, {E::Attention, "attention"}, {E::Full, "full"}});
 }
 
-// train.attention_backend: the CUDA engine's attention kernels. FlashHopper:
-// ours on wgmma (the Hopper kernels) where the build and GPU have them.
-enum class AttentionImpl { Flash, Cudnn, FlashHopper };
+// train.attention_backend: the CUDA engine's attention kernels. Flash: ours,
+// on wgmma (the Hopper kernels) where the build and GPU have them
+// (flash_hopper_available) and their self-check passes, on mma.sync
+// elsewhere. FlashMma: ours on mma.sync everywhere. Cudnn: cuDNN's SDPA.
+enum class AttentionImpl { Flash, Cudnn, FlashMma };
 constexpr auto enum_names(AttentionImpl) {
   using E = AttentionImpl;
-  return std::to_array<EnumName<E>>({{E::Flash, "flash"}, {E::Cudnn, "cudnn"}, {E::FlashHopper, "flash-hopper"}});
+  return std::to_array<EnumName<E>>({{E::Flash, "flash"}, {E::Cudnn, "cudnn"}, {E::FlashMma, "flash-mma"}});
 }
 
 // train.stop_signal: besides SIGTERM and SIGINT, the signal that stops a run

@@ -184,7 +184,7 @@ class CudaEngine : public Engine {
   bool supports_sharded_step() const override { return true; }
   bool flat_on_device() const override { return true; }
   float* flat_params() override { return at<float>(plan_.master); }
-  float* flat_grads() override { return at<float>(plan_.grads); }
+  float* flat_grads() override;
   void flat_params_written() override;
   double grad_sq_sum_range(size_t begin, size_t end) override;
   void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
@@ -216,6 +216,11 @@ class CudaEngine : public Engine {
   // Waits for the stream (every public call ends idle); bounded by the NCCL
   // timeout when tensor-parallel all-reduces may be on it (CudaTpRegion::wait).
   void sync(const char* what) const;
+  // zero_grad's memset runs on zero_stream_ (lowest priority), overlapping
+  // the forward, which does not touch the gradients; everything that does
+  // touches them after join_zeroing, which orders the engine's stream after
+  // the memset (sync joins too, so every public call still ends idle).
+  void join_zeroing() const;
   // The constructor's work, and what undoes it (also after a partial init).
   void init(int device, AttentionImpl attention_backend);
   void release();
@@ -303,6 +308,9 @@ class CudaEngine : public Engine {
   CudaPlan plan_;
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t zero_stream_ = nullptr;
+  cudaEvent_t zero_after_ = nullptr, zero_done_ = nullptr;  // the memset's start (on stream_) and end
+  mutable bool zero_pending_ = false;
   std::unique_ptr<cuda::Matmul> mm_;
   std::unique_ptr<CudaTpRegion> region_;        // the TP group's sums (no-ops at tp = 1)
   std::unique_ptr<CudaParallelLinear> linear_;  // column/row-parallel GEMMs through mm_ and region_

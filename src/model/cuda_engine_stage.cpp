@@ -187,6 +187,7 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
   const StageChunk& c = chunks_.at(chunk);
   const auto [B, T] = slot_shape_[slot];  // this rank's rows (its chunks under context parallelism)
   KVS_CHECK(B > 0, "engine: stage_backward of slot {} before its forward", slot);
+  join_zeroing();  // the head's gradients below are written before backward_layer's join
   // Other micro-batches ran since this one's forward: its chunks' layout again.
   if (cp_.size > 1) cp_layout_ = CpLayout(cp_, B, T * cp_.size);
   const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));

@@ -19,9 +19,10 @@
 
 namespace kvs::testing_util {
 
-// The whole model with attention backend `impl` ("cudnn", "flash-hopper")
-// against "flash" and against the CPU engine (the oracle) on the same weights
-// and batch. Engines are built
+// The whole model with attention backend `impl` ("cudnn"; "flash" where it
+// runs the Hopper kernels) against `reference` ("flash-mma": our mma.sync
+// kernels) and against the CPU engine (the oracle) on the same weights and
+// batch. Engines are built
 // for T = 64 and run at T = 37 (a second plan). Tolerances: the CUDA-vs-CPU
 // engine test's (2% relative L2 on the logits, 1% on the loss, 3% per
 // gradient tensor of its norm, or of its batch rows' contributions where they
@@ -34,7 +35,7 @@ namespace kvs::testing_util {
 // of cuDNN and of the Hopper kernels was 5.1% and 3.9% of its rows'
 // contributions from the CPU engine's, about 1.8% and 1.4% of its terms'
 // root-sum-square.
-inline void expect_engine_backend_matches_flash(kvs::AttentionImpl impl) {
+inline void expect_engine_backend_matches(kvs::AttentionImpl impl, kvs::AttentionImpl reference) {
   struct V {
     const char* name;
     int hidden, heads, kv_heads;
@@ -63,7 +64,7 @@ inline void expect_engine_backend_matches_flash(kvs::AttentionImpl impl) {
     const int B = 3, T = 37;
     const kvs::cuda_test::RandomBatch data(m, B, T, 11);
     const kvs::Batch batch = data.batch();
-    kvs::CudaEngine flash(m, B, 64, 0, kvs::Recompute::None, kvs::AttentionImpl::Flash);
+    kvs::CudaEngine flash(m, B, 64, 0, kvs::Recompute::None, reference);
     kvs::CudaEngine other(m, B, 64, 0, kvs::Recompute::None, impl);
     flash.write_params(params.data());
     other.write_params(params.data());

@@ -399,7 +399,7 @@ TEST(Config, EnumNamesRoundTrip) {
   expect_names_round_trip<DatasetType>({"induction", "ngram", "hopk", "shards"});
   expect_names_round_trip<LrSchedule>({"constant", "cosine"});
   expect_names_round_trip<Recompute>({"none", "attention", "full"});
-  expect_names_round_trip<AttentionImpl>({"flash", "cudnn", "flash-hopper"});
+  expect_names_round_trip<AttentionImpl>({"flash", "cudnn", "flash-mma"});
   EXPECT_EQ(kvs::enum_choices<Recompute>(), "\"none\", \"attention\" or \"full\"");
   EXPECT_EQ(kvs::enum_choices<Device>('\''), "'cpu' or 'cuda'");
 }
@@ -523,9 +523,9 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"device", "head_dim", "got 8"}},
       {[](C& c) { c.train.attention_backend = AttentionImpl::Cudnn; },
        {"train.attention_backend", "needs device \"cuda\""}},
-      {[](C& c) { c.train.attention_backend = AttentionImpl::FlashHopper; },
-       {"train.attention_backend", "\"flash-hopper\" needs device \"cuda\""}},
-      {[](C& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::FlashHopper; },
+      {[](C& c) { c.train.attention_backend = AttentionImpl::FlashMma; },
+       {"train.attention_backend", "\"flash-mma\" needs device \"cuda\""}},
+      {[](C& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::FlashMma; },
        {"parallel.cp", "\"flash\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
       {[](C& c) { c.model.document_boundaries = DocumentBoundaries::Shift; },

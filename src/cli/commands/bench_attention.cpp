@@ -221,6 +221,7 @@ void add_bench_attention(CLI::App& app) {
     KVS_CHECK(a->heads % a->kv_heads == 0, "bench-attention: --heads ({}) must be a multiple of --kv-heads ({})",
               a->heads, a->kv_heads);
     KVS_CHECK(a->reps >= 1, "bench-attention: --reps must be >= 1");
+    KVS_CHECK(!a->seq_lens.empty(), "bench-attention: --seq-len: give at least one length");
     const int B = a->batch, Hq = a->heads, Hkv = a->kv_heads, D = a->head_dim;
     const bool with_cudnn = cuda::cudnn_available() && !a->no_cudnn;
     std::printf("attention on %s: batch %d, heads %d/%d, head_dim %d, causal, bf16 (median of %d)\n",
@@ -232,11 +233,16 @@ void add_bench_attention(CLI::App& app) {
                                             (a->cudnn_deterministic ? ", deterministic backward"
                                                                     : ", default backward (fp32 dQ accumulator)"))
                                                .c_str());
+    // "ours": what train.attention_backend "flash" (the default) runs on this GPU.
+    const int max_T = *std::max_element(a->seq_lens.begin(), a->seq_lens.end());
+    const std::unique_ptr<cuda::AttentionBackend> ours =
+        cuda::make_attention_backend(AttentionImpl::Flash, B, max_T, Hq, Hkv, D, Hq * D, Hkv * D);
+    std::printf("ours: %s (train.attention_backend \"flash\", the default, on this GPU)\n", ours->name());
     std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s %9s | %s\n", "seq_len", "fwd ms", "fwd TF/s", "bwd ms",
                 "bwd TF/s", "cuDNN fwd", "TF/s", "cuDNN bwd", "TF/s", "ours/cuDNN fwd+bwd");
-    cuda::FlashAttentionBackend flash;
+    cuda::FlashAttentionBackend flash;  // the mma.sync kernels ("flash-mma")
     for (int T : a->seq_lens) {
-      const AttnTiming t = time_attention(flash, B, T, Hq, Hkv, D, a->reps);
+      const AttnTiming t = time_attention(*ours, B, T, Hq, Hkv, D, a->reps);
       const double fwd_flops = 4.0 * B * Hq * static_cast<double>(T) * T * D / 2;
       std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | ", T, t.fwd_ms, fwd_flops / (t.fwd_ms * 1e9), t.bwd_ms,
                   2.5 * fwd_flops / (t.bwd_ms * 1e9));
@@ -261,13 +267,14 @@ void add_bench_attention(CLI::App& app) {
     // same shapes in the same run: the default (cp.async overlapped with the
     // math, ldmatrix fragments) against the first version (through registers).
     cuda::FlashAttentionBackend flash_sync(cuda::FlashLoads::kSync);
-    compare_flash_paths("our flash attention, tile loads: cp.async + ldmatrix (default) vs through registers (sync):",
+    compare_flash_paths("our mma.sync kernels, tile loads: cp.async + ldmatrix (default) vs through registers (sync):",
                         {"async", flash}, {"sync", flash_sync}, "async/sync speed fwd, bwd", B, Hq, Hkv, D,
                         a->seq_lens, a->reps);
-    // The Hopper kernels (wgmma, FlashLoads::kHopper) against the default
-    // ones (mma.sync), forward and backward, same shapes, same run.
+    // The Hopper kernels (wgmma, FlashLoads::kHopper; "flash" on a 9.0 GPU)
+    // against the mma.sync ones ("flash-mma"), forward and backward, same
+    // shapes, same run.
     cuda::FlashAttentionBackend flash_hopper(cuda::FlashLoads::kHopper);
-    compare_flash_paths("our flash attention: Hopper kernels (wgmma) vs mma.sync (cp.async + ldmatrix, the default):",
+    compare_flash_paths("our flash attention: Hopper kernels (wgmma) vs mma.sync (cp.async + ldmatrix, \"flash-mma\"):",
                         {"wgmma", flash_hopper}, {"mma", flash}, "wgmma/mma.sync speed fwd, bwd", B, Hq, Hkv, D,
                         a->seq_lens, a->reps, cuda::flash_hopper_available(D));
     if (!cuda::flash_hopper_available(D))

@@ -34,11 +34,11 @@ std::string cudnn_version_string() {
 
 std::unique_ptr<AttentionBackend> make_attention_backend(AttentionImpl impl, int max_B, int max_T, int Hq,
                                                          int Hkv, int D, int ld_q, int ld_kv) {
-  if (impl == AttentionImpl::Flash) return std::make_unique<FlashAttentionBackend>();
-  if (impl == AttentionImpl::FlashHopper) {
+  if (impl == AttentionImpl::Flash && flash_hopper_available(D)) {
     check_flash_hopper(D);
     return std::make_unique<FlashAttentionBackend>(FlashLoads::kHopper);
   }
+  if (impl == AttentionImpl::Flash || impl == AttentionImpl::FlashMma) return std::make_unique<FlashAttentionBackend>();
   if (!cudnn_available()) fail("attention backend \"cudnn\": this build has no cuDNN (see docs/CUDA.md)");
   return std::make_unique<CudnnSdpa>(max_B, max_T, Hq, Hkv, D, ld_q, ld_kv);
 }

@@ -39,13 +39,17 @@ class AttentionBackend {
   virtual size_t device_bytes() const { return 0; }
 };
 
-// "flash": the kernels in flash_attention_*.cu (holds nothing). `loads`
-// picks their tile loads (ops.h; bench-attention times both).
+// "flash" and "flash-mma": the kernels in flash_attention_*.cu (holds
+// nothing). `loads` picks the kernels and their tile loads (ops.h:
+// kHopper the wgmma ones where flash_hopper_available, else as kAsync;
+// bench-attention times all three).
 class FlashAttentionBackend final : public AttentionBackend {
  public:
   explicit FlashAttentionBackend(FlashLoads loads = FlashLoads::kAsync) : loads_(loads) {}
   const char* name() const override {
-    return loads_ == FlashLoads::kAsync ? "flash" : loads_ == FlashLoads::kSync ? "flash (sync loads)" : "flash-hopper";
+    return loads_ == FlashLoads::kAsync  ? "flash (mma.sync)"
+           : loads_ == FlashLoads::kSync ? "flash (mma.sync, sync loads)"
+                                         : "flash (wgmma)";
   }
   void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
                int Hq, int Hkv, int D, cudaStream_t stream) override {
@@ -69,7 +73,8 @@ class FlashAttentionBackend final : public AttentionBackend {
 // small GQA problem (forward out and lse, backward dQ, dK, dV), where
 // flash_hopper_available(D): a GPU on which they compute something else fails
 // here, in one line naming the output, instead of training on it. The
-// "flash-hopper" backend runs it when it is made.
+// "flash" backend runs it when it is made on such a GPU, once per process,
+// device and head_dim.
 void check_flash_hopper(int D);
 
 // True when this binary was built with cuDNN (-DKVS_CUDNN).

@@ -265,6 +265,19 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
+// Priorities only order a GPU's block scheduling; the shim's order is the streams' own.
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+  if (priority > 0 || priority < -5)
+    return fail(cudaErrorInvalidValue, "cudaStreamCreateWithPriority: priority outside [-5, 0]");
+  return cudaStreamCreateWithFlags(s, flags);
+}
+
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::string why;
   const int i = hostcuda::stream_index(s, &why);

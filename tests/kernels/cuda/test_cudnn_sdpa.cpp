@@ -206,11 +206,11 @@ TEST(CudaCudnnSdpa, RejectsShapesItWasNotBuiltFor) {
   EXPECT_THROW(sdpa.forward(p, lse.get(), p, 260, p, p, 128, 1, 32, 4, 2, 64, nullptr), kvs::Error);
 }
 
-// The whole model with attention_backend "cudnn" against "flash" and the CPU
-// engine (tests/model/engine_backend_vs_flash.h has the tolerances and why).
+// The whole model with attention_backend "cudnn" against "flash-mma" and the
+// CPU engine (tests/model/engine_backend_vs_flash.h has the tolerances and why).
 TEST(CudaCudnnSdpa, EngineMatchesTheFlashBackendOnLogitsLossAndEveryGradient) {
   KVS_REQUIRE_CUDNN();
-  kvs::testing_util::expect_engine_backend_matches_flash(kvs::AttentionImpl::Cudnn);
+  kvs::testing_util::expect_engine_backend_matches(kvs::AttentionImpl::Cudnn, kvs::AttentionImpl::FlashMma);
 }
 
 #endif  // KVS_CUDA

@@ -242,8 +242,15 @@ TEST(CudaAttention, HopperKernelsAreThereOnAn90aBuildAndA90Gpu) {
   EXPECT_EQ(kc::flash_hopper_available(128), want) << "compute capability " << major << "." << minor;
   EXPECT_FALSE(kc::flash_hopper_available(32));
   EXPECT_FALSE(kc::flash_hopper_available(16));
-  // The "flash-hopper" backend's self-check passes where they are there (and does nothing elsewhere).
+  // The self-check passes where they are there (and does nothing elsewhere).
   for (const int D : {16, 64, 128}) EXPECT_NO_THROW(kc::check_flash_hopper(D)) << "head_dim " << D;
+  // The "flash" backend runs them where they are there; "flash-mma" never does.
+  for (const int D : {16, 64, 128}) {
+    const auto flash = kc::make_attention_backend(kvs::AttentionImpl::Flash, 1, 64, 2, 1, D, 2 * D, D);
+    const auto mma = kc::make_attention_backend(kvs::AttentionImpl::FlashMma, 1, 64, 2, 1, D, 2 * D, D);
+    EXPECT_STREQ(flash->name(), want && D != 16 ? "flash (wgmma)" : "flash (mma.sync)") << "head_dim " << D;
+    EXPECT_STREQ(mma->name(), "flash (mma.sync)") << "head_dim " << D;
+  }
 }
 
 TEST(CudaAttention, RejectsUnsupportedArguments) {

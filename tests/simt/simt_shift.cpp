@@ -178,12 +178,16 @@ void run_shift_rope() {
       {2, 1, 1, 16, 1, true, true, 5, 2, 0},    {2, 50, 2, 7, 1, true, false, 1, 0, 3},
       {2, 70, 2, 64, 8, true, true, 0, 0, 0},   {4, 65, 1, 32, 2, true, true, 0, 0, 0},
       {2, 37, 6, 64, 1, true, true, 8, 0, 0},   {2, 21, 9, 16, 2, true, false, 0, 0, 8},
+      {2, 19, 3, 32, 1, true, true, 4, 4, 4},  // 4-wide only (ShiftRopeVector::k4)
+  };
+  // The launcher's vector conditions for V = 8 and 4 (alignment holds: std::vector data + in_off % V == 0).
+  auto fits = [](const Case& c, int v) {
+    return c.D % (2 * v) == 0 && (c.H * c.D + c.in_pad) % v == 0 && (c.H * c.D + c.out_pad) % v == 0 &&
+           c.in_off % v == 0;
   };
   for (const Case& c : cases) {
-    // The launcher's vector condition (alignment holds: std::vector data + in_off % 8 == 0).
-    const bool vec = c.D % 16 == 0 && (c.H * c.D + c.in_pad) % 8 == 0 && (c.H * c.D + c.out_pad) % 8 == 0 &&
-                     c.in_off % 8 == 0;
-    if (vec) run<8>(c);
+    if (fits(c, 8)) run<8>(c);
+    if (fits(c, 4)) run<4>(c);
     run<1>(c);
   }
   // With a halo: chunks of a longer sequence (one tile and several, W 1 to 3, padded QKV-like rows).
@@ -193,9 +197,8 @@ void run_shift_rope() {
       {2, 9, 2, 6, 3, true, false, 3, 1, 5, true},
   };
   for (const Case& c : halo_cases) {
-    const bool vec = c.D % 16 == 0 && (c.H * c.D + c.in_pad) % 8 == 0 && (c.H * c.D + c.out_pad) % 8 == 0 &&
-                     c.in_off % 8 == 0;
-    if (vec) run<8>(c);
+    if (fits(c, 8)) run<8>(c);
+    if (fits(c, 4)) run<4>(c);
     run<1>(c);
   }
   halo_add(2, 5, 48, 2, 56, 64);

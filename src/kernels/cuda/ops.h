@@ -96,16 +96,24 @@ struct ShiftHalo {
   float* grad = nullptr;
   int ld_grad = 0;
 };
+// The kernels' accesses: 8 bf16 per thread and access (16 bytes, the default)
+// or 4 (8 bytes: about half the registers per thread, so more threads per SM;
+// bench-attention times both); each falls back to 1 where the shapes or
+// alignments do not allow it. y and dx are the same bits either way (the same
+// per-element math); dcoef's fp32 partials are grouped differently, so it
+// may differ in its last bits.
+enum class ShiftRopeVector { k8, k4 };
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream,
-                        ShiftHalo halo = {});
+                        ShiftHalo halo = {}, ShiftRopeVector vector = ShiftRopeVector::k8);
 // The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
 // row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
 // (via scratch; dcoef may be null; W <= 8 when dcoef is wanted). coef null:
 // dx = RoPE^T dy. dx must not alias dy when W > 0.
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
-                         float* scratch, cudaStream_t stream, ShiftHalo halo = {});
+                         float* scratch, cudaStream_t stream, ShiftHalo halo = {},
+                         ShiftRopeVector vector = ShiftRopeVector::k8);
 // The owner's side of a halo gradient: dx[b, T - W + j, c] += dtail[b, j, c]
 // (bf16 rows of stride ld_dx, fp32 rows of stride ld_tail; c < width), rounded once.
 void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B, int T, int width, int W,

@@ -21,7 +21,9 @@
 //
 // Vector width: V = 8 (16-byte global accesses) when D % 16 == 0, every row
 // stride is a multiple of 8 elements and every pointer is 16-byte aligned;
-// V = 1 otherwise.
+// with ShiftRopeVector::k4, V = 4 (8-byte bf16 and 16-byte fp32 accesses)
+// when D % 8 == 0, the strides are multiples of 4 and the bf16 pointers
+// 8-byte aligned (the fp32 ones 16); V = 1 otherwise.
 //
 // Context parallelism: a sequence may be one chunk of a longer one. The W raw
 // rows before its position 0 then come from `halo` ([B][W] rows, row stride
@@ -287,21 +289,34 @@ void check_shape(const char* op, const float* cos, const float* sin, int B, int 
 
 }  // namespace
 
+// The vector width the launchers use: `want` where `fits(V)` (V = 8 or 4), else 1.
+template <class Fits>
+int pick_width(ShiftRopeVector want, Fits fits) {
+  const int v = want == ShiftRopeVector::k4 ? 4 : 8;
+  return fits(v) ? v : 1;
+}
+
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
-                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream, ShiftHalo halo) {
+                        const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream, ShiftHalo halo,
+                        ShiftRopeVector vector) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
   check_shape("shift_rope_forward", cos, sin, B, H, D, W);
   const int TT = tile_rows(D);
   const dim3 grid(ceil_div(T, TT), head_groups(H), B);
-  const bool vec = D % 16 == 0 && ld_in % 8 == 0 && ld_out % 8 == 0 && aligned16(x) && aligned16(y) &&
-                   (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % 8 == 0 && aligned16(hx)));
+  const int V = pick_width(vector, [&](int v) {
+    const auto bf = [v](const void* p) { return v == 8 ? aligned16(p) : aligned8(p); };
+    return D % (2 * v) == 0 && ld_in % v == 0 && ld_out % v == 0 && bf(x) && bf(y) &&
+           (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % v == 0 && bf(hx)));
+  });
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld);
   };
-  if (vec) {
+  if (V == 8) {
     launch(shift_rope_forward_kernel<8>);
+  } else if (V == 4) {
+    launch(shift_rope_forward_kernel<4>);
   } else {
     launch(shift_rope_forward_kernel<1>);
   }
@@ -316,7 +331,7 @@ size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W) {
 
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
-                         float* scratch, cudaStream_t stream, ShiftHalo halo) {
+                         float* scratch, cudaStream_t stream, ShiftHalo halo, ShiftRopeVector vector) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
@@ -331,16 +346,20 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
   }
   const int TT = tile_rows(D);
   const dim3 grid(ceil_div(T, TT), head_groups(H), B);
-  const bool vec = D % 16 == 0 && ld_dx % 8 == 0 && ld_dy % 8 == 0 && aligned16(dx) && aligned16(dy) &&
-                   (!partial || (ld_x % 8 == 0 && aligned16(x))) && (!cos || (aligned16(cos) && aligned16(sin))) &&
-                   (!partial || !hx || (halo.ld % 8 == 0 && aligned16(hx))) &&
-                   (!dh || (halo.ld_grad % 8 == 0 && aligned16(dh)));
+  const int V = pick_width(vector, [&](int v) {
+    const auto bf = [v](const void* p) { return v == 8 ? aligned16(p) : aligned8(p); };
+    return D % (2 * v) == 0 && ld_dx % v == 0 && ld_dy % v == 0 && bf(dx) && bf(dy) &&
+           (!partial || (ld_x % v == 0 && bf(x))) && (!cos || (aligned16(cos) && aligned16(sin))) &&
+           (!partial || !hx || (halo.ld % v == 0 && bf(hx))) && (!dh || (halo.ld_grad % v == 0 && aligned16(dh)));
+  });
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT, hx,
                                           halo.ld, dh, halo.ld_grad);
   };
-  if (vec) {
+  if (V == 8) {
     launch(shift_rope_backward_kernel<8>);
+  } else if (V == 4) {
+    launch(shift_rope_backward_kernel<4>);
   } else {
     launch(shift_rope_backward_kernel<1>);
   }

@@ -1,6 +1,7 @@
 // Vectorised row access shared by the elementwise kernels: V consecutive
 // values per thread, one 16-byte access for V == 8 (the caller checks the
-// alignment with aligned16 and falls back to V == 1), fp32 in registers.
+// alignment with aligned16 and falls back to V == 1), 8-byte bf16 and 16-byte
+// fp32 accesses for V == 4 (aligned8 and aligned16), fp32 in registers.
 #pragma once
 #include <cstdint>
 
@@ -10,6 +11,7 @@
 namespace kvs::cuda {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
 // V consecutive bf16 <-> fp32 (V == 8: one 16-byte access; p 16-byte aligned).
 template <int V>
@@ -19,6 +21,15 @@ __device__ __forceinline__ void load_bf16(float (&v)[V], const bf16* p) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      v[2 * k] = f.x;
+      v[2 * k + 1] = f.y;
+    }
+  } else if constexpr (V == 4) {
+    const uint2 packed = *reinterpret_cast<const uint2*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
       const float2 f = __bfloat1622float2(h[k]);
       v[2 * k] = f.x;
       v[2 * k + 1] = f.y;
@@ -36,6 +47,12 @@ __device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[V]) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
     *reinterpret_cast<uint4*>(p) = packed;
+  } else if constexpr (V == 4) {
+    uint2 packed;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint2*>(p) = packed;
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) p[k] = to_bf16(v[k]);
@@ -47,6 +64,9 @@ __device__ __forceinline__ void load_f32(float (&v)[V], const float* p) {
   if constexpr (V == 8) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else if constexpr (V == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = p[k];
@@ -57,6 +77,8 @@ __device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
   if constexpr (V == 8) {
     reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) p[k] = v[k];

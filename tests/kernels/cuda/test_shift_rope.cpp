@@ -47,6 +47,7 @@ const ShiftCase kShiftCases[] = {
     {4, 65, 1, 32, 2, true, true, 0, 0, 0},       // several sequences, tiles of 32: 65 = 2*32 + 1
     {2, 37, 6, 64, 1, true, true, 8, 0, 0},       // 6 heads: a block's group of 4, then 2
     {2, 21, 9, 16, 2, true, false, 0, 0, 8},      // 9 heads: groups 4 + 4 + 1, shift only
+    {2, 19, 3, 32, 1, true, true, 4, 4, 4},       // 8-byte aligned rows only: 4-wide (8-wide falls back to 1)
 };
 
 // Rows [B*T, ld] with head h at columns off + h*D: gather to contiguous [B, T, H, D].
@@ -113,14 +114,22 @@ TEST(CudaShiftRope, ForwardMatchesCpuShiftThenRope) {
     else
       want = shifted;
 
-    DeviceBuffer<bf16> d_x(to_bf16(s.x_full)), d_y((size_t)c.B * c.T * s.out_ld);
+    DeviceBuffer<bf16> d_x(to_bf16(s.x_full));
     DeviceBuffer<float> d_coef(s.coef), d_cos(s.cos), d_sin(s.sin);
-    kc::shift_rope_forward(d_y.get(), s.out_ld, d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
-                           c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W, 0);
-    bool rest_poisoned = false;
-    const FVec got = gather_f32(d_y.download(), c, s.out_ld, 0, &rest_poisoned);
-    EXPECT_TRUE(all_close(got, to_float(want), kBf16Rtol, kBf16Atol));
-    EXPECT_TRUE(rest_poisoned) << "wrote outside the heads' columns";
+    std::vector<std::vector<bf16>> ys;
+    for (const auto vector : {kc::ShiftRopeVector::k8, kc::ShiftRopeVector::k4}) {
+      SCOPED_TRACE(vector == kc::ShiftRopeVector::k8 ? "8-wide" : "4-wide");
+      DeviceBuffer<bf16> d_y((size_t)c.B * c.T * s.out_ld);
+      kc::shift_rope_forward(d_y.get(), s.out_ld, d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
+                             c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W, 0,
+                             {}, vector);
+      ys.push_back(d_y.download());
+      bool rest_poisoned = false;
+      const FVec got = gather_f32(ys.back(), c, s.out_ld, 0, &rest_poisoned);
+      EXPECT_TRUE(all_close(got, to_float(want), kBf16Rtol, kBf16Atol));
+      EXPECT_TRUE(rest_poisoned) << "wrote outside the heads' columns";
+    }
+    EXPECT_TRUE(same_bits(ys[0], ys[1])) << "the two widths' y";
   }
 }
 
@@ -151,25 +160,31 @@ TEST(CudaShiftRope, BackwardMatchesCpuAndIsDeterministic) {
     DeviceBuffer<bf16> d_x(to_bf16(s.x_full)), d_dy(to_bf16(dy_full));
     DeviceBuffer<float> d_coef(s.coef), d_cos(s.cos), d_sin(s.sin);
     DeviceBuffer<float> d_scratch(kc::shift_rope_backward_scratch_floats(c.B, c.T, c.H, c.D, W));
-    std::vector<std::vector<bf16>> dxs;
-    std::vector<FVec> dcoefs;
-    for (int run = 0; run < 2; ++run) {
-      DeviceBuffer<bf16> d_dx((size_t)c.B * c.T * s.in_ld);
-      DeviceBuffer<float> d_dcoef(dcoef0);
-      kc::shift_rope_backward(d_dx.get() + c.in_off, s.in_ld, c.coef ? d_dcoef.get() : nullptr, d_dy.get(), s.out_ld,
-                              d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
-                              c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W,
-                              d_scratch.get(), 0);
-      dxs.push_back(d_dx.download());
-      dcoefs.push_back(d_dcoef.download());
+    std::vector<std::vector<bf16>> first_dx;
+    for (const auto vector : {kc::ShiftRopeVector::k8, kc::ShiftRopeVector::k4}) {
+      SCOPED_TRACE(vector == kc::ShiftRopeVector::k8 ? "8-wide" : "4-wide");
+      std::vector<std::vector<bf16>> dxs;
+      std::vector<FVec> dcoefs;
+      for (int run = 0; run < 2; ++run) {
+        DeviceBuffer<bf16> d_dx((size_t)c.B * c.T * s.in_ld);
+        DeviceBuffer<float> d_dcoef(dcoef0);
+        kc::shift_rope_backward(d_dx.get() + c.in_off, s.in_ld, c.coef ? d_dcoef.get() : nullptr, d_dy.get(),
+                                s.out_ld, d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
+                                c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W,
+                                d_scratch.get(), 0, {}, vector);
+        dxs.push_back(d_dx.download());
+        dcoefs.push_back(d_dcoef.download());
+      }
+      bool rest_poisoned = false;
+      const FVec got_dx = gather_f32(dxs[0], c, s.in_ld, c.in_off, &rest_poisoned);
+      EXPECT_TRUE(all_close(got_dx, to_float(want_dx), kBf16Rtol, kBf16Atol));
+      EXPECT_TRUE(rest_poisoned) << "wrote outside the heads' columns";
+      EXPECT_TRUE(all_close(dcoefs[0], to_float(want_dcoef), 1e-5, 1e-6 * c.B * c.T * c.D));
+      EXPECT_TRUE(same_bits(dxs[0], dxs[1]));
+      EXPECT_TRUE(same_bits(dcoefs[0], dcoefs[1]));
+      first_dx.push_back(dxs[0]);
     }
-    bool rest_poisoned = false;
-    const FVec got_dx = gather_f32(dxs[0], c, s.in_ld, c.in_off, &rest_poisoned);
-    EXPECT_TRUE(all_close(got_dx, to_float(want_dx), kBf16Rtol, kBf16Atol));
-    EXPECT_TRUE(rest_poisoned) << "wrote outside the heads' columns";
-    EXPECT_TRUE(all_close(dcoefs[0], to_float(want_dcoef), 1e-5, 1e-6 * c.B * c.T * c.D));
-    EXPECT_TRUE(same_bits(dxs[0], dxs[1]));
-    EXPECT_TRUE(same_bits(dcoefs[0], dcoefs[1]));
+    EXPECT_TRUE(same_bits(first_dx[0], first_dx[1])) << "the two widths' dx";
   }
 }
 

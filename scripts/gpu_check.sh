@@ -12,8 +12,9 @@
 #                      included), so run it in three pieces on one warm machine:
 #                        --only build,cuda,attention   then   --only bench
 #                        then   --only launch,dp,pp,sanitize,hf
-#                      (H100, 2026-11-27: 218 s, then the three 1.5B bench runs
-#                      about 300 s, then launch,dp,pp 40 s)
+#                      (H100, 2026-11-27: 218 s, then the bench section about
+#                      300 s, 340 s with both 1.5B configs profiled since:
+#                      KVS_CHECK_BUDGET=400 for it; then launch,dp,pp 40 s)
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the next call at once).
@@ -539,7 +540,7 @@ import json, sys
 label, j = sys.argv[1], json.loads(sys.argv[2])
 runs = j if isinstance(j, list) else [j]
 if "profile" in runs[0]:
-    r = runs[0]
+    r = runs[-1]  # with --compare-shift: the KV-shifting run
     ops = [o for o in r["profile"] if not o["op"].startswith(("other", "="))]
     rest = [o for o in r["profile"] if o["op"].startswith(("other", "="))]
     print("%s: %.1f ms/step, the 10 slowest of %d ops (ms/step, share, calls/step, GFLOP/s):" % (
@@ -547,6 +548,13 @@ if "profile" in runs[0]:
     for o in ops[:10] + rest:
         print("  %-52s %9.3f %6.1f%% %6.0f %9.1f" % (o["op"], o["ms_per_step"], 100 * o["share"], o["calls_per_step"],
                                                     o["gflops"]))
+    if "profile_extra_over_vanilla" in r:  # where KV shifting's extra time goes (bench computes it)
+        d = r["profile_extra_over_vanilla"]
+        print("%s: KV shifting's extra %.2f ms/step, the 10 largest per op (ms/step, calls/step with, without):" % (
+            label, sum(o["ms_per_step"] for o in d)))
+        for o in d[:10]:
+            print("  %-52s %+9.3f %6.0f %6.0f" % (o["op"], o["ms_per_step"], o["calls_per_step"],
+                                                 o["calls_per_step_without"]))
     sys.exit(0)
 for r in runs:
     name = "%s %s" % (label, "kvshift" if r["kv_shift"] else "vanilla")
@@ -563,11 +571,13 @@ PY
 if [ $build_rc -eq 0 ]; then
   if want bench; then
     bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
-    bench "toy lm-small (8x256) per-op profile" --profile --config configs/toy/lm-small-kvshift.json --warmup 2 --steps 3
+    bench "toy lm-small (8x256) per-op profile" --profile --compare-shift --config configs/toy/lm-small-kvshift.json \
+      --warmup 2 --steps 3
     if [ $quick -eq 0 ]; then
       bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
-      bench "paper 1.5B (4x2048) per-op profile" --profile --config configs/paper/1.5B-kvshift.json \
+      # Both configs profiled, so the ops that make KV shifting's overhead are named (target: <= 1%).
+      bench "paper 1.5B (4x2048) per-op profile" --profile --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 3
       # The same on the mma.sync attention kernels (train.attention_backend "flash-mma"; the rows above run
       # "flash": the Hopper kernels on a 9.0 GPU with an sm_90a build): the Hopper kernels' gain per step.

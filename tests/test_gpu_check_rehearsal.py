@@ -136,7 +136,8 @@ def main():
     check(bool(re.match(r"[+-]\d+\.\d%$", find(t, "toy lm-small (8x256) shift overhead") or "")), "shift overhead row")
     # bench --profile: the ten slowest ops, then the time outside them and all GEMMs together.
     lines = open(summary).read().splitlines()
-    head = [i for i, line in enumerate(lines) if line.startswith("toy lm-small (8x256) per-op profile: ")]
+    head = [i for i, line in enumerate(lines)
+            if line.startswith("toy lm-small (8x256) per-op profile: ") and "the 10 slowest" in line]
     check(len(head) == 1 and re.search(r"ms/step, the 10 slowest of \d+ ops", lines[head[0]]), "profile header",
           str([lines[i] for i in head]))
     if head:
@@ -145,6 +146,13 @@ def main():
               "profile: 10 ops, other and all GEMMs", "\n".join(body))
         check(any(b.startswith("  = all GEMMs") for b in body) and any(" proj fwd " in b for b in body),
               "profile names the projections' GEMMs and sums them", "\n".join(body))
+        # --compare-shift: then the ops that make KV shifting's extra time, 10 rows.
+        extra = lines[head[0] + 13:head[0] + 24]
+        check(bool(extra) and re.match(r"toy lm-small \(8x256\) per-op profile: KV shifting's extra -?[0-9.]+ ms/step, "
+                                       r"the 10 largest per op", extra[0]) is not None, "profile difference header",
+              extra[0] if extra else "")
+        check(len(extra) == 11 and all(re.match(r"  \S.* +[+-][0-9.]+ +\d+ +\d+$", b) for b in extra[1:]),
+              "profile difference: 10 ops with their calls", "\n".join(extra))
 
     # attention: bench-attention of the host-built engine (kvshift_host: the kernels on the host
     # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the three tables parsed into rows.

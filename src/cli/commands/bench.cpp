@@ -188,6 +188,41 @@ void print_profile(const BenchResult& r, double peak_gflops) {
   }
 }
 
+// --compare-shift --profile: where the KV-shifting run's extra time goes. Per
+// op (the union of both runs' ops, "other" included), its ms/step with KV
+// shifting minus without, largest first; they sum to the difference of the
+// two profiled mean steps.
+struct ProfileDifference {
+  std::string name;
+  double ms = 0, calls_on = 0, calls_off = 0;
+};
+std::vector<ProfileDifference> profile_difference(const BenchResult& off, const BenchResult& on) {
+  std::vector<ProfileDifference> out;
+  auto add = [&](const BenchResult& r, double sign) {
+    for (const ProfileRow& row : profile_rows(r, 0)) {
+      if (row.name.rfind("= ", 0) == 0) continue;  // the sums over rows
+      auto it = std::find_if(out.begin(), out.end(), [&](const ProfileDifference& d) { return d.name == row.name; });
+      if (it == out.end()) it = out.insert(out.end(), ProfileDifference{row.name});
+      it->ms += sign * row.ms;
+      (sign > 0 ? it->calls_on : it->calls_off) = row.calls;
+    }
+  };
+  add(on, 1.0);
+  add(off, -1.0);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ProfileDifference& a, const ProfileDifference& b) { return a.ms > b.ms; });
+  return out;
+}
+
+void print_profile_difference(const BenchResult& off, const BenchResult& on) {
+  std::printf("KV shifting's extra time per op (ms/step with it minus without; calls/step with, without), the 10 "
+              "largest of %.2f ms:\n",
+              on.mean_ms - off.mean_ms);
+  const std::vector<ProfileDifference> d = profile_difference(off, on);
+  for (size_t i = 0; i < d.size() && i < 10; ++i)
+    std::printf("  %-44s %+9.3f %7.0f %7.0f\n", d[i].name.c_str(), d[i].ms, d[i].calls_on, d[i].calls_off);
+}
+
 // peak_key: "fraction_of_sgemm_peak" (CPU) or "fraction_of_bf16_peak" (CUDA).
 nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char* peak_key) {
   nlohmann::json rows = nlohmann::json::array();
@@ -223,7 +258,8 @@ void add_bench(CLI::App& app) {
                 "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
                 "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
                 "CUDA each kernel's and cuBLASLt GEMM's GPU time from CUDA events (no ncu or nsys needed) against "
-                "the dense bf16 peak; share of the step, calls and GFLOP/s");
+                "the dense bf16 peak; share of the step, calls and GFLOP/s. With --compare-shift, both runs' "
+                "profiles and the ops that make KV shifting's extra time");
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
@@ -311,6 +347,15 @@ void add_bench(CLI::App& app) {
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
         if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops, profile_peak_key);
+        if (a->profile && a->compare_shift && i == 1) {
+          nlohmann::json d = nlohmann::json::array();
+          for (const ProfileDifference& x : profile_difference(res[0], res[1]))
+            d.push_back({{"op", x.name},
+                         {"ms_per_step", x.ms},
+                         {"calls_per_step", x.calls_on},
+                         {"calls_per_step_without", x.calls_off}});
+          j["profile_extra_over_vanilla"] = d;
+        }
         if (peak.gflops > 0) {
           j["sgemm_peak_gflops"] = peak.gflops;
           j["fraction_of_sgemm_peak"] = peak_fraction(r);
@@ -346,6 +391,7 @@ void add_bench(CLI::App& app) {
                     "machine\n",
                     peak.loadavg, peak.measured_at.c_str());
     }
+    if (a->compare_shift && a->profile) print_profile_difference(res[0], res[1]);
     if (a->compare_shift)
       std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",
                   100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);

@@ -411,8 +411,8 @@ dp_rows() {
     fi
   done
   # Sequence parallelism (tp=2) and context parallelism (cp=2, the shift's
-  # halo and ring attention) on the CUDA engine: never run on a GPU before
-  # this row (checked only through the host-built engine in CI).
+  # halo and ring attention) on the CUDA engine (first run on a GPU: the H100,
+  # 2026-11-27; CI checks them through the host-built engine).
   local name sets
   for name in "tp=2 + sequence parallel" "cp=2"; do
     case $name in

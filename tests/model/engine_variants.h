@@ -83,7 +83,7 @@ inline const EngineVariant kRecomputeVariant{"recompute", 64, 4, 2, 3, true, fal
 // independent random-signed terms has (cpu::kv_shift_term_squares). On the
 // first H100 run (2026-11-27), gqa4-d64's layer-1 v_shift gradient with cuDNN
 // and with the Hopper kernels was 5.1% and 3.9% of its rows' contributions
-// from the CPU engine's (each within 3% of the default kernels' result). On
+// from the CPU engine's (each within 3% of the mma.sync kernels' result). On
 // the host build, ten seeds of that model gave up to 6.0% (layer-1 k_shift)
 // by the rows' measure and at most 2.3% by the terms'; at the tests' seed the
 // terms' scale is 2.9x the rows' for that v_shift, so the H100's errors are

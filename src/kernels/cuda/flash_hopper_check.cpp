@@ -1,5 +1,5 @@
 // check_flash_hopper (attention_backend.h): the Hopper attention kernels
-// against the default ones on one small problem, before a run uses them.
+// against the mma.sync ones on one small problem, before a run uses them.
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -78,7 +78,7 @@ void check_flash_hopper(int D) {
     const bool h = loads == FlashLoads::kHopper;
     flash_attention_forward((h ? out_h : out).as<bf16>(), (h ? lse_h : lse).as<float>(), q.as<bf16>(), ld_q,
                             k.as<bf16>(), v.as<bf16>(), ld_kv, B, T, Hq, Hkv, D, true, loads, nullptr);
-    // Both backwards from the default forward's out and lse: a mismatch names its kernel.
+    // Both backwards from the mma.sync forward's out and lse: a mismatch names its kernel.
     flash_attention_backward((h ? dq_h : dq).as<bf16>(), (h ? dk_h : dk).as<bf16>(), (h ? dv_h : dv).as<bf16>(),
                              dout.as<bf16>(), out.as<bf16>(), lse.as<float>(), q.as<bf16>(), ld_q, k.as<bf16>(),
                              v.as<bf16>(), ld_kv, B, T, Hq, Hkv, D, true, loads, scratch.as<float>(), nullptr);
@@ -106,12 +106,12 @@ void check_flash_hopper(int D) {
   double lse_err = 0;
   for (size_t i = 0; i < nl; ++i) lse_err = std::fmax(lse_err, std::fabs(static_cast<double>(l_h[i]) - l[i]));
   if (!(lse_err < 1e-3))
-    fail("{}: the Hopper forward's log-sum-exp is {:.3g} (max abs) from the default kernel's at head_dim {} on this "
+    fail("{}: the Hopper forward's log-sum-exp is {:.3g} (max abs) from the mma.sync kernel's at head_dim {} on this "
          "GPU; train with train.attention_backend \"flash-mma\"",
          who, lse_err, D);
   for (const auto& r : results)
     if (!(r.err < 2e-2))
-      fail("{}: the Hopper kernels' {} is {:.3g} (relative L2) from the default kernels' at head_dim {} on this GPU; "
+      fail("{}: the Hopper kernels' {} is {:.3g} (relative L2) from the mma.sync kernels' at head_dim {} on this GPU; "
            "train with train.attention_backend \"flash-mma\"",
            who, r.name, r.err, D);
   passed.insert({device, D});

@@ -4,6 +4,7 @@
 // fp32 accesses for V == 4 (aligned8 and aligned16), fp32 in registers.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -16,20 +17,12 @@ inline bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 
 // V consecutive bf16 <-> fp32 (V == 8: one 16-byte access; p 16-byte aligned).
 template <int V>
 __device__ __forceinline__ void load_bf16(float (&v)[V], const bf16* p) {
-  if constexpr (V == 8) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(p);
+  if constexpr (V == 8 || V == 4) {  // one 16- or 8-byte access
+    using Packed = std::conditional_t<V == 8, uint4, uint2>;
+    const Packed packed = *reinterpret_cast<const Packed*>(p);
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
-    }
-  } else if constexpr (V == 4) {
-    const uint2 packed = *reinterpret_cast<const uint2*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < V / 2; ++k) {
       const float2 f = __bfloat1622float2(h[k]);
       v[2 * k] = f.x;
       v[2 * k + 1] = f.y;
@@ -41,18 +34,13 @@ __device__ __forceinline__ void load_bf16(float (&v)[V], const bf16* p) {
 }
 template <int V>
 __device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[V]) {
-  if constexpr (V == 8) {
-    uint4 packed;
+  if constexpr (V == 8 || V == 4) {
+    using Packed = std::conditional_t<V == 8, uint4, uint2>;
+    Packed packed;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(p) = packed;
-  } else if constexpr (V == 4) {
-    uint2 packed;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint2*>(p) = packed;
+    for (int k = 0; k < V / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<Packed*>(p) = packed;
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) p[k] = to_bf16(v[k]);

@@ -614,6 +614,12 @@ if [ $build_rc -eq 0 ]; then
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s  %s\n", "attention T=" $1 " wgmma/mma.sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
       tee -a "$summary"
+    # And shift+RoPE: forward and backward GB/s over the copy's, per kernel variant (the target: >= 0.9).
+    awk -F'|' '/^KV shift \+ RoPE/ {on = 1; next} on && /^ *$/ {exit}
+      on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); r = "";
+        for (i = 4; i <= 7; ++i) {x = $i; gsub(/^ +| +$/, "", x); gsub(/ +/, " ", x); r = r (i > 4 ? ", " : "") x}
+        printf "%-44s  %s\n", "shift+RoPE T=" $1 " f b/copy: 8w, 4w, 8w rows, 4w rows", r}' \
+      "$out/bench_attention.log" | tee -a "$summary"
   fi
   want launch && launch_rows
   want dp && { dp_rows; cudnn_rows; }

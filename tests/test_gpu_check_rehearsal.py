@@ -155,7 +155,7 @@ def main():
               "profile difference: 10 ops with their calls", "\n".join(extra))
 
     # attention: bench-attention of the host-built engine (kvshift_host: the kernels on the host
-    # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the three tables parsed into rows.
+    # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the four tables parsed into rows.
     for T in (64, 130):
         check(find(t, f"attention T={T} ours/cuDNN fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN row",
               find(t, f"attention T={T} ours/cuDNN fwd+bwd"))
@@ -164,6 +164,9 @@ def main():
         check(find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd") == "n/a",
               f"attention T={T} wgmma row (n/a on the host at head_dim 16)",
               find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd"))
+        v = find(t, f"shift+RoPE T={T} f b/copy")
+        check(bool(re.match(r"\S+ \S+(, \S+ \S+){3}$", v or "")),
+              f"shift+RoPE T={T} row (four variants' forward and backward ratios)", v)
 
     # launch: NCCL needs a GPU (a one-line reason here); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):

@@ -4,6 +4,9 @@
 //   y, dx (bf16): rtol 1e-2, atol 1e-4; columns outside the heads untouched
 //   dcoef (fp32, added into random initial values): rtol 1e-5, atol 1e-6 B T D
 // Both vector widths: V = 8 where the launcher would take it, V = 1 always.
+// The row-walking kernels (ShiftRopeWalk::kRows) on their own grid wherever
+// they fit (W <= 1, no halo, units per head dividing 32): against the same
+// references, and y and dx bit for bit with the unit kernels'.
 // Grids mirror shift_rope_forward/backward: (ceil(T / TT), head groups, B) x kThreads,
 // then H (W + 1) blocks of 256 for the dcoef reduction.
 // With a halo (context parallelism: W raw rows before position 0, padded row
@@ -28,8 +31,28 @@ struct Case {
   bool halo = false;
 };
 
-template <int V>
-void run(const Case& c) {
+bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (__bfloat16_as_ushort(a[i]) != __bfloat16_as_ushort(b[i])) return false;
+  return true;
+}
+
+// The row walks' conditions (shift_rope.cu's walk_fits), and whether a case meets them.
+bool walks(const Case& c, int V) {
+  const int W = c.coef ? c.W : 0, width = c.rope ? c.D / 2 : c.D;
+  return W <= 1 && !c.halo && width % V == 0 && width / V <= 32 && 32 % (width / V) == 0;
+}
+
+// y and dx as the kernels wrote them (every element of the padded rows), for
+// comparing the unit and walk kernels bit for bit.
+struct Outputs {
+  std::vector<bf16> y, dx;
+};
+
+// Walk: the row-walking kernels (ShiftRopeWalk::kRows) on their own grid.
+template <int V, bool Walk = false>
+Outputs run(const Case& c) {
   const int W = c.coef ? c.W : 0;
   const int in_ld = c.H * c.D + c.in_pad, out_ld = c.H * c.D + c.out_pad;
   const size_t N = (size_t)c.B * c.T, HD = (size_t)c.H * c.D;
@@ -37,7 +60,7 @@ void run(const Case& c) {
                           std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) + " W" +
                           std::to_string(W) + (c.rope ? " rope" : "") + (c.coef ? " coef" : "") + " pads " +
                           std::to_string(c.in_pad) + "/" + std::to_string(c.in_off) + "/" + std::to_string(c.out_pad) +
-                          (c.halo ? " halo" : "");
+                          (c.halo ? " halo" : "") + (Walk ? " walk" : "");
   const auto xf = randu(N * in_ld, 1 + c.T * 7 + c.D, -1, 1);
   const auto coef = randu((size_t)c.H * (c.W + 1), 2, -0.5f, 1.0f, false);
   std::vector<float> cs((size_t)c.T * std::max(1, c.D / 2)), sn(cs.size());
@@ -66,13 +89,28 @@ void run(const Case& c) {
   std::vector<bf16> yb(N * out_ld, poison_bf16());
   const int TT = kc::tile_rows(c.D);
   const emu::Dim grid{(unsigned)((c.T + TT - 1) / TT), (unsigned)kc::head_groups(c.H), (unsigned)c.B};
+  // The walks' grid: blocks of kWalkBlockRows rows and 32 / units heads.
+  const int heads_per_warp = 32 / ((c.rope ? c.D / 2 : c.D) / V);
+  const emu::Dim wgrid{(unsigned)((c.T + kc::kWalkBlockRows - 1) / kc::kWalkBlockRows),
+                       (unsigned)((c.H + heads_per_warp - 1) / heads_per_warp), (unsigned)c.B};
   const float* cp = c.coef ? coef.data() : nullptr;
   const float* cosp = c.rope ? cs.data() : nullptr;
   const float* sinp = c.rope ? sn.data() : nullptr;
-  emu::launch(grid, kc::kThreads, [&] {
-    kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D, W,
-                                     TT, halo ? halob.data() : nullptr, halo_ld);
-  });
+  if constexpr (Walk) {
+    emu::launch(wgrid, kc::kThreads, [&] {
+      if (W == 1)
+        kc::shift_rope_forward_walk_kernel<V, 1>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T,
+                                                 c.H, c.D);
+      else
+        kc::shift_rope_forward_walk_kernel<V, 0>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T,
+                                                 c.H, c.D);
+    });
+  } else {
+    emu::launch(grid, kc::kThreads, [&] {
+      kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D,
+                                       W, TT, halo ? halob.data() : nullptr, halo_ld);
+    });
+  }
   std::vector<float> got(N * HD);
   size_t outside = 0;
   for (size_t r = 0; r < N; ++r)
@@ -102,16 +140,27 @@ void run(const Case& c) {
     wdx = ds;
   const std::vector<bf16> dyb = b16(dyf);
   std::vector<bf16> dxb(N * in_ld, poison_bf16());
-  const size_t nblk = (size_t)grid.x * grid.z;
+  const size_t nblk = Walk ? (size_t)wgrid.x * wgrid.z : (size_t)grid.x * grid.z;
   std::vector<float> partial(c.coef ? (size_t)c.H * nblk * (W + 1) : 0, NAN), dcoef = dcoef0;
   float* pp = c.coef ? partial.data() : nullptr;
   const int dh_ld = (int)HD + 8;
   std::vector<float> dhalo((size_t)c.B * W * dh_ld, NAN);
-  emu::launch(grid, kc::kThreads, [&] {
-    kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
-                                      in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
-                                      halo_ld, halo ? dhalo.data() : nullptr, dh_ld);
-  });
+  if constexpr (Walk) {
+    emu::launch(wgrid, kc::kThreads, [&] {
+      if (W == 1)
+        kc::shift_rope_backward_walk_kernel<V, 1>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld,
+                                                  xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D);
+      else
+        kc::shift_rope_backward_walk_kernel<V, 0>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld,
+                                                  xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D);
+    });
+  } else {
+    emu::launch(grid, kc::kThreads, [&] {
+      kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
+                                        in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
+                                        halo_ld, halo ? dhalo.data() : nullptr, dh_ld);
+    });
+  }
   if (halo) {
     std::vector<float> gdh((size_t)c.B * W * HD);
     size_t pad = 0;
@@ -137,6 +186,20 @@ void run(const Case& c) {
   expect(outside == 0, tag, "bwd wrote outside the heads");
   if (c.coef) check(tag, "bwd dcoef", dcoef, wdc, 1e-5, 1e-6 * c.B * c.T * c.D);
   done(tag);
+  return {yb, dxb};
+}
+
+// A case through the unit kernels at V and, where the walk fits, the walk
+// kernels too: the same y and dx bits.
+template <int V>
+void run_both(const Case& c) {
+  const Outputs units = run<V>(c);
+  if (!walks(c, V)) return;
+  const Outputs walk = run<V, true>(c);
+  const std::string tag = "shift_rope walk vs units V=" + std::to_string(V) + " T" + std::to_string(c.T) + " H" +
+                          std::to_string(c.H) + " D" + std::to_string(c.D);
+  expect(same_bits(units.y, walk.y), tag, "y differs from the unit kernel's");
+  expect(same_bits(units.dx, walk.dx), tag, "dx differs from the unit kernel's");
 }
 
 void halo_add(int B, int T, int width, int W, int ld_dx, int ld_tail) {
@@ -179,6 +242,8 @@ void run_shift_rope() {
       {2, 70, 2, 64, 8, true, true, 0, 0, 0},   {4, 65, 1, 32, 2, true, true, 0, 0, 0},
       {2, 37, 6, 64, 1, true, true, 8, 0, 0},   {2, 21, 9, 16, 2, true, false, 0, 0, 8},
       {2, 19, 3, 32, 1, true, true, 4, 4, 4},  // 4-wide only (ShiftRopeVector::k4)
+      {2, 70, 9, 32, 1, true, true, 0, 0, 0},  {3, 45, 5, 128, 1, true, true, 8, 0, 8},  // row walks
+      {2, 40, 3, 64, 0, true, true, 0, 0, 0},
   };
   // The launcher's vector conditions for V = 8 and 4 (alignment holds: std::vector data + in_off % V == 0).
   auto fits = [](const Case& c, int v) {
@@ -186,9 +251,9 @@ void run_shift_rope() {
            c.in_off % v == 0;
   };
   for (const Case& c : cases) {
-    if (fits(c, 8)) run<8>(c);
-    if (fits(c, 4)) run<4>(c);
-    run<1>(c);
+    if (fits(c, 8)) run_both<8>(c);
+    if (fits(c, 4)) run_both<4>(c);
+    run_both<1>(c);
   }
   // With a halo: chunks of a longer sequence (one tile and several, W 1 to 3, padded QKV-like rows).
   const Case halo_cases[] = {

@@ -114,7 +114,8 @@ struct BandwidthTiming {
 
 // shift_rope_forward / _backward on x [B, T, H, D] (window 1, RoPE on) and a
 // cudaMemcpyAsync of the same tensor, device to device.
-BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps, cuda::ShiftRopeVector vector) {
+BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps, cuda::ShiftRopeVector vector,
+                                cuda::ShiftRopeWalk walk) {
   const size_t n = static_cast<size_t>(B) * T * H * D;
   const int W = 1;
   Buffers buf;
@@ -139,9 +140,10 @@ BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps, cuda::Shif
   std::vector<double> f, b, c;
   for (int r = 0; r < reps + 2; ++r) {
     check(cudaEventRecord(ev.e[0]), "record");
-    cuda::shift_rope_forward(y, ld, x, ld, coef, cos, sin, B, T, H, D, W, nullptr, {}, vector);
+    cuda::shift_rope_forward(y, ld, x, ld, coef, cos, sin, B, T, H, D, W, nullptr, {}, vector, walk);
     check(cudaEventRecord(ev.e[1]), "record");
-    cuda::shift_rope_backward(dx, ld, dcoef, dy, ld, x, ld, coef, cos, sin, B, T, H, D, W, scr, nullptr, {}, vector);
+    cuda::shift_rope_backward(dx, ld, dcoef, dy, ld, x, ld, coef, cos, sin, B, T, H, D, W, scr, nullptr, {}, vector,
+                              walk);
     check(cudaEventRecord(ev.e[2]), "record");
     check(cudaEventSynchronize(ev.e[2]), "shift_rope");
     float fm = 0, bm = 0, cm = 0;
@@ -285,21 +287,33 @@ void add_bench_attention(CLI::App& app) {
     // second against cudaMemcpyAsync's on the same tensor. Forward reads x and
     // writes y (2 tensors), backward reads dy and x and writes dx (3), a copy
     // reads and writes one (2); cos/sin, coefficients and scratch are ignored.
-    // The last two columns: the same kernels with 4-wide accesses
-    // (ShiftRopeVector::k4: fewer registers per thread), same run.
+    // The last six columns: the same ratio for the other kernel variants,
+    // same run: 4-wide accesses (ShiftRopeVector::k4: fewer registers per
+    // thread), and the row walks (ShiftRopeWalk::kRows: each row read once) at
+    // 8 and 4 wide.
     std::printf("\nKV shift + RoPE (window 1, on a [B, T, %d, %d] tensor) vs a device-to-device copy of it:\n", Hq, D);
-    std::printf("%8s | %9s %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s\n", "seq_len", "fwd ms", "fwd GB/s", "bwd ms",
-                "bwd GB/s", "copy ms", "copy GB/s", "fwd/copy", "bwd/copy", "4w f/copy", "4w b/copy");
+    std::printf("%8s | %9s %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s | %9s %9s | %9s %9s\n", "seq_len", "fwd ms",
+                "fwd GB/s", "bwd ms", "bwd GB/s", "copy ms", "copy GB/s", "fwd/copy", "bwd/copy", "4w f/copy",
+                "4w b/copy", "8wr f/cp", "8wr b/cp", "4wr f/cp", "4wr b/cp");
+    using SV = cuda::ShiftRopeVector;
+    using SW = cuda::ShiftRopeWalk;
     for (int T : a->seq_lens) {
-      const BandwidthTiming t = time_shift_rope(B, T, Hq, D, a->reps, cuda::ShiftRopeVector::k8);
-      const BandwidthTiming t4 = time_shift_rope(B, T, Hq, D, a->reps, cuda::ShiftRopeVector::k4);
       const double bytes = static_cast<double>(B) * T * Hq * D * 2;  // one bf16 tensor
-      const double fg = 2 * bytes / (t.fwd_ms * 1e6), bg = 3 * bytes / (t.bwd_ms * 1e6),
-                   cg = 2 * bytes / (t.copy_ms * 1e6);
-      const double fg4 = 2 * bytes / (t4.fwd_ms * 1e6), bg4 = 3 * bytes / (t4.bwd_ms * 1e6),
-                   cg4 = 2 * bytes / (t4.copy_ms * 1e6);
-      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f | %9.2f %9.2f | %9.2f %9.2f\n", T, t.fwd_ms, fg,
-                  t.bwd_ms, bg, t.copy_ms, cg, fg / cg, bg / cg, fg4 / cg4, bg4 / cg4);
+      const BandwidthTiming t = time_shift_rope(B, T, Hq, D, a->reps, SV::k8, SW::kUnits);
+      const double cg = 2 * bytes / (t.copy_ms * 1e6);
+      std::printf("%8d | %9.3f %9.1f %9.3f %9.1f | %9.3f %9.1f", T, t.fwd_ms, 2 * bytes / (t.fwd_ms * 1e6), t.bwd_ms,
+                  3 * bytes / (t.bwd_ms * 1e6), t.copy_ms, cg);
+      // Each variant against the copy timed in its own run.
+      const auto ratios = [&](const BandwidthTiming& v) {
+        const double c = 2 * bytes / (v.copy_ms * 1e6);
+        std::printf(" | %9.2f %9.2f", 2 * bytes / (v.fwd_ms * 1e6) / c, 3 * bytes / (v.bwd_ms * 1e6) / c);
+      };
+      ratios(t);
+      ratios(time_shift_rope(B, T, Hq, D, a->reps, SV::k4, SW::kUnits));
+      ratios(time_shift_rope(B, T, Hq, D, a->reps, SV::k8, SW::kRows));
+      ratios(time_shift_rope(B, T, Hq, D, a->reps, SV::k4, SW::kRows));
+      std::printf("\n");
+      std::fflush(stdout);
     }
 #else
     fail("bench-attention: this kvshift was built without CUDA (configure with -DKVS_CUDA=ON)");

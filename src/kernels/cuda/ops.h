@@ -103,9 +103,17 @@ struct ShiftHalo {
 // per-element math); dcoef's fp32 partials are grouped differently, so it
 // may differ in its last bits.
 enum class ShiftRopeVector { k8, k4 };
+// How threads cover the rows: kUnits, each thread one unit (V columns, and
+// their RoPE partners) of one row at a time, reading the window's W + 1 rows
+// of it; kRows, each thread a run of rows of one unit, keeping the window's
+// other row in registers, so each row is read once (window W <= 1 and no
+// halo; elsewhere kUnits). y and dx are the same bits either way; dcoef's
+// partials are grouped differently (last bits).
+enum class ShiftRopeWalk { kUnits, kRows };
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream,
-                        ShiftHalo halo = {}, ShiftRopeVector vector = ShiftRopeVector::k8);
+                        ShiftHalo halo = {}, ShiftRopeVector vector = ShiftRopeVector::k8,
+                        ShiftRopeWalk walk = ShiftRopeWalk::kUnits);
 // The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
 // row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
 // (via scratch; dcoef may be null; W <= 8 when dcoef is wanted). coef null:
@@ -113,7 +121,8 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
                          float* scratch, cudaStream_t stream, ShiftHalo halo = {},
-                         ShiftRopeVector vector = ShiftRopeVector::k8);
+                         ShiftRopeVector vector = ShiftRopeVector::k8,
+                         ShiftRopeWalk walk = ShiftRopeWalk::kUnits);
 // The owner's side of a halo gradient: dx[b, T - W + j, c] += dtail[b, j, c]
 // (bf16 rows of stride ld_dx, fp32 rows of stride ld_tail; c < width), rounded once.
 void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B, int T, int width, int W,

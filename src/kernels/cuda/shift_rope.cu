@@ -38,6 +38,7 @@
 // it writes, before it writes them).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vec.cuh"
@@ -255,6 +256,168 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
   }
 }
 
+// Row walks (ShiftRopeWalk::kRows; window W <= 1, no halo). A warp's 32
+// lanes cover the units of one row for 32 / U consecutive heads (U units per
+// head, a divisor of 32), and each lane walks kWalkRows consecutive rows of
+// its unit, keeping the window's previous row in registers: each x, dy and
+// cos/sin row is read once per walk (plus the one row before or after it),
+// where the unit kernels read W + 1 rows per output row. A block's 4 warps
+// walk 4 consecutive runs of rows: grid (ceil(T / kWalkBlockRows),
+// ceil(H / (32 / U)), B). Per element the math is the unit kernels' in the
+// same order, so y and dx are the same bits; dcoef's partials are grouped
+// by block differently (one per (head, block) in the same layout, for
+// shift_dcoef_reduce_kernel), so dcoef may differ in its last bits.
+constexpr int kWalkRows = 8;
+constexpr int kWalkBlockRows = kWalkRows * kThreads / 32;
+
+template <int V, int W>
+__global__ void __launch_bounds__(kThreads) shift_rope_forward_walk_kernel(bf16* y, int ld_out, const bf16* x,
+                                                                           int ld_in, const float* coef,
+                                                                           const float* cos, const float* sin, int T,
+                                                                           int H, int D) {
+  static_assert(W == 0 || W == 1, "the walk keeps one previous row");
+  const int half = D / 2, U = (cos ? half : D) / V, heads_per_warp = 32 / U;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int h = blockIdx.y * heads_per_warp + lane / U, j = (lane % U) * V;
+  const int t_begin = blockIdx.x * kWalkBlockRows + warp * kWalkRows, t_end = min(T, t_begin + kWalkRows);
+  if (h >= H || t_begin >= t_end) return;  // nothing block-wide follows
+  const size_t seq = (size_t)blockIdx.z * T;
+  const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
+  const bf16* xh = x + h * D + j;
+  bf16* yh = y + h * D + j;
+  float p1[V] = {}, p2[V] = {};  // x_{t-1} (W == 1)
+  if constexpr (W == 1) {
+    load_raw<V>(p1, xh, ld_in, seq, t_begin - 1, T, nullptr, 0, W);
+    if (cos) load_raw<V>(p2, xh + half, ld_in, seq, t_begin - 1, T, nullptr, 0, W);
+  }
+  for (int t = t_begin; t < t_end; ++t) {
+    float x1[V], x2[V] = {}, s1[V], s2[V];
+    load_bf16<V>(x1, xh + (seq + t) * ld_in);
+    if (cos) load_bf16<V>(x2, xh + half + (seq + t) * ld_in);
+    // shifted(): s = x without coefficients, else 0 + c_0 x_{t-W} (+ c_1 x_t), oldest first.
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if (!c) {
+        s1[k] = x1[k], s2[k] = x2[k];
+        continue;
+      }
+      s1[k] = 0.0f, s2[k] = 0.0f;
+      if constexpr (W == 1) s1[k] += c[0] * p1[k], s2[k] += c[0] * p2[k];
+      s1[k] += c[W] * x1[k], s2[k] += c[W] * x2[k];
+    }
+    bf16* yr = yh + (seq + t) * ld_out;
+    if (cos) {
+      float cs[V], sn[V], y1[V], y2[V];
+      load_f32<V>(cs, cos + (size_t)t * half + j);
+      load_f32<V>(sn, sin + (size_t)t * half + j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
+        y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
+      }
+      store_bf16<V>(yr, y1);
+      store_bf16<V>(yr + half, y2);
+    } else {
+      store_bf16<V>(yr, s1);
+    }
+    if constexpr (W == 1) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) p1[k] = x1[k], p2[k] = x2[k];
+    }
+  }
+}
+
+// The backward walk: with ds_t = RoPE_t^T dy_t (0 from T on), dx_t = 0 +
+// c_W ds_t (+ c_0 ds_{t+1}) as the unit kernel sums it, and per w the products
+// ds_t . x_{t-W+w} summed in registers over the walk; then per (head, w) over
+// the head's lanes (shuffles), and over the 4 warps in order: partial[h][b,
+// tile][w].
+template <int V, int W>
+__global__ void __launch_bounds__(kThreads) shift_rope_backward_walk_kernel(bf16* dx, int ld_dx, float* partial,
+                                                                            const bf16* dy, int ld_dy, const bf16* x,
+                                                                            int ld_x, const float* coef,
+                                                                            const float* cos, const float* sin, int T,
+                                                                            int H, int D) {
+  static_assert(W == 0 || W == 1, "the walk keeps one further row");
+  __shared__ float red[kThreads / 32][32][W + 1];
+  const int half = D / 2, U = (cos ? half : D) / V, heads_per_warp = 32 / U;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hl = lane / U;
+  const int h = blockIdx.y * heads_per_warp + hl, j = (lane % U) * V;
+  const int t_begin = blockIdx.x * kWalkBlockRows + warp * kWalkRows, t_end = min(T, t_begin + kWalkRows);
+  const size_t seq = (size_t)blockIdx.z * T;
+  float acc[W + 1] = {};
+  if (h < H && t_begin < t_end) {
+    const float* c = coef ? coef + (size_t)h * (W + 1) : nullptr;
+    const float c_new = c ? c[W] : 1.0f, c_old = c ? c[0] : 1.0f;  // the weights of ds_t and ds_{t+1}
+    const bf16* dyh = dy + h * D + j;
+    const bf16* xh = x + h * D + j;
+    bf16* dxh = dx + h * D + j;
+    float d1[V], d2[V];  // ds_t (W == 1: carried over from the previous row)
+    if constexpr (W == 1) unrotated<V>(d1, d2, dyh, ld_dy, seq, t_begin, T, half, j, cos, sin);
+    float p1[V] = {}, p2[V] = {};  // x_{t-1}, for the partials (W == 1)
+    if (W == 1 && partial) {
+      load_raw<V>(p1, xh, ld_x, seq, t_begin - 1, T, nullptr, 0, W);
+      if (cos) load_raw<V>(p2, xh + half, ld_x, seq, t_begin - 1, T, nullptr, 0, W);
+    }
+    for (int t = t_begin; t < t_end; ++t) {
+      float n1[V] = {}, n2[V] = {};  // ds_{t+1} (W == 1)
+      if constexpr (W == 1) unrotated<V>(n1, n2, dyh, ld_dy, seq, t + 1, T, half, j, cos, sin);
+      else unrotated<V>(d1, d2, dyh, ld_dy, seq, t, T, half, j, cos, sin);
+      float a1[V] = {}, a2[V] = {};
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        a1[k] += c_new * d1[k], a2[k] += c_new * d2[k];
+        if constexpr (W == 1) a1[k] += c_old * n1[k], a2[k] += c_old * n2[k];
+      }
+      bf16* dxr = dxh + (seq + t) * ld_dx;
+      store_bf16<V>(dxr, a1);
+      if (cos) store_bf16<V>(dxr + half, a2);
+      if (partial) {
+        float x1[V], x2[V] = {};
+        load_bf16<V>(x1, xh + (seq + t) * ld_x);
+        if (cos) load_bf16<V>(x2, xh + half + (seq + t) * ld_x);
+        auto dot = [&](const float(&r1)[V], const float(&r2)[V]) {  // ds_t . x_r, as the unit kernel sums it
+          float p = 0.0f;
+#pragma unroll
+          for (int k = 0; k < V; ++k) p += d1[k] * r1[k];
+          if (cos) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) p += d2[k] * r2[k];
+          }
+          return p;
+        };
+        if constexpr (W == 1) acc[0] += dot(p1, p2);  // x_{t-1}
+        acc[W] += dot(x1, x2);                        // x_t
+        if constexpr (W == 1) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) p1[k] = x1[k], p2[k] = x2[k];
+        }
+      }
+      if constexpr (W == 1) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) d1[k] = n1[k], d2[k] = n2[k];
+      }
+    }
+  }
+  if (partial) {  // uniform across the block; every lane takes part in the shuffles
+    const size_t nblk = (size_t)gridDim.z * gridDim.x, blk = (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+#pragma unroll
+    for (int w = 0; w <= W; ++w) {
+      float v = acc[w];
+      for (int o = 1; o < U; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);  // the head's lanes
+      if (lane % U == 0) red[warp][hl][w] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads_per_warp * (W + 1); i += blockDim.x) {
+      const int hi = i / (W + 1), w = i % (W + 1), hh = blockIdx.y * heads_per_warp + hi;
+      if (hh >= H) continue;
+      float s = 0.0f;
+      for (int q = 0; q < kThreads / 32; ++q) s += red[q][hi][w];
+      partial[((size_t)hh * nblk + blk) * (W + 1) + w] = s;
+    }
+  }
+}
+
 // dcoef[h, w] += sum over the nblk (b, tile) partials of (h, w). Block h*(W+1)+w;
 // its threads take the partials j = threadIdx.x, + blockDim.x, ... in order,
 // then a block reduction (fixed order) gives the total.
@@ -289,6 +452,30 @@ void check_shape(const char* op, const float* cos, const float* sin, int B, int 
 
 }  // namespace
 
+// The row walks' conditions: a window of at most one previous row, and a
+// unit count per head that divides a warp (heads never straddle warps).
+bool walk_fits(int D, bool rope, int W, int V) {
+  const int width = rope ? D / 2 : D;
+  if (W > 1 || width % V != 0) return false;
+  const int units = width / V;
+  return units >= 1 && units <= 32 && 32 % units == 0;
+}
+dim3 walk_grid(int T, int H, int D, bool rope, int V, int B) {
+  const int heads_per_warp = 32 / ((rope ? D / 2 : D) / V);
+  return dim3(ceil_div(T, kWalkBlockRows), ceil_div(H, heads_per_warp), B);
+}
+// Calls f(v, w) with decltype(v)::value == V and decltype(w)::value == W (V in {8, 4, 1}, W in {0, 1}).
+template <class F>
+void with_walk_kernel(int V, int W, F f) {
+  auto by_w = [&](auto v) {
+    if (W == 1) f(v, std::integral_constant<int, 1>{});
+    else f(v, std::integral_constant<int, 0>{});
+  };
+  if (V == 8) by_w(std::integral_constant<int, 8>{});
+  else if (V == 4) by_w(std::integral_constant<int, 4>{});
+  else by_w(std::integral_constant<int, 1>{});
+}
+
 // The vector width the launchers use: `want` where `fits(V)` (V = 8 or 4), else 1.
 template <class Fits>
 int pick_width(ShiftRopeVector want, Fits fits) {
@@ -298,7 +485,7 @@ int pick_width(ShiftRopeVector want, Fits fits) {
 
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream, ShiftHalo halo,
-                        ShiftRopeVector vector) {
+                        ShiftRopeVector vector, ShiftRopeWalk walk) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
@@ -310,6 +497,17 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
     return D % (2 * v) == 0 && ld_in % v == 0 && ld_out % v == 0 && bf(x) && bf(y) &&
            (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % v == 0 && bf(hx)));
   });
+  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx) {
+    const dim3 wgrid = walk_grid(T, H, D, cos != nullptr, V, B);
+    auto launch = [&](auto kernel) {
+      kernel<<<wgrid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D);
+    };
+    with_walk_kernel(V, W, [&](auto v, auto w) {
+      launch(shift_rope_forward_walk_kernel<decltype(v)::value, decltype(w)::value>);
+    });
+    KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_walk_kernel", stream);
+    return;
+  }
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld);
   };
@@ -331,7 +529,8 @@ size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W) {
 
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
-                         float* scratch, cudaStream_t stream, ShiftHalo halo, ShiftRopeVector vector) {
+                         float* scratch, cudaStream_t stream, ShiftHalo halo, ShiftRopeVector vector,
+                         ShiftRopeWalk walk) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
@@ -352,20 +551,32 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
            (!partial || (ld_x % v == 0 && bf(x))) && (!cos || (aligned16(cos) && aligned16(sin))) &&
            (!partial || !hx || (halo.ld % v == 0 && bf(hx))) && (!dh || (halo.ld_grad % v == 0 && aligned16(dh)));
   });
-  auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT, hx,
-                                          halo.ld, dh, halo.ld_grad);
-  };
-  if (V == 8) {
-    launch(shift_rope_backward_kernel<8>);
-  } else if (V == 4) {
-    launch(shift_rope_backward_kernel<4>);
+  int nblk = (int)(grid.x * grid.z);  // the dcoef partials' blocks
+  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx && !dh) {
+    const dim3 wgrid = walk_grid(T, H, D, cos != nullptr, V, B);
+    nblk = (int)(wgrid.x * wgrid.z);  // at most grid's: kWalkBlockRows >= tile_rows(D)
+    auto launch = [&](auto kernel) {
+      kernel<<<wgrid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D);
+    };
+    with_walk_kernel(V, W, [&](auto v, auto w) {
+      launch(shift_rope_backward_walk_kernel<decltype(v)::value, decltype(w)::value>);
+    });
+    KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_walk_kernel", stream);
   } else {
-    launch(shift_rope_backward_kernel<1>);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT,
+                                            hx, halo.ld, dh, halo.ld_grad);
+    };
+    if (V == 8) {
+      launch(shift_rope_backward_kernel<8>);
+    } else if (V == 4) {
+      launch(shift_rope_backward_kernel<4>);
+    } else {
+      launch(shift_rope_backward_kernel<1>);
+    }
+    KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);
   }
-  KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);
   if (partial) {
-    const int nblk = (int)(grid.x * grid.z);
     shift_dcoef_reduce_kernel<<<H * (W + 1), 256, 0, stream>>>(dcoef, partial, nblk, W);
     KVS_CUDA_LAUNCH_CHECK("shift_dcoef_reduce_kernel", stream);
   }

@@ -48,6 +48,24 @@ const ShiftCase kShiftCases[] = {
     {2, 37, 6, 64, 1, true, true, 8, 0, 0},       // 6 heads: a block's group of 4, then 2
     {2, 21, 9, 16, 2, true, false, 0, 0, 8},      // 9 heads: groups 4 + 4 + 1, shift only
     {2, 19, 3, 32, 1, true, true, 4, 4, 4},       // 8-byte aligned rows only: 4-wide (8-wide falls back to 1)
+    // Row walks (ShiftRopeWalk::kRows: W <= 1, units per head dividing 32):
+    {2, 70, 9, 32, 1, true, true, 0, 0, 0},       // 2 units per head: 16 heads per warp, 9 used; 3 blocks of 32 rows
+    {3, 45, 5, 128, 1, true, true, 8, 0, 8},      // 8 units: 4 heads per warp, a second group of 1
+    {2, 40, 3, 64, 0, true, true, 0, 0, 0},       // window 0 with a coefficient (a scale)
+};
+
+// The kernel variants every case runs: two vector widths x two ways of
+// walking the rows (kRows falls back to kUnits where it does not fit).
+struct Variant {
+  kc::ShiftRopeVector vector;
+  kc::ShiftRopeWalk walk;
+  const char* name;
+};
+const Variant kVariants[] = {
+    {kc::ShiftRopeVector::k8, kc::ShiftRopeWalk::kUnits, "8-wide units"},
+    {kc::ShiftRopeVector::k4, kc::ShiftRopeWalk::kUnits, "4-wide units"},
+    {kc::ShiftRopeVector::k8, kc::ShiftRopeWalk::kRows, "8-wide row walk"},
+    {kc::ShiftRopeVector::k4, kc::ShiftRopeWalk::kRows, "4-wide row walk"},
 };
 
 // Rows [B*T, ld] with head h at columns off + h*D: gather to contiguous [B, T, H, D].
@@ -117,19 +135,19 @@ TEST(CudaShiftRope, ForwardMatchesCpuShiftThenRope) {
     DeviceBuffer<bf16> d_x(to_bf16(s.x_full));
     DeviceBuffer<float> d_coef(s.coef), d_cos(s.cos), d_sin(s.sin);
     std::vector<std::vector<bf16>> ys;
-    for (const auto vector : {kc::ShiftRopeVector::k8, kc::ShiftRopeVector::k4}) {
-      SCOPED_TRACE(vector == kc::ShiftRopeVector::k8 ? "8-wide" : "4-wide");
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(v.name);
       DeviceBuffer<bf16> d_y((size_t)c.B * c.T * s.out_ld);
       kc::shift_rope_forward(d_y.get(), s.out_ld, d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
                              c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W, 0,
-                             {}, vector);
+                             {}, v.vector, v.walk);
       ys.push_back(d_y.download());
       bool rest_poisoned = false;
       const FVec got = gather_f32(ys.back(), c, s.out_ld, 0, &rest_poisoned);
       EXPECT_TRUE(all_close(got, to_float(want), kBf16Rtol, kBf16Atol));
       EXPECT_TRUE(rest_poisoned) << "wrote outside the heads' columns";
     }
-    EXPECT_TRUE(same_bits(ys[0], ys[1])) << "the two widths' y";
+    for (size_t i = 1; i < ys.size(); ++i) EXPECT_TRUE(same_bits(ys[0], ys[i])) << kVariants[i].name << "'s y";
   }
 }
 
@@ -161,8 +179,8 @@ TEST(CudaShiftRope, BackwardMatchesCpuAndIsDeterministic) {
     DeviceBuffer<float> d_coef(s.coef), d_cos(s.cos), d_sin(s.sin);
     DeviceBuffer<float> d_scratch(kc::shift_rope_backward_scratch_floats(c.B, c.T, c.H, c.D, W));
     std::vector<std::vector<bf16>> first_dx;
-    for (const auto vector : {kc::ShiftRopeVector::k8, kc::ShiftRopeVector::k4}) {
-      SCOPED_TRACE(vector == kc::ShiftRopeVector::k8 ? "8-wide" : "4-wide");
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(v.name);
       std::vector<std::vector<bf16>> dxs;
       std::vector<FVec> dcoefs;
       for (int run = 0; run < 2; ++run) {
@@ -171,7 +189,7 @@ TEST(CudaShiftRope, BackwardMatchesCpuAndIsDeterministic) {
         kc::shift_rope_backward(d_dx.get() + c.in_off, s.in_ld, c.coef ? d_dcoef.get() : nullptr, d_dy.get(),
                                 s.out_ld, d_x.get() + c.in_off, s.in_ld, c.coef ? d_coef.get() : nullptr,
                                 c.rope ? d_cos.get() : nullptr, c.rope ? d_sin.get() : nullptr, c.B, c.T, c.H, c.D, W,
-                                d_scratch.get(), 0, {}, vector);
+                                d_scratch.get(), 0, {}, v.vector, v.walk);
         dxs.push_back(d_dx.download());
         dcoefs.push_back(d_dcoef.download());
       }
@@ -184,7 +202,8 @@ TEST(CudaShiftRope, BackwardMatchesCpuAndIsDeterministic) {
       EXPECT_TRUE(same_bits(dcoefs[0], dcoefs[1]));
       first_dx.push_back(dxs[0]);
     }
-    EXPECT_TRUE(same_bits(first_dx[0], first_dx[1])) << "the two widths' dx";
+    for (size_t i = 1; i < first_dx.size(); ++i)
+      EXPECT_TRUE(same_bits(first_dx[0], first_dx[i])) << kVariants[i].name << "'s dx";
   }
 }
 

@@ -1,5 +1,5 @@
 // kvshift: pretraining Llama models with KV shifting attention.
-// Subcommands live in src/cli/commands/; errors become one line and exit 1.
+// Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
 #include <cstdio>
 
 #include "cli/commands/commands.h"
@@ -35,7 +35,22 @@ int main(int argc, char** argv) {
     kvs::init_logging();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help and --help-all: CLI11 prints them
+    // A usage error is one line too, naming the subcommand whose options were wrong.
+    const CLI::App* sub = nullptr;
+    try {
+      if (argc > 1) sub = app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {  // not one of ours
+    }
+    if (argc > 1 && argv[1][0] != '-' && !sub) {
+      std::fprintf(stderr, "kvshift: error: unknown subcommand '%s' (kvshift --help lists them)\n", argv[1]);
+    } else if (sub) {
+      std::fprintf(stderr, "kvshift: error: %s: %s (kvshift %s --help lists its options)\n", argv[1], e.what(),
+                   argv[1]);
+    } else {
+      std::fprintf(stderr, "kvshift: error: %s (kvshift --help lists the subcommands)\n", e.what());
+    }
+    return 1;
   } catch (const kvs::Error& e) {
     std::fprintf(stderr, "kvshift: error: %s\n", e.what());
     return 1;

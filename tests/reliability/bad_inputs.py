@@ -210,6 +210,22 @@ def cases():
     def _(b, d):
         return ["train"], ""
 
+    @case("cli-unknown-option", "CLI", "an option the subcommand does not have",
+          "bench: The following arguments were not expected: 2 --threads (kvshift bench --help lists its options)")
+    def _(b, d):
+        return ["bench", "--config", config(d, tiny()), "--threads", "2"], ""
+
+    @case("cli-device-rules", "CLI", "--device cuda for a model the CUDA kernels cannot run",
+          "D/c.json with --device cuda: device: \"cuda\" needs head_dim (hidden_size / num_attention_heads) of 16, "
+          "32, 64 or 128, got 8")
+    def _(b, d):
+        return ["bench", "--config", config(d, tiny()), "--device", "cuda"], ""
+
+    @case("cli-unknown-subcommand", "CLI", "a subcommand kvshift does not have",
+          "unknown subcommand 'nosuch' (kvshift --help lists them)")
+    def _(b, d):
+        return ["nosuch"], ""
+
     @case("cli-resume-other-model", "CLI", "--resume with a different model",
           "D/run/checkpoints/step_00000002: the checkpoint's model differs from the config's model section")
     def _(b, d):

@@ -265,7 +265,10 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
-    if (!a->device.empty()) cfg.device = device_flag(a->device);
+    if (!a->device.empty()) {  // the device's own rules (CUDA: head_dim, no document masking) apply too
+      cfg.device = device_flag(a->device);
+      validate(cfg, a->config + " with --device " + a->device);
+    }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
     const int threads = resolve_threads(cfg.train.threads);
     omp_set_num_threads(threads);

@@ -37,7 +37,10 @@ void add_eval(CLI::App& app) {
       cfg = config_from_json(j, dir + "/run_config.json");
       validate(cfg, dir + "/run_config.json");
     }
-    if (!a->device.empty()) cfg.device = device_flag(a->device);
+    if (!a->device.empty()) {  // the device's own rules (CUDA: head_dim, no document masking) apply too
+      cfg.device = device_flag(a->device);
+      validate(cfg, (a->config.empty() ? dir + "/run_config.json" : a->config) + " with --device " + a->device);
+    }
     const std::string cfg_dir =
         cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
     auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);

@@ -464,16 +464,20 @@ dim3 walk_grid(int T, int H, int D, bool rope, int V, int B) {
   const int heads_per_warp = 32 / ((rope ? D / 2 : D) / V);
   return dim3(ceil_div(T, kWalkBlockRows), ceil_div(H, heads_per_warp), B);
 }
+// Calls f(v) with decltype(v)::value == V (8, 4 or 1): a kernel template's width.
+template <class F>
+void with_width(int V, F f) {
+  if (V == 8) f(std::integral_constant<int, 8>{});
+  else if (V == 4) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, 1>{});
+}
 // Calls f(v, w) with decltype(v)::value == V and decltype(w)::value == W (V in {8, 4, 1}, W in {0, 1}).
 template <class F>
 void with_walk_kernel(int V, int W, F f) {
-  auto by_w = [&](auto v) {
+  with_width(V, [&](auto v) {
     if (W == 1) f(v, std::integral_constant<int, 1>{});
     else f(v, std::integral_constant<int, 0>{});
-  };
-  if (V == 8) by_w(std::integral_constant<int, 8>{});
-  else if (V == 4) by_w(std::integral_constant<int, 4>{});
-  else by_w(std::integral_constant<int, 1>{});
+  });
 }
 
 // The vector width the launchers use: `want` where `fits(V)` (V = 8 or 4), else 1.
@@ -511,13 +515,7 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld);
   };
-  if (V == 8) {
-    launch(shift_rope_forward_kernel<8>);
-  } else if (V == 4) {
-    launch(shift_rope_forward_kernel<4>);
-  } else {
-    launch(shift_rope_forward_kernel<1>);
-  }
+  with_width(V, [&](auto v) { launch(shift_rope_forward_kernel<decltype(v)::value>); });
   KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_kernel", stream);
 }
 
@@ -567,13 +565,7 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
       kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT,
                                             hx, halo.ld, dh, halo.ld_grad);
     };
-    if (V == 8) {
-      launch(shift_rope_backward_kernel<8>);
-    } else if (V == 4) {
-      launch(shift_rope_backward_kernel<4>);
-    } else {
-      launch(shift_rope_backward_kernel<1>);
-    }
+    with_width(V, [&](auto v) { launch(shift_rope_backward_kernel<decltype(v)::value>); });
     KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);
   }
   if (partial) {

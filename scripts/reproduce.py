@@ -35,7 +35,7 @@ QUICK_SEEDS = [1]
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="only Figure 1a with one seed per model (about 15 minutes on 2 cores)")
+                   help="only Figure 1a with one seed per model (about a minute of training on 2 cores; --dry-run prints the plan)")
     p.add_argument("--jobs", type=int, default=2, help="cells trained in parallel (default 2)")
     p.add_argument("--out", help="sweeps' output root (default runs/experiments, runs/quick with --quick)")
     p.add_argument("--results", help="results page to write (default docs/RESULTS.md, runs/quick/RESULTS.md with --quick)")

@@ -115,7 +115,7 @@ std::string import_hf(const ImportOptions& o) {
     const Located& w = it->second;
     const DType d = w.tensor.dtype;
     KVS_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::F64,
-              "{}: tensor '{}' has dtype {} (supported: F32, BF16, F16)", w.file, t.name, dtype_name(d));
+              "{}: tensor '{}' has dtype {} (supported: F32, BF16, F16, F64)", w.file, t.name, dtype_name(d));
     KVS_CHECK(w.tensor.shape == t.shape, "{}: tensor '{}' has shape {}, expected {} from config.json", w.file, t.name,
               shape_str(w.tensor.shape), shape_str(t.shape));
     const std::vector<float> v = tensor_to_f32(w.tensor);

@@ -68,20 +68,28 @@ int StepWatch::boundary(int64_t done) {
     work[static_cast<size_t>(r)] = all[2 * static_cast<size_t>(r) + 1];
   }
   if (factor_ > 0 && metrics_) {
-    const double med_step = median_step(), med_work = median_of(work);
+    const double med_step = median_step();
     const int slowest = static_cast<int>(std::max_element(work.begin(), work.end()) - work.begin());
     const double worst = work[static_cast<size_t>(slowest)];
+    // Against the other ranks: with the slowest one in it, the median of two
+    // ranks would be the slowest's own work and the rule could never fire.
+    std::vector<double> others = work;
+    others.erase(others.begin() + slowest);
+    const double med_work = median_of(others);
     const bool slow_step = med_step > 0 && step_s_ > factor_ * med_step && step_s_ - med_step > kMinExcessS;
     const bool slow_rank = n > 1 && worst > factor_ * med_work && worst - med_work > kMinExcessS;
     if (slow_step || slow_rank) {
       nlohmann::json j = {{"type", "straggler"}, {"step", done}, {"step_time_s", step_s_},
                           {"median_step_s", med_step}};
       if (n > 1)
-        j.update({{"slowest_rank", slowest}, {"slowest_rank_work_s", worst}, {"median_rank_work_s", med_work}});
+        j.update({{"slowest_rank", slowest},
+                  {"slowest_rank_work_s", worst},
+                  {"median_rank_work_s", med_work},
+                  {"slow_rank", slow_rank}});
       metrics_->write(j);
       spdlog::warn("straggler: step {} took {:.3f} s (median {:.3f} s){}", done, step_s_, med_step,
-                   slow_rank ? fmt::format("; rank {} worked {:.3f} s, the ranks' median {:.3f} s", slowest, worst,
-                                           med_work)
+                   slow_rank ? fmt::format("; rank {} worked {:.3f} s, the other ranks' median {:.3f} s", slowest,
+                                           worst, med_work)
                              : "");
     }
   }

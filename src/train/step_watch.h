@@ -5,7 +5,7 @@
 //     time minus its waits in collectives), so all ranks stop after the same
 //     step, and a rank much slower than the others is named;
 //   - a step much slower than the median of recent steps, or a rank whose work
-//     took more than straggler_factor x the ranks' median, gets a
+//     took more than straggler_factor x the other ranks' median, gets a
 //     {"type": "straggler"} line in metrics.jsonl (rank 0);
 //   - a watchdog thread warns while a step runs past straggler_factor x the
 //     median (a heartbeat: the run is alive but stuck or slow), once per step.

@@ -169,8 +169,8 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
     std::ifstream in(run + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("type", "") == "straggler" && j.value("slowest_rank", -1) == 1 &&
-          j.value("slowest_rank_work_s", 0.0) > 1.0)
+      if (!j.is_discarded() && j.value("type", "") == "straggler" && j.value("slow_rank", false) &&
+          j.value("slowest_rank", -1) == 1 && j.value("slowest_rank_work_s", 0.0) > 1.0)
         named = true;
     }
   }

@@ -1,8 +1,8 @@
 // ZeRO-1's data movement for engines whose flat buffers are in GPU memory
 // ZeRO-1's data movement for engines whose flat buffers are in GPU memory
-// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. Compiled but
-// not yet run on a GPU: scripts/gpu_check.sh runs the staged path (2 MPI ranks
-// on one GPU); the NCCL path needs 2 GPUs.
+// (flat_sync.h): DirectNccl, or StagedFlatSync with cudaMemcpy. The staged
+// path ran on an H100 (scripts/gpu_check.sh: 2 MPI ranks on one GPU, matching
+// one process); the NCCL path needs 2 GPUs and has not run yet.
 #include "parallel/flat_sync.h"
 
 #include "core/error.h"

@@ -594,7 +594,7 @@ if [ $build_rc -eq 0 ]; then
     attn_bin="$bd"/kvshift
     if [ "$dev" = cpu ] && [ -x "$bd"/kvshift_host ]; then
       # The host rehearsal: the CUDA kernels through their launchers on the host
-      # shim (times read 0), tiny shapes, so the two tables and their rows are checked.
+      # shim (times read 0), tiny shapes, so the tables and their rows are checked.
       attn_bin="$bd"/kvshift_host
       attn_args=(--batch 1 --heads 2 --kv-heads 1 --head-dim 16 --seq-len 64 --seq-len 130 --reps 1)
     fi
@@ -604,6 +604,12 @@ if [ $build_rc -eq 0 ]; then
     awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
       $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s  %s\n", "attention T=" $1 " ours/cuDNN fwd+bwd", $4}' "$out/bench_attention.log" | tee -a "$summary"
+    # And against cuDNN's deterministic backward (ours is deterministic): the last number of the row.
+    awk -F'|' '/^ours\/cuDNN fwd\+bwd =/ {exit}
+      $1 ~ /^ *[0-9]+ *$/ && NF >= 5 {gsub(/^ +| +$/, "", $1); v = $5; gsub(/^ +| +$/, "", v);
+        if (v ~ /n\/a/) v = "n/a"; else {n = split(v, w, / +/); v = w[n]}
+        printf "%-44s  %s\n", "attention T=" $1 " ours/cuDNN-det fwd+bwd", v}' "$out/bench_attention.log" |
+      tee -a "$summary"
     # And our kernels' default tile loads (cp.async + ldmatrix) against the first version's.
     awk -F'|' '/^our mma.sync kernels, tile loads/ {on = 1; next} on && /^ *$/ {exit}
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);

@@ -159,6 +159,8 @@ def main():
     for T in (64, 130):
         check(find(t, f"attention T={T} ours/cuDNN fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN row",
               find(t, f"attention T={T} ours/cuDNN fwd+bwd"))
+        check(find(t, f"attention T={T} ours/cuDNN-det fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN-det row",
+              find(t, f"attention T={T} ours/cuDNN-det fwd+bwd"))
         v = find(t, f"attention T={T} cp.async/sync speed fwd, bwd")
         check(bool(re.match(r"\S+ \S+$", v or "")), f"attention T={T} cp.async/sync row (two ratios)", v)
         check(find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd") == "n/a",

@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
     }
     if (argc > 1 && argv[1][0] != '-' && !sub) {
       std::fprintf(stderr, "kvshift: error: unknown subcommand '%s' (kvshift --help lists them)\n", argv[1]);
+    } else if (argc > 1 && argv[1][0] == '-') {  // CLI11 would say a subcommand is required
+      std::fprintf(stderr, "kvshift: error: unknown option '%s' before the subcommand (kvshift --help lists them)\n",
+                   argv[1]);
     } else if (sub) {
       std::fprintf(stderr, "kvshift: error: %s: %s (kvshift %s --help lists its options)\n", argv[1], e.what(),
                    argv[1]);

@@ -226,6 +226,11 @@ def cases():
     def _(b, d):
         return ["nosuch"], ""
 
+    @case("cli-option-first", "CLI", "an option before the subcommand",
+          "unknown option '--threads' before the subcommand (kvshift --help lists them)")
+    def _(b, d):
+        return ["--threads", "2", "bench", "--config", config(d, tiny())], ""
+
     @case("cli-resume-other-model", "CLI", "--resume with a different model",
           "D/run/checkpoints/step_00000002: the checkpoint's model differs from the config's model section")
     def _(b, d):

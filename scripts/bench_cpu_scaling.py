@@ -92,7 +92,9 @@ def main(argv=None):
             runs[(c, t, k, b)].append(r)
             who = f" {b}" if len(binaries) > 1 else ""
             print(f"round {rnd + 1}: {c} {t} threads {r['openblas_core']}{who}: {r['tokens_per_s']:,.0f} tokens/s, "
-                  f"{r['median_ms_per_step']:.1f} ms/step, load {r['loadavg_1min']:.2f}", file=sys.stderr)
+                  f"{r['median_ms_per_step']:.1f} ms/step, load {r['loadavg_1min']:.2f}"
+                  + (f", CPU steal {100 * r['cpu_steal_fraction']:.1f}%" if r.get("cpu_steal_fraction") is not None
+                     else ""), file=sys.stderr)
     rows = []
     for (c, t, k, b), rs in runs.items():
         rows.append({"config": c, "threads": t, "core_asked": k or "environment", "kvshift": b,

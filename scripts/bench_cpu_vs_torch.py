@@ -34,7 +34,8 @@ causal mask + softmax, since 1.13 has no scaled_dot_product_attention); `--torch
 oracle` times the oracle module instead.
 
 A shared machine skews every engine: --rounds R repeats the whole sequence R times
-(interleaved) and reports medians, with the 1-minute load average before each run.
+(interleaved) and reports medians, with the 1-minute load average before each run and the
+CPU time the hypervisor stole during it (Linux /proc/stat "steal"; a shared VM's neighbours).
 
   /usr/bin/python3 scripts/bench_cpu_vs_torch.py --config configs/toy/lm-small-kvshift.json --rounds 3
 """
@@ -64,7 +65,32 @@ DEFAULT_KVSHIFT = os.path.join("build", "kvshift")
 DEFAULT_PYPI_PYTHON = os.path.join(REPO_ROOT, ".venv-hf5", "bin", "python")
 
 
+# ----------------------------------------------------------------------------- machine
+
+
+def cpu_times():
+    """(total, steal) of /proc/stat's aggregate cpu line (USER_HZ ticks), None off Linux: the hypervisor's
+    stolen time, as kvshift bench reads it (src/core/cpu_steal.h)."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    v = [int(x) for x in line.split()[1:9]]
+                    return sum(v), (v[7] if len(v) > 7 else 0)
+    except OSError:
+        pass
+    return None
+
+
+def steal_fraction(a, b):
+    """Steal over [a, b] as a fraction of all CPU time in it; None without /proc/stat."""
+    if a is None or b is None:
+        return None
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
+
+
 # ----------------------------------------------------------------------------- config
+
 
 def read_config(path):
     """The kvshift config's model section (as the oracle's config) and train section (dict)."""
@@ -442,6 +468,7 @@ def main(argv=None):
     for rnd in range(args.rounds):
         for ename, python, mode in engines:
             loads.append(os.getloadavg()[0])
+            times_before = cpu_times()
             if python is None:
                 res = run_kvshift(binary, args.config, threads, args.warmup, args.steps,
                                   recalibrate=args.recalibrate and rnd == 0)
@@ -449,10 +476,13 @@ def main(argv=None):
                 res = run_worker(python, mode, args, threads,
                                  args.compile_timeout if mode == "compile" else 900)
             res["loadavg_1min_before"] = loads[-1]
+            res["cpu_steal_fraction_of_run"] = steal_fraction(times_before, cpu_times())
             runs[ename].append(res)
+            steal = res["cpu_steal_fraction_of_run"]
             print(f"round {rnd + 1}/{args.rounds} {ename}: "
                   + (f"{res['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in res else res.get("error", "?"))
-                  + f" (load {loads[-1]:.2f})", file=sys.stderr)
+                  + f" (load {loads[-1]:.2f}" + (f", CPU steal {100 * steal:.1f}%" if steal is not None else "") + ")",
+                  file=sys.stderr)
 
     kv_runs = runs.get("kvshift", [])
     peak = median([r.get("sgemm_peak_gflops") for r in kv_runs])

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
 #include "core/cpu_budget.h"
+#include "core/cpu_steal.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/runtime_env.h"
@@ -50,6 +52,7 @@ struct BenchResult {
   std::vector<kvs::profile::OpStat> ops;  // with --profile: summed over the timed steps
   int steps = 0;
   double mean_ms = 0;  // the profile's shares are of the mean step
+  std::optional<double> steal;  // the hypervisor's share of the CPUs during the timed steps (Linux VMs)
 };
 
 // --profile: the CPU engine's ops are timed from the first timed step on.
@@ -102,8 +105,10 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
   BenchResult r;
   r.steps = steps;
   std::vector<double> ms, cpu_ms;
+  std::optional<CpuTimes> times_before;
   for (int s = 0; s < warmup + steps; ++s) {
     if (profile) profile_step_begins(s, warmup, cfg.device);
+    if (s == warmup) times_before = read_cpu_times();
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
     engine->zero_grad();
@@ -118,6 +123,7 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
     }
   }
   if (profile) r.ops = profile_take(cfg.device);
+  if (const auto after = read_cpu_times(); times_before && after) r.steal = steal_fraction(*times_before, *after);
   std::sort(ms.begin(), ms.end());
   std::sort(cpu_ms.begin(), cpu_ms.end());
   r.median_ms = ms[ms.size() / 2];
@@ -340,6 +346,7 @@ void add_bench(CLI::App& app) {
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
                             {"loadavg_1min", loadavg_1min()},
+                            {"cpu_steal_fraction", r.steal ? nlohmann::json(*r.steal) : nlohmann::json(nullptr)},
                             {"omp_places", omp_get_num_places()},  // 0 unless OMP_PLACES/OMP_PROC_BIND bind threads
                             {"affinity_cpus", process_cpu_budget().affinity_cpus},
                             {"cgroup_cpu_quota", process_cpu_budget().quota ? nlohmann::json(*process_cpu_budget().quota)
@@ -385,8 +392,10 @@ void add_bench(CLI::App& app) {
                     "step %.1f%%)",
                     100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
                     peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
-      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f\n", r.peak_what.c_str(),
+      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f", r.peak_what.c_str(),
                   r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
+      if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
+      std::printf("\n");
       if (a->profile) print_profile(r, profile_peak_gflops);
       if (peak_fraction(r) > 1.0)
         std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "

@@ -124,6 +124,23 @@ __device__ __forceinline__ void unrotated(float (&d1)[V], float (&d2)[V], const 
   }
 }
 
+// y = RoPE_t(s) of a unit, in fp32 (y1 = s1 cos - s2 sin, y2 = s2 cos + s1 sin
+// with cos/sin of position t at cos_t, sin_t), stored as bf16 at p and p + half.
+template <int V>
+__device__ __forceinline__ void rotate_store(bf16* p, int half, const float (&s1)[V], const float (&s2)[V],
+                                             const float* cos_t, const float* sin_t) {
+  float cs[V], sn[V], y1[V], y2[V];
+  load_f32<V>(cs, cos_t);
+  load_f32<V>(sn, sin_t);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
+    y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
+  }
+  store_bf16<V>(p, y1);
+  store_bf16<V>(p + half, y2);
+}
+
 // Forward: per unit, the shifted s of its columns in fp32, rotated in fp32
 // (RoPE pairs i, i + D/2 with cos/sin of position t), written once in bf16.
 template <int V>
@@ -143,18 +160,10 @@ __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, i
       const int j = (i % units) * V, t = t0 + i / units;
       bf16* yr = y + (seq + t) * ld_out + col;
       if (cos) {
-        float s1[V], s2[V], cs[V], sn[V], y1[V], y2[V];
+        float s1[V], s2[V];
         shifted<V>(s1, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
         shifted<V>(s2, x + col + half + j, ld_in, seq, t, T, W, c, hx ? hx + half + j : nullptr, ld_halo);
-        load_f32<V>(cs, cos + (size_t)t * half + j);
-        load_f32<V>(sn, sin + (size_t)t * half + j);
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
-          y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
-        }
-        store_bf16<V>(yr + j, y1);
-        store_bf16<V>(yr + half + j, y2);
+        rotate_store<V>(yr + j, half, s1, s2, cos + (size_t)t * half + j, sin + (size_t)t * half + j);
       } else {
         float s[V];
         shifted<V>(s, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
@@ -307,16 +316,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_forward_walk_kernel(bf16*
     }
     bf16* yr = yh + (seq + t) * ld_out;
     if (cos) {
-      float cs[V], sn[V], y1[V], y2[V];
-      load_f32<V>(cs, cos + (size_t)t * half + j);
-      load_f32<V>(sn, sin + (size_t)t * half + j);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        y1[k] = s1[k] * cs[k] - s2[k] * sn[k];
-        y2[k] = s2[k] * cs[k] + s1[k] * sn[k];
-      }
-      store_bf16<V>(yr, y1);
-      store_bf16<V>(yr + half, y2);
+      rotate_store<V>(yr, half, s1, s2, cos + (size_t)t * half + j, sin + (size_t)t * half + j);
     } else {
       store_bf16<V>(yr, s1);
     }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 #include "model/engine.h"
@@ -181,9 +182,16 @@ inline double rel_l2(const float* a, const float* b, size_t n) {
 
 // The model's initial parameters (seed) rounded to bf16, so that a CUDA engine
 // (bf16 copy) and a reference computing in fp32/fp64 start from the same values.
+// The RMSNorm gains, which start at exactly 1, get noise (1 + 0.2 N(0, 1)): with
+// all of them 1, an engine reading the wrong gain (another layer's, ln1 for
+// ln2) would match its reference bit for bit.
 inline std::vector<float> bf16_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
   std::vector<float> params(layout.total);
   init_params(layout, m, seed, params.data());
+  for (const ParamTensor& t : layout.tensors)
+    if (t.kind == ParamKind::Norm)
+      for (size_t i = 0; i < t.numel; ++i)
+        params[t.offset + i] = 1.0f + 0.2f * static_cast<float>(normal01(seed + 1000003, t.offset + i));
   for (float& x : params) x = bf16_round(x);
   return params;
 }

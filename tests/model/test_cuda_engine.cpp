@@ -274,6 +274,25 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
   EXPECT_GE(2 * resolved_total, nonzero_total) << "fewer than half the gradient elements resolved";
 }
 
+// The decay flags exactly (the test above bounds them only through a 10%
+// rel-L2 on norms and shifts): with zero gradients AdamW moves a parameter
+// only by its weight decay, so decayed tensors go from 1 to 1 - lr wd and
+// RMSNorm gains and shift coefficients stay 1.
+TEST(CudaEngine, NormsAndShiftsAreNotDecayed) {
+  KVS_REQUIRE_GPU();
+  const ModelConfig m = model_of(kClamp);
+  kvs::CudaEngine e(m, 1, 8);
+  const kvs::ParamLayout& L = e.layout();
+  std::vector<float> p(L.total, 1.0f);
+  e.write_params(p.data());
+  e.zero_grad();
+  e.adamw_step({0.1, 0.9, 0.95, 1e-8, 0.5, 1, 1.0});
+  e.read_params(p.data());
+  for (const auto& t : L.tensors)
+    for (size_t i = 0; i < t.numel; ++i)
+      ASSERT_FLOAT_EQ(p[t.offset + i], t.decay() ? 1.0f - 0.1f * 0.5f : 1.0f) << t.name << " element " << i;
+}
+
 namespace {
 
 kvs::Config tiny_training(const char* device, bool shift) {

@@ -94,7 +94,11 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
     EXPECT_LT(rel(it->second, loss), tol) << what << " step " << step << ": " << it->second << " vs " << loss;
   }
   for (const auto& [step, loss] : want.eval) {
-    if (step < from || !got.eval.count(step)) continue;
+    if (step < from) continue;
+    if (!got.eval.count(step)) {
+      ADD_FAILURE() << what << ": no evaluation at step " << step;
+      continue;
+    }
     worst = std::max(worst, rel(got.eval.at(step), loss));
     EXPECT_LT(rel(got.eval.at(step), loss), tol) << what << " eval @ " << step;
   }

@@ -140,8 +140,10 @@ TEST(ParallelLinear, SequenceParallelMlpMatchesOneProcessRows) {
                            {{dg_l.data(), wg_l.data(), dwg_l.data(), Fl}, {du_l.data(), wu_l.data(), dwu_l.data(), Fl}},
                            region, full.data(), full2.data());
   EXPECT_LT(rel_err(dx_l.data(), dx.data() + lo, dx_l.size()), 1e-6);
-  const std::vector<float> dwg_ref = row_slice(dwg, F, C, r, tp), dwd_ref = col_slice(dwd, C, F, r, tp);
+  const std::vector<float> dwg_ref = row_slice(dwg, F, C, r, tp), dwu_ref = row_slice(dwu, F, C, r, tp);
+  const std::vector<float> dwd_ref = col_slice(dwd, C, F, r, tp);
   EXPECT_LT(rel_err(dwg_l.data(), dwg_ref.data(), dwg_ref.size()), 1e-6);
+  EXPECT_LT(rel_err(dwu_l.data(), dwu_ref.data(), dwu_ref.size()), 1e-6);
   EXPECT_LT(rel_err(dwd_l.data(), dwd_ref.data(), dwd_ref.size()), 1e-6);
 }
 

@@ -93,7 +93,11 @@ TEST(CudaTensorParallel, VocabParallelLossEqualsTheFusedLoss) {
     Rank& k = ranks[r];
     k.d = kvs::LocalDims::of(m, r, tp);
     k.valid = std::clamp(k.d.v_valid - k.d.v_begin, 0, k.d.V);
-    k.x = std::make_unique<DeviceBuffer<bf16>>(to_bf16(slice_columns(logits, N, Vfull, k.d.v_begin, k.d.V)));
+    // Padding columns hold garbage: the kernels must ignore them and write their dlogits as 0.
+    std::vector<float> x = slice_columns(logits, N, Vfull, k.d.v_begin, k.d.V);
+    for (int n = 0; n < N; ++n)
+      for (int v = k.valid; v < k.d.V; ++v) x[static_cast<size_t>(n) * k.d.V + v] = 30.0f;
+    k.x = std::make_unique<DeviceBuffer<bf16>>(to_bf16(x));
     k.stats = std::make_unique<DeviceBuffer<float>>(kc::VocabCeStats::floats(N));
     k.loss = std::make_unique<DeviceBuffer<float>>(N);
     k.arg = std::make_unique<DeviceBuffer<int32_t>>(N);

@@ -4,6 +4,7 @@
 // shifted with GQA, resume across layouts, and fail cleanly on a bad layout.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -28,7 +29,7 @@ std::vector<float> round_trip(const kvs::ModelConfig& m, int tp, const std::vect
                               std::vector<std::vector<float>>* locals_out = nullptr) {
   const auto full_layout = kvs::ParamLayout::build(m);
   const auto local_layout = kvs::ParamLayout::build(m, 0, tp);
-  std::vector<float> gathered(local_layout.total * tp);
+  std::vector<float> gathered(local_layout.total * tp, std::nanf(""));  // slice_to_local must write every element
   for (int r = 0; r < tp; ++r) {
     const auto lr = kvs::ParamLayout::build(m, r, tp);
     EXPECT_EQ(lr.total, local_layout.total) << "ranks must hold equal slices";

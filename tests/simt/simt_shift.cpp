@@ -38,11 +38,8 @@ bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   return true;
 }
 
-// The row walks' conditions (shift_rope.cu's walk_fits), and whether a case meets them.
-bool walks(const Case& c, int V) {
-  const int W = c.coef ? c.W : 0, width = c.rope ? c.D / 2 : c.D;
-  return W <= 1 && !c.halo && width % V == 0 && width / V <= 32 && 32 % (width / V) == 0;
-}
+// Whether the launcher would run a case's row walk (its walk_fits, and no halo).
+bool walks(const Case& c, int V) { return !c.halo && kc::walk_fits(c.D, c.rope, c.coef ? c.W : 0, V); }
 
 // y and dx as the kernels wrote them (every element of the padded rows), for
 // comparing the unit and walk kernels bit for bit.
@@ -89,10 +86,12 @@ Outputs run(const Case& c) {
   std::vector<bf16> yb(N * out_ld, poison_bf16());
   const int TT = kc::tile_rows(c.D);
   const emu::Dim grid{(unsigned)((c.T + TT - 1) / TT), (unsigned)kc::head_groups(c.H), (unsigned)c.B};
-  // The walks' grid: blocks of kWalkBlockRows rows and 32 / units heads.
-  const int heads_per_warp = 32 / ((c.rope ? c.D / 2 : c.D) / V);
-  const emu::Dim wgrid{(unsigned)((c.T + kc::kWalkBlockRows - 1) / kc::kWalkBlockRows),
-                       (unsigned)((c.H + heads_per_warp - 1) / heads_per_warp), (unsigned)c.B};
+  // The walks' grid, as the launcher makes it (only where the walk fits: it divides by the units per head).
+  emu::Dim wgrid;
+  if constexpr (Walk) {
+    const dim3 g = kc::walk_grid(c.T, c.H, c.D, c.rope, V, c.B);
+    wgrid = {g.x, g.y, g.z};
+  }
   const float* cp = c.coef ? coef.data() : nullptr;
   const float* cosp = c.rope ? cs.data() : nullptr;
   const float* sinp = c.rope ? sn.data() : nullptr;

@@ -87,12 +87,34 @@ TEST(DataInduction, DeterministicPerSeedAndIndex) {
   EXPECT_EQ(generate_induction(small_cfg(), T, 99).tokens, generate_induction(small_cfg(), T, 99).tokens);
 }
 
+// What the trainer sees: targets are the next inputs, and the mask scores
+// exactly the positions the induction rule predicts from the inputs alone (a
+// repeated token whose target is what followed its latest occurrence), checked
+// from (inputs, targets, mask) without the generator's own record.
 TEST(DataInduction, InputsTargetsMaskMatchSequence) {
   const int T = 64;
-  InductionDataset ds(small_cfg(), T, 256, 1);
-  const Seq s = get_seq(ds, Split::Train, 3, T);
-  for (int t = 0; t + 1 < T; ++t) EXPECT_EQ(s.tg[t], s.in[t + 1]);
-  for (float m : s.mask) EXPECT_TRUE(m == 0.0f || m == 1.0f);
+  const InductionDataConfig cfg = small_cfg();
+  InductionDataset ds(cfg, T, 256, 1);
+  int scored = 0;
+  for (const Split split : {Split::Train, Split::Val}) {
+    for (uint64_t index = 0; index < 50; ++index) {
+      const Seq s = get_seq(ds, split, index, T);
+      for (int t = 0; t + 1 < T; ++t) ASSERT_EQ(s.tg[t], s.in[t + 1]);
+      std::map<int32_t, int32_t> latest_next;
+      for (int t = 0; t < T; ++t) {
+        ASSERT_TRUE(s.mask[t] == 0.0f || s.mask[t] == 1.0f) << "index " << index << " position " << t;
+        if (s.mask[t] == 1.0f) {
+          ++scored;
+          ASSERT_NE(s.in[t], cfg.pad_token) << "index " << index << ": padding scored at " << t;
+          ASSERT_EQ(latest_next.count(s.in[t]), 1u) << "index " << index << ": a first occurrence scored at " << t;
+          ASSERT_EQ(s.tg[t], latest_next[s.in[t]]) << "index " << index << " position " << t;
+        }
+        if (s.in[t] != cfg.pad_token) latest_next[s.in[t]] = s.tg[t];
+      }
+    }
+  }
+  // About a third of the positions at pool 32, T 64 (ScoredTargetsFollowLatestOccurrence).
+  EXPECT_GT(scored, 100 * T / 5);
 }
 
 // Independent check of the generation rule on many sequences and configs.

@@ -272,6 +272,9 @@ def export_cases(t, binary, work):
         b = read_safetensors(os.path.join(ckpt, "model.safetensors"))  # written by numpy: compare tensors, not files
         same = sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
         t.record(name, "import(export(ckpt)) tensors bit for bit", same)
+        # ... and its config: the same logits (position encoding, theta, scaling, shift settings all count).
+        t.record(name, "import(export(ckpt)) logits bit for bit",
+                 np.array_equal(kvshift_logits(binary, back, TOKENS, d), want))
         if name == "vanilla_gqa":
             vanilla_dirs = (ckpt, out, want)
     return vanilla_dirs

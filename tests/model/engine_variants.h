@@ -1,8 +1,9 @@
 // The model variants on which the CUDA engine is compared with the CPU engine
 // (tests/model/test_cuda_engine.cpp on a GPU, tests/cuda_host/test_engine.cpp
 // on the host build): head_dim 16 (MHA and GQA), 32 (tied), 64 and 128;
-// window 3 with q shifted; the sigmoid gate without RoPE. One table, so the
-// two checks cannot drift apart.
+// window 3 with q shifted; the sigmoid gate without RoPE; θ 500000 with Llama 3
+// scaling (both engines take the host's RoPE tables: this checks they take the
+// model's). One table, so the two checks cannot drift apart.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,9 @@ struct EngineVariant {
   bool shift_q;
   const char* param;  // kv_shift.parametrization
   const char* pos;    // position_encoding
+  double rope_theta = 10000.0;
+  bool llama3 = false;  // Llama 3 rope_scaling; at head_dim 32, θ 500000: of the 16 frequencies
+                        // 2 keep their value, 1 is blended and 13 are divided by the factor
 };
 
 // Test names and failure messages show the variant's name, not its bytes.
@@ -41,6 +45,7 @@ inline ModelConfig model_of(const EngineVariant& v) {
                         {"max_position_embeddings", 64},
                         {"tie_word_embeddings", v.tied},
                         {"position_encoding", v.pos},
+                        {"rope_theta", v.rope_theta},
                         {"kv_shift",
                          {{"enabled", v.shift},
                           {"window", v.window},
@@ -48,6 +53,12 @@ inline ModelConfig model_of(const EngineVariant& v) {
                           {"parametrization", v.param}}}}},
                       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
                       {"train", {{"seq_len", 64}}}};
+  if (v.llama3)
+    j["model"]["rope_scaling"] = {{"rope_type", "llama3"},
+                                  {"factor", 8.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 64}};
   Config c = config_from_json(j, v.name);
   validate(c, v.name);
   return c.model;
@@ -61,6 +72,7 @@ inline const EngineVariant kEngineVariants[] = {
     {"shift_gate_norope", 64, 4, 4, 1, true, false, 1, false, "sigmoid_gate", "none"},
     {"shift_d64", 128, 2, 1, 1, true, false, 1, false, "free", "rope"},
     {"shift_d128", 256, 2, 2, 1, true, false, 2, false, "free", "rope"},
+    {"shift_llama3_d32", 64, 2, 1, 1, true, false, 1, false, "free", "rope", 500000.0, true},
 };
 // Three layers (the last one is not recomputed) and the sigmoid gate (its
 // effective coefficients are reused, not recomputed): recomputation's check.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -68,11 +69,35 @@ inline Curve read_metrics(const std::string& run_dir) {
   return c;
 }
 
-// Runs `kvshift train` on np processes (np = 0: without mpirun).
+// The layout line a run must print ("parallel layout: dp 2, pp 2, tp 1, backend
+// ..."): the config file's parallel section with the command line's
+// `--set parallel.*` on top. A curve test cannot then pass on a run that
+// ignored its layout (pp = 2 read as dp = 2 follows the same curve).
+inline std::string expected_layout(int np, const std::string& config, const std::string& extra) {
+  std::map<std::string, std::string> p;
+  const auto file = nlohmann::json::parse(slurp(config));
+  if (file.contains("parallel"))
+    for (const auto& [k, v] : file["parallel"].items()) p[k] = v.dump();
+  static const std::regex set_flag(R"(--set '?parallel\.([a-z_]+)=([^ ']*))");
+  for (std::sregex_iterator it(extra.begin(), extra.end(), set_flag), end; it != end; ++it) p[(*it)[1]] = (*it)[2];
+  const auto num = [&](const char* k) { return p.count(k) ? std::stoi(p[k]) : 1; };
+  const int tp = num("tp"), cp = num("cp"), pp = num("pp"), v = num("virtual_stages");
+  std::string s = "parallel layout: dp " + std::to_string(std::max(np, 1) / (tp * cp * pp));
+  if (pp > 1) s += ", pp " + std::to_string(pp) + (v > 1 ? " (" + std::to_string(v) + " virtual stages each)" : "");
+  if (cp > 1) s += ", cp " + std::to_string(cp);
+  s += ", tp " + std::to_string(tp);
+  if (p.count("sequence_parallel") && p["sequence_parallel"] == "true") s += " (sequence parallel)";
+  return s + ", backend ";
+}
+
+// Runs `kvshift train` on np processes (np = 0: without mpirun), which must
+// report the layout it was asked for.
 inline void train(int np, const std::string& config, const std::string& run_dir, const std::string& extra = "") {
   const auto r = run_kvshift("train --quiet --config " + config + " --run-dir " + run_dir + " " + extra,
                              np == 0 ? "" : mpirun(np));
   ASSERT_EQ(r.code, 0) << r.out;
+  const std::string layout = expected_layout(np, config, extra);
+  EXPECT_NE(r.out.find(layout), std::string::npos) << "expected \"" << layout << "\" in:\n" << r.out;
 }
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }

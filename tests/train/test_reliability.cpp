@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -222,6 +223,41 @@ TEST(AsyncCheckpoint, BitIdenticalToSynchronous) {
       EXPECT_EQ(slurp(tmp / ("sync/checkpoints/" + std::string(step) + "/" + f)),
                 slurp(tmp / ("async/checkpoints/" + std::string(step) + "/" + f)))
           << step << "/" << f;
+}
+
+// ... and the trainer's writes really are asynchronous (the test above passes
+// on a trainer that ignores the flag): while step 3's write is held by the
+// fault-injection pause, training goes on, so step 4's metrics line is
+// written before step_00000003 exists. A synchronous run, the control,
+// installs the directory first.
+TEST(AsyncCheckpoint, TrainingGoesOnWhileAWriteIsHeld) {
+  ASSERT_EQ(::setenv("KVS_FAULT_SAVE_PAUSE_S", "1", 1), 0);
+  for (const bool async : {true, false}) {
+    TmpDir tmp;
+    Config c = tiny(4, 3);
+    c.train.async_checkpoint = async;
+    const std::string run = tmp / "run";
+    std::atomic<int> step3_dir_at_step4{-1};  // -1: step 4's line never seen
+    std::thread watcher([&] {
+      for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+           std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
+        std::ifstream in(run + "/metrics.jsonl");
+        for (std::string line; std::getline(in, line);) {
+          const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);  // a line being written
+          if (j.is_object() && j.value("type", "") == "train" && j.value("step", 0) == 4) {
+            step3_dir_at_step4 = fs::exists(run + "/checkpoints/step_00000003") ? 1 : 0;
+            return;
+          }
+        }
+      }
+    });
+    const auto s = kvs::train(c, {run, false, true});
+    watcher.join();
+    EXPECT_EQ(s.steps_done, 4);
+    EXPECT_EQ(step3_dir_at_step4.load(), async ? 0 : 1) << (async ? "async" : "sync");
+    EXPECT_TRUE(fs::exists(run + "/checkpoints/step_00000003/manifest.json"));
+  }
+  ::unsetenv("KVS_FAULT_SAVE_PAUSE_S");
 }
 
 TEST(AsyncCheckpoint, AWriteErrorSurfacesAtTheNextSaveAndKeepsLatest) {

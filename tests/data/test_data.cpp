@@ -684,16 +684,20 @@ TEST(DataShardDataset, Errors) {
   const std::string dir = temp_dir("errors");
   std::vector<uint32_t> toks(100, 5);
   toks[37] = 300;
+  write_shard(dir + "/a.bin", std::vector<uint32_t>(50, 5), 2);
   write_shard(dir + "/bad.bin", toks, 2);
   ShardDataConfig cfg;
-  cfg.train = {"bad.bin"};
+  cfg.train = {"a.bin", "bad.bin"};
   cfg.val_fraction = 0;
   ShardDataset ds(cfg, 10, 256, 1, dir);
-  // Windows not touching position 37 are fine; the ones holding it fail naming file and position.
+  // Windows not touching the bad token (position 37 of bad.bin, 87 of the two
+  // files together) are fine; the ones holding it fail naming the file and
+  // the position in that file.
+  const uint64_t bad = 50 + 37;
   uint64_t failures = 0;
   for (uint64_t i = 0; i < ds.size(Split::Train); ++i) {
     const uint64_t start = ds.train_window(i) * 10;
-    const bool holds = start <= 37 && 37 <= start + 10;
+    const bool holds = start <= bad && bad <= start + 10;
     const std::string msg = error_of([&] { get_seq(ds, Split::Train, i, 10); });
     EXPECT_EQ(!msg.empty(), holds) << "window at " << start;
     if (holds) {
@@ -703,7 +707,7 @@ TEST(DataShardDataset, Errors) {
           << msg;
     }
   }
-  EXPECT_EQ(failures, 1u);  // only the window [30, 40]
+  EXPECT_EQ(failures, 1u);  // only the window [80, 90]
 
   cfg.train = {"nothing_*.bin"};
   EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.train", "nothing_*.bin");

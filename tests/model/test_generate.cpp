@@ -230,18 +230,22 @@ TEST(Generate, CacheBugsAreCaught) {
   }
 }
 
+// With documents too: the second prompt's BOS moved the document start to 6,
+// which reset() must forget with the rest.
 TEST(Generate, ResetStartsOver) {
-  const kvs::ModelConfig m = model_of(kVariants[1]);
-  kvs::Generator g(m, params_of(m), 8);
-  g.prefill(kPrompt);
-  g.prefill(kPrompt);  // all 8 positions used, the shift windows full of raw values
-  g.reset();
-  EXPECT_EQ(g.pos(), 0);
-  const float* a = g.prefill(kPrompt);
-  const std::vector<float> again(a, a + m.vocab_size);
-  kvs::Generator fresh(m, params_of(m), 8);
-  const float* b = fresh.prefill(kPrompt);
-  for (int i = 0; i < m.vocab_size; ++i) EXPECT_EQ(again[i], b[i]) << i;
+  for (const Variant& v : {kVariants[1], kVariants[12]}) {
+    const kvs::ModelConfig m = model_of(v);
+    kvs::Generator g(m, params_of(m), 8);
+    g.prefill(kPrompt);
+    g.prefill(kPrompt);  // all 8 positions used, the shift windows full of raw values
+    g.reset();
+    EXPECT_EQ(g.pos(), 0);
+    const float* a = g.prefill(kPrompt);
+    const std::vector<float> again(a, a + m.vocab_size);
+    kvs::Generator fresh(m, params_of(m), 8);
+    const float* b = fresh.prefill(kPrompt);
+    for (int i = 0; i < m.vocab_size; ++i) EXPECT_EQ(again[i], b[i]) << v.name << " " << i;
+  }
 }
 
 TEST(Generate, LengthLimits) {
@@ -455,6 +459,17 @@ TEST(GenerateCli, SamplingIsDeterministicBySeed) {
   };
   EXPECT_EQ(ids(5), ids(5));
   EXPECT_NE(ids(5), ids(6));
+  // --top-k and --top-p reach the sampler: K = 1 and a tiny P leave the most
+  // likely token only, so hot sampling gives the greedy ids.
+  auto sampled = [&](const std::string& flags) {
+    const auto r = run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9 --max-new-tokens 20 --json " + flags);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return json_line(r.out)["ids"].get<std::vector<int32_t>>();
+  };
+  const auto greedy = sampled("--temperature 0");
+  EXPECT_EQ(sampled("--temperature 2 --top-k 1 --seed 9"), greedy);
+  EXPECT_EQ(sampled("--temperature 2 --top-p 1e-9 --seed 9"), greedy);
+  EXPECT_NE(sampled("--temperature 2 --seed 9"), greedy);  // the control: hot sampling alone differs
 }
 
 TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {

@@ -134,6 +134,26 @@ TEST(TokenizerTrain, SubsampleIsEvenlySpacedAndDeterministic) {
   o.out = tmp / "t2";
   train_tokenizer(o);
   EXPECT_EQ(slurp(tmp / "t1/tokenizer.model"), slurp(tmp / "t2/tokenizer.model"));
+  // Evenly spaced: the same model as training on sentences i with
+  // floor((i+1) M / N) > floor(i M / N) written out by hand (N = 1000 lines, M = 300).
+  std::vector<std::string> lines;
+  const std::string all = slurp(tmp / "a.txt");
+  for (size_t pos = 0, nl; pos < all.size(); pos = nl + 1) {
+    nl = all.find('\n', pos);
+    if (nl == std::string::npos) nl = all.size();
+    const std::string line = all.substr(pos, nl - pos);
+    if (line.find_first_not_of(" \t\f\v\r") != std::string::npos) lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 1000u);
+  std::string picked;
+  for (size_t i = 0; i < lines.size(); ++i)
+    if ((i + 1) * 300 / 1000 != i * 300 / 1000) picked += lines[i] + "\n";
+  spit(tmp / "picked.txt", picked);
+  o.inputs = {tmp / "picked.txt"};
+  o.max_sentences = TokenizerTrainOptions{}.max_sentences;
+  o.out = tmp / "t3";
+  EXPECT_EQ(train_tokenizer(o).sentences_used, 300);
+  EXPECT_EQ(slurp(tmp / "t1/tokenizer.model"), slurp(tmp / "t3/tokenizer.model"));
 }
 
 // sentencepiece drops sentences over 4192 bytes; we cut long lines instead.

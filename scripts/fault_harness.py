@@ -146,6 +146,20 @@ class Harness:
         return c
 
     @staticmethod
+    def steps_logged(run_dir):
+        """Train lines in metrics.jsonl so far (a line being written is not counted)."""
+        n = 0
+        try:
+            for line in open(os.path.join(run_dir, "metrics.jsonl")):
+                try:
+                    n += json.loads(line).get("type") == "train"
+                except ValueError:
+                    pass
+        except OSError:
+            pass
+        return n
+
+    @staticmethod
     def latest_step(run_dir):
         p = os.path.join(run_dir, "checkpoints", "latest")
         try:
@@ -232,8 +246,12 @@ class Harness:
                 time.sleep(0.002)
         else:
             time.sleep(self.rng.uniform(0.05, 0.95) * self.ref_time[dp])
+        alive = p.poll() is None
         self.killpg(p, signal.SIGKILL)
         p.communicate()
+        if in_save and not (alive and seen == want):
+            # The kill must land inside the save it aimed at, or the trial proves nothing.
+            return False, False, False, f"the kill missed save {want} (saw {seen} saves; run alive: {alive})"
         latest_before = self.latest_step(run)
         out, hung, resumed, rc = self.resume_until_done(dp, cfg, run)
         return self.judge(dp, run, latest_before, resumed, hung, out, rc)
@@ -249,6 +267,9 @@ class Harness:
         time.sleep(self.rng.uniform(0, 0.8) * self.train_time[2])
         pids = self.rank_pids(p)
         victim = self.rng.choice(pids) if pids else None
+        if not victim:
+            self.finish(p)
+            return False, False, False, "no rank process to stop or kill (the job had ended)"
         if victim:
             os.kill(victim, signal.SIGSTOP if hang else signal.SIGKILL)
         # The job must end by itself: within the collective timeout plus the diagnosis' grace and mpirun's teardown.
@@ -288,14 +309,20 @@ class Harness:
                     e.startswith(".tmp-") for e in os.listdir(ck))):
                 time.sleep(0.002)
             latest_at_signal = self.latest_step(run)
+            if p.poll() is not None:
+                return False, False, False, "the run ended before a save was in flight to signal"
             p.send_signal(signal.SIGTERM)
             time.sleep(0.05)
             p.send_signal(signal.SIGTERM)
         else:
             self.wait_for_training(p, run)
             time.sleep(self.rng.uniform(0, 0.8) * self.train_time[dp])
+            logged_at_signal = self.steps_logged(run)
             p.send_signal(sig)
         rc, out, hung = self.finish(p)
+        if not twice and rc == 0 and logged_at_signal < STEPS - 1:
+            # A normal end is fine only for a signal that came with the last step; earlier, it was ignored.
+            return False, False, False, f"exit 0 after a signal at step {logged_at_signal} of {STEPS}"
         if hung:
             return False, False, True, "did not stop after the signal"
         expected = 128 + signal.SIGTERM if twice else 75

@@ -73,10 +73,10 @@ TEST(CgroupCpuQuota, V1ReadsTheCpuControllersMount) {
   const std::string cg = "12:memory:/docker/abc\n4:cpuacct,cpu:/docker/abc\n0::/\n";
   // The controllers' own order names no mount here: the usual names are tried.
   EXPECT_DOUBLE_EQ(*t.quota(cg), 3.0);
+  // cpuacct alone is not the cpu controller (asked while the quota still reads 3).
+  EXPECT_FALSE(t.quota("3:cpuacct:/docker/abc\n").has_value());
   t.file("cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
   EXPECT_FALSE(t.quota(cg).has_value());
-  // cpuacct alone is not the cpu controller.
-  EXPECT_FALSE(t.quota("3:cpuacct:/docker/abc\n").has_value());
 }
 
 TEST(CgroupCpuQuota, HybridReadsTheUnifiedMount) {

@@ -25,7 +25,7 @@ struct EngineVariant {
   bool shift_q;
   const char* param;  // kv_shift.parametrization
   const char* pos;    // position_encoding
-  double rope_theta = 10000.0;
+  double rope_theta = 0;  // 0: the config's default (model.rope_theta 100000)
   bool llama3 = false;  // Llama 3 rope_scaling; at head_dim 32, θ 500000: of the 16 frequencies
                         // 2 keep their value, 1 is blended and 13 are divided by the factor
 };
@@ -45,7 +45,6 @@ inline ModelConfig model_of(const EngineVariant& v) {
                         {"max_position_embeddings", 64},
                         {"tie_word_embeddings", v.tied},
                         {"position_encoding", v.pos},
-                        {"rope_theta", v.rope_theta},
                         {"kv_shift",
                          {{"enabled", v.shift},
                           {"window", v.window},
@@ -53,6 +52,7 @@ inline ModelConfig model_of(const EngineVariant& v) {
                           {"parametrization", v.param}}}}},
                       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
                       {"train", {{"seq_len", 64}}}};
+  if (v.rope_theta > 0) j["model"]["rope_theta"] = v.rope_theta;
   if (v.llama3)
     j["model"]["rope_scaling"] = {{"rope_type", "llama3"},
                                   {"factor", 8.0},

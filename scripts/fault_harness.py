@@ -266,15 +266,14 @@ class Harness:
         self.wait_for_training(p, run)
         time.sleep(self.rng.uniform(0, 0.8) * self.train_time[2])
         pids = self.rank_pids(p)
-        victim = self.rng.choice(pids) if pids else None
-        if not victim:
+        if not pids:
             self.finish(p)
             return False, False, False, "no rank process to stop or kill (the job had ended)"
-        if victim:
-            os.kill(victim, signal.SIGSTOP if hang else signal.SIGKILL)
+        victim = self.rng.choice(pids)
+        os.kill(victim, signal.SIGSTOP if hang else signal.SIGKILL)
         # The job must end by itself: within the collective timeout plus the diagnosis' grace and mpirun's teardown.
         rc, out, hung = self.finish(p, timeout=timeout_s + 30)
-        if victim and hang:
+        if hang:
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:

@@ -233,6 +233,7 @@ TEST(Generate, CacheBugsAreCaught) {
 // With documents too: the second prompt's BOS moved the document start to 6,
 // which reset() must forget with the rest.
 TEST(Generate, ResetStartsOver) {
+  ASSERT_STREQ(kVariants[12].name, "docs_shift_w2");
   for (const Variant& v : {kVariants[1], kVariants[12]}) {
     const kvs::ModelConfig m = model_of(v);
     kvs::Generator g(m, params_of(m), 8);

@@ -190,94 +190,69 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
   kvs::CudaEngine gpu(m, 1, 8);
   cpu.write_params(params.data());
   gpu.write_params(params.data());
-  // Three steps of backward + AdamW on the same batch in each engine (clamp01
-  // shift coefficients, decay on matrices); the parameters must agree and the
-  // clamped coefficients stay in [0, 1].
   std::vector<int32_t> in(8), tg(8);
   for (int i = 0; i < 8; ++i) {
     in[i] = (i * 7) % m.vocab_size;
     tg[i] = (i * 5 + 1) % m.vocab_size;
   }
   kvs::Batch b{1, 8, in.data(), tg.data(), nullptr};
-  // Adam's first steps move every element by about lr * sign(g), whatever |g|:
-  // an element whose gradient is below the bf16 noise of the CUDA engine can
-  // move the other way there (a 6 lr difference after three steps), and a few
-  // tenths of a percent of such elements already give a 10% relative L2 error.
-  // So the update is compared on the elements whose gradient is clearly
-  // resolved in every step (same sign in both engines, |g| >= 5% of the
-  // tensor's RMS), and exactly on the elements whose gradient is zero in both
-  // engines in every step (embedding rows of absent tokens: there the update
-  // is the weight decay alone, which checks the decay flags).
-  std::vector<char> resolved(layout.total, 1), zero(layout.total, 1);
-  std::vector<float> gc(layout.total), gg(layout.total);
+  const double loss_before = cpu.forward(b, nullptr, nullptr, nullptr);
+  // Three steps of backward + AdamW (clamp01 shift coefficients, decay on
+  // matrices). The CPU engine's optimizer is given the CUDA engine's gradient
+  // each step, so both apply AdamW to the same numbers: the CUDA kernel rounds
+  // each operation as the CPU loop writes it, so the parameters agree to a few
+  // ulps, while a wrong decay flag, bias correction, moment, chunk or clamp
+  // moves an element by O(lr) = 1e-2. (With each engine's own gradient the
+  // comparison was only as good as bf16 noise: a shift coefficient's gradient
+  // is a cancelling sum, and after one step the engines' weights drift apart.)
+  // Step 2 scales the gradient by 0.5 (global-norm clipping): Adam undoes a
+  // scale applied to every step, not one applied to a single step.
+  std::vector<float> grads(layout.total);
   for (int step = 1; step <= 3; ++step) {
-    cpu.zero_grad();
     gpu.zero_grad();
-    cpu.forward_backward(b, 0.125);
     gpu.forward_backward(b, 0.125);
-    cpu.read_grads(gc.data());
-    gpu.read_grads(gg.data());
-    for (const kvs::ParamTensor& t : layout.tensors) {
-      double ss = 0;
-      for (size_t i = t.offset; i < t.offset + t.numel; ++i) ss += static_cast<double>(gc[i]) * gc[i];
-      const double rms = std::sqrt(ss / static_cast<double>(t.numel));
-      for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
-        if (!(gc[i] == 0.0f && gg[i] == 0.0f)) zero[i] = 0;
-        if (!((gc[i] > 0) == (gg[i] > 0) && std::fabs(gc[i]) >= 0.05 * rms && gc[i] != 0.0f)) resolved[i] = 0;
-      }
-    }
+    gpu.read_grads(grads.data());
+    std::copy(grads.begin(), grads.end(), cpu.host_grads());
     kvs::AdamWHyper h;
     h.lr = 1e-2;
     h.weight_decay = 0.1;
     h.step = step;
+    h.grad_scale = step == 2 ? 0.5 : 1.0;
     cpu.adamw_step(h);
     gpu.adamw_step(h);
   }
   std::vector<float> pc(layout.total), pg(layout.total);
   cpu.read_params(pc.data());
   gpu.read_params(pg.data());
-  size_t zero_checked = 0, resolved_total = 0, nonzero_total = 0;
   for (const kvs::ParamTensor& t : layout.tensors) {
-    // The three steps' total update (p - p0) per tensor: a wrong kernel (a
-    // missed bias correction, a wrong moment, a wrong chunk) changes it by O(1).
-    std::vector<float> uc, ug;
-    size_t zero_bad = 0;
-    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
-      const float dc = pc[i] - params[i], dg = pg[i] - params[i];
-      if (resolved[i]) {
-        uc.push_back(dc);
-        ug.push_back(dg);
-      }
-      if (zero[i]) {
-        ++zero_checked;
-        if (std::fabs(dg - dc) > 1e-7 + 1e-5 * std::fabs(dc)) ++zero_bad;
-      }
+    size_t bad = 0, moved = 0, first_bad = t.numel;
+    for (size_t i = 0; i < t.numel; ++i) {
+      const size_t k = t.offset + i;
+      // A few ulps of the parameter plus 1e-4 of one step's update.
+      if (!(std::fabs(pg[k] - pc[k]) <= 5e-7f * std::fabs(pc[k]) + 1e-6f) && bad++ == 0) first_bad = i;
+      moved += pc[k] != params[k];
     }
-    EXPECT_EQ(zero_bad, 0u) << t.name << ": elements with a zero gradient (weight decay only) moved differently";
-    size_t nonzero = 0;
-    for (size_t i = t.offset; i < t.offset + t.numel; ++i) nonzero += !zero[i];
-    resolved_total += uc.size();
-    nonzero_total += nonzero;
-    if (nonzero > 0) {
-      EXPECT_GT(uc.size(), 0u) << t.name << ": no gradient element resolved";
-    }
-    if (!uc.empty()) {
-      EXPECT_LT(rel_l2(ug.data(), uc.data(), uc.size()), 1e-1) << t.name;
-    }
+    EXPECT_EQ(bad, 0u) << t.name << ": " << bad << " of " << t.numel << " parameters differ, first element "
+                       << first_bad;
+    EXPECT_EQ(moved, t.numel) << t.name << ": AdamW left parameters where they were";
     if (t.kind == kvs::ParamKind::Shift)
       for (size_t i = 0; i < t.numel; ++i) {
         EXPECT_GE(pg[t.offset + i], 0.0f) << t.name;
         EXPECT_LE(pg[t.offset + i], 1.0f) << t.name;
       }
   }
-  EXPECT_GT(zero_checked, 0u) << "no zero-gradient element: the decay-only check did not run";
-  EXPECT_GE(2 * resolved_total, nonzero_total) << "fewer than half the gradient elements resolved";
+  // The CUDA engine computes from a bf16 copy of its parameters, refreshed by
+  // the AdamW kernel: a stale copy would leave its loss at the starting one.
+  const double loss_cpu = cpu.forward(b, nullptr, nullptr, nullptr);
+  const double loss_gpu = gpu.forward(b, nullptr, nullptr, nullptr);
+  EXPECT_GT(std::fabs(loss_before - loss_cpu), 1e-2 * std::fabs(loss_before)) << "the steps did not move the loss";
+  EXPECT_LT(std::fabs(loss_gpu - loss_cpu), 0.1 * std::fabs(loss_before - loss_cpu))
+      << "before " << loss_before << ", after: CPU " << loss_cpu << ", CUDA " << loss_gpu;
 }
 
-// The decay flags exactly (the test above bounds them only through a 10%
-// rel-L2 on norms and shifts): with zero gradients AdamW moves a parameter
-// only by its weight decay, so decayed tensors go from 1 to 1 - lr wd and
-// RMSNorm gains and shift coefficients stay 1.
+// The decay flags alone, without the CPU engine: with zero gradients AdamW
+// moves a parameter only by its weight decay, so decayed tensors go from 1 to
+// 1 - lr wd and RMSNorm gains and shift coefficients stay 1.
 TEST(CudaEngine, NormsAndShiftsAreNotDecayed) {
   KVS_REQUIRE_GPU();
   const ModelConfig m = model_of(kClamp);

@@ -281,7 +281,8 @@ class Harness:
         named = not hang or "did not answer" in out or rc == 0
         latest_before = self.latest_step(run)
         if hung:
-            return False, False, True, "the job did not stop by itself"
+            last = (out.strip().splitlines() or ["(no output)"])[-1][:120]
+            return False, False, True, f"the job did not stop by itself (latest checkpoint step {latest_before}): {last}"
         out2, hung2, resumed, rc2 = self.resume_until_done(2, cfg, run)
         ok = self.judge(2, run, latest_before, resumed, hung2, out2, rc2)
         note = ok[3] if named else "no line naming the hung rank: " + out.strip().splitlines()[-1][:120]

@@ -66,6 +66,24 @@ TEST(DeadRanks, AHungRankIsNamedWithinTheCollectiveTimeout) {
       << r.out;
 }
 
+// Stuck after the last collective: MPI_Finalize would wait for it with no
+// deadline (measured: the run lasted as long as the stall, forever for a
+// SIGSTOPped rank), so every command ends in a barrier under the deadline.
+TEST(DeadRanks, ARankStuckAfterTheLastCollectiveIsNamed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r =
+      run_kvshift("dist-selftest --stall-rank 1 --stall-at-end --stall-s 100", "KVS_COLLECTIVE_TIMEOUT_S=2 " + mpirun(2));
+  const double s = seconds_since(t0);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
+  EXPECT_LT(s, 30) << r.out;
+  EXPECT_NE(r.out.find("MPI barrier (collective #10) did not complete within 2 s (KVS_COLLECTIVE_TIMEOUT_S): "
+                       "rank 1 did not answer (dead, or stuck outside MPI)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("dist-selftest: 2 ranks, backend mpi: ok"), std::string::npos) << r.out;
+}
+
 TEST(DeadRanks, ARankThatExitsEndsTheJob) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = run_kvshift("dist-selftest --exit-rank 1", "KVS_COLLECTIVE_TIMEOUT_S=5 " + mpirun(2));

@@ -2,7 +2,8 @@
 // communicator with known values (run it under mpirun). --mismatch makes
 // rank r pass 3 + r elements to an all-reduce, which must end in a clear
 // kvs::Error on every rank, not a hang (tests/parallel/test_dist_dp.cpp).
-// --stall-rank R keeps rank R out of MPI (asleep) for --stall-s seconds, and
+// --stall-rank R keeps rank R out of MPI (asleep) for --stall-s seconds (before
+// the first collective, or with --stall-at-end after the last one), and
 // --exit-rank R makes rank R exit before the first collective: the other ranks
 // must stop within KVS_COLLECTIVE_TIMEOUT_S, naming rank R (docs/RELIABILITY.md).
 #include <unistd.h>
@@ -22,7 +23,7 @@ namespace kvs::cli {
 namespace {
 
 struct Faults {
-  bool mismatch = false;
+  bool mismatch = false, stall_at_end = false;
   int stall_rank = -1, exit_rank = -1;
   double stall_s = 60;
 };
@@ -33,7 +34,7 @@ void selftest(dist::Communicator& w, const Faults& f) {
   const int n = w.size(), r = w.rank();
   const bool mismatch = f.mismatch;
   if (r == f.exit_rank) ::_exit(0);  // gone without a word, as a crashed node
-  if (r == f.stall_rank) std::this_thread::sleep_for(std::chrono::duration<double>(f.stall_s));
+  if (r == f.stall_rank && !f.stall_at_end) std::this_thread::sleep_for(std::chrono::duration<double>(f.stall_s));
   if (mismatch) {
     std::vector<float> buf(3 + r, 1.0f);
     w.all_reduce(buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
@@ -71,6 +72,7 @@ void selftest(dist::Communicator& w, const Faults& f) {
   KVS_CHECK(sub->size() == (n + 1 - r % 2) / 2 && sub->rank() == r / 2, "split: rank {} got {} of {}", r, sub->rank(),
             sub->size());
   w.barrier();
+  if (r == f.stall_rank && f.stall_at_end) std::this_thread::sleep_for(std::chrono::duration<double>(f.stall_s));
 }
 
 }  // namespace
@@ -82,6 +84,7 @@ void add_dist_selftest(CLI::App& app) {
   cmd->add_flag("--mismatch", f->mismatch, "Make the ranks pass different sizes to one all-reduce (must fail cleanly)");
   cmd->add_option("--stall-rank", f->stall_rank, "This rank sleeps outside MPI before the first collective");
   cmd->add_option("--stall-s", f->stall_s, "How long --stall-rank sleeps (default 60 s)");
+  cmd->add_flag("--stall-at-end", f->stall_at_end, "--stall-rank sleeps after the last collective, not before the first");
   cmd->add_option("--exit-rank", f->exit_rank, "This rank exits before the first collective");
   cmd->callback([f]() {
     auto world = dist::make_world(Device::Cpu);  // host buffers: the MPI (or single) backend

@@ -1,11 +1,13 @@
 // The small kernels under the emulator: reduce.cu, convert.cu, shift_gate.cu.
 // - sum_partials_kernel / sum_final_kernel (sum_f32, sum_squares_f32) vs a
-//   host double sum, tests/kernels/cuda/test_reduce.cpp's CudaReduce sizes up to 262144*4+5
-//   (the (1<<24)+3 one is left out for time) and tolerance (sum: 1e-11 *
-//   sum |x|, squares: 1e-11 * sum x^2). Launches mirror launch_sum: 1024
-//   blocks of 256, then one block of 1024 over the 1024 partials; scratch and
-//   out start as NaN. The result must have the same bits when the launch is
-//   repeated (twice in the first fiber order run) and in every later order
+//   host double sum, tests/kernels/cuda/test_reduce.cpp's CudaReduce sizes up
+//   to 262144*4+5 (the (1<<24)+3 one is left out for time; 4096*1024+7 takes
+//   the most blocks) and tolerance (sum: 1e-11 * sum |x|, squares: 1e-11 *
+//   sum x^2). Launches mirror launch_sum: sum_blocks(n) blocks of 256 (1 up
+//   to n = 4096, 257 for 262144*4+5, the most, 1024, for 4096*1024+7, where
+//   a few threads read a 17th element), then one block of 1024 over their
+//   partials; scratch and out start as NaN. The result must have the same
+//   bits when the launch is repeated (twice in the first fiber order run) and in every later order
 //   (the first order's bits are kept).
 // - f32_to_bf16_kernel / bf16_to_f32_kernel: tests/kernels/cuda/test_convert.cpp's
 //   CudaConvert cases (n 1, 7, 8, 1000, 4099; offset 0 and 1, the path
@@ -46,10 +48,12 @@ uint64_t bits64(double d) {
 // sum (kSquare false) or sum of squares, as launch_sum runs it.
 template <bool kSquare>
 double emu_sum(const std::vector<float>& x, const std::string& tag) {
+  const int blocks = kc::sum_blocks(x.size());
   std::vector<double> scratch(kc::kSumBlocks, std::nan("")), out(2, std::nan(""));
-  emu::launch(emu::Dim{(unsigned)kc::kSumBlocks, 1, 1}, kc::kSumThreads,
+  emu::launch(emu::Dim{(unsigned)blocks, 1, 1}, kc::kSumThreads,
               [&] { kc::sum_partials_kernel<kSquare>(scratch.data(), x.data(), x.size()); });
-  emu::launch(emu::Dim{1, 1, 1}, kc::kFinalThreads, [&] { kc::sum_final_kernel(out.data(), scratch.data(), kc::kSumBlocks); });
+  emu::launch(emu::Dim{1, 1, 1}, kc::kFinalThreads, [&] { kc::sum_final_kernel(out.data(), scratch.data(), blocks); });
+  expect(blocks == kc::kSumBlocks || std::isnan(scratch[blocks]), tag, "sum_partials_kernel wrote past its blocks");
   expect(std::isnan(out[1]), tag, "sum_final_kernel wrote past *out");
   return out[0];
 }
@@ -220,7 +224,7 @@ void shift_gate(int H) {
 }  // namespace
 
 void run_reduce() {
-  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{262144 * 4 + 5}}) reduce(n);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{262144 * 4 + 5}, size_t{4096 * 1024 + 7}}) reduce(n);
 }
 
 void run_convert() {

@@ -100,18 +100,25 @@ uint16_t rne_bits(float f) {
   return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// When non-zero, the convert/fill/add launches take at most this many blocks
+// instead of the launcher's grid, so their grid-stride loops take several
+// passes (the launcher caps the grid only past 65536 blocks).
+unsigned g_grid_cap = 0;
+unsigned grid(unsigned launcher_blocks) { return g_grid_cap ? std::min(launcher_blocks, g_grid_cap) : launcher_blocks; }
+std::string grid_tag() { return g_grid_cap ? " grid " + std::to_string(g_grid_cap) : ""; }
+
 // Runs the launcher's choice (or the scalar kernel when force_scalar).
 void run_f32_to_bf16(bf16* out, const float* in, size_t n, bool force_scalar) {
   if (!force_scalar && kc::aligned16(out) && kc::aligned16(in) && n >= 8)
-    emu::launch(emu::Dim{kc::blocks_for(n / 8), 1, 1}, kc::kThreads, [&] { kc::f32_to_bf16_kernel<true>(out, in, n); });
+    emu::launch(emu::Dim{grid(kc::blocks_for(n / 8)), 1, 1}, kc::kThreads, [&] { kc::f32_to_bf16_kernel<true>(out, in, n); });
   else
-    emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::f32_to_bf16_kernel<false>(out, in, n); });
+    emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads, [&] { kc::f32_to_bf16_kernel<false>(out, in, n); });
 }
 void run_bf16_to_f32(float* out, const bf16* in, size_t n, bool force_scalar) {
   if (!force_scalar && kc::aligned16(out) && kc::aligned16(in) && n >= 8)
-    emu::launch(emu::Dim{kc::blocks_for(n / 8), 1, 1}, kc::kThreads, [&] { kc::bf16_to_f32_kernel<true>(out, in, n); });
+    emu::launch(emu::Dim{grid(kc::blocks_for(n / 8)), 1, 1}, kc::kThreads, [&] { kc::bf16_to_f32_kernel<true>(out, in, n); });
   else
-    emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::bf16_to_f32_kernel<false>(out, in, n); });
+    emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads, [&] { kc::bf16_to_f32_kernel<false>(out, in, n); });
 }
 
 // back's padding (not NaN: bf16_to_f32 of mid's NaN padding would be NaN too).
@@ -119,7 +126,7 @@ constexpr float kBackPoison = -12345.0f;
 
 void convert(size_t n, int offset, bool force_scalar) {
   const bool vec = !force_scalar && offset == 0 && n >= 8;
-  const std::string tag = "convert n" + std::to_string(n) + " offset " + std::to_string(offset) + (vec ? " vec" : " scalar");
+  const std::string tag = "convert n" + std::to_string(n) + " offset " + std::to_string(offset) + (vec ? " vec" : " scalar") + grid_tag();
   std::vector<float> x = randu(n, 11 + n, -3.0f, 3.0f, false);  // not bf16-representable
   if (n >= 4) x[1] = 1e-30f, x[2] = -0.0f, x[3] = 3.0e38f;
   // 16-byte aligned storage (vectors of float4 / uint4), one element of padding.
@@ -160,12 +167,12 @@ void convert(size_t n, int offset, bool force_scalar) {
 }
 
 void fill(size_t n) {
-  const std::string tag = "fill n" + std::to_string(n);
+  const std::string tag = "fill n" + std::to_string(n) + grid_tag();
   std::vector<float> f(n + 1, std::nanf(""));
   std::vector<bf16> h(n + 1, poison_bf16());
-  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::fill_kernel<float>(f.data(), 1.5f, n); });
+  emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads, [&] { kc::fill_kernel<float>(f.data(), 1.5f, n); });
   const bf16 v = __float2bfloat16_rn(0.1f);  // as fill_bf16 converts it
-  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::fill_kernel<bf16>(h.data(), v, n); });
+  emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads, [&] { kc::fill_kernel<bf16>(h.data(), v, n); });
   size_t bad_f = 0, bad_h = 0;
   for (size_t i = 0; i < n; ++i) bad_f += f[i] != 1.5f, bad_h += bits16(h[i]) != bits16(v);
   expect(bad_f == 0, tag, "fill_f32: elements not 1.5");
@@ -175,18 +182,18 @@ void fill(size_t n) {
 }
 
 void add(size_t n) {
-  const std::string tag = "add_f32 n" + std::to_string(n);
+  const std::string tag = "add_f32 n" + std::to_string(n) + grid_tag();
   const std::vector<float> x = randu(n, 40 + n, -2.0f, 2.0f, false);
   std::vector<float> y = randu(n + 1, 50 + n, -2.0f, 2.0f, false);
   std::vector<float> want = y;
   for (size_t i = 0; i < n; ++i) want[i] += x[i];
-  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads, [&] { kc::add_f32_kernel(y.data(), x.data(), n); });
+  emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads, [&] { kc::add_f32_kernel(y.data(), x.data(), n); });
   size_t bad = 0;
   for (size_t i = 0; i <= n; ++i) bad += std::memcmp(&y[i], &want[i], 4) != 0;
   expect(bad == 0, tag, "y + x differs from the host's fp32 add (or the element past n changed)");
   const std::vector<bf16> xb = b16(x);
   for (size_t i = 0; i < n; ++i) want[i] += __bfloat162float(xb[i]);
-  emu::launch(emu::Dim{kc::blocks_for(n), 1, 1}, kc::kThreads,
+  emu::launch(emu::Dim{grid(kc::blocks_for(n)), 1, 1}, kc::kThreads,
               [&] { kc::add_bf16_to_f32_kernel(y.data(), xb.data(), n); });
   bad = 0;
   for (size_t i = 0; i <= n; ++i) bad += std::memcmp(&y[i], &want[i], 4) != 0;
@@ -235,6 +242,14 @@ void run_convert() {
   }
   for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) fill(n);
   for (size_t n : {size_t{1}, size_t{9}, size_t{100003}}) add(n);
+  // 3 blocks of 256: 100003 elements take 17 passes in chunks of 8, 131 one at a time.
+  g_grid_cap = 3;
+  convert(100003, 0, false);
+  convert(100003, 1, false);
+  convert(100003, 0, true);
+  fill(100003);
+  add(100003);
+  g_grid_cap = 0;
 }
 
 void run_shift_gate() {

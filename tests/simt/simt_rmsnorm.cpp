@@ -18,12 +18,14 @@ namespace {
 namespace kc = kvs::cuda;
 
 // fwd_modes / bwd_modes: bit m set runs mode m.
+// eps 0.5 (against rows of mean square about 1) checks that the kernel uses
+// the eps it is given inside the root: at 1e-5 a dropped eps stays within rtol.
 template <int V>
-void run(int N, int C, int fwd_modes = 7, int bwd_modes = 7) {
-  const float eps = 1e-5f;
+void run(int N, int C, int fwd_modes = 7, int bwd_modes = 7, float eps = 1e-5f) {
   const size_t n = (size_t)N * C;
   const int thr = kc::row_threads(C);
-  const std::string tag = "rmsnorm V=" + std::to_string(V) + " N" + std::to_string(N) + " C" + std::to_string(C);
+  const std::string tag = "rmsnorm V=" + std::to_string(V) + " N" + std::to_string(N) + " C" + std::to_string(C) +
+                          (eps != 1e-5f ? " eps " + std::to_string(eps) : "");
   auto w = randn(C, 30, 0.2f);
   for (auto& x : w) x += 1;
   for (int mode = 0; mode < 3; ++mode) {  // 0: no b; 1: resid_out separate; 2: resid_out aliases a
@@ -97,6 +99,9 @@ void run_rmsnorm() {
   // backward_blocks < N: 256 blocks of 1024 threads for 258 rows, blocks 0 and 1 take two rows each
   // (the backward only, with dinp aliasing dresid: the forward has one block per row anyway).
   run<1>(258, 1001, 0, 4);
+  // The forward with eps 0.5, both widths.
+  run<8>(16, 768, 7, 0, 0.5f);
+  run<1>(5, 37, 7, 0, 0.5f);
 }
 
 }  // namespace simt

@@ -254,6 +254,9 @@ void run_shift_rope() {
     if (fits(c, 4)) run_both<4>(c);
     run_both<1>(c);
   }
+  // 150 sequences x 2 tiles (and 2 walk blocks): 300 dcoef partials per (head, w), more than
+  // shift_dcoef_reduce_kernel's 256 threads (its loop's second pass, every warp's sum).
+  run_both<8>(Case{150, 40, 1, 16, 1, true, true, 0, 0, 0});
   // With a halo: chunks of a longer sequence (one tile and several, W 1 to 3, padded QKV-like rows).
   const Case halo_cases[] = {
       {2, 5, 3, 16, 1, true, true, 0, 0, 0, true},

@@ -22,11 +22,15 @@ namespace {
 
 namespace kc = kvs::cuda;
 
-void swiglu(int N, int F, bool vec) {
+// grid_cap > 0: at most that many blocks instead of the launcher's grid, so the
+// grid-stride loop takes several passes (the launcher's 65536-block cap is
+// reached only past 16M chunks, far beyond these sizes).
+void swiglu(int N, int F, bool vec, unsigned grid_cap = 0) {
   const int V = vec ? 8 : 1;
-  const std::string tag = "swiglu W=" + std::to_string(V) + " N" + std::to_string(N) + " F" + std::to_string(F);
+  const std::string tag = "swiglu W=" + std::to_string(V) + " N" + std::to_string(N) + " F" + std::to_string(F) +
+                          (grid_cap ? " grid " + std::to_string(grid_cap) : "");
   const size_t n = (size_t)N * F;
-  const unsigned blocks = kc::blocks_for(n / V);  // the launcher's grid
+  const unsigned blocks = grid_cap ? std::min(grid_cap, kc::blocks_for(n / V)) : kc::blocks_for(n / V);
   // forward
   {
     const auto gu = randn(n * 2, 100 + F, 2.0f);
@@ -172,6 +176,9 @@ void run_swiglu() {
     if (s[1] % 8 == 0) swiglu(s[0], s[1], true);
     swiglu(s[0], s[1], false);
   }
+  // 3 blocks of 256 over 2064 chunks of 8 (16512 elements one at a time): 3 and 22 passes.
+  swiglu(16, 1032, true, 3);
+  swiglu(16, 1032, false, 3);
 }
 
 void run_adamw() { adamw(); }

@@ -52,6 +52,7 @@ const ShiftCase kShiftCases[] = {
     {2, 70, 9, 32, 1, true, true, 0, 0, 0},       // 2 units per head: 16 heads per warp, 9 used; 3 blocks of 32 rows
     {3, 45, 5, 128, 1, true, true, 8, 0, 8},      // 8 units: 4 heads per warp, a second group of 1
     {2, 40, 3, 64, 0, true, true, 0, 0, 0},       // window 0 with a coefficient (a scale)
+    {150, 40, 1, 16, 1, true, true, 0, 0, 0},     // 150 x 2 tiles: 300 dcoef partials, more than the sum's 256 threads
 };
 
 // The kernel variants every case runs: two vector widths x two ways of

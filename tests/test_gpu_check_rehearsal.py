@@ -170,10 +170,12 @@ def main():
         check(bool(re.match(r"\S+ \S+(, \S+ \S+){3}$", v or "")),
               f"shift+RoPE T={T} row (four variants' forward and backward ratios)", v)
 
-    # launch: NCCL needs a GPU (a one-line reason here); the training run and its checkpoint on the CPU.
+    # launch: NCCL needs a GPU (here the run stops at choosing one: any other error, such as a
+    # mistyped flag in gpu_check.sh, fails); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):
         v = find(t, label)
-        check(v is not None and (v.startswith("ok") or "NCCL all-reduce" in v or v.startswith("FAILED: kvshift: error:")
+        check(v is not None and (v.startswith("ok") or "NCCL all-reduce" in v
+                                 or v.startswith("FAILED: kvshift: error: GPU selection: ")
                                  or v.startswith("refused by NCCL")), f"{label} row", v)
     v = find(t, "train, device cpu, world of 1")
     check(bool(re.match(r"10 steps, val_loss [0-9.]+, accuracy", v or "")), "torchrun train row", v)

@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config
+  ccache  # compiler cache: a fresh clone (CI) reuses earlier compiles (CMakeLists.txt, KVS_CCACHE)
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
   libssl-dev  # OpenSSL's libcrypto: SHA-256 (src/core/sha256.cpp)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "core/error.h"
 
 namespace kvs::testing_util {
@@ -70,7 +71,7 @@ struct CommandResult {
 
 // `prefix` goes in front of the binary (e.g. "env -u X Y=1"; may be empty).
 inline CommandResult run_kvshift(const std::string& args, const std::string& prefix = "") {
-  const std::string cmd = prefix + " " + std::string(KVS_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = prefix + " " + std::string(kvs::test::cli_binary()) + " " + args + " 2>&1";
   CommandResult r{0, ""};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};

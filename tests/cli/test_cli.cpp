@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "build_paths.h"
 #include "core/runtime_env.h"
 #include "data/shards.h"
 #include "cuda_test_util.h"
@@ -29,7 +30,7 @@ Result run_with_env(const std::string& prefix, const std::string& args) {
 }
 Result run(const std::string& args) { return kvs::testing_util::run_kvshift(args); }
 
-std::string src(const std::string& rel) { return std::string(KVS_SOURCE_DIR) + "/" + rel; }
+std::string src(const std::string& rel) { return std::string(kvs::test::source_dir()) + "/" + rel; }
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const std::string path = testing::TempDir() + name;

@@ -92,7 +92,7 @@ target_include_directories(kvshift_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/tests $
                            ${CMAKE_SOURCE_DIR}/tests/cuda_host/planted ${CMAKE_SOURCE_DIR}/tests/simt)
 target_link_libraries(kvshift_cuda_host PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host PRIVATE -Wl,--as-needed)
-target_compile_definitions(kvshift_cuda_host PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}" KVS_BINARY="$<TARGET_FILE:kvshift>")
+kvs_add_test_paths(kvshift_cuda_host kvshift)
 gtest_discover_tests(kvshift_cuda_host DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)
 
 file(GLOB KVS_HOST_MPI_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda_host/mpi_*.cpp)
@@ -117,7 +117,7 @@ if(KVS_HOST_MPI_SOURCES)
 endif()
 
 # The GPU tests themselves (tests/**/test_cuda_*.cpp, tests/kernels/cuda/) on the
-# host build, with the CLI built the same way as their KVS_BINARY (their
+# host build, with the CLI built the same way as their kvs::test::cli_binary() (their
 # multi-process tests run `kvshift train` under mpirun). ctest runs the ones that
 # fit CI's time; docs/CUDA.md says which are left out and why.
 file(GLOB_RECURSE KVS_HOST_GPU_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*/test_cuda_*.cpp
@@ -129,8 +129,8 @@ add_executable(kvshift_cuda_host_gpu_tests ${KVS_HOST_GPU_TEST_SOURCES})
 target_include_directories(kvshift_cuda_host_gpu_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/parallel)
 target_link_libraries(kvshift_cuda_host_gpu_tests PRIVATE kvs_cuda_host stdc++ kvs_lib GTest::gtest GTest::gtest_main)
 target_link_options(kvshift_cuda_host_gpu_tests PRIVATE -Wl,--as-needed)
-target_compile_definitions(kvshift_cuda_host_gpu_tests PRIVATE KVS_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-                           KVS_BINARY="$<TARGET_FILE:kvshift_host>" KVS_CUDA_SM90A=1)
+target_compile_definitions(kvshift_cuda_host_gpu_tests PRIVATE KVS_CUDA_SM90A=1)
+kvs_add_test_paths(kvshift_cuda_host_gpu_tests kvshift_host)
 add_dependencies(kvshift_cuda_host_gpu_tests kvshift_host)
 # Left out: the flash attention tests (40 s here; tests/simt runs the same kernels),
 # the 50- and 20-step training and multi-process runs (minutes).

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "build_paths.h"
 #include "hostcuda.h"
 #include "model/config.h"
 #include "model/cuda_engine.h"
@@ -26,7 +27,7 @@ struct LaunchOnly {
 
 TEST(HostCudaLaunchOnly, ThePaper15BStepLaunchesWithinAGpusLimits) {
   LaunchOnly scope;
-  const kvs::Config c = kvs::load_config(KVS_SOURCE_DIR "/configs/paper/1.5B-kvshift.json");
+  const kvs::Config c = kvs::load_config(std::string(kvs::test::source_dir()) + "/configs/paper/1.5B-kvshift.json");
   const int B = 8, T = 2048;
   std::vector<int32_t> in(B * T), tg(B * T);
   std::mt19937 g(3);
@@ -65,6 +66,6 @@ TEST(HostCudaLaunchOnly, ThePaper15BStepLaunchesWithinAGpusLimits) {
 // engine's own message, as on the GPU.
 TEST(HostCudaLaunchOnly, APlanAboveTheDeviceMemoryFailsWithItsSize) {
   LaunchOnly scope;
-  const kvs::Config c = kvs::load_config(KVS_SOURCE_DIR "/configs/paper/6.7B-kvshift.json");
+  const kvs::Config c = kvs::load_config(std::string(kvs::test::source_dir()) + "/configs/paper/6.7B-kvshift.json");
   EXPECT_KVS_ERROR(kvs::CudaEngine(c.model, 8, 2048), "cannot allocate the", "GiB this model needs at micro-batch 8 x 2048");
 }

@@ -1,6 +1,7 @@
 // Data layer: the induction task, token shards and the shard dataset.
 #include <gtest/gtest.h>
 
+#include "build_paths.h"
 #include "test_util.h"
 #include <unistd.h>
 
@@ -738,7 +739,7 @@ TEST(DataShardDataset, PrepareByteShardsScriptOutputReads) {
   for (int i = 0; i < 40; ++i) text_b += "Line " + std::to_string(i) + " of the second document.\n";
   { std::ofstream(dir + "/a.txt") << text_a; }
   { std::ofstream(dir + "/b.txt") << text_b; }
-  const std::string cmd = std::string("/usr/bin/python3 ") + KVS_SOURCE_DIR +
+  const std::string cmd = std::string("/usr/bin/python3 ") + kvs::test::source_dir() +
                           "/scripts/prepare_byte_shards.py --input '" + dir + "/*.txt' --out " + dir +
                           "/out --val-fraction 0.1 > " + dir + "/log.txt 2>&1";
   if (std::system(cmd.c_str()) != 0) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "core/sha256.h"
 #include "data/dataset.h"
 #include "data/prepare.h"
@@ -343,7 +344,7 @@ TEST(DataPrepareSplit, Utf8Validation) {
 // (so configs load before the data is prepared), stored absolute in runs.
 TEST(DataPrepareConfig, TokenizerKey) {
   TmpDir tmp;
-  auto j = nlohmann::json::parse(slurp(std::string(KVS_SOURCE_DIR) + "/configs/toy/induction-1l-kvshift.json"));
+  auto j = nlohmann::json::parse(slurp(std::string(kvs::test::source_dir()) + "/configs/toy/induction-1l-kvshift.json"));
   fs::create_directories(tmp / "cfg");
   fs::copy(shared_tokenizer_dir(), tmp / "tok");
   auto load = [&](const nlohmann::json& tokenizer, int vocab) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include "build_paths.h"
 #include "dist/bootstrap.h"
 #include "dist/launch.h"
 #include "test_util.h"
@@ -282,7 +283,7 @@ FILE* start_rank(int rank, int world, int port, const std::string& extra = "") {
                           std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) +
                           " LOCAL_RANK=" + std::to_string(rank) + " LOCAL_WORLD_SIZE=" + std::to_string(world) +
                           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port - 1) + " " + extra + " " +
-                          KVS_BINARY + " dist-check 2>&1";
+                          kvs::test::cli_binary() + " dist-check 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   return p;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "build_paths.h"
 #include "dist/world.h"
 #include "test_util.h"
 
@@ -75,7 +76,7 @@ TEST(LaunchWorld, TorchrunCpuRunFailsOnEveryRankAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<FILE*> procs;
   for (int r = 0; r < 2; ++r) {
-    const std::string cmd = torchrun_env(r, 2) + KVS_BINARY + " train --quiet --config " + (tmp / "c.json") +
+    const std::string cmd = torchrun_env(r, 2) + kvs::test::cli_binary() + " train --quiet --config " + (tmp / "c.json") +
                             " --run-dir " + (tmp / "run") + " 2>&1";
     procs.push_back(::popen(cmd.c_str(), "r"));
     ASSERT_NE(procs.back(), nullptr);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "test_util.h"
@@ -26,7 +27,7 @@ using kvs::ShiftParametrization;
 
 namespace {
 
-const std::string kRoot = KVS_SOURCE_DIR;
+const std::string kRoot = kvs::test::source_dir();
 const std::string kOrigin = "configs/x.json";
 
 // Runs f, expects a kvs::Error whose message contains every needle.

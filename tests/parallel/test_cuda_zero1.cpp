@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "build_paths.h"
 #include "cuda_test_util.h"
 #include "dist/comm.h"
 #include "dist_test_util.h"
@@ -213,7 +214,7 @@ TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
     const std::string cmd =
         "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK KVS_BOOTSTRAP_TIMEOUT_S=60 "
         "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
-        " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29450 timeout 300 " + KVS_BINARY +
+        " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29450 timeout 300 " + kvs::test::cli_binary() +
         " train --quiet --config " + cfg + " --run-dir " + (tmp / "dp2") + " 2>&1";
     procs.push_back(::popen(cmd.c_str(), "r"));
     ASSERT_NE(procs.back(), nullptr);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "build_paths.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "dist/comm.h"
@@ -322,10 +323,10 @@ Child spawn_kvshift(const std::vector<std::string>& args, const std::string& out
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> argv = {const_cast<char*>(KVS_BINARY)};
+    std::vector<char*> argv = {const_cast<char*>(kvs::test::cli_binary())};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(KVS_BINARY, argv.data());
+    ::execv(kvs::test::cli_binary(), argv.data());
     ::_exit(127);
   }
   return {pid, out_path};

@@ -36,50 +36,69 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Hugging Face transformers is not packaged by Debian: a venv on top of the
-# system python (so it sees Debian's torch 1.13) with pinned versions from PyPI.
-# Optional: without it the HF tests use the modeling file's pure-torch core.
-# KVS_SKIP_HF_VENV=1 skips it (offline machines).
+# The Python environments for the Hugging Face tests, built once per requirements file in a
+# shared cache and linked into the clone: .venv-hf5 is 4.7 GB and 2-3 minutes of pip, and CI
+# tests a fresh clone every time. KVS_VENV_CACHE picks the cache (default
+# $XDG_CACHE_HOME/kvshift/venvs, else ~/.cache/kvshift/venvs); KVS_VENV_CACHE= (empty) builds
+# them inside the clone instead. A venv already in the clone and up to date is kept.
+# KVS_SKIP_HF_VENV=1 skips them (offline machines): the tests then say what they skipped.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv-hf"
-REQ="$ROOT/scripts/hf-requirements.txt"
-if [ "${KVS_SKIP_HF_VENV:-0}" = 1 ]; then
-  echo "setup: skipping .venv-hf (KVS_SKIP_HF_VENV=1)"
-elif [ -x "$VENV/bin/python" ] && cmp -s "$REQ" "$VENV/.requirements"; then
-  echo "setup: .venv-hf up to date"
-else
-  echo "setup: creating .venv-hf (transformers for torch 1.13, from PyPI)"
-  /usr/bin/python3 -m venv --system-site-packages "$VENV"
-  if "$VENV/bin/pip" install -q -r "$REQ"; then
-    cp "$REQ" "$VENV/.requirements"
-  else
-    echo "setup: warning: pip could not install scripts/hf-requirements.txt; HF tests will use the pure-torch core" >&2
+VENV_CACHE="${KVS_VENV_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/kvshift/venvs}"
+
+# setup_venv NAME REQUIREMENTS WHAT PIP_OPTIONS VENV_OPTIONS...
+setup_venv() {
+  local name=$1 req=$2 what=$3 pip_opts=$4
+  shift 4
+  local link="$ROOT/$name" dir="$ROOT/$name" lock_fd=""
+  if [ "${KVS_SKIP_HF_VENV:-0}" = 1 ]; then
+    echo "setup: skipping $name (KVS_SKIP_HF_VENV=1)"
+    return
   fi
-fi
-# The current transformers line (5.x) on torch 2.x, both from PyPI, with lm-evaluation-harness:
-# a venv of its own (no system site packages: its torch is not Debian's), so the HF tests run
+  if [ ! -L "$link" ] && [ -x "$link/bin/python" ] && cmp -s "$req" "$link/.requirements"; then
+    echo "setup: $name up to date"
+    return
+  fi
+  if [ -n "$VENV_CACHE" ]; then
+    # Keyed by what goes into it: the requirements, the venv options and the Python.
+    local key
+    key=$({ cat "$req"; echo "$pip_opts $*"; /usr/bin/python3 -V; } | sha256sum | cut -c1-16)
+    dir="$VENV_CACHE/$name-$key"
+    mkdir -p "$VENV_CACHE"
+    exec {lock_fd}>"$dir.lock"
+    flock "$lock_fd"  # two setups at once build it once
+  fi
+  if [ -x "$dir/bin/python" ] && cmp -s "$req" "$dir/.requirements"; then
+    echo "setup: $name up to date ($dir)"
+  else
+    echo "setup: creating $name ($what, from PyPI) in $dir"
+    rm -rf "$dir"
+    /usr/bin/python3 -m venv "$@" "$dir"
+    # shellcheck disable=SC2086
+    if "$dir/bin/pip" install -q $pip_opts -r "$req"; then
+      cp "$req" "$dir/.requirements"  # written last: marks the venv complete
+    else
+      rm -rf "$dir"
+      echo "setup: warning: pip could not install ${req#"$ROOT"/}; the tests that need $name" \
+           "will say what they skipped" >&2
+    fi
+  fi
+  if [ -n "$lock_fd" ]; then exec {lock_fd}>&-; fi
+  if [ "$dir" != "$link" ]; then
+    rm -rf "$link"
+    if [ -d "$dir" ]; then ln -s "$dir" "$link"; fi
+  fi
+}
+
+# .venv-hf: Hugging Face transformers (not packaged by Debian) on top of the system Python, so it
+# sees Debian's torch 1.13, with pinned versions. Without it the HF tests use the modeling file's
+# pure-torch core.
+setup_venv .venv-hf "$ROOT/scripts/hf-requirements.txt" "transformers for torch 1.13" "" --system-site-packages
+# .venv-hf5: the current transformers line (5.x) on torch 2.x, both from PyPI, with
+# lm-evaluation-harness, in a venv of its own (its torch is not Debian's), so the HF tests run
 # against both lines (docs/HF.md "Tests"). PyPI has no CPU-only torch for Linux x86_64; the
 # requirements are installed with --no-deps so that only what a CPU-only machine loads comes in
-# (about 4.7 GB, 2 minutes). Optional: without it those tests report themselves skipped.
-# KVS_SKIP_HF_VENV=1 skips it too.
-VENV5="$ROOT/.venv-hf5"
-REQ5="$ROOT/scripts/hf5-requirements.txt"
-if [ "${KVS_SKIP_HF_VENV:-0}" = 1 ]; then
-  echo "setup: skipping .venv-hf5 (KVS_SKIP_HF_VENV=1)"
-elif [ -x "$VENV5/bin/python" ] && cmp -s "$REQ5" "$VENV5/.requirements"; then
-  echo "setup: .venv-hf5 up to date"
-else
-  echo "setup: creating .venv-hf5 (transformers 5.x, torch 2.x, lm_eval; from PyPI)"
-  rm -rf "$VENV5"
-  /usr/bin/python3 -m venv "$VENV5"
-  if "$VENV5/bin/pip" install -q --no-deps -r "$REQ5"; then
-    cp "$REQ5" "$VENV5/.requirements"
-  else
-    rm -rf "$VENV5"
-    echo "setup: warning: pip could not install scripts/hf5-requirements.txt; the transformers 5.x and lm_eval" \
-         "tests will report themselves skipped" >&2
-  fi
-fi
+# (about 4.7 GB, 2 minutes). Without it those tests report themselves skipped.
+setup_venv .venv-hf5 "$ROOT/scripts/hf5-requirements.txt" "transformers 5.x, torch 2.x, lm_eval" "--no-deps"
 # The cuDNN frontend's headers for the "cudnn" attention backend (CUDA builds):
 # pinned, from PyPI, into the git-ignored .deps/. Optional: without them
 # CMake builds without that backend. KVS_SKIP_CUDNN_FRONTEND=1 skips it.

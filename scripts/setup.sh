@@ -62,7 +62,7 @@ setup_venv() {
     # Keyed by what goes into it: the requirements, the venv options and the Python.
     local key
     key=$({ cat "$req"; echo "$pip_opts $*"; /usr/bin/python3 -V; } | sha256sum | cut -c1-16)
-    dir="$VENV_CACHE/$name-$key"
+    dir="$VENV_CACHE/${name#.}-$key"
     mkdir -p "$VENV_CACHE"
     exec {lock_fd}>"$dir.lock"
     flock "$lock_fd"  # two setups at once build it once

@@ -7,9 +7,11 @@
 // none / attention / full giving bit-identical gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -87,6 +89,41 @@ TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVariants),
                          [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
+
+// The evaluation's per-token outputs of both engines: each argmax names a largest logit of its
+// row (the value decides: bf16 logits tie more often), and the GPU's per-token losses follow the
+// CPU's. The loss alone cannot see an argmax never computed or taken from another row, and the
+// trainer's accuracy is made of them.
+TEST(HostCudaEngine, ArgmaxAndTokenLossesOfTheForward) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 5);
+  const int B = 2, T = 37;
+  const kvs::cuda_test::RandomBatch data(m, B, T, 13);
+  const kvs::Batch batch = data.batch();
+  kvs::CpuEngine cpu(m, B, T);
+  kvs::CudaEngine gpu(m, B, T);
+  cpu.write_params(params.data());
+  gpu.write_params(params.data());
+  const size_t N = static_cast<size_t>(B) * T, V = static_cast<size_t>(m.vocab_size);
+  std::vector<float> lg(N * V), lc(N * V), tlg(N), tlc(N);
+  std::vector<int32_t> amg(N, -1), amc(N, -1);
+  gpu.forward(batch, tlg.data(), amg.data(), lg.data());
+  cpu.forward(batch, tlc.data(), amc.data(), lc.data());
+  int scored = 0;
+  for (size_t i = 0; i < N; ++i) {
+    if (batch.mask[i] == 0.0f) continue;
+    ++scored;
+    for (const auto& [am, logits, engine] : {std::tuple{&amg, &lg, "GPU"}, std::tuple{&amc, &lc, "CPU"}}) {
+      const float* row = logits->data() + i * V;
+      const int32_t a = (*am)[i];
+      ASSERT_TRUE(a >= 0 && static_cast<size_t>(a) < V) << engine << " argmax " << a << " at position " << i;
+      EXPECT_EQ(row[a], *std::max_element(row, row + V)) << engine << " argmax at position " << i;
+    }
+    EXPECT_NEAR(tlg[i], tlc[i], 5e-2 * std::max(1.0f, std::fabs(tlc[i]))) << "token loss at position " << i;
+  }
+  EXPECT_GT(scored, N / 2);
+}
 
 // Micro-batches smaller than the engine was planned for (the last one of an
 // evaluation, a shorter sequence): the plan's per-layer strides are the

@@ -10,6 +10,9 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "build_paths.h"
 #include "dist/bootstrap.h"
@@ -18,6 +21,9 @@
 
 namespace {
 
+using kvs::dist::bootstrap_exchange;
+using kvs::dist::BootstrapOptions;
+using kvs::dist::LaunchInfo;
 using kvs::dist::bootstrap_options;
 using kvs::dist::detect_launch;
 using kvs::testing_util::CommandResult;
@@ -317,6 +323,40 @@ void expect_all_join(int world) {
     if (r == 0) {
       EXPECT_NE(res.out.find("all " + std::to_string(world) + " ranks joined"), std::string::npos) << res.out;
     }
+  }
+}
+
+// The blob itself, in one process (a thread per rank): every rank gets rank 0's bytes, all 128
+// of them, NULs included, as in an NCCL unique id. dist-check's blob is text and is the same on
+// every rank, so the runs above could not tell.
+TEST(Bootstrap, EveryRankGetsRankZerosBytes) {
+  const int world = 3, port = free_port();
+  std::string id(128, '\0');
+  for (int i = 1; i < 128; ++i) id[i] = static_cast<char>(i == 64 ? 0 : (i * 37) % 256);
+  std::vector<std::string> got(world), errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      LaunchInfo info;
+      info.rank = info.local_rank = r;
+      info.world_size = info.local_world_size = world;
+      info.launcher = "torchrun";
+      info.master_addr = "127.0.0.1";
+      info.master_port = port - 1;
+      BootstrapOptions opt;
+      opt.addr = "127.0.0.1";
+      opt.port = port;
+      opt.timeout_s = 30;
+      try {
+        got[r] = bootstrap_exchange(info, opt, r == 0 ? id : "rank " + std::to_string(r) + "'s own blob");
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(got[r], id) << "rank " << r;
   }
 }
 

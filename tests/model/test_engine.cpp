@@ -357,6 +357,8 @@ TEST(Schedule, WarmupThenConstantOrCosine) {
   t.min_lr = 1e-4;
   EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 10), 1e-3);
   EXPECT_NEAR(kvs::learning_rate(t, 60), 0.5 * (1e-3 + 1e-4), 1e-12);
+  // A quarter of the way: cosine, not linear (7.75e-4), which agrees with it at 0, 1/2 and 1.
+  EXPECT_NEAR(kvs::learning_rate(t, 35), 1e-4 + 0.45e-3 * (1 + std::sqrt(0.5)), 1e-12);
   EXPECT_NEAR(kvs::learning_rate(t, 110), 1e-4, 1e-12);
 }
 

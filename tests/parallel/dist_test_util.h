@@ -36,10 +36,13 @@ inline nlohmann::json tiny_config(bool shift, int accum) {
             {"num_hidden_layers", 2},
             {"num_attention_heads", 4},
             {"num_key_value_heads", 2},  // GQA
-            {"vocab_size", 32},
+            // The vocabulary is padded to a multiple of 128 x tp and split across tp ranks: with
+            // 400 (tokens 64..399) every rank of tp 2 and tp 4 holds real rows. With 32 the rows
+            // of ranks >= 1 were all padding, and a vocabulary offset ignored there passed.
+            {"vocab_size", 400},
             {"max_position_embeddings", 16},
             {"kv_shift", {{"enabled", shift}}}}},
-          {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+          {"data", {{"type", "induction"}, {"induction", {{"token_lo", 64}, {"token_hi", 400}, {"pool_size", 8}}}}},
           {"train",
            {{"seq_len", 16},
             {"micro_batch_size", 2},
@@ -55,6 +58,9 @@ inline nlohmann::json tiny_config(bool shift, int accum) {
 
 struct Curve {
   std::map<int, double> train, eval;  // step -> loss / val_loss
+  // step -> the gradient norm before clipping / the evaluation's accuracy. The losses alone miss
+  // a gradient off by a constant factor (a sum where a mean belongs): clipping and AdamW hide it.
+  std::map<int, double> grad_norm, accuracy;
 };
 
 inline Curve read_metrics(const std::string& run_dir) {
@@ -63,8 +69,15 @@ inline Curve read_metrics(const std::string& run_dir) {
   std::string line;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") c.train[j["step"].get<int>()] = j["loss"].get<double>();
-    if (j["type"] == "eval") c.eval[j["step"].get<int>()] = j["val_loss"].get<double>();
+    const int step = j["step"].get<int>();
+    if (j["type"] == "train") {
+      c.train[step] = j["loss"].get<double>();
+      c.grad_norm[step] = j["grad_norm"].get<double>();
+    }
+    if (j["type"] == "eval") {
+      c.eval[step] = j["val_loss"].get<double>();
+      c.accuracy[step] = j["accuracy"].get<double>();
+    }
   }
   return c;
 }
@@ -102,10 +115,12 @@ inline void train(int np, const std::string& config, const std::string& run_dir,
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-// Every step from `from` on, and every evaluation, agree within `tol` (relative).
+// Every step from `from` on, and every evaluation, agree within `tol` (relative): the loss and
+// the gradient norm of each step, the loss of each evaluation. Its accuracy may differ by a
+// token or two where logits nearly tie (2% of the 8 x 16 scored tokens).
 inline double expect_close(const Curve& got, const Curve& want, int from, const std::string& what,
                            double tol = 1e-5) {
-  double worst = 0;
+  double worst = 0, worst_norm = 0;
   int compared = 0;
   for (const auto& [step, loss] : want.train) {
     if (step < from) continue;
@@ -117,6 +132,16 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
     }
     worst = std::max(worst, rel(it->second, loss));
     EXPECT_LT(rel(it->second, loss), tol) << what << " step " << step << ": " << it->second << " vs " << loss;
+    const double norm = want.grad_norm.at(step), got_norm = got.grad_norm.at(step);
+    // The norm is more sensitive than the loss to the runs' drift: Adam's first steps turn
+    // summation-order rounding of near-zero gradients into parameter differences (mpi_zero1.cpp),
+    // and by steps 16-20 the norms of cp/sp runs differ by up to 3.4e-6 while their losses agree
+    // to 2e-8. The first 5 steps are held to `tol`, the later ones to 2e-5 at least: a gradient
+    // summed where it should be averaged, or a part of it left out, is far beyond either.
+    const double norm_tol = step <= 5 ? tol : std::max(tol, 2e-5);
+    worst_norm = std::max(worst_norm, rel(got_norm, norm));
+    EXPECT_LT(rel(got_norm, norm), norm_tol) << what << " gradient norm at step " << step << ": " << got_norm
+                                             << " vs " << norm;
   }
   for (const auto& [step, loss] : want.eval) {
     if (step < from) continue;
@@ -126,9 +151,12 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
     }
     worst = std::max(worst, rel(got.eval.at(step), loss));
     EXPECT_LT(rel(got.eval.at(step), loss), tol) << what << " eval @ " << step;
+    EXPECT_LE(std::abs(got.accuracy.at(step) - want.accuracy.at(step)), 0.02)
+        << what << " accuracy @ " << step << ": " << got.accuracy.at(step) << " vs " << want.accuracy.at(step);
   }
   EXPECT_GT(compared, 0) << what;
-  std::printf("[ %s ] max relative loss difference %.3g over %d steps\n", what.c_str(), worst, compared);
+  std::printf("[ %s ] max relative difference over %d steps: loss %.3g, gradient norm %.3g\n", what.c_str(),
+              compared, worst, worst_norm);
   return worst;
 }
 
@@ -186,6 +214,11 @@ inline nlohmann::json tiny_cuda_config(bool shift, int accum) {
   // same runs differ by 2.5e-4 and 4.7e-4, and a planted missing gradient sum
   // still shows by step 2 (dp: 7e-3, tp backward: 1e-2) (docs/CUDA.md).
   j["train"]["lr"] = 3e-3;
+  // The vocabulary these figures and the GPU runs' tolerances were measured with (the CPU
+  // tests' 400 is newer); test_cuda_tp.cpp sets 200 so that both tp ranks hold real rows.
+  j["model"]["vocab_size"] = 32;
+  j["data"]["induction"]["token_lo"] = 2;
+  j["data"]["induction"]["token_hi"] = 32;
   return j;
 }
 

@@ -71,9 +71,9 @@ TEST(TensorParallel, SliceShapesFollowMegatron) {
   const auto L = kvs::ParamLayout::build(c.model, 1, 2);
   auto shape = [&](const std::string& n) { return L.find(n)->shape; };
   const int64_t D = c.model.head_dim();  // 4
-  EXPECT_EQ(kvs::padded_vocab(c.model, 2), 256);  // 32 rounded up to 128 * 2
-  EXPECT_EQ(shape("model.embed_tokens.weight"), (std::vector<int64_t>{128, 16}));
-  EXPECT_EQ(shape("lm_head.weight"), (std::vector<int64_t>{128, 16}));
+  EXPECT_EQ(kvs::padded_vocab(c.model, 2), 512);  // 400 rounded up to 128 * 2
+  EXPECT_EQ(shape("model.embed_tokens.weight"), (std::vector<int64_t>{256, 16}));
+  EXPECT_EQ(shape("lm_head.weight"), (std::vector<int64_t>{256, 16}));
   EXPECT_EQ(shape("model.layers.0.self_attn.q_proj.weight"), (std::vector<int64_t>{2 * D, 16}));
   EXPECT_EQ(shape("model.layers.0.self_attn.k_proj.weight"), (std::vector<int64_t>{1 * D, 16}));
   EXPECT_EQ(shape("model.layers.0.self_attn.o_proj.weight"), (std::vector<int64_t>{16, 2 * D}));
@@ -113,8 +113,13 @@ TEST(TensorParallel, SliceAndAssembleRoundTrip) {
       const auto* o1 = L1.find("model.layers.1.self_attn.o_proj.weight");
       // Row 3 of rank 1's o_proj slice starts at full column 8.
       EXPECT_EQ(locals[1][o1->offset + 3 * 8], full[o->offset + 3 * 16 + 8]);
+      // Rank 1's embedding rows are the vocabulary's 256..511: 256..399 real, the rest padding.
+      const auto* e = full_layout.find("model.embed_tokens.weight");
       const auto* e1 = L1.find("model.embed_tokens.weight");
-      for (size_t i = 0; i < e1->numel; ++i) ASSERT_EQ(locals[1][e1->offset + i], 0.0f) << "padding row " << i;
+      const size_t H = 16, real_rows = 400 - 256;
+      ASSERT_EQ(e1->numel, 256 * H);
+      for (size_t i = 0; i < e1->numel; ++i)
+        ASSERT_EQ(locals[1][e1->offset + i], i < real_rows * H ? full[e->offset + 256 * H + i] : 0.0f) << "element " << i;
     }
 }
 

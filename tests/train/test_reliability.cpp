@@ -11,7 +11,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,6 +90,7 @@ kvs::CheckpointData small_data() {
   std::vector<float> w(64);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i);
   d.model = {kvs::make_f32_tensor("w", {8, 8}, w.data())};
+  d.optimizer = {kvs::make_f32_tensor("exp_avg.w", {8, 8}, w.data())};
   d.trainer_state = {{"step", 1}};
   return d;
 }
@@ -107,7 +110,8 @@ TEST(CheckpointManifest, ListsEveryFileButTheRunConfig) {
     EXPECT_EQ(e["bytes"].get<uint64_t>(), fs::file_size(dir + "/" + name)) << name;
     EXPECT_EQ(e["xxh3_64"].get<std::string>().size(), 16u) << name;
   }
-  EXPECT_EQ(listed, (std::set<std::string>{"config.json", "model.safetensors", "trainer_state.json"}));
+  EXPECT_EQ(listed, (std::set<std::string>{"config.json", "model.safetensors", "optimizer.safetensors",
+                                            "trainer_state.json"}));
   EXPECT_TRUE(kvs::load_checkpoint(dir).verified);
   // The run config may be edited (a moved tokenizer): still verified.
   spit(dir + "/run_config.json", "{\"name\": \"y\"}\n");
@@ -151,7 +155,7 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
   TmpDir tmp;
   const Config full = tiny(12, 4);
   const auto ref = kvs::train(full, {tmp / "ref", false, true});
-  for (const std::string damage : {"flip", "truncate", "no-latest", "bad-latest"}) {
+  for (const std::string damage : {"flip", "truncate", "flip-moment", "no-latest", "bad-latest"}) {
     SCOPED_TRACE(damage);
     const std::string run = tmp / ("run_" + damage), root = run + "/checkpoints";
     kvs::train(tiny(8, 4), {run, false, true});
@@ -159,6 +163,8 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
     int64_t expected_step = 4;
     if (damage == "flip") flip_byte(root + "/step_00000008/model.safetensors", 5);
     if (damage == "truncate") fs::resize_file(root + "/step_00000008/optimizer.safetensors", 100);
+    // Inside an Adam moment's data: the file still parses, only its checksum can tell.
+    if (damage == "flip-moment") flip_byte(root + "/step_00000008/optimizer.safetensors", 5);
     if (damage == "no-latest") {
       fs::remove(root + "/latest");
       expected_step = 8;
@@ -174,6 +180,18 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
     for (size_t i = 0; i < rest.losses.size(); ++i)
       EXPECT_EQ(rest.losses[i], ref.losses[static_cast<size_t>(expected_step) + i]) << "step " << expected_step + 1 + i;
     EXPECT_EQ(rest.final_eval.loss, ref.final_eval.loss);
+    // metrics.jsonl holds each step once: the lines the abandoned steps 5-8 wrote are dropped.
+    std::map<int, std::vector<double>> logged;
+    std::istringstream lines(slurp(run + "/metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] == "train") logged[j["step"].get<int>()].push_back(j["loss"].get<double>());
+    }
+    ASSERT_EQ(logged.size(), 12u);
+    for (const auto& [step, losses] : logged) {
+      ASSERT_EQ(losses.size(), 1u) << "step " << step;
+      EXPECT_EQ(losses[0], ref.losses[static_cast<size_t>(step - 1)]) << "step " << step;
+    }
   }
 }
 

@@ -88,12 +88,23 @@ bool mpi_of(ncclDataType_t t, ncclRedOp_t op, MPI_Datatype* mt, MPI_Op* mo) {
     return true;
   }
   switch (op) {
-    case ncclSum:
-    case ncclAvg: *mo = MPI_SUM; return true;
+    case ncclSum: *mo = MPI_SUM; return true;
+    case ncclAvg:  // divide_by_ranks does the rest, for the float types only
+      *mo = MPI_SUM;
+      return t == ncclFloat32 || t == ncclFloat64;
     case ncclMax: *mo = MPI_MAX; return true;
     case ncclMin: *mo = MPI_MIN; return true;
     default: return false;
   }
+}
+
+// ncclAvg is MPI_SUM followed by this on the result (every reduction: a sum where NCCL divides
+// would double a dp=2 gradient, and only a check of the gradient norm can see that).
+void divide_by_ranks(void* buf, size_t count, ncclDataType_t t, int ranks) {
+  if (t == ncclFloat32)
+    for (size_t i = 0; i < count; ++i) static_cast<float*>(buf)[i] /= static_cast<float>(ranks);
+  if (t == ncclFloat64)
+    for (size_t i = 0; i < count; ++i) static_cast<double*>(buf)[i] /= ranks;
 }
 
 // Checks a collective's arguments and queues `run` on the stream.
@@ -274,12 +285,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
       return;
     }
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), mt, mo, c->mpi);
-    if (op == ncclAvg) {
-      if (t == ncclFloat32)
-        for (size_t i = 0; i < count; ++i) static_cast<float*>(recv)[i] /= static_cast<float>(c->size);
-      if (t == ncclFloat64)
-        for (size_t i = 0; i < count; ++i) static_cast<double*>(recv)[i] /= c->size;
-    }
+    if (op == ncclAvg) divide_by_ranks(recv, count, t, c->size);
   });
 }
 
@@ -298,6 +304,7 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
                       }
                       const void* s = is_root && send == recv ? MPI_IN_PLACE : send;
                       MPI_Reduce(s, is_root ? recv : nullptr, static_cast<int>(count), mt, mo, root, c->mpi);
+                      if (op == ncclAvg && is_root) divide_by_ranks(recv, count, t, c->size);
                     });
 }
 
@@ -327,6 +334,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
                         return;
                       }
                       MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), mt, mo, c->mpi);
+                      if (op == ncclAvg) divide_by_ranks(recv, count, t, c->size);
                     });
 }
 

@@ -1,0 +1,149 @@
+// The trainer's optimizer wiring, observed from outside: the learning rate each step logs and
+// applies, and the gradient clipping it decides on. The other training tests compare one run
+// with another of the same trainer, so a schedule ignored or a clip never applied passed them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "train/checkpoint.h"
+#include "train/model_io.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using kvs::Config;
+
+namespace {
+
+Config tiny(int steps) {
+  nlohmann::json j = {
+      {"name", "wiring"},
+      {"model",
+       {{"hidden_size", 16},
+        {"intermediate_size", 32},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 2},
+        {"num_key_value_heads", 1},
+        {"vocab_size", 32},
+        {"max_position_embeddings", 16},
+        {"kv_shift", {{"enabled", false}}}}},
+      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
+      {"train",
+       {{"seq_len", 16},
+        {"micro_batch_size", 4},
+        {"grad_accum_steps", 1},
+        {"steps", steps},
+        {"lr", 1e-2},
+        {"min_lr", 1e-3},
+        {"warmup_steps", 4},
+        {"schedule", "cosine"},
+        {"weight_decay", 0.0},
+        {"eval_every", 0},
+        {"eval_sequences", 8},
+        {"threads", 1}}}};
+  Config c = kvs::config_from_json(j, "wiring");
+  kvs::validate(c, "wiring");
+  return c;
+}
+
+std::string run(const Config& c, const std::string& name) {
+  const std::string d = testing::TempDir() + "kvs_wiring_" + name;
+  fs::remove_all(d);
+  kvs::train(c, {d, false, true});
+  return d;
+}
+
+// step -> that train line of metrics.jsonl
+std::map<int, nlohmann::json> train_lines(const std::string& dir) {
+  std::map<int, nlohmann::json> m;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "train") m[j["step"].get<int>()] = j;
+  }
+  return m;
+}
+
+// name -> values, of the model or the optimizer tensors of the run's newest checkpoint
+std::map<std::string, std::vector<float>> tensors(const std::string& dir, bool optimizer) {
+  const auto ck = kvs::read_checkpoint(kvs::latest_checkpoint(dir + "/checkpoints"));
+  std::map<std::string, std::vector<float>> m;
+  for (const auto& t : optimizer ? ck.data.optimizer : ck.data.model) m[t.name] = kvs::tensor_to_f32(t);
+  return m;
+}
+
+}  // namespace
+
+// Linear warmup over 4 steps to 1e-2, then cosine to 1e-3 at step 10, written out here rather
+// than through learning_rate(): the logged lr of every step, and the first step's update, which
+// for Adam is lr * g / (|g| + eps) per parameter (m-hat = g, v-hat = g^2 after one step).
+TEST(OptimizerWiring, TheScheduledLearningRateIsLoggedAndApplied) {
+  const Config c = tiny(10);
+  const auto lines = train_lines(run(c, "schedule"));
+  ASSERT_EQ(lines.size(), 10u);
+  const double pi = 3.141592653589793;
+  for (int done = 1; done <= 10; ++done) {
+    const double want = done <= 4 ? 1e-2 * done / 4 : 1e-3 + 0.5 * 9e-3 * (1 + std::cos(pi * (done - 5) / 6.0));
+    EXPECT_NEAR(lines.at(done)["lr"].get<double>(), want, 1e-12) << "step " << done;
+  }
+
+  Config one = c;
+  one.train.steps = 1;
+  Config frozen = one;
+  frozen.train.lr = frozen.train.min_lr = 0;  // the same initial weights, unchanged
+  const auto p0 = tensors(run(frozen, "frozen"), false);
+  const std::string stepped = run(one, "one_step");
+  const auto p1 = tensors(stepped, false), opt = tensors(stepped, true);
+  const double lr = 1e-2 / 4, b1 = c.train.beta1, b2 = c.train.beta2;
+  int moved = 0;
+  for (const auto& [name, after] : p1) {
+    const auto& before = p0.at(name);
+    const auto& m = opt.at("exp_avg." + name);
+    const auto& v = opt.at("exp_avg_sq." + name);
+    for (size_t i = 0; i < after.size(); ++i) {
+      const double g = m[i] / (1 - b1), g2 = v[i] / (1 - b2);
+      const double want = -lr * g / (std::sqrt(g2) + c.train.eps);
+      ASSERT_NEAR(after[i] - before[i], want, 1e-3 * lr) << name << "[" << i << "]";
+      moved += std::abs(want) > 0.5 * lr;
+    }
+  }
+  EXPECT_GT(moved, 100) << "parameters that moved by about lr";
+}
+
+// One step with grad_clip 0 (off), 1e6 (above the norm: no effect) and 1e-3 (below it): the
+// first moment is (1 - beta1) x the gradient actually applied, so it must be the unclipped one
+// x 1e-3 / (norm + 1e-6) in the clipped run and unchanged in the other; the logged grad_norm is
+// the norm before clipping, the same in all three, and equals |m| / (1 - beta1) of the first.
+TEST(OptimizerWiring, GradientsAboveGradClipAreScaledToIt) {
+  std::map<double, std::string> dirs;
+  for (double clip : {0.0, 1e6, 1e-3}) {
+    Config c = tiny(1);
+    c.train.grad_clip = clip;
+    dirs[clip] = run(c, "clip_" + std::to_string(clip));
+  }
+  const double norm = train_lines(dirs[0.0]).at(1)["grad_norm"].get<double>();
+  ASSERT_GT(norm, 1e-3) << "the clip below must be active";
+  for (const auto& [clip, dir] : dirs) EXPECT_EQ(train_lines(dir).at(1)["grad_norm"].get<double>(), norm) << clip;
+
+  const auto free = tensors(dirs[0.0], true), high = tensors(dirs[1e6], true), low = tensors(dirs[1e-3], true);
+  const double scale = 1e-3 / (norm + 1e-6), b1 = tiny(1).train.beta1;
+  double m_sq = 0;
+  for (const auto& [name, m] : free) {
+    if (name.rfind("exp_avg.", 0) != 0) continue;
+    EXPECT_EQ(high.at(name), m) << name;
+    const auto& clipped = low.at(name);
+    for (size_t i = 0; i < m.size(); ++i) {
+      ASSERT_NEAR(clipped[i], m[i] * scale, 1e-5 * std::abs(m[i] * scale) + 1e-12) << name << "[" << i << "]";
+      m_sq += static_cast<double>(m[i]) * m[i];
+    }
+  }
+  EXPECT_NEAR(std::sqrt(m_sq) / (1 - b1), norm, 1e-5 * norm);
+}

@@ -1,18 +1,24 @@
-// The trainer's optimizer wiring, observed from outside: the learning rate each step logs and
-// applies, and the gradient clipping it decides on. The other training tests compare one run
-// with another of the same trainer, so a schedule ignored or a clip never applied passed them.
+// The trainer observed from outside: the learning rate each step logs and applies, the gradient
+// clipping it decides on, and the evaluation's accuracy. The other training tests compare one run
+// with another of the same trainer, so a schedule ignored, a clip never applied or an accuracy
+// counted against the wrong tokens passed them.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset.h"
 #include "model/config.h"
+#include "model/cpu_engine.h"
+#include "model/params.h"
+#include "model/sampler.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
@@ -146,4 +152,58 @@ TEST(OptimizerWiring, GradientsAboveGradClipAreScaledToIt) {
     }
   }
   EXPECT_NEAR(std::sqrt(m_sq) / (1 - b1), norm, 1e-5 * norm);
+}
+
+// kvs::evaluate's accuracy is the argmax hit rate over the scored positions, over micro-batches
+// of 4, 4 and 2 sequences. The targets are made from the model's own argmax: right at even
+// positions, off by one at odd ones, every fifth position unscored; so the accuracy must be the
+// share of even positions among the scored ones (about 1/2), where counting against the inputs
+// (about 1/30), or the unscored positions, gives another number.
+TEST(Evaluation, AccuracyIsTheArgmaxHitRateOverScoredPositions) {
+  const Config c = tiny(1);
+  const int T = c.train.seq_len, V = c.model.vocab_size, n = 10;
+  kvs::CpuEngine engine(c.model, 4, T);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(c.model);
+  std::vector<float> params(layout.total);
+  kvs::init_params(layout, c.model, 3, params.data());
+  engine.write_params(params.data());
+
+  struct Fixed : kvs::Dataset {
+    std::vector<std::vector<int32_t>> in, tg;
+    std::vector<std::vector<float>> mask;
+    void get(kvs::Split, uint64_t i, int32_t* a, int32_t* b, float* m) const override {
+      std::copy(in[i].begin(), in[i].end(), a);
+      std::copy(tg[i].begin(), tg[i].end(), b);
+      std::copy(mask[i].begin(), mask[i].end(), m);
+    }
+    uint64_t size(kvs::Split) const override { return in.size(); }
+    std::string describe() const override { return "fixed"; }
+  } data;
+  std::mt19937 rng(5);
+  int scored = 0, right = 0;
+  std::vector<float> logits(static_cast<size_t>(T) * V);
+  for (int s = 0; s < n; ++s) {
+    std::vector<int32_t> in(T), tg(T, 0);
+    std::vector<float> mask(T);
+    for (int t = 0; t < T; ++t) {
+      in[t] = 2 + static_cast<int32_t>(rng() % (V - 2));
+      mask[t] = t % 5 == 4 ? 0.0f : 1.0f;
+    }
+    engine.forward({1, T, in.data(), tg.data(), mask.data()}, nullptr, nullptr, logits.data());
+    for (int t = 0; t < T; ++t) {
+      const int32_t best = kvs::argmax(logits.data() + static_cast<size_t>(t) * V, V);
+      tg[t] = t % 2 == 0 ? best : (best + 1) % V;
+      if (mask[t] != 0.0f) {
+        ++scored;
+        right += t % 2 == 0;
+      }
+    }
+    data.in.push_back(in);
+    data.tg.push_back(tg);
+    data.mask.push_back(mask);
+  }
+  const kvs::EvalResult r = kvs::evaluate(engine, data, 4, T, n);
+  EXPECT_EQ(r.sequences, n);
+  EXPECT_EQ(r.scored_tokens, scored);
+  EXPECT_DOUBLE_EQ(r.accuracy, static_cast<double>(right) / scored);
 }

@@ -24,6 +24,7 @@
 #include "dist/comm.h"
 #include "model/config.h"
 #include "test_util.h"
+#include "tiny_induction.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_manifest.h"
 #include "train/checkpoint_writer.h"
@@ -43,32 +44,8 @@ using kvs::testing_util::TmpDir;
 namespace {
 
 Config tiny(int steps, int checkpoint_every) {
-  nlohmann::json j = {
-      {"name", "tiny"},
-      {"model",
-       {{"hidden_size", 16},
-        {"intermediate_size", 32},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 2},
-        {"num_key_value_heads", 1},
-        {"vocab_size", 32},
-        {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", true}}}}},
-      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-      {"train",
-       {{"seq_len", 16},
-        {"micro_batch_size", 4},
-        {"grad_accum_steps", 2},
-        {"steps", steps},
-        {"lr", 1e-2},
-        {"warmup_steps", 2},
-        {"eval_every", 0},
-        {"eval_sequences", 8},
-        {"checkpoint_every", checkpoint_every},
-        {"threads", 2}}}};
-  Config c = kvs::config_from_json(j, "tiny");
-  kvs::validate(c, "tiny");
-  return c;
+  return kvs::testing_util::tiny_induction(
+      true, {{"steps", steps}, {"eval_every", 0}, {"checkpoint_every", checkpoint_every}});
 }
 
 std::set<std::string> step_dirs(const std::string& root) {

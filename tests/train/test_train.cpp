@@ -17,39 +17,14 @@
 #include "train/model_io.h"
 #include "train/trainer.h"
 #include "test_util.h"
+#include "tiny_induction.h"
 
 namespace fs = std::filesystem;
 using kvs::Config;
 
 namespace {
 
-Config tiny_induction(bool shift) {
-  nlohmann::json j = {
-      {"name", "tiny"},
-      {"model",
-       {{"hidden_size", 16},
-        {"intermediate_size", 32},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 2},
-        {"num_key_value_heads", 1},
-        {"vocab_size", 32},
-        {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", shift}}}}},
-      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-      {"train",
-       {{"seq_len", 16},
-        {"micro_batch_size", 4},
-        {"grad_accum_steps", 2},
-        {"steps", 12},
-        {"lr", 1e-2},
-        {"warmup_steps", 2},
-        {"eval_every", 6},
-        {"eval_sequences", 8},
-        {"threads", 2}}}};
-  Config c = kvs::config_from_json(j, "tiny");
-  kvs::validate(c, "tiny");
-  return c;
-}
+using kvs::testing_util::tiny_induction;
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = testing::TempDir() + "kvs_train_" + name;

@@ -22,41 +22,24 @@
 #include "train/checkpoint.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
+#include "tiny_induction.h"
 
 namespace fs = std::filesystem;
 using kvs::Config;
 
 namespace {
 
+// Vanilla (no shift coefficients clamped into [0, 1]), one micro-batch per step, no weight decay,
+// warmup over 4 steps then cosine to 1e-3, one thread.
 Config tiny(int steps) {
-  nlohmann::json j = {
-      {"name", "wiring"},
-      {"model",
-       {{"hidden_size", 16},
-        {"intermediate_size", 32},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 2},
-        {"num_key_value_heads", 1},
-        {"vocab_size", 32},
-        {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", false}}}}},
-      {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
-      {"train",
-       {{"seq_len", 16},
-        {"micro_batch_size", 4},
-        {"grad_accum_steps", 1},
-        {"steps", steps},
-        {"lr", 1e-2},
-        {"min_lr", 1e-3},
-        {"warmup_steps", 4},
-        {"schedule", "cosine"},
-        {"weight_decay", 0.0},
-        {"eval_every", 0},
-        {"eval_sequences", 8},
-        {"threads", 1}}}};
-  Config c = kvs::config_from_json(j, "wiring");
-  kvs::validate(c, "wiring");
-  return c;
+  return kvs::testing_util::tiny_induction(false, {{"steps", steps},
+                                                   {"grad_accum_steps", 1},
+                                                   {"min_lr", 1e-3},
+                                                   {"warmup_steps", 4},
+                                                   {"schedule", "cosine"},
+                                                   {"weight_decay", 0.0},
+                                                   {"eval_every", 0},
+                                                   {"threads", 1}});
 }
 
 std::string run(const Config& c, const std::string& name) {

@@ -5,12 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
-#include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
@@ -32,17 +28,6 @@ inline std::string shared_run_dir(const std::string& prefix, const std::string& 
   if (world().rank() == 0) std::filesystem::remove_all(d);
   world().barrier();
   return d;
-}
-
-// The gradient norm (before clipping) of each step a run logged to its metrics.jsonl.
-inline std::vector<double> logged_grad_norms(const std::string& run_dir) {
-  std::vector<double> norms;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") norms.push_back(j["grad_norm"].get<double>());
-  }
-  return norms;
 }
 
 // The NCCL world of the shim, over the MPI ranks (rank 0's unique id broadcast).

@@ -344,7 +344,8 @@ TEST(DataPrepareSplit, Utf8Validation) {
 // (so configs load before the data is prepared), stored absolute in runs.
 TEST(DataPrepareConfig, TokenizerKey) {
   TmpDir tmp;
-  auto j = nlohmann::json::parse(slurp(std::string(kvs::test::source_dir()) + "/configs/toy/induction-1l-kvshift.json"));
+  auto j =
+      nlohmann::json::parse(slurp(std::string(kvs::test::source_dir()) + "/configs/toy/induction-1l-kvshift.json"));
   fs::create_directories(tmp / "cfg");
   fs::copy(shared_tokenizer_dir(), tmp / "tok");
   auto load = [&](const nlohmann::json& tokenizer, int vocab) {

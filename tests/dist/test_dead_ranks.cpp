@@ -107,8 +107,8 @@ TEST(DeadRanks, SigusrToMpirunStopsEveryRankAfterTheSameStep) {
   // No `timeout` in front: `exec` keeps the pid through sh and env, so `pid` is mpirun itself.
   std::string launcher = mpirun(2);
   launcher.replace(launcher.find("timeout 120 "), 12, "");
-  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg + " --run-dir " + run +
-                          " > " + (tmp / "out.txt") + " 2>&1";
+  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg +
+                          " --run-dir " + run + " > " + (tmp / "out.txt") + " 2>&1";
   const pid_t pid = start_in_background(cmd);
   wait_for_metrics(run, 200);
   ::kill(pid, SIGUSR1);
@@ -174,8 +174,8 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   spit(cfg, c.dump());
   std::string launcher = mpirun(2);
   launcher.replace(launcher.find("timeout 120 "), 12, "");
-  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg + " --run-dir " + run +
-                          " > " + (tmp / "out.txt") + " 2>&1";
+  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg +
+                          " --run-dir " + run + " > " + (tmp / "out.txt") + " 2>&1";
   const pid_t pid = start_in_background(cmd);
   wait_for_metrics(run, 3000);
   const pid_t r1 = rank_pid(pid, 1);
@@ -219,7 +219,8 @@ TEST(DeadRanks, AHungPipelineStageIsNamedWithinTheTimeout) {
   std::string launcher = mpirun(2);
   launcher.replace(launcher.find("timeout 120 "), 12, "");
   launcher.replace(launcher.find("env "), 4, "env KVS_COLLECTIVE_TIMEOUT_S=2 ");
-  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg + " --run-dir " + run +
+  const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg +
+                          " --run-dir " + run +
                           " --set parallel.pp=2 > " + (tmp / "out.txt") + " 2>&1";
   const pid_t pid = start_in_background(cmd);
   wait_for_metrics(run, 2000);

@@ -76,8 +76,8 @@ TEST(LaunchWorld, TorchrunCpuRunFailsOnEveryRankAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<FILE*> procs;
   for (int r = 0; r < 2; ++r) {
-    const std::string cmd = torchrun_env(r, 2) + kvs::test::cli_binary() + " train --quiet --config " + (tmp / "c.json") +
-                            " --run-dir " + (tmp / "run") + " 2>&1";
+    const std::string cmd = torchrun_env(r, 2) + kvs::test::cli_binary() + " train --quiet --config " +
+                            (tmp / "c.json") + " --run-dir " + (tmp / "run") + " 2>&1";
     procs.push_back(::popen(cmd.c_str(), "r"));
     ASSERT_NE(procs.back(), nullptr);
   }

@@ -119,7 +119,8 @@ TEST(TensorParallel, SliceAndAssembleRoundTrip) {
       const size_t H = 16, real_rows = 400 - 256;
       ASSERT_EQ(e1->numel, 256 * H);
       for (size_t i = 0; i < e1->numel; ++i)
-        ASSERT_EQ(locals[1][e1->offset + i], i < real_rows * H ? full[e->offset + 256 * H + i] : 0.0f) << "element " << i;
+        ASSERT_EQ(locals[1][e1->offset + i], i < real_rows * H ? full[e->offset + 256 * H + i] : 0.0f)
+            << "element " << i;
     }
 }
 

@@ -11,6 +11,8 @@
 //     (sequence parallel: all-gathers and reduce-scatters) are enqueued on the
 //     engine's stream; context parallelism's halo all-gathers and ring steps
 //     run on the communicator's stream after the engine's is drained.
+// The data-parallel run's checkpoint (ZeRO-1's gathered moments) is resumed
+// over both paths, and in one process.
 // The GPU tests' tolerances (tests/parallel/test_cuda_zero1.cpp, test_cuda_tp.cpp:
 // 2e-3 and 5e-3 relative per step), over 5 steps.
 #include <gtest/gtest.h>
@@ -191,4 +193,46 @@ TEST(HostCudaParallel, ContextParallelRecomputationChangesNoBits) {
   ASSERT_EQ(none.losses.size(), 2u);
   ASSERT_EQ(attention.losses.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_EQ(none.losses[i], attention.losses[i]) << "step " << i + 1;
+}
+
+// ZeRO-1's checkpoint on the engine's device buffers, over both paths: each
+// rank's shard of the AdamW moments gathered into one optimizer file at step 2
+// and scattered back on resume. Resumed at dp = 2, steps 3-5 are the
+// uninterrupted run's bits (a shard saved or restored at the wrong offset moves
+// step 3's update); resumed in one process (rank 0, a copy of the run
+// directory), they follow the uninterrupted dp = 2 run within the data-parallel
+// tolerance, so the file holds the moments in the one-process order (a
+// permutation that the dp = 2 scatter would undo is not).
+TEST(HostCudaParallel, DataParallelCheckpointResumes) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 32, 1);
+  kvs::Config head = c;
+  head.train.steps = 2;
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  for (kvs::dist::Communicator* comm : {&world(), nccl.get()}) {
+    const std::string what = "dp2_resume_" + comm->backend();
+    SCOPED_TRACE(what);
+    const kvs::TrainSummary full = kvs::train(c, {shared_dir(what + "_full"), false, true, comm});
+    const std::string dir = shared_dir(what);
+    kvs::train(head, {dir, false, true, comm});
+    std::string copy;
+    if (world().rank() == 0) {
+      copy = dir + "_one";
+      std::filesystem::remove_all(copy);
+      std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+    }
+    world().barrier();
+    const kvs::TrainSummary rest = kvs::train(c, {dir, true, true, comm});
+    ASSERT_EQ(full.losses.size(), 5u);
+    ASSERT_EQ(rest.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[2 + i]) << "step " << 3 + i;
+    if (world().rank() != 0) continue;
+    EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss);
+    const kvs::TrainSummary one = kvs::train(c, {copy, true, true});
+    ASSERT_EQ(one.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_LT(kvs::testing_util::rel(one.losses[i], full.losses[2 + i]), 2e-3)
+          << "step " << 3 + i << " resumed in one process: " << one.losses[i] << " vs " << full.losses[2 + i];
+  }
+  world().barrier();
 }

@@ -227,7 +227,8 @@ TEST(HostCudaPipelineWithParallel, ContextAndSequenceParallelFollowOneProcess) {
 // gradient all-reduce re-associates the micro-batches' sums). Against the same
 // dp = 2 run without stages (each half of the world runs it alone) only the
 // grad norm's sum of squares is split differently (per stage, then summed), so
-// the clip scale may differ in its last bits: 1e-6 relative per step.
+// the clip scale may differ in its last bits: 1e-6 relative per step. Then
+// the run's checkpoint, resumed in the same layout.
 TEST(HostCudaPipelineWithParallel, DataParallelStagesFollowOneProcess) {
   if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   const kvs::TrainSummary one = one_process(config_4ranks(1, false, 1), "4ranks_dp");
@@ -242,5 +243,19 @@ TEST(HostCudaPipelineWithParallel, DataParallelStagesFollowOneProcess) {
     const kvs::TrainSummary par = kvs::train(config_4ranks(1, false, 1), {shared_dir(what), false, true, comm});
     expect_close(par, one, what, 2e-3);
     expect_close(par, dp2, what + " vs the same without pp", 1e-6);
+    // ZeRO-1's checkpoint of the stages' shards: saved after step 1 (each
+    // stage's dp group gathers its moments, rank 0 writes the whole model),
+    // resumed in the same layout: steps 2-3 and the evaluation are `par`'s bits.
+    kvs::Config head = config_4ranks(1, false, 1);
+    head.train.steps = 1;
+    const std::string dir = shared_dir(what + "_resumed");
+    kvs::train(head, {dir, false, true, comm});
+    const kvs::TrainSummary rest = kvs::train(config_4ranks(1, false, 1), {dir, true, true, comm});
+    ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kSteps - 1));
+    for (int i = 0; i + 1 < kSteps; ++i)
+      EXPECT_EQ(rest.losses[i], par.losses[i + 1]) << what << " resumed, step " << i + 2;
+    if (world().rank() == 0) {
+      EXPECT_EQ(rest.final_eval.loss, par.final_eval.loss) << what << " resumed";
+    }
   }
 }

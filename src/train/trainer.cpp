@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -102,6 +103,17 @@ std::vector<float> initial_weights_from(const std::string& dir, const ModelConfi
   std::vector<float> flat;
   flat_from_tensors(full, ck.data.model, "", dir + "/model.safetensors", flat);
   return flat;
+}
+
+// KVS_FAULT_INF_GRADIENT_STEP=N (the tests only; docs/RELIABILITY.md): step
+// N's gradient scale is +inf on the last data-parallel rank, so the engines'
+// own backward makes its gradients non-finite (inf, and NaN where inf meets 0
+// or -inf) while the loss (which does not depend on the scale) stays finite:
+// the run must stop on the gradient norm, every rank at once. (NaN would not
+// do: engines read a negative or NaN scale as "no backward".)
+int64_t inf_gradient_fault_step() {
+  const char* v = std::getenv("KVS_FAULT_INF_GRADIENT_STEP");
+  return v && *v ? std::atoll(v) : 0;
 }
 
 }  // namespace
@@ -337,6 +349,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     return r;
   };
 
+  const int64_t inf_gradient_step = inf_gradient_fault_step();
   const auto t_start = std::chrono::steady_clock::now();
   double smoothed_step_s = 0;  // the progress line shows an EMA: one step's rate is too noisy to read
   for (; step < tc.steps; ++step) {
@@ -352,7 +365,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     dp_comm.all_reduce(&scored, 1, dist::DType::F64, dist::ReduceOp::Sum);  // exact: a sum of integers
     // The loss is the mean over every scored token of the global batch, so each
     // micro-batch's gradient is scaled by 1/(scored tokens of the whole batch).
-    const double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
+    double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
+    if (step + 1 == inf_gradient_step && groups.dp_rank == groups.dp - 1) grad_scale = HUGE_VAL;
     data_range.reset();
     engine->zero_grad();
     double loss_sum = 0;

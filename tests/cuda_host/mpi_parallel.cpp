@@ -31,6 +31,7 @@
 #include "mpi_runs.h"
 #include "parallel/dist_test_util.h"
 #include "parallel/mpi_world.h"
+#include "train/nonfinite_gradient_run.h"
 #include "train/trainer.h"
 
 namespace {
@@ -235,4 +236,15 @@ TEST(HostCudaParallel, DataParallelCheckpointResumes) {
           << "step " << 3 + i << " resumed in one process: " << one.losses[i] << " vs " << full.losses[2 + i];
   }
   world().barrier();
+}
+
+// Non-finite gradients on rank 1 only (its micro-batch of step 3) under ZeRO-1 over
+// the NCCL shim, where the reduction starts inside the backward: both ranks
+// stop on the gradient norm at step 3, and the resumed run is the
+// uninterrupted one's bits.
+TEST(HostCudaParallel, DataParallelNonFiniteGradientStopsEveryRank) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  kvs::testing_util::expect_nonfinite_gradient_stops_cleanly(config(true, 32, 1), 3, shared_dir("dp2_bad_grad_full"),
+                                                       shared_dir("dp2_bad_grad"), nccl.get());
 }

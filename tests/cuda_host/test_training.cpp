@@ -13,6 +13,7 @@
 
 #include "hostcuda.h"
 #include "model/config.h"
+#include "train/nonfinite_gradient_run.h"
 #include "train/trainer.h"
 
 namespace {
@@ -86,4 +87,12 @@ TEST(HostCudaTraining, ResumeIsBitIdentical) {
   ASSERT_EQ(rest.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[2 + i]) << "step " << 3 + i;
   EXPECT_EQ(rest.final_eval.loss, full.final_eval.loss);
+}
+
+// Non-finite gradients (scaled in the engine's own backward) under a finite loss at
+// step 3 of 4: stopped on the gradient norm before the update (the device
+// norm must not drop a NaN), resumed bit-identically.
+TEST(HostCudaTraining, NonFiniteGradientStopsBeforeTheUpdate) {
+  kvs::testing_util::expect_nonfinite_gradient_stops_cleanly(tiny_training("cuda", true, 4), 3, fresh("bad_grad_full"),
+                                                       fresh("bad_grad"));
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <regex>
 
 #include "dist_test_util.h"
 #include "model/config.h"
@@ -85,6 +86,23 @@ TEST(DistDp, DivergenceStopsEveryRank) {
   EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
   EXPECT_NE(r.out.find("stopping; the last checkpoint"), std::string::npos) << r.out;
   EXPECT_EQ(kvs::testing_util::slurp(dir + "/checkpoints/latest"), "step_00000003\n");
+}
+
+// Non-finite gradients on the second rank only (KVS_FAULT_INF_GRADIENT_STEP), the
+// loss finite: both ranks stop on the gradient norm at that step.
+TEST(DistDp, NonFiniteGradientOnOneRankStopsEveryRank) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", dir = tmp / "run";
+  kvs::testing_util::spit(cfg, tiny_config(true, 4).dump());
+  const auto r = run_kvshift("train --quiet --config " + cfg + " --run-dir " + dir +
+                                 " --set train.steps=5 --set train.checkpoint_every=1",
+                             "KVS_FAULT_INF_GRADIENT_STEP=3 " + mpirun(2));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (hang): " << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("step 3: gradient norm is -?(nan|inf) — stopping; the last "
+                                                  "checkpoint \\(" + dir + "/checkpoints/step_00000002\\) is intact")))
+      << r.out;
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/checkpoints/latest"), "step_00000002\n");
 }
 
 TEST(DistDp, CollectivesSelftest) {

@@ -17,6 +17,7 @@
 #include "train/model_io.h"
 #include "train/trainer.h"
 #include "test_util.h"
+#include "nonfinite_gradient_run.h"
 #include "tiny_induction.h"
 
 namespace fs = std::filesystem;
@@ -122,8 +123,8 @@ TEST(Train, RefusesToOverwriteARun) {
   EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), "--resume");
 }
 
-// A checkpoint every step: the step whose loss (or gradient norm) is not
-// finite stops the run before it saves, so the latest checkpoint is the step
+// A checkpoint every step: the step whose loss (here; the gradient norm:
+// NonFiniteGradientStopsBeforeTheUpdate) is not finite stops the run before it saves, so the latest checkpoint is the step
 // before it, and the message names that step and the non-finite value.
 TEST(Train, DivergenceStopsAndKeepsCheckpoint) {
   Config c = tiny_induction(true);
@@ -151,6 +152,13 @@ TEST(Train, DivergenceStopsAndKeepsCheckpoint) {
   const std::string latest = kvs::latest_checkpoint(dir + "/checkpoints");
   EXPECT_EQ(fs::path(latest).filename().string(), fmt::format("step_{:08d}", failed_step - 1));
   EXPECT_NO_THROW(kvs::load_checkpoint(latest));
+}
+
+// The gradient-norm branch (the lr 1e30 run above stops on its loss first):
+// non-finite gradients under a finite loss at step 4 of 6.
+TEST(Train, NonFiniteGradientStopsBeforeTheUpdate) {
+  kvs::testing_util::expect_nonfinite_gradient_stops_cleanly(tiny_induction(true, {{"steps", 6}}), 4,
+                                                       fresh_dir("bad_grad_full"), fresh_dir("bad_grad"));
 }
 
 TEST(Train, MissingOrCorruptCheckpointIsAClearError) {

@@ -1,8 +1,11 @@
 // Engine selection and the batch checks every engine shares.
 #include "model/engine.h"
 
+#include <new>
+
 #include "core/error.h"
 #include "model/cpu_engine.h"
+#include "model/params.h"
 #ifdef KVS_CUDA
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
@@ -52,7 +55,15 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
   if (device == Device::Cpu) {
     KVS_CHECK(attention_backend == AttentionImpl::Flash, "train.attention_backend: \"{}\" needs device \"cuda\"",
               attention_backend);
-    return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
+    try {
+      return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
+    } catch (const std::bad_alloc&) {
+      // fp32 weights, gradients and two AdamW moments: 16 bytes a parameter before any activation.
+      const double params = static_cast<double>(count_params(m).total);
+      fail("the model ({:.3g} parameters: {:.3g} GiB of fp32 weights, gradients and AdamW moments, before the "
+           "activations of micro-batch {} x {}) does not fit in this machine's memory",
+           params, params * 16 / (1 << 30), max_batch, max_seq_len);
+    }
   }
 #ifdef KVS_CUDA
   std::string why;

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_difference.h"
 #include "core/log.h"
 #include "core/profile_range.h"
 #include "model/params.h"
@@ -86,6 +88,16 @@ Config with_absolute_paths(const Config& in) {
   return c;
 }
 
+// Where two models differ, as a model-section key ("model.kv_shift.enabled:
+// true vs false"); "" if they are the same.
+std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
+  nlohmann::json ja = model_to_hf_json(a), jb = model_to_hf_json(b);
+  ja.erase("architectures");  // follows kv_shift.enabled, which is named instead
+  jb.erase("architectures");
+  const std::string d = json_difference(ja, jb);
+  return d.empty() ? d : "model." + d;
+}
+
 // The weights of checkpoint `dir` for a fresh run of `model`: the
 // architecture must match (training-only keys aside) and every tensor is
 // checked by name and shape.
@@ -95,14 +107,41 @@ std::vector<float> initial_weights_from(const std::string& dir, const ModelConfi
     m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
     m.document_boundaries = DocumentBoundaries::None;
     m.bos_token_id = -1;
-    return model_to_hf_json(m);
+    return m;
   };
-  if (architecture(ck.model) != architecture(model))
-    fail("--init-from {}: the checkpoint's model ({}) differs from the config's model section ({})", dir,
-         architecture(ck.model).dump(), architecture(model).dump());
+  if (const std::string d = model_difference(architecture(ck.model), architecture(model)); !d.empty())
+    fail("--init-from {}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)",
+         dir, d);
   std::vector<float> flat;
   flat_from_tensors(full, ck.data.model, "", dir + "/model.safetensors", flat);
   return flat;
+}
+
+// A fresh run writes config.json and metrics.jsonl into its directory: never
+// over a checkpoint's or a Hugging Face model's (a path meant for --init-from).
+// An earlier run's files are the run's to replace.
+void check_fresh_run_directory(const std::string& run_dir) {
+  std::error_code ec;
+  std::vector<std::string> weights;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")
+      weights.push_back(e.path().filename().string());
+  std::sort(weights.begin(), weights.end());
+  KVS_CHECK(weights.empty(),
+            "{}: holds model weights ({}); a run there would overwrite its config.json: use another --run-dir "
+            "(--init-from {} starts a run from those weights)",
+            run_dir, weights.empty() ? "" : weights[0], run_dir);
+  const std::string config = run_dir + "/config.json";
+  if (!fs::exists(config)) return;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(config));
+  } catch (const nlohmann::json::exception&) {
+  }
+  KVS_CHECK(j.is_object() && j.contains("train"),
+            "{}: not a kvshift run's config (no 'train' section); a new run would overwrite it: use another "
+            "--run-dir",
+            config);
 }
 
 // KVS_FAULT_INF_GRADIENT_STEP=N (the tests only; docs/RELIABILITY.md): step
@@ -220,6 +259,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const bool rank0 = rank == 0;
   set_threads(tc.threads);
   make_dirs(opt.run_dir);
+  if (!opt.resume) check_fresh_run_directory(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
@@ -233,8 +273,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (opt.resume) {
     LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
     const std::string latest = ck.dir;
-    KVS_CHECK(model_to_hf_json(ck.model) == model_to_hf_json(cfg.model),
-              "{}: the checkpoint's model differs from the config's model section", latest);
+    if (const std::string d = model_difference(ck.model, cfg.model); !d.empty())
+      fail("{}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)", latest,
+           d);
     KVS_CHECK(!ck.data.optimizer.empty() && !ck.data.trainer_state.is_null(),
               "{}: no optimizer or trainer state: cannot resume training from it", latest);
     std::vector<float> full, exp_avg, exp_avg_sq;
@@ -251,6 +292,20 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     KVS_CHECK(ts.value("seed", tc.seed + 1) == tc.seed,
               "{}: train.seed changed (checkpoint {}, config {}); the data stream would not line up", latest,
               ts.value("seed", uint64_t{0}), tc.seed);
+    // The data positions are sequence indices: another window length or data
+    // source would map them onto other tokens.
+    const nlohmann::json& was = ck.data.run_config;
+    if (was.is_object() && was.contains("train") && was["train"].contains("seq_len"))
+      KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
+                "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
+                was["train"]["seq_len"].dump(), tc.seq_len);
+    if (was.is_object() && was.contains("data") && was["data"].contains("type"))
+      KVS_CHECK(was["data"]["type"] == to_json(cfg)["data"]["type"],
+                "{}: data.type changed (checkpoint {}, config {}); the data stream would not line up", latest,
+                was["data"]["type"].dump(), to_json(cfg)["data"]["type"].dump());
+    KVS_CHECK(step <= tc.steps,
+              "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,
+              tc.steps);
     if (rank0) spdlog::info("resuming from {} (step {})", latest, step);
   } else {
     KVS_CHECK(!has_checkpoints(ckpt_root),
@@ -334,11 +389,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                         {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
     writer.save(done, std::move(cd));
   };
-  auto run_eval = [&](int64_t done) {
+  auto run_eval = [&](int64_t done, bool record = true) {
     // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.
     if (!has_val || groups.dp_rank != 0) return EvalResult{};
     EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe.get(), groups.pp_comm);
-    if (!rank0) return r;
+    if (!rank0 || !record) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
     metrics.write(j);
@@ -435,8 +490,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   progress.finish_line();
   summary.steps_done = step;
   if (rank0) summary.last_checkpoint = writer.wait();
+  // A resumed run that was already complete trains nothing: its evaluation is
+  // the summary's, not a second line for the same step in metrics.jsonl.
   if (summary.losses.empty() && summary.final_eval.sequences == 0 && summary.stopped_by.empty())
-    summary.final_eval = run_eval(step);
+    summary.final_eval = run_eval(step, /*record=*/false);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (rank0) spdlog::info("done: {} steps in {}", step, format_duration(total_s));
   return summary;

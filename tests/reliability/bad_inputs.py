@@ -232,7 +232,8 @@ def cases():
         return ["--threads", "2", "bench", "--config", config(d, tiny())], ""
 
     @case("cli-resume-other-model", "CLI", "--resume with a different model",
-          "D/run/checkpoints/step_00000002: the checkpoint's model differs from the config's model section")
+          "D/run/checkpoints/step_00000002: the checkpoint's model differs from the config's model section: "
+          "model.intermediate_size: 32 vs 64 (checkpoint vs config)")
     def _(b, d):
         trained(b, d)
         c = tiny()
@@ -246,6 +247,36 @@ def cases():
         trained(b, d)
         return ["train", "--config", config(d, tiny(micro_batch_size=4)), "--run-dir", os.path.join(d, "run"),
                 "--resume"], ""
+
+    @case("cli-resume-other-seq-len", "CLI", "--resume with another train.seq_len (the same global batch)",
+          "D/run/checkpoints/step_00000002: train.seq_len changed (checkpoint 16, config 8); the data stream would "
+          "not line up")
+    def _(b, d):
+        trained(b, d)
+        return ["train", "--config", config(d, tiny(seq_len=8)), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-resume-past-steps", "CLI", "--resume with train.steps below the checkpoint's step",
+          "D/run/checkpoints/step_00000002: the checkpoint is at step 2, past train.steps (1); raise train.steps to "
+          "train on")
+    def _(b, d):
+        trained(b, d)
+        return ["train", "--config", config(d, tiny(steps=1)), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-run-dir-is-a-checkpoint", "CLI", "a new run with --run-dir where --init-from was meant",
+          "D/run/checkpoints/step_00000002: holds model weights (model.safetensors); a run there would overwrite "
+          "its config.json: use another --run-dir (--init-from D/run/checkpoints/step_00000002 starts a run from "
+          "those weights)")
+    def _(b, d):
+        ck = os.path.join(trained(b, d), "step_00000002")
+        return ["train", "--config", config(d, tiny()), "--run-dir", ck], ""
+
+    @case("cli-model-too-large", "CLI", "a model larger than the machine's memory",
+          "the model (1.92e+12 parameters: 2.87e+04 GiB of fp32 weights, gradients and AdamW moments, before the "
+          "activations of micro-batch 1 x 16) does not fit in this machine's memory")
+    def _(b, d):
+        c = tiny(micro_batch_size=1)
+        c["model"].update(hidden_size=524288, intermediate_size=524288, num_attention_heads=4096, vocab_size=32)
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
 
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
@@ -501,6 +532,9 @@ LINKS = {
     "cli-bad-override": "Cli.BadOverrideIsRejectedBeforeAnyWork, Config.BadOverridesError",
     "cli-override-unknown": "Config.BadOverridesError",
     "cli-resume-other-model": "Train.ResumeRejectsADifferentModel",
+    "cli-resume-other-seq-len": "Train.ResumeRejectsADifferentModel",
+    "cli-resume-past-steps": "Train.ResumeRejectsADifferentModel",
+    "cli-run-dir-is-a-checkpoint": "Train.RefusesARunDirectoryHoldingAModel",
     "cli-overwrite-run": "Train.RefusesToOverwriteARun",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
     "shard-truncated": "DataShards.CorruptFilesNameThePath",

@@ -186,11 +186,72 @@ TEST(Train, ResumeRejectsADifferentModel) {
   Config other = tiny_induction(false);
   other.train.steps = 4;
   EXPECT_KVS_ERROR(kvs::train(other, {dir, true, true}),
-                   "the checkpoint's model differs from the config's model section");
+                   "the checkpoint's model differs from the config's model section: model.kv_shift.enabled: true vs "
+                   "false (checkpoint vs config)");
+  other = c;
+  other.train.steps = 4;
+  other.model.intermediate_size = 48;
+  EXPECT_KVS_ERROR(kvs::train(other, {dir, true, true}), ": model.intermediate_size: 32 vs 48 (checkpoint vs config)");
+  // The data stream: positions are sequence indices of this seed, window length and source.
   Config reseeded = c;
   reseeded.train.steps = 4;
   reseeded.train.seed = 4321;
   EXPECT_KVS_ERROR(kvs::train(reseeded, {dir, true, true}), "train.seed");
+  Config shorter = c;
+  shorter.train.steps = 4;
+  shorter.train.seq_len = 8;
+  EXPECT_KVS_ERROR(kvs::train(shorter, {dir, true, true}), "train.seq_len changed (checkpoint 16, config 8)");
+  Config other_data = c;
+  other_data.train.steps = 4;
+  other_data.data.type = kvs::DatasetType::Ngram;
+  other_data.data.ngram.token_hi = 32;
+  kvs::validate(other_data, "tiny");
+  EXPECT_KVS_ERROR(kvs::train(other_data, {dir, true, true}), "data.type changed (checkpoint \"induction\"");
+  // Fewer steps than the checkpoint's: nothing to train, and not "done".
+  Config fewer = c;
+  fewer.train.steps = 1;
+  EXPECT_KVS_ERROR(kvs::train(fewer, {dir, true, true}),
+                   "the checkpoint is at step 2, past train.steps (1); raise train.steps to train on");
+}
+
+// A run resumed when it is already complete trains nothing and evaluates, but
+// adds nothing to metrics.jsonl: each step's lines appear once.
+TEST(Train, ResumeOfACompleteRunAddsNoMetrics) {
+  Config c = tiny_induction(true, {{"steps", 2}, {"eval_every", 1}});
+  const std::string dir = fresh_dir("complete");
+  const auto done = kvs::train(c, {dir, false, true});
+  const std::string before = kvs::testing_util::slurp(dir + "/metrics.jsonl");
+  const auto again = kvs::train(c, {dir, true, true});
+  EXPECT_TRUE(again.losses.empty());
+  EXPECT_EQ(again.final_eval.loss, done.final_eval.loss);
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/metrics.jsonl"), before);
+}
+
+// A fresh run writes config.json and metrics.jsonl into --run-dir: a
+// directory holding a checkpoint or a Hugging Face model (a path meant for
+// --init-from) or another program's config.json is refused and left as it was;
+// an earlier run's directory without checkpoints is the run's to replace.
+TEST(Train, RefusesARunDirectoryHoldingAModel) {
+  Config c = tiny_induction(true, {{"steps", 1}});
+  const std::string src = fresh_dir("holds_model_src");
+  kvs::train(c, {src, false, true});
+  const std::string ck = kvs::latest_checkpoint(src + "/checkpoints");
+  const std::string config_before = kvs::testing_util::slurp(ck + "/config.json");
+  EXPECT_KVS_ERROR(kvs::train(c, {ck, false, true}), ck + ": holds model weights (",
+                   "use another --run-dir (--init-from " + ck + " starts a run from those weights)");
+  EXPECT_EQ(kvs::testing_util::slurp(ck + "/config.json"), config_before);
+  EXPECT_FALSE(fs::exists(ck + "/metrics.jsonl"));
+
+  const std::string foreign = fresh_dir("holds_foreign_config");
+  fs::create_directories(foreign);
+  kvs::testing_util::spit(foreign + "/config.json", "{\"hidden_size\": 64}\n");
+  EXPECT_KVS_ERROR(kvs::train(c, {foreign, false, true}), foreign + "/config.json: not a kvshift run's config");
+  EXPECT_EQ(kvs::testing_util::slurp(foreign + "/config.json"), "{\"hidden_size\": 64}\n");
+
+  const std::string earlier = fresh_dir("earlier_run");  // stopped before its first checkpoint
+  kvs::train(c, {earlier, false, true});
+  fs::remove_all(earlier + "/checkpoints");
+  EXPECT_NO_THROW(kvs::train(c, {earlier, false, true}));
 }
 
 TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {

@@ -78,7 +78,7 @@ TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
           << t.name << ": a zero gradient compares nothing";
     }
   }
-  EXPECT_EQ(shift_tensors, v.shift ? m.num_hidden_layers * (v.shift_q ? 3 : 2) : 0);
+  EXPECT_EQ(shift_tensors, v.shift ? m.num_hidden_layers * (int{v.shift_q} + int{v.shift_k} + int{v.shift_v}) : 0);
   EXPECT_NEAR(gpu.grad_norm(), cpu.grad_norm(), 3e-2 * cpu.grad_norm());
   // It was the emulator and the host GEMM that computed this.
   const hostcuda::Stats after = hostcuda::stats();

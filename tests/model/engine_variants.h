@@ -3,7 +3,7 @@
 // on the host build): head_dim 16 (MHA and GQA), 32 (tied), 64 and 128;
 // window 3 with q shifted; the sigmoid gate without RoPE; θ 500000 with Llama 3
 // scaling (both engines take the host's RoPE tables: this checks they take the
-// model's). One table, so the two checks cannot drift apart.
+// model's); V only (window 2, MQA) and K only. One table, so the two checks cannot drift apart.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -31,6 +31,7 @@ struct EngineVariant {
   double rms_norm_eps = 0;  // 0: the config's default (1e-5). The residual stream starts at the
                             // embeddings' scale (std 0.02, mean square 4e-4): 1e-3 nearly halves
                             // rstd, so an engine that ignores the config's eps fails
+  bool shift_k = true, shift_v = true;  // the K-only and V-only variants (paper, table 5)
 };
 
 // Test names and failure messages show the variant's name, not its bytes.
@@ -52,6 +53,8 @@ inline ModelConfig model_of(const EngineVariant& v) {
                          {{"enabled", v.shift},
                           {"window", v.window},
                           {"shift_q", v.shift_q},
+                          {"shift_k", v.shift_k},
+                          {"shift_v", v.shift_v},
                           {"parametrization", v.param}}}}},
                       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 96}, {"pool_size", 8}}}}},
                       {"train", {{"seq_len", 64}}}};
@@ -77,6 +80,10 @@ inline const EngineVariant kEngineVariants[] = {
     {"shift_d64", 128, 2, 1, 1, true, false, 1, false, "free", "rope", 0, false, 1e-3},
     {"shift_d128", 256, 2, 2, 1, true, false, 2, false, "free", "rope"},
     {"shift_llama3_d32", 64, 2, 1, 1, true, false, 1, false, "free", "rope", 500000.0, true},
+    // One of K and V shifted: an engine that takes one's flag for the other (both are set in every
+    // variant above) skips a shift's backward or reads a missing coefficient.
+    {"v_only_w2_mqa", 64, 4, 1, 1, true, false, 2, false, "free", "rope", 0, false, 0, false, true},
+    {"k_only_gqa", 64, 4, 2, 1, true, false, 1, false, "free", "rope", 0, false, 0, true, false},
 };
 // Three layers (the last one is not recomputed) and the sigmoid gate (its
 // effective coefficients are reused, not recomputed): recomputation's check.

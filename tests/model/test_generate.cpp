@@ -47,6 +47,12 @@ struct Variant {
   bool tied = false;
   Docs docs = Docs::None;  // model.document_boundaries
   int bos = -1;            // model.bos_token_id (3: position 2 of kPrompt)
+  // The model's norm eps and RoPE, where a generator that took the defaults
+  // instead would differ (Generate.NonDefaultNormAndRopeMatter checks they do).
+  double eps = 1e-5;
+  double theta = 10000.0;
+  bool llama3 = false;  // at head_dim 8, θ 500000, original context 256: of the 4 frequencies
+                        // 1 keeps its value, 1 is blended and 2 are divided by the factor
 };
 
 const Variant kVariants[] = {
@@ -65,6 +71,10 @@ const Variant kVariants[] = {
     {"docs_shift_w2", true, 2, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::Shift, 3},
     {"docs_attention_shift_q", true, 1, true, true, true, Par::Free, Pe::Rope, 2, false, Docs::ShiftAndAttention, 3},
     {"docs_attention_vanilla", false, 1, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::ShiftAndAttention, 3},
+    {"eps_1e_2", true, 1, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::None, -1, 1e-2},
+    {"theta_500k", true, 1, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::None, -1, 1e-5, 500000.0},
+    {"llama3_scaling", true, 1, true, true, false, Par::Free, Pe::Rope, 2, false, Docs::None, -1, 1e-5, 500000.0,
+     true},
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -78,7 +88,12 @@ kvs::ModelConfig model_of(const Variant& v) {
   m.num_key_value_heads = v.kv_heads;
   m.vocab_size = 48;
   m.max_position_embeddings = 24;
-  m.rope_theta = 10000.0;
+  m.rope_theta = v.theta;
+  m.rms_norm_eps = v.eps;
+  if (v.llama3) {
+    m.rope_scaling.rope_type = kvs::RopeType::Llama3;
+    m.rope_scaling.original_max_position_embeddings = 256;
+  }
   m.position_encoding = v.pe;
   m.tie_word_embeddings = v.tied;
   m.initializer_range = 0.3;  // spread-out logits, so argmaxes are not near-ties
@@ -202,6 +217,31 @@ TEST_P(GenerateVariant, BlockPrefillEqualsFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GenerateVariant, ::testing::ValuesIn(kVariants),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The controls of the eps and RoPE variants: each non-default value moves the
+// full forward's logits far outside the tolerance, so a generator that fell
+// back to the default (eps 1e-5, θ 10000, no scaling) would fail above.
+TEST(Generate, NonDefaultNormAndRopeMatter) {
+  const Variant& plain = kVariants[0];
+  for (const Variant& v : kVariants) {
+    if (v.eps == plain.eps && v.theta == plain.theta && v.llama3 == plain.llama3) continue;
+    SCOPED_TRACE(v.name);
+    Variant fallback = v;
+    if (v.llama3) {
+      fallback.llama3 = false;  // the same θ, unscaled
+    } else {
+      fallback.eps = plain.eps;
+      fallback.theta = plain.theta;
+    }
+    const kvs::ModelConfig m = model_of(v);
+    const std::vector<float> params = params_of(m);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 20; ++i) ids.push_back(static_cast<int32_t>(kvs::splitmix64(i + 7) % m.vocab_size));
+    EXPECT_GT(worst_ratio(full_logits(model_of(fallback), params, ids), full_logits(m, params, ids),
+                          ids.size() * m.vocab_size),
+              100.0);
+  }
+}
 
 // The negative control: the two classic cache bugs give logits far outside the
 // tolerance the test above uses (from position 1 on; position 0 mixes with

@@ -206,7 +206,9 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
   // comparison was only as good as bf16 noise: a shift coefficient's gradient
   // is a cancelling sum, and after one step the engines' weights drift apart.)
   // Step 2 scales the gradient by 0.5 (global-norm clipping): Adam undoes a
-  // scale applied to every step, not one applied to a single step.
+  // scale applied to every step, not one applied to a single step. β1, β2 and
+  // eps are not the defaults (eps 1e-3 is of the size of sqrt(v̂) here), so an
+  // engine that passed the kernel its own constants would fail.
   std::vector<float> grads(layout.total);
   for (int step = 1; step <= 3; ++step) {
     gpu.zero_grad();
@@ -215,6 +217,9 @@ TEST(CudaEngine, AdamWStepMatchesTheCpuEngine) {
     std::copy(grads.begin(), grads.end(), cpu.host_grads());
     kvs::AdamWHyper h;
     h.lr = 1e-2;
+    h.beta1 = 0.8;
+    h.beta2 = 0.99;
+    h.eps = 1e-3;
     h.weight_decay = 0.1;
     h.step = step;
     h.grad_scale = step == 2 ? 0.5 : 1.0;

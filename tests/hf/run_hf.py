@@ -16,7 +16,8 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
     tied, window 1, 2 and 3, sigmoid gate, shift_q, NoPE, Llama 3 RoPE;
   - with the cache: logits fed one token at a time equal the full forward, greedy generate()
     equals the argmax of a full forward at every step and `kvshift generate`, beam search with the cache equals beam
-    search without it, a left-padded batch equals its rows alone;
+    search without it, a left-padded batch equals its rows alone (transformers); a left-padded row's logits,
+    full and cached, equal the row alone (both modes);
   - bf16 exports: exact against `kvshift forward` of their own (rounded) weights when computed
     in fp32, within bf16 rounding when computed in bf16;
   - RoPE: the modeling file's inverse frequencies equal transformers' own (default and llama3);
@@ -24,13 +25,14 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
     config dialect, imports with logits equal to transformers' (and with --kv-shift-init identity,
     exported again, still equal);
   - import-hf(export-hf(ckpt)) equals ckpt bit for bit (fp32), also from shards;
-  - import of a HF-layout model with --kv-shift-init identity gives the vanilla logits;
+  - import of a HF-layout model with --kv-shift-init identity (window 1, 2, 3) gives the vanilla logits;
   - tokenizer files (when sentencepiece is importable);
   - bad inputs (unknown RoPE types, RoPE keys that disagree, ...) give one-line errors and leave
     no output behind.
   - with --checkpoint CKPT (scripts/gpu_check.sh: a checkpoint trained on the GPU), that one too:
     exported, logits equal `kvshift forward` on the CPU, `kvshift generate` equals greedy generate().
-Prints one line per check and `N passed, N failed`; exits 1 on any failure.
+Prints one line per check and `N passed, N failed[, N skipped]` (a group this mode cannot run is a
+counted skip line); exits 1 on any failure.
 """
 import argparse
 import json
@@ -84,7 +86,12 @@ PY_FILES = ["configuration_kvshift_llama.py", "kvshift_core.py", "modeling_kvshi
 
 class Tally:
     def __init__(self):
-        self.passed, self.failed, self.failures = 0, 0, []
+        self.passed, self.failed, self.skipped, self.failures = 0, 0, 0, []
+
+    def skip(self, case, what):
+        """A group of checks this mode cannot run: printed and counted, never silent."""
+        print(f"{case:<18} skipped: {what}", flush=True)
+        self.skipped += 1
 
     def record(self, case, name, ok, detail=""):
         print(f"{case:<18} {name:<50} {detail:<40} {'PASS' if ok else 'FAIL'}", flush=True)
@@ -178,11 +185,39 @@ def check_generator(t, case, binary, ckpt, model, tokens):
     t.record(case, "kvshift generate == exported greedy generate", ours == theirs, f"{ours}")
 
 
+def padded_logits(model, ids, mask, past=None):
+    if HF:
+        o = model(input_ids=ids, attention_mask=mask, use_cache=True, **{CACHE_ARG: past})
+        return o.logits.float(), o.cache if "cache" in o.__dataclass_fields__ else o.past_key_values
+    lg, past = model(ids, past, mask)
+    return lg.float(), past
+
+
+@torch.no_grad()
+def check_padding_logits(t, case, model, tokens):
+    """Both modes: a left-padded row's logits equal the row alone, in one forward and with the cache
+    (prefill, then one token at a time). The pad positions' k and v must not reach the first real
+    token's shift (KV shifting reads the previous position, which is padding there)."""
+    a = tokens[:7]
+    alone = logits_of(model, torch.tensor([a]))[0][0]
+    ids = torch.tensor([[0, 0] + a])
+    mask = torch.tensor([[0, 0] + [1] * len(a)])
+    t.compare(case, "left-padded row logits == row alone", padded_logits(model, ids, mask)[0][0, 2:].numpy(),
+              alone.numpy())
+    lg, past = padded_logits(model, ids[:, :5], mask[:, :5])
+    steps = [lg[0, 2:]]
+    for i in range(5, ids.shape[1]):
+        lg, past = padded_logits(model, ids[:, i:i + 1], mask[:, :i + 1], past)
+        steps.append(lg[0])
+    t.compare(case, "left-padded row, cached steps == row alone", torch.cat(steps).numpy(), alone.numpy())
+
+
 def check_padding_and_half(t, case, model, tokens):
-    """transformers only: left-padded batch generation equals each row alone, beam search reorders
-    the cache right, and bf16 runs."""
+    """Padding logits in both modes; transformers only: left-padded batch generation equals each row
+    alone, beam search reorders the cache right, and bf16 runs."""
+    check_padding_logits(t, case, model, tokens)
     if not HF:
-        return
+        return t.skip(case, "generate() with padding and beams, bf16: need transformers")
     a, b = tokens[:5], tokens[2:9]
     ids = torch.tensor([[0, 0] + a, b])
     mask = torch.tensor([[0, 0] + [1] * len(a), [1] * len(b)])
@@ -363,6 +398,18 @@ def import_cases(t, binary, work, vanilla):
     r = run([binary, "import-hf", "--model", src, "--out", ident, "--kv-shift-init", "identity"])
     t.compare("import", "identity shift == vanilla logits", kvshift_logits(binary, ident, TOKENS, d), ref_logits,
               tol=1e-6)
+    for window in (2, 3):  # the identity is the current position's column, the last of W + 1
+        ident = os.path.join(d, f"identity_w{window}")
+        run([binary, "import-hf", "--model", src, "--out", ident, "--kv-shift-init", "identity", "--window",
+             str(window)])
+        w = read_safetensors(os.path.join(ident, "model.safetensors"))
+        rows = [w[n] for n in w if n.endswith(("k_shift", "v_shift"))]
+        want = np.eye(1, window + 1, window)[0]
+        t.record("import", f"identity window {window}: every row is [0..0, 1]",
+                 len(rows) > 0 and all(r.shape[1] == window + 1 and (r == want).all() for r in rows),
+                 np.array2string(rows[0][0]) if rows else "no shift tensors")
+        t.compare("import", f"identity window {window} == vanilla logits", kvshift_logits(binary, ident, TOKENS, d),
+                  ref_logits, tol=1e-6)
     paper = os.path.join(d, "paper")
     run([binary, "import-hf", "--model", src, "--out", paper, "--kv-shift-init", "paper", "--window", "2"])
     w = read_safetensors(os.path.join(paper, "model.safetensors"))["model.layers.0.self_attn.k_shift"]
@@ -390,7 +437,7 @@ def llama_config(theta, llama3, **shape):
 def rope_cases(t, binary, work):
     """transformers only: RoPE against transformers' own code, and Llamas saved by it, imported."""
     if not HF:
-        return print("rope               skipped: transformers' RoPE and save_pretrained need transformers", flush=True)
+        return t.skip("rope", "transformers' RoPE and save_pretrained need transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     shape = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=37, max_position_embeddings=64)
@@ -607,7 +654,7 @@ def main():
         import traceback
         traceback.print_exc()
         t.record("driver", "ran to the end", False, f"{type(e).__name__}")
-    print(f"{t.passed} passed, {t.failed} failed")
+    print(f"{t.passed} passed, {t.failed} failed" + (f", {t.skipped} skipped" if t.skipped else ""))
     for f in t.failures:
         print("FAILED:", f)
     return 1 if t.failed else 0

@@ -18,6 +18,8 @@
 #include "model/generator.h"
 #include "model/params.h"
 #include "model/sampler.h"
+#include "train/checkpoint.h"
+#include "train/model_io.h"
 #include "test_util.h"
 #include "text_corpus_util.h"
 #include "tokenizer/tokenizer.h"
@@ -575,6 +577,57 @@ TEST(GenerateCli, TextWithSentencepieceTokenizer) {
   EXPECT_EQ(e.code, 1);
   EXPECT_NE(e.out.find("nowhere"), std::string::npos) << e.out;
   EXPECT_NE(e.out.find("--tokenizer"), std::string::npos) << e.out;
+}
+
+// Generation stops when the sampled token is the tokenizer's EOS. The
+// checkpoint's LM-head row of EOS becomes the first greedy token's row scaled
+// away from zero (x2 if that token's logit is positive, x0.5 if negative), so
+// EOS outscores every token at the first step: nothing is generated and the stop
+// is "eos". The same weights without a tokenizer (no EOS) run to the length.
+TEST(GenerateCli, StopsAtTheTokenizersEos) {
+  TmpDir tmp;
+  const std::string tok_dir = kvs::testing_util::shared_tokenizer_dir();
+  const auto tok = kvs::load_tokenizer(tok_dir);
+  const int32_t eos = tok->eos_id();
+  ASSERT_GE(eos, 0);
+  const std::string run = train_tiny(tmp, tok->vocab_size());
+  const std::string base =
+      "generate --prompt 'the model learns' --max-new-tokens 6 --temperature 0 --json --tokenizer " + tok_dir +
+      " --checkpoint ";
+  const nlohmann::json before = json_line(run_kvshift(base + run).out);
+  ASSERT_EQ(before["stop"], "length") << before;
+  const auto prompt = before["prompt_ids"].get<std::vector<int32_t>>();
+  const int32_t first = before["ids"][0].get<int32_t>();
+  ASSERT_NE(first, eos);
+
+  const kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(ck.model);
+  std::vector<float> flat;
+  kvs::flat_from_tensors(layout, ck.data.model, "", "model.safetensors", flat);
+  kvs::Generator g(ck.model, flat, static_cast<int>(prompt.size()) + 1);
+  const float logit = g.prefill(prompt)[first];
+  ASSERT_NE(logit, 0.0f);
+  kvs::CheckpointData data = ck.data;
+  const int64_t H = ck.model.hidden_size;
+  for (kvs::StTensor& t : data.model) {
+    if (t.name != "lm_head.weight") continue;
+    std::vector<float> w = kvs::tensor_to_f32(t);
+    for (int64_t i = 0; i < H; ++i) w[eos * H + i] = (logit > 0 ? 2.0f : 0.5f) * w[first * H + i];
+    t = kvs::make_f32_tensor(t.name, t.shape, w.data());
+  }
+  const std::string edited = kvs::save_checkpoint(tmp / "edited", 2, data);
+  const auto r = run_kvshift(base + edited);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = json_line(r.out);
+  EXPECT_EQ(j["stop"], "eos") << j;
+  EXPECT_EQ(j["ids"], nlohmann::json::array()) << j;
+  std::string ids;
+  for (int32_t id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  const nlohmann::json plain =
+      json_line(run_kvshift("generate --checkpoint " + edited + " --prompt-ids " + ids +
+                            " --max-new-tokens 6 --temperature 0 --json").out);
+  EXPECT_EQ(plain["stop"], "length") << plain;
+  EXPECT_EQ(plain["ids"][0], eos) << plain;
 }
 
 // A 256-token model reads and writes bytes without being told (the byte-level LM configs).

@@ -124,8 +124,9 @@ TEST(Train, RefusesToOverwriteARun) {
 }
 
 // A checkpoint every step: the step whose loss (here; the gradient norm:
-// NonFiniteGradientStopsBeforeTheUpdate) is not finite stops the run before it saves, so the latest checkpoint is the step
-// before it, and the message names that step and the non-finite value.
+// NonFiniteGradientStopsBeforeTheUpdate) is not finite stops the run before it
+// saves, so the latest checkpoint is the step before it, and the message names
+// that step and the non-finite value.
 TEST(Train, DivergenceStopsAndKeepsCheckpoint) {
   Config c = tiny_induction(true);
   c.train.steps = 3;

@@ -533,6 +533,10 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --max-new-tokens 0"),
                  {"--max-new-tokens 0"});
   one_line_error(run_kvshift("generate --checkpoint " + run), {"--prompt"});
+  // Negative values of unsigned or count options (a seed of -1 wrapped around; threads -2 ran as auto).
+  for (const char* flag : {"--seed", "--threads", "--top-k"})
+    one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 " + flag + " -2"),
+                   {flag, "must be a non-negative integer, got '-2'"});
   const auto h = run_kvshift("generate --help");
   for (const char* flag : {"--checkpoint", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
                            "--top-p", "--seed", "--tokenizer", "--threads", "--json"})

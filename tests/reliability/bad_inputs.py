@@ -278,6 +278,12 @@ def cases():
         c["model"].update(hidden_size=524288, intermediate_size=524288, num_attention_heads=4096, vocab_size=32)
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
 
+    @case("cli-eval-set-model", "CLI", "eval with a model override (eval runs the checkpoint's model)",
+          "--set model.hidden_size=32: eval runs the checkpoint's model as saved; only data and train keys can be "
+          "overridden")
+    def _(b, d):
+        return ["eval", "--checkpoint", trained(b, d), "--set", "model.hidden_size=32"], ""
+
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
     def _(b, d):
@@ -477,6 +483,18 @@ def cases():
     def _(b, d):
         return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"),
                 "--kv-shift-init", "paper", "--window", "5"], ""
+
+    @case("hf-window-without-init", "HF import", "--window without a shift to add (it would be ignored)",
+          "--window: sets the window of added shift parameters: needs --kv-shift-init paper or identity")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"), "--window",
+                "2"], ""
+
+    @case("hf-negative-seed", "HF import", "a negative --seed (an unsigned seed would wrap around)",
+          "import-hf: --seed: must be a non-negative integer, got '-5' (kvshift import-hf --help lists its options)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"),
+                "--kv-shift-init", "paper", "--seed", "-5"], ""
 
     # ---- launch environment ----
     @case("env-torchrun-cpu", "launch", "torchrun with several ranks on the CPU",

@@ -5,6 +5,15 @@
 
 namespace kvs::cli {
 
+// A flag's check: digits only ("-1" into an unsigned option would wrap around).
+inline const CLI::Validator kNonNegativeInteger(
+    [](std::string& v) {
+      return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                 ? std::string()
+                 : "must be a non-negative integer, got '" + v + "'";
+    },
+    "", "non-negative integer");
+
 void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_forward(CLI::App& app);

@@ -21,10 +21,13 @@ void add_eval(CLI::App& app) {
       ->required();
   cmd->add_option("--config", a->config,
                   "Config giving the data and eval settings (default: the checkpoint's run_config.json)");
-  cmd->add_option("--set", a->sets, "Override a config key (repeatable)");
+  cmd->add_option("--set", a->sets, "Override a data or train key (repeatable; the model is the checkpoint's)");
   cmd->add_option("--device", a->device, "cpu or cuda (default: the config's)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
   cmd->callback([a]() {
+    for (const auto& s : a->sets)
+      KVS_CHECK(s.rfind("model.", 0) != 0 && s.rfind("model=", 0) != 0,
+                "--set {}: eval runs the checkpoint's model as saved; only data and train keys can be overridden", s);
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     LoadedCheckpoint ck = read_checkpoint(dir);
     Config cfg;

@@ -220,15 +220,18 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--temperature", a->sampling.temperature, "Softmax temperature; 0 = greedy (argmax)")
       ->capture_default_str();
   cmd->add_option("--top-k", a->sampling.top_k, "Sample among the K most likely tokens only; 0 = off")
+      ->check(kNonNegativeInteger)
       ->capture_default_str();
   cmd->add_option("--top-p", a->sampling.top_p,
                   "Nucleus sampling: among the fewest most likely tokens whose probability reaches P; 1 = off")
       ->capture_default_str();
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (the same seed gives the same text)")
+      ->check(kNonNegativeInteger)
       ->capture_default_str();
   cmd->add_option("--threads", a->threads,
                   "CPU threads; 0 = auto (1 below hidden size 1024, where a token's ops are too small to share; "
                   "else all cores)")
+      ->check(kNonNegativeInteger)
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");

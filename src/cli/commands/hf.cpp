@@ -3,6 +3,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
+#include "core/error.h"
 #include "hf/export.h"
 #include "hf/import.h"
 #include "hf/shard_plan.h"
@@ -25,7 +26,8 @@ void add_export_hf(CLI::App& app) {
                   "Tokenizer directory (tokenizer.model + kvshift_tokenizer.json); default: the run config's "
                   "data.tokenizer");
   cmd->add_option("--max-shard-size", a->max_shard,
-                  "Shard model.safetensors above this size (5GB = 5e9 bytes, 2GiB = 2^31), with an index");
+                  "Shard model.safetensors above this size (5GB = 5e9 bytes, 2GiB = 2^31), with an index")
+      ->capture_default_str();
   cmd->add_flag("--force", a->o.force, "Replace an existing non-empty --out");
   cmd->callback([a]() {
     a->o.max_shard_bytes = hf::parse_size(a->max_shard, "--max-shard-size");
@@ -45,10 +47,22 @@ void add_import_hf(CLI::App& app) {
   cmd->add_option("--kv-shift-init", o->kv_shift_init,
                   "Add KV shift parameters to a model without them: none (keep the model as it is), paper "
                   "(prev ~ U(0,1), cur = 1 - prev, seeded) or identity (prev 0, cur 1: the same function)");
-  cmd->add_option("--window", o->window, "Window of the added shift parameters (1, 2 or 3)");
-  cmd->add_option("--seed", o->seed, "Seed of --kv-shift-init paper");
+  auto* window = cmd->add_option("--window", o->window,
+                                  "Window of the added shift parameters (1, 2 or 3; with --kv-shift-init paper or "
+                                  "identity)")
+                     ->capture_default_str();
+  auto* seed = cmd->add_option("--seed", o->seed, "Seed of --kv-shift-init paper")
+                   ->check(kNonNegativeInteger)
+                   ->capture_default_str();
   cmd->add_flag("--force", o->force, "Replace an existing non-empty --out");
-  cmd->callback([o]() { std::printf("%s\n", hf::import_hf(*o).c_str()); });
+  cmd->callback([o, window, seed]() {
+    // Options of an init that does not run would be ignored: say so instead.
+    KVS_CHECK(window->count() == 0 || o->kv_shift_init == "paper" || o->kv_shift_init == "identity",
+              "--window: sets the window of added shift parameters: needs --kv-shift-init paper or identity");
+    KVS_CHECK(seed->count() == 0 || o->kv_shift_init == "paper",
+              "--seed: seeds --kv-shift-init paper; it has no effect with --kv-shift-init {}", o->kv_shift_init);
+    std::printf("%s\n", hf::import_hf(*o).c_str());
+  });
 }
 
 }  // namespace kvs::cli

@@ -1,6 +1,9 @@
 // kvshift: pretraining Llama models with KV shifting attention.
 // Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
 #include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "cli/commands/commands.h"
 #include "core/cpu_budget.h"
@@ -8,6 +11,47 @@
 #include "core/log.h"
 #include "core/runtime_env.h"
 #include "kernels/cpu/blas_kernels.h"
+
+namespace {
+
+// The one-line message of a usage error. It names the deepest subcommand the
+// arguments reach ("tokenizer train"), an unknown subcommand of one that takes
+// subcommands, or the first --option that subcommand does not have (CLI11 would
+// report a missing required option first, hiding the misspelt one).
+std::string usage_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path;
+  int next = 1;
+  for (; next < argc; ++next) {
+    CLI::App* sub = nullptr;
+    try {
+      sub = at->get_subcommand(argv[next]);
+    } catch (const CLI::OptionNotFound&) {  // not one of ours
+    }
+    if (!sub) break;
+    path += (path.empty() ? "" : " ") + std::string(argv[next]);
+    at = sub;
+  }
+  const bool option_next = next < argc && argv[next][0] == '-';
+  if (path.empty())
+    return next < argc && !option_next
+               ? fmt::format("unknown subcommand '{}' (kvshift --help lists them)", argv[next])
+               : next < argc ? fmt::format("unknown option '{}' before the subcommand (kvshift --help lists them)",
+                                           argv[next])
+                             : fmt::format("{} (kvshift --help lists the subcommands)", e.what());
+  if (!at->get_subcommands({}).empty() && next < argc && !option_next)
+    return fmt::format("unknown subcommand '{} {}' (kvshift {} --help lists them)", path, argv[next], path);
+  for (int i = next; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg == "--") continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (!at->get_option_no_throw(name) && name != "--help" && name != "--help-all")
+      return fmt::format("{}: unknown option '{}' (kvshift {} --help lists its options)", path, name, path);
+  }
+  return fmt::format("{}: {} (kvshift {} --help lists its options)", path, e.what(), path);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   kvs::tune_runtime_environment(argc, argv);  // may re-execute once with OpenMP settings (train, bench, ...)
@@ -37,22 +81,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help and --help-all: CLI11 prints them
     // A usage error is one line too, naming the subcommand whose options were wrong.
-    const CLI::App* sub = nullptr;
-    try {
-      if (argc > 1) sub = app.get_subcommand(argv[1]);
-    } catch (const CLI::OptionNotFound&) {  // not one of ours
-    }
-    if (argc > 1 && argv[1][0] != '-' && !sub) {
-      std::fprintf(stderr, "kvshift: error: unknown subcommand '%s' (kvshift --help lists them)\n", argv[1]);
-    } else if (argc > 1 && argv[1][0] == '-') {  // CLI11 would say a subcommand is required
-      std::fprintf(stderr, "kvshift: error: unknown option '%s' before the subcommand (kvshift --help lists them)\n",
-                   argv[1]);
-    } else if (sub) {
-      std::fprintf(stderr, "kvshift: error: %s: %s (kvshift %s --help lists its options)\n", argv[1], e.what(),
-                   argv[1]);
-    } else {
-      std::fprintf(stderr, "kvshift: error: %s (kvshift --help lists the subcommands)\n", e.what());
-    }
+    std::fprintf(stderr, "kvshift: error: %s\n", usage_error(app, e, argc, argv).c_str());
     return 1;
   } catch (const kvs::Error& e) {
     std::fprintf(stderr, "kvshift: error: %s\n", e.what());

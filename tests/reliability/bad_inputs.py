@@ -211,9 +211,19 @@ def cases():
         return ["train"], ""
 
     @case("cli-unknown-option", "CLI", "an option the subcommand does not have",
-          "bench: The following arguments were not expected: 2 --threads (kvshift bench --help lists its options)")
+          "bench: unknown option '--threads' (kvshift bench --help lists its options)")
     def _(b, d):
         return ["bench", "--config", config(d, tiny()), "--threads", "2"], ""
+
+    @case("cli-nested-unknown-option", "CLI", "a misspelt option of a nested subcommand (a required one missing too)",
+          "tokenizer encode: unknown option '--txt' (kvshift tokenizer encode --help lists its options)")
+    def _(b, d):
+        return ["tokenizer", "encode", "--tokenizer", d, "--txt", "hi"], ""
+
+    @case("cli-nested-unknown-subcommand", "CLI", "a nested subcommand kvshift does not have",
+          "unknown subcommand 'tokenizer nosuch' (kvshift tokenizer --help lists them)")
+    def _(b, d):
+        return ["tokenizer", "nosuch"], ""
 
     @case("cli-device-rules", "CLI", "--device cuda for a model the CUDA kernels cannot run",
           "D/c.json with --device cuda: device: \"cuda\" needs head_dim (hidden_size / num_attention_heads) of 16, "

@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,14 +45,77 @@ int count_lines(const std::string& s) { return static_cast<int>(std::count(s.beg
 
 }  // namespace
 
+namespace {
+
+// The names in a help text's "Subcommands:" section.
+std::vector<std::string> subcommands_in(const std::string& help) {
+  std::vector<std::string> names;
+  const size_t at = help.find("\nSubcommands:\n");
+  if (at == std::string::npos) return names;
+  std::istringstream in(help.substr(at + 14));
+  for (std::string line; std::getline(in, line) && line.rfind("  ", 0) == 0;)
+    if (line.size() > 2 && line[2] != ' ') names.push_back(line.substr(2, line.find(' ', 2) - 2));
+  return names;
+}
+
+// Every subcommand, nested ones as "tokenizer train", from the help texts.
+void every_subcommand(const std::string& path, std::vector<std::string>& out) {
+  const Result r = run(path + (path.empty() ? "" : " ") + "--help");
+  ASSERT_EQ(r.code, 0) << path << ": " << r.out;
+  for (const std::string& sub : subcommands_in(r.out)) {
+    const std::string full = path.empty() ? sub : path + " " + sub;
+    out.push_back(full);
+    every_subcommand(full, out);
+  }
+}
+
+}  // namespace
+
+// Every subcommand is in the README and its --help gives every option a
+// description (CLI11 prints it from column 30, or on the next line for a long
+// option); train's main flags are there.
 TEST(Cli, HelpListsEverySubcommandAndFlag) {
-  Result r = run("--help");
-  EXPECT_EQ(r.code, 0);
-  for (const char* sub : {"train", "eval", "forward", "backward", "info", "bench", "bench-attention"})
-    EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
+  std::vector<std::string> subs;
+  every_subcommand("", subs);
+  for (const char* sub : {"train", "eval", "forward", "backward", "export-hf", "import-hf", "info", "bench", "inspect",
+                          "generate", "bench-attention", "tokenizer", "data", "tokenizer train", "tokenizer encode",
+                          "data prepare"})
+    EXPECT_NE(std::find(subs.begin(), subs.end(), sub), subs.end()) << sub;
+  const std::string readme = kvs::testing_util::slurp(src("README.md"));
+  for (const std::string& sub : subs) {
+    SCOPED_TRACE(sub);
+    EXPECT_NE(readme.find("`" + sub), std::string::npos) << "not in README.md";
+    std::istringstream help(run(sub + " --help").out);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(help, line);) lines.push_back(line);
+    int options = 0;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (lines[i].rfind("  -", 0) != 0) continue;
+      ++options;
+      const bool same_line = lines[i].size() > 30 && lines[i][29] == ' ' && lines[i][30] != ' ';
+      const bool next_line = i + 1 < lines.size() && lines[i + 1].size() > 30 &&
+                             lines[i + 1].find_first_not_of(' ') == 30;
+      EXPECT_TRUE(same_line || next_line) << "no description: " << lines[i];
+    }
+    EXPECT_GE(options, 2) << "no options listed";  // --help and --help-all at least
+  }
   Result t = run("train --help");
-  for (const char* flag : {"--config", "--set", "--run-dir", "--resume"})
+  for (const char* flag : {"--config", "--set", "--run-dir", "--resume", "--init-from", "--quiet"})
     EXPECT_NE(t.out.find(flag), std::string::npos) << flag;
+}
+
+// The live progress line (a plain line when stderr is not a terminal, at
+// least at the last step): step, loss, lr, tokens/s and ETA.
+TEST(Cli, TrainPrintsTheProgressLine) {
+  const std::string dir = testing::TempDir() + "kvs_cli_progress";
+  fs::remove_all(dir);
+  const Result r = run("train --config " + src("configs/toy/induction-1l-kvshift.json") +
+                       " --set train.steps=3 --set train.eval_every=0 --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("step 3/3 \\| loss [0-9]+\\.[0-9]{4} \\| lr [0-9]\\.[0-9]{2}e[-+][0-9]+ \\| [0-9.]+k? tok/s "
+                        "\\| ETA 0s")))
+      << r.out;
 }
 
 TEST(Cli, InfoReproducesThePaperParameterCounts) {

@@ -92,7 +92,7 @@ TEST(PipelineSchedule, OneFOneBAndInterleavedOrders) {
 TEST(PipelineParallel, FollowsSingleProcess) {
   follow_single(pp_config(false, false), {kPp2, kPp4}, "vanilla");
   follow_single(pp_config(true, false), {kPp2, kPp4, kPp2v2, kPp2Dp2, kPp2Tp2, kPp2Cp2, kUneven}, "shifted GQA");
-  follow_single(pp_config(true, true), {kPp2, kPp4, kPp2v2, kPp2Tp2}, "shifted GQA, tied");
+  follow_single(pp_config(true, true), {kPp2, kPp4, kPp2v2, kPp2Dp2, kPp2Tp2, kPp2Cp2}, "shifted GQA, tied");
 }
 
 TEST(PipelineParallel, ResumeAcrossLayouts) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <optional>
 
@@ -144,6 +145,24 @@ void check_fresh_run_directory(const std::string& run_dir) {
             config);
 }
 
+// A run directory this call creates is removed again if the run fails before
+// writing anything into it (a bad data path, a model too large): an error
+// leaves no empty directory behind to be taken for a run.
+class RemovedIfLeftEmpty {
+ public:
+  explicit RemovedIfLeftEmpty(std::string dir) : dir_(std::move(dir)), created_(!fs::exists(dir_)) {}
+  ~RemovedIfLeftEmpty() {
+    std::error_code ec;
+    if (created_ && std::uncaught_exceptions() > 0 && fs::is_empty(dir_, ec) && !ec) fs::remove(dir_, ec);
+  }
+  RemovedIfLeftEmpty(const RemovedIfLeftEmpty&) = delete;
+  RemovedIfLeftEmpty& operator=(const RemovedIfLeftEmpty&) = delete;
+
+ private:
+  std::string dir_;
+  bool created_;
+};
+
 // KVS_FAULT_INF_GRADIENT_STEP=N (the tests only; docs/RELIABILITY.md): step
 // N's gradient scale is +inf on the last data-parallel rank, so the engines'
 // own backward makes its gradients non-finite (inf, and NaN where inf meets 0
@@ -258,6 +277,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const int dp = groups.dp, rank = comm->rank();
   const bool rank0 = rank == 0;
   set_threads(tc.threads);
+  const RemovedIfLeftEmpty created_dir(opt.run_dir);
   make_dirs(opt.run_dir);
   if (!opt.resume) check_fresh_run_directory(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";

@@ -228,6 +228,20 @@ TEST(Train, ResumeOfACompleteRunAddsNoMetrics) {
   EXPECT_EQ(kvs::testing_util::slurp(dir + "/metrics.jsonl"), before);
 }
 
+// A run that fails before writing anything (here: its data files do not
+// exist) removes the run directory it created, and leaves one that existed.
+TEST(Train, AFailedStartLeavesNoEmptyRunDirectory) {
+  Config c = tiny_induction(true, {{"steps", 1}});
+  c.data.type = kvs::DatasetType::Shards;
+  c.data.shards.train = {fresh_dir("no_such_shards") + "/train_*.bin"};
+  const std::string dir = fresh_dir("failed_start");
+  EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), "no file matches");
+  EXPECT_FALSE(fs::exists(dir));
+  fs::create_directories(dir);
+  EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), "no file matches");
+  EXPECT_TRUE(fs::is_directory(dir));
+}
+
 // A fresh run writes config.json and metrics.jsonl into --run-dir: a
 // directory holding a checkpoint or a Hugging Face model (a path meant for
 // --init-from) or another program's config.json is refused and left as it was;

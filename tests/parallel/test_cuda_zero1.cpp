@@ -44,12 +44,22 @@ std::pair<std::vector<float>, std::vector<float>> moments_of(const kvs::Engine& 
   return {m, v};
 }
 
-// Records the announced ranges.
+// Records the announced ranges and, once each range's event has completed, a
+// copy of its gradients then (`grads`: the engine's flat device gradients):
+// a range announced before its last gradient kernel ran differs from the
+// backward's final gradients.
 struct Recorder : kvs::Engine::GradReadyHook {
   std::vector<std::pair<size_t, size_t>> ranges;
+  const float* grads = nullptr;
+  std::vector<float> at_announce;
   void grads_ready(size_t b, size_t e, void* ev) override {
     EXPECT_NE(ev, nullptr);
     ranges.push_back({b, e});
+    if (!grads || !ev) return;
+    ASSERT_EQ(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), cudaSuccess);
+    at_announce.resize(std::max(at_announce.size(), e));
+    ASSERT_EQ(cudaMemcpy(at_announce.data() + b, grads + b, (e - b) * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
   }
 };
 
@@ -142,8 +152,9 @@ TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
 }
 
 // The overlap hook: ranges in backward order (tail, layers L-1..0,
-// embedding) covering every parameter once, each range contiguous, and the
-// gradients are unchanged by announcing.
+// embedding) covering every parameter once, each range contiguous, each final
+// when its event completes (what the NCCL reduction reads then is what the
+// backward leaves), and the gradients are unchanged by announcing.
 TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
   KVS_REQUIRE_GPU();
   for (bool tied : {false, true}) {
@@ -157,6 +168,7 @@ TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
     a.write_params(init.data());
     b.write_params(init.data());
     Recorder rec;
+    rec.grads = b.flat_grads();
     b.set_grad_ready_hook(&rec);
     const TinyBatch d = tiny_batch(7);
     a.zero_grad();
@@ -172,6 +184,7 @@ TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
     a.read_grads(ga.data());
     b.read_grads(gb.data());
     EXPECT_EQ(ga, gb);
+    EXPECT_EQ(rec.at_announce, gb) << "a range was announced before its gradients were final";
   }
 }
 

@@ -29,10 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Files are read and encoded in batches of about this many bytes: bounded
-// memory, and enough documents per batch to keep every thread busy.
-constexpr int64_t kBatchBytes = 8 << 20;
-
 int64_t input_size(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail("{}: cannot read: {}", path, std::strerror(errno));
@@ -115,10 +111,11 @@ PrepareResult prepare_data(const PrepareOptions& o) {
     const long double f = o.val_fraction;
 
     for (size_t first = 0; first < o.inputs.size();) {
-      // A batch of whole files (at least one).
+      // A batch of whole files (at least one) of about o.batch_bytes: bounded memory, and enough documents per
+      // batch to keep every thread busy.
       size_t end = first;
       int64_t batch_bytes = 0;
-      while (end < o.inputs.size() && (end == first || batch_bytes + sizes[end] <= kBatchBytes))
+      while (end < o.inputs.size() && (end == first || batch_bytes + sizes[end] <= o.batch_bytes))
         batch_bytes += sizes[end++];
       std::vector<std::string> texts;
       for (size_t i = first; i < end; ++i) texts.push_back(read_file(o.inputs[i]));

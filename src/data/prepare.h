@@ -31,6 +31,7 @@ struct PrepareOptions {
   bool force = false;               // replace an existing `out`
   bool progress = true;
   int crash_after_shards = -1;      // tests: _Exit(3) once this many shards are written (a simulated crash)
+  int64_t batch_bytes = 8 << 20;    // tests: files are read and encoded in batches of about this many bytes
 };
 
 struct PrepareResult {

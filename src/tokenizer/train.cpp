@@ -19,10 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Every non-blank line is a sentence. sentencepiece skips sentences longer than this (Llama 2's value); we cut long
-// lines instead, at a space or at least at a character boundary.
-constexpr size_t kMaxSentenceBytes = 4192;
-
+// Every non-blank line is a sentence; long lines are cut (kMaxSentenceBytes), at a space or at least at a character
+// boundary.
 template <class F>
 void for_each_sentence(std::string_view text, F&& f) {
   size_t pos = 0;
@@ -60,6 +58,12 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 };
 
 }  // namespace
+
+std::vector<std::string_view> split_sentences(std::string_view text) {
+  std::vector<std::string_view> out;
+  for_each_sentence(text, [&](std::string_view s) { out.push_back(s); });
+  return out;
+}
 
 TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   KVS_CHECK(!o.inputs.empty(), "tokenizer train: no --input files");

@@ -1,8 +1,10 @@
 // Training a sentencepiece BPE tokenizer the way Llama 2's was trained
 // (docs/TOKENIZER.md), into a tokenizer directory written atomically.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvs {
@@ -26,5 +28,13 @@ struct TokenizerTrainResult {
 
 // Throws kvs::Error naming the file on unreadable/non-UTF-8 input or an empty corpus.
 TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o);
+
+// sentencepiece skips sentences longer than this (Llama 2's value); long lines are cut instead.
+inline constexpr size_t kMaxSentenceBytes = 4192;
+
+// The training sentences of `text` (exposed for tests): every non-blank line ('\n' and a trailing '\r' dropped),
+// cut into pieces of at most kMaxSentenceBytes just before the last space within the limit (the space starts the
+// next piece) or else at a UTF-8 character boundary. Views into `text`.
+std::vector<std::string_view> split_sentences(std::string_view text);
 
 }  // namespace kvs

@@ -180,13 +180,19 @@ TEST(DataInduction, ScoredTargetsFollowLatestOccurrence) {
   }
 }
 
+// A sequence with no induction event is regenerated (up to 16 attempts). At pool 32, T 64 every attempt has one
+// (pigeonhole); at pool 64, T 12 an attempt has none with probability prod_{k=1..11} (64 - k) / 63 = 0.40 (each of
+// the 12 drawn tokens must be new, and a draw is never the previous token): without the retry about 200 of these
+// 500 sequences would score nothing, with it each does with probability 0.40^16 = 4e-7.
 TEST(DataInduction, EveryTypicalSequenceHasAnEvent) {
-  InductionDataset ds(small_cfg(32), 64, 256, 5);
-  for (uint64_t i = 0; i < 500; ++i) {
-    const Seq s = get_seq(ds, Split::Train, i, 64);
-    float sum = 0;
-    for (float m : s.mask) sum += m;
-    EXPECT_GT(sum, 0.0f) << "index " << i;
+  for (const auto& [pool, T] : {std::pair{32, 64}, std::pair{64, 12}}) {
+    InductionDataset ds(small_cfg(pool), T, 256, 5);
+    for (uint64_t i = 0; i < 500; ++i) {
+      const Seq s = get_seq(ds, Split::Train, i, T);
+      float sum = 0;
+      for (float m : s.mask) sum += m;
+      EXPECT_GT(sum, 0.0f) << "pool " << pool << " T " << T << " index " << i;
+    }
   }
 }
 
@@ -681,6 +687,45 @@ TEST(DataShardDataset, ValSplitByFractionAndByFiles) {
   EXPECT_KVS_ERROR(ShardDataset(cfg, T, 1000, 1, ""), "data.shards.val_fraction");
 }
 
+// A window is T + 1 tokens and windows start every T tokens, so a split of k * T tokens holds k - 1 windows (the
+// k-th would need one token past the end): the last one must be readable and no window may run past the split.
+TEST(DataShardDataset, WindowCountWhenTokensAreAMultipleOfT) {
+  const std::string dir = temp_dir("multiple");
+  const std::vector<uint32_t> all = write_counting(dir, {300, 468});  // 768 = 96 * 8 tokens
+  const int T = 8;
+  auto expect_windows = [&](const ShardDataset& ds, Split split, uint64_t first_token, uint64_t n) {
+    ASSERT_EQ(ds.size(split), n);
+    std::set<uint64_t> starts;
+    for (uint64_t i = 0; i < n; ++i) {
+      const Seq s = get_seq(ds, split, i, T);
+      const uint64_t start = first_token + (split == Split::Train ? ds.train_window(i) : i) * T;
+      starts.insert(start);
+      for (int t = 0; t < T; ++t) {
+        ASSERT_EQ(static_cast<uint32_t>(s.in[t]), all[start + t]) << "window " << i;
+        ASSERT_EQ(static_cast<uint32_t>(s.tg[t]), all[start + t + 1]) << "window " << i;
+      }
+    }
+    ASSERT_EQ(starts.size(), n);
+    // The window after the last would need the token just past the split.
+    EXPECT_EQ(*starts.rbegin() + 2 * T, first_token + ds.tokens(split));
+  };
+  ShardDataConfig cfg;
+  cfg.train = {dir + "/train_*.bin"};
+  cfg.val_fraction = 0.125;  // the last 96 tokens: 11 windows; train 672 = 84 * 8 tokens: 83 windows
+  ShardDataset ds(cfg, T, 1000, 1, "");
+  ASSERT_EQ(ds.tokens(Split::Val), 96u);
+  expect_windows(ds, Split::Val, 672, 11);
+  expect_windows(ds, Split::Train, 0, 83);
+  // Explicit validation files: 96 tokens over two files (0, 1, ..., 95, i.e. all[0, 96)), the same 11 windows.
+  const std::string vdir = temp_dir("multiple_val");
+  write_counting(vdir, {50, 46});
+  cfg.val = {vdir + "/train_*.bin"};
+  ShardDataset dv(cfg, T, 1000, 1, "");
+  ASSERT_EQ(dv.tokens(Split::Val), 96u);
+  expect_windows(dv, Split::Val, 0, 11);
+  expect_windows(dv, Split::Train, 0, (768 - 1) / T);
+}
+
 TEST(DataShardDataset, Errors) {
   const std::string dir = temp_dir("errors");
   std::vector<uint32_t> toks(100, 5);
@@ -720,6 +765,18 @@ TEST(DataShardDataset, Errors) {
   write_shard(dir + "/tiny.bin", {1, 2, 3}, 2);
   cfg.val = {"tiny.bin"};
   EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "data.shards.val", "3 validation tokens");
+
+  // The limit itself: vocab_size - 1 is the largest id that loads, vocab_size the smallest that does not.
+  write_shard(dir + "/top.bin", {0, 255, 255}, 2);
+  write_shard(dir + "/over.bin", {0, 256, 255}, 2);
+  cfg.val = {};
+  cfg.train = {"top.bin"};
+  const Seq top = get_seq(ShardDataset(cfg, 2, 256, 1, dir), Split::Train, 0, 2);
+  EXPECT_EQ(top.in, (std::vector<int32_t>{0, 255}));
+  EXPECT_EQ(top.tg, (std::vector<int32_t>{255, 255}));
+  cfg.train = {"over.bin"};
+  EXPECT_KVS_ERROR(get_seq(ShardDataset(cfg, 2, 256, 1, dir), Split::Train, 0, 2),
+                   dir + "/over.bin: token ID 256 at position 1 is >= model.vocab_size 256");
 
   DataConfig d;
   d.type = kvs::DatasetType::Shards;

@@ -135,6 +135,28 @@ TEST(DataPrepare, ValIsEveryOneOverFthDocumentAndManifestCounts) {
   EXPECT_EQ(m["sources"][0]["bytes"], text.size());
   EXPECT_EQ(m["sources"][0]["sha256"], sha256_hex(text));
   EXPECT_EQ(m["sources"][0]["documents"], 20);
+
+  // The same documents over 4 files, read in batches of one file each (batch_bytes 1) and all in one batch (the
+  // default 8 MiB): g counts across batches, so both give the streams above and byte-identical shards and manifests.
+  std::vector<std::string> parts;
+  for (int k = 0; k < 4; ++k) {
+    std::string part;
+    for (int i = 5 * k; i < 5 * k + 5; ++i) part += docs[i] + "\n";
+    parts.push_back(tmp / ("part" + std::to_string(k) + ".txt"));
+    spit(parts.back(), part);
+  }
+  o.inputs = parts;
+  o.out = tmp / "one_batch";
+  prepare_data(o);
+  o.out = tmp / "batches";
+  o.batch_bytes = 1;
+  const auto rb = prepare_data(o);
+  EXPECT_EQ(rb.val_docs, 2);
+  EXPECT_EQ(split_stream(o.out, "train"), framed(*tok, train_docs));
+  EXPECT_EQ(split_stream(o.out, "val"), framed(*tok, val_docs));
+  const auto files = names_in(tmp / "one_batch");
+  ASSERT_EQ(names_in(o.out), files);
+  for (const auto& f : files) EXPECT_EQ(slurp(o.out + "/" + f), slurp(tmp / "one_batch/" + f)) << f;
 }
 
 TEST(DataPrepare, ShardsAreCutEveryShardTokens) {
@@ -338,6 +360,11 @@ TEST(DataPrepareSplit, Utf8Validation) {
   EXPECT_EQ(first_invalid_utf8("ok\x80"), 2u);                      // lone continuation
   EXPECT_EQ(first_invalid_utf8("ok\xe6\x97"), 2u);                  // truncated at the end
   EXPECT_EQ(first_invalid_utf8("\xe6\x97x"), 0u);                   // bad continuation
+  EXPECT_EQ(first_invalid_utf8("a \xf0\x9f\xa6\x80"), npos);        // U+1F980 (crab), every byte checked
+  EXPECT_EQ(first_invalid_utf8("\xf0\x9f\xa6x"), 0u);               // bad 4th byte
+  EXPECT_EQ(first_invalid_utf8("\xf0\x80\x80\x80"), 0u);            // overlong 4-byte NUL
+  EXPECT_EQ(first_invalid_utf8("\xf0\x8f\xbf\xbf"), 0u);            // overlong U+FFFF
+  EXPECT_EQ(first_invalid_utf8("ok\xf0\x9f\xa6"), 2u);              // 4-byte sequence truncated at the end
 }
 
 // data.tokenizer: relative to the config file, checked when the data is opened

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/sha256.h"
+#include "data/text_input.h"
 #include "test_util.h"
 #include "text_corpus_util.h"
 #include "tokenizer/tokenizer.h"
@@ -154,6 +155,61 @@ TEST(TokenizerTrain, SubsampleIsEvenlySpacedAndDeterministic) {
   o.out = tmp / "t3";
   EXPECT_EQ(train_tokenizer(o).sentences_used, 300);
   EXPECT_EQ(slurp(tmp / "t1/tokenizer.model"), slurp(tmp / "t3/tokenizer.model"));
+}
+
+// The subsample counts sentences across files: the same corpus split into two files after line 333 trains the
+// same model. (There i * M / N = 99.9 is not whole, so restarting the count in each file would pick other lines,
+// and 99 + 200 = 299 of them.)
+TEST(TokenizerTrain, SubsampleSpansFiles) {
+  TmpDir tmp;
+  const std::string all = corpus_text(1000, 5);
+  size_t cut = 0;  // just after the 333rd sentence (corpus_text's blank lines are empty)
+  for (int sentences = 0; sentences < 333; cut = all.find('\n', cut) + 1)
+    if (all[cut] != '\n') ++sentences;
+  spit(tmp / "all.txt", all);
+  spit(tmp / "a.txt", all.substr(0, cut));
+  spit(tmp / "b.txt", all.substr(cut));
+  TokenizerTrainOptions o;
+  o.vocab_size = 380;
+  o.max_sentences = 300;
+  o.inputs = {tmp / "all.txt"};
+  o.out = tmp / "one";
+  const auto one = train_tokenizer(o);
+  o.inputs = {tmp / "a.txt", tmp / "b.txt"};
+  o.out = tmp / "two";
+  const auto two = train_tokenizer(o);
+  EXPECT_EQ(one.sentences_total, 1000);
+  EXPECT_EQ(two.sentences_total, 1000);
+  EXPECT_EQ(one.sentences_used, 300);
+  EXPECT_EQ(two.sentences_used, 300);
+  EXPECT_EQ(slurp(tmp / "one/tokenizer.model"), slurp(tmp / "two/tokenizer.model"));
+}
+
+// Long lines with no space to cut at are cut at a character boundary: every piece is valid UTF-8 of at most
+// kMaxSentenceBytes, and the pieces back to back are the line (a cut drops nothing; '\n' ends a line).
+TEST(TokenizerTrain, SentenceSplitterCutsAtCharacterBoundaries) {
+  auto expect_pieces = [](const std::string& line, size_t n) {
+    const std::string text = line + "\n";
+    const std::vector<std::string_view> pieces = split_sentences(text);
+    ASSERT_EQ(pieces.size(), n);
+    std::string joined;
+    for (std::string_view p : pieces) {
+      EXPECT_LE(p.size(), kMaxSentenceBytes);
+      EXPECT_EQ(first_invalid_utf8(p), std::string_view::npos) << "piece of " << p.size() << " bytes at byte "
+                                                               << joined.size();
+      joined += p;
+    }
+    EXPECT_TRUE(joined == line) << "the pieces differ from the line";  // (no dump of kilobytes)
+  };
+  std::string cjk;
+  for (int i = 0; i < 2000; ++i) cjk += "日";  // 6000 bytes, no space; byte 4192 is inside a character
+  expect_pieces(cjk, 2);
+  // The only space is at 0, where a cut would leave an empty piece; byte 4192 is inside an "é".
+  std::string spaced = " ";
+  for (int i = 0; i < 2500; ++i) spaced += "é";
+  expect_pieces(spaced, 2);
+  // Lines: '\r' before '\n' dropped, blank ones skipped, a last line without '\n' kept.
+  EXPECT_EQ(split_sentences("a b\r\n\n \t\nc"), (std::vector<std::string_view>{"a b", "c"}));
 }
 
 // sentencepiece drops sentences over 4192 bytes; we cut long lines instead.

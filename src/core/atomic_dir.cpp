@@ -72,4 +72,17 @@ void abandon_atomic_dir(const std::string& tmp) {
   fs::remove_all(tmp, ec);
 }
 
+void check_output_holds_no_input(const std::string& out, const std::vector<std::string>& inputs,
+                                 const std::string& flag) {
+  std::error_code ec;
+  const fs::path o = fs::weakly_canonical(fs::absolute(out), ec);
+  for (const std::string& in : inputs) {
+    const fs::path p = fs::weakly_canonical(fs::absolute(in), ec);
+    auto i = p.begin();
+    bool within = true;
+    for (auto j = o.begin(); j != o.end() && within; ++j, ++i) within = i != p.end() && *i == *j;
+    KVS_CHECK(!within, "{}: {} must not be (or contain) the input {}", out, flag, in);
+  }
+}
+
 }  // namespace kvs

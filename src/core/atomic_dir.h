@@ -3,6 +3,7 @@
 // run leaves only its ".tmp.<pid>" directory, which the next run removes.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace kvs {
 
@@ -15,5 +16,10 @@ std::string begin_atomic_dir(const std::string& target);
 void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force);
 // Best-effort removal of `tmp` after a failure.
 void abandon_atomic_dir(const std::string& tmp);
+// Refuses an output directory that is, or contains, one of the inputs: with
+// --force it would be deleted before (or while) they are read. The error
+// names `flag` and the input.
+void check_output_holds_no_input(const std::string& out, const std::vector<std::string>& inputs,
+                                 const std::string& flag = "--out");
 
 }  // namespace kvs

@@ -88,6 +88,9 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);
   validate_doc_split(o.split);
   KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
+  std::vector<std::string> read = o.inputs;
+  read.push_back(o.tokenizer);
+  check_output_holds_no_input(o.out, read);
   const int threads = resolve_threads(o.threads);
 
   const TokenizerMeta meta = read_tokenizer_meta(o.tokenizer);

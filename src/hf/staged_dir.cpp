@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <spdlog/spdlog.h>
 
+#include "core/atomic_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
 
@@ -12,26 +13,12 @@ namespace kvs::hf {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin(), o = outer.begin();
-  for (; o != outer.end(); ++o, ++i)
-    if (i == inner.end() || *i != *o) return false;
-  return true;
-}
-
-}  // namespace
-
 StagedDir::StagedDir(std::string final_path, bool force, const std::vector<std::string>& inputs)
     : final_(std::move(final_path)) {
   KVS_CHECK(!final_.empty(), "--out: empty path");
+  check_output_holds_no_input(final_, inputs);
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(fs::absolute(final_), ec);
-  for (const auto& in : inputs) {
-    const fs::path p = fs::weakly_canonical(fs::absolute(in), ec);
-    KVS_CHECK(!is_within(p, out), "{}: --out must not be (or contain) the input {}", final_, in);
-  }
   if (fs::exists(out, ec)) {
     KVS_CHECK(fs::is_directory(out, ec), "{}: exists and is not a directory", final_);
     KVS_CHECK(force || fs::is_empty(out, ec), "{}: exists and is not empty (use --force to replace it)", final_);

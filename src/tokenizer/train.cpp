@@ -71,6 +71,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
             o.vocab_size);
   KVS_CHECK(o.max_sentences > 0, "--max-sentences must be positive (got {})", o.max_sentences);
   KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
+  check_output_holds_no_input(o.out, o.inputs);
 
   // Pass 1: validate every file and count sentences, so the subset can be evenly spaced.
   TokenizerTrainResult r;

@@ -19,6 +19,7 @@
 #include "test_util.h"
 #include "text_corpus_util.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/train.h"
 
 namespace kvs {
 namespace {
@@ -240,6 +241,33 @@ TEST(DataPrepare, BadInputIsOneLineNamingTheFileAndLeavesNothing) {
   o.tokenizer = shared_tokenizer_dir();
   fs::create_directories(tmp / "out");
   EXPECT_KVS_ERROR(prepare_data(o), tmp / "out", "already exists", "--force");
+}
+
+// --force replaces an output directory, never one that is or holds an input:
+// prepare's text files or tokenizer, the tokenizer trainer's text (both
+// deleted what they were about to read). Refused before any work, inputs intact.
+TEST(DataPrepare, ForceNeverDeletesAnInput) {
+  TmpDir tmp;
+  fs::create_directories(tmp / "corpus");
+  spit(tmp / "corpus/a.txt", corpus_text(50, 3));
+  auto o = options(tmp, {tmp / "corpus/a.txt"}, "corpus");
+  o.force = true;
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "corpus", "--out must not be (or contain) the input", tmp / "corpus/a.txt");
+  o.out = tmp.str();
+  EXPECT_KVS_ERROR(prepare_data(o), "--out must not be (or contain) the input");
+  const std::string tok_copy = tmp / "tok";
+  fs::copy(shared_tokenizer_dir(), tok_copy);
+  o.tokenizer = tok_copy;
+  o.out = tok_copy;
+  EXPECT_KVS_ERROR(prepare_data(o), "--out must not be (or contain) the input", tok_copy);
+  kvs::TokenizerTrainOptions t;
+  t.inputs = {tmp / "corpus/a.txt"};
+  t.out = tmp / "corpus";
+  t.vocab_size = 300;
+  t.force = true;
+  EXPECT_KVS_ERROR(kvs::train_tokenizer(t), "--out must not be (or contain) the input", tmp / "corpus/a.txt");
+  EXPECT_EQ(slurp(tmp / "corpus/a.txt"), corpus_text(50, 3));
+  EXPECT_EQ(names_in(tok_copy), names_in(shared_tokenizer_dir()));
 }
 
 // A run killed after writing a shard (no clean-up at all) leaves the output

@@ -383,6 +383,19 @@ def cases():
         return ["tokenizer", "train", "--input", os.path.join(d, "none.txt"), "--out", os.path.join(d, "tok"),
                 "--vocab-size", "300"], ""
 
+    @case("tokenizer-out-holds-input", "tokenizer", "tokenizer train --force into the directory of its input",
+          "D: --out must not be (or contain) the input D/corpus.txt")
+    def _(b, d):
+        corpus = write(d, "corpus.txt", "some text\n")
+        return ["tokenizer", "train", "--input", corpus, "--out", d, "--vocab-size", "300", "--force"], ""
+
+    @case("prepare-out-is-tokenizer", "data", "data prepare --force into its own tokenizer directory",
+          "D/tok: --out must not be (or contain) the input D/tok")
+    def _(b, d):
+        corpus = write(d, "corpus.txt", "some text\n")
+        tok = tokenizer_dir(d, None)
+        return ["data", "prepare", "--tokenizer", tok, "--input", corpus, "--out", tok, "--force"], ""
+
     # ---- checkpoints ----
     @case("checkpoint-flipped-byte", "checkpoints", "a flipped bit in the weights (eval)",
           "D/run/checkpoints/step_00000002/model.safetensors: checksum mismatch (xxh3_64 *, the manifest says *): "
@@ -572,6 +585,8 @@ LINKS = {
     "shard-too-short": "DataShardDataset.Errors",
     "shard-missing": "DataShardDataset.Errors",
     "tokenizer-train-no-input": "TokenizerTrain.InputErrorsNameTheFileAndLeaveNoOutput",
+    "tokenizer-out-holds-input": "DataPrepare.ForceNeverDeletesAnInput",
+    "prepare-out-is-tokenizer": "DataPrepare.ForceNeverDeletesAnInput",
     "checkpoint-flipped-byte": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",
     "checkpoint-truncated": "Checkpoint.MissingOrCorruptFilesNameTheFile",
     "checkpoint-missing-file": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",

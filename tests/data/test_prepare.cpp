@@ -255,6 +255,8 @@ TEST(DataPrepare, ForceNeverDeletesAnInput) {
   EXPECT_KVS_ERROR(prepare_data(o), tmp / "corpus", "--out must not be (or contain) the input", tmp / "corpus/a.txt");
   o.out = tmp.str();
   EXPECT_KVS_ERROR(prepare_data(o), "--out must not be (or contain) the input");
+  o.out = tmp / "corpus/";
+  EXPECT_KVS_ERROR(prepare_data(o), "--out must not be (or contain) the input");
   const std::string tok_copy = tmp / "tok";
   fs::copy(shared_tokenizer_dir(), tok_copy);
   o.tokenizer = tok_copy;

@@ -294,6 +294,25 @@ def cases():
     def _(b, d):
         return ["eval", "--checkpoint", trained(b, d), "--set", "model.hidden_size=32"], ""
 
+    @case("cli-forward-too-long", "CLI", "forward on more tokens than the model's positions",
+          "D/t.txt: 17 positions exceed the model's max_position_embeddings 16")
+    def _(b, d):
+        return ["forward", "--checkpoint", trained(b, d), "--tokens", write(d, "t.txt", " ".join(["3"] * 17)),
+                "--out", os.path.join(d, "l.npy")], ""
+
+    @case("cli-backward-bad-token", "CLI", "backward on a batch with an input id outside the vocabulary",
+          "D/b.safetensors: input token 40 at [1, 2] is outside [0, vocab_size 32)")
+    def _(b, d):
+        ids = [3] * 8
+        ids[6] = 40  # row 1, position 2 of a [2, 4] batch
+        i32 = struct.pack("<8i", *ids)
+        f32 = struct.pack("<8f", *([1.0] * 8))
+        header = {"inputs": {"dtype": "I32", "shape": [2, 4], "data_offsets": [0, 32]},
+                  "targets": {"dtype": "I32", "shape": [2, 4], "data_offsets": [32, 64]},
+                  "mask": {"dtype": "F32", "shape": [2, 4], "data_offsets": [64, 96]}}
+        batch = write(d, "b.safetensors", safetensors_bytes(header, i32 + struct.pack("<8i", *([3] * 8)) + f32), "wb")
+        return ["backward", "--checkpoint", trained(b, d), "--batch", batch, "--out", os.path.join(d, "g.st")], ""
+
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
     def _(b, d):

@@ -28,6 +28,21 @@ std::vector<int32_t> read_token_file(const std::string& path) {
   return ids;
 }
 
+// The checks `generate` and `train` make too: a sequence within the model's
+// positions, token ids within its vocabulary (the engines index the embedding
+// with them unchecked).
+void check_length(const std::string& file, int T, const ModelConfig& m) {
+  KVS_CHECK(T <= m.max_position_embeddings, "{}: {} positions exceed the model's max_position_embeddings {}", file, T,
+            m.max_position_embeddings);
+}
+void check_ids(const std::string& file, const char* what, const std::vector<int32_t>& ids, int T,
+               const ModelConfig& m, const std::vector<float>* mask = nullptr) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    KVS_CHECK((mask && (*mask)[i] == 0.0f) || (ids[i] >= 0 && ids[i] < m.vocab_size),
+              "{}: {} token {} at [{}, {}] is outside [0, vocab_size {})", file, what, ids[i], i / T, i % T,
+              m.vocab_size);
+}
+
 }  // namespace
 
 void add_forward(CLI::App& app) {
@@ -36,14 +51,17 @@ void add_forward(CLI::App& app) {
     std::string checkpoint, tokens, out, device = "cpu";
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint (step_* dir), a checkpoints/ dir or a run dir (their latest checkpoint)")
+      ->required();
   cmd->add_option("--tokens", a->tokens, "Text file of whitespace-separated token ids")->required();
   cmd->add_option("--out", a->out, "Output .npy file")->required();
   cmd->add_option("--device", a->device, "cpu or cuda");
   cmd->callback([a]() {
-    LoadedCheckpoint ck = read_checkpoint(a->checkpoint);
+    LoadedCheckpoint ck = read_checkpoint(resolve_checkpoint_dir(a->checkpoint));
     std::vector<int32_t> ids = read_token_file(a->tokens);
     const int T = static_cast<int>(ids.size());
+    check_length(a->tokens, T, ck.model);
     for (int t = 0; t < T; ++t)
       KVS_CHECK(ids[t] < ck.model.vocab_size, "{}: token {} at position {} is >= vocab_size {}", a->tokens, ids[t], t,
                 ck.model.vocab_size);
@@ -61,13 +79,15 @@ void add_backward(CLI::App& app) {
     std::string checkpoint, batch, out, device = "cpu";
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint (step_* dir), a checkpoints/ dir or a run dir (their latest checkpoint)")
+      ->required();
   cmd->add_option("--batch", a->batch, "safetensors with inputs I32 [B,T], targets I32 [B,T], mask F32 [B,T]")
       ->required();
   cmd->add_option("--out", a->out, "Output safetensors: logits, loss, grad.<param name>")->required();
   cmd->add_option("--device", a->device, "cpu or cuda");
   cmd->callback([a]() {
-    LoadedCheckpoint ck = read_checkpoint(a->checkpoint);
+    LoadedCheckpoint ck = read_checkpoint(resolve_checkpoint_dir(a->checkpoint));
     std::vector<int32_t> inputs, targets;
     std::vector<float> mask;
     std::vector<int64_t> shape;
@@ -81,6 +101,9 @@ void add_backward(CLI::App& app) {
     KVS_CHECK(targets.size() == n && mask.size() == n, "{}: 'targets' and 'mask' must match 'inputs' [B, T]",
               a->batch);
     const int B = static_cast<int>(shape[0]), T = static_cast<int>(shape[1]), V = ck.model.vocab_size;
+    check_length(a->batch, T, ck.model);
+    check_ids(a->batch, "input", inputs, T, ck.model);
+    check_ids(a->batch, "target", targets, T, ck.model, &mask);  // unscored positions' targets are not read
     double scored = 0;
     for (float m : mask) scored += m;
     KVS_CHECK(scored > 0, "{}: the mask scores no token", a->batch);

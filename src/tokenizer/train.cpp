@@ -70,6 +70,9 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   KVS_CHECK(o.vocab_size >= 261, "--vocab-size {} is too small: byte fallback alone needs 256 + 3 special pieces",
             o.vocab_size);
   KVS_CHECK(o.max_sentences > 0, "--max-sentences must be positive (got {})", o.max_sentences);
+  // sentencepiece's own range (its error names no flag).
+  KVS_CHECK(o.character_coverage >= 0.98 && o.character_coverage <= 1.0,
+            "--character-coverage must be in [0.98, 1] (got {})", o.character_coverage);
   KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
   check_output_holds_no_input(o.out, o.inputs);
 

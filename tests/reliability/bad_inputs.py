@@ -402,6 +402,12 @@ def cases():
         return ["tokenizer", "train", "--input", os.path.join(d, "none.txt"), "--out", os.path.join(d, "tok"),
                 "--vocab-size", "300"], ""
 
+    @case("tokenizer-coverage-range", "tokenizer", "a --character-coverage sentencepiece rejects",
+          "--character-coverage must be in [0.98, 1] (got 2)")
+    def _(b, d):
+        return ["tokenizer", "train", "--input", write(d, "corpus.txt", "some text\n"), "--out",
+                os.path.join(d, "tok"), "--vocab-size", "300", "--character-coverage", "2"], ""
+
     @case("tokenizer-out-holds-input", "tokenizer", "tokenizer train --force into the directory of its input",
           "D: --out must not be (or contain) the input D/corpus.txt")
     def _(b, d):

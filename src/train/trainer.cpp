@@ -319,10 +319,12 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
                 "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
                 was["train"]["seq_len"].dump(), tc.seq_len);
-    if (was.is_object() && was.contains("data") && was["data"].contains("type"))
-      KVS_CHECK(was["data"]["type"] == to_json(cfg)["data"]["type"],
+    if (was.is_object() && was.contains("data") && was["data"].contains("type")) {
+      const nlohmann::json type = to_json(cfg)["data"]["type"];
+      KVS_CHECK(was["data"]["type"] == type,
                 "{}: data.type changed (checkpoint {}, config {}); the data stream would not line up", latest,
-                was["data"]["type"].dump(), to_json(cfg)["data"]["type"].dump());
+                was["data"]["type"].dump(), type.dump());
+    }
     KVS_CHECK(step <= tc.steps,
               "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,
               tc.steps);

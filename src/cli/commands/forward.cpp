@@ -62,9 +62,7 @@ void add_forward(CLI::App& app) {
     std::vector<int32_t> ids = read_token_file(a->tokens);
     const int T = static_cast<int>(ids.size());
     check_length(a->tokens, T, ck.model);
-    for (int t = 0; t < T; ++t)
-      KVS_CHECK(ids[t] < ck.model.vocab_size, "{}: token {} at position {} is >= vocab_size {}", a->tokens, ids[t], t,
-                ck.model.vocab_size);
+    check_ids(a->tokens, "input", ids, T, ck.model);
     auto engine = engine_for(ck, 1, T, device_flag(a->device));
     std::vector<float> logits(static_cast<size_t>(T) * ck.model.vocab_size);
     engine->forward(Batch{1, T, ids.data(), nullptr, nullptr}, nullptr, nullptr, logits.data());

@@ -570,9 +570,12 @@ PY
 
 if [ $build_rc -eq 0 ]; then
   if want bench; then
-    bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json --warmup 3 --steps 10
+    # The host rehearsal checks these rows' format, not their figures: fewer steps on the CPU engine.
+    toy_steps=(--warmup 3 --steps 10) toy_profile_steps=(--warmup 2 --steps 3)
+    [ "$dev" = cpu ] && toy_steps=(--warmup 1 --steps 2) toy_profile_steps=(--warmup 1 --steps 1)
+    bench "toy lm-small (8x256)" --compare-shift --config configs/toy/lm-small-kvshift.json "${toy_steps[@]}"
     bench "toy lm-small (8x256) per-op profile" --profile --compare-shift --config configs/toy/lm-small-kvshift.json \
-      --warmup 2 --steps 3
+      "${toy_profile_steps[@]}"
     if [ $quick -eq 0 ]; then
       bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5

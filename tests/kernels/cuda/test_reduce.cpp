@@ -55,9 +55,12 @@ TEST_P(CudaReduce, SumAndSumSquaresMatchHostAndRepeatBitwise) {
   }
 }
 
+// Sizes: empty; one element; one block; 257 blocks with a partial last one; and past the 1024-block
+// cap (reduce.cu's sum_blocks: 4096 elements a block), where each thread's grid-stride loop runs five
+// unrolled rounds and three threads take one more element.
 INSTANTIATE_TEST_SUITE_P(, CudaReduce,
                          ::testing::Values(size_t{0}, size_t{1}, size_t{1000}, size_t{262144 * 4 + 5},
-                                           size_t{(1u << 24) + 3}));
+                                           size_t{262144 * 20 + 3}));
 
 }  // namespace
 #endif  // KVS_CUDA

@@ -123,6 +123,28 @@ TEST(Cli, TrainPrintsTheProgressLine) {
       << r.out;
 }
 
+// --init-from takes a checkpoint as eval and generate do: a step directory,
+// or a run or checkpoints/ directory standing for its latest step.
+TEST(Cli, TrainInitFromTakesARunOrCheckpointsDirectory) {
+  const std::string dir = testing::TempDir() + "kvs_cli_init_from";
+  fs::remove_all(dir);
+  const std::string train = "train --config " + src("configs/toy/induction-1l-kvshift.json") +
+                            " --set train.steps=2 --set train.eval_every=0 --set train.checkpoint_every=1 --run-dir ";
+  ASSERT_EQ(run(train + dir + "/first").code, 0);
+  const std::string latest = dir + "/first/checkpoints/step_00000002";
+  for (const std::string& from : {dir + "/first", dir + "/first/checkpoints", latest}) {
+    SCOPED_TRACE(from);
+    fs::remove_all(dir + "/second");
+    const Result r = run(train + dir + "/second --init-from " + from);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("weights from " + latest), std::string::npos) << r.out;
+  }
+  fs::create_directories(dir + "/empty");
+  const Result r = run(train + dir + "/third --init-from " + dir + "/empty");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(dir + "/empty: missing config.json"), std::string::npos) << r.out;
+}
+
 TEST(Cli, InfoReproducesThePaperParameterCounts) {
   const std::pair<const char*, long long> sizes[] = {{"1.5B", 1564198912LL},
                                                      {"2.9B", 2888337920LL},

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/common.h"
 #include "cli/commands/world_guard.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -29,8 +30,9 @@ void add_train(CLI::App& app) {
                   "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)");
   cmd->add_flag("--resume", a->resume, "Continue from the run directory's latest checkpoint");
   cmd->add_option("--init-from", a->init_from,
-                  "Start a new run (step 0, fresh optimizer) from the weights of a checkpoint directory, e.g. one "
-                  "written by `kvshift import-hf` (the model must match the config's)")
+                  "Start a new run (step 0, fresh optimizer) from the weights of a checkpoint: a step directory "
+                  "(e.g. one written by `kvshift import-hf`), or a run or checkpoints/ directory (its latest); the "
+                  "model must match the config's")
       ->excludes("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {
@@ -76,7 +78,10 @@ void add_train(CLI::App& app) {
       std::exit(1);
     }
     TrainSummary s;
-    run_on_world(*world, [&] { s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), a->init_from}); });
+    run_on_world(*world, [&] {
+      const std::string init_from = a->init_from.empty() ? "" : resolve_checkpoint_dir(a->init_from);
+      s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), init_from});
+    });
     if (!s.stopped_by.empty()) {
       // A stop signal: every rank stopped after the same step, rank 0 wrote the checkpoint.
       if (rank0) {

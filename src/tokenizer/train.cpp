@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string_view>
 #include <unordered_map>
@@ -130,12 +131,27 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
       {"num_threads", "1"},
       {"hard_vocab_limit", "true"},
       {"vocabulary_output_piece_score", "true"},
-      {"minloglevel", "1"},
+      // Errors only: a failure is our one-line error below, and sentencepiece's own
+      // warnings (e.g. "No valid symbol found" before a too-large vocabulary) would
+      // come first on stderr.
+      {"minloglevel", "2"},
   };
   VectorIterator it(sentences);
   std::string model;
   const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-  KVS_CHECK(st.ok(), "tokenizer train: sentencepiece failed: {}", st.ToString());
+  if (!st.ok()) {
+    // The most common failure, a vocabulary larger than the text supports: name the flag and the limit.
+    const std::string msg = st.ToString();
+    const std::string limit_text = "Please set it to a value <= ";
+    const auto at = msg.find(limit_text);
+    long long limit = 0;
+    if (msg.find("Vocabulary size too high") != std::string::npos && at != std::string::npos &&
+        std::sscanf(msg.c_str() + at + limit_text.size(), "%lld", &limit) == 1)
+      fail("tokenizer train: --vocab-size {} is more pieces than {} lines of text yield (at most {} here): lower it "
+           "or train on more text",
+           o.vocab_size, r.sentences_used, limit);
+    fail("tokenizer train: sentencepiece failed: {}", msg);
+  }
 
   sentencepiece::SentencePieceProcessor sp;
   const auto lst = sp.LoadFromSerializedProto(model);

@@ -408,6 +408,13 @@ def cases():
         return ["tokenizer", "train", "--input", write(d, "corpus.txt", "some text\n"), "--out",
                 os.path.join(d, "tok"), "--vocab-size", "300", "--character-coverage", "2"], ""
 
+    @case("tokenizer-vocab-too-large", "tokenizer", "a --vocab-size larger than the text yields",
+          "tokenizer train: --vocab-size 100000 is more pieces than 1 lines of text yield (at most *): lower it or "
+          "train on more text")
+    def _(b, d):
+        return ["tokenizer", "train", "--input", write(d, "corpus.txt", "some text\n"), "--out",
+                os.path.join(d, "tok"), "--vocab-size", "100000"], ""
+
     @case("tokenizer-out-holds-input", "tokenizer", "tokenizer train --force into the directory of its input",
           "D: --out must not be (or contain) the input D/corpus.txt")
     def _(b, d):
@@ -683,6 +690,8 @@ def main():
                     problem = "exit 0"
                 elif len(got) != 1:
                     problem = f"{len(got)} error lines: {out[-600:]}"
+                elif "LOG(" in out:  # a library's own log line (sentencepiece's) leaked beside ours
+                    problem = f"a library's log line: {out[-600:]}"
                 elif not matches(want, got[0]):
                     problem = f"error line differs:\n      got  {got[0]}\n      want {want}"
             except subprocess.TimeoutExpired:

@@ -1,6 +1,8 @@
 // kvshift: pretraining Llama models with KV shifting attention.
 // Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
 #include <cstdio>
+#include <memory>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -51,6 +53,25 @@ std::string usage_error(CLI::App& app, const CLI::ParseError& e, int argc, char*
   return fmt::format("{}: {} (kvshift {} --help lists its options)", path, e.what(), path);
 }
 
+// --help-all with every level expanded: CLI11 expands one level below the
+// command asked about, so `tokenizer train` and `data prepare` showed only
+// their names. The same as CLI::Formatter::make_expanded, with the nested
+// subcommands in AppFormatMode::All (each expanded in turn).
+class ExpandEveryLevel : public CLI::Formatter {
+ public:
+  std::string make_expanded(const CLI::App* sub) const override {
+    std::stringstream out;
+    out << sub->get_display_name(true) << "\n";
+    out << make_description(sub);
+    out << make_positionals(sub);
+    out << make_groups(sub, CLI::AppFormatMode::Sub);
+    out << make_subcommands(sub, CLI::AppFormatMode::All);
+    std::string text = CLI::detail::find_and_replace(out.str(), "\n\n", "\n");
+    text = text.substr(0, text.size() - 1);  // the final newline
+    return CLI::detail::find_and_replace(text, "\n", "\n  ") + "\n";  // indented under the name
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,6 +80,7 @@ int main(int argc, char** argv) {
   kvs::default_threads_to_cpu_budget();  // a container's CPU quota caps the default thread count
   CLI::App app{"kvshift: pretrain Llama-architecture language models with KV shifting attention"};
   app.require_subcommand(1);
+  app.formatter(std::make_shared<ExpandEveryLevel>());  // before the subcommands: they copy it
   app.set_help_all_flag("--help-all", "Show the help of every subcommand");
   kvs::cli::add_train(app);
   kvs::cli::add_eval(app);

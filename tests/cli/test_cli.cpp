@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -103,6 +104,22 @@ TEST(Cli, HelpListsEverySubcommandAndFlag) {
       EXPECT_TRUE(same_line || next_line) << "no description: " << lines[i];
     }
     EXPECT_GE(options, 2) << "no options listed";  // --help and --help-all at least
+  }
+  // --help-all shows every subcommand's options, the nested ones' (tokenizer train) too: each
+  // option line of a --help as many times as the subcommands that have it.
+  const Result all = run("--help-all");
+  ASSERT_EQ(all.code, 0) << all.out;
+  std::map<std::string, int> option_lines;
+  for (const auto& [sub, text] : subs) {
+    std::istringstream help(text);
+    for (std::string line; std::getline(help, line);)
+      if (line.rfind("  -", 0) == 0 && line.find("--help") == std::string::npos) ++option_lines[line.substr(2)];
+  }
+  EXPECT_GT(option_lines.count("--character-coverage FLOAT=0.99995"), 0u);  // tokenizer train's
+  for (const auto& [line, want] : option_lines) {
+    int n = 0;
+    for (size_t at = all.out.find(line); at != std::string::npos; at = all.out.find(line, at + 1)) ++n;
+    EXPECT_GE(n, want) << "--help-all lacks: " << line;
   }
   Result t = run("train --help");
   for (const char* flag : {"--config", "--set", "--run-dir", "--resume", "--init-from", "--quiet"})

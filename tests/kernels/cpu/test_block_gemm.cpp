@@ -1,5 +1,6 @@
 // The attention blocks' GEMM (block_gemm.h) against a plain triple loop: both
-// layouts of A, packed B of any width, accumulation, and the causal skips.
+// layouts of A, packed B of any width (full and partial panels of 16 and 64
+// columns), every remainder of the 6-row tiles, accumulation, and the causal skips.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -58,7 +59,8 @@ TEST(OpsBlockGemm, MatchesTripleLoop) {
   for (bool at : {false, true})
     for (bool acc : {false, true})
       for (bool bt : {false, true})
-        for (auto [M, N, K] : {std::tuple{1, 1, 1}, {6, 16, 5}, {7, 17, 3}, {13, 40, 64}, {64, 64, 256}, {5, 3, 0}}) {
+        for (auto [M, N, K] : {std::tuple{1, 1, 1}, {6, 16, 5}, {7, 17, 3}, {13, 40, 64}, {64, 64, 256}, {5, 3, 0},
+                                  {8, 70, 2}, {9, 100, 9}, {11, 130, 7}}) {
           check<float>(M, N, K, at, acc, bt, 1e-5);
           check<double>(M, N, K, at, acc, bt, 1e-13);
         }

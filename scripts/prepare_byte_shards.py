@@ -132,6 +132,8 @@ def main():
         text = text.replace(b"\0", b"")
         if not text:
             continue
+        if args.max_bytes and len(stream) + 1 >= args.max_bytes:
+            break  # no room for the separator and a byte of this document: the stream ends with a document
         if stream:
             stream.append(SEPARATOR)
         stream += text

@@ -13,6 +13,8 @@
 #include <set>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/hopk.h"
@@ -818,4 +820,17 @@ TEST(DataShardDataset, PrepareByteShardsScriptOutputReads) {
   ShardDataset ds(cfg, 16, 256, 1, dir);
   const Seq s = get_seq(ds, Split::Val, 0, 16);
   EXPECT_EQ(s.in[0], static_cast<uint8_t>(stream[train.size()]));
+
+  // --max-bytes one past the first document: no separator without a byte of the next one after
+  // it, and only the first document counted.
+  const std::string cut = std::string("/usr/bin/python3 ") + kvs::test::source_dir() +
+                          "/scripts/prepare_byte_shards.py --input '" + dir + "/*.txt' --out " + dir +
+                          "/cut --val-fraction 0.1 --max-bytes " + std::to_string(text_a.size() + 1) + " > " + dir +
+                          "/log.txt 2>&1";
+  ASSERT_EQ(std::system(cut.c_str()), 0);
+  ShardFile cut_train(dir + "/cut/train_000.bin"), cut_val(dir + "/cut/val_000.bin");
+  EXPECT_EQ(cut_train.size() + cut_val.size(), text_a.size());
+  EXPECT_EQ(cut_val.token(cut_val.size() - 1), static_cast<uint8_t>(text_a.back()));
+  const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(dir + "/cut/manifest.json"));
+  EXPECT_EQ(manifest.at("documents"), 1);
 }

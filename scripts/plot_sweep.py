@@ -236,8 +236,12 @@ def plot(name, groups, metric, x_axis, band, out):
     ax.legend(loc="best", fontsize=9, title=band_txt, title_fontsize=8)
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(out))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".plot_sweep.", suffix=".png", dir=d)
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".plot_sweep.", suffix=".png", dir=d)
+    except OSError as e:
+        plt.close(fig)
+        raise PlotError("%s: cannot write: %s" % (out, e.strerror or e))
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")

@@ -62,7 +62,9 @@ def git_dirty(path, ignore=()):
 class LabelStats:
     def __init__(self, label, seeds, max_steps):
         self.label = label
-        with_data = [s for s in seeds if s["evals"]]
+        # A seed whose last evaluation has no accuracy (null: NaN, a diverged run) is a seed without data,
+        # so that acc is a number whenever n > 0.
+        with_data = [s for s in seeds if s["evals"] and isinstance(s["evals"][-1].get("accuracy"), (int, float))]
         self.n = len(with_data)
         self.n_seeds = len(seeds)
         self.finished = sum(s["finished"] for s in seeds)
@@ -205,8 +207,13 @@ def plot_fig1b(sizes, out):
 # Comparisons under seed noise
 
 
+def final_by_seed(seeds, key):
+    """seed -> the last eval's `key`, for the seeds that have one."""
+    return {s["seed"]: s["evals"][-1][key] for s in seeds if s["evals"] and s["evals"][-1].get(key) is not None}
+
+
 def final_values(seeds, key):
-    return [s["evals"][-1].get(key) for s in seeds if s["evals"] and s["evals"][-1].get(key) is not None]
+    return list(final_by_seed(seeds, key).values())
 
 
 def spread(values):
@@ -321,13 +328,15 @@ def fig8_claims(vals):
     return out
 
 
-def lm_text_claims(vals):
+def lm_text_claims(groups):
     """The paper's language-modelling claim on real text: kvshift vs vanilla final validation loss."""
-    kv, va = vals.get("kvshift"), vals.get("vanilla")
+    kv_seeds, va_seeds = (final_by_seed(groups.get(label, []), "val_loss") for label in ("kvshift", "vanilla"))
+    kv, va = list(kv_seeds.values()), list(va_seeds.values())
     if not kv or not va:
         return ["*KV shifting reaches a lower validation loss than vanilla*: not evaluated (missing data)."]
     d, noise = compare(kv, va)
-    pairs = [a - b for a, b in zip(kv, va)]  # seed k of each model: same data order, same init draws
+    # Seed k of each model: same data order, same init draws. Only seeds both models have are paired.
+    pairs = [(seed, kv_seeds[seed] - va_seeds[seed]) for seed in sorted(kv_seeds) if seed in va_seeds]
     if d < -noise:
         word = verdict(True)
     elif abs(d) <= noise:
@@ -340,7 +349,8 @@ def lm_text_claims(vals):
         "vs vanilla %.4f ± %.4f (mean ± std over %d and %d seeds), gap %+.4f nats, larger seed spread (max − min) "
         "%.4f." % (word, mk, sk, mv, sv, len(kv), len(va), d, noise),
         "Per seed (kvshift − vanilla, same seed): %s; KV shifting is lower in %d of %d seeds." % (
-            ", ".join("%+.4f" % x for x in pairs), sum(x < 0 for x in pairs), len(pairs)),
+            ", ".join("seed %d %+.4f" % p for p in pairs), sum(x < 0 for _, x in pairs), len(pairs))
+        if pairs else "Per seed: no seed has a final validation loss for both models.",
         "For scale: outside reproductions report about −0.01 to −0.02 validation loss for KV shifting at GPT-2-small "
         "scale (124M parameters, billions of tokens); this run is 12.6M parameters and 0.8M tokens.",
     ]
@@ -556,7 +566,10 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
                  "with data." % (len(unfinished), len(cells), ", ".join(labels)))
     L.append("")
 
-    os.makedirs(png_dir, exist_ok=True)
+    try:
+        os.makedirs(png_dir, exist_ok=True)
+    except OSError as e:
+        raise ResultsError("%s: cannot create the plots' directory: %s" % (png_dir, e.strerror or e))
     png = os.path.join(png_dir, "%s.png" % name)
     metric = "val_loss" if name in LOSS_SWEEPS else "accuracy"
     try:
@@ -604,7 +617,7 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
     elif name == "lm-text":
         L += ["Paper claim (section 4, Figure 4 and Table 1: KV shifting ahead in language modelling), checked "
               "against the final validation losses:", ""]
-        L += ["- " + c for c in lm_text_claims(vals)] + [""]
+        L += ["- " + c for c in lm_text_claims(groups)] + [""]
     return name, "\n".join(L), stats
 
 
@@ -623,6 +636,8 @@ def main(argv):
     if not os.path.isdir(args.experiments):
         raise ResultsError("%s: no such directory" % args.experiments)
     out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):  # before any plot is written
+        raise ResultsError("%s: the directory of --out does not exist" % args.out)
     png_dir = args.png_dir or os.path.join(out_dir, "results")
     names = sorted(d for d in os.listdir(args.experiments)
                    if os.path.isfile(os.path.join(args.experiments, d, "sweep.json")))
@@ -679,9 +694,14 @@ def main(argv):
     L.append("")
     text = "\n".join(L) + "\n" + "\n".join(t for _, t, _ in sections)
     tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, args.out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, args.out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise ResultsError("%s: cannot write: %s" % (args.out, e.strerror or e))
     print("wrote %s (%s)" % (args.out, ", ".join(n for n, _, _ in sections)))
     return 0
 

@@ -112,6 +112,25 @@ void check_agree(const LaunchInfo& m) {
   }
 }
 
+// Launchers whose variables kvshift does not read: srun, MPICH's and Intel
+// MPI's mpiexec (PMI), MVAPICH2. Taken for a single process, each of their
+// processes would train alone into the same run directory, so a world of more
+// than one process there is an error. (A non-integer value is not ours to judge.)
+void refuse_unread_launchers() {
+  const char* vars[] = {"SLURM_STEP_NUM_TASKS", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+  for (const char* v : vars) {
+    const auto x = env(v);
+    if (!x) continue;
+    char* end = nullptr;
+    const long n = std::strtol(x->c_str(), &end, 10);
+    KVS_CHECK(end == x->c_str() || *end != '\0' || n <= 1,
+              "{}={}: started by a launcher kvshift does not read (srun, or an MPI other than OpenMPI); each "
+              "process would train alone into the same run directory. Start it with OpenMPI's mpirun or "
+              "torchrun --no-python (docs/LAUNCH.md)",
+              v, *x);
+  }
+}
+
 }  // namespace
 
 LaunchInfo detect_launch() {
@@ -123,6 +142,7 @@ LaunchInfo detect_launch() {
     return l;
   }
   if (torch) return from_torchrun();
+  refuse_unread_launchers();
   return LaunchInfo{};
 }
 

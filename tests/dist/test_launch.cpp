@@ -30,7 +30,8 @@ using kvs::testing_util::CommandResult;
 
 const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                       "OMPI_COMM_WORLD_LOCAL_SIZE", "KVS_BOOTSTRAP_PORT", "KVS_BOOTSTRAP_TIMEOUT_S"};
+                       "OMPI_COMM_WORLD_LOCAL_SIZE", "KVS_BOOTSTRAP_PORT", "KVS_BOOTSTRAP_TIMEOUT_S",
+                       "SLURM_STEP_NUM_TASKS", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
 
 // Clears the launch variables for one test and restores them after it.
 class CleanEnv {
@@ -73,6 +74,38 @@ TEST(Launch, SingleWithoutLauncherVariables) {
   EXPECT_EQ(l.world_size, 1);
   EXPECT_EQ(l.local_rank, 0);
   EXPECT_EQ(l.local_world_size, 1);
+}
+
+// srun, MPICH/Intel MPI (PMI) and MVAPICH2 start processes whose variables
+// kvshift does not read: more than one of them is refused (each would train
+// alone), one is a single process, and mpirun's or torchrun's variables win.
+TEST(Launch, OtherLaunchersWithMoreThanOneProcessAreRefused) {
+  for (const char* var : {"SLURM_STEP_NUM_TASKS", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    SCOPED_TRACE(var);
+    {
+      CleanEnv env;
+      env.set(var, "4");
+      EXPECT_KVS_ERROR(detect_launch(), std::string(var) + "=4: started by a launcher kvshift does not read",
+                       "mpirun", "torchrun");
+    }
+    {
+      CleanEnv env;
+      env.set(var, "1");
+      EXPECT_EQ(detect_launch().launcher, "single");
+    }
+    {
+      CleanEnv env;
+      env.set(var, "4");
+      env.mpirun(1, 4, 1, 4);
+      EXPECT_EQ(detect_launch().launcher, "mpirun");
+    }
+    {
+      CleanEnv env;
+      env.set(var, "4");
+      env.torchrun(1, 4, 1);
+      EXPECT_EQ(detect_launch().launcher, "torchrun");
+    }
+  }
 }
 
 TEST(Launch, Torchrun) {

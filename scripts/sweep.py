@@ -12,6 +12,10 @@ it has none), so running the same command again continues a sweep.
 
 Errors in the spec or the arguments are one line, `sweep: error: ...`, exit 1.
 A failed cell does not stop the sweep; the exit status is 1 at the end.
+Ctrl-C, SIGTERM or SIGHUP stops it: every running kvshift (each in a session
+of its own, so a terminal's Ctrl-C does not reach it) gets one SIGTERM,
+finishes its step and writes a checkpoint; the cells are recorded as
+`interrupted` and the exit status is 128 + the signal (130 for Ctrl-C).
 """
 
 import argparse
@@ -35,6 +39,12 @@ CELL_KEYS = ("label", "set")
 DEFAULT_STEPS = 1000  # train.steps default (docs/CONFIG.md)
 LOG_NAME = "train.log"  # the cell's kvshift stdout + stderr, inside its run dir
 TAIL_LINES = 12
+# On SIGINT (Ctrl-C), SIGTERM or SIGHUP every running kvshift gets one SIGTERM, a
+# request to finish its step and write a checkpoint (a second one would make it
+# exit at once without one, docs/RELIABILITY.md), and this long to do it.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_TIMEOUT_S = 120
+EXIT_STOPPED = 75  # kvshift's exit status after a stop-signal checkpoint
 
 
 class SweepError(Exception):
@@ -484,17 +494,24 @@ def main(argv):
         cmd = command(c)
         log.write("$ %s\n" % " ".join(_shell_quote(a) for a in cmd))
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # A session of its own: a terminal's Ctrl-C (or a signal to this process
+        # group) reaches only sweep.py, which sends each run exactly one stop request.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
         c.status = "running"
         c.action = {"start": "started", "resume": "resumed", "restart": "restarted"}[c.state]
         running[proc] = (c, time.monotonic(), log)
 
+    stop = _StopRequest()
+    stop.install()
     try:
-        while pending or running:
-            while pending and len(running) < args.jobs:
+        while (pending or running) and not stop.signum:
+            while pending and len(running) < args.jobs and not stop.signum:
                 launch(pending.pop(0))
             write_sweep_json()
-            proc = _wait_any(running)
+            proc = _wait_any(running, stop)
+            if proc is None:
+                break  # a stop signal
             c, t0, log = running.pop(proc)
             log.close()
             c.wall_s = time.monotonic() - t0
@@ -526,20 +543,16 @@ def main(argv):
                 for line in lines:
                     print("    " + line, flush=True)
             write_sweep_json()
-    except KeyboardInterrupt:
-        for proc, (c, _, log) in running.items():
-            proc.send_signal(signal.SIGTERM)
-        for proc, (c, _, log) in running.items():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-            c.status = "interrupted"
-        write_sweep_json()
-        print("sweep %s: interrupted; run the same command again to resume" % spec["name"], file=sys.stderr)
-        return 130
+    finally:
+        # A stop signal, or an error in this script: no run is left behind, and
+        # sweep.json says where each one got to (never `running`).
+        if running or stop.signum:
+            _stop_cells(running, stop.signum)
+            write_sweep_json()
+    if stop.signum:
+        name = signal.Signals(stop.signum).name
+        _say("sweep %s: interrupted by %s; run the same command again to resume" % (spec["name"], name))
+        return 128 + stop.signum
 
     n_done = sum(c.status == "finished" for c in cells)
     print("sweep %s: %d/%d cells finished, %d failed%s; %s"
@@ -548,21 +561,78 @@ def main(argv):
     return 1 if failed else 0
 
 
-def _wait_any(running):
-    """Block until one of the running processes exits; return it."""
+def _wait_any(running, stop):
+    """Block until one of the running processes exits and return it; None on a stop signal."""
     while True:
         for proc in running:
             if proc.poll() is not None:
                 return proc
+        if stop.signum:
+            return None
+        time.sleep(0.05)
+
+
+class _StopRequest:
+    """The first SIGINT/SIGTERM/SIGHUP; the handler only records it (the main loop acts on it).
+    Later ones are ignored: the runs have had their stop request and are writing checkpoints."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def install(self):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if not self.signum:
+            self.signum = signum
+
+
+def _stop_cells(running, signum):
+    """One SIGTERM to every running kvshift, then wait (STOP_TIMEOUT_S in all) for its checkpoint.
+
+    Each cell is then recorded from its run directory: finished when the run got to its
+    end anyway, interrupted otherwise (a rerun resumes it from the checkpoint it wrote,
+    or restarts it when it had none)."""
+    name = signal.Signals(signum).name if signum else "an error in sweep.py"
+    if running:
+        _say("sweep: %s: stopping %d run%s (each writes a checkpoint first; up to %ds; "
+             "further signals are ignored)"
+             % (name, len(running), "" if len(running) == 1 else "s", STOP_TIMEOUT_S))
+    for proc in running:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc, (c, t0, log) in list(running.items()):
+        killed = False
         try:
-            pid, status = os.wait()  # reaps one child; match it to its Popen
-        except ChildProcessError:
-            time.sleep(0.2)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            killed = True
+        log.close()
+        c.wall_s = time.monotonic() - t0
+        c.returncode = proc.returncode
+        c.inspect()
+        if proc.returncode == 0 and c.state == "finished":
+            c.status = "finished"
             continue
-        for proc in running:
-            if proc.pid == pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                return proc
+        c.status = "interrupted"
+        how = ("killed after %ds without exiting" % STOP_TIMEOUT_S if killed
+               else "exit status %d%s" % (proc.returncode,
+                                          " after its checkpoint" if proc.returncode == EXIT_STOPPED else ""))
+        c.error = "stopped by %s (%s); next: %s%s" % (name, how, c.state, ", " + c.reason if c.reason else "")
+        _say("  %s: %s" % (c.name, c.error))
+    running.clear()
+
+
+def _say(line):
+    """A line on stderr that may have gone with its terminal (SIGHUP)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _read_previous(path):
@@ -584,3 +654,6 @@ if __name__ == "__main__":
     except SweepError as e:
         print("%s: error: %s" % (PROG, e), file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C before any run was started
+        print("%s: interrupted" % PROG, file=sys.stderr)
+        sys.exit(130)

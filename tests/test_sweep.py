@@ -8,16 +8,22 @@ fresh WORKDIR and checks: all cells finish, a second run re-runs nothing, an
 interrupted cell (with and without a checkpoint) is the only one that re-runs,
 a spec with an unknown key fails with one line naming it, a failing cell does
 not stop the sweep but makes the exit status non-zero, and plot_sweep.py writes
-a PNG and a table with both labels. Prints `N passed, N failed`; exit 1 on any
-failure. Registered in CTest as `sweep_runner`.
+a PNG and a table with both labels; reproduce.py keeps the results page's other
+sections, prepares the data of every spec that reads data/ and hands the
+prepare step an absolute kvshift; a Ctrl-C to the process group of sweep.py or
+reproduce.py, or a SIGTERM to sweep.py, stops every run after one checkpoint,
+leaves no trainer behind and no cell `running`, and a rerun resumes. Prints
+`N passed, N failed`; exit 1 on any failure. Registered in CTest as `sweep_runner`.
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from checks import Tally  # tests/checks.py
 
@@ -83,6 +89,62 @@ def truncate_metrics(run_dir, max_step):
         keep = [l for l in f if json.loads(l)["step"] <= max_step]
     with open(p, "w") as f:
         f.writelines(keep)
+
+
+def trainers(path):
+    """PIDs of the processes whose command line has `train` and names something under `path`
+    (from /proc: the kvshift runs of a sweep writing there)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in argv[1:2] and any(path.encode() in a for a in argv[2:]):
+            pids.append(int(d))
+    return pids
+
+
+def leftover_trainers(path):
+    """trainers(path), each then killed (a failed check must not leave them running)."""
+    pids = trainers(path)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def start_and_stop(cmd, metrics, sig, group):
+    """Start cmd (a session of its own), wait for a train line in every `metrics` file, then send
+    `sig` to its process group (a terminal's Ctrl-C) or to it alone. Returns the CompletedProcess."""
+    p = subprocess.Popen([PY] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline:
+        if all(os.path.isfile(m) and os.path.getsize(m) > 0 for m in metrics):
+            break
+        time.sleep(0.02)
+    if p.poll() is None:
+        (os.killpg if group else os.kill)(p.pid, sig)
+    try:
+        out, err = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def checkpoint_step(run_dir):
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
+            return int(f.read().strip()[5:])
+    except (OSError, ValueError):
+        return None
 
 
 def main():
@@ -231,14 +293,18 @@ def main():
     check(p.returncode == 0 and "quick subset" in p.stdout and " 5 cells to run" in p.stdout
           and "fig8" not in p.stdout, "reproduce --quick plans fig1a with one seed per model (5 cells)", show(p))
     page = os.path.join(work, "results", "RESULTS.md")
+    os.makedirs(os.path.dirname(page))
+    with open(page, "w") as f:  # a committed page has sections of sweeps this checkout has not run
+        f.write("# Results\n\n## fig8\n\nan older section, kept\n")
     p = run([REPRODUCE, "--spec", "smoke", "--kvshift", a.kvshift, "--out", out2, "--results", page, "--jobs", "2"])
     text = open(page).read() if os.path.isfile(page) else ""
     check(p.returncode == 0 and "## smoke" in text and "| kvshift |" in text
           and os.path.isfile(os.path.join(work, "results", "results", "smoke.png")),
           "reproduce --spec smoke runs the missing cells and writes the page with its plot", show(p))
+    check("an older section, kept" in text and "sweeps: fig8, smoke" in text,
+          "reproduce --spec smoke keeps the page's fig8 section (results.py --update)",
+          next((l for l in text.splitlines() if l.startswith("- sweeps:")), "no sweeps line"))
     # 8. results.py --update keeps the sections of sweeps it does not find (runs/ is not in the repository).
-    with open(page, "a") as f:
-        f.write("\n## fig8\n\nan older section, kept\n")
     p = run([RESULTS, "--experiments", out2, "--out", page, "--kvshift", a.kvshift, "--update"])
     text = open(page).read() if os.path.isfile(page) else ""
     check(p.returncode == 0 and "## smoke" in text and "an older section, kept" in text
@@ -250,6 +316,138 @@ def main():
           show(p))
     p = run([REPRODUCE, "--spec", "nosuch", "--dry-run"])
     check(p.returncode == 1 and "nosuch" in p.stderr, "reproduce: unknown spec is a one-line error", show(p))
+
+    # 9. reproduce.py prepares the data of every spec that reads data/ (a fresh clone has none),
+    #    and the prepare step (prepare_corpus.sh cd's to the repository root) gets an absolute kvshift.
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import reproduce  # noqa: E402
+    import sweep  # noqa: E402
+    data_dir = os.path.join(ROOT, "data") + os.sep
+    missing = []
+    for fn in sorted(os.listdir(reproduce.SPEC_DIR)):
+        spec_i = sweep.load_spec(os.path.join(reproduce.SPEC_DIR, fn))
+        with open(spec_i["base_path"]) as f:
+            data = json.load(f).get("data", {})
+        globs = data.get("shards", {}).get("train", []) + data.get("shards", {}).get("val", [])
+        dirs = {os.path.dirname(os.path.normpath(os.path.join(os.path.dirname(spec_i["base_path"]), g)))
+                for g in globs}
+        for d in sorted(x for x in dirs if x.startswith(data_dir)):
+            prep = reproduce.PREPARE.get(fn[:-5])
+            if prep is None or os.path.dirname(prep[1]) != d:
+                missing.append("%s reads %s" % (fn, d))
+            elif prep[0][0].endswith(".py") or "python" in prep[0][0]:
+                if prep[0][0] != "/usr/bin/python3":
+                    missing.append("%s: %s (the shards depend on the interpreter)" % (fn, prep[0]))
+    check(not missing, "reproduce.PREPARE makes the data of every spec that reads data/", "; ".join(missing))
+    kv_abs = os.path.abspath(a.kvshift)
+    marker, never = os.path.join(work, "prepare-ran"), os.path.join(work, "no-manifest.json")
+    # smoke with a stand-in prepare step that runs $KVSHIFT from the repository root, then fails
+    # (so no sweep runs), with --kvshift ./kvshift relative to the binary's directory.
+    prep = ["bash", "-c", 'cd "$0" && "$KVSHIFT" --help > "$1"; exit 1', ROOT, marker]
+    code = ("import sys; sys.path.insert(0, %r); import reproduce; reproduce.PREPARE['smoke'] = (%r, %r); "
+            "sys.exit(reproduce.main(sys.argv[1:]))" % (os.path.join(ROOT, "scripts"), prep, never))
+    p = run(["-c", code, "--spec", "smoke", "--kvshift", "./" + os.path.basename(kv_abs),
+             "--out", os.path.join(work, "runs-prep"),
+             "--results", os.path.join(work, "prep.md")], cwd=os.path.dirname(kv_abs))
+    ran = open(marker).read() if os.path.isfile(marker) else ""
+    check("Usage:" in ran and "FAILED: smoke" in p.stdout, "reproduce: the prepare step gets an absolute KVSHIFT "
+          "(a relative --kvshift still works from the repository root)", show(p))
+
+    # 10. Stopping a sweep: every run gets one stop request and writes its checkpoint first.
+    long_spec = dict(spec, name="long", seeds=[1],
+                     set=dict(spec["set"], **{"train.steps": 100000, "train.checkpoint_every": 0,
+                                              "train.eval_every": 0, "train.log_every": 1}))
+    long_path = os.path.join(work, "long.json")
+    with open(long_path, "w") as f:
+        json.dump(long_spec, f)
+
+    def stopped(outdir, what, p, code):
+        """The checks after a stop: exit code, a checkpoint per run, no trainer left, nothing `running`."""
+        root = os.path.join(outdir, "long")
+        run_dirs = [os.path.join(root, lab, "seed1") for lab in ("kvshift", "vanilla")]
+        left = leftover_trainers(outdir)
+        check(p.returncode == code, "%s: exit status %d" % (what, code), show(p))
+        check(all(checkpoint_step(d) for d in run_dirs), "%s: both runs wrote a checkpoint" % what,
+              show(p) + "".join(open(os.path.join(d, "train.log")).read() for d in run_dirs
+                                if os.path.isfile(os.path.join(d, "train.log"))))
+        check(not left, "%s: no kvshift left running" % what, "killed %s" % left)
+        with open(os.path.join(root, "sweep.json")) as f:
+            st = [c["status"] for c in json.load(f)["cells"]]
+        check(st == ["interrupted", "interrupted"], "%s: sweep.json says interrupted" % what, str(st))
+        return run_dirs
+
+    # 10a. Ctrl-C at a terminal: SIGINT to the whole process group (kvshift used to get it too,
+    #      then sweep.py's SIGTERM as a second signal: an exit without a checkpoint).
+    out3 = os.path.join(work, "runs3")
+    cmd = [SWEEP, "--spec", long_path, "--kvshift", a.kvshift, "--out", out3, "--jobs", "2"]
+    metrics = [os.path.join(out3, "long", lab, "seed1", "metrics.jsonl") for lab in ("kvshift", "vanilla")]
+    p = start_and_stop(cmd, metrics, signal.SIGINT, group=True)
+    run_dirs = stopped(out3, "sweep Ctrl-C", p, 130)
+    # Rerun to just past the checkpoints (train.steps may change on resume): both resume and finish.
+    end = max(checkpoint_step(d) or 0 for d in run_dirs) + 3
+    long_spec["set"]["train.steps"] = end
+    with open(long_path, "w") as f:
+        json.dump(long_spec, f)
+    p = run(cmd)
+    with open(os.path.join(out3, "long", "sweep.json")) as f:
+        st = [(c["status"], c["action"]) for c in json.load(f)["cells"]]
+    check(p.returncode == 0 and "0 finished, 2 todo" in p.stdout and st == [("finished", "resumed")] * 2
+          and all(is_finished(d, end) for d in run_dirs), "sweep Ctrl-C: a rerun resumes both and finishes",
+          show(p) + str(st))
+    long_spec["set"]["train.steps"] = 100000
+    with open(long_path, "w") as f:
+        json.dump(long_spec, f)
+
+    # 10b. SIGTERM to sweep.py alone (timeout, a parent): the same, instead of orphaned trainers.
+    out4 = os.path.join(work, "runs4")
+    cmd = [SWEEP, "--spec", long_path, "--kvshift", a.kvshift, "--out", out4, "--jobs", "2"]
+    metrics = [os.path.join(out4, "long", lab, "seed1", "metrics.jsonl") for lab in ("kvshift", "vanilla")]
+    p = start_and_stop(cmd, metrics, signal.SIGTERM, group=False)
+    stopped(out4, "sweep SIGTERM", p, 143)
+    p = run(cmd + ["--dry-run"])
+    check(p.stdout.count("(resume: checkpoint at step") == 2, "sweep SIGTERM: a rerun would resume both", show(p))
+
+    # 10c. Ctrl-C at reproduce.py: it waits for sweep.py's cleanup and says how to continue.
+    out5 = os.path.join(work, "runs5")
+    cmd = [REPRODUCE, "--quick", "--kvshift", a.kvshift, "--out", out5, "--results", os.path.join(work, "q.md")]
+    metrics = [os.path.join(out5, "fig1a", lab, "seed1", "metrics.jsonl") for lab in ("vanilla-1l", "vanilla-2l")]
+    p = start_and_stop(cmd, metrics, signal.SIGINT, group=True)
+    left = leftover_trainers(out5)
+    check(p.returncode == 130 and "interrupted; run the same command again" in p.stderr
+          and "Traceback" not in p.stderr, "reproduce Ctrl-C: exit 130 with its message, no traceback", show(p))
+    check(not left, "reproduce Ctrl-C: no kvshift left running", "killed %s" % left)
+    check(all(checkpoint_step(os.path.dirname(m)) for m in metrics), "reproduce Ctrl-C: the runs wrote checkpoints",
+          show(p))
+    try:
+        with open(os.path.join(out5, "fig1a", "sweep.json")) as f:
+            st = [c["status"] for c in json.load(f)["cells"]]
+    except (OSError, ValueError) as e:
+        st = [str(e)]
+    check("running" not in st and st.count("interrupted") == 2, "reproduce Ctrl-C: sweep.json records the stop",
+          str(st))
+
+    # 11. results.py's claims on partial data: seeds pair by number, a null accuracy is no data.
+    import results  # noqa: E402
+
+    def seed(n, **last):
+        return {"seed": n, "evals": [dict(step=10, **last)], "finished": True}
+    lm = results.lm_text_claims({"kvshift": [seed(1, val_loss=5.00), seed(3, val_loss=5.20)],
+                                 "vanilla": [seed(1, val_loss=5.05), seed(2, val_loss=4.00),
+                                             seed(3, val_loss=5.25)]})
+    per_seed = next((line for line in lm if line.startswith("Per seed")), "")
+    check("seed 1 -0.0500, seed 3 -0.0500; KV shifting is lower in 2 of 2 seeds" in per_seed,
+          "results lm-text: per-seed differences pair the same seed (vanilla's seed 2 has no partner)", per_seed)
+    lm = results.lm_text_claims({"kvshift": [seed(1, val_loss=5.0)], "vanilla": [seed(2, val_loss=5.1)]})
+    check(any("no seed has a final validation loss for both" in line for line in lm),
+          "results lm-text: no common seed is said, not an empty list", str(lm))
+    stats = {k: results.LabelStats(k, [seed(1, accuracy=0.99 if k != "kvshift-1l" else None)], 10)
+             for k in ("vanilla-1l", "vanilla-2l", "vanilla-4l", "kvshift-1l")}
+    try:
+        fig1a = results.fig1a_claims(stats)
+    except TypeError as e:
+        fig1a = ["TypeError: %s" % e]
+    check(fig1a == ["Claims not evaluated: no data for kvshift-1l."],
+          "results fig1a: a null final accuracy (a diverged run) is no data", str(fig1a))
 
     return TALLY.finish()
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "core/cpu_budget.h"
+#include "core/dir_lock.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json_difference.h"
@@ -279,6 +280,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   set_threads(tc.threads);
   const RemovedIfLeftEmpty created_dir(opt.run_dir);
   make_dirs(opt.run_dir);
+  // Rank 0 writes the directory, so rank 0 holds it (released before created_dir looks at it).
+  std::optional<DirLock> run_dir_lock;
+  if (rank0) run_dir_lock.emplace(opt.run_dir);
   if (!opt.resume) check_fresh_run_directory(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 

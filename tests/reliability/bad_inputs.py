@@ -280,6 +280,15 @@ def cases():
         ck = os.path.join(trained(b, d), "step_00000002")
         return ["train", "--config", config(d, tiny()), "--run-dir", ck], ""
 
+    @case("cli-run-dir-held", "CLI", "a second trainer on a run directory another process holds (resume)",
+          "D/run: another kvshift train is using this run directory; wait for it to end or stop it, or use another "
+          "--run-dir")
+    def _(b, d):
+        run = os.path.dirname(trained(b, d))
+        # util-linux flock holds the run directory's lock while kvshift runs (it writes no pid).
+        return (["train", "--config", config(d, tiny(steps=4)), "--run-dir", run, "--resume"],
+                "flock " + sh_quote(os.path.join(run, ".kvshift.lock")))
+
     @case("cli-model-too-large", "CLI", "a model larger than the machine's memory",
           "the model (1.92e+12 parameters: 2.87e+04 GiB of fp32 weights, gradients and AdamW moments, before the "
           "activations of micro-batch 1 x 16) does not fit in this machine's memory")
@@ -608,6 +617,7 @@ LINKS = {
     "cli-resume-other-seq-len": "Train.ResumeRejectsADifferentModel",
     "cli-resume-past-steps": "Train.ResumeRejectsADifferentModel",
     "cli-run-dir-is-a-checkpoint": "Train.RefusesARunDirectoryHoldingAModel",
+    "cli-run-dir-held": "Train.RefusesARunDirectoryAnotherTrainerHolds",
     "cli-overwrite-run": "Train.RefusesToOverwriteARun",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
     "shard-truncated": "DataShards.CorruptFilesNameThePath",

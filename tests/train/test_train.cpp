@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/dir_lock.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "train/checkpoint.h"
@@ -267,6 +268,24 @@ TEST(Train, RefusesARunDirectoryHoldingAModel) {
   kvs::train(c, {earlier, false, true});
   fs::remove_all(earlier + "/checkpoints");
   EXPECT_NO_THROW(kvs::train(c, {earlier, false, true}));
+}
+
+// A run directory another trainer holds (core/dir_lock) is refused, fresh or
+// resumed, and nothing in it changes; a finished run leaves no lock file.
+TEST(Train, RefusesARunDirectoryAnotherTrainerHolds) {
+  Config c = tiny_induction(true, {{"steps", 2}, {"checkpoint_every", 1}});
+  const std::string dir = fresh_dir("held_by_another");
+  kvs::train(c, {dir, false, true});
+  EXPECT_FALSE(fs::exists(dir + "/" + kvs::DirLock::kFileName));
+  const std::string metrics_before = kvs::testing_util::slurp(dir + "/metrics.jsonl");
+  {
+    const kvs::DirLock other(dir);
+    c.train.steps = 4;
+    EXPECT_KVS_ERROR(kvs::train(c, {dir, true, true}), dir + ": another kvshift train (pid ");
+    EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), dir + ": another kvshift train (pid ");
+    EXPECT_EQ(kvs::testing_util::slurp(dir + "/metrics.jsonl"), metrics_before);
+  }
+  EXPECT_EQ(kvs::train(c, {dir, true, true}).losses.size(), 2u);  // steps 3 and 4
 }
 
 TEST(Train, ShiftVariantsTrainAndResumeBitIdentically) {

@@ -47,10 +47,13 @@ void follow_single(const nlohmann::json& cfg, std::initializer_list<Layout> layo
 }
 
 nlohmann::json with_documents(nlohmann::json c) {
-  // Token 5 of the induction alphabet starts a document wherever it occurs, so
-  // documents begin inside chunks, on chunk edges and run across them.
+  // Token 70 starts a document wherever it occurs: with the induction tokens
+  // drawn from 64..79 that is about once per 16-token sequence, so documents
+  // begin inside chunks, on chunk edges and run across them. (Token 5, with
+  // tokens 64..399, never occurred: the "documents" runs had none.)
+  c["data"]["induction"]["token_hi"] = 80;
   c["model"]["document_boundaries"] = "shift_and_attention";
-  c["model"]["bos_token_id"] = 5;
+  c["model"]["bos_token_id"] = 70;
   return c;
 }
 
@@ -72,6 +75,15 @@ TEST(ContextParallel, ShiftVariantsAndDocumentsFollowSingleProcess) {
   w2["model"]["kv_shift"]["shift_q"] = true;
   follow_single(w2, {kCp2, kCp4}, "window 2 + Q shift");
   follow_single(with_documents(tiny_config(true, 4)), {kCp2, kCp2Tp2Sp}, "documents");
+  // The documents are there: one process with and without their boundaries differ.
+  TmpDir tmp;
+  nlohmann::json plain = with_documents(tiny_config(true, 4));
+  plain["model"]["document_boundaries"] = "none";
+  spit(tmp / "docs.json", with_documents(tiny_config(true, 4)).dump());
+  spit(tmp / "plain.json", plain.dump());
+  train(0, tmp / "docs.json", tmp / "docs");
+  train(0, tmp / "plain.json", tmp / "plain");
+  EXPECT_NE(read_metrics(tmp / "docs").train, read_metrics(tmp / "plain").train);
 }
 
 // Saved under one layout, resumed under another: the curve goes on as if uninterrupted.

@@ -53,7 +53,7 @@ def load_config(path):
             cfg = json.load(f)
     except (OSError, ValueError) as e:
         raise UsageError("%s: %s" % (path, e))
-    need(isinstance(cfg.get("model"), dict), "%s: no 'model' object" % path)
+    need(isinstance(cfg, dict) and isinstance(cfg.get("model"), dict), "%s: no 'model' object" % path)
     model = dict(MODEL_DEFAULTS, **cfg["model"])
     for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         need(isinstance(model.get(k), int) and model[k] > 0, "%s: model.%s must be a positive integer" % (path, k))
@@ -771,9 +771,11 @@ def build(a):
     need(a.gpus is not None, "--gpus is required")
     need(a.gpus.isdigit(), "--gpus must be a positive integer, got '%s'" % a.gpus)
     a.gpus = int(a.gpus)
-    a.micro_batch = a.micro_batch or train["micro_batch_size"]
-    a.seq_len = a.seq_len or train["seq_len"]
-    a.global_batch = a.global_batch or train["micro_batch_size"] * train["grad_accum_steps"]
+    # An explicit 0 is an error below, not the config's value.
+    a.micro_batch = train["micro_batch_size"] if a.micro_batch is None else a.micro_batch
+    a.seq_len = train["seq_len"] if a.seq_len is None else a.seq_len
+    a.global_batch = (train["micro_batch_size"] * train["grad_accum_steps"] if a.global_batch is None
+                      else a.global_batch)
     if a.recompute:
         train["recompute"] = a.recompute
     for k in ("gpus", "micro_batch", "seq_len", "global_batch", "gpus_per_node"):

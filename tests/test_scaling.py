@@ -119,7 +119,9 @@ def main():
           "2.9B on 512 GPUs: table printed", r.stdout + r.stderr)
     for args, part in ((["--gpus", "240", "--tp", "8"], "tp 8 does not divide num_key_value_heads (4)"),
                        (["--gpus", "250", "--tp", "4"], "--tp 4 does not divide --gpus 250"),
-                       (["--gpus", "256", "--tp", "1"], "not a multiple of dp x micro-batch")):
+                       (["--gpus", "256", "--tp", "1"], "not a multiple of dp x micro-batch"),
+                       (["--gpus", "8", "--global-batch", "0"], "--global-batch must be at least 1"),
+                       (["--gpus", "8", "--micro-batch", "0"], "--micro-batch must be at least 1")):
         r = tool("--config", cfg19, *args)
         err = r.stderr.strip()
         check(r.returncode == 1 and err.startswith("scaling: error:") and part in err and "\n" not in err,

@@ -12,7 +12,17 @@ namespace kvs {
 
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
                                       const std::string& config_dir) {
-  if (!cfg.tokenizer.empty()) check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
+  if (!cfg.tokenizer.empty()) {
+    const std::string tokenizer = check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
+    if (cfg.type == DatasetType::Shards) {
+      std::vector<std::string> files = expand_shard_paths(cfg.shards.train, config_dir, "data.shards.train");
+      if (!cfg.shards.val.empty()) {
+        const std::vector<std::string> val = expand_shard_paths(cfg.shards.val, config_dir, "data.shards.val");
+        files.insert(files.end(), val.begin(), val.end());
+      }
+      check_shards_tokenizer(files, tokenizer);
+    }
+  }
   switch (cfg.type) {
     case DatasetType::Induction: return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
     case DatasetType::Ngram: return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);

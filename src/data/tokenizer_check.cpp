@@ -1,8 +1,12 @@
 #include "data/tokenizer_check.h"
 
 #include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/fs.h"
 #include "tokenizer/tokenizer_meta.h"
 
 namespace kvs {
@@ -24,6 +28,32 @@ std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_s
     fail("data.tokenizer: the tokenizer's vocab_size {} exceeds model.vocab_size {} ({})", meta.vocab_size,
          model_vocab_size, p.string());
   return p.string();
+}
+
+void check_shards_tokenizer(const std::vector<std::string>& shard_files, const std::string& tokenizer_dir) {
+  namespace fs = std::filesystem;
+  const std::string want = read_tokenizer_meta(tokenizer_dir).sha256;
+  if (want.empty()) return;  // a bytes tokenizer: nothing to compare
+  std::set<std::string> dirs;
+  for (const std::string& f : shard_files) dirs.insert(fs::path(f).parent_path().lexically_normal().string());
+  for (const std::string& d : dirs) {
+    const std::string manifest = (fs::path(d) / "manifest.json").string();
+    if (!fs::exists(manifest)) continue;
+    nlohmann::json m;
+    try {
+      m = nlohmann::json::parse(read_file(manifest));
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: not valid JSON: {}", manifest, e.what());
+    }
+    const auto tok = m.find("tokenizer");
+    if (tok == m.end() || !tok->is_object() || !tok->contains("sha256") || !(*tok)["sha256"].is_string()) continue;
+    const std::string have = (*tok)["sha256"];
+    if (have.empty() || have == want) continue;
+    fail("{}: the shards were made with another tokenizer (sha256 {}..., {}) than data.tokenizer {} (sha256 {}...): "
+         "run `kvshift data prepare` again with it, or point data.tokenizer at the one they were made with",
+         manifest, have.substr(0, 12), tok->value("dir", std::string("directory not recorded")), tokenizer_dir,
+         want.substr(0, 12));
+  }
 }
 
 }  // namespace kvs

@@ -441,5 +441,36 @@ TEST(DataPrepareConfig, TokenizerKey) {
       << r.out;
 }
 
+// Shards whose manifest records another tokenizer than data.tokenizer (one
+// retrained in place with --force, or another directory) are refused when the
+// data is opened, naming the manifest; hand-made shards without one are not checked.
+TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
+  TmpDir tmp;
+  fs::copy(shared_tokenizer_dir(), tmp / "tok");
+  spit(tmp / "a.txt", corpus_text(120, 11));
+  PrepareOptions o = options(tmp, {tmp / "a.txt"}, "shards");
+  o.tokenizer = tmp / "tok";
+  o.split.mode = "lines";  // documents for the val split too
+  prepare_data(o);
+  auto j =
+      nlohmann::json::parse(slurp(std::string(kvs::test::source_dir()) + "/configs/toy/induction-1l-kvshift.json"));
+  j["data"] = {{"type", "shards"},
+               {"tokenizer", "../tok"},
+               {"shards", {{"train", {"../shards/train_*.bin"}}, {"val", {"../shards/val_*.bin"}}}}};
+  j["model"]["vocab_size"] = 512;
+  fs::create_directories(tmp / "cfg");
+  spit(tmp / "cfg/c.json", j.dump(2));
+  const Config c = load_config(tmp / "cfg/c.json");
+  auto open = [&] { return make_dataset(c.data, 16, c.model.vocab_size, 1, tmp / "cfg"); };
+  EXPECT_NO_THROW(open());
+  auto m = nlohmann::json::parse(slurp(tmp / "shards/manifest.json"));
+  m["tokenizer"]["sha256"] = std::string(64, 'a');
+  spit(tmp / "shards/manifest.json", m.dump(2));
+  EXPECT_KVS_ERROR(open(), tmp / "shards/manifest.json", "made with another tokenizer (sha256 aaaaaaaaaaaa...",
+                   "than data.tokenizer " + (tmp / "tok"), "kvshift data prepare");
+  fs::remove(tmp / "shards/manifest.json");
+  EXPECT_NO_THROW(open());
+}
+
 }  // namespace
 }  // namespace kvs

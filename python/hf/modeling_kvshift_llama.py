@@ -255,7 +255,13 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
                                       inputs_embeds=None, use_cache=True, cache=None, position_ids=None,
                                       **kwargs):
         past = cache if cache is not None else past_key_values
-        seen = past.get_seq_length() if isinstance(past, Cache) else 0
+        if past is not None and not isinstance(past, KvShiftCache):
+            # Another Cache: an empty one is replaced (the model makes its own); a filled one is refused,
+            # as forward() refuses it (it cannot hold the raw k/v tails the shift needs), instead of
+            # dropping it together with the prompt tokens it stands for.
+            _own_cache(past, self.config.num_hidden_layers)
+            past = None
+        seen = past.get_seq_length() if past is not None else 0
         if seen:
             input_ids = input_ids[:, seen:]
             inputs_embeds = None

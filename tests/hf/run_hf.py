@@ -176,6 +176,24 @@ def check_cache(t, case, model, tokens):
     t.record(case, "greedy generate (cache) == argmax of full", got == want, f"{got[4:]}")
 
 
+def check_foreign_cache(t, case, model, tokens):
+    """generate() given a filled cache of another kind refuses it (the shift needs the raw k/v tails,
+    which only a KvShiftCache holds) instead of dropping it with the prompt tokens it stands for."""
+    cfg = model.config
+    foreign = transformers.DynamicCache()
+    kv = torch.zeros(1, cfg.num_key_value_heads, 2, cfg.hidden_size // cfg.num_attention_heads)
+    for layer in range(cfg.num_hidden_layers):
+        foreign.update(kv, kv, layer)
+    ids = torch.tensor([tokens[:4]])
+    try:
+        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=foreign, max_new_tokens=2,
+                       do_sample=False, pad_token_id=0, eos_token_id=None)
+        ok, detail = False, "generate() ran with it"
+    except ValueError as e:
+        ok, detail = "keeps its own cache" in str(e), str(e)
+    t.record(case, "generate() refuses a filled foreign cache", ok, detail)
+
+
 def check_generator(t, case, binary, ckpt, model, tokens):
     """`kvshift generate` (greedy, its own KV cache) == the export's greedy generate()."""
     r = run([binary, "generate", "--checkpoint", ckpt, "--prompt-ids", ",".join(map(str, tokens[:4])),
@@ -301,6 +319,8 @@ def export_cases(t, binary, work):
         check_generator(t, name, binary, ckpt, model, TOKENS)
         if name in ("shift_gqa", "window3_qkv", "llama3_shift_gqa"):
             check_padding_and_half(t, name, model, TOKENS)
+        if HF and shifted and name == "shift_gqa":
+            check_foreign_cache(t, name, model, TOKENS)
         back = os.path.join(d, "reimported")
         run([binary, "import-hf", "--model", out, "--out", back])
         a = read_safetensors(os.path.join(back, "model.safetensors"))

@@ -483,6 +483,7 @@ def main(argv):
     durations = []
     done_count = n_finished
     failed = list(stale)
+    stopped = []  # cells that exited 75: their own stop signal, after a checkpoint
     pending = list(todo)
     running = {}  # Popen -> (cell, start time, log file)
 
@@ -529,6 +530,14 @@ def main(argv):
                       % (done_count, len(cells), spec["name"], c.name, fmt_duration(c.wall_s),
                          "%.1f%%" % (100 * acc) if isinstance(acc, (int, float)) else "n/a",
                          fmt_duration(eta)), flush=True)
+            elif proc.returncode == EXIT_STOPPED:
+                # Its own stop signal (e.g. a scheduler's SIGTERM or SIGUSR1 to the trainer, not to
+                # sweep.py): it wrote a checkpoint, and a rerun resumes it.
+                c.status = "interrupted"
+                c.error = "stopped by a signal after its checkpoint (exit status %d); next: %s%s" % (
+                    EXIT_STOPPED, c.state, ", " + c.reason if c.reason else "")
+                stopped.append(c)
+                print("[%d/%d] %s %s: %s" % (done_count, len(cells), spec["name"], c.name, c.error), flush=True)
             else:
                 c.status = "failed"
                 c.error = ("exit status %d" % proc.returncode if proc.returncode != 0
@@ -555,10 +564,12 @@ def main(argv):
         return 128 + stop.signum
 
     n_done = sum(c.status == "finished" for c in cells)
-    print("sweep %s: %d/%d cells finished, %d failed%s; %s"
+    print("sweep %s: %d/%d cells finished, %d failed%s%s; %s"
           % (spec["name"], n_done, len(cells), len(failed),
-             (" (%s)" % ", ".join(c.name for c in failed)) if failed else "", sweep_json))
-    return 1 if failed else 0
+             (" (%s)" % ", ".join(c.name for c in failed)) if failed else "",
+             (", %d stopped by a signal (%s; run the same command again to resume)"
+              % (len(stopped), ", ".join(c.name for c in stopped))) if stopped else "", sweep_json))
+    return 1 if failed or stopped else 0
 
 
 def _wait_any(running, stop):

@@ -407,6 +407,31 @@ def main():
     p = run(cmd + ["--dry-run"])
     check(p.stdout.count("(resume: checkpoint at step") == 2, "sweep SIGTERM: a rerun would resume both", show(p))
 
+    # 10d. A trainer stopped by a signal of its own (a scheduler's SIGTERM to it, not to sweep.py):
+    #      recorded as interrupted after its checkpoint, not failed; the sweep goes on and exits 1.
+    out6 = os.path.join(work, "runs6")
+    p6 = subprocess.Popen([PY, SWEEP, "--spec", long_path, "--kvshift", a.kvshift, "--out", out6, "--only", "kvshift"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    m6 = os.path.join(out6, "long", "kvshift", "seed1", "metrics.jsonl")
+    deadline = time.monotonic() + 60
+    while p6.poll() is None and time.monotonic() < deadline and not (os.path.isfile(m6) and os.path.getsize(m6)):
+        time.sleep(0.02)
+    for pid in trainers(out6):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        out, err = p6.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.kill(p6.pid, signal.SIGKILL)
+        out, err = p6.communicate()
+    left = leftover_trainers(out6)
+    with open(os.path.join(out6, "long", "sweep.json")) as f:
+        cell = json.load(f)["cells"][0]
+    check(p6.returncode == 1 and "1 stopped by a signal (kvshift seed1" in out and cell["status"] == "interrupted"
+          and "after its checkpoint (exit status 75); next: resume" in cell.get("error", "")
+          and checkpoint_step(os.path.dirname(m6)) and not left,
+          "sweep: a trainer's own stop signal is an interruption after its checkpoint, not a failure",
+          "rc %s\n%s%s%s" % (p6.returncode, out[-800:], err[-400:], cell))
+
     # 10c. Ctrl-C at reproduce.py: it waits for sweep.py's cleanup and says how to continue.
     out5 = os.path.join(work, "runs5")
     cmd = [REPRODUCE, "--quick", "--kvshift", a.kvshift, "--out", out5, "--results", os.path.join(work, "q.md")]

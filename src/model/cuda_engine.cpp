@@ -277,24 +277,25 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   KVS_CHECK(stages_.slots >= 1, "engine: {} activation slots", stages_.slots);
   plan_ = CudaPlan::build(m_, d_, tp_.size, layout_, max_B_, max_T_, recompute_, stages_, sp ? tp_.size : 1, cp_.size);
   plan0_ = plan_;
+  // The AdamW moments are allocated on first use (ensure_moments): by then
+  // ZeRO-1 has narrowed them to this rank's shard, so the full moments never
+  // exist beside the weights and activations on a rank that keeps a shard.
   void* base = nullptr;
-  void* moments = nullptr;
-  const size_t moment_bytes = 2 * layout_.total * sizeof(float);
-  cudaError_t e = cudaMalloc(&base, plan_.total);
-  if (e == cudaSuccess) e = cudaMalloc(&moments, moment_bytes);
-  if (e != cudaSuccess) {
-    if (base) cudaFree(base);
+  if (cudaMalloc(&base, plan_.total) != cudaSuccess) {
+    cudaGetLastError();  // clear the failed allocation's error
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free): "
-         "lower train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
-         (plan_.total + moment_bytes) / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0);
+    fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free; "
+         "the AdamW moments come on top: {:.2f} GiB, divided by the data-parallel ranks under ZeRO-1): lower "
+         "train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
+         plan_.total / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0,
+         2.0 * layout_.total * sizeof(float) / 1073741824.0);
   }
   base_ = static_cast<char*>(base);
-  moments_ = static_cast<float*>(moments);
+  moments_ = nullptr;
+  moments_ready_ = false;
   opt_begin_ = 0;
   opt_end_ = layout_.total;
-  check(cudaMemsetAsync(moments_, 0, moment_bytes, stream_), "cudaMemset");
   check(cudaMemsetAsync(base_, 0, plan_.total, stream_), "cudaMemset");
   mm_ = std::make_unique<cuda::Matmul>();
   {
@@ -417,6 +418,7 @@ void CudaEngine::release() {
   h_stage_ = nullptr;
   base_ = nullptr;
   moments_ = nullptr;
+  moments_ready_ = false;
   events_.clear();
   zero_after_ = zero_done_ = nullptr;
   zero_stream_ = nullptr;
@@ -447,6 +449,7 @@ void CudaEngine::read_grads(float* host) const {
 void CudaEngine::read_optimizer_state(float* m, float* v) const {
   std::fill(m, m + layout_.total, 0.0f);
   std::fill(v, v + layout_.total, 0.0f);
+  if (!moments_ready_) return;  // not allocated yet: zeros
   const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
   check(cudaMemcpyAsync(m + opt_begin_, exp_avg_base(), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
   check(cudaMemcpyAsync(v + opt_begin_, exp_avg_sq_base(), bytes, cudaMemcpyDeviceToHost, stream_),
@@ -454,6 +457,7 @@ void CudaEngine::read_optimizer_state(float* m, float* v) const {
   sync("read optimizer state");
 }
 void CudaEngine::write_optimizer_state(const float* m, const float* v) {
+  ensure_moments();
   const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
   check(cudaMemcpyAsync(exp_avg_base(), m + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
   check(cudaMemcpyAsync(exp_avg_sq_base(), v + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_),
@@ -931,6 +935,7 @@ void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   if (begin == end) return;
+  ensure_moments();
   join_zeroing();
   // The whole model uses the constructor's table; a shard, the same chunks
   // clipped to it (uploaded once: a rank's shard does not change).
@@ -987,6 +992,12 @@ double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
 void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  if (!moments_ready_) {  // nothing held yet (all zeros): the shard is allocated on first use
+    opt_begin_ = begin;
+    opt_end_ = end;
+    range_count_ = -1;
+    return;
+  }
   const size_t n = end - begin, skip = begin - opt_begin_;
   // Through the host, so that the old moments are freed before the shard is
   // allocated: the peak stays at the full moments, not full + shard.
@@ -1012,6 +1023,29 @@ void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
   opt_end_ = end;
   range_count_ = -1;
 }
+
+void CudaEngine::ensure_moments() {
+  if (moments_ready_) return;
+  const size_t n = opt_end_ - opt_begin_;
+  if (n > 0) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, 2 * n * sizeof(float)) != cudaSuccess) {
+      cudaGetLastError();  // clear the failed allocation's error
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      fail("device 'cuda': cannot allocate the {:.2f} GiB of AdamW moments for {} parameters beside the {:.2f} GiB of "
+           "weights, gradients and activations at micro-batch {} x {} ({:.2f} GiB free): shard them over more "
+           "data-parallel ranks (ZeRO-1), lower train.micro_batch_size or train.seq_len, or set train.recompute",
+           2.0 * n * sizeof(float) / 1073741824.0, n, plan_.total / 1073741824.0, max_B_, max_T_,
+           free_b / 1073741824.0);
+    }
+    moments_ = static_cast<float*>(p);
+    check(cudaMemsetAsync(moments_, 0, 2 * n * sizeof(float), stream_), "cudaMemset (AdamW moments)");
+  }
+  moments_ready_ = true;
+}
+
+void CudaEngine::reserve_optimizer_state() { ensure_moments(); }
 
 void CudaEngine::flat_params_written() {
   cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);

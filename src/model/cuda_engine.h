@@ -11,9 +11,10 @@
 // - activations and activation gradients in bf16; RMSNorm rstd, attention
 //   log-sum-exp and token losses in fp32.
 // Memory: one cudaMalloc in the constructor holds parameters, gradients,
-// activations and workspaces (CudaPlan), a second one the AdamW moments (so
-// that ZeRO-1's keep_optimizer_range can free all but a shard); the step loop
-// allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
+// activations and workspaces (CudaPlan), a second one, on first use, the AdamW
+// moments of the range this rank steps (ZeRO-1's keep_optimizer_range, called
+// before, narrows it to a shard, so the full moments never exist beside the
+// rest on such a rank); the step loop allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
 // holds its rank's slice (LocalDims) and all-reduces as CpuEngine does, with
 // the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h; with sequence
 // parallelism (tp.sequence_parallel) the residual stream, the norms and their
@@ -189,6 +190,7 @@ class CudaEngine : public Engine {
   double grad_sq_sum_range(size_t begin, size_t end) override;
   void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
   void keep_optimizer_range(size_t begin, size_t end) override;
+  void reserve_optimizer_state() override;
   bool announces_ready_grads() const override { return !plan_.staged; }
   void set_grad_ready_hook(GradReadyHook* hook) override { hook_ = hook; }
 
@@ -273,7 +275,10 @@ class CudaEngine : public Engine {
   void cp_attention_backward(int l, const CudaLayerActs& x, const LayerCoefs& c, int B);
   // Bucket `i` of buckets_ is final: record its event, tell the hook (if any).
   void grads_final(int i);
-  // The moments of element i (valid for opt_begin_ <= i < opt_end_).
+  // Allocates and zeroes the moments of [opt_begin_, opt_end_) if not yet done;
+  // a one-line error with their size when they do not fit.
+  void ensure_moments();
+  // The moments of element i (valid for opt_begin_ <= i < opt_end_, after ensure_moments).
   float* exp_avg_base() const { return moments_; }
   float* exp_avg_sq_base() const { return moments_ + (opt_end_ - opt_begin_); }
 
@@ -327,7 +332,10 @@ class CudaEngine : public Engine {
   int32_t* h_positions_ = nullptr;
   double* h_sum_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) only: exp_avg, then exp_avg_sq.
+  // Allocated on first use (ensure_moments), so that a rank whose ZeRO-1
+  // shard is set first (keep_optimizer_range) never holds the full moments.
   float* moments_ = nullptr;
+  bool moments_ready_ = false;
   size_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<cuda::AdamWChunk> chunk_table_;  // host copy of plan_.chunks
   size_t range_begin_ = 0, range_end_ = 0;     // what plan_.range_chunks holds

@@ -116,6 +116,10 @@ class Engine {
   // range, write_optimizer_state keeps only the range, and adamw_step_range
   // must stay inside it.
   virtual void keep_optimizer_range(size_t begin, size_t end);
+  // Allocates the optimizer state of the range kept (the CUDA engine does so
+  // on first use, after keep_optimizer_range): called once the range is set,
+  // so that a model whose moments do not fit fails before the first step.
+  virtual void reserve_optimizer_state() {}
 
   // Overlapped gradient reduction (docs/PARALLEL.md, "Overlap"). While a hook
   // is set, every backward calls it as soon as the gradients of a contiguous

@@ -294,6 +294,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
+  std::vector<float> resume_exp_avg, resume_exp_avg_sq;  // this rank's slice, written once ZeRO-1 has set its shard
   if (opt.resume) {
     LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
     const std::string latest = ck.dir;
@@ -306,7 +307,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     flat_from_tensors(io.full_layout(), ck.data.model, "", latest + "/model.safetensors", full);
     moments_from_tensors(io.full_layout(), ck.data.optimizer, latest + "/optimizer.safetensors", exp_avg, exp_avg_sq);
     engine->write_params(io.to_local(full).data());
-    engine->write_optimizer_state(io.to_local(exp_avg).data(), io.to_local(exp_avg_sq).data());
+    resume_exp_avg = io.to_local(exp_avg);
+    resume_exp_avg_sq = io.to_local(exp_avg_sq);
     const auto& ts = ck.data.trainer_state;
     KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
     step = ts["step"].get<int64_t>();
@@ -346,9 +348,16 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     }
     engine->write_params(io.to_local(init).data());
   }
-  // Each rank loaded the full state; from here on it keeps the moments of its shard only.
+  // Each rank loaded the full state; from here on it keeps the moments of its shard only
+  // (set before any moments are written or allocated: the full ones never exist on the device).
   std::unique_ptr<Zero1> zero1;
   if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
+  if (opt.resume) {
+    engine->write_optimizer_state(resume_exp_avg.data(), resume_exp_avg_sq.data());
+    std::vector<float>().swap(resume_exp_avg);  // freed, not just emptied
+    std::vector<float>().swap(resume_exp_avg_sq);
+  }
+  engine->reserve_optimizer_state();
   MetricsWriter metrics;
   if (rank0) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");

@@ -194,3 +194,53 @@ TEST(HostCudaEngine, RecomputationGivesBitIdenticalGradients) {
 }
 
 }  // namespace
+
+namespace {
+
+// ZeRO-1 on the device: the AdamW moments are allocated on first use, for the
+// range kept by then, so a rank that keeps a shard never holds the full
+// moments (they used to be allocated in the constructor and freed by
+// keep_optimizer_range: the peak was weights + activations + all moments).
+// The shim counts every byte allocated.
+TEST(HostCudaEngine, MomentsAreAllocatedForTheKeptRangeOnly) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  const kvs::cuda_test::RandomBatch data(m, 2, 16, 11);
+  const size_t n = layout.total, moments = 2 * n * sizeof(float);
+  const size_t before = hostcuda::device_bytes_in_use();
+  kvs::CudaEngine sharded(m, 2, 16);
+  const size_t engine_bytes = hostcuda::device_bytes_in_use() - before;
+  const size_t begin = n / 3, end = 2 * n / 3;
+  sharded.keep_optimizer_range(begin, end);
+  EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes) << "keep_optimizer_range allocated";
+  sharded.write_params(params.data());
+  sharded.zero_grad();
+  sharded.forward_backward(data.batch(), 1.0 / 32);
+  kvs::AdamWHyper h;
+  h.step = 1;
+  sharded.adamw_step_range(h, begin, end);
+  EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes + 2 * (end - begin) * sizeof(float));
+  EXPECT_LT(engine_bytes + 2 * (end - begin) * sizeof(float), engine_bytes + moments);
+
+  // Without a shard: all of them, on the first step or when reserved.
+  const size_t before_whole = hostcuda::device_bytes_in_use();
+  {
+    kvs::CudaEngine whole(m, 2, 16);
+    EXPECT_EQ(hostcuda::device_bytes_in_use() - before_whole, engine_bytes);
+    whole.reserve_optimizer_state();
+    EXPECT_EQ(hostcuda::device_bytes_in_use() - before_whole, engine_bytes + moments);
+    std::vector<float> mo(n, 1.0f), vo(n, 1.0f);
+    whole.read_optimizer_state(mo.data(), vo.data());
+    EXPECT_TRUE(std::all_of(mo.begin(), mo.end(), [](float x) { return x == 0.0f; })) << "zeroed moments";
+  }
+  // Read before any step: zeros, nothing allocated.
+  kvs::CudaEngine fresh(m, 2, 16);
+  const size_t fresh_bytes = hostcuda::device_bytes_in_use();
+  std::vector<float> mo(n, 1.0f), vo(n, 1.0f);
+  fresh.read_optimizer_state(mo.data(), vo.data());
+  EXPECT_TRUE(std::all_of(vo.begin(), vo.end(), [](float x) { return x == 0.0f; }));
+  EXPECT_EQ(hostcuda::device_bytes_in_use(), fresh_bytes);
+}
+
+}  // namespace

@@ -37,7 +37,12 @@ int32_t Sampler::sample(const float* logits, int V) {
   const double inv_t = 1.0 / c_.temperature, top = logits[order_[0]];
   probs_.resize(k);
   double sum = 0;
-  for (size_t i = 0; i < k; ++i) sum += probs_[i] = std::exp((logits[order_[i]] - top) * inv_t);
+  // The most likely token(s) weigh exp(0) = 1 whatever T is: with a temperature so small that 1/T is
+  // infinite, 0 * inf would be NaN and the draw would fall through to the least likely candidate.
+  for (size_t i = 0; i < k; ++i) {
+    const double d = logits[order_[i]] - top;
+    sum += probs_[i] = d == 0 ? 1.0 : std::exp(d * inv_t);
+  }
   // Nucleus: the shortest prefix whose mass reaches top_p (at least one token).
   size_t n = k;
   if (c_.top_p < 1) {

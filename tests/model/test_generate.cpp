@@ -334,6 +334,11 @@ TEST(Sampling, TopK1AndTinyTopPAreGreedy) {
   kvs::SamplingConfig greedy;
   greedy.temperature = 0;
   const auto want = sample_run(greedy);
+  // A temperature so small that 1/T is infinite: greedy too (0 * inf made every
+  // probability NaN, and the least likely token was drawn every time).
+  kvs::SamplingConfig tiny;
+  tiny.temperature = 1e-310;
+  EXPECT_EQ(sample_run(tiny), want);
   kvs::SamplingConfig k1;
   k1.temperature = 2.0;
   k1.top_k = 1;
@@ -537,6 +542,9 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
   for (const char* flag : {"--seed", "--threads", "--top-k"})
     one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 " + flag + " -2"),
                    {flag, "must be a non-negative integer, got '-2'"});
+  // Past 2^64 - 1 (it saturated to 2^64 - 1: the same text as that seed).
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --seed 18446744073709551616"),
+                 {"--seed", "must be at most 18446744073709551615, got '18446744073709551616'"});
   const auto h = run_kvshift("generate --help");
   for (const char* flag : {"--checkpoint", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
                            "--top-p", "--seed", "--tokenizer", "--threads", "--json"})

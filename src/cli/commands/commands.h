@@ -1,16 +1,26 @@
 // One function per subcommand: each adds its CLI11 subcommand with every flag
 // documented, and runs it when selected.
 #pragma once
+#include <charconv>
+#include <cstdint>
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace kvs::cli {
 
-// A flag's check: digits only ("-1" into an unsigned option would wrap around).
+// A flag's check: digits only ("-1" into an unsigned option would wrap
+// around) and at most 2^64 - 1 (a larger value would saturate to it; an int
+// option's own conversion refuses what does not fit an int).
 inline const CLI::Validator kNonNegativeInteger(
     [](std::string& v) {
-      return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+      uint64_t x = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+        return "must be a non-negative integer, got '" + v + "'";
+      return ec == std::errc() && end == v.data() + v.size()
                  ? std::string()
-                 : "must be a non-negative integer, got '" + v + "'";
+                 : "must be at most 18446744073709551615, got '" + v + "'";
     },
     "", "non-negative integer");
 

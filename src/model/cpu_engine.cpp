@@ -424,6 +424,7 @@ void CpuEngine::take_rows(Slot& s, const Batch& b) {
     return;
   }
   s.cp_layout = CpLayout(cp_, b.B, b.T);
+  check_cp_chunks_hold_the_window(s.cp_layout, m_);
   const CpLayout& l = s.cp_layout;
   l.take(b.inputs, s.cp_inputs.data(), 1);
   if (b.targets) l.take(b.targets, s.cp_targets.data(), 1);

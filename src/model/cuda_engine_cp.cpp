@@ -46,6 +46,7 @@ constexpr cuda::ErrorCheck check{"CUDA engine (context parallel)"};
 const Batch& CudaEngine::cp_rows(const Batch& b) {
   if (cp_.size == 1) return b;
   cp_layout_ = CpLayout(cp_, b.B, b.T);
+  check_cp_chunks_hold_the_window(cp_layout_, m_);
   const CpLayout& l = cp_layout_;
   const size_t n = l.rows();
   cp_inputs_.resize(n);

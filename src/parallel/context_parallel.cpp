@@ -21,6 +21,14 @@ CpLayout::CpLayout(const ContextParallel& c, int B_, int T_)
             T_, c.size);
 }
 
+void check_cp_chunks_hold_the_window(const CpLayout& l, const ModelConfig& m) {
+  const int W = m.kv_shift.enabled ? m.kv_shift.window : 0;
+  KVS_CHECK(l.Tc >= W,
+            "context parallelism: a sequence of {} positions makes chunks of {} (2 x cp {}), shorter than the KV shift "
+            "window {}: use sequences of at least {} positions",
+            l.T, l.Tc, l.cp, W, 2 * l.cp * W);
+}
+
 ContextParallelAttention::ContextParallelAttention(const ContextParallel& cp, const LocalDims& d, int window, int max_B,
                                                    int T)
     : cp_(cp), Hq_(d.Hq), Hkv_(d.Hkv), D_(d.D), W_(window) {

@@ -64,6 +64,13 @@ struct CpLayout {
   }
 };
 
+// A batch's chunks must hold the KV shift window (each chunk but the first
+// reads the previous chunk's last `window` raw rows): a sequence shorter than
+// 2 x cp x window (an eval or a CLI forward below seq_len) is a one-line error
+// instead of a halo read from before the chunk.
+void check_cp_chunks_hold_the_window(const CpLayout& l, const ModelConfig& m);
+
+
 class ContextParallelAttention {
  public:
   // d: this rank's (TP-local) sizes; window: the shift's W; max_B x T: the largest micro-batch.

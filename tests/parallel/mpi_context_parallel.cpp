@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/cpu_engine.h"
 #include "parallel/mpi_world.h"
 
@@ -118,6 +119,28 @@ TEST(ContextParallelEngine, EngineMatchesOneProcess) {
 // position's own signal is then the loss at a chunk start, whose K̂/V̂ mix the
 // previous chunk's last raw rows. The gradient that reaches those rows
 // travels back through the halo to the rank that owns them.
+// A batch shorter than the engine's sequence length whose chunks are shorter
+// than the window (an eval or a CLI forward) is a one-line error: each chunk
+// but the first would read its halo from before the previous chunk.
+TEST(ContextParallelEngine, ChunksShorterThanTheWindowAreAnError) {
+  const int cp = world().size(), r = world().rank();
+  if (cp == 1) GTEST_SKIP() << "needs context parallelism (2 or more ranks)";
+  const ModelConfig m = model_of(Variant{"window 3", 3, false, false, true, DocumentBoundaries::None});
+  CpuEngine part(m, kB, kT, {}, ContextParallel{r, cp, &world()});
+  const Data data = data_of(40);
+  const int short_T = 2 * cp * 2;  // chunks of 2 < window 3
+  const Batch b{1, short_T, data.in.data(), data.tg.data(), nullptr};
+  std::string msg;
+  try {
+    part.forward(b, nullptr, nullptr, nullptr);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  for (const std::string& part_of : {std::string("chunks of 2"), std::string("shorter than the KV shift window 3"),
+                                     "at least " + std::to_string(2 * cp * 3) + " positions"})
+    EXPECT_NE(msg.find(part_of), std::string::npos) << "missing '" << part_of << "' in: '" << msg << "'";
+}
+
 TEST(ContextParallelEngine, HaloGradientReachesThePreviousChunk) {
   Data data = data_of(40);
   const int cp = world().size(), Tc = kT / (2 * cp);

@@ -34,6 +34,14 @@ namespace kvs {
 
 namespace {
 
+// After a failed cudaMalloc: clears its error and returns the device's free GiB, for the message.
+double free_gib_after_failed_malloc() {
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  return free_b / 1073741824.0;
+}
+
 using cuda::bf16;
 
 constexpr cuda::ErrorCheck check{"CUDA engine"};
@@ -282,13 +290,10 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   // exist beside the weights and activations on a rank that keeps a shard.
   void* base = nullptr;
   if (cudaMalloc(&base, plan_.total) != cudaSuccess) {
-    cudaGetLastError();  // clear the failed allocation's error
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
     fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free; "
          "the AdamW moments come on top: {:.2f} GiB, divided by the data-parallel ranks under ZeRO-1): lower "
          "train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
-         plan_.total / 1073741824.0, max_B_, max_T_, free_b / 1073741824.0,
+         plan_.total / 1073741824.0, max_B_, max_T_, free_gib_after_failed_malloc(),
          2.0 * layout_.total * sizeof(float) / 1073741824.0);
   }
   base_ = static_cast<char*>(base);
@@ -1030,14 +1035,11 @@ void CudaEngine::ensure_moments() {
   if (n > 0) {
     void* p = nullptr;
     if (cudaMalloc(&p, 2 * n * sizeof(float)) != cudaSuccess) {
-      cudaGetLastError();  // clear the failed allocation's error
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
       fail("device 'cuda': cannot allocate the {:.2f} GiB of AdamW moments for {} parameters beside the {:.2f} GiB of "
            "weights, gradients and activations at micro-batch {} x {} ({:.2f} GiB free): shard them over more "
            "data-parallel ranks (ZeRO-1), lower train.micro_batch_size or train.seq_len, or set train.recompute",
            2.0 * n * sizeof(float) / 1073741824.0, n, plan_.total / 1073741824.0, max_B_, max_T_,
-           free_b / 1073741824.0);
+           free_gib_after_failed_malloc());
     }
     moments_ = static_cast<float*>(p);
     check(cudaMemsetAsync(moments_, 0, 2 * n * sizeof(float), stream_), "cudaMemset (AdamW moments)");

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -175,14 +176,13 @@ StTensor make_bf16_tensor(const std::string& name, const std::vector<int64_t>& s
   return t;
 }
 
-std::vector<float> tensor_to_f32(const StTensor& t) {
-  check_bytes(t);
-  const size_t n = t.bytes.size() / dtype_size(t.dtype);
-  const uint8_t* p = t.bytes.data();
-  std::vector<float> out(n);
-  switch (t.dtype) {
+namespace {
+
+// n elements of a float dtype at p, as fp32.
+void convert_to_f32(DType d, const uint8_t* p, size_t n, float* out, const std::string& name) {
+  switch (d) {
     case DType::F32:
-      if (n) std::memcpy(out.data(), p, n * 4);
+      if (n) std::memcpy(out, p, n * 4);
       break;
     case DType::F64:
       for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_le<double>(p + 8 * i));
@@ -194,8 +194,16 @@ std::vector<float> tensor_to_f32(const StTensor& t) {
       for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_le<uint16_t>(p + 2 * i));
       break;
     default:
-      fail("tensor '{}': cannot convert {} to fp32 (expected F32, F64, BF16 or F16)", t.name, dtype_name(t.dtype));
+      fail("tensor '{}': cannot convert {} to fp32 (expected F32, F64, BF16 or F16)", name, dtype_name(d));
   }
+}
+
+}  // namespace
+
+std::vector<float> tensor_to_f32(const StTensor& t) {
+  check_bytes(t);
+  std::vector<float> out(t.bytes.size() / dtype_size(t.dtype));
+  convert_to_f32(t.dtype, t.bytes.data(), out.size(), out.data(), t.name);
   return out;
 }
 
@@ -277,7 +285,7 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
 // ---------------------------------------------------------------------------
 // Reader
 
-std::vector<StTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) fail("{}: cannot read: {}", path, std::strerror(errno));
   struct stat st {};
@@ -381,15 +389,88 @@ std::vector<StTensor> read_safetensors(const std::string& path, std::map<std::st
   KVS_CHECK(pos == data_size, "{}: data region has {} trailing bytes after offset {} that belong to no tensor", path,
             data_size - pos, pos);
 
-  std::vector<StTensor> out;
-  out.reserve(entries.size());
   for (Entry& e : entries) {
-    e.t.bytes.resize(e.end - e.begin);
-    if (!e.t.bytes.empty()) pread_all(fd.fd, e.t.bytes.data(), e.t.bytes.size(), data_start + e.begin, path);
-    out.push_back(std::move(e.t));
+    index_[e.t.name] = tensors_.size();
+    begin_.push_back(e.begin);
+    tensors_.push_back(std::move(e.t));
   }
-  if (metadata) *metadata = std::move(meta);
+  metadata_ = std::move(meta);
+  data_start_ = data_start;
+  fd_ = fd.fd;
+  fd.fd = -1;  // kept open for the reads to come
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      data_start_(o.data_start_),
+      tensors_(std::move(o.tensors_)),
+      begin_(std::move(o.begin_)),
+      index_(std::move(o.index_)),
+      metadata_(std::move(o.metadata_)),
+      bytes_read_(o.bytes_read_) {}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    data_start_ = o.data_start_;
+    tensors_ = std::move(o.tensors_);
+    begin_ = std::move(o.begin_);
+    index_ = std::move(o.index_);
+    metadata_ = std::move(o.metadata_);
+    bytes_read_ = o.bytes_read_;
+  }
+  return *this;
+}
+
+const StTensor* SafetensorsReader::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::vector<uint8_t> SafetensorsReader::read_bytes(const StTensor& t) const {
+  const size_t i = static_cast<size_t>(&t - tensors_.data());
+  KVS_CHECK(i < tensors_.size(), "{}: read_bytes: '{}' is not one of this file's tensors", path_, t.name);
+  std::vector<uint8_t> bytes(checked_nbytes(t.shape, t.dtype, t.name));
+  if (!bytes.empty()) pread_all(fd_, bytes.data(), bytes.size(), data_start_ + begin_[i], path_);
+  bytes_read_ += bytes.size();
+  return bytes;
+}
+
+void SafetensorsReader::read_f32(const StTensor& t, uint64_t first, uint64_t n, float* out) const {
+  const size_t i = static_cast<size_t>(&t - tensors_.data());
+  KVS_CHECK(i < tensors_.size(), "{}: read_f32: '{}' is not one of this file's tensors", path_, t.name);
+  KVS_CHECK(first <= static_cast<uint64_t>(t.numel()) && n <= static_cast<uint64_t>(t.numel()) - first,
+            "{}: tensor '{}': elements [{}, {}) are outside its {}", path_, t.name, first, first + n, t.numel());
+  if (n == 0) return;
+  const size_t size = dtype_size(t.dtype);
+  const uint64_t at = data_start_ + begin_[i] + first * size;
+  if (t.dtype == DType::F32) {
+    pread_all(fd_, out, n * 4, at, path_);
+  } else {
+    std::vector<uint8_t> raw(n * size);
+    pread_all(fd_, raw.data(), raw.size(), at, path_);
+    convert_to_f32(t.dtype, raw.data(), n, out, t.name);
+  }
+  bytes_read_ += n * size;
+}
+
+std::vector<StTensor> SafetensorsReader::read_all() const {
+  std::vector<StTensor> out = tensors_;
+  for (size_t i = 0; i < out.size(); ++i) out[i].bytes = read_bytes(tensors_[i]);
   return out;
+}
+
+std::vector<StTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  const SafetensorsReader r(path);
+  if (metadata) *metadata = r.metadata();
+  return r.read_all();
 }
 
 }  // namespace kvs

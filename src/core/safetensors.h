@@ -49,4 +49,40 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
 std::vector<StTensor> read_safetensors(const std::string& path,
                                        std::map<std::string, std::string>* metadata = nullptr);
 
+// One file opened for reading tensors, or runs of their elements, when asked:
+// the header is read and validated as read_safetensors does, the data only on
+// request, so a rank loads its slice of a checkpoint without holding the file.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& o) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& o) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Every tensor's name, dtype and shape (bytes empty), in file order.
+  const std::vector<StTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const StTensor* find(const std::string& name) const;  // nullptr if absent
+  // All of tensor `t`'s bytes (t one of tensors()).
+  std::vector<uint8_t> read_bytes(const StTensor& t) const;
+  // Every tensor with its bytes, in file order (what read_safetensors returns).
+  std::vector<StTensor> read_all() const;
+  // Elements [first, first + n) of float tensor `t` (F32/F64/BF16/F16) as fp32.
+  void read_f32(const StTensor& t, uint64_t first, uint64_t n, float* out) const;
+  // Data bytes read so far (tests: a slice reads only its own part).
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::vector<StTensor> tensors_;
+  std::vector<uint64_t> begin_;  // each tensor's first data byte, relative to data_start_
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+  mutable uint64_t bytes_read_ = 0;
+};
+
 }  // namespace kvs

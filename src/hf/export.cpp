@@ -114,10 +114,8 @@ void write_tokenizer_files(const StagedDir& out, const std::string& dir, const T
 
 std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
   const ParamLayout layout = ParamLayout::build(ck.model);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const auto& t : layout.tensors) expected.emplace_back(t.name, t.shape);
   const std::string file = ck.dir + "/model.safetensors";
-  validate_model_tensors(ck.data.model, expected, file);
+  validate_layout_tensors(ck.data.model, layout, {""}, file);
   std::vector<StTensor> out;
   for (const auto& t : layout.tensors) {  // our layout order: embeddings, layer by layer, norm, lm_head
     const StTensor* st = nullptr;

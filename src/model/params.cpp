@@ -102,46 +102,52 @@ ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* ba
   return v;
 }
 
-void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base) {
-  for (const auto& t : layout.tensors) {
-    float* p = base + t.offset;
-    const uint64_t s = mix_seed(seed, hash_name(t.name));
-    switch (t.kind) {
-      case ParamKind::Embedding:
-      case ParamKind::Matrix:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<float>(m.initializer_range * normal01(s, i));
-        break;
-      case ParamKind::Norm:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
-        break;
-      case ParamKind::Shift: {
-        // [H, W+1], oldest first. The paper's footnote 14: the W older columns
-        // ~ U(0,1) independently, current = 1 - their sum, so the mix starts as
-        // a sum of coefficients 1 (window 1: prev ~ U(0,1), cur = 1 - prev).
-        // Draw index h*W + w keeps window 1's values what they always were.
-        const int64_t W = t.shape[1] - 1;
-        if (m.kv_shift.sigmoid_gate()) {
-          // [unused = 0, gate logit g]: sigmoid(g) = cur = 1 - u, prev = u (same u as "free").
-          for (int64_t h = 0; h < t.shape[0]; ++h) {
-            const double u = std::clamp(uniform01(s, static_cast<uint64_t>(h)), 1e-4, 1.0 - 1e-4);
-            p[h * 2 + 0] = 0.0f;
-            p[h * 2 + 1] = static_cast<float>(std::log((1.0 - u) / u));
-          }
-          break;
-        }
-        for (int64_t h = 0; h < t.shape[0]; ++h) {
-          float* row = p + h * (W + 1);
-          float older = 0.0f;
-          for (int64_t w = 0; w < W; ++w) {
-            row[w] = static_cast<float>(uniform01(s, static_cast<uint64_t>(h * W + w)));
-            older += row[w];
-          }
-          row[W] = 1.0f - older;
-        }
-        break;
+void init_param_range(const ParamTensor& t, const ModelConfig& m, uint64_t seed, size_t first, size_t n, float* out) {
+  KVS_CHECK(first <= t.numel && n <= t.numel - first, "init: elements [{}, {}) of {} are outside its {}", first,
+            first + n, t.name, t.numel);
+  const uint64_t s = mix_seed(seed, hash_name(t.name));
+  switch (t.kind) {
+    case ParamKind::Embedding:
+    case ParamKind::Matrix:
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(m.initializer_range * normal01(s, first + i));
+      return;
+    case ParamKind::Norm:
+      std::fill(out, out + n, 1.0f);
+      return;
+    case ParamKind::Shift:
+      break;
+  }
+  // A few scalars per head, and each head's values depend on each other: the
+  // whole tensor is made and the range copied out.
+  std::vector<float> p(t.numel);
+  // [H, W+1], oldest first. The paper's footnote 14: the W older columns
+  // ~ U(0,1) independently, current = 1 - their sum, so the mix starts as
+  // a sum of coefficients 1 (window 1: prev ~ U(0,1), cur = 1 - prev).
+  // Draw index h*W + w keeps window 1's values what they always were.
+  const int64_t W = t.shape[1] - 1;
+  if (m.kv_shift.sigmoid_gate()) {
+    // [unused = 0, gate logit g]: sigmoid(g) = cur = 1 - u, prev = u (same u as "free").
+    for (int64_t h = 0; h < t.shape[0]; ++h) {
+      const double u = std::clamp(uniform01(s, static_cast<uint64_t>(h)), 1e-4, 1.0 - 1e-4);
+      p[h * 2 + 0] = 0.0f;
+      p[h * 2 + 1] = static_cast<float>(std::log((1.0 - u) / u));
+    }
+  } else {
+    for (int64_t h = 0; h < t.shape[0]; ++h) {
+      float* row = p.data() + h * (W + 1);
+      float older = 0.0f;
+      for (int64_t w = 0; w < W; ++w) {
+        row[w] = static_cast<float>(uniform01(s, static_cast<uint64_t>(h * W + w)));
+        older += row[w];
       }
+      row[W] = 1.0f - older;
     }
   }
+  std::copy_n(p.begin() + static_cast<std::ptrdiff_t>(first), n, out);
+}
+
+void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base) {
+  for (const auto& t : layout.tensors) init_param_range(t, m, seed, 0, t.numel, base + t.offset);
 }
 
 ParamCounts count_params(const ModelConfig& m) {

@@ -70,6 +70,9 @@ ModelView bind_params(const ParamLayout& layout, const ModelConfig& m, float* ba
 // Every element is a pure function of (seed, tensor name, index), so any
 // layout or slice of the model gets the same values.
 void init_params(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* base);
+// Elements [first, first + n) of tensor `t` (a full tensor: shape = full shape)
+// as init_params sets them, into out[0..n): a rank initialises its slice alone.
+void init_param_range(const ParamTensor& t, const ModelConfig& m, uint64_t seed, size_t first, size_t n, float* out);
 
 struct ParamCounts {
   int64_t total = 0;          // all parameters, shift scalars excluded (as the paper counts)

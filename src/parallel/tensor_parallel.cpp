@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "core/error.h"
 
@@ -51,26 +52,34 @@ Matrix2 as_matrix(const std::vector<int64_t>& shape) {
   return {shape[0], shape[1]};
 }
 
-// Calls copy(full_offset, local_offset, n) for every run of elements that rank
-// `rank`'s slice of tensor (f, l) shares with the full tensor; padding rows
-// (global row >= the full tensor's rows) are reported as full_offset -1.
-template <class Fn>
-void for_each_run(const ParamTensor& f, const ParamTensor& l, int rank, Fn&& copy) {
+}  // namespace
+
+void for_each_tensor_run(const ParamTensor& f, const ParamTensor& l, int rank,
+                         const std::function<void(int64_t, size_t, size_t)>& copy) {
   KVS_CHECK(f.name == l.name, "tensor parallelism: layouts disagree ({} vs {})", f.name, l.name);
   const Matrix2 F = as_matrix(f.shape), L = as_matrix(l.shape);
   if (l.split_dim < 0) {
-    copy(static_cast<int64_t>(f.offset), static_cast<int64_t>(l.offset), f.numel);
+    copy(0, 0, f.numel);
   } else if (l.split_dim == 0) {
     for (int64_t i = 0; i < L.rows; ++i) {
       const int64_t g = rank * L.rows + i;
-      copy(g < F.rows ? static_cast<int64_t>(f.offset) + g * F.cols : -1, static_cast<int64_t>(l.offset) + i * L.cols,
-           static_cast<size_t>(L.cols));
+      copy(g < F.rows ? g * F.cols : -1, static_cast<size_t>(i * L.cols), static_cast<size_t>(L.cols));
     }
   } else {
     for (int64_t i = 0; i < F.rows; ++i)
-      copy(static_cast<int64_t>(f.offset) + i * F.cols + rank * L.cols, static_cast<int64_t>(l.offset) + i * L.cols,
-           static_cast<size_t>(L.cols));
+      copy(i * F.cols + rank * L.cols, static_cast<size_t>(i * L.cols), static_cast<size_t>(L.cols));
   }
+}
+
+namespace {
+
+// Calls copy(full_offset, local_offset, n) for every run of for_each_tensor_run,
+// as offsets into the two layouts' flat buffers (padding: full_offset -1).
+template <class Fn>
+void for_each_run(const ParamTensor& f, const ParamTensor& l, int rank, Fn&& copy) {
+  for_each_tensor_run(f, l, rank, [&](int64_t fi, size_t li, size_t n) {
+    copy(fi < 0 ? -1 : static_cast<int64_t>(f.offset) + fi, static_cast<int64_t>(l.offset + li), n);
+  });
 }
 
 // The full layout's tensor for a local one (a pipeline stage's layout holds only some).
@@ -93,22 +102,34 @@ void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_lay
     });
 }
 
+void assemble_tensor(const ParamTensor& full_t, const ParamTensor& local_t, int tp, const float* slices,
+                     float* full) {
+  for (int r = 0; r < tp; ++r) {
+    const float* slice = slices + static_cast<size_t>(r) * local_t.numel;
+    if (local_t.split_dim < 0 && r > 0) {
+      // Replicated tensors get identical updates on every rank; a difference
+      // means the ranks drifted apart, which must not pass silently.
+      KVS_CHECK(std::memcmp(slice, slices, local_t.numel * sizeof(float)) == 0,
+                "tensor parallelism: ranks 0 and {} hold different copies of the replicated tensor {}", r,
+                local_t.name);
+      continue;  // rank 0's copy
+    }
+    for_each_tensor_run(full_t, local_t, r, [&](int64_t fi, size_t li, size_t n) {
+      if (fi >= 0) std::memcpy(full + fi, slice + li, n * sizeof(float));
+    });
+  }
+}
+
 void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp, const float* gathered,
                    float* full) {
-  for (int r = 0; r < tp; ++r) {
-    const float* local = gathered + static_cast<size_t>(r) * local_layout.total;
-    for (const ParamTensor& t : local_layout.tensors) {
-      if (t.split_dim < 0 && r > 0) {
-        // Replicated tensors get identical updates on every rank; a difference
-        // means the ranks drifted apart, which must not pass silently.
-        KVS_CHECK(std::memcmp(local + t.offset, gathered + t.offset, t.numel * sizeof(float)) == 0,
-                  "tensor parallelism: ranks 0 and {} hold different copies of the replicated tensor {}", r, t.name);
-        continue;  // rank 0's copy
-      }
-      for_each_run(full_of(full_layout, t), t, r, [&](int64_t fo, int64_t lo, size_t n) {
-        if (fo >= 0) std::memcpy(full + fo, local + lo, n * sizeof(float));
-      });
-    }
+  std::vector<float> slices;
+  for (const ParamTensor& t : local_layout.tensors) {
+    slices.resize(t.numel * static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r)
+      std::copy_n(gathered + static_cast<size_t>(r) * local_layout.total + t.offset, t.numel,
+                  slices.data() + static_cast<size_t>(r) * t.numel);
+    const ParamTensor& f = full_of(full_layout, t);
+    assemble_tensor(f, t, tp, slices.data(), full + f.offset);
   }
 }
 

@@ -12,6 +12,7 @@
 //   norms: replicated.
 // At tp = 1 nothing is split or padded: the local layout is the full one.
 #pragma once
+#include <functional>
 #include <cstdint>
 
 #include "model/config.h"
@@ -55,6 +56,14 @@ struct LocalDims {
 // Checks that tp divides what it must split; throws kvs::Error naming the key.
 void check_tensor_parallel(const ModelConfig& m, int tp, const std::string& origin);
 
+// The runs of elements rank `tp_rank`'s slice `local` of tensor `full` (the
+// same tensor's entries in the two layouts) shares with the full tensor:
+// copy(full_index, local_index, n) with indices counted from each tensor's
+// first element; vocabulary padding rows (beyond the full tensor) come with
+// full_index -1. Runs come in increasing local_index.
+void for_each_tensor_run(const ParamTensor& full, const ParamTensor& local, int tp_rank,
+                         const std::function<void(int64_t, size_t, size_t)>& copy);
+
 // Copies rank tp_rank's slice of every tensor of `local_layout`
 // (ParamLayout::build(m, tp_rank, tp[, part]): a pipeline stage's layout holds
 // only some tensors) from `full` (ParamLayout::build(m)) into `local`.
@@ -67,5 +76,9 @@ void slice_to_local(const ParamLayout& full_layout, const ParamLayout& local_lay
 // checking that every rank's copy is bit-identical (kvs::Error otherwise).
 void assemble_full(const ParamLayout& full_layout, const ParamLayout& local_layout, int tp, const float* gathered,
                    float* full);
+// One tensor of it: `slices` holds every rank's slice of it in rank order
+// ([tp][local_t.numel]); `full` its full_t.numel elements.
+void assemble_tensor(const ParamTensor& full_t, const ParamTensor& local_t, int tp, const float* slices,
+                     float* full);
 
 }  // namespace kvs

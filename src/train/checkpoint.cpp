@@ -231,22 +231,34 @@ std::string latest_checkpoint(const std::string& root) {
   return dir;
 }
 
-CheckpointData load_checkpoint(const std::string& dir) {
+CheckpointFiles open_checkpoint(const std::string& dir) {
   std::error_code ec;
   KVS_CHECK(fs::is_directory(dir, ec), "{}: checkpoint directory does not exist", dir);
   for (const char* req : {kConfig, kModel})
     KVS_CHECK(exists_file(join(dir, req)), "{}: missing {} (not a kvshift checkpoint?)", dir, req);
-  CheckpointData d;
+  CheckpointFiles f;
   const std::string cfg = join(dir, kConfig);
-  d.hf_config = read_json_file(cfg);
-  KVS_CHECK(d.hf_config.is_object(), "{}: expected a JSON object, got {}", cfg, d.hf_config.type_name());
-  d.model = read_safetensors(join(dir, kModel));
-  if (exists_file(join(dir, kOptimizer))) d.optimizer = read_safetensors(join(dir, kOptimizer));
-  if (exists_file(join(dir, kTrainerState))) d.trainer_state = read_json_file(join(dir, kTrainerState));
-  if (exists_file(join(dir, kRunConfig))) d.run_config = read_json_file(join(dir, kRunConfig));
+  f.hf_config = read_json_file(cfg);
+  KVS_CHECK(f.hf_config.is_object(), "{}: expected a JSON object, got {}", cfg, f.hf_config.type_name());
+  f.model.emplace(join(dir, kModel));
+  if (exists_file(join(dir, kOptimizer))) f.optimizer.emplace(join(dir, kOptimizer));
+  if (exists_file(join(dir, kTrainerState))) f.trainer_state = read_json_file(join(dir, kTrainerState));
+  if (exists_file(join(dir, kRunConfig))) f.run_config = read_json_file(join(dir, kRunConfig));
   // After parsing: a file that does not parse gets its reader's more precise
   // message; the manifest catches what parses but changed (a flipped bit).
-  d.verified = verify_manifest(dir, {kConfig, kModel}) == ManifestStatus::Verified;
+  f.verified = verify_manifest(dir, {kConfig, kModel}) == ManifestStatus::Verified;
+  return f;
+}
+
+CheckpointData load_checkpoint(const std::string& dir) {
+  CheckpointFiles f = open_checkpoint(dir);
+  CheckpointData d;
+  d.hf_config = std::move(f.hf_config);
+  d.model = f.model->read_all();
+  if (f.optimizer) d.optimizer = f.optimizer->read_all();
+  d.trainer_state = std::move(f.trainer_state);
+  d.run_config = std::move(f.run_config);
+  d.verified = f.verified;
   return d;
 }
 
@@ -292,6 +304,14 @@ void validate_model_tensors(const std::vector<StTensor>& got,
   const size_t more = problems.size() - 1;
   if (more == 0) fail("{}: {}", file, problems[0]);
   fail("{}: {} (and {} more problem{})", file, problems[0], more, more == 1 ? "" : "s");
+}
+
+void validate_layout_tensors(const std::vector<StTensor>& got, const ParamLayout& layout,
+                             const std::vector<std::string>& prefixes, const std::string& file) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const std::string& prefix : prefixes)
+    for (const ParamTensor& t : layout.tensors) expected.emplace_back(prefix + t.name, t.shape);
+  validate_model_tensors(got, expected, file);
 }
 
 }  // namespace kvs

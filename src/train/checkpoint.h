@@ -13,11 +13,13 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/safetensors.h"
+#include "model/params.h"
 
 namespace kvs {
 
@@ -49,6 +51,18 @@ std::string latest_checkpoint(const std::string& root);
 // `verified` false (the trainer warns on resume).
 CheckpointData load_checkpoint(const std::string& dir);
 
+// A checkpoint opened without reading its tensors: the same files, checks and
+// manifest verification as load_checkpoint, with model.safetensors and
+// optimizer.safetensors left open for reading tensors (or slices of them) one
+// at a time. The trainer loads each rank's slice this way (FullModelIO), so no
+// rank holds the whole model in host memory.
+struct CheckpointFiles {
+  nlohmann::json hf_config, trainer_state, run_config;  // as in CheckpointData
+  std::optional<SafetensorsReader> model, optimizer;    // model always; optimizer when the file exists
+  bool verified = false;
+};
+CheckpointFiles open_checkpoint(const std::string& dir);
+
 // The step directories under `root` (whatever `latest` says), newest step first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 
@@ -59,5 +73,8 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 void validate_model_tensors(const std::vector<StTensor>& got,
                             const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected,
                             const std::string& file);
+// The same with `layout`'s tensors (full shapes) expected under each of `prefixes`.
+void validate_layout_tensors(const std::vector<StTensor>& got, const ParamLayout& layout,
+                             const std::vector<std::string>& prefixes, const std::string& file);
 
 }  // namespace kvs

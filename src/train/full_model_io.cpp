@@ -4,58 +4,133 @@
 
 #include "core/error.h"
 #include "dist/comm.h"
+#include "train/checkpoint.h"
 
 namespace kvs {
 
-FullModelIO::FullModelIO(const ModelConfig& m, const ParamLayout& local_layout, TensorParallel tp,
+FullModelIO::FullModelIO(const ModelConfig& m, const ParamLayout& local_layout, TensorParallel tp, bool gathers,
                          dist::Communicator* pp_comm, const ModelPart* part)
-    : full_(ParamLayout::build(m)),
+    : model_(m),
+      full_(ParamLayout::build(m)),
       local_(local_layout),
       tp_(tp),
+      gathers_(gathers),
       pp_(pp_comm && pp_comm->size() > 1 ? pp_comm : nullptr),
-      tied_copy_(part && !part->embedding && local_layout.find("model.embed_tokens.weight")) {}
-
-std::vector<float> FullModelIO::to_local(const std::vector<float>& full) const {
-  KVS_CHECK(full.size() == full_.total, "FullModelIO: {} floats given, the model has {}", full.size(), full_.total);
-  std::vector<float> local(local_.total);
-  slice_to_local(full_, local_, tp_.rank, full.data(), local.data());
-  return local;
+      owner_(full_.tensors.size(), 0) {
+  if (!pp_) return;
+  // A last stage's copy of the tied embedding (its LM head) is not the one
+  // written: the first stage's is, as a single process holds it.
+  const bool tied_copy = part && !part->embedding && local_layout.find("model.embed_tokens.weight");
+  std::vector<double> owner(full_.tensors.size(), -1.0);
+  for (size_t i = 0; i < owner.size(); ++i) {
+    const std::string& name = full_.tensors[i].name;
+    if (local_.find(name) && !(tied_copy && name == "model.embed_tokens.weight")) owner[i] = pp_->rank();
+  }
+  pp_->all_reduce(owner.data(), owner.size(), dist::DType::F64, dist::ReduceOp::Max);
+  for (size_t i = 0; i < owner.size(); ++i) {
+    KVS_CHECK(owner[i] >= 0, "pipeline parallelism: no stage holds {}", full_.tensors[i].name);
+    owner_[i] = static_cast<int>(owner[i]);
+  }
 }
 
-std::vector<float> FullModelIO::to_full(const std::vector<float>& local) const {
-  KVS_CHECK(local.size() == local_.total, "FullModelIO: {} floats given, the slice has {}", local.size(),
-            local_.total);
-  std::vector<float> full(full_.total);
-  if (tp_.size == 1) {
-    assemble_full(full_, local_, 1, local.data(), full.data());
-    return with_other_stages(full);
-  }
-  // In pieces: NCCL stages host buffers on the GPU (tp + 1 times the piece),
-  // and a whole model's worth would not fit beside the engine.
-  const size_t n = local_.total, tp = static_cast<size_t>(tp_.size);
-  std::vector<float> gathered(n * tp), piece;
-  for (size_t at = 0; at < n; at += dist::kHostPieceFloats) {
-    const size_t k = std::min(dist::kHostPieceFloats, n - at);
-    piece.resize(k * tp);
-    tp_.comm->all_gather(local.data() + at, piece.data(), k, dist::DType::F32);
-    for (size_t r = 0; r < tp; ++r) std::copy_n(piece.data() + r * k, k, gathered.data() + r * n + at);
-  }
-  assemble_full(full_, local_, tp_.size, gathered.data(), full.data());
-  return with_other_stages(full);
+const ParamTensor& FullModelIO::full_of(const ParamTensor& local) const {
+  const ParamTensor* f = full_.find(local.name);
+  KVS_CHECK(f != nullptr, "FullModelIO: {} is not in the full layout", local.name);
+  return *f;
 }
 
-std::vector<float> FullModelIO::with_other_stages(std::vector<float>& full) const {
-  if (!pp_) return std::move(full);
-  // Each stage filled its own tensors and left zeros elsewhere: the sum over
-  // the pipeline group is the whole model (the tied embedding counted once).
-  if (tied_copy_) {
-    const ParamTensor* e = full_.find("model.embed_tokens.weight");
-    std::fill(full.begin() + e->offset, full.begin() + e->offset + e->numel, 0.0f);
+void FullModelIO::init_local(uint64_t seed, float* local) const {
+  for (const ParamTensor& l : local_.tensors) {
+    const ParamTensor& f = full_of(l);
+    for_each_tensor_run(f, l, tp_.rank, [&](int64_t fi, size_t li, size_t n) {
+      float* dst = local + l.offset + li;
+      if (fi < 0)
+        std::fill(dst, dst + n, 0.0f);
+      else
+        init_param_range(f, model_, seed, static_cast<size_t>(fi), n, dst);
+    });
   }
-  for (size_t at = 0; at < full.size(); at += dist::kHostPieceFloats)
-    pp_->all_reduce(full.data() + at, std::min(dist::kHostPieceFloats, full.size() - at), dist::DType::F32,
-                    dist::ReduceOp::Sum);
-  return std::move(full);
+}
+
+void FullModelIO::check_file(const SafetensorsReader& file, const std::vector<std::string>& prefixes) const {
+  validate_layout_tensors(file.tensors(), full_, prefixes, file.path());
+}
+
+void FullModelIO::read_local(const SafetensorsReader& file, const std::string& prefix, float* local) const {
+  for (const ParamTensor& l : local_.tensors) {
+    const ParamTensor& f = full_of(l);
+    const StTensor* st = file.find(prefix + l.name);
+    KVS_CHECK(st != nullptr, "{}: missing tensor '{}'", file.path(), prefix + l.name);
+    // Adjacent runs (the rows of a row-split tensor) are read as one.
+    int64_t run_f = 0;
+    size_t run_l = 0, run_n = 0;
+    auto flush = [&] {
+      if (run_n) file.read_f32(*st, static_cast<uint64_t>(run_f), run_n, local + l.offset + run_l);
+      run_n = 0;
+    };
+    for_each_tensor_run(f, l, tp_.rank, [&](int64_t fi, size_t li, size_t n) {
+      if (fi < 0) {
+        std::fill(local + l.offset + li, local + l.offset + li + n, 0.0f);
+        return;
+      }
+      if (run_n && fi == run_f + static_cast<int64_t>(run_n) && li == run_l + run_n) {
+        run_n += n;
+        return;
+      }
+      flush();
+      run_f = fi, run_l = li, run_n = n;
+    });
+    flush();
+  }
+}
+
+std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::string& prefix) const {
+  std::vector<StTensor> out;
+  if (!gathers_) return out;
+  const int pp_rank = pp_ ? pp_->rank() : 0;
+  const size_t tp = static_cast<size_t>(tp_.size);
+  const bool keeper = tp_.rank == 0 && pp_rank == 0;
+  std::vector<float> gathered, piece, buffer;
+  for (size_t i = 0; i < full_.tensors.size(); ++i) {
+    const ParamTensor& f = full_.tensors[i];
+    const bool owner = owner_[i] == pp_rank;
+    // Pipeline: only tensor-parallel rank 0's group carries the tensor on to rank 0.
+    if (!owner && (!pp_ || tp_.rank != 0)) continue;
+    StTensor t{prefix + f.name, DType::F32, f.shape, {}};
+    float* full = nullptr;
+    if (tp_.rank == 0) {
+      if (keeper) {
+        t.bytes.resize(f.numel * sizeof(float));
+        full = reinterpret_cast<float*>(t.bytes.data());
+      } else {
+        buffer.resize(f.numel);
+        full = buffer.data();
+      }
+    }
+    if (owner) {
+      const ParamTensor* l = local_.find(f.name);
+      const float* mine = local + l->offset;
+      // Every tensor-parallel rank's slice, in pieces: NCCL stages host
+      // buffers on the GPU (tp + 1 times the piece) beside the engine.
+      const float* all = mine;
+      if (tp > 1) {
+        gathered.resize(l->numel * tp);
+        for (size_t at = 0; at < l->numel; at += dist::kHostPieceFloats) {
+          const size_t k = std::min(dist::kHostPieceFloats, l->numel - at);
+          piece.resize(k * tp);
+          tp_.comm->all_gather(mine + at, piece.data(), k, dist::DType::F32);
+          for (size_t r = 0; r < tp; ++r) std::copy_n(piece.data() + r * k, k, gathered.data() + r * l->numel + at);
+        }
+        all = gathered.data();
+      }
+      if (full) assemble_tensor(f, *l, tp_.size, all, full);
+    }
+    if (pp_ && tp_.rank == 0)  // from the stage that holds it to the first stage's rank (world rank 0)
+      for (size_t at = 0; at < f.numel; at += dist::kHostPieceFloats)
+        pp_->broadcast(full + at, std::min(dist::kHostPieceFloats, f.numel - at), dist::DType::F32, owner_[i]);
+    if (keeper) out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace kvs

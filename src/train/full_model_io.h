@@ -1,12 +1,19 @@
-// Full-model buffers in and out of one rank's engine: a checkpoint always
+// Full-model tensors in and out of one rank's engine: a checkpoint always
 // holds full tensors (ParamLayout::build(m)), whatever the layout it was
 // written from or is loaded into, so a run resumes at any dp x pp x cp x tp.
 // The rank's layout is its tensor-parallel slice of its pipeline stage's part
-// (the whole model without pipeline parallelism). At tp = pp = 1 both
-// directions are plain copies.
+// (the whole model without pipeline parallelism).
+//
+// Host memory is what bounds the paper's larger models, so nothing here
+// builds the whole model on every rank: a rank initialises and reads only its
+// own slice (the runs of each tensor it holds, straight from the file), and a
+// save assembles one tensor at a time, kept by world rank 0 alone (which
+// writes the file). Other ranks hold their slice plus one tensor.
 #pragma once
+#include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "model/params.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
@@ -15,25 +22,42 @@ namespace kvs {
 
 class FullModelIO {
  public:
-  // pp_comm, part: the pipeline group and this rank's part (pp > 1 only).
-  FullModelIO(const ModelConfig& m, const ParamLayout& local_layout, TensorParallel tp,
+  // gathers: this rank's replica assembles full tensors in gather_full (the
+  // replica world rank 0 belongs to: data- and context-parallel rank 0); the
+  // other replicas' ranks skip it. pp_comm, part: the pipeline group and this
+  // rank's part (pp > 1 only). With pp > 1 the constructor is a collective
+  // over the pipeline group (it learns which stage holds each tensor).
+  FullModelIO(const ModelConfig& m, const ParamLayout& local_layout, TensorParallel tp, bool gathers,
               dist::Communicator* pp_comm = nullptr, const ModelPart* part = nullptr);
 
   const ParamLayout& full_layout() const { return full_; }
-  // This rank's slice of a full buffer.
-  std::vector<float> to_local(const std::vector<float>& full) const;
-  // Every TP rank's local buffer assembled into the full one, and every
-  // stage's tensors with it, on every rank (a collective over the TP group
-  // and the pipeline group: all their ranks must call it).
-  std::vector<float> to_full(const std::vector<float>& local) const;
+  // This rank's slice of a fresh model: init_params' values for the full
+  // model, computed for the slice alone (vocabulary padding rows 0).
+  void init_local(uint64_t seed, float* local) const;
+  // Checks that `file` holds exactly the full model's tensors under each of
+  // `prefixes` ("" for weights; "exp_avg.", "exp_avg_sq." for moments):
+  // names, shapes, float dtypes. Errors name the file and the tensor.
+  void check_file(const SafetensorsReader& file, const std::vector<std::string>& prefixes) const;
+  // This rank's slice of the tensors named prefix + name in `file` (checked
+  // by check_file), reading only the elements the slice holds.
+  void read_local(const SafetensorsReader& file, const std::string& prefix, float* local) const;
+  // The full tensors, named prefix + name in the full layout's order,
+  // assembled from every rank's `local` buffer: returned on world rank 0,
+  // empty elsewhere. A collective over the tensor-parallel group, and the
+  // pipeline group of tensor-parallel rank 0, of the gathering replica.
+  // Replicated tensors must be bit-identical on every tensor-parallel rank
+  // (kvs::Error otherwise: the ranks drifted apart).
+  std::vector<StTensor> gather_full(const float* local, const std::string& prefix) const;
 
  private:
-  std::vector<float> with_other_stages(std::vector<float>& full) const;
+  const ParamTensor& full_of(const ParamTensor& local) const;
+  ModelConfig model_;
   ParamLayout full_;
   const ParamLayout& local_;
   TensorParallel tp_;
+  bool gathers_;
   dist::Communicator* pp_;
-  bool tied_copy_ = false;  // a last stage's copy of the tied embedding (the first stage's counts)
+  std::vector<int> owner_;  // per full tensor: the pipeline rank whose copy is written (0 without pp)
 };
 
 }  // namespace kvs

@@ -20,7 +20,7 @@ bool has_checkpoints(const std::string& root) {
 
 namespace {
 
-LoadedCheckpoint choose(const std::string& root, bool report) {
+OpenedCheckpoint choose(const std::string& root, bool report) {
   std::error_code ec;
   const std::vector<std::pair<int64_t, std::string>> dirs =
       fs::is_directory(root, ec) ? list_checkpoints(root) : std::vector<std::pair<int64_t, std::string>>{};
@@ -48,8 +48,8 @@ LoadedCheckpoint choose(const std::string& root, bool report) {
   std::string first_error;
   for (const std::string& dir : candidates) {
     try {
-      LoadedCheckpoint ck = read_checkpoint(dir);
-      if (!ck.data.verified && report)
+      OpenedCheckpoint ck = open_model_checkpoint(dir);
+      if (!ck.files.verified && report)
         spdlog::warn("{}: no manifest.json (an older or hand-made checkpoint): resuming without verifying its files",
                      dir);
       if ((!first_error.empty() || !latest_problem.empty()) && report)
@@ -65,10 +65,10 @@ LoadedCheckpoint choose(const std::string& root, bool report) {
 
 }  // namespace
 
-LoadedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm) {
-  LoadedCheckpoint ck = choose(root, comm.rank() == 0);
+OpenedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm) {
+  OpenedCheckpoint ck = choose(root, comm.rank() == 0);
   if (comm.size() == 1) return ck;
-  const auto& ts = ck.data.trainer_state;
+  const auto& ts = ck.files.trainer_state;
   const double step = ts.is_object() && ts.contains("step") && ts["step"].is_number() ? ts["step"].get<double>() : -1;
   double range[2] = {step, -step};  // max, -min
   comm.all_reduce(range, 2, dist::DType::F64, dist::ReduceOp::Max);

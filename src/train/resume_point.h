@@ -13,8 +13,9 @@ namespace kvs {
 // Throws "<root>: --resume given but there is no checkpoint to resume from",
 // or, when none verifies, a line carrying the newest one's error. Every rank
 // of `comm` chooses on its own (rank 0 logs the fallback) and then they
-// check, with one all-reduce, that they chose the same step.
-LoadedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm);
+// check, with one all-reduce, that they chose the same step. The tensors
+// are not read: each rank reads its slice (FullModelIO::read_local).
+OpenedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communicator& comm);
 
 // Whether `root` holds a checkpoint: a `latest` file or a step directory.
 bool has_checkpoints(const std::string& root);

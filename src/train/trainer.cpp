@@ -100,11 +100,11 @@ std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
   return d.empty() ? d : "model." + d;
 }
 
-// The weights of checkpoint `dir` for a fresh run of `model`: the
-// architecture must match (training-only keys aside) and every tensor is
+// This rank's slice of checkpoint `dir`'s weights for a fresh run of `model`:
+// the architecture must match (training-only keys aside) and every tensor is
 // checked by name and shape.
-std::vector<float> initial_weights_from(const std::string& dir, const ModelConfig& model, const ParamLayout& full) {
-  const LoadedCheckpoint ck = read_checkpoint(dir);
+void initial_weights_from(const std::string& dir, const ModelConfig& model, const FullModelIO& io, float* local) {
+  const OpenedCheckpoint ck = open_model_checkpoint(dir);
   auto architecture = [](ModelConfig m) {
     m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
     m.document_boundaries = DocumentBoundaries::None;
@@ -114,9 +114,8 @@ std::vector<float> initial_weights_from(const std::string& dir, const ModelConfi
   if (const std::string d = model_difference(architecture(ck.model), architecture(model)); !d.empty())
     fail("--init-from {}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)",
          dir, d);
-  std::vector<float> flat;
-  flat_from_tensors(full, ck.data.model, "", dir + "/model.safetensors", flat);
-  return flat;
+  io.check_file(*ck.files.model, {""});
+  io.read_local(*ck.files.model, "", local);
 }
 
 // A fresh run writes config.json and metrics.jsonl into its directory: never
@@ -290,26 +289,31 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp,
                             tc.attention_backend, cp, pipe ? &part : nullptr, pipe ? pipe->slots() : 1);
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
-  const FullModelIO io(cfg.model, engine->layout(), tp, pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
+  const FullModelIO io(cfg.model, engine->layout(), tp, groups.dp_rank == 0 && groups.cp_rank == 0,
+                       pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
+  const size_t local_floats = engine->layout().total;
 
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
   std::vector<float> resume_exp_avg, resume_exp_avg_sq;  // this rank's slice, written once ZeRO-1 has set its shard
   if (opt.resume) {
-    LoadedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
+    const OpenedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
     const std::string latest = ck.dir;
     if (const std::string d = model_difference(ck.model, cfg.model); !d.empty())
       fail("{}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)", latest,
            d);
-    KVS_CHECK(!ck.data.optimizer.empty() && !ck.data.trainer_state.is_null(),
+    KVS_CHECK(ck.files.optimizer && !ck.files.trainer_state.is_null(),
               "{}: no optimizer or trainer state: cannot resume training from it", latest);
-    std::vector<float> full, exp_avg, exp_avg_sq;
-    flat_from_tensors(io.full_layout(), ck.data.model, "", latest + "/model.safetensors", full);
-    moments_from_tensors(io.full_layout(), ck.data.optimizer, latest + "/optimizer.safetensors", exp_avg, exp_avg_sq);
-    engine->write_params(io.to_local(full).data());
-    resume_exp_avg = io.to_local(exp_avg);
-    resume_exp_avg_sq = io.to_local(exp_avg_sq);
-    const auto& ts = ck.data.trainer_state;
+    io.check_file(*ck.files.model, {""});
+    io.check_file(*ck.files.optimizer, {"exp_avg.", "exp_avg_sq."});
+    std::vector<float> params(local_floats);
+    io.read_local(*ck.files.model, "", params.data());
+    engine->write_params(params.data());
+    resume_exp_avg.resize(local_floats);
+    resume_exp_avg_sq.resize(local_floats);
+    io.read_local(*ck.files.optimizer, "exp_avg.", resume_exp_avg.data());
+    io.read_local(*ck.files.optimizer, "exp_avg_sq.", resume_exp_avg_sq.data());
+    const auto& ts = ck.files.trainer_state;
     KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
     step = ts["step"].get<int64_t>();
     KVS_CHECK(ts.value("global_batch_sequences", -1) == cfg.global_batch_sequences(),
@@ -320,7 +324,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               ts.value("seed", uint64_t{0}), tc.seed);
     // The data positions are sequence indices: another window length or data
     // source would map them onto other tokens.
-    const nlohmann::json& was = ck.data.run_config;
+    const nlohmann::json& was = ck.files.run_config;
     if (was.is_object() && was.contains("train") && was["train"].contains("seq_len"))
       KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
                 "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
@@ -338,17 +342,17 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   } else {
     KVS_CHECK(!has_checkpoints(ckpt_root),
               "{}: the run directory already has checkpoints; use --resume or another --run-dir", opt.run_dir);
-    // The full model is initialised and sliced, so every layout starts from the same weights.
-    std::vector<float> init(io.full_layout().total);
+    // Each rank makes its slice of the full model's values, so every layout starts from the same weights.
+    std::vector<float> init(local_floats);
     if (opt.init_from.empty()) {
-      init_params(io.full_layout(), cfg.model, tc.seed, init.data());
+      io.init_local(tc.seed, init.data());
     } else {
-      init = initial_weights_from(opt.init_from, cfg.model, io.full_layout());
+      initial_weights_from(opt.init_from, cfg.model, io, init.data());
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }
-    engine->write_params(io.to_local(init).data());
+    engine->write_params(init.data());
   }
-  // Each rank loaded the full state; from here on it keeps the moments of its shard only
+  // Each rank read its slice's moments whole; from here on it keeps those of its ZeRO-1 shard only
   // (set before any moments are written or allocated: the full ones never exist on the device).
   std::unique_ptr<Zero1> zero1;
   if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
@@ -400,22 +404,24 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   auto save = [&](int64_t done) {
     // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
-    // shards (over dp) and the tensor-parallel slices (over tp) are gathered first.
-    const size_t n = engine->layout().total;
-    std::vector<float> params(n), exp_avg(n), exp_avg_sq(n);
-    engine->read_params(params.data());
+    // shards (over dp), then the tensor-parallel slices and the stages' tensors
+    // are gathered, tensor by tensor, into rank 0's copy alone (docs/PARALLEL.md).
+    if (rank0) writer.wait();  // the write in flight lets go of its copy first
+    CheckpointData cd;
+    {
+      std::vector<float> params(local_floats);
+      engine->read_params(params.data());
+      cd.model = io.gather_full(params.data(), "");
+    }
+    std::vector<float> exp_avg(local_floats), exp_avg_sq(local_floats);
     if (zero1)
       zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
     else
       engine->read_optimizer_state(exp_avg.data(), exp_avg_sq.data());
-    params = io.to_full(params);
-    exp_avg = io.to_full(exp_avg);
-    exp_avg_sq = io.to_full(exp_avg_sq);
+    cd.optimizer = io.gather_full(exp_avg.data(), "exp_avg.");
+    for (StTensor& t : io.gather_full(exp_avg_sq.data(), "exp_avg_sq.")) cd.optimizer.push_back(std::move(t));
     if (!rank0) return;
-    CheckpointData cd;
     cd.hf_config = model_to_hf_json(cfg.model);
-    cd.model = tensors_from_flat(io.full_layout(), params);
-    cd.optimizer = optimizer_tensors(io.full_layout(), exp_avg, exp_avg_sq);
     cd.run_config = to_json(cfg);
     cd.trainer_state = {{"step", done},
                         {"next_train_sequence", static_cast<uint64_t>(done) * GB},

@@ -174,6 +174,10 @@ TEST(Cli, InfoReproducesThePaperParameterCounts) {
       ASSERT_EQ(r.code, 0) << r.out;
       auto j = nlohmann::json::parse(r.out);
       EXPECT_EQ(j["params_total"].get<long long>(), count) << name << " " << kind;
+      // What rank 0 holds while it saves: fp32 weights and both moments, shift scalars included.
+      EXPECT_EQ(j["checkpoint_bytes"].get<double>(),
+                12.0 * static_cast<double>(count + j["params_shift"].get<long long>()))
+          << name << " " << kind;
     }
   }
 }

@@ -335,6 +335,48 @@ TEST(Safetensors, TensorToF32FromEveryFloatDtype) {
   EXPECT_KVS_ERROR(kvs::tensor_to_f32(bad), "bad", "8 bytes", "12");
 }
 
+// The reader behind checkpoint slices: any run of elements of any float
+// dtype, as tensor_to_f32 gives the whole; errors name the file and tensor.
+TEST(Safetensors, ReaderReadsRunsOfElementsAsF32) {
+  TmpDir dir;
+  const std::string path = dir / "r.safetensors";
+  float x[12];
+  for (int i = 0; i < 12; ++i) x[i] = 0.37f * static_cast<float>(i) - 1.5f;
+  std::vector<kvs::StTensor> ts = {kvs::make_f32_tensor("f", {3, 4}, x), kvs::make_bf16_tensor("b", {12}, x),
+                                   kvs::make_i32_tensor("ids", {1}, std::vector<int32_t>{7}.data())};
+  kvs::StTensor h{"h", kvs::DType::F16, {3}, {}};
+  for (uint16_t v : {0x3C00, 0xC100, 0x0001}) h.bytes.insert(h.bytes.end(), {uint8_t(v & 0xff), uint8_t(v >> 8)});
+  ts.push_back(h);
+  kvs::write_safetensors(path, ts, {{"k", "v"}});
+  const kvs::SafetensorsReader r(path);
+  EXPECT_EQ(r.metadata().at("k"), "v");
+  ASSERT_EQ(r.tensors().size(), 4u);
+  EXPECT_TRUE(r.tensors()[0].bytes.empty()) << "the header only, until asked";
+  EXPECT_EQ(r.find("nope"), nullptr);
+  EXPECT_EQ(r.bytes_read(), 0u);
+  for (const char* name : {"f", "b", "h"}) {
+    const kvs::StTensor& t = *r.find(name);
+    const std::vector<float> whole = kvs::tensor_to_f32(kvs::read_safetensors(path)[&t - r.tensors().data()]);
+    const uint64_t n = static_cast<uint64_t>(t.numel());
+    for (uint64_t first = 0; first <= n; ++first)
+      for (uint64_t k = 0; first + k <= n; ++k) {
+        std::vector<float> got(k + 1, 99.0f);
+        r.read_f32(t, first, k, got.data());
+        for (uint64_t i = 0; i < k; ++i) ASSERT_EQ(got[i], whole[first + i]) << name << " " << first << "+" << i;
+        ASSERT_EQ(got[k], 99.0f) << "wrote past the run";
+      }
+  }
+  const uint64_t before = r.bytes_read();
+  std::vector<float> two(2);
+  r.read_f32(*r.find("b"), 5, 2, two.data());
+  EXPECT_EQ(r.bytes_read() - before, 4u) << "two BF16 elements";
+  EXPECT_KVS_ERROR(r.read_f32(*r.find("f"), 10, 3, two.data()), path, "'f'", "elements [10, 13)", "12");
+  EXPECT_KVS_ERROR(r.read_f32(*r.find("ids"), 0, 1, two.data()), "'ids'", "I32");
+  // Truncated after opening: a read past the end is an error naming the file, not garbage.
+  ::truncate(path.c_str(), static_cast<off_t>(std::filesystem::file_size(path) - 4));
+  EXPECT_KVS_ERROR(r.read_f32(*r.find("h"), 0, 3, two.data()), path, "file ended early");
+}
+
 TEST(Safetensors, TensorToI32RangeChecked) {
   int64_t v[3] = {-2147483648LL, 2147483647LL, 5};
   kvs::StTensor t{"ok", kvs::DType::I64, {3}, std::vector<uint8_t>(24)};

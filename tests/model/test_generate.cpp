@@ -613,10 +613,7 @@ TEST(GenerateCli, StopsAtTheTokenizersEos) {
   ASSERT_NE(first, eos);
 
   const kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
-  const kvs::ParamLayout layout = kvs::ParamLayout::build(ck.model);
-  std::vector<float> flat;
-  kvs::flat_from_tensors(layout, ck.data.model, "", "model.safetensors", flat);
-  kvs::Generator g(ck.model, flat, static_cast<int>(prompt.size()) + 1);
+  kvs::Generator g(ck.model, kvs::checkpoint_weights(ck), static_cast<int>(prompt.size()) + 1);
   const float logit = g.prefill(prompt)[first];
   ASSERT_NE(logit, 0.0f);
   kvs::CheckpointData data = ck.data;

@@ -108,6 +108,12 @@ TEST(PipelineParallel, ResumeAcrossLayouts) {
   train(0, cfg, b, "--set train.steps=10");
   train(kPp2v2.np, cfg, b, kPp2v2.flags + " --resume");
   expect_close(read_metrics(b), full, 11, "resume one process -> pp2 interleaved", kTol);
+  // Saved at pp2 x tp2: each stage's tensor-parallel slices are assembled
+  // before they travel to rank 0, tensor by tensor.
+  const std::string c = tmp / "pp_tp_to_pp";
+  train(kPp2Tp2.np, cfg, c, kPp2Tp2.flags + " --set train.steps=10");
+  train(kPp2.np, cfg, c, kPp2.flags + " --resume");
+  expect_close(read_metrics(c), full, 11, "resume pp2 x tp2 -> pp2", kTol);
 }
 
 TEST(PipelineParallel, ShapesThatDoNotSplitAreOneLineErrors) {

@@ -150,8 +150,8 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
       spit(root + "/latest", "step_00000099\n");
       expected_step = 8;
     }
-    const kvs::LoadedCheckpoint ck = kvs::find_resume_checkpoint(root, *kvs::dist::make_single_process());
-    EXPECT_EQ(ck.data.trainer_state["step"], expected_step);
+    const kvs::OpenedCheckpoint ck = kvs::find_resume_checkpoint(root, *kvs::dist::make_single_process());
+    EXPECT_EQ(ck.files.trainer_state["step"], expected_step);
     const auto rest = kvs::train(full, {run, true, true});
     ASSERT_EQ(rest.losses.size(), static_cast<size_t>(12 - expected_step));
     for (size_t i = 0; i < rest.losses.size(); ++i)

@@ -29,7 +29,7 @@ inline Device device_flag(const std::string& name) {
 // An engine holding the checkpoint's weights, sized for B x T micro-batches.
 inline std::unique_ptr<Engine> engine_for(const LoadedCheckpoint& ck, int B, int T, Device device) {
   auto e = make_engine(ck.model, B, T, device);
-  load_model_tensors(*e, ck.data.model, ck.dir + "/model.safetensors");
+  e->write_params(checkpoint_weights(ck).data());
   return e;
 }
 

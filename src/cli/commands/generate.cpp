@@ -60,21 +60,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// The checkpoint's parameters as one flat buffer in ParamLayout order.
-std::vector<float> checkpoint_params(const LoadedCheckpoint& ck) {
-  const ParamLayout layout = ParamLayout::build(ck.model);
-  const std::string file = ck.dir + "/model.safetensors";
-  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const auto& t : layout.tensors) expected.emplace_back(t.name, t.shape);
-  validate_model_tensors(ck.data.model, expected, file);
-  std::vector<float> flat(layout.total);
-  for (const auto& st : ck.data.model) {
-    const std::vector<float> v = tensor_to_f32(st);
-    std::memcpy(flat.data() + layout.find(st.name)->offset, v.data(), v.size() * sizeof(float));
-  }
-  return flat;
-}
-
 // --tokenizer, else the run config's data.tokenizer, else bytes for a
 // 256-token model; nullptr when there is none (ids in, ids out).
 std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
@@ -152,7 +137,7 @@ void run_generate(const Args& a) {
   const int threads = pick_threads(a.threads, m);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
-  Generator gen(m, checkpoint_params(ck), n_prompt + max_new);
+  Generator gen(m, checkpoint_weights(ck), n_prompt + max_new);
   Sampler sampler(a.sampling);
   const int eos = tok ? tok->eos_id() : -1;
   const bool stream = !a.json;

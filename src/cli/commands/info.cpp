@@ -144,6 +144,7 @@ void add_info(CLI::App& app) {
                             {"with_sequence_parallel", par.tp > 1 ? nlohmann::json(rank_acts_sp_b) : nullptr}}},
                           {"pipeline_stages", stages},
                           {"memory_bytes_cuda", cuda_mem},
+                          {"checkpoint_bytes", 3 * params_b},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
       std::printf("%s\n", j.dump().c_str());
@@ -174,6 +175,10 @@ void add_info(CLI::App& app) {
                   st["stage"].get<int>(), st["layers"].size(), st["embedding"].get<bool>() ? " + embedding" : "",
                   st["head"].get<bool>() ? " + head" : "", st["micro_batches_in_flight"].get<int>(),
                   cfg.train.grad_accum_steps, st["activations"].get<double>() / GiB);
+    // docs/PARALLEL.md "Checkpoints": rank 0 keeps the full tensors a save gathers until they are written.
+    std::printf("checkpoint      %.3f GiB (fp32 weights + AdamW moments): host memory rank 0 holds while it saves; "
+                "other ranks hold their slice\n",
+                3 * params_b / GiB);
     if (!cuda_mem.is_null()) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "tokenizer/tokenizer_meta.h"
 
 namespace kvs {
@@ -54,6 +55,25 @@ void check_shards_tokenizer(const std::vector<std::string>& shard_files, const s
          manifest, have.substr(0, 12), tok->value("dir", std::string("directory not recorded")), tokenizer_dir,
          want.substr(0, 12));
   }
+}
+
+std::string tokenizer_sha256(const std::string& tokenizer_dir) {
+  const std::string model = (std::filesystem::path(tokenizer_dir) / "tokenizer.model").string();
+  return std::filesystem::exists(model) ? sha256_file(model) : "";
+}
+
+void check_checkpoint_tokenizer(const nlohmann::json& trainer_state, const std::string& checkpoint_dir,
+                                const std::string& tokenizer_dir) {
+  if (!trainer_state.is_object()) return;
+  const auto it = trainer_state.find("tokenizer_sha256");
+  if (it == trainer_state.end() || !it->is_string() || it->get<std::string>().empty()) return;
+  const std::string want = it->get<std::string>(), have = tokenizer_sha256(tokenizer_dir);
+  if (have == want) return;
+  fail("{}: not the tokenizer checkpoint {} was trained with (its tokenizer.model sha256 is {}, the checkpoint's "
+       "trainer_state.json records {}...): its ids would mean other pieces; use the tokenizer the model was trained "
+       "with",
+       tokenizer_dir, checkpoint_dir, have.empty() ? "none: byte-level" : have.substr(0, 12) + "...",
+       want.substr(0, 12));
 }
 
 }  // namespace kvs

@@ -12,6 +12,7 @@
 #include "hf/staged_dir.h"
 #include "hf_python_files.h"  // generated from python/hf/*.py (cmake/EmbedFiles.cmake)
 #include "model/params.h"
+#include "data/tokenizer_check.h"
 #include "train/model_io.h"
 
 namespace kvs::hf {
@@ -162,7 +163,10 @@ std::string export_hf(const ExportOptions& o) {
   std::string no_tok_reason;
   const std::string tok_dir = find_tokenizer_dir(o, ck.data.run_config, no_tok_reason);
   TokenizerInfo tok;
-  if (!tok_dir.empty()) tok = read_tokenizer(tok_dir, m.vocab_size);
+  if (!tok_dir.empty()) {
+    check_checkpoint_tokenizer(ck.data.trainer_state, o.checkpoint, tok_dir);
+    tok = read_tokenizer(tok_dir, m.vocab_size);
+  }
 
   std::vector<std::string> inputs = {o.checkpoint};
   if (!tok_dir.empty()) inputs.push_back(tok_dir);

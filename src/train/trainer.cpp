@@ -17,6 +17,7 @@
 #include "core/json_difference.h"
 #include "core/log.h"
 #include "core/profile_range.h"
+#include "data/tokenizer_check.h"
 #include "model/params.h"
 #include "parallel/grad_norm.h"
 #include "parallel/parallel_groups.h"
@@ -101,9 +102,11 @@ std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
 }
 
 // This rank's slice of checkpoint `dir`'s weights for a fresh run of `model`:
-// the architecture must match (training-only keys aside) and every tensor is
-// checked by name and shape.
-void initial_weights_from(const std::string& dir, const ModelConfig& model, const FullModelIO& io, float* local) {
+// the architecture must match (training-only keys aside), so must the
+// tokenizer (data.tokenizer, when set), and every tensor is checked by name
+// and shape.
+void initial_weights_from(const std::string& dir, const ModelConfig& model, const std::string& tokenizer,
+                          const FullModelIO& io, float* local) {
   const OpenedCheckpoint ck = open_model_checkpoint(dir);
   auto architecture = [](ModelConfig m) {
     m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
@@ -114,6 +117,7 @@ void initial_weights_from(const std::string& dir, const ModelConfig& model, cons
   if (const std::string d = model_difference(architecture(ck.model), architecture(model)); !d.empty())
     fail("--init-from {}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)",
          dir, d);
+  if (!tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, dir, tokenizer);
   io.check_file(*ck.files.model, {""});
   io.read_local(*ck.files.model, "", local);
 }
@@ -292,6 +296,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const FullModelIO io(cfg.model, engine->layout(), tp, groups.dp_rank == 0 && groups.cp_rank == 0,
                        pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
   const size_t local_floats = engine->layout().total;
+  // Recorded in every checkpoint: what reads its ids later must use the same tokenizer.
+  const std::string tokenizer_sha = cfg.data.tokenizer.empty() ? "" : tokenizer_sha256(cfg.data.tokenizer);
 
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
@@ -304,6 +310,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
            d);
     KVS_CHECK(ck.files.optimizer && !ck.files.trainer_state.is_null(),
               "{}: no optimizer or trainer state: cannot resume training from it", latest);
+    if (!cfg.data.tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, latest, cfg.data.tokenizer);
     io.check_file(*ck.files.model, {""});
     io.check_file(*ck.files.optimizer, {"exp_avg.", "exp_avg_sq."});
     std::vector<float> params(local_floats);
@@ -347,7 +354,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (opt.init_from.empty()) {
       io.init_local(tc.seed, init.data());
     } else {
-      initial_weights_from(opt.init_from, cfg.model, io, init.data());
+      initial_weights_from(opt.init_from, cfg.model, cfg.data.tokenizer, io, init.data());
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }
     engine->write_params(init.data());
@@ -428,6 +435,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                         {"global_batch_sequences", GB},
                         {"seed", tc.seed},
                         {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
+    if (!tokenizer_sha.empty()) cd.trainer_state["tokenizer_sha256"] = tokenizer_sha;
     writer.save(done, std::move(cd));
   };
   auto run_eval = [&](int64_t done, bool record = true) {

@@ -17,6 +17,7 @@
 #include "cli/commands/text_stream.h"
 #include "core/cpu_budget.h"
 #include "core/error.h"
+#include "data/tokenizer_check.h"
 #include "model/generator.h"
 #include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -63,7 +64,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 // --tokenizer, else the run config's data.tokenizer, else bytes for a
 // 256-token model; nullptr when there is none (ids in, ids out).
 std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
-  if (!a.tokenizer.empty()) return load_tokenizer(a.tokenizer);
+  if (!a.tokenizer.empty()) {
+    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, a.tokenizer);
+    return load_tokenizer(a.tokenizer);
+  }
   const nlohmann::json& rc = ck.data.run_config;
   if (rc.is_object() && rc.contains("data") && rc["data"].is_object() && rc["data"].contains("tokenizer")) {
     const auto& t = rc["data"]["tokenizer"];
@@ -72,6 +76,7 @@ std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint&
     KVS_CHECK(std::filesystem::exists(dir),
               "{}/run_config.json: tokenizer directory '{}' (data.tokenizer) not found from {}; pass --tokenizer DIR",
               ck.dir, dir, std::filesystem::current_path().string());
+    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, dir);
     return load_tokenizer(dir);
   }
   if (ck.model.vocab_size == 256) return make_byte_tokenizer();

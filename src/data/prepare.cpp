@@ -36,6 +36,20 @@ int64_t input_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
+}  // namespace
+
+std::string shard_file_name(const std::string& split, size_t index, int64_t shard_tokens) {
+  // Six digits keep glob order (lexicographic) the stream order; a seventh would not.
+  constexpr size_t kMaxShards = 1000000;
+  KVS_CHECK(index < kMaxShards,
+            "data prepare: the {} split needs more than {} shards of {} tokens: their names would no longer sort "
+            "in stream order; raise --shard-tokens",
+            split, kMaxShards, shard_tokens);
+  return fmt::format("{}_{:06d}.bin", split, index);
+}
+
+namespace {
+
 // One split's token stream, cut into shards of exactly shard_tokens (the last shorter).
 class SplitWriter {
  public:
@@ -57,7 +71,7 @@ class SplitWriter {
 
  private:
   void flush() {
-    const std::string name = fmt::format("{}_{:06d}.bin", split_, shards.size());
+    const std::string name = shard_file_name(split_, shards.size(), shard_tokens_);
     const std::string path = dir_ + "/" + name;
     write_shard(path, buf_, token_bytes_);  // temp name + rename (shards.h)
     shards.push_back({{"file", name}, {"tokens", buf_.size()}, {"sha256", sha256_file(path)}});

@@ -41,6 +41,10 @@ struct PrepareResult {
 };
 
 PrepareResult prepare_data(const PrepareOptions& o);
+
+// "train_000042.bin": a split's shard `index`, six digits so that glob order
+// is stream order; a millionth shard is an error (raise --shard-tokens).
+std::string shard_file_name(const std::string& split, size_t index, int64_t shard_tokens);
 // Bytes per token in the shards: 2 (u16) if every id fits, else 4 (u32).
 inline uint32_t shard_token_bytes(int vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 

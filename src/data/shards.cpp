@@ -101,9 +101,16 @@ ShardFile::ShardFile(const std::string& path) : path_(path) {
     fail("{}: not a token shard: {} bytes, shorter than the 32-byte header", path, file_size);
   }
   void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
   const std::string why = errno_text();
   ::close(fd);
-  if (m == MAP_FAILED) fail("{}: mmap failed: {}", path, why);
+  // Each open shard is one mapping for the whole run: tens of thousands of
+  // files reach the kernel's per-process limit (vm.max_map_count, 65530 by default).
+  if (m == MAP_FAILED)
+    fail("{}: mmap failed: {}{}", path, why,
+         err == ENOMEM ? " (one mapping per shard file: with tens of thousands of shards, raise vm.max_map_count or "
+                         "prepare fewer, larger shards with --shard-tokens)"
+                       : "");
   map_ = static_cast<const uint8_t*>(m);
   map_len_ = file_size;
 

@@ -122,6 +122,16 @@ void initial_weights_from(const std::string& dir, const ModelConfig& model, cons
   io.read_local(*ck.files.model, "", local);
 }
 
+// How many sequences each split of the data holds, recorded in checkpoints:
+// the data position (a sequence index) means the same windows only over the
+// same counts. Generated tasks (endless) record nothing.
+nlohmann::json data_counts(const Dataset& d) {
+  nlohmann::json j = nlohmann::json::object();
+  for (auto [split, key] : {std::pair{Split::Train, "train_sequences"}, std::pair{Split::Val, "val_sequences"}})
+    if (d.size(split) != UINT64_MAX) j[key] = d.size(split);
+  return j;
+}
+
 // A fresh run writes config.json and metrics.jsonl into its directory: never
 // over a checkpoint's or a Hugging Face model's (a path meant for --init-from).
 // An earlier run's files are the run's to replace.
@@ -342,6 +352,18 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                 "{}: data.type changed (checkpoint {}, config {}); the data stream would not line up", latest,
                 was["data"]["type"].dump(), type.dump());
     }
+    // Shards added to (or gone from) the globs, or another val split, map every
+    // later index onto other windows, and the old val sequences into training.
+    const nlohmann::json was_data = ts.value("data", nlohmann::json::object()), now_data = data_counts(*data);
+    if (was_data.is_object() && !was_data.empty() && was_data != now_data) {
+      const std::string what = fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)",
+                                           latest, was_data.dump(), now_data.dump());
+      KVS_CHECK(opt.allow_data_change,
+                "{}; its data position would map onto other sequences: restore the shards and settings it was "
+                "trained on, or pass --allow-data-change to go on with these",
+                what);
+      if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+    }
     KVS_CHECK(step <= tc.steps,
               "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,
               tc.steps);
@@ -391,6 +413,17 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                resolve_threads(tc.threads));
+  // Past one epoch the data repeats (each epoch in another order: docs/DATA.md); say so once.
+  if (const uint64_t seqs = data->size(Split::Train); rank0 && seqs != UINT64_MAX) {
+    const double reads = static_cast<double>(tc.steps) * cfg.global_batch_sequences();
+    const std::string line = fmt::format("train.steps x the global batch reads {:.0f} sequences: {:.3g} epochs of the "
+                                         "training data's {} sequences",
+                                         reads, reads / static_cast<double>(seqs), seqs);
+    if (reads > static_cast<double>(seqs))
+      spdlog::warn("{} (it repeats, each epoch in another order)", line);
+    else
+      spdlog::info("{}", line);
+  }
   if (rank0 && tc.threads == 0 && !process_cpu_budget().note().empty()) spdlog::info("{}", process_cpu_budget().note());
   if (rank0 && !process_cpu_budget().oversubscribed(tc.threads).empty())
     spdlog::warn("{}", process_cpu_budget().oversubscribed(tc.threads));
@@ -434,6 +467,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                         {"next_train_sequence", static_cast<uint64_t>(done) * GB},
                         {"global_batch_sequences", GB},
                         {"seed", tc.seed},
+                        {"data", data_counts(*data)},
                         {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
     if (!tokenizer_sha.empty()) cd.trainer_state["tokenizer_sha256"] = tokenizer_sha;
     writer.save(done, std::move(cd));

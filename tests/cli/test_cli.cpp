@@ -289,6 +289,65 @@ TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
   EXPECT_EQ(nlohmann::json::parse(e.out.substr(e.out.find('{')))["accuracy_kind"], "next_token");
 }
 
+// A checkpoint's data position is a sequence index: over other shards (one
+// more file matched by the glob) or another val split it names other
+// windows, and the old val sequences become training data. Resume refuses it
+// unless told; and a run that reads its data more than once says so.
+TEST(Cli, ResumeRefusesDataThatChangedUnderIt) {
+  const std::string dir = testing::TempDir() + "kvs_cli_data_change";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/data");
+  std::vector<uint32_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7) % 256;
+  kvs::write_shard(dir + "/data/train_000.bin", tokens, 2);
+  auto j = nlohmann::json::parse(kvs::testing_util::slurp(src("configs/toy/lm-small-kvshift.json")));
+  j["data"]["shards"]["train"] = {dir + "/data/train_*.bin"};
+  j["data"]["shards"]["val"] = nlohmann::json::array();
+  j["data"]["shards"]["val_fraction"] = 0.2;
+  j["model"]["num_hidden_layers"] = 1;
+  j["train"]["steps"] = 2;
+  j["train"]["seq_len"] = 32;
+  j["train"]["micro_batch_size"] = 2;
+  j["train"]["grad_accum_steps"] = 1;
+  j["train"]["eval_every"] = 0;
+  j["train"]["eval_sequences"] = 2;
+  std::ofstream(dir + "/lm.json") << j.dump();
+  const std::string train = "train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/run";
+  Result r = run(train);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // 2999 tokens, 20% val: 74 train windows of 32, of which 2 steps x 2 read 4.
+  EXPECT_NE(r.out.find("reads 4 sequences: 0.0541 epochs of the training data's 74"), std::string::npos) << r.out;
+  const auto state = nlohmann::json::parse(
+      kvs::testing_util::slurp(dir + "/run/checkpoints/step_00000002/trainer_state.json"));
+  EXPECT_EQ(state["data"], (nlohmann::json{{"train_sequences", 74}, {"val_sequences", 18}})) << state;
+
+  kvs::write_shard(dir + "/data/train_001.bin", tokens, 2);  // the glob now matches one more file
+  r = run(train + " --resume --set train.steps=3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000002: the data changed since this checkpoint (sequences "
+                       "{\"train_sequences\":74,\"val_sequences\":18} then, "
+                       "{\"train_sequences\":149,\"val_sequences\":37} now)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--allow-data-change"), std::string::npos) << r.out;
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/run/checkpoints/latest"), "step_00000002\n");
+  // Told to, it goes on with the new data, and says so.
+  r = run(train + " --resume --allow-data-change --set train.steps=3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("going on with these (--allow-data-change)"), std::string::npos) << r.out;
+  // Step 3's checkpoint records the two files' counts: taking the file away again is a change too.
+  fs::remove(dir + "/data/train_001.bin");
+  r = run(train + " --resume --set train.steps=4");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000003: the data changed"), std::string::npos) << r.out;
+  // More steps than the data has windows: a warning, once, at startup.
+  r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/long --set train.steps=40");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("reads 80 sequences: 1.08 epochs of the training data's 74 sequences (it repeats"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {
   const std::string cfg = " bench --json --warmup 0 --steps 1 --config " + src("configs/toy/induction-1l-kvshift.json");
   auto env_of = [](const Result& r) { return nlohmann::json::parse(r.out.substr(r.out.find('{')))["env"]; };

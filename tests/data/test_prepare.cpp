@@ -444,6 +444,14 @@ TEST(DataPrepareConfig, TokenizerKey) {
 // Shards whose manifest records another tokenizer than data.tokenizer (one
 // retrained in place with --force, or another directory) are refused when the
 // data is opened, naming the manifest; hand-made shards without one are not checked.
+// Glob order is stream order only while the names have six digits.
+TEST(DataPrepare, AMillionthShardIsAnErrorNotAnOutOfOrderName) {
+  EXPECT_EQ(shard_file_name("train", 0, 100), "train_000000.bin");
+  EXPECT_EQ(shard_file_name("val", 999999, 100), "val_999999.bin");
+  EXPECT_KVS_ERROR(shard_file_name("train", 1000000, 100), "the train split needs more than 1000000 shards of 100",
+                   "raise --shard-tokens");
+}
+
 TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
   TmpDir tmp;
   fs::copy(shared_tokenizer_dir(), tmp / "tok");

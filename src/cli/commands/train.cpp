@@ -20,7 +20,7 @@ void add_train(CLI::App& app) {
   struct Args {
     std::string config, run_dir, init_from;
     std::vector<std::string> sets;
-    bool resume = false, quiet = false;
+    bool resume = false, quiet = false, allow_data_change = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config,
@@ -34,6 +34,10 @@ void add_train(CLI::App& app) {
                   "(e.g. one written by `kvshift import-hf`), or a run or checkpoints/ directory (its latest); the "
                   "model must match the config's")
       ->excludes("--resume");
+  cmd->add_flag("--allow-data-change", a->allow_data_change,
+                "With --resume: go on although the data's sequence counts changed since the checkpoint (shards "
+                "added or removed, another val split); the step's data position then maps onto other sequences")
+      ->needs("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {
     std::string config = a->config;
@@ -80,7 +84,7 @@ void add_train(CLI::App& app) {
     TrainSummary s;
     run_on_world(*world, [&] {
       const std::string init_from = a->init_from.empty() ? "" : resolve_checkpoint_dir(a->init_from);
-      s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), init_from});
+      s = train(cfg, {run_dir, a->resume, a->quiet || !rank0, world.get(), init_from, a->allow_data_change});
     });
     if (!s.stopped_by.empty()) {
       // A stop signal: every rank stopped after the same step, rank 0 wrote the checkpoint.

@@ -260,23 +260,38 @@ TEST(Cli, OutOfVocabularyTokenInShardsNamesFileAndPosition) {
   EXPECT_NE(r.out.find("token ID 300 at position 100"), std::string::npos) << r.out;
 }
 
-TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
-  // The run's saved config must not depend on the directory train was started from.
-  const std::string dir = testing::TempDir() + "kvs_cli_shards";
-  fs::remove_all(dir);
-  fs::create_directories(dir + "/cfg/data");
-  std::vector<uint32_t> tokens(20000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7) % 256;
-  kvs::write_shard(dir + "/cfg/data/train_000.bin", tokens, 2);
-  std::ifstream in(src("configs/toy/lm-small-kvshift.json"));
-  auto j = nlohmann::json::parse(in);
-  j["data"]["shards"]["train"] = {"data/train_*.bin"};  // relative to the config file
+namespace {
+
+// n byte tokens in a fixed pattern, for a shard.
+std::vector<uint32_t> byte_tokens(size_t n) {
+  std::vector<uint32_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = (i * 7) % 256;
+  return tokens;
+}
+
+// lm-small reduced to one layer and two steps of 2 x 32 tokens, on the shards
+// `glob` matches, 20% of them validation.
+nlohmann::json tiny_shard_config(const std::string& glob) {
+  auto j = nlohmann::json::parse(kvs::testing_util::slurp(src("configs/toy/lm-small-kvshift.json")));
+  j["data"]["shards"]["train"] = {glob};
   j["data"]["shards"]["val"] = nlohmann::json::array();
   j["data"]["shards"]["val_fraction"] = 0.2;
   j["model"]["num_hidden_layers"] = 1;
   j["train"]["steps"] = 2;
   j["train"]["seq_len"] = 32;
   j["train"]["micro_batch_size"] = 2;
+  return j;
+}
+
+}  // namespace
+
+TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
+  // The run's saved config must not depend on the directory train was started from.
+  const std::string dir = testing::TempDir() + "kvs_cli_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/cfg/data");
+  kvs::write_shard(dir + "/cfg/data/train_000.bin", byte_tokens(20000), 2);
+  nlohmann::json j = tiny_shard_config("data/train_*.bin");  // relative to the config file
   j["train"]["eval_sequences"] = 4;
   std::ofstream(dir + "/cfg/lm.json") << j.dump();
   // Trained from the config's directory, by a relative path; evaluated from /.
@@ -297,17 +312,9 @@ TEST(Cli, ResumeRefusesDataThatChangedUnderIt) {
   const std::string dir = testing::TempDir() + "kvs_cli_data_change";
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
-  std::vector<uint32_t> tokens(3000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7) % 256;
+  const std::vector<uint32_t> tokens = byte_tokens(3000);
   kvs::write_shard(dir + "/data/train_000.bin", tokens, 2);
-  auto j = nlohmann::json::parse(kvs::testing_util::slurp(src("configs/toy/lm-small-kvshift.json")));
-  j["data"]["shards"]["train"] = {dir + "/data/train_*.bin"};
-  j["data"]["shards"]["val"] = nlohmann::json::array();
-  j["data"]["shards"]["val_fraction"] = 0.2;
-  j["model"]["num_hidden_layers"] = 1;
-  j["train"]["steps"] = 2;
-  j["train"]["seq_len"] = 32;
-  j["train"]["micro_batch_size"] = 2;
+  nlohmann::json j = tiny_shard_config(dir + "/data/train_*.bin");
   j["train"]["grad_accum_steps"] = 1;
   j["train"]["eval_every"] = 0;
   j["train"]["eval_sequences"] = 2;

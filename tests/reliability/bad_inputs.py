@@ -365,6 +365,19 @@ def cases():
         shard(d, "train.bin", list(range(2, 12)))
         return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
 
+    @case("shard-data-changed", "data shards", "resume after the shard glob matched one more file",
+          "D/run/checkpoints/step_00000002: the data changed since this checkpoint (sequences * then, * now); its "
+          "data position would map onto other sequences: restore the shards and settings it was trained on, or pass "
+          "--allow-data-change to go on with these")
+    def _(b, d):
+        shard(d, "train_0.bin", list(range(2, 30)) * 20)
+        cfg = shard_config(d, shards={"train": ["train_*.bin"], "val": []})
+        subprocess.run([b, "train", "--quiet", "--config", cfg, "--run-dir", os.path.join(d, "run")], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shard(d, "train_1.bin", list(range(2, 30)) * 20)
+        return ["train", "--config", cfg, "--run-dir", os.path.join(d, "run"), "--resume", "--set",
+                "train.steps=3"], ""
+
     @case("shard-token-bytes", "data shards", "a token width other than 2 or 4",
           "D/train.bin: bad bytes per token 3 in the shard header (must be 2 or 4)")
     def _(b, d):
@@ -619,6 +632,7 @@ LINKS = {
     "cli-run-dir-is-a-checkpoint": "Train.RefusesARunDirectoryHoldingAModel",
     "cli-run-dir-held": "Train.RefusesARunDirectoryAnotherTrainerHolds",
     "cli-overwrite-run": "Train.RefusesToOverwriteARun",
+    "shard-data-changed": "Cli.ResumeRefusesDataThatChangedUnderIt",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
     "shard-truncated": "DataShards.CorruptFilesNameThePath",
     "shard-version": "DataShards.CorruptFilesNameThePath",

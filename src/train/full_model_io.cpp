@@ -96,16 +96,16 @@ std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::st
     const bool owner = owner_[i] == pp_rank;
     // Pipeline: only tensor-parallel rank 0's group carries the tensor on to rank 0.
     if (!owner && (!pp_ || tp_.rank != 0)) continue;
+    // Every tensor-parallel rank assembles, so that all of them find drifted
+    // replicas at the same tensor and stop together.
     StTensor t{prefix + f.name, DType::F32, f.shape, {}};
     float* full = nullptr;
-    if (tp_.rank == 0) {
-      if (keeper) {
-        t.bytes.resize(f.numel * sizeof(float));
-        full = reinterpret_cast<float*>(t.bytes.data());
-      } else {
-        buffer.resize(f.numel);
-        full = buffer.data();
-      }
+    if (keeper) {
+      t.bytes.resize(f.numel * sizeof(float));
+      full = reinterpret_cast<float*>(t.bytes.data());
+    } else {
+      buffer.resize(f.numel);
+      full = buffer.data();
     }
     if (owner) {
       const ParamTensor* l = local_.find(f.name);
@@ -123,7 +123,7 @@ std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::st
         }
         all = gathered.data();
       }
-      if (full) assemble_tensor(f, *l, tp_.size, all, full);
+      assemble_tensor(f, *l, tp_.size, all, full);
     }
     if (pp_ && tp_.rank == 0)  // from the stage that holds it to the first stage's rank (world rank 0)
       for (size_t at = 0; at < f.numel; at += dist::kHostPieceFloats)

@@ -352,17 +352,23 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                 "{}: data.type changed (checkpoint {}, config {}); the data stream would not line up", latest,
                 was["data"]["type"].dump(), type.dump());
     }
-    // Shards added to (or gone from) the globs, or another val split, map every
-    // later index onto other windows, and the old val sequences into training.
+    // Shards added to (or gone from) the train globs, or another val split,
+    // map every later index onto other windows (and old val text into
+    // training). Only the val files changing leaves training as it was: the
+    // evaluations before and after just measure other text.
     const nlohmann::json was_data = ts.value("data", nlohmann::json::object()), now_data = data_counts(*data);
     if (was_data.is_object() && !was_data.empty() && was_data != now_data) {
       const std::string what = fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)",
                                            latest, was_data.dump(), now_data.dump());
-      KVS_CHECK(opt.allow_data_change,
-                "{}; its data position would map onto other sequences: restore the shards and settings it was "
-                "trained on, or pass --allow-data-change to go on with these",
-                what);
-      if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+      if (was_data.value("train_sequences", nlohmann::json()) == now_data.value("train_sequences", nlohmann::json())) {
+        if (rank0) spdlog::warn("{}: the validation data only; its losses before and after are not comparable", what);
+      } else {
+        KVS_CHECK(opt.allow_data_change,
+                  "{}; its data position would map onto other sequences: restore the shards and settings it was "
+                  "trained on, or pass --allow-data-change to go on with these",
+                  what);
+        if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+      }
     }
     KVS_CHECK(step <= tc.steps,
               "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,

@@ -38,7 +38,7 @@ struct TrainOptions {
   // A fresh run (not resume) starts from this checkpoint's weights instead of
   // the seeded initialisation (continued pretraining, e.g. after import-hf).
   std::string init_from = "";
-  // Resume although the data's sequence counts differ from the checkpoint's
+  // Resume although the training data's sequence count differs from the checkpoint's
   // (shards added or removed, another val split): the data positions then map
   // onto other sequences, which is refused unless this is set.
   bool allow_data_change = false;

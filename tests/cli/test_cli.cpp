@@ -347,6 +347,20 @@ TEST(Cli, ResumeRefusesDataThatChangedUnderIt) {
   r = run(train + " --resume --set train.steps=4");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step_00000003: the data changed"), std::string::npos) << r.out;
+  // Separate val files changing leave the training data as it was: a warning, not a refusal.
+  fs::create_directories(dir + "/val");
+  kvs::write_shard(dir + "/val/val_000.bin", tokens, 2);
+  j["data"]["shards"]["val"] = {dir + "/val/val_*.bin"};
+  std::ofstream(dir + "/lm_val.json") << j.dump();
+  const std::string train_val = "train --quiet --config " + dir + "/lm_val.json --run-dir " + dir + "/run_val";
+  r = run(train_val);
+  ASSERT_EQ(r.code, 0) << r.out;
+  kvs::write_shard(dir + "/val/val_001.bin", tokens, 2);
+  r = run(train_val + " --resume --set train.steps=3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the validation data only; its losses before and after are not comparable"),
+            std::string::npos)
+      << r.out;
   // More steps than the data has windows: a warning, once, at startup.
   r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/long --set train.steps=40");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -35,7 +35,7 @@ void add_train(CLI::App& app) {
                   "model must match the config's")
       ->excludes("--resume");
   cmd->add_flag("--allow-data-change", a->allow_data_change,
-                "With --resume: go on although the data's sequence counts changed since the checkpoint (shards "
+                "With --resume: go on although the training data's sequence count changed since the checkpoint (shards "
                 "added or removed, another val split); the step's data position then maps onto other sequences")
       ->needs("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");

@@ -107,7 +107,12 @@ void write_tokenizer_files(const StagedDir& out, const std::string& dir, const T
               {"pad_token", piece(t.ids.pad)},
               {"model_max_length", max_len},
               {"clean_up_tokenization_spaces", false},
-              {"legacy", false},
+              // As sentencepiece encodes (and kvshift's data were): the dummy
+              // prefix before every text, also one that starts with a space
+              // (legacy false drops it there), and "<s>" / "</s>" in a text are
+              // text, not the special tokens. Checked by tests/hf/run_hf.py.
+              {"legacy", true},
+              {"split_special_tokens", true},
               {"sp_model_kwargs", json::object()}};
   write_json(out.file("tokenizer_config.json"), cfg);
   write_json(out.file("special_tokens_map.json"), special);

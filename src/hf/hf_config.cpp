@@ -117,7 +117,10 @@ ModelConfig import_config(const json& j, const std::string& origin) {
   for (const char* key : {"attention_bias", "mlp_bias"})
     KVS_CHECK(!get_or<bool>(j, key, false, origin), "{}: {} true cannot be expressed (kvshift has no biases)", origin,
               key);
-  const int window = get_or<int>(j, "sliding_window", 0, origin);
+  // Mistral attends within sliding_window: transformers' default 4096 when the
+  // key is absent, everywhere when it is null. Its Llama ignores the key.
+  const int window =
+      type != "mistral" ? 0 : j.contains("sliding_window") ? get_or<int>(j, "sliding_window", 0, origin) : 4096;
   if (window > 0 && window < m.max_position_embeddings && get_or<bool>(j, "use_sliding_window", true, origin))
     fail("{}: sliding_window {} < max_position_embeddings {} cannot be expressed (kvshift attends to every "
          "position; set sliding_window to null, or max_position_embeddings to {}, if that is what you want)",

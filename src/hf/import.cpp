@@ -100,13 +100,20 @@ std::string import_hf(const ImportOptions& o) {
   auto weights = read_weights(o.model);
 
   const ParamLayout layout = ParamLayout::build(m);
-  std::vector<float> flat(layout.total);
-  init_params(layout, m, o.seed, flat.data());  // only the added shift tensors keep these values
+  // Each tensor is converted straight into its output tensor, and its input
+  // freed: the peak is the input plus one fp32 copy of the model.
+  std::vector<StTensor> tensors;
+  tensors.reserve(layout.tensors.size());
   for (const auto& t : layout.tensors) {
+    StTensor& out = tensors.emplace_back(StTensor{t.name, DType::F32, t.shape, {}});
+    out.bytes.resize(t.numel * sizeof(float));
+    float* dst = reinterpret_cast<float*>(out.bytes.data());
     if (t.kind == ParamKind::Shift && !had_shift) {
       if (init == "identity") {
         const int64_t cols = t.shape[1];
-        for (int64_t i = 0; i < t.shape[0] * cols; ++i) flat[t.offset + i] = (i % cols == cols - 1) ? 1.0f : 0.0f;
+        for (int64_t i = 0; i < t.shape[0] * cols; ++i) dst[i] = (i % cols == cols - 1) ? 1.0f : 0.0f;
+      } else {
+        init_param_range(t, m, o.seed, 0, t.numel, dst);  // the paper's initialisation
       }
       continue;
     }
@@ -119,17 +126,13 @@ std::string import_hf(const ImportOptions& o) {
     KVS_CHECK(w.tensor.shape == t.shape, "{}: tensor '{}' has shape {}, expected {} from config.json", w.file, t.name,
               shape_str(w.tensor.shape), shape_str(t.shape));
     const std::vector<float> v = tensor_to_f32(w.tensor);
-    std::copy(v.begin(), v.end(), flat.begin() + static_cast<std::ptrdiff_t>(t.offset));
+    std::copy(v.begin(), v.end(), dst);
     weights.erase(it);
   }
   for (const auto& [name, w] : weights)
     KVS_CHECK(ignorable(name, m), "{}: unexpected tensor '{}' (not part of a {}-layer model of this config)", w.file,
               name, m.num_hidden_layers);
   weights.clear();
-
-  std::vector<StTensor> tensors;
-  for (const auto& t : layout.tensors) tensors.push_back(make_f32_tensor(t.name, t.shape, flat.data() + t.offset));
-  std::vector<float>().swap(flat);
 
   StagedDir out(o.out, o.force, {o.model});
   atomic_write_file(out.file("config.json"), model_to_hf_json(m).dump(2) + "\n");

@@ -81,6 +81,18 @@ TEST(HfConfig, ImportDefaultsAndRefusals) {
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("rope_scaling", {{"type", "linear"}}), "c.json"), "c.json",
                    "rope_scaling");
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("sliding_window", 16), "c.json"), "c.json", "sliding_window");
+  // Without the key a Mistral attends within transformers' default window, 4096: refused at its
+  // default 131072 positions, taken where the positions fit in the window.
+  json no_key = j;
+  no_key.erase("sliding_window");
+  EXPECT_KVS_ERROR(kvs::hf::import_config(no_key, "c.json"), "c.json",
+                   "sliding_window 4096 < max_position_embeddings 131072");
+  no_key["max_position_embeddings"] = 4096;
+  EXPECT_EQ(kvs::hf::import_config(no_key, "c.json").max_position_embeddings, 4096);
+  // transformers' Llama ignores sliding_window.
+  json llama = with("model_type", "llama");
+  llama["sliding_window"] = 16;
+  EXPECT_NO_THROW(kvs::hf::import_config(llama, "c.json"));
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("attention_bias", true), "c.json"), "attention_bias");
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("hidden_act", "gelu"), "c.json"), "gelu");
   EXPECT_KVS_ERROR(kvs::hf::import_config(with("model_type", "gpt2"), "c.json"), "gpt2");

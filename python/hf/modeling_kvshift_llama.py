@@ -263,7 +263,15 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
             past = None
         seen = past.get_seq_length() if past is not None else 0
         if seen:
-            input_ids = input_ids[:, seen:]
+            # The tokens the cache has not seen. generate() says how many (cache_position); from
+            # inputs_embeds, input_ids holds the generated tokens only, so it is shorter than the cache.
+            cache_position = kwargs.get("cache_position")
+            if cache_position is not None:
+                input_ids = input_ids[:, -cache_position.shape[0]:]
+            elif inputs_embeds is not None or input_ids.shape[1] <= seen:
+                input_ids = input_ids[:, -1:]
+            else:
+                input_ids = input_ids[:, seen:]
             inputs_embeds = None
         inputs = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": input_ids}
         if position_ids is not None:

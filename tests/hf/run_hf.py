@@ -176,6 +176,20 @@ def check_cache(t, case, model, tokens):
     t.record(case, "greedy generate (cache) == argmax of full", got == want, f"{got[4:]}")
 
 
+def check_generate_from_embeddings(t, case, model, tokens):
+    """generate(inputs_embeds=...) continues as generate(input_ids) does (the cache then holds more
+    positions than input_ids, which holds the generated tokens only)."""
+    ids = torch.tensor([tokens[:5]])
+    want = greedy(model, ids, 6)[0, 5:].tolist()
+    try:
+        got = model.generate(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=torch.ones_like(ids),
+                             max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)[0].tolist()
+        t.record(case, "generate(inputs_embeds) == generate(input_ids)", got[-6:] == want, f"{got[-6:]} vs {want}")
+    except Exception as e:  # noqa: BLE001
+        t.record(case, "generate(inputs_embeds) runs", False, f"{type(e).__name__}: {e}"[:40])
+
+
 def check_foreign_cache(t, case, model, tokens):
     """generate() given a filled cache of another kind refuses it (the shift needs the raw k/v tails,
     which only a KvShiftCache holds) instead of dropping it with the prompt tokens it stands for."""
@@ -321,6 +335,7 @@ def export_cases(t, binary, work):
             check_padding_and_half(t, name, model, TOKENS)
         if HF and shifted and name == "shift_gqa":
             check_foreign_cache(t, name, model, TOKENS)
+            check_generate_from_embeddings(t, name, model, TOKENS)
         back = os.path.join(d, "reimported")
         run([binary, "import-hf", "--model", out, "--out", back])
         a = read_safetensors(os.path.join(back, "model.safetensors"))

@@ -414,21 +414,6 @@ SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
       metadata_(std::move(o.metadata_)),
       bytes_read_(o.bytes_read_) {}
 
-SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(o.path_);
-    fd_ = std::exchange(o.fd_, -1);
-    data_start_ = o.data_start_;
-    tensors_ = std::move(o.tensors_);
-    begin_ = std::move(o.begin_);
-    index_ = std::move(o.index_);
-    metadata_ = std::move(o.metadata_);
-    bytes_read_ = o.bytes_read_;
-  }
-  return *this;
-}
-
 const StTensor* SafetensorsReader::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &tensors_[it->second];

@@ -57,7 +57,7 @@ class SafetensorsReader {
   explicit SafetensorsReader(const std::string& path);
   ~SafetensorsReader();
   SafetensorsReader(SafetensorsReader&& o) noexcept;
-  SafetensorsReader& operator=(SafetensorsReader&& o) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) = delete;
   SafetensorsReader(const SafetensorsReader&) = delete;
 
   const std::string& path() const { return path_; }

@@ -1,6 +1,7 @@
 #include "train/model_io.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -26,11 +27,9 @@ std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck) {
 }
 
 OpenedCheckpoint open_model_checkpoint(const std::string& dir) {
-  OpenedCheckpoint c;
-  c.dir = dir;
-  c.files = open_checkpoint(dir);
-  c.model = model_from_hf_json(c.files.hf_config, dir + "/config.json");
-  return c;
+  CheckpointFiles files = open_checkpoint(dir);
+  ModelConfig model = model_from_hf_json(files.hf_config, dir + "/config.json");
+  return OpenedCheckpoint{dir, std::move(model), std::move(files)};
 }
 
 }  // namespace kvs

@@ -49,7 +49,7 @@ void add_eval(CLI::App& app) {
         cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
     if (!cfg.data.tokenizer.empty())  // the data's ids must mean what they meant in training
       check_checkpoint_tokenizer(ck.data.trainer_state, dir,
-                                 (std::filesystem::path(cfg_dir) / cfg.data.tokenizer).lexically_normal().string());
+                                 check_data_tokenizer(cfg.data.tokenizer, ck.model.vocab_size, cfg_dir));
     auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
     auto engine = engine_for(ck, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.device);
     EvalResult r = evaluate(*engine, *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences);

@@ -96,16 +96,43 @@ class Harness:
             out, _ = p.communicate(timeout=timeout)
             return p.returncode, out.decode(errors="replace"), False
         except subprocess.TimeoutExpired:
-            self.killpg(p, signal.SIGKILL)
+            self.kill_job(p)
             out, _ = p.communicate()
             return p.returncode, out.decode(errors="replace"), True
+        finally:
+            self.kill_job(p)  # nothing of this run may outlive it (and hold the run directory's lock)
 
     @staticmethod
-    def killpg(p, sig):
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            pass
+    def session_pids(sid):
+        """The live (not zombie) processes of session `sid`."""
+        pids = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(d))
+        return pids
+
+    def kill_job(self, p):
+        """SIGKILL of the whole job, and wait until it is gone. mpirun puts each rank in its own process group,
+        so a killpg of mpirun's group leaves the ranks alive until they notice; they share its session
+        (start() makes a new one), so kill that."""
+        deadline = time.time() + 10
+        while True:
+            pids = self.session_pids(p.pid)
+            if not pids or time.time() > deadline:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
 
     def rank_pids(self, p):
         """The kvshift processes under mpirun `p` (its descendants)."""
@@ -221,6 +248,10 @@ class Harness:
         identical = c == self.reference(dp) and rc == 0
         lost = (not identical and not hung) or (resumed_step is not None and resumed_step < latest_before)
         note = "" if identical else f"exit {rc}; " + (out.strip().splitlines() or [""])[-1][:160]
+        if identical and lost:
+            first = (out.strip().splitlines() or [""])
+            note = (f"the first resume started from step {resumed_step}, but `latest` named step {latest_before}: "
+                    + " | ".join(l for l in first if "error" in l or "resuming" in l)[:240])
         return identical, lost, hung, note
 
     def trial_kill(self, dp, in_save, shrink=1.0, tries=3):
@@ -247,7 +278,7 @@ class Harness:
         else:
             time.sleep(self.rng.uniform(0.05, 0.95) * self.ref_time[dp] * shrink)
         alive = p.poll() is None
-        self.killpg(p, signal.SIGKILL)
+        self.kill_job(p)
         p.communicate()
         if in_save and not (alive and seen == want):
             # The kill must land inside the save it aimed at, or the trial proves nothing.

@@ -8,7 +8,8 @@
 #include "core/fs.h"
 #include "hf/hf_config.h"
 #include "hf/shard_plan.h"
-#include "hf/sp_pieces.h"
+#include "hf/sp_model.h"
+#include "hf/tokenizer_json.h"
 #include "hf/staged_dir.h"
 #include "hf_python_files.h"  // generated from python/hf/*.py (cmake/EmbedFiles.cmake)
 #include "model/params.h"
@@ -61,7 +62,8 @@ std::string find_tokenizer_dir(const ExportOptions& o, const json& run_config, s
 
 struct TokenizerInfo {
   SpecialIds ids;
-  std::vector<std::string> pieces;
+  SpModel model;
+  const std::string& piece(int id) const { return model.pieces[id].piece; }
 };
 
 TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
@@ -69,8 +71,8 @@ TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
   const std::string model_path = dir + "/tokenizer.model";
   KVS_CHECK(fs::exists(model_path), "{}: missing tokenizer.model (not a tokenizer directory?)", dir);
   TokenizerInfo t;
-  t.pieces = read_sentencepiece_pieces(model_path);
-  int vocab = static_cast<int>(t.pieces.size());
+  t.model = read_sentencepiece_model(model_path);
+  int vocab = static_cast<int>(t.model.pieces.size());
   if (fs::exists(meta_path)) {
     const json m = read_json(meta_path);
     auto id = [&](const char* key) {
@@ -86,19 +88,28 @@ TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
   KVS_CHECK(vocab <= model_vocab, "{}: the tokenizer has {} pieces but the model's vocab_size is {}", dir, vocab,
             model_vocab);
   for (int id : {t.ids.bos, t.ids.eos, t.ids.pad, t.ids.unk})
-    KVS_CHECK(id < static_cast<int>(t.pieces.size()), "{}: special id {} is beyond the model's {} pieces", dir, id,
-              t.pieces.size());
+    KVS_CHECK(id < static_cast<int>(t.model.pieces.size()), "{}: special id {} is beyond the model's {} pieces", dir,
+              id, t.model.pieces.size());
   return t;
 }
 
-void write_tokenizer_files(const StagedDir& out, const std::string& dir, const TokenizerInfo& t, int max_len) {
+// Returns "" when tokenizer.json was written, else why not (for a warning).
+std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, const TokenizerInfo& t, int max_len) {
   fs::copy_file(dir + "/tokenizer.model", out.file("tokenizer.model"));
-  auto piece = [&](int id) { return id >= 0 ? json(t.pieces[id]) : json(nullptr); };
+  auto piece = [&](int id) { return id >= 0 ? json(t.piece(id)) : json(nullptr); };
   json special = json::object();
   for (auto [key, id] : {std::pair{"bos_token", t.ids.bos}, {"eos_token", t.ids.eos}, {"unk_token", t.ids.unk},
                          {"pad_token", t.ids.pad}})
-    if (id >= 0) special[key] = t.pieces[id];
-  json cfg = {{"tokenizer_class", "LlamaTokenizer"},
+    if (id >= 0) special[key] = t.piece(id);
+  // With tokenizer.json (tokenizer_json.h says why) transformers 4.x and 5.x encode
+  // as sentencepiece does. Without it, a LlamaTokenizer converts tokenizer.model
+  // itself: sentencepiece's ids on 4.x with `legacy`, but 5.x drops the dummy
+  // prefix before a leading space. "<s>" / "</s>" in a text are text, not the
+  // special tokens, as in kvshift's data. Checked by tests/hf/run_hf.py.
+  const std::string why_not = why_no_tokenizer_json(t.model);
+  if (why_not.empty())
+    atomic_write_file(out.file("tokenizer.json"), tokenizer_json(t.model, t.ids.bos).dump(2) + "\n");
+  json cfg = {{"tokenizer_class", why_not.empty() ? "PreTrainedTokenizerFast" : "LlamaTokenizer"},
               {"add_bos_token", t.ids.bos >= 0},
               {"add_eos_token", false},
               {"bos_token", piece(t.ids.bos)},
@@ -106,16 +117,14 @@ void write_tokenizer_files(const StagedDir& out, const std::string& dir, const T
               {"unk_token", piece(t.ids.unk)},
               {"pad_token", piece(t.ids.pad)},
               {"model_max_length", max_len},
+              {"padding_side", "left"},  // as LlamaTokenizer's
               {"clean_up_tokenization_spaces", false},
-              // As sentencepiece encodes (and kvshift's data were): the dummy
-              // prefix before every text, also one that starts with a space
-              // (legacy false drops it there), and "<s>" / "</s>" in a text are
-              // text, not the special tokens. Checked by tests/hf/run_hf.py.
               {"legacy", true},
               {"split_special_tokens", true},
               {"sp_model_kwargs", json::object()}};
   write_json(out.file("tokenizer_config.json"), cfg);
   write_json(out.file("special_tokens_map.json"), special);
+  return why_not;
 }
 
 std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
@@ -182,10 +191,15 @@ std::string export_hf(const ExportOptions& o) {
   const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);
-  if (!tok_dir.empty()) write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings);
+  std::string no_json_reason;
+  if (!tok_dir.empty()) no_json_reason = write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings);
   out.commit();
   if (tok_dir.empty())  // after the commit, so that an error stays the only line of a failed run
     spdlog::warn("no tokenizer ({}): wrote no tokenizer files", no_tok_reason);
+  else if (!no_json_reason.empty())
+    spdlog::warn("{}/tokenizer.model: no tokenizer.json ({}): transformers converts tokenizer.model itself, and its "
+                 "ids may differ from sentencepiece's for some texts (docs/HF.md)",
+                 tok_dir, no_json_reason);
   if (m.document_boundaries != DocumentBoundaries::None)
     spdlog::warn("model.document_boundaries \"{}\" is a training option the export drops: transformers treats each "
                  "input as one document (the same logits for a sequence with BOS only at its start)",

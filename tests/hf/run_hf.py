@@ -620,7 +620,13 @@ def tokenizer_case(t, binary, work, vanilla):
     out2 = os.path.join(d, "hf_from_run_config")
     r = export(binary, ck2, out2)
     t.record("tokenizer", "run_config data.tokenizer is exported",
-             os.path.exists(os.path.join(out2, "tokenizer.model")) and "warning" not in r.stderr)
+             os.path.exists(os.path.join(out2, "tokenizer.model")) and "no tokenizer (" not in r.stderr)
+    # sentencepiece's default normalization (nmt_nfkc, extra spaces removed) has no tokenizer.json here:
+    # the LlamaTokenizer converts tokenizer.model itself, and a warning says so.
+    ok = not os.path.exists(os.path.join(out2, "tokenizer.json")) and tc["tokenizer_class"] == "LlamaTokenizer" \
+        and "no tokenizer.json (its normalization is 'nmt_nfkc', not identity)" in r.stderr
+    t.record("tokenizer", "an nmt_nfkc tokenizer: no tokenizer.json, a LlamaTokenizer and one warning", ok,
+             "" if ok else r.stderr[-100:])
     if HF:
         from transformers import AutoTokenizer
         s = "the cat sat on the mat"
@@ -636,33 +642,69 @@ def tokenizer_case(t, binary, work, vanilla):
 def kvshift_tokenizer_ids(t, binary, d, text):
     """A tokenizer trained by kvshift (its sentencepiece settings: spaces kept, byte fallback), exported:
     transformers' tokenizers give the ids sentencepiece gives, the ids kvshift's data were made of, also
-    for texts that start with spaces and texts holding "<s>" or "</s>"."""
+    for texts that start with spaces and texts holding "<s>" or "</s>", and decode as sentencepiece does.
+    On 4.x the exported tokenizer.json is also compared with transformers' own conversion."""
+    import random
     import sentencepiece as spm
     from transformers import AutoTokenizer
     tok = os.path.join(d, "kvshift_tok")
-    subprocess.run([binary, "tokenizer", "train", "--input", text, "--vocab-size", "320", "--out", tok],
+    corpus = os.path.join(d, "kvshift_tok_text.txt")
+    rng = random.Random(3)
+    words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "after", "it", "  ", "def", "return", "x", "<s>",
+             "über", "naïve", "日本", "語", "\t", "transformers", "tokenizer", "sentencepiece", "merges", "shifting",
+             "attention", "ICML", "(", ")", ":", "\u2581", "    return x", "ünïcödé"]
+    # Random words and random cuts of them: enough distinct pieces for a few hundred merges.
+    lines = [" ".join(w[:rng.randrange(1, len(w) + 1)] if rng.random() < 0.3 else w
+                      for w in (rng.choice(words) for _ in range(12))) + f" {i * 7}" for i in range(4000)]
+    with open(corpus, "w") as f:
+        f.write(open(text).read() + "\n".join(lines) + "\n")
+    subprocess.run([binary, "tokenizer", "train", "--input", corpus, "--vocab-size", "600", "--out", tok],
                    check=True, capture_output=True)
-    big = os.path.join(d, "ckpt_vocab320")  # a model whose vocabulary holds the tokenizer's 320 pieces
-    cfg = make_config(32, 4, 2, 40, 1, 320, False, False)
+    big = os.path.join(d, "ckpt_vocab600")  # a model whose vocabulary holds the tokenizer's 600 pieces
+    cfg = make_config(32, 4, 2, 40, 1, 600, False, False)
     write_checkpoint(big, cfg, draw_weights(cfg, 210))
     out = os.path.join(d, "hf_kvshift_tok")
-    export(binary, big, out, "--tokenizer", tok)
+    r = export(binary, big, out, "--tokenizer", tok)
+    tc = json.load(open(os.path.join(out, "tokenizer_config.json")))
+    ok = os.path.exists(os.path.join(out, "tokenizer.json")) and tc["tokenizer_class"] == "PreTrainedTokenizerFast" \
+        and "warning" not in r.stderr
+    t.record("tokenizer", "kvshift tokenizer: tokenizer.json, a PreTrainedTokenizerFast, no warning", ok,
+             "" if ok else r.stderr[-100:])
     sp = spm.SentencePieceProcessor(model_file=os.path.join(tok, "tokenizer.model"))
-    texts = ["the cat sat", "the  cat", "a\nb", "the cat</s>sat", "<s>the dog", "x <s> y", "mat 123", ""]
-    leading = [" the cat", "  two spaces", "\u2581odd"]
-    # transformers 5 builds its Llama tokenizer with a Metaspace pre-tokenizer that adds the dummy
-    # prefix only where a text does not start with a space: a known difference (docs/HF.md).
-    if MAJOR < 5:
-        texts += leading
+    texts = ["the cat sat", "the  cat", "a\nb", "the cat</s>sat", "<s>the dog", "x <s> y", "mat 123", "",
+             " the cat", "  two spaces", "\u2581odd", "über naïve 日本語 ☃ 🙂", "tab\there", "   ", "x  ", "<unk> y"]
+    for _ in range(300):  # pieces of lines: many start or end with spaces
+        a = rng.choice(lines)
+        s = rng.randrange(len(a))
+        texts.append(a[s:s + rng.randrange(1, 60)])
     for fast in (False, True):
         try:
             hf = AutoTokenizer.from_pretrained(out, use_fast=fast)
             bad = [s for s in texts if hf(s)["input_ids"] != [sp.bos_id()] + sp.encode(s)]
-            t.record("tokenizer", f"kvshift tokenizer, {type(hf).__name__}: ids == [bos] + sentencepiece",
-                     not bad, f"differs on {bad[:2]}" if bad else "")
+            t.record("tokenizer", f"kvshift tokenizer (use_fast={fast}), {type(hf).__name__}: ids == [bos] + "
+                     f"sentencepiece on {len(texts)} texts", not bad, f"differs on {bad[:2]}" if bad else "")
+            bad = [s for s in texts if hf.decode(hf(s)["input_ids"], skip_special_tokens=True) != sp.decode(sp.encode(s))]
+            t.record("tokenizer", f"kvshift tokenizer (use_fast={fast}): decode == sentencepiece's", not bad,
+                     f"differs on {bad[:2]}" if bad else "")
         except Exception as e:  # noqa: BLE001
             t.record("tokenizer", f"kvshift tokenizer loads (use_fast={fast})", False,
                      f"{type(e).__name__}: {e}"[:40])
+    if MAJOR < 5:  # transformers 4's LlamaConverter: the same file, but for merges into control pieces
+        from transformers import LlamaTokenizerFast
+        conv = json.loads(LlamaTokenizerFast(vocab_file=os.path.join(out, "tokenizer.model"), legacy=True,
+                                             add_prefix_space=True, from_slow=True).backend_tokenizer.to_str())
+        ours = json.load(open(os.path.join(out, "tokenizer.json")))
+        normal = {sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                  if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i))}
+        merges = [m if isinstance(m, str) else " ".join(m) for m in conv["model"]["merges"]]
+        same = {k: conv[k] == ours[k] for k in ("normalizer", "pre_tokenizer", "decoder", "post_processor")}
+        same["model"] = {k: v for k, v in conv["model"].items() if k != "merges"} == \
+            {k: v for k, v in ours["model"].items() if k != "merges"}
+        same["merges"] = [m for m in merges if m.replace(" ", "") in normal] == ours["model"]["merges"]
+        same["added_tokens"] = [(a["id"], a["content"], a["special"]) for a in conv["added_tokens"]] == \
+            [(a["id"], a["content"], a["special"]) for a in ours["added_tokens"]]
+        t.record("tokenizer", f"tokenizer.json == transformers' conversion ({len(ours['model']['merges'])} merges)",
+                 all(same.values()), f"differs in {[k for k, v in same.items() if not v]}")
 
 
 def resolve_checkpoint(path):

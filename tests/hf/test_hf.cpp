@@ -7,7 +7,8 @@
 
 #include "hf/hf_config.h"
 #include "hf/shard_plan.h"
-#include "hf/sp_pieces.h"
+#include "hf/sp_model.h"
+#include "hf/tokenizer_json.h"
 #include "hf/staged_dir.h"
 #include "test_util.h"
 
@@ -219,21 +220,96 @@ TEST(HfStagedDir, AllOrNothing) {
   EXPECT_KVS_ERROR(kvs::hf::StagedDir(tmp.str(), true, {out}), "must not be");
 }
 
-TEST(HfSentencepiece, ReadsPiecesFromWireFormat) {
+TEST(HfSentencepiece, ReadsPiecesAndSpecsFromWireFormat) {
   TmpDir tmp;
-  // ModelProto { pieces { piece: "<unk>" score: 0 type: 2 } pieces { piece: "<s>" } } + a trainer_spec field.
+  // ModelProto { pieces { piece: "<unk>" score: 0 type: 2 } pieces { piece: "ab" score: -1.5 }
+  //              trainer_spec { model_type: BPE byte_fallback: true } normalizer_spec { name: "identity" add_dummy_prefix: false } }
   std::string pb;
-  auto piece = [&](const std::string& s) {
-    std::string sub = "\x0a" + std::string(1, static_cast<char>(s.size())) + s + std::string("\x15\0\0\0\0\x18\x02", 7);
-    pb += "\x0a" + std::string(1, static_cast<char>(sub.size())) + sub;
+  auto bytes = [](std::initializer_list<int> b) {
+    std::string s;
+    for (int c : b) s += static_cast<char>(c);
+    return s;
   };
-  piece("<unk>");
-  piece("<s>");
-  pb += std::string("\x12\x02\x08\x01", 4);  // field 2 (trainer_spec), length 2
+  auto field = [](int key, const std::string& payload) {
+    return std::string(1, static_cast<char>(key)) + std::string(1, static_cast<char>(payload.size())) + payload;
+  };
+  pb += field(0x0a, field(0x0a, "<unk>") + bytes({0x15, 0, 0, 0, 0, 0x18, 0x02}));
+  pb += field(0x0a, field(0x0a, "ab") + bytes({0x15, 0x00, 0x00, 0xc0, 0xbf}));  // -1.5f, type absent: normal
+  pb += field(0x12, bytes({0x18, 0x02, 0x98, 0x02, 0x01}));  // field 3 = 2, field 35 = 1
+  pb += field(0x1a, field(0x0a, "identity") + bytes({0x18, 0x00}));
   kvs::testing_util::spit(tmp / "tokenizer.model", pb);
-  EXPECT_EQ(kvs::hf::read_sentencepiece_pieces(tmp / "tokenizer.model"), (std::vector<std::string>{"<unk>", "<s>"}));
+  const kvs::hf::SpModel m = kvs::hf::read_sentencepiece_model(tmp / "tokenizer.model");
+  ASSERT_EQ(m.pieces.size(), 2u);
+  EXPECT_EQ(m.pieces[0].piece, "<unk>");
+  EXPECT_EQ(m.pieces[0].type, kvs::hf::SpPiece::kUnknown);
+  EXPECT_EQ(m.pieces[1].piece, "ab");
+  EXPECT_EQ(m.pieces[1].score, -1.5f);
+  EXPECT_EQ(m.pieces[1].type, kvs::hf::SpPiece::kNormal);
+  EXPECT_EQ(m.model_type, 2);
+  EXPECT_TRUE(m.byte_fallback);
+  EXPECT_EQ(m.normalizer_name, "identity");
+  EXPECT_FALSE(m.add_dummy_prefix);
+  EXPECT_TRUE(m.remove_extra_whitespaces);  // the proto's default
+  EXPECT_EQ(kvs::hf::why_no_tokenizer_json(m), "it removes extra whitespace");
   kvs::testing_util::spit(tmp / "bad.model", "\x0a\x7f");
-  EXPECT_KVS_ERROR(kvs::hf::read_sentencepiece_pieces(tmp / "bad.model"), "bad.model", "sentencepiece");
+  EXPECT_KVS_ERROR(kvs::hf::read_sentencepiece_model(tmp / "bad.model"), "bad.model", "sentencepiece");
+}
+
+// transformers' generate_merges, by hand: splits of normal pieces into two
+// pieces of the vocabulary, by score, then longer left, then longer right, then
+// (left id, right id); multi-byte characters are never cut.
+TEST(HfTokenizerJson, MergesAreRankedAsTransformersRanksThem) {
+  using P = kvs::hf::SpPiece;
+  const std::vector<P> pieces = {
+      {"<unk>", 0, P::kUnknown}, {"<s>", 0, P::kControl}, {"<", -9, P::kNormal}, {"s>", -8, P::kNormal},
+      {"a", -10, P::kNormal},    {"b", -10, P::kNormal},  {"c", -10, P::kNormal}, {"ab", -1, P::kNormal},
+      {"bc", -2, P::kNormal},    {"abc", -2, P::kNormal}, {"é", -10, P::kNormal}, {"éa", -3, P::kNormal},
+      // The two bytes of "é" as pieces: a cut inside "é" would find them.
+      {"\xc3", -10, P::kNormal}, {"\xa9", -10, P::kNormal},
+  };
+  // "<s>" would rank first (score 0, from "<" + "s>") if control pieces were merged into.
+  const std::vector<std::pair<std::string, std::string>> expect = {
+      {"a", "b"},   // ab -1
+      {"ab", "c"},  // abc -2: the longer left first
+      {"a", "bc"},  // abc -2: then the longer right
+      {"b", "c"},   // bc -2
+      {"é", "a"},   // éa -3
+  };
+  EXPECT_EQ(kvs::hf::sentencepiece_merges(pieces), expect);
+}
+
+// The file tokenizers reads: vocabulary in id order, the dummy-prefix
+// normalizer, BOS template, special and user-defined pieces as added tokens.
+TEST(HfTokenizerJson, FileHoldsTheSentencepiecePipeline) {
+  using P = kvs::hf::SpPiece;
+  kvs::hf::SpModel m;
+  m.model_type = 2;
+  m.byte_fallback = true;
+  m.normalizer_name = "identity";
+  m.remove_extra_whitespaces = false;
+  m.pieces = {{"<unk>", 0, P::kUnknown}, {"<s>", 0, P::kControl}, {"</s>", 0, P::kControl},
+              {"<0x41>", 0, P::kByte},   {"\xe2\x96\x81", -1, P::kNormal}, {"t", -2, P::kNormal},
+              {"\xe2\x96\x81t", -0.5, P::kNormal}, {"[X]", 0, P::kUserDefined}};
+  ASSERT_EQ(kvs::hf::why_no_tokenizer_json(m), "");
+  const auto j = kvs::hf::tokenizer_json(m, 1);
+  ASSERT_EQ(j["model"]["vocab"].size(), 8u);
+  EXPECT_EQ(j["model"]["vocab"].begin().key(), "<unk>");
+  EXPECT_EQ(j["model"]["vocab"]["\xe2\x96\x81t"], 6);
+  EXPECT_EQ(j["model"]["merges"], nlohmann::ordered_json::array({"\xe2\x96\x81 t"}));
+  EXPECT_EQ(j["model"]["byte_fallback"], true);
+  EXPECT_EQ(j["model"]["unk_token"], "<unk>");
+  EXPECT_EQ(j["normalizer"]["normalizers"][0]["prepend"], "\xe2\x96\x81");
+  EXPECT_TRUE(j["pre_tokenizer"].is_null());
+  EXPECT_EQ(j["post_processor"]["single"][0]["SpecialToken"]["id"], "<s>");
+  ASSERT_EQ(j["added_tokens"].size(), 4u);  // <unk>, <s>, </s> special; [X] not
+  EXPECT_EQ(j["added_tokens"][3]["content"], "[X]");
+  EXPECT_EQ(j["added_tokens"][3]["special"], false);
+  EXPECT_TRUE(kvs::hf::tokenizer_json(m, -1)["post_processor"].is_null());
+  m.pieces.push_back({"t", -3, P::kNormal});
+  EXPECT_EQ(kvs::hf::why_no_tokenizer_json(m), "the piece 't' appears twice");
+  m.pieces.pop_back();
+  m.model_type = 1;
+  EXPECT_EQ(kvs::hf::why_no_tokenizer_json(m), "not a BPE model (sentencepiece model_type 1)");
 }
 
 }  // namespace

@@ -239,8 +239,9 @@ std::vector<int32_t> tensor_to_i32(const StTensor& t) {
 // ---------------------------------------------------------------------------
 // Writer
 
-void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors_streamed(const std::string& path, const std::vector<StTensor>& headers,
+                                const TensorDataWriter& write_data,
+                                const std::map<std::string, std::string>& metadata) {
   ojson header = ojson::object();
   if (!metadata.empty()) {
     ojson m = ojson::object();
@@ -248,19 +249,19 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
     header["__metadata__"] = std::move(m);
   }
   std::set<std::string> names;
+  std::vector<uint64_t> sizes;
   uint64_t offset = 0;
-  for (const StTensor& t : tensors) {
+  for (const StTensor& t : headers) {
     KVS_CHECK(t.name != "__metadata__", "{}: cannot write: '__metadata__' is reserved and cannot name a tensor", path);
     KVS_CHECK(names.insert(t.name).second, "{}: cannot write: duplicate tensor name '{}'", path, t.name);
-    uint64_t nbytes = checked_nbytes(t.shape, t.dtype, fmt::format("{}: cannot write: tensor '{}'", path, t.name));
-    KVS_CHECK(t.bytes.size() == nbytes, "{}: cannot write: tensor '{}' has {} bytes of data, expected {} for shape {} of {}",
-              path, t.name, t.bytes.size(), nbytes, shape_str(t.shape), dtype_name(t.dtype));
+    const uint64_t nbytes = checked_nbytes(t.shape, t.dtype, fmt::format("{}: cannot write: tensor '{}'", path, t.name));
     ojson e = ojson::object();
     e["dtype"] = dtype_name(t.dtype);
     e["shape"] = t.shape;
     e["data_offsets"] = {offset, offset + nbytes};
     header[t.name] = std::move(e);
     offset += nbytes;
+    sizes.push_back(nbytes);
   }
   std::string hs;
   try {
@@ -277,9 +278,30 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
   atomic_write_file_stream(path, [&](const ByteSink& sink) {
     sink(len_le, 8);
     sink(hs.data(), hs.size());
-    for (const StTensor& t : tensors)
-      if (!t.bytes.empty()) sink(t.bytes.data(), t.bytes.size());
+    for (size_t i = 0; i < headers.size(); ++i) {
+      uint64_t written = 0;
+      write_data(i, [&](const void* data, size_t size) {
+        KVS_CHECK(written + size <= sizes[i], "{}: cannot write: tensor '{}' got more than its {} bytes of data", path,
+                  headers[i].name, sizes[i]);
+        written += size;
+        if (size) sink(data, size);
+      });
+      KVS_CHECK(written == sizes[i], "{}: cannot write: tensor '{}' got {} bytes of data, expected {}", path,
+                headers[i].name, written, sizes[i]);
+    }
   });
+}
+
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const StTensor& t : tensors) {
+    const uint64_t nbytes = checked_nbytes(t.shape, t.dtype, fmt::format("{}: cannot write: tensor '{}'", path, t.name));
+    KVS_CHECK(t.bytes.size() == nbytes, "{}: cannot write: tensor '{}' has {} bytes of data, expected {} for shape {} of {}",
+              path, t.name, t.bytes.size(), nbytes, shape_str(t.shape), dtype_name(t.dtype));
+  }
+  write_safetensors_streamed(
+      path, tensors, [&](size_t i, const auto& sink) { sink(tensors[i].bytes.data(), tensors[i].bytes.size()); },
+      metadata);
 }
 
 // ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 // state and test/debug batches.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,6 +44,14 @@ std::vector<int32_t> tensor_to_i32(const StTensor& t);  // from I32/I64/U16/U8 (
 // stored in the given order; metadata goes to "__metadata__".
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The same file, with the data arriving tensor by tensor: `headers` give the
+// names, dtypes and shapes (their bytes are not used), and write_data(i, sink)
+// must write tensor i's bytes, exactly, into `sink`. For files larger than the
+// memory at hand (train/tensor_stream.h).
+using TensorDataWriter = std::function<void(size_t index, const std::function<void(const void*, size_t)>& sink)>;
+void write_safetensors_streamed(const std::string& path, const std::vector<StTensor>& headers,
+                                const TensorDataWriter& write_data,
+                                const std::map<std::string, std::string>& metadata = {});
 // Reads and validates the whole file: header size within the file, JSON well-formed,
 // every dtype known, offsets contiguous, in range and matching shape*dtype size.
 // Errors name the file (and the tensor).

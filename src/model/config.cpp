@@ -114,6 +114,8 @@ const Fields<TrainConfig>& train_fields() {
       {"attention_backend", &T::attention_backend},
       {"keep_checkpoints", &T::keep_checkpoints, at_least(0, "0 keeps every checkpoint"), kOmitIfDefault},
       {"async_checkpoint", &T::async_checkpoint, kOmitIfDefault},
+      {"checkpoint_buffer_gb", &T::checkpoint_buffer_gb,
+       at_least(0, "0: the whole checkpoint with async_checkpoint, else 1 GB"), kOmitIfDefault},
       {"stop_signal", &T::stop_signal, kOmitIfDefault},
       {"straggler_factor", &T::straggler_factor, at_least(0, "0 turns the straggler report off"), kOmitIfDefault},
   };

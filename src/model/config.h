@@ -151,6 +151,9 @@ struct TrainConfig {
   AttentionImpl attention_backend = AttentionImpl::Flash;  // CUDA attention: Flash (ours) or Cudnn (cuDNN fused SDPA)
   int keep_checkpoints = 0;        // newest step directories kept; 0 = all
   bool async_checkpoint = false;  // write checkpoints from a background thread
+  // Host memory (GB) world rank 0 may hold for checkpoint tensors not yet
+  // written; 0: the whole checkpoint with async_checkpoint, else 1 GB.
+  double checkpoint_buffer_gb = 0;
   StopSignal stop_signal = StopSignal::Usr1;  // stops the run after a checkpoint, like SIGTERM
   double straggler_factor = 3.0;  // a step slower than this x the median is reported; 0 = off
 

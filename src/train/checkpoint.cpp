@@ -170,7 +170,19 @@ std::string checkpoint_dir_name(int64_t step) {
   return fmt::format("step_{:08d}", step);
 }
 
-std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointData& data, int keep_last) {
+namespace {
+
+void write_tensors(const std::string& path, const std::vector<StTensor>& tensors, TensorStream* stream) {
+  if (!stream) return write_safetensors(path, tensors);
+  write_safetensors_streamed(path, tensors, [&](size_t i, const auto& sink) {
+    const StTensor t = stream->pop();
+    KVS_CHECK(t.name == tensors[i].name && t.dtype == tensors[i].dtype && t.shape == tensors[i].shape,
+              "{}: internal error: the stream brought tensor '{}' where '{}' belongs", path, t.name, tensors[i].name);
+    sink(t.bytes.data(), t.bytes.size());
+  });
+}
+
+std::string save_checkpoint_files(const std::string& root, int64_t step, const CheckpointData& data, int keep_last) {
   const std::string name = checkpoint_dir_name(step);
   KVS_CHECK(data.hf_config.is_object(), "{}: cannot save {}: the model config (config.json) must be a JSON object",
             root, name);
@@ -186,9 +198,9 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
   try {
     std::vector<std::string> files = {kConfig, kModel};
     write_json_file(join(tmp, kConfig), data.hf_config);
-    write_safetensors(join(tmp, kModel), data.model);
+    write_tensors(join(tmp, kModel), data.model, data.stream.get());
     if (!data.optimizer.empty()) {
-      write_safetensors(join(tmp, kOptimizer), data.optimizer);
+      write_tensors(join(tmp, kOptimizer), data.optimizer, data.stream.get());
       files.push_back(kOptimizer);
     }
     if (!data.trainer_state.is_null()) {
@@ -211,6 +223,17 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
   atomic_write_file(join(root, kLatest), name + "\n");
   prune(root, keep_last, name);
   return final_dir;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointData& data, int keep_last) {
+  try {
+    return save_checkpoint_files(root, step, data, keep_last);
+  } catch (...) {
+    if (data.stream) data.stream->abort();  // the producer's pushes must not wait for a write that ended
+    throw;
+  }
 }
 
 std::string latest_checkpoint(const std::string& root) {

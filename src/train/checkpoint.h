@@ -12,6 +12,7 @@
 // point leaves the previous `latest` checkpoint complete and untouched.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "core/safetensors.h"
 #include "model/params.h"
+#include "train/tensor_stream.h"
 
 namespace kvs {
 
@@ -30,6 +32,9 @@ struct CheckpointData {
   nlohmann::json trainer_state;           // trainer_state.json (written only if non-null)
   nlohmann::json run_config;              // run_config.json (written only if non-null)
   bool verified = false;                  // loaded: every file matched manifest.json
+  // A streamed save: `model` and `optimizer` hold the tensors' headers only,
+  // and their bytes come from `stream`, model tensors first, in order.
+  std::shared_ptr<TensorStream> stream;
 };
 
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"

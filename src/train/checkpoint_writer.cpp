@@ -25,6 +25,19 @@ void CheckpointWriter::save(int64_t step, CheckpointData data) {
     last_ = save_checkpoint(root_, step, data, keep_);
     return;
   }
+  start(step, std::move(data));
+}
+
+std::shared_ptr<TensorStream> CheckpointWriter::save_streamed(int64_t step, CheckpointData data,
+                                                             uint64_t budget_bytes) {
+  wait();
+  auto stream = std::make_shared<TensorStream>(budget_bytes);
+  data.stream = stream;
+  start(step, std::move(data));
+  return stream;
+}
+
+void CheckpointWriter::start(int64_t step, CheckpointData data) {
   thread_ = std::thread([this, step, d = std::move(data)]() {
     try {
       last_ = save_checkpoint(root_, step, d, keep_);
@@ -32,6 +45,11 @@ void CheckpointWriter::save(int64_t step, CheckpointData data) {
       error_ = std::current_exception();
     }
   });
+}
+
+void CheckpointWriter::end_stream(TensorStream& stream) {
+  stream.close();
+  if (!async_) wait();
 }
 
 std::string CheckpointWriter::wait() {

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -27,11 +28,20 @@ class CheckpointWriter {
   // Synchronous: writes before returning. Asynchronous: waits for the previous
   // write (rethrowing its error), then starts this one and returns.
   void save(int64_t step, CheckpointData data);
+  // A streamed save (train/tensor_stream.h): `data` holds the tensors' headers,
+  // and the caller pushes their bytes into the returned stream, in file order
+  // (model, then optimizer), while the write runs on the thread, holding at
+  // most `budget_bytes` not yet written; then end_stream. Synchronous writers
+  // wait there for the write; asynchronous ones return once the last tensor
+  // is queued.
+  std::shared_ptr<TensorStream> save_streamed(int64_t step, CheckpointData data, uint64_t budget_bytes);
+  void end_stream(TensorStream& stream);
   // Waits for the write in flight and rethrows its error; returns the newest
   // checkpoint written ("" if none yet).
   std::string wait();
 
  private:
+  void start(int64_t step, CheckpointData data);  // the write, on the thread
   std::string root_;
   int keep_;
   bool async_;

@@ -86,7 +86,19 @@ void FullModelIO::read_local(const SafetensorsReader& file, const std::string& p
 
 std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::string& prefix) const {
   std::vector<StTensor> out;
-  if (!gathers_) return out;
+  gather_full(local, prefix, [&](StTensor t) { out.push_back(std::move(t)); });
+  return out;
+}
+
+std::vector<StTensor> FullModelIO::full_headers(const std::string& prefix) const {
+  std::vector<StTensor> out;
+  for (const ParamTensor& f : full_.tensors) out.push_back({prefix + f.name, DType::F32, f.shape, {}});
+  return out;
+}
+
+void FullModelIO::gather_full(const float* local, const std::string& prefix,
+                              const std::function<void(StTensor)>& keep) const {
+  if (!gathers_) return;
   const int pp_rank = pp_ ? pp_->rank() : 0;
   const size_t tp = static_cast<size_t>(tp_.size);
   const bool keeper = tp_.rank == 0 && pp_rank == 0;
@@ -128,9 +140,8 @@ std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::st
     if (pp_ && tp_.rank == 0)  // from the stage that holds it to the first stage's rank (world rank 0)
       for (size_t at = 0; at < f.numel; at += dist::kHostPieceFloats)
         pp_->broadcast(full + at, std::min(dist::kHostPieceFloats, f.numel - at), dist::DType::F32, owner_[i]);
-    if (keeper) out.push_back(std::move(t));
+    if (keeper) keep(std::move(t));
   }
-  return out;
 }
 
 }  // namespace kvs

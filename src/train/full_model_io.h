@@ -7,9 +7,11 @@
 // Host memory is what bounds the paper's larger models, so nothing here
 // builds the whole model on every rank: a rank initialises and reads only its
 // own slice (the runs of each tensor it holds, straight from the file), and a
-// save assembles one tensor at a time, kept by world rank 0 alone (which
-// writes the file). Other ranks hold their slice plus one tensor.
+// save assembles one tensor at a time, handed on world rank 0 to the
+// checkpoint writer (train/tensor_stream.h). Other ranks hold their slice plus
+// one tensor.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,12 @@ class FullModelIO {
   // Replicated tensors must be bit-identical on every tensor-parallel rank
   // (kvs::Error otherwise: the ranks drifted apart).
   std::vector<StTensor> gather_full(const float* local, const std::string& prefix) const;
+  // The same, each tensor handed to `keep` as soon as it is assembled (on world
+  // rank 0; `keep` is not called elsewhere), so that it can be written while
+  // the next one is gathered (train/tensor_stream.h).
+  void gather_full(const float* local, const std::string& prefix, const std::function<void(StTensor)>& keep) const;
+  // What gather_full yields without the data: names, dtype F32, shapes.
+  std::vector<StTensor> full_headers(const std::string& prefix) const;
 
  private:
   const ParamTensor& full_of(const ParamTensor& local) const;

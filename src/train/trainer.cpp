@@ -26,6 +26,7 @@
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
+#include "train/tensor_stream.h"
 #include "train/full_model_io.h"
 #include "train/metrics.h"
 #include "train/model_io.h"
@@ -448,35 +449,54 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);
   StepWatch watch(*comm, tc.straggler_factor, rank0 ? &metrics : nullptr);
 
+  // What world rank 0 holds of a checkpoint not yet written (train.checkpoint_buffer_gb).
+  const uint64_t checkpoint_buffer = tc.checkpoint_buffer_gb > 0 ? static_cast<uint64_t>(tc.checkpoint_buffer_gb * 1e9)
+                                     : tc.async_checkpoint      ? UINT64_MAX
+                                                                : uint64_t{1000000000};
   auto save = [&](int64_t done) {
     // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
     // shards (over dp), then the tensor-parallel slices and the stages' tensors
-    // are gathered, tensor by tensor, into rank 0's copy alone (docs/PARALLEL.md).
-    if (rank0) writer.wait();  // the write in flight lets go of its copy first
-    CheckpointData cd;
-    {
-      std::vector<float> params(local_floats);
-      engine->read_params(params.data());
-      cd.model = io.gather_full(params.data(), "");
+    // are gathered, tensor by tensor, and streamed into rank 0's writer, which
+    // holds at most checkpoint_buffer bytes not yet written (docs/PARALLEL.md).
+    std::shared_ptr<TensorStream> stream;
+    if (rank0) {
+      CheckpointData cd;  // the tensors' headers; their bytes follow through the stream
+      cd.model = io.full_headers("");
+      cd.optimizer = io.full_headers("exp_avg.");
+      for (StTensor& t : io.full_headers("exp_avg_sq.")) cd.optimizer.push_back(std::move(t));
+      cd.hf_config = model_to_hf_json(cfg.model);
+      cd.run_config = to_json(cfg);
+      cd.trainer_state = {{"step", done},
+                          {"next_train_sequence", static_cast<uint64_t>(done) * GB},
+                          {"global_batch_sequences", GB},
+                          {"seed", tc.seed},
+                          {"data", data_counts(*data)},
+                          {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
+      if (!tokenizer_sha.empty()) cd.trainer_state["tokenizer_sha256"] = tokenizer_sha;
+      stream = writer.save_streamed(done, std::move(cd), checkpoint_buffer);  // after the write in flight
     }
-    std::vector<float> exp_avg(local_floats), exp_avg_sq(local_floats);
-    if (zero1)
-      zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
-    else
-      engine->read_optimizer_state(exp_avg.data(), exp_avg_sq.data());
-    cd.optimizer = io.gather_full(exp_avg.data(), "exp_avg.");
-    for (StTensor& t : io.gather_full(exp_avg_sq.data(), "exp_avg_sq.")) cd.optimizer.push_back(std::move(t));
-    if (!rank0) return;
-    cd.hf_config = model_to_hf_json(cfg.model);
-    cd.run_config = to_json(cfg);
-    cd.trainer_state = {{"step", done},
-                        {"next_train_sequence", static_cast<uint64_t>(done) * GB},
-                        {"global_batch_sequences", GB},
-                        {"seed", tc.seed},
-                        {"data", data_counts(*data)},
-                        {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
-    if (!tokenizer_sha.empty()) cd.trainer_state["tokenizer_sha256"] = tokenizer_sha;
-    writer.save(done, std::move(cd));
+    auto keep = [&](StTensor t) {  // gather_full calls it on world rank 0 alone
+      KVS_CHECK(stream, "internal error: a checkpoint tensor was kept on rank {}, not rank 0", rank);
+      stream->push(std::move(t));
+    };
+    try {
+      {
+        std::vector<float> params(local_floats);
+        engine->read_params(params.data());
+        io.gather_full(params.data(), "", keep);
+      }
+      std::vector<float> exp_avg(local_floats), exp_avg_sq(local_floats);
+      if (zero1)
+        zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
+      else
+        engine->read_optimizer_state(exp_avg.data(), exp_avg_sq.data());
+      io.gather_full(exp_avg.data(), "exp_avg.", keep);
+      io.gather_full(exp_avg_sq.data(), "exp_avg_sq.", keep);
+    } catch (const std::exception& e) {
+      if (stream) stream->close(e.what());  // the write ends (and removes its temp directory)
+      throw;
+    }
+    if (stream) writer.end_stream(*stream);
   };
   auto run_eval = [&](int64_t done, bool record = true) {
     // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.

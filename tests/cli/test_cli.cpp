@@ -174,10 +174,12 @@ TEST(Cli, InfoReproducesThePaperParameterCounts) {
       ASSERT_EQ(r.code, 0) << r.out;
       auto j = nlohmann::json::parse(r.out);
       EXPECT_EQ(j["params_total"].get<long long>(), count) << name << " " << kind;
-      // What rank 0 holds while it saves: fp32 weights and both moments, shift scalars included.
+      // A checkpoint: fp32 weights and both moments, shift scalars included; rank 0 holds at
+      // most 1 GB of it not yet written (the paper configs save synchronously).
       EXPECT_EQ(j["checkpoint_bytes"].get<double>(),
                 12.0 * static_cast<double>(count + j["params_shift"].get<long long>()))
           << name << " " << kind;
+      EXPECT_EQ(j["checkpoint_buffer_bytes"].get<double>(), 1e9) << name << " " << kind;
     }
   }
 }

@@ -205,20 +205,25 @@ TEST(Retention, KeepsTheNewestN) {
 
 // An asynchronous checkpoint holds the same bytes as a synchronous one, and
 // training does not change: the same losses, the same files.
+// So does one streamed through a buffer smaller than any tensor (train.checkpoint_buffer_gb).
 TEST(AsyncCheckpoint, BitIdenticalToSynchronous) {
   TmpDir tmp;
-  Config sync = tiny(9, 3), async = sync;
+  Config sync = tiny(9, 3), async = sync, small_buffer = sync;
   async.train.async_checkpoint = true;
+  small_buffer.train.async_checkpoint = true;
+  small_buffer.train.checkpoint_buffer_gb = 1e-9;  // one byte: one tensor queued at a time
   const auto a = kvs::train(sync, {tmp / "sync", false, true});
-  const auto b = kvs::train(async, {tmp / "async", false, true});
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_EQ(b.last_checkpoint, tmp / "async/checkpoints/step_00000009");
-  for (const char* step : {"step_00000003", "step_00000006", "step_00000009"})
-    for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
-                          "manifest.json"})
-      EXPECT_EQ(slurp(tmp / ("sync/checkpoints/" + std::string(step) + "/" + f)),
-                slurp(tmp / ("async/checkpoints/" + std::string(step) + "/" + f)))
-          << step << "/" << f;
+  for (const auto& [name, c] : {std::pair{"async", async}, {"small_buffer", small_buffer}}) {
+    const auto b = kvs::train(c, {tmp / name, false, true});
+    EXPECT_EQ(a.losses, b.losses) << name;
+    EXPECT_EQ(b.last_checkpoint, tmp / (std::string(name) + "/checkpoints/step_00000009"));
+    for (const char* step : {"step_00000003", "step_00000006", "step_00000009"})
+      for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                            "manifest.json"})
+        EXPECT_EQ(slurp(tmp / ("sync/checkpoints/" + std::string(step) + "/" + f)),
+                  slurp(tmp / (std::string(name) + "/checkpoints/" + step + "/" + f)))
+            << name << " " << step << "/" << f;
+  }
 }
 
 // ... and the trainer's writes really are asynchronous (the test above passes

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "cli/commands/commands.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
@@ -33,6 +35,11 @@ void add_info(CLI::App& app) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const double all = static_cast<double>(c.total + c.shift);
     const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
+    // A checkpoint, and what of it rank 0 holds not yet written (the trainer's rule).
+    const double ckpt_b = 3 * params_b;
+    const double ckpt_buffer_b = std::min(ckpt_b, cfg.train.checkpoint_buffer_gb > 0 ? cfg.train.checkpoint_buffer_gb * 1e9
+                                                  : cfg.train.async_checkpoint      ? ckpt_b
+                                                                                    : 1e9);
     const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
     // One rank's activations under the config's parallel layout (tp, cp), with
     // and without sequence parallelism (which needs tp > 1 and splits the
@@ -144,7 +151,8 @@ void add_info(CLI::App& app) {
                             {"with_sequence_parallel", par.tp > 1 ? nlohmann::json(rank_acts_sp_b) : nullptr}}},
                           {"pipeline_stages", stages},
                           {"memory_bytes_cuda", cuda_mem},
-                          {"checkpoint_bytes", 3 * params_b},
+                          {"checkpoint_bytes", ckpt_b},
+                          {"checkpoint_buffer_bytes", ckpt_buffer_b},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
       std::printf("%s\n", j.dump().c_str());
@@ -175,10 +183,10 @@ void add_info(CLI::App& app) {
                   st["stage"].get<int>(), st["layers"].size(), st["embedding"].get<bool>() ? " + embedding" : "",
                   st["head"].get<bool>() ? " + head" : "", st["micro_batches_in_flight"].get<int>(),
                   cfg.train.grad_accum_steps, st["activations"].get<double>() / GiB);
-    // docs/PARALLEL.md "Checkpoints": rank 0 keeps the full tensors a save gathers until they are written.
-    std::printf("checkpoint      %.3f GiB (fp32 weights + AdamW moments): host memory rank 0 holds while it saves; "
-                "other ranks hold their slice\n",
-                3 * params_b / GiB);
+    // docs/PARALLEL.md "Checkpoints": rank 0 holds the gathered tensors not yet written, up to the buffer.
+    std::printf("checkpoint      %.3f GiB (fp32 weights + AdamW moments); rank 0 holds at most %.3f GiB of it not yet "
+                "written (train.checkpoint_buffer_gb)\n",
+                ckpt_b / GiB, ckpt_buffer_b / GiB);
     if (!cuda_mem.is_null()) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());

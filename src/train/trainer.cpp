@@ -196,7 +196,8 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   EvalResult r;
   const uint64_t available = data.size(Split::Val);
   const int64_t n = static_cast<int64_t>(std::min<uint64_t>(available, static_cast<uint64_t>(max_sequences)));
-  KVS_CHECK(n > 0, "evaluation: the validation split is empty");
+  KVS_CHECK(n > 0, "evaluation: the validation split is empty (data.shards.val, or data.shards.val_fraction of the "
+                   "training shards)");
   BatchBuffers buf;
   buf.resize(micro_batch, seq_len);
   std::vector<float> losses(static_cast<size_t>(micro_batch) * seq_len);

@@ -655,3 +655,60 @@ TEST(GenerateCli, ByteModelTakesText) {
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_EQ(s.out.substr(0, bytes.size() + 1), bytes + "\n") << s.out;
 }
+
+// A model whose vocabulary is padded past its tokenizer's samples only ids the
+// tokenizer can decode, however flat the distribution.
+TEST(GenerateCli, APaddedVocabularySamplesOnlyTheTokenizersIds) {
+  TmpDir tmp;
+  const std::string tok_dir = kvs::testing_util::shared_tokenizer_dir();
+  const int V = kvs::load_tokenizer(tok_dir)->vocab_size();
+  const std::string run = train_tiny(tmp, V + 128);
+  for (int seed = 1; seed <= 3; ++seed) {
+    const auto r = run_kvshift("generate --checkpoint " + run + " --tokenizer " + tok_dir +
+                               " --prompt 'the model' --max-new-tokens 12 --temperature 20 --json --seed " +
+                               std::to_string(seed));
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (int32_t id : json_line(r.out)["ids"].get<std::vector<int32_t>>()) EXPECT_LT(id, V) << r.out;
+  }
+}
+
+// Non-finite weights are a one-line error in generate and eval, not tokens
+// (every comparison with NaN is false) or a "nan" loss with exit 0.
+TEST(GenerateCli, NonFiniteWeightsAreAnErrorInGenerateAndEval) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp, 64);
+  kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
+  for (kvs::StTensor& t : ck.data.model) {
+    if (t.name != "model.norm.weight") continue;
+    std::vector<float> w = kvs::tensor_to_f32(t);
+    w[3] = NAN;
+    t = kvs::make_f32_tensor(t.name, t.shape, w.data());
+  }
+  const std::string edited = kvs::save_checkpoint(tmp / "edited", 2, ck.data);
+  for (const char* temperature : {"0", "1"}) {
+    const auto r = run_kvshift("generate --checkpoint " + edited + " --prompt-ids 3,9 --max-new-tokens 4 --temperature " +
+                               temperature);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("is nan at generated token 1: its weights or activations are not finite"), std::string::npos)
+        << r.out;
+  }
+  const auto e = run_kvshift("eval --checkpoint " + edited);
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_NE(e.out.find("val_loss is nan"), std::string::npos) << e.out;
+}
+
+// eval runs the checkpoint's model, so --config's seq_len is checked against it,
+// not against the model section of the file --config names.
+TEST(EvalCli, SeqLenIsCheckedAgainstTheCheckpointsModel) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp, 64);  // max_position_embeddings 48
+  nlohmann::json j = nlohmann::json::parse(kvs::testing_util::slurp(tmp / "cfg.json"));
+  j["model"]["max_position_embeddings"] = 128;
+  j["train"]["seq_len"] = 96;
+  kvs::testing_util::spit(tmp / "long.json", j.dump());
+  const auto r = run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "long.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("with the model of"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max_position_embeddings"), std::string::npos) << r.out;
+  EXPECT_EQ(run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "cfg.json")).code, 0);
+}

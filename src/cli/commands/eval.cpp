@@ -1,3 +1,4 @@
+#include <cmath>
 #include <filesystem>
 
 #include "cli/commands/commands.h"
@@ -41,10 +42,12 @@ void add_eval(CLI::App& app) {
       cfg = config_from_json(j, dir + "/run_config.json");
       validate(cfg, dir + "/run_config.json");
     }
-    if (!a->device.empty()) {  // the device's own rules (CUDA: head_dim, no document masking) apply too
-      cfg.device = device_flag(a->device);
-      validate(cfg, (a->config.empty() ? dir + "/run_config.json" : a->config) + " with --device " + a->device);
-    }
+    // The model is the checkpoint's: its rules (seq_len within max_position_embeddings; on
+    // CUDA head_dim, no document masking) apply, not those of --config's model section.
+    const std::string origin = a->config.empty() ? dir + "/run_config.json" : a->config;
+    if (!a->device.empty()) cfg.device = device_flag(a->device);
+    cfg.model = ck.model;
+    validate(cfg, origin + " with the model of " + dir + (a->device.empty() ? "" : " and --device " + a->device));
     const std::string cfg_dir =
         cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
     if (!cfg.data.tokenizer.empty())  // the data's ids must mean what they meant in training
@@ -53,6 +56,10 @@ void add_eval(CLI::App& app) {
     auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
     auto engine = engine_for(ck, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.device);
     EvalResult r = evaluate(*engine, *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences);
+    KVS_CHECK(r.scored_tokens > 0, "{}: no position of the {} validation sequences is scored (train.seq_len {}); "
+              "nothing was evaluated", dir, r.sequences, cfg.train.seq_len);
+    KVS_CHECK(std::isfinite(r.loss), "{}: val_loss is {} over {} scored tokens: the model's weights or activations "
+              "are not finite", dir, r.loss, r.scored_tokens);
     if (a->json) {
       // accuracy_kind: the accuracy name with '_' for '-' ("induction", "next_token", "3_gram", "hop_k").
       std::string kind = data->accuracy_name();

@@ -1,5 +1,6 @@
 // `kvshift generate`: text (or token ids) in, a continuation out, decoded on
 // the CPU with a KV cache (model/generator.h) and streamed as it is produced.
+#include <cmath>
 #include <omp.h>
 
 #include <algorithm>
@@ -154,8 +155,13 @@ void run_generate(const Args& a) {
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> out;
   std::string stop = "length";
+  // Only ids the tokenizer can decode (a model's vocabulary may be padded past it).
+  const int sample_v = tok ? tok->vocab_size() : m.vocab_size;
   for (int i = 0; i < max_new; ++i) {
-    const int32_t next = sampler.sample(logits, m.vocab_size);
+    for (int v = 0; v < sample_v; ++v)
+      KVS_CHECK(std::isfinite(logits[v]), "{}: the model's logit for token {} is {} at generated token {}: its "
+                "weights or activations are not finite", dir, v, logits[v], i + 1);
+    const int32_t next = sampler.sample(logits, sample_v);
     if (next == eos) {
       stop = "eos";
       break;

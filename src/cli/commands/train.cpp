@@ -96,9 +96,12 @@ void add_train(CLI::App& app) {
       world.reset();
       std::exit(kExitStopped);
     }
-    if (rank0)
+    if (rank0 && s.final_eval.scored_tokens > 0)
       std::printf("run %s: %lld steps, val_loss %.4f, accuracy %.2f%%\n", run_dir.c_str(),
-                static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);
+                  static_cast<long long>(s.steps_done), s.final_eval.loss, 100 * s.final_eval.accuracy);
+    else if (rank0)  // no validation data (the trainer said so when it started): no numbers to show
+      std::printf("run %s: %lld steps, not evaluated (no scored validation positions)\n", run_dir.c_str(),
+                  static_cast<long long>(s.steps_done));
   });
 }
 

@@ -39,7 +39,12 @@ class StagedFlatSync final : public FlatSync {
  public:
   // copy(dst, src, n): between the engine's memory and host memory.
   using Copy = std::function<void(float* dst, const float* src, size_t n)>;
-  StagedFlatSync(Engine& engine, dist::Communicator& comm, const ShardRange& shard, Copy to_host, Copy from_host);
+  // A shard of more than `max_count` floats moves in pieces of at most
+  // min(max_count, kHostPieceFloats) each: MPI counts are ints, and a shard
+  // of the paper's 19B at tp 4 x dp 2 is 2.4e9 floats.
+  static constexpr size_t kMaxCount = size_t{1} << 30;
+  StagedFlatSync(Engine& engine, dist::Communicator& comm, const ShardRange& shard, Copy to_host, Copy from_host,
+                 size_t max_count = kMaxCount);
 
   void reduce_grads() override;
   void all_gather_params() override;
@@ -48,12 +53,16 @@ class StagedFlatSync final : public FlatSync {
  private:
   // Gathers the shards of `full` (in the memory `to_host`/`from_host` reach).
   void all_gather(float* full, const Copy& to_host, const Copy& from_host);
+  // padded_ (dp*S) summed into piece_ (S); piece_ gathered into padded_: whole, or in pieces.
+  void reduce_scatter_padded();
+  void all_gather_padded();
 
   Engine& engine_;
   dist::Communicator& comm_;
-  size_t begin_, end_, S_, total_;
+  size_t begin_, end_, S_, total_, max_count_;
   Copy to_host_, from_host_;
   std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step; the padding stays zero
+  std::vector<float> staging_;         // dp pieces, when the shard moves in pieces
 };
 
 // The engine's kind: StagedFlatSync with memcpy for host buffers, else make_device_flat_sync.

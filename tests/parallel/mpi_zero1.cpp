@@ -3,6 +3,7 @@
 // group; every rank also runs the single-process reference on its own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -68,22 +69,27 @@ TEST(ShardRange, CoversTheBufferOnceInRankOrder) {
 
 // The flat collectives: every rank's gradients summed into its shard, every
 // shard of the parameters from its owner.
+// Also in pieces (a shard above the MPI count limit, here one of 7 floats).
 TEST(FlatSync, ReducesIntoTheShardAndGathersEveryShard) {
-  const int dp = world().size(), r = world().rank();
-  const ModelConfig m = tiny_model();
-  CpuEngine e(m, 1, 4);
-  const size_t total = e.layout().total;
-  const ShardRange shard = shard_range(total, dp, r);
-  std::unique_ptr<FlatSync> sync = make_flat_sync(e, world(), shard);
-  float* g = e.host_grads();
-  for (size_t i = 0; i < total; ++i) g[i] = static_cast<float>((r + 1) * (i % 97));
-  sync->reduce_grads();
-  const float ranks = dp * (dp + 1) / 2.0f;
-  for (size_t i = shard.begin; i < shard.end; ++i) ASSERT_EQ(g[i], ranks * (i % 97)) << i;
-  float* p = e.host_params();
-  for (size_t i = 0; i < total; ++i) p[i] = i >= shard.begin && i < shard.end ? static_cast<float>(i) : -1.0f;
-  sync->all_gather_params();
-  for (size_t i = 0; i < total; ++i) ASSERT_EQ(p[i], static_cast<float>(i)) << i;
+  for (const size_t max_count : {StagedFlatSync::kMaxCount, size_t{7}}) {
+    SCOPED_TRACE(max_count);
+    const int dp = world().size(), r = world().rank();
+    const ModelConfig m = tiny_model();
+    CpuEngine e(m, 1, 4);
+    const size_t total = e.layout().total;
+    const ShardRange shard = shard_range(total, dp, r);
+    const StagedFlatSync::Copy copy = [](float* dst, const float* src, size_t n) { std::copy_n(src, n, dst); };
+    std::unique_ptr<FlatSync> sync = std::make_unique<StagedFlatSync>(e, world(), shard, copy, copy, max_count);
+    float* g = e.host_grads();
+    for (size_t i = 0; i < total; ++i) g[i] = static_cast<float>((r + 1) * (i % 97));
+    sync->reduce_grads();
+    const float ranks = dp * (dp + 1) / 2.0f;
+    for (size_t i = shard.begin; i < shard.end; ++i) ASSERT_EQ(g[i], ranks * (i % 97)) << i;
+    float* p = e.host_params();
+    for (size_t i = 0; i < total; ++i) p[i] = i >= shard.begin && i < shard.end ? static_cast<float>(i) : -1.0f;
+    sync->all_gather_params();
+    for (size_t i = 0; i < total; ++i) ASSERT_EQ(p[i], static_cast<float>(i)) << i;
+  }
 }
 
 // Two ZeRO-1 steps over dp ranks, each with its own micro-batch, against one

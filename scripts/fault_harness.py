@@ -103,20 +103,23 @@ class Harness:
             self.kill_job(p)  # nothing of this run may outlive it (and hold the run directory's lock)
 
     @staticmethod
-    def session_pids(sid):
-        """The live (not zombie) processes of session `sid`."""
-        pids = []
+    def processes():
+        """(pid, fields of /proc/pid/stat after the name: state, ppid, pgrp, session, ..., argv[0]) of each process."""
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
             try:
                 with open(f"/proc/{d}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
             except OSError:
                 continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(d))
-        return pids
+            yield int(d), fields, argv0
+
+    def session_pids(self, sid):
+        """The live (not zombie) processes of session `sid`."""
+        return [pid for pid, fields, _ in self.processes() if int(fields[3]) == sid and fields[0] != "Z"]
 
     def kill_job(self, p):
         """SIGKILL of the whole job, and wait until it is gone. mpirun puts each rank in its own process group,
@@ -137,17 +140,8 @@ class Harness:
     def rank_pids(self, p):
         """The kvshift processes under mpirun `p` (its descendants)."""
         children = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append((int(d), argv0))
+        for pid, fields, argv0 in self.processes():
+            children.setdefault(int(fields[1]), []).append((pid, argv0))
         found, todo = [], [p.pid]
         while todo:
             for pid, argv0 in children.get(todo.pop(), []):

@@ -33,6 +33,7 @@ class FullModelIO {
               dist::Communicator* pp_comm = nullptr, const ModelPart* part = nullptr);
 
   const ParamLayout& full_layout() const { return full_; }
+  bool gathers() const { return gathers_; }  // this rank's replica assembles checkpoints
   // This rank's slice of a fresh model: init_params' values for the full
   // model, computed for the slice alone (vocabulary padding rows 0).
   void init_local(uint64_t seed, float* local) const;

@@ -481,7 +481,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       stream->push(std::move(t));
     };
     try {
-      {
+      if (io.gathers()) {  // the other replicas have nothing to add but their ZeRO-1 shards below
         std::vector<float> params(local_floats);
         engine->read_params(params.data());
         io.gather_full(params.data(), "", keep);

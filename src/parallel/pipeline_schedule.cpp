@@ -126,6 +126,16 @@ double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double 
             slots_);
   const int S = split_.stages(), v = split_.v;
   const bool device = on_device(e);
+  // A send held back for the next receive is not enough for the interleaved
+  // order: a model of the schedule in which a send completes only once its
+  // receive is posted (as a large NCCL send does; the host shim's
+  // KVS_SHIM_NCCL_RENDEZVOUS) hangs for every v > 1 with more micro-batches
+  // than stages. Refused on every rank at once, not a hang at the first step.
+  KVS_CHECK(!device || v == 1,
+            "parallel.virtual_stages {}: the interleaved schedule over NCCL device buffers can deadlock (a send waits "
+            "for its receive, which the peer posts only later); use parallel.virtual_stages 1 with NCCL, or the "
+            "MPI backend (docs/PARALLEL.md)",
+            v);
   using T = Engine::StageTensor;
   std::map<int, int> slot_of;  // micro-batch -> activation slot
   std::vector<bool> busy(slots_, false);

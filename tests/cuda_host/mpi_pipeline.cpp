@@ -6,7 +6,9 @@
 //     (bf16 -> fp32 -> bf16 is exact) through its pinned staging buffer, and
 //     the tied embedding's gradient is summed through the host;
 //   - NCCL (the shim's, over MPI): the engine's own bf16 device buffers go
-//     through ncclSend/ncclRecv, each send grouped with the next receive.
+//     through ncclSend/ncclRecv, each send grouped with the next receive;
+//     under ctest a send waits for its receive, as on GPUs
+//     (KVS_SHIM_NCCL_RENDEZVOUS), and the interleaved schedule is refused there.
 // A stage boundary changes no bits of the math (cuda_engine_stage.cpp) and
 // every gradient is accumulated over the micro-batches in the same order as
 // in one process, except the tied embedding: one process adds the LM head's
@@ -217,7 +219,24 @@ TEST(HostCudaPipeline, FollowsOneProcessBitForBit) {
   expect_follows(one, config(false, 2, 1, "none"), world(), "pp2_mpi", 0.0);
   expect_follows(one, config(false, 2, 1, "none"), *nccl, "pp2_nccl", 0.0);
   expect_follows(one, config(false, 2, 1, "attention"), world(), "pp2_attention_mpi", 0.0);
-  expect_follows(one, config(false, 2, 2, "full"), *nccl, "pp2v2_full_nccl", 0.0);
+  expect_follows(one, config(false, 2, 2, "full"), world(), "pp2v2_full_mpi", 0.0);
+}
+
+// The interleaved schedule over NCCL device buffers can deadlock (a send waits
+// for its receive: KVS_SHIM_NCCL_RENDEZVOUS, which ctest sets, makes the shim's
+// sends do so): refused with one line on every rank before the first transfer.
+TEST(HostCudaPipeline, InterleavedOverNcclIsRefusedNotAHang) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  try {
+    kvs::train(config(false, 2, 2, "none"), {shared_dir("pp2v2_nccl_refused"), false, true, nccl.get()});
+    ADD_FAILURE() << "the interleaved schedule over NCCL was not refused";
+  } catch (const kvs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.virtual_stages 2: the interleaved schedule over NCCL device "
+                                         "buffers can deadlock"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Tied embeddings: the last stage's LM head copy and the first stage's
@@ -226,8 +245,8 @@ TEST(HostCudaPipeline, TiedEmbeddingsFollowOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const Reference one = one_process(config(true, 2, 1, "none"));
   auto nccl = kvs::testing_util::shim_nccl_world();
-  expect_follows(one, config(true, 2, 2, "none"), *nccl, "pp2v2_tied_nccl", kTiedTol);
-  expect_follows(one, config(true, 2, 1, "none"), world(), "pp2_tied_mpi", kTiedTol);
+  expect_follows(one, config(true, 2, 1, "none"), *nccl, "pp2_tied_nccl", kTiedTol);
+  expect_follows(one, config(true, 2, 2, "none"), world(), "pp2v2_tied_mpi", kTiedTol);
 }
 
 // 4 ranks: pp = 2 with cp = 2 (each stage's ranks hold chunks r and 3 - r of

@@ -12,9 +12,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <list>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -140,6 +142,32 @@ struct PendingSend {
 std::list<PendingSend>& pending_sends() {
   static std::list<PendingSend> p;
   return p;
+}
+
+// KVS_SHIM_NCCL_RENDEZVOUS=1: a send completes only once its receive has been
+// posted (MPI_Issend), as a real NCCL send larger than NCCL's buffers does,
+// and the sends and receives of one ncclGroupStart/End complete together at
+// the group's end. A schedule that waits on a send its peer receives only
+// later then hangs here as it would on GPUs; without the variable sends are
+// buffered (they never wait) and such a schedule passes.
+bool rendezvous() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVS_SHIM_NCCL_RENDEZVOUS");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// The open group (rendezvous mode): its requests, completed by the op ncclGroupEnd queues.
+struct OpenGroup {
+  int depth = 0;
+  std::shared_ptr<std::vector<MPI_Request>> requests;
+  cudaStream_t stream = nullptr;
+  bool has_ops = false;
+};
+OpenGroup& open_group() {
+  static OpenGroup g;
+  return g;
 }
 
 ncclComm* make_comm(MPI_Comm parent, int color, int key) {
@@ -272,8 +300,26 @@ const char* ncclGetErrorString(ncclResult_t r) {
 
 const char* ncclGetLastError(ncclComm_t comm) { return (comm ? comm->last_error : g_last_error).c_str(); }
 
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclGroupStart() {
+  hostcuda::OpenGroup& g = hostcuda::open_group();
+  if (g.depth++ == 0) {
+    g.requests = std::make_shared<std::vector<MPI_Request>>();
+    g.has_ops = false;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  hostcuda::OpenGroup& g = hostcuda::open_group();
+  if (g.depth == 0) return hostcuda::nccl_fail(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--g.depth == 0 && g.has_ops) {
+    auto requests = g.requests;
+    hostcuda::enqueue(g.stream, "ncclGroupEnd", [requests] {
+      if (!requests->empty()) MPI_Waitall(static_cast<int>(requests->size()), requests->data(), MPI_STATUSES_IGNORE);
+    });
+  }
+  return ncclSuccess;
+}
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
@@ -365,6 +411,21 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
   const size_t bytes = count * type_bytes(t);
   ncclComm* c = comm;
   if (c && (peer < 0 || peer >= c->size)) return nccl_fail(c, ncclInvalidArgument, "ncclSend: peer " + std::to_string(peer));
+  if (rendezvous()) {
+    // In a group: posted now, completed at the group's end; alone: completed before the stream goes on.
+    OpenGroup& g = open_group();
+    std::shared_ptr<std::vector<MPI_Request>> group = g.depth > 0 ? g.requests : nullptr;
+    if (group) g.stream = stream, g.has_ops = true;
+    return collective("ncclSend", c, stream, t, ncclSum, send, bytes, nullptr, 0, [=](MPI_Datatype, MPI_Op) {
+      if (c->mpi == MPI_COMM_NULL) return;
+      MPI_Request r;
+      MPI_Issend(send, static_cast<int>(bytes), MPI_BYTE, peer, 0, c->mpi, &r);
+      if (group)
+        group->push_back(r);
+      else
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+    });
+  }
   return collective("ncclSend", c, stream, t, ncclSum, send, bytes, nullptr, 0, [=](MPI_Datatype, MPI_Op) {
     if (c->mpi == MPI_COMM_NULL) return;
     auto& pending = pending_sends();
@@ -378,6 +439,17 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, nccl
   const size_t bytes = count * type_bytes(t);
   ncclComm* c = comm;
   if (c && (peer < 0 || peer >= c->size)) return nccl_fail(c, ncclInvalidArgument, "ncclRecv: peer " + std::to_string(peer));
+  if (rendezvous() && open_group().depth > 0) {  // posted now, completed at the group's end
+    OpenGroup& g = open_group();
+    auto group = g.requests;
+    g.stream = stream, g.has_ops = true;
+    return collective("ncclRecv", c, stream, t, ncclSum, nullptr, 0, recv, bytes, [=](MPI_Datatype, MPI_Op) {
+      if (c->mpi == MPI_COMM_NULL) return;
+      MPI_Request r;
+      MPI_Irecv(recv, static_cast<int>(bytes), MPI_BYTE, peer, 0, c->mpi, &r);
+      group->push_back(r);
+    });
+  }
   return collective("ncclRecv", c, stream, t, ncclSum, nullptr, 0, recv, bytes, [=](MPI_Datatype, MPI_Op) {
     if (c->mpi == MPI_COMM_NULL) return;
     MPI_Recv(recv, static_cast<int>(bytes), MPI_BYTE, peer, 0, c->mpi, MPI_STATUS_IGNORE);

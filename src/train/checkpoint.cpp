@@ -254,7 +254,7 @@ std::string latest_checkpoint(const std::string& root) {
   return dir;
 }
 
-CheckpointFiles open_checkpoint(const std::string& dir) {
+CheckpointFiles open_checkpoint(const std::string& dir, bool with_optimizer) {
   std::error_code ec;
   KVS_CHECK(fs::is_directory(dir, ec), "{}: checkpoint directory does not exist", dir);
   for (const char* req : {kConfig, kModel})
@@ -264,17 +264,19 @@ CheckpointFiles open_checkpoint(const std::string& dir) {
   f.hf_config = read_json_file(cfg);
   KVS_CHECK(f.hf_config.is_object(), "{}: expected a JSON object, got {}", cfg, f.hf_config.type_name());
   f.model.emplace(join(dir, kModel));
-  if (exists_file(join(dir, kOptimizer))) f.optimizer.emplace(join(dir, kOptimizer));
+  if (with_optimizer && exists_file(join(dir, kOptimizer))) f.optimizer.emplace(join(dir, kOptimizer));
   if (exists_file(join(dir, kTrainerState))) f.trainer_state = read_json_file(join(dir, kTrainerState));
   if (exists_file(join(dir, kRunConfig))) f.run_config = read_json_file(join(dir, kRunConfig));
   // After parsing: a file that does not parse gets its reader's more precise
   // message; the manifest catches what parses but changed (a flipped bit).
-  f.verified = verify_manifest(dir, {kConfig, kModel}) == ManifestStatus::Verified;
+  f.verified = verify_manifest(dir, {kConfig, kModel}, with_optimizer ? std::vector<std::string>{}
+                                                                       : std::vector<std::string>{kOptimizer}) ==
+               ManifestStatus::Verified;
   return f;
 }
 
-CheckpointData load_checkpoint(const std::string& dir) {
-  CheckpointFiles f = open_checkpoint(dir);
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
+  CheckpointFiles f = open_checkpoint(dir, with_optimizer);
   CheckpointData d;
   d.hf_config = std::move(f.hf_config);
   d.model = f.model->read_all();

@@ -54,7 +54,9 @@ std::string latest_checkpoint(const std::string& root);
 // Then every file is checked against manifest.json (checkpoint_manifest.h); a
 // checkpoint without one (older kvshift, or made by hand) loads with
 // `verified` false (the trainer warns on resume).
-CheckpointData load_checkpoint(const std::string& dir);
+// with_optimizer false: optimizer.safetensors is neither read nor checked
+// (inference needs the weights only; the moments are twice their size).
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer = true);
 
 // A checkpoint opened without reading its tensors: the same files, checks and
 // manifest verification as load_checkpoint, with model.safetensors and
@@ -66,7 +68,7 @@ struct CheckpointFiles {
   std::optional<SafetensorsReader> model, optimizer;    // model always; optimizer when the file exists
   bool verified = false;
 };
-CheckpointFiles open_checkpoint(const std::string& dir);
+CheckpointFiles open_checkpoint(const std::string& dir, bool with_optimizer = true);
 
 // The step directories under `root` (whatever `latest` says), newest step first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);

@@ -1,5 +1,6 @@
 #include "train/checkpoint_manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -30,7 +31,8 @@ void write_manifest(const std::string& dir, const std::vector<std::string>& file
   atomic_write_file(join(dir, kManifestFile), m.dump(2) + "\n");
 }
 
-ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::string>& required) {
+ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::string>& required,
+                               const std::vector<std::string>& skip) {
   const std::string path = join(dir, kManifestFile);
   std::error_code ec;
   if (!fs::exists(path, ec)) return ManifestStatus::Absent;
@@ -49,6 +51,7 @@ ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::st
   for (const std::string& r : required)
     KVS_CHECK(files.contains(r), "{}: does not list {}", path, r);
   for (const auto& [name, entry] : files.items()) {
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
     const std::string file = join(dir, name);
     KVS_CHECK(name.find('/') == std::string::npos && name != ".." && entry.is_object() &&
                   entry.contains("bytes") && entry["bytes"].is_number_unsigned() && entry.contains(kHashKey) &&

@@ -20,6 +20,8 @@ enum class ManifestStatus { Verified, Absent };
 // each of `required` is listed. Absent: the directory has no manifest (a
 // checkpoint from before manifests; the caller warns). Throws one line naming
 // the file: "<dir>/model.safetensors: 1000 bytes, the manifest says 4096 (truncated?)".
-ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::string>& required);
+// Files named in `skip` are not checked (a reader that does not use them).
+ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::string>& required,
+                               const std::vector<std::string>& skip = {});
 
 }  // namespace kvs

@@ -7,10 +7,10 @@
 
 namespace kvs {
 
-LoadedCheckpoint read_checkpoint(const std::string& dir) {
+LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer) {
   LoadedCheckpoint c;
   c.dir = dir;
-  c.data = load_checkpoint(dir);
+  c.data = load_checkpoint(dir, with_optimizer);
   c.model = model_from_hf_json(c.data.hf_config, dir + "/config.json");
   return c;
 }

@@ -11,13 +11,14 @@
 namespace kvs {
 
 // A checkpoint directory read whole, with its model config parsed from
-// config.json (one process: eval, generate, export-hf, inspect).
+// config.json (one process: eval, generate, export-hf, inspect): without the
+// optimizer state unless asked for.
 struct LoadedCheckpoint {
   std::string dir;
   ModelConfig model;
   CheckpointData data;
 };
-LoadedCheckpoint read_checkpoint(const std::string& dir);
+LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer = false);
 // Its weights as one flat buffer in ParamLayout::build(ck.model) order, after
 // checking names and shapes exactly (errors name model.safetensors).
 std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck);

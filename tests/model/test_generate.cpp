@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -711,4 +712,23 @@ TEST(EvalCli, SeqLenIsCheckedAgainstTheCheckpointsModel) {
   EXPECT_NE(r.out.find("with the model of"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("max_position_embeddings"), std::string::npos) << r.out;
   EXPECT_EQ(run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "cfg.json")).code, 0);
+}
+
+// Inference reads the weights alone: generate and eval neither read nor check
+// optimizer.safetensors (twice the weights' size), so a damaged one does not
+// stop them; a damaged model.safetensors still does.
+TEST(GenerateCli, InferenceNeedsNoOptimizerState) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp, 64);
+  const std::string step = run + "/checkpoints/step_00000002";
+  std::filesystem::resize_file(step + "/optimizer.safetensors", 100);
+  const std::string gen = "generate --prompt-ids 3,9 --max-new-tokens 2 --temperature 0 --checkpoint ";
+  const auto g = run_kvshift(gen + step);
+  EXPECT_EQ(g.code, 0) << g.out;
+  const auto e = run_kvshift("eval --checkpoint " + step);
+  EXPECT_EQ(e.code, 0) << e.out;
+  std::filesystem::resize_file(step + "/model.safetensors", 100);
+  const auto bad = run_kvshift(gen + step);
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("model.safetensors"), std::string::npos) << bad.out;
 }

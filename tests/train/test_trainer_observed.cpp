@@ -63,7 +63,7 @@ std::map<int, nlohmann::json> train_lines(const std::string& dir) {
 
 // name -> values, of the model or the optimizer tensors of the run's newest checkpoint
 std::map<std::string, std::vector<float>> tensors(const std::string& dir, bool optimizer) {
-  const auto ck = kvs::read_checkpoint(kvs::latest_checkpoint(dir + "/checkpoints"));
+  const auto ck = kvs::read_checkpoint(kvs::latest_checkpoint(dir + "/checkpoints"), /*with_optimizer=*/true);
   std::map<std::string, std::vector<float>> m;
   for (const auto& t : optimizer ? ck.data.optimizer : ck.data.model) m[t.name] = kvs::tensor_to_f32(t);
   return m;

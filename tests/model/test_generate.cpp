@@ -539,6 +539,11 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --max-new-tokens 0"),
                  {"--max-new-tokens 0"});
   one_line_error(run_kvshift("generate --checkpoint " + run), {"--prompt"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids ''"), {"--prompt-ids: no ids in ''"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,,2"),
+                 {"--prompt-ids: an empty item at character 2 of '1,,2'"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --tokenizer " + (tmp / "nosuchdir")),
+                 {"nosuchdir: no such directory"});
   // Negative values of unsigned or count options (a seed of -1 wrapped around; threads -2 ran as auto).
   for (const char* flag : {"--seed", "--threads", "--top-k"})
     one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 " + flag + " -2"),

@@ -31,7 +31,7 @@ namespace {
 
 struct Args {
   std::string checkpoint, prompt, prompt_ids, tokenizer;
-  bool has_prompt = false, json = false;
+  bool has_prompt = false, has_prompt_ids = false, json = false;
   int threads = 0;         // 0 = auto
   int max_new_tokens = 0;  // not given (max_new_given false): 128, or fewer to fit the model's positions
   bool max_new_given = false;
@@ -51,7 +51,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     ids.push_back(static_cast<int32_t>(v));
     item.clear();
   };
-  for (char ch : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == ',' && item.empty() && (ids.empty() || text[i - 1] == ','))  // "1,,2", ",1": an id left out
+      fail("--prompt-ids: an empty item at character {} of '{}'", i, text);
     if (ch == ',' || ch == ' ')
       flush();
     else
@@ -66,6 +69,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 // 256-token model; nullptr when there is none (ids in, ids out).
 std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
   if (!a.tokenizer.empty()) {
+    KVS_CHECK(std::filesystem::is_directory(a.tokenizer), "--tokenizer {}: no such directory", a.tokenizer);
     check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, a.tokenizer);
     return load_tokenizer(a.tokenizer);
   }
@@ -105,7 +109,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void run_generate(const Args& a) {
-  KVS_CHECK(a.has_prompt != !a.prompt_ids.empty(), "give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
+  KVS_CHECK(a.has_prompt != a.has_prompt_ids, "give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
   KVS_CHECK(!a.max_new_given || a.max_new_tokens >= 1, "--max-new-tokens {} must be >= 1", a.max_new_tokens);
   validate_sampling(a.sampling);
   const std::string dir = resolve_checkpoint_dir(a.checkpoint);
@@ -209,7 +213,8 @@ void add_generate(CLI::App& app) {
       ->required();
   auto* prompt =
       cmd->add_option("--prompt", a->prompt, "Prompt text (encoded with the tokenizer, BOS first if it has one)");
-  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 1,2,3 (taken as given: no BOS added)");
+  auto* prompt_ids =
+      cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 1,2,3 (taken as given: no BOS added)");
   auto* max_new = cmd->add_option("--max-new-tokens", a->max_new_tokens,
                                   "Tokens to generate at most; prompt + these <= max_position_embeddings "
                                   "(default: 128, or fewer to fit)");
@@ -234,8 +239,9 @@ void add_generate(CLI::App& app) {
   cmd->add_flag(
       "--json", a->json,
       "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");
-  cmd->callback([a, prompt, max_new]() {
+  cmd->callback([a, prompt, prompt_ids, max_new]() {
     a->has_prompt = prompt->count() > 0;  // --prompt "" is a prompt too (BOS alone)
+    a->has_prompt_ids = prompt_ids->count() > 0;  // --prompt-ids "" is one, with no ids: an error of its own
     a->max_new_given = max_new->count() > 0;
     run_generate(*a);
   });

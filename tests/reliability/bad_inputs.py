@@ -459,12 +459,12 @@ def cases():
         flip(os.path.join(ck, "step_00000002", "model.safetensors"))
         return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
 
-    @case("checkpoint-truncated", "checkpoints", "a truncated optimizer file (eval)",
-          "D/run/checkpoints/step_00000002/optimizer.safetensors: tensor 'exp_avg_sq.lm_head.weight': data_offsets "
+    @case("checkpoint-truncated", "checkpoints", "a truncated weights file (eval; it does not read the optimizer's)",
+          "D/run/checkpoints/step_00000002/model.safetensors: tensor 'lm_head.weight': data_offsets "
           "[*] extend past the end of the data region (* bytes)")
     def _(b, d):
         ck = trained(b, d)
-        f = os.path.join(ck, "step_00000002", "optimizer.safetensors")
+        f = os.path.join(ck, "step_00000002", "model.safetensors")
         os.truncate(f, os.path.getsize(f) - 7)
         return ["eval", "--checkpoint", os.path.join(ck, "step_00000002")], ""
 

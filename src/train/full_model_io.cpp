@@ -123,12 +123,15 @@ void FullModelIO::gather_full(const float* local, const std::string& prefix,
       const ParamTensor* l = local_.find(f.name);
       const float* mine = local + l->offset;
       // Every tensor-parallel rank's slice, in pieces: NCCL stages host
-      // buffers on the GPU (tp + 1 times the piece) beside the engine.
+      // buffers on the GPU (tp + 1 times the piece) beside the engine, and
+      // keeps that buffer only up to kHostPieceFloats: a piece of a (tp + 1)th
+      // of it, whole 256-byte blocks, is not allocated and freed every time.
       const float* all = mine;
       if (tp > 1) {
         gathered.resize(l->numel * tp);
-        for (size_t at = 0; at < l->numel; at += dist::kHostPieceFloats) {
-          const size_t k = std::min(dist::kHostPieceFloats, l->numel - at);
+        const size_t step = std::max<size_t>(64, dist::kHostPieceFloats / (tp + 1) / 64 * 64);
+        for (size_t at = 0; at < l->numel; at += step) {
+          const size_t k = std::min(step, l->numel - at);
           piece.resize(k * tp);
           tp_.comm->all_gather(mine + at, piece.data(), k, dist::DType::F32);
           for (size_t r = 0; r < tp; ++r) std::copy_n(piece.data() + r * k, k, gathered.data() + r * l->numel + at);

@@ -4,6 +4,7 @@
 // errors naming the key (see config.cpp and docs/CONFIG.md). Enum-valued keys
 // are the enums of config_enums.h, parsed once.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -156,6 +157,15 @@ struct TrainConfig {
   double checkpoint_buffer_gb = 0;
   StopSignal stop_signal = StopSignal::Usr1;  // stops the run after a checkpoint, like SIGTERM
   double straggler_factor = 3.0;  // a step slower than this x the median is reported; 0 = off
+
+  // What rank 0 holds, at most, of a checkpoint of `checkpoint_bytes` not yet
+  // written (checkpoint_buffer_gb's rule; the trainer and `kvshift info`).
+  uint64_t checkpoint_buffer_bytes(uint64_t checkpoint_bytes) const {
+    const uint64_t set = checkpoint_buffer_gb > 0 ? static_cast<uint64_t>(checkpoint_buffer_gb * 1e9)
+                         : async_checkpoint      ? checkpoint_bytes
+                                                 : uint64_t{1000000000};
+    return std::min(set, checkpoint_bytes);
+  }
 
   bool operator==(const TrainConfig&) const = default;
 };

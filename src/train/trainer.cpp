@@ -450,10 +450,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);
   StepWatch watch(*comm, tc.straggler_factor, rank0 ? &metrics : nullptr);
 
-  // What world rank 0 holds of a checkpoint not yet written (train.checkpoint_buffer_gb).
-  const uint64_t checkpoint_buffer = tc.checkpoint_buffer_gb > 0 ? static_cast<uint64_t>(tc.checkpoint_buffer_gb * 1e9)
-                                     : tc.async_checkpoint      ? UINT64_MAX
-                                                                : uint64_t{1000000000};
+  // What world rank 0 holds of a checkpoint not yet written: three fp32 copies of the model.
+  const uint64_t checkpoint_buffer = tc.checkpoint_buffer_bytes(3 * sizeof(float) * io.full_layout().total);
   auto save = [&](int64_t done) {
     // One format whatever the layout: rank 0 writes full tensors, so the ZeRO-1
     // shards (over dp), then the tensor-parallel slices and the stages' tensors

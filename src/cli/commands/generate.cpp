@@ -1,10 +1,10 @@
 // `kvshift generate`: text (or token ids) in, a continuation out, decoded on
 // the CPU with a KV cache (model/generator.h) and streamed as it is produced.
-#include <cmath>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>

@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "cli/commands/commands.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
@@ -35,11 +33,10 @@ void add_info(CLI::App& app) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const double all = static_cast<double>(c.total + c.shift);
     const double params_b = 4 * all, grads_b = 4 * all, opt_b = 8 * all;
-    // A checkpoint, and what of it rank 0 holds not yet written (the trainer's rule).
+    // A checkpoint, and what of it rank 0 holds not yet written.
     const double ckpt_b = 3 * params_b;
-    const double ckpt_buffer_b = std::min(ckpt_b, cfg.train.checkpoint_buffer_gb > 0 ? cfg.train.checkpoint_buffer_gb * 1e9
-                                                  : cfg.train.async_checkpoint      ? ckpt_b
-                                                                                    : 1e9);
+    const double ckpt_buffer_b =
+        static_cast<double>(cfg.train.checkpoint_buffer_bytes(static_cast<uint64_t>(ckpt_b)));
     const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
     // One rank's activations under the config's parallel layout (tp, cp), with
     // and without sequence parallelism (which needs tp > 1 and splits the

@@ -210,18 +210,34 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   G_ = bind_params(layout_, m_, grads_.data());
 }
 
-void CpuEngine::read_params(float* host) const { std::copy(params_.begin(), params_.end(), host); }
-void CpuEngine::write_params(const float* host) { std::copy(host, host + layout_.total, params_.begin()); }
-void CpuEngine::read_grads(float* host) const { std::copy(grads_.begin(), grads_.end(), host); }
-void CpuEngine::read_optimizer_state(float* m, float* v) const {
-  std::fill(m, m + layout_.total, 0.0f);
-  std::fill(v, v + layout_.total, 0.0f);
-  std::copy(exp_avg_.begin(), exp_avg_.end(), m + opt_begin_);
-  std::copy(exp_avg_sq_.begin(), exp_avg_sq_.end(), v + opt_begin_);
+void CpuEngine::read_params_range(size_t begin, size_t n, float* host) const {
+  KVS_CHECK(begin + n <= layout_.total, "read_params_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  std::copy_n(params_.begin() + begin, n, host);
 }
-void CpuEngine::write_optimizer_state(const float* m, const float* v) {
-  std::copy(m + opt_begin_, m + opt_end_, exp_avg_.begin());
-  std::copy(v + opt_begin_, v + opt_end_, exp_avg_sq_.begin());
+void CpuEngine::write_params_range(size_t begin, size_t n, const float* host) {
+  KVS_CHECK(begin + n <= layout_.total, "write_params_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  std::copy_n(host, n, params_.begin() + begin);
+}
+void CpuEngine::read_grads(float* host) const { std::copy(grads_.begin(), grads_.end(), host); }
+void CpuEngine::read_optimizer_range(size_t begin, size_t n, float* m, float* v) const {
+  KVS_CHECK(begin + n <= layout_.total, "read_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
+  for (auto [out, held] : {std::pair{m, &exp_avg_}, std::pair{v, &exp_avg_sq_}}) {
+    if (!out) continue;
+    std::fill(out, out + n, 0.0f);
+    if (h.n) std::copy_n(held->begin() + (begin + h.at - opt_begin_), h.n, out + h.at);
+  }
+}
+void CpuEngine::write_optimizer_range(size_t begin, size_t n, const float* m, const float* v) {
+  KVS_CHECK(begin + n <= layout_.total, "write_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
+  if (!h.n) return;
+  if (m) std::copy_n(m + h.at, h.n, exp_avg_.begin() + (begin + h.at - opt_begin_));
+  if (v) std::copy_n(v + h.at, h.n, exp_avg_sq_.begin() + (begin + h.at - opt_begin_));
 }
 
 void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {

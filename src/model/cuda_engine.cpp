@@ -433,15 +433,19 @@ void CudaEngine::release() {
 
 // ---------------------------------------------------------------- host copies
 
-void CudaEngine::read_params(float* host) const {
-  check(cudaMemcpyAsync(host, at<float>(plan_.master), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+void CudaEngine::read_params_range(size_t begin, size_t n, float* host) const {
+  KVS_CHECK(begin + n <= layout_.total, "read_params_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  check(cudaMemcpyAsync(host, at<float>(plan_.master) + begin, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "read params");
   sync("read params");
 }
-void CudaEngine::write_params(const float* host) {
-  check(cudaMemcpyAsync(at<float>(plan_.master), host, layout_.total * sizeof(float), cudaMemcpyHostToDevice, stream_),
+void CudaEngine::write_params_range(size_t begin, size_t n, const float* host) {
+  KVS_CHECK(begin + n <= layout_.total, "write_params_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  check(cudaMemcpyAsync(at<float>(plan_.master) + begin, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
         "write params");
-  cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
+  cuda::f32_to_bf16(at<bf16>(plan_.params16) + begin, at<float>(plan_.master) + begin, n, stream_);
   sync("write params");
 }
 void CudaEngine::read_grads(float* host) const {
@@ -451,22 +455,35 @@ void CudaEngine::read_grads(float* host) const {
   sync("read grads");
 }
 // Only [opt_begin_, opt_end_) is held (keep_optimizer_range): zeros elsewhere on read.
-void CudaEngine::read_optimizer_state(float* m, float* v) const {
-  std::fill(m, m + layout_.total, 0.0f);
-  std::fill(v, v + layout_.total, 0.0f);
-  if (!moments_ready_) return;  // not allocated yet: zeros
-  const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
-  check(cudaMemcpyAsync(m + opt_begin_, exp_avg_base(), bytes, cudaMemcpyDeviceToHost, stream_), "read exp_avg");
-  check(cudaMemcpyAsync(v + opt_begin_, exp_avg_sq_base(), bytes, cudaMemcpyDeviceToHost, stream_),
-        "read exp_avg_sq");
+void CudaEngine::read_optimizer_range(size_t begin, size_t n, float* m, float* v) const {
+  KVS_CHECK(begin + n <= layout_.total, "read_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
+  if (m) std::fill(m, m + n, 0.0f);
+  if (v) std::fill(v, v + n, 0.0f);
+  const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
+  if (!moments_ready_ || !h.n) return;  // not allocated yet (zeros), or none of it held
+  const size_t skip = begin + h.at - opt_begin_;
+  if (m)
+    check(cudaMemcpyAsync(m + h.at, exp_avg_base() + skip, h.n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "read exp_avg");
+  if (v)
+    check(cudaMemcpyAsync(v + h.at, exp_avg_sq_base() + skip, h.n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "read exp_avg_sq");
   sync("read optimizer state");
 }
-void CudaEngine::write_optimizer_state(const float* m, const float* v) {
+void CudaEngine::write_optimizer_range(size_t begin, size_t n, const float* m, const float* v) {
+  KVS_CHECK(begin + n <= layout_.total, "write_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
+            layout_.total);
   ensure_moments();
-  const size_t bytes = (opt_end_ - opt_begin_) * sizeof(float);
-  check(cudaMemcpyAsync(exp_avg_base(), m + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_), "write exp_avg");
-  check(cudaMemcpyAsync(exp_avg_sq_base(), v + opt_begin_, bytes, cudaMemcpyHostToDevice, stream_),
-        "write exp_avg_sq");
+  const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
+  if (!h.n) return;
+  const size_t skip = begin + h.at - opt_begin_;
+  if (m)
+    check(cudaMemcpyAsync(exp_avg_base() + skip, m + h.at, h.n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "write exp_avg");
+  if (v)
+    check(cudaMemcpyAsync(exp_avg_sq_base() + skip, v + h.at, h.n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "write exp_avg_sq");
   sync("write optimizer state");
 }
 // 4 bytes per parameter written: 2.0 ms of the 1.5B step on an H100 when it

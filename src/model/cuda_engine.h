@@ -163,11 +163,11 @@ class CudaEngine : public Engine {
   int max_batch() const override { return max_B_; }
   int max_seq_len() const override { return max_T_; }
 
-  void read_params(float* host) const override;
-  void write_params(const float* host) override;
+  void read_params_range(size_t begin, size_t n, float* host) const override;
+  void write_params_range(size_t begin, size_t n, const float* host) override;
   void read_grads(float* host) const override;
-  void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const override;
-  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) override;
+  void read_optimizer_range(size_t begin, size_t n, float* exp_avg, float* exp_avg_sq) const override;
+  void write_optimizer_range(size_t begin, size_t n, const float* exp_avg, const float* exp_avg_sq) override;
 
   void zero_grad() override;
   double forward_backward(const Batch& b, double grad_scale) override;

@@ -30,6 +30,16 @@ struct AdamWHyper {
   double grad_scale = 1.0;  // multiplies every gradient (global-norm clipping)
 };
 
+// The part of the range [begin, begin + n) that lies in [held_begin, held_end):
+// `at` elements into the range, `n` of them (0 when they do not meet).
+struct HeldPart {
+  size_t at = 0, n = 0;
+};
+inline HeldPart held_part(size_t begin, size_t n, size_t held_begin, size_t held_end) {
+  const size_t lo = begin > held_begin ? begin : held_begin, hi = begin + n < held_end ? begin + n : held_end;
+  return lo < hi ? HeldPart{lo - begin, hi - lo} : HeldPart{};
+}
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -38,11 +48,25 @@ class Engine {
   virtual int max_batch() const = 0;
   virtual int max_seq_len() const = 0;
 
-  virtual void read_params(float* host) const = 0;
-  virtual void write_params(const float* host) = 0;
+  // The flat fp32 parameters [begin, begin + n) (a checkpoint moves them a
+  // tensor or a window at a time, so that no rank holds a host copy of all).
+  virtual void read_params_range(size_t begin, size_t n, float* host) const = 0;
+  virtual void write_params_range(size_t begin, size_t n, const float* host) = 0;
+  // The AdamW moments of [begin, begin + n): zeros where this engine holds
+  // none (keep_optimizer_range); a null output is skipped. The write keeps
+  // only the part of the range held.
+  virtual void read_optimizer_range(size_t begin, size_t n, float* exp_avg, float* exp_avg_sq) const = 0;
+  virtual void write_optimizer_range(size_t begin, size_t n, const float* exp_avg, const float* exp_avg_sq) = 0;
+  // The same over the whole layout.
+  void read_params(float* host) const { read_params_range(0, layout().total, host); }
+  void write_params(const float* host) { write_params_range(0, layout().total, host); }
+  void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const {
+    read_optimizer_range(0, layout().total, exp_avg, exp_avg_sq);
+  }
+  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) {
+    write_optimizer_range(0, layout().total, exp_avg, exp_avg_sq);
+  }
   virtual void read_grads(float* host) const = 0;
-  virtual void read_optimizer_state(float* exp_avg, float* exp_avg_sq) const = 0;
-  virtual void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) = 0;
 
   virtual void zero_grad() = 0;
   // Forward and backward of one micro-batch. Adds grad_scale * d(sum of masked
@@ -112,8 +136,8 @@ class Engine {
   // element treated by the kind of the tensor it belongs to (decay, clamp01).
   virtual void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end);
   // Keeps the AdamW moments of [begin, end) only and frees the rest (ZeRO-1's
-  // memory saving). Afterwards read_optimizer_state gives zeros outside the
-  // range, write_optimizer_state keeps only the range, and adamw_step_range
+  // memory saving). Afterwards read_optimizer_range gives zeros outside the
+  // range, write_optimizer_range keeps only the range, and adamw_step_range
   // must stay inside it.
   virtual void keep_optimizer_range(size_t begin, size_t end);
   // Allocates the optimizer state of the range kept (the CUDA engine does so

@@ -28,13 +28,6 @@ void StagedFlatSync::reduce_grads() {
   from_host_(g + begin_, piece_.data(), end_ - begin_);
 }
 
-void StagedFlatSync::all_gather(float* full, const Copy& to_host, const Copy& from_host) {
-  std::fill(piece_.begin(), piece_.end(), 0.0f);
-  to_host(piece_.data(), full + begin_, end_ - begin_);
-  all_gather_padded();
-  from_host(full, padded_.data(), total_);
-}
-
 void StagedFlatSync::reduce_scatter_padded() {
   if (S_ <= max_count_) {
     comm_.reduce_scatter(padded_.data(), piece_.data(), S_, dist::DType::F32, dist::ReduceOp::Sum);
@@ -65,13 +58,12 @@ void StagedFlatSync::all_gather_padded() {
 }
 
 void StagedFlatSync::all_gather_params() {
-  all_gather(engine_.flat_params(), to_host_, from_host_);
+  float* params = engine_.flat_params();
+  std::fill(piece_.begin(), piece_.end(), 0.0f);
+  to_host_(piece_.data(), params + begin_, end_ - begin_);
+  all_gather_padded();
+  from_host_(params, padded_.data(), total_);
   engine_.flat_params_written();
-}
-
-void StagedFlatSync::all_gather_host(float* full) {
-  const Copy host = [](float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); };
-  all_gather(full, host, host);
 }
 
 std::unique_ptr<FlatSync> make_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard) {

@@ -30,9 +30,6 @@ class FlatSync {
   // Every shard of the engine's fp32 parameters from its owner, then the
   // engine's derived copies refreshed (Engine::flat_params_written).
   virtual void all_gather_params() = 0;
-  // Every shard of a host buffer of `total` floats from its owner (the AdamW
-  // moments for a checkpoint).
-  virtual void all_gather_host(float* full) = 0;
 };
 
 class StagedFlatSync final : public FlatSync {
@@ -48,11 +45,8 @@ class StagedFlatSync final : public FlatSync {
 
   void reduce_grads() override;
   void all_gather_params() override;
-  void all_gather_host(float* full) override;
 
  private:
-  // Gathers the shards of `full` (in the memory `to_host`/`from_host` reach).
-  void all_gather(float* full, const Copy& to_host, const Copy& from_host);
   // padded_ (dp*S) summed into piece_ (S); piece_ gathered into padded_: whole, or in pieces.
   void reduce_scatter_padded();
   void all_gather_padded();

@@ -44,13 +44,17 @@ void Zero1::step(const AdamWHyper& h) {
   sync_->all_gather_params();
 }
 
-void Zero1::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
+void Zero1::gather_optimizer_range(size_t begin, size_t n, float* m, float* v) {
+  engine_.read_optimizer_range(begin, n, m, v);  // this rank's part; zeros elsewhere
   const size_t total = engine_.layout().total;
-  m.resize(total);
-  v.resize(total);
-  engine_.read_optimizer_state(m.data(), v.data());  // zeros outside this rank's shard
-  sync_->all_gather_host(m.data());
-  sync_->all_gather_host(v.data());
+  // Broadcast from each owner, in bounded pieces: NCCL stages host memory on the GPU.
+  for (int r = 0; r < comm_.size(); ++r) {
+    const ShardRange s = shard_range(total, comm_.size(), r);
+    const HeldPart part = held_part(begin, n, s.begin, s.end);
+    for (float* out : {m, v})
+      for (size_t at = 0; out && at < part.n; at += dist::kHostPieceFloats)
+        comm_.broadcast(out + part.at + at, std::min(dist::kHostPieceFloats, part.n - at), dist::DType::F32, r);
+  }
 }
 
 }  // namespace kvs

@@ -48,9 +48,12 @@ class Zero1 {
   double reduce_gradients();
   // AdamW on this rank's shard, then every rank gets every parameter.
   void step(const AdamWHyper& h);
-  // The full AdamW moments (each shard from its owner) on every rank, for a
-  // checkpoint written on rank 0; the engine keeps only its shard.
-  void gather_optimizer_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
+  // The AdamW moments of [begin, begin + n) of the engine's layout, each part
+  // from the rank whose shard holds it, on every rank: a collective over the
+  // ranks, which all pass the same range. A checkpoint asks tensor by tensor,
+  // so no rank holds more than one tensor's moments besides its shard. A
+  // null output is not gathered.
+  void gather_optimizer_range(size_t begin, size_t n, float* exp_avg, float* exp_avg_sq);
 
   const ShardRange& shard() const { return shard_; }
 

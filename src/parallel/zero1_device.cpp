@@ -72,15 +72,6 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
     async_.synchronize();
     engine_.flat_params_written();
   }
-  // A host buffer: NCCL stages host memory on the GPU, so a bounded piece of
-  // one shard at a time, never a shard of a large model at once.
-  void all_gather_host(float* full) override {
-    for (int r = 0; r < comm_.size(); ++r) {
-      const ShardRange s = shard_range(total_, comm_.size(), r);
-      for (size_t at = s.begin; at < s.end; at += dist::kHostPieceFloats)
-        comm_.broadcast(full + at, std::min(dist::kHostPieceFloats, s.end - at), dist::DType::F32, r);
-    }
-  }
 
  private:
   // [begin, end) cut at shard boundaries, each piece with its owner as root.

@@ -39,17 +39,29 @@ const ParamTensor& FullModelIO::full_of(const ParamTensor& local) const {
   return *f;
 }
 
-void FullModelIO::init_local(uint64_t seed, float* local) const {
+void FullModelIO::for_each_run_in(
+    size_t begin, size_t n,
+    const std::function<void(const ParamTensor&, const ParamTensor&, int64_t, size_t, size_t)>& fn) const {
+  KVS_CHECK(begin + n <= local_.total, "FullModelIO: [{}, {}) past this rank's {} floats", begin, begin + n,
+            local_.total);
+  const size_t end = begin + n;
   for (const ParamTensor& l : local_.tensors) {
+    if (l.offset + l.numel <= begin || l.offset >= end) continue;
     const ParamTensor& f = full_of(l);
-    for_each_tensor_run(f, l, tp_.rank, [&](int64_t fi, size_t li, size_t n) {
-      float* dst = local + l.offset + li;
-      if (fi < 0)
-        std::fill(dst, dst + n, 0.0f);
-      else
-        init_param_range(f, model_, seed, static_cast<size_t>(fi), n, dst);
+    for_each_tensor_run(f, l, tp_.rank, [&](int64_t fi, size_t li, size_t k) {
+      const size_t a = l.offset + li, lo = std::max(a, begin), hi = std::min(a + k, end);
+      if (lo < hi) fn(l, f, fi < 0 ? -1 : fi + static_cast<int64_t>(lo - a), lo - begin, hi - lo);
     });
   }
+}
+
+void FullModelIO::init_local(uint64_t seed, float* local) const { init_local(seed, 0, local_.total, local); }
+
+void FullModelIO::init_local(uint64_t seed, size_t begin, size_t n, float* out) const {
+  std::fill(out, out + n, 0.0f);  // padding runs, and any gap between tensors
+  for_each_run_in(begin, n, [&](const ParamTensor&, const ParamTensor& f, int64_t fi, size_t at, size_t k) {
+    if (fi >= 0) init_param_range(f, model_, seed, static_cast<size_t>(fi), k, out + at);
+  });
 }
 
 void FullModelIO::check_file(const SafetensorsReader& file, const std::vector<std::string>& prefixes) const {
@@ -57,31 +69,37 @@ void FullModelIO::check_file(const SafetensorsReader& file, const std::vector<st
 }
 
 void FullModelIO::read_local(const SafetensorsReader& file, const std::string& prefix, float* local) const {
-  for (const ParamTensor& l : local_.tensors) {
-    const ParamTensor& f = full_of(l);
-    const StTensor* st = file.find(prefix + l.name);
-    KVS_CHECK(st != nullptr, "{}: missing tensor '{}'", file.path(), prefix + l.name);
-    // Adjacent runs (the rows of a row-split tensor) are read as one.
-    int64_t run_f = 0;
-    size_t run_l = 0, run_n = 0;
-    auto flush = [&] {
-      if (run_n) file.read_f32(*st, static_cast<uint64_t>(run_f), run_n, local + l.offset + run_l);
-      run_n = 0;
-    };
-    for_each_tensor_run(f, l, tp_.rank, [&](int64_t fi, size_t li, size_t n) {
-      if (fi < 0) {
-        std::fill(local + l.offset + li, local + l.offset + li + n, 0.0f);
-        return;
-      }
-      if (run_n && fi == run_f + static_cast<int64_t>(run_n) && li == run_l + run_n) {
-        run_n += n;
-        return;
-      }
+  read_local(file, prefix, 0, local_.total, local);
+}
+
+void FullModelIO::read_local(const SafetensorsReader& file, const std::string& prefix, size_t begin, size_t n,
+                             float* out) const {
+  std::fill(out, out + n, 0.0f);  // padding runs, and any gap between tensors
+  // Adjacent runs (the rows of a row-split tensor) are read as one.
+  const StTensor* st = nullptr;
+  const ParamTensor* in = nullptr;
+  int64_t run_f = 0;
+  size_t run_at = 0, run_n = 0;
+  auto flush = [&] {
+    if (run_n) file.read_f32(*st, static_cast<uint64_t>(run_f), run_n, out + run_at);
+    run_n = 0;
+  };
+  for_each_run_in(begin, n, [&](const ParamTensor& l, const ParamTensor&, int64_t fi, size_t at, size_t k) {
+    if (&l != in) {
       flush();
-      run_f = fi, run_l = li, run_n = n;
-    });
+      in = &l;
+      st = file.find(prefix + l.name);
+      KVS_CHECK(st != nullptr, "{}: missing tensor '{}'", file.path(), prefix + l.name);
+    }
+    if (fi < 0) return;  // padding: zeros
+    if (run_n && fi == run_f + static_cast<int64_t>(run_n) && at == run_at + run_n) {
+      run_n += k;
+      return;
+    }
     flush();
-  }
+    run_f = fi, run_at = at, run_n = k;
+  });
+  flush();
 }
 
 std::vector<StTensor> FullModelIO::gather_full(const float* local, const std::string& prefix) const {
@@ -97,6 +115,19 @@ std::vector<StTensor> FullModelIO::full_headers(const std::string& prefix) const
 }
 
 void FullModelIO::gather_full(const float* local, const std::string& prefix,
+                              const std::function<void(StTensor)>& keep) const {
+  gather_full([&](const ParamTensor& l) { return local + l.offset; }, prefix, keep);
+}
+
+std::vector<const ParamTensor*> FullModelIO::owned_local() const {
+  const int pp_rank = pp_ ? pp_->rank() : 0;
+  std::vector<const ParamTensor*> out;
+  for (size_t i = 0; i < full_.tensors.size(); ++i)
+    if (owner_[i] == pp_rank) out.push_back(local_.find(full_.tensors[i].name));
+  return out;
+}
+
+void FullModelIO::gather_full(const LocalTensor& local, const std::string& prefix,
                               const std::function<void(StTensor)>& keep) const {
   if (!gathers_) return;
   const int pp_rank = pp_ ? pp_->rank() : 0;
@@ -121,7 +152,7 @@ void FullModelIO::gather_full(const float* local, const std::string& prefix,
     }
     if (owner) {
       const ParamTensor* l = local_.find(f.name);
-      const float* mine = local + l->offset;
+      const float* mine = local(*l);
       // Every tensor-parallel rank's slice, in pieces: NCCL stages host
       // buffers on the GPU (tp + 1 times the piece) beside the engine, and
       // keeps that buffer only up to kHostPieceFloats: a piece of a (tp + 1)th

@@ -6,10 +6,11 @@
 //
 // Host memory is what bounds the paper's larger models, so nothing here
 // builds the whole model on every rank: a rank initialises and reads only its
-// own slice (the runs of each tensor it holds, straight from the file), and a
-// save assembles one tensor at a time, handed on world rank 0 to the
-// checkpoint writer (train/tensor_stream.h). Other ranks hold their slice plus
-// one tensor.
+// own slice (the runs of each tensor it holds, straight from the file, a
+// window at a time), and a save assembles one tensor at a time from values
+// read off the engine tensor by tensor, handed on world rank 0 to the
+// checkpoint writer (train/tensor_stream.h). No rank holds a host copy of its
+// whole slice: a window or a tensor at a time.
 #pragma once
 #include <functional>
 #include <string>
@@ -37,6 +38,9 @@ class FullModelIO {
   // This rank's slice of a fresh model: init_params' values for the full
   // model, computed for the slice alone (vocabulary padding rows 0).
   void init_local(uint64_t seed, float* local) const;
+  // Elements [begin, begin + n) of it (a window: the trainer writes the
+  // engine's parameters a window at a time).
+  void init_local(uint64_t seed, size_t begin, size_t n, float* out) const;
   // Checks that `file` holds exactly the full model's tensors under each of
   // `prefixes` ("" for weights; "exp_avg.", "exp_avg_sq." for moments):
   // names, shapes, float dtypes. Errors name the file and the tensor.
@@ -44,6 +48,9 @@ class FullModelIO {
   // This rank's slice of the tensors named prefix + name in `file` (checked
   // by check_file), reading only the elements the slice holds.
   void read_local(const SafetensorsReader& file, const std::string& prefix, float* local) const;
+  // Elements [begin, begin + n) of it (a window, or a ZeRO-1 shard of the moments).
+  void read_local(const SafetensorsReader& file, const std::string& prefix, size_t begin, size_t n,
+                  float* out) const;
   // The full tensors, named prefix + name in the full layout's order,
   // assembled from every rank's `local` buffer: returned on world rank 0,
   // empty elsewhere. A collective over the tensor-parallel group, and the
@@ -55,11 +62,27 @@ class FullModelIO {
   // rank 0; `keep` is not called elsewhere), so that it can be written while
   // the next one is gathered (train/tensor_stream.h).
   void gather_full(const float* local, const std::string& prefix, const std::function<void(StTensor)>& keep) const;
+  // The same, each local tensor's values asked of `local` when its turn comes
+  // (valid until the next call), so that no rank holds a copy of its whole
+  // slice: it is called for the tensors of owned_local(), in that order.
+  using LocalTensor = std::function<const float*(const ParamTensor& local)>;
+  void gather_full(const LocalTensor& local, const std::string& prefix,
+                   const std::function<void(StTensor)>& keep) const;
+  // The local tensors whose values this rank hands to gather_full, in the
+  // order it asks for them: the tensors its pipeline stage writes. The ranks
+  // of the other replicas (same stage and tensor-parallel rank) get the same
+  // list, so that they can join a collective per tensor (ZeRO-1's moments).
+  std::vector<const ParamTensor*> owned_local() const;
   // What gather_full yields without the data: names, dtype F32, shapes.
   std::vector<StTensor> full_headers(const std::string& prefix) const;
 
  private:
   const ParamTensor& full_of(const ParamTensor& local) const;
+  // fn(local tensor, full tensor, full element or -1 for padding, index into
+  // the range, count) for every run of the local tensors inside [begin, begin + n).
+  void for_each_run_in(size_t begin, size_t n,
+                       const std::function<void(const ParamTensor&, const ParamTensor&, int64_t, size_t, size_t)>& fn)
+      const;
   ModelConfig model_;
   ParamLayout full_;
   const ParamLayout& local_;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "core/cpu_budget.h"
@@ -102,12 +103,30 @@ std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
   return d.empty() ? d : "model." + d;
 }
 
+// The engine's flat [begin, end) filled a window at a time, so that no rank
+// holds a host copy of its whole slice (FullModelIO: 4 bytes a parameter, and
+// 8 more for the moments): fill(at, n, out) gives elements [at, at + n).
+constexpr size_t kWindowFloats = size_t{16} << 20;  // 64 MiB
+void in_windows(size_t begin, size_t end, const std::function<void(size_t, size_t, float*)>& fill) {
+  std::vector<float> window(std::min(kWindowFloats, end - begin));
+  for (size_t at = begin; at < end; at += kWindowFloats) {
+    const size_t n = std::min(kWindowFloats, end - at);
+    fill(at, n, window.data());
+  }
+}
+void write_params_in_windows(Engine& e, const std::function<void(size_t, size_t, float*)>& read) {
+  in_windows(0, e.layout().total, [&](size_t at, size_t n, float* w) {
+    read(at, n, w);
+    e.write_params_range(at, n, w);
+  });
+}
+
 // This rank's slice of checkpoint `dir`'s weights for a fresh run of `model`:
 // the architecture must match (training-only keys aside), so must the
 // tokenizer (data.tokenizer, when set), and every tensor is checked by name
 // and shape.
 void initial_weights_from(const std::string& dir, const ModelConfig& model, const std::string& tokenizer,
-                          const FullModelIO& io, float* local) {
+                          const FullModelIO& io, Engine& engine) {
   const OpenedCheckpoint ck = open_model_checkpoint(dir);
   auto architecture = [](ModelConfig m) {
     m.initializer_range = 0.02;  // how to initialise, when to mask documents: not the weights' meaning
@@ -120,7 +139,7 @@ void initial_weights_from(const std::string& dir, const ModelConfig& model, cons
          dir, d);
   if (!tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, dir, tokenizer);
   io.check_file(*ck.files.model, {""});
-  io.read_local(*ck.files.model, "", local);
+  write_params_in_windows(engine, [&](size_t at, size_t n, float* w) { io.read_local(*ck.files.model, "", at, n, w); });
 }
 
 // How many sequences each split of the data holds, recorded in checkpoints:
@@ -311,9 +330,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Recorded in every checkpoint: what reads its ids later must use the same tokenizer.
   const std::string tokenizer_sha = cfg.data.tokenizer.empty() ? "" : tokenizer_sha256(cfg.data.tokenizer);
 
+  // ZeRO-1: the engine keeps the moments of its shard only, set before any
+  // are written or allocated (the full ones never exist on the device).
+  std::unique_ptr<Zero1> zero1;
+  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
+
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
-  std::vector<float> resume_exp_avg, resume_exp_avg_sq;  // this rank's slice, written once ZeRO-1 has set its shard
   if (opt.resume) {
     const OpenedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
     const std::string latest = ck.dir;
@@ -325,13 +348,16 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (!cfg.data.tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, latest, cfg.data.tokenizer);
     io.check_file(*ck.files.model, {""});
     io.check_file(*ck.files.optimizer, {"exp_avg.", "exp_avg_sq."});
-    std::vector<float> params(local_floats);
-    io.read_local(*ck.files.model, "", params.data());
-    engine->write_params(params.data());
-    resume_exp_avg.resize(local_floats);
-    resume_exp_avg_sq.resize(local_floats);
-    io.read_local(*ck.files.optimizer, "exp_avg.", resume_exp_avg.data());
-    io.read_local(*ck.files.optimizer, "exp_avg_sq.", resume_exp_avg_sq.data());
+    // This rank's slice of the weights, and of the moments only its shard.
+    write_params_in_windows(*engine,
+                            [&](size_t at, size_t n, float* w) { io.read_local(*ck.files.model, "", at, n, w); });
+    const size_t held_begin = zero1 ? zero1->shard().begin : 0, held_end = zero1 ? zero1->shard().end : local_floats;
+    std::vector<float> exp_avg_sq(std::min(kWindowFloats, held_end - held_begin));
+    in_windows(held_begin, held_end, [&](size_t at, size_t n, float* exp_avg) {
+      io.read_local(*ck.files.optimizer, "exp_avg.", at, n, exp_avg);
+      io.read_local(*ck.files.optimizer, "exp_avg_sq.", at, n, exp_avg_sq.data());
+      engine->write_optimizer_range(at, n, exp_avg, exp_avg_sq.data());
+    });
     const auto& ts = ck.files.trainer_state;
     KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
     step = ts["step"].get<int64_t>();
@@ -380,23 +406,12 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     KVS_CHECK(!has_checkpoints(ckpt_root),
               "{}: the run directory already has checkpoints; use --resume or another --run-dir", opt.run_dir);
     // Each rank makes its slice of the full model's values, so every layout starts from the same weights.
-    std::vector<float> init(local_floats);
     if (opt.init_from.empty()) {
-      io.init_local(tc.seed, init.data());
+      write_params_in_windows(*engine, [&](size_t at, size_t n, float* w) { io.init_local(tc.seed, at, n, w); });
     } else {
-      initial_weights_from(opt.init_from, cfg.model, cfg.data.tokenizer, io, init.data());
+      initial_weights_from(opt.init_from, cfg.model, cfg.data.tokenizer, io, *engine);
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }
-    engine->write_params(init.data());
-  }
-  // Each rank read its slice's moments whole; from here on it keeps those of its ZeRO-1 shard only
-  // (set before any moments are written or allocated: the full ones never exist on the device).
-  std::unique_ptr<Zero1> zero1;
-  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
-  if (opt.resume) {
-    engine->write_optimizer_state(resume_exp_avg.data(), resume_exp_avg_sq.data());
-    std::vector<float>().swap(resume_exp_avg);  // freed, not just emptied
-    std::vector<float>().swap(resume_exp_avg_sq);
   }
   engine->reserve_optimizer_state();
   MetricsWriter metrics;
@@ -478,19 +493,34 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       KVS_CHECK(stream, "internal error: a checkpoint tensor was kept on rank {}, not rank 0", rank);
       stream->push(std::move(t));
     };
+    // Each local tensor is read off the engine when gather_full asks for it:
+    // no rank holds a copy of its slice, nor of its replica's moments.
+    std::vector<float> tensor;
     try {
-      if (io.gathers()) {  // the other replicas have nothing to add but their ZeRO-1 shards below
-        std::vector<float> params(local_floats);
-        engine->read_params(params.data());
-        io.gather_full(params.data(), "", keep);
+      if (io.gathers())  // the other replicas have nothing to add but their ZeRO-1 shards below
+        io.gather_full(
+            [&](const ParamTensor& l) {
+              tensor.resize(l.numel);
+              engine->read_params_range(l.offset, l.numel, tensor.data());
+              return tensor.data();
+            },
+            "", keep);
+      for (const bool second : {false, true}) {  // exp_avg, then exp_avg_sq
+        auto moments = [&](const ParamTensor& l) {
+          tensor.resize(l.numel);
+          float* m = second ? nullptr : tensor.data();
+          float* v = second ? tensor.data() : nullptr;
+          if (zero1)  // a collective over the replicas: each part from the shard that holds it
+            zero1->gather_optimizer_range(l.offset, l.numel, m, v);
+          else
+            engine->read_optimizer_range(l.offset, l.numel, m, v);
+          return static_cast<const float*>(tensor.data());
+        };
+        if (io.gathers())
+          io.gather_full(moments, second ? "exp_avg_sq." : "exp_avg.", keep);
+        else  // the same collectives, in the order the gathering replica's rank asks
+          for (const ParamTensor* l : io.owned_local()) moments(*l);
       }
-      std::vector<float> exp_avg(local_floats), exp_avg_sq(local_floats);
-      if (zero1)
-        zero1->gather_optimizer_state(exp_avg, exp_avg_sq);
-      else
-        engine->read_optimizer_state(exp_avg.data(), exp_avg_sq.data());
-      io.gather_full(exp_avg.data(), "exp_avg.", keep);
-      io.gather_full(exp_avg_sq.data(), "exp_avg_sq.", keep);
     } catch (const std::exception& e) {
       if (stream) stream->close(e.what());  // the write ends (and removes its temp directory)
       throw;

@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/cpu_engine.h"
 #include "model/cuda_engine.h"
+#include "model/engine_ranges.h"
 #include "model/engine_variants.h"
 #include "model/params.h"
 
@@ -241,6 +242,14 @@ TEST(HostCudaEngine, MomentsAreAllocatedForTheKeptRangeOnly) {
   fresh.read_optimizer_state(mo.data(), vo.data());
   EXPECT_TRUE(std::all_of(vo.begin(), vo.end(), [](float x) { return x == 0.0f; }));
   EXPECT_EQ(hostcuda::device_bytes_in_use(), fresh_bytes);
+}
+
+// The ranged copies (a checkpoint moves a tensor or a window at a time): the
+// bf16 weights follow a piecewise write, and the moments the kept range.
+TEST(HostCudaEngine, RangedHostCopiesAreTheWholeOnesPieceByPiece) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::cuda_test::RandomBatch data(m, 2, 16, 11);
+  kvs::testing_util::check_range_copies([&] { return std::make_unique<kvs::CudaEngine>(m, 2, 16); }, data.batch());
 }
 
 }  // namespace

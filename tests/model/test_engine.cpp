@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "model/cpu_engine.h"
+#include "model/engine_ranges.h"
 #include "model/params.h"
 #include "train/schedule.h"
 
@@ -151,6 +152,12 @@ TEST(Engine, GradientAccumulationEqualsOneBigBatch) {
     EXPECT_LT(rel_diff(g2, g1), 1e-6);
     EXPECT_NEAR(big->grad_norm(), small->grad_norm(), 1e-6 * big->grad_norm());
   }
+}
+
+TEST(Engine, RangedHostCopiesAreTheWholeOnesPieceByPiece) {
+  const auto m = tiny_model(true, true);
+  const Data d(2, 8, m.vocab_size, 3);
+  kvs::testing_util::check_range_copies([&] { return std::make_unique<kvs::CpuEngine>(m, 2, 8); }, d.batch(0, 2));
 }
 
 TEST(Engine, SmallerBatchInLargerPlanGivesSameLogits) {

@@ -6,6 +6,7 @@
 // checked end to end by tests/parallel/test_dist_{tp,pp,dp,cp}.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -128,6 +129,42 @@ TEST(FullModelIO, EachRankReadsItsSliceAndOnlyThatFromTheFile) {
   }
 }
 
+// The trainer fills the engine a window at a time (and a ZeRO-1 shard's
+// moments only): any window of init_local / read_local is those elements of
+// the whole slice, read from the file alone (a partition of windows reads the
+// bytes of one whole read, not a tensor per window).
+TEST(FullModelIO, AWindowIsThoseElementsOfTheSliceAndReadsOnlyThem) {
+  TmpDir tmp;
+  const kvs::ModelConfig m = model(true);
+  const kvs::SafetensorsReader file(write_file(tmp / "w.safetensors", m, {"exp_avg."}, false));
+  for (int tp : {1, 2, 4})
+    for (int r = 0; r < tp; ++r) {
+      const auto local = kvs::ParamLayout::build(m, r, tp);
+      const kvs::FullModelIO io(m, local, kvs::TensorParallel{r, tp}, true);
+      std::vector<float> init_whole(local.total), read_whole(local.total);
+      io.init_local(7, init_whole.data());
+      uint64_t before = file.bytes_read();
+      io.read_local(file, "exp_avg.", read_whole.data());
+      const uint64_t whole_bytes = file.bytes_read() - before;
+      for (size_t width : {size_t{1}, size_t{7}, size_t{333}, local.total}) {
+        before = file.bytes_read();
+        for (size_t at = 0; at < local.total; at += width) {
+          const size_t n = std::min(width, local.total - at);
+          std::vector<float> got(n, -1.0f);
+          io.init_local(7, at, n, got.data());
+          ASSERT_EQ(std::memcmp(got.data(), init_whole.data() + at, n * sizeof(float)), 0)
+              << "init tp " << tp << " rank " << r << " window " << at << "+" << n;
+          std::fill(got.begin(), got.end(), -1.0f);
+          io.read_local(file, "exp_avg.", at, n, got.data());
+          ASSERT_EQ(std::memcmp(got.data(), read_whole.data() + at, n * sizeof(float)), 0)
+              << "read tp " << tp << " rank " << r << " window " << at << "+" << n;
+        }
+        EXPECT_EQ(file.bytes_read() - before, whole_bytes) << "tp " << tp << " rank " << r << " width " << width;
+      }
+      EXPECT_KVS_ERROR(io.read_local(file, "exp_avg.", local.total - 1, 2, read_whole.data()), "past this rank's");
+    }
+}
+
 TEST(FullModelIO, AFileThatIsNotTheModelIsAnErrorNamingItAndTheTensor) {
   TmpDir tmp;
   const kvs::ModelConfig m = model();
@@ -162,9 +199,22 @@ TEST(FullModelIO, OneProcessGathersTheFullTensorsInLayoutOrder) {
     ASSERT_EQ(got[i].dtype, kvs::DType::F32);
     EXPECT_EQ(std::memcmp(got[i].bytes.data(), v.data() + t.offset, t.numel * sizeof(float)), 0) << t.name;
   }
+  // Asked tensor by tensor, in the order owned_local() gives the other replicas.
+  std::vector<const kvs::ParamTensor*> asked;
+  std::vector<kvs::StTensor> streamed;
+  io.gather_full(
+      [&](const kvs::ParamTensor& l) {
+        asked.push_back(&l);
+        return v.data() + l.offset;
+      },
+      "exp_avg.", [&](kvs::StTensor t) { streamed.push_back(std::move(t)); });
+  EXPECT_EQ(asked, io.owned_local());
+  ASSERT_EQ(streamed.size(), got.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(streamed[i].bytes, got[i].bytes) << got[i].name;
   // A replica other than the first (dp or cp rank > 0) takes no part.
   const kvs::FullModelIO other(m, full, kvs::TensorParallel{0, 1, comm.get()}, false);
   EXPECT_TRUE(other.gather_full(v.data(), "").empty());
+  EXPECT_EQ(other.owned_local(), io.owned_local());
 }
 
 }  // namespace

@@ -485,13 +485,20 @@ pp_rows() {
     row "train $dev, pp=2 x v2 tied recompute, MPI 1 GPU" "FAILED: $(why "$log")"
   fi
   if [ "$ngpu" -ge 2 ] && nccl_built; then
-    # 1F1B: the interleaved schedule is refused over NCCL (it can deadlock: docs/PARALLEL.md).
     log=$out/pp2_nccl.log
     if pp_train "$out/pp2-nccl" "parallel.pp=2 model.tie_word_embeddings=true" \
         torchrun_like 2 29650 "$log"; then
       row "train $dev, NCCL pp=2 1F1B on 2 GPUs" "$(curve_diff "$out/pp2-nccl" "$out/pp1-true")"
     else
       row "train $dev, NCCL pp=2 1F1B on 2 GPUs" "FAILED: $(why "$log")"
+    fi
+    # The interleaved order over NCCL follows the plan of rounds (pipeline_rounds).
+    log=$out/pp2v2_nccl.log
+    if pp_train "$out/pp2v2-nccl" "parallel.pp=2 parallel.virtual_stages=2 model.tie_word_embeddings=true train.recompute=full" \
+        torchrun_like 2 29651 "$log"; then
+      row "train $dev, NCCL pp=2 x v2 on 2 GPUs" "$(curve_diff "$out/pp2v2-nccl" "$out/pp1-true")"
+    else
+      row "train $dev, NCCL pp=2 x v2 on 2 GPUs" "FAILED: $(why "$log")"
     fi
   else
     row "train $dev, NCCL pp=2 (device buffers)" "not run: needs 2 GPUs (found $ngpu) and NCCL (built: $(nccl_built && echo yes || echo no))"

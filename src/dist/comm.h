@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kvs::dist {
 
@@ -58,6 +59,20 @@ class Communicator {
   virtual int isend(const void* buf, size_t count, DType t, int dest, int tag) = 0;
   virtual void wait(int request) = 0;
   virtual void recv(void* buf, size_t count, DType t, int src, int tag) = 0;
+  // Point to point, all at once: each op sends buf[0..count) to rank `peer`
+  // or receives it from `peer`; returns when every one is done. Under NCCL
+  // they are one group, so a send that waits for its receive (as a large NCCL
+  // send does) holds up none of the others: a schedule that posts matching
+  // groups cannot deadlock (the pipeline's device path, pipeline_schedule.h).
+  // The messages between two ranks match in the order both post them; NCCL
+  // takes device buffers only.
+  struct P2P {
+    bool send;
+    void* buf;
+    size_t count;
+    int peer;
+  };
+  virtual void exchange(const std::vector<P2P>& ops, DType t);
   // A sub-communicator of the ranks with the same color, ordered by key
   // (MPI_Comm_split / ncclCommSplit semantics). Every rank must call it.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -205,6 +205,21 @@ class MpiComm final : public Communicator {
     what_ = "recv";
     wait(r);
   }
+  // Not a collective: only the peers take part (as isend and recv).
+  void exchange(const std::vector<P2P>& ops, DType t) override {
+    std::vector<MPI_Request> rs(ops.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2P& o = ops[i];
+      KVS_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "exchange: rank {} is not a peer among {} ranks",
+                o.peer, size_);
+      if (o.send)
+        check(MPI_Isend(o.buf, as_int(o.count), mpi_type(t), o.peer, kSendRecvTag, comm_, &rs[i]), "Isend");
+      else
+        check(MPI_Irecv(o.buf, as_int(o.count), mpi_type(t), o.peer, kSendRecvTag, comm_, &rs[i]), "Irecv");
+    }
+    what_ = "exchange";
+    for (MPI_Request& r : rs) wait(r);
+  }
   // Every rank of a ring takes part: counted like a collective.
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
     KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,

@@ -186,6 +186,26 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       return ncclRecv(r, count, nccl_type(t), src, comm_, stream_);
     });
   }
+  // One NCCL group (comm.h): device buffers, as the pipeline's device path has.
+  void exchange(const std::vector<P2P>& ops, DType t) override {
+    if (ops.empty()) return;
+    for (const P2P& o : ops) {
+      KVS_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "exchange: rank {} is not a peer among {} ranks",
+                o.peer, size_);
+      KVS_CHECK(!is_host(o.buf), "exchange: NCCL point to point takes device buffers (a host buffer for rank {})",
+                o.peer);
+    }
+    run("exchange", [&] {
+      ncclResult_t e = ncclGroupStart();
+      for (const P2P& o : ops) {
+        if (e != ncclSuccess && e != ncclInProgress) break;
+        e = o.send ? ncclSend(o.buf, o.count, nccl_type(t), o.peer, comm_, stream_)
+                   : ncclRecv(o.buf, o.count, nccl_type(t), o.peer, comm_, stream_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return e == ncclSuccess || e == ncclInProgress ? end : e;
+    });
+  }
   // One NCCL group of a send and a receive (the ring step of context
   // parallelism). No size check: the peers differ, and NCCL fails on a mismatch.
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {

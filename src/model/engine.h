@@ -105,7 +105,11 @@ class Engine {
   // Output: what a forward leaves for the next stage; GradOutput: where a
   // backward's gradient is received; GradInput: what a backward leaves for
   // the previous stage. The bytes are the engine's own format (bf16 for the
-  // CUDA engine), the same on every stage. The default: host arrays only.
+  // CUDA engine), the same on every stage. Input and Output are the slot's
+  // and the chunk's; GradOutput and GradInput are one buffer each, whatever
+  // the slot and chunk (a backward works in the first: the pipeline's plan
+  // receives a gradient only for the next backward, and sends the second
+  // before the next backward). The default: host arrays only.
   enum class StageTensor { Input, Output, GradOutput, GradInput };
   struct DeviceBuffer {
     void* data = nullptr;

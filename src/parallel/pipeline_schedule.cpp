@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "core/profile_range.h"
@@ -11,7 +12,29 @@ namespace kvs {
 
 namespace {
 constexpr int kActivation = 0, kGradient = 1;
-}
+
+// Activation slots by micro-batch: taken at the micro-batch's first use on
+// this rank, given back after its last pass here (its chunk 0's backward).
+class Slots {
+ public:
+  explicit Slots(int n) : busy_(n, false) {}
+  int of(int micro) {
+    if (auto it = slot_of_.find(micro); it != slot_of_.end()) return it->second;
+    const int free = static_cast<int>(std::find(busy_.begin(), busy_.end(), false) - busy_.begin());
+    KVS_CHECK(free < static_cast<int>(busy_.size()), "pipeline: no free activation slot for micro-batch {}", micro);
+    busy_[free] = true;
+    return slot_of_[micro] = free;
+  }
+  void release(int micro) {
+    busy_[slot_of_.at(micro)] = false;
+    slot_of_.erase(micro);
+  }
+
+ private:
+  std::map<int, int> slot_of_;
+  std::vector<bool> busy_;
+};
+}  // namespace
 
 std::vector<PipeOp> pipeline_schedule(const StageSplit& split, int rank, int m) {
   const int pp = split.pp, v = split.v;
@@ -54,6 +77,110 @@ int micro_batches_in_flight(const std::vector<PipeOp>& ops) {
   return std::max(most, 1);
 }
 
+std::vector<PipeOp> pipeline_forward_only(const StageSplit& split) {
+  std::vector<PipeOp> ops;
+  for (int c = 0; c < split.v; ++c) ops.push_back({PipeOp::Forward, 0, c});
+  return ops;
+}
+
+std::vector<PipeRound> pipeline_rounds(const StageSplit& split, const std::vector<std::vector<PipeOp>>& schedules,
+                                       int rank) {
+  const int pp = split.pp, S = split.stages();
+  KVS_CHECK(static_cast<int>(schedules.size()) == pp, "pipeline plan: {} schedules for {} ranks", schedules.size(), pp);
+  // A transfer produced by pass `from_op` on rank `from` for pass `to_op` on rank `to`.
+  struct Transfer {
+    int from, to;
+    PipeOp from_op, to_op;
+  };
+  struct Rank {
+    size_t next = 0;                      // the next pass of its schedule
+    int slots = 1;                        // activation slots (micro-batches held at once)
+    std::set<int> held;                   // micro-batches holding a slot
+    std::set<std::pair<int, int>> inputs; // (micro, chunk): forward inputs received
+    bool has_grad = false;                // a received gradient waits in the backward's buffer...
+    PipeOp grad{PipeOp::Backward, 0, 0};  // ...for this pass
+    bool grad_unsent = false;             // its last backward's input gradient is not sent yet
+  };
+  std::vector<Rank> ranks(pp);
+  for (int r = 0; r < pp; ++r) ranks[r].slots = micro_batches_in_flight(schedules[r]);
+  auto next_backward = [&](int r) -> const PipeOp* {
+    for (size_t i = ranks[r].next; i < schedules[r].size(); ++i)
+      if (schedules[r][i].kind == PipeOp::Backward) return &schedules[r][i];
+    return nullptr;
+  };
+  std::vector<Transfer> pending;  // produced, not yet sent: in the order they were produced
+  std::vector<PipeRound> out;
+  for (int round = 0;; ++round) {
+    bool done = pending.empty(), progress = false;
+    PipeRound mine;
+    for (int r = 0; r < pp; ++r) {  // each rank's next pass, if what it needs is here
+      Rank& k = ranks[r];
+      if (k.next == schedules[r].size()) continue;
+      done = false;
+      const PipeOp& op = schedules[r][k.next];
+      const int s = split.stage(r, op.chunk);
+      if (op.kind == PipeOp::Forward) {
+        if (s > 0 && !k.inputs.count({op.micro, op.chunk})) continue;
+        if (!k.held.count(op.micro)) {
+          if (static_cast<int>(k.held.size()) >= k.slots) continue;
+          k.held.insert(op.micro);
+        }
+        if (s < S - 1)
+          pending.push_back({r, split.rank_of(s + 1), op, {PipeOp::Forward, op.micro, split.chunk_of(s + 1)}});
+      } else {
+        if (s < S - 1 && !(k.has_grad && k.grad == op)) continue;
+        if (s > 0 && k.grad_unsent) continue;
+        k.has_grad = false;
+        if (s > 0) {
+          pending.push_back({r, split.rank_of(s - 1), op, {PipeOp::Backward, op.micro, split.chunk_of(s - 1)}});
+          k.grad_unsent = true;
+        }
+        if (op.chunk == 0) k.held.erase(op.micro);  // the micro-batch's last pass here
+      }
+      if (r == rank) mine.op = static_cast<int>(k.next);
+      ++k.next;
+      progress = true;
+    }
+    if (done) break;
+    // The transfers whose receivers have room, in one group per rank.
+    std::vector<Transfer> waiting;
+    bool moved = false;
+    for (const Transfer& t : pending) {
+      Rank& to = ranks[t.to];
+      bool room = false;
+      if (t.to_op.kind == PipeOp::Forward) {
+        room = to.held.count(t.to_op.micro) || static_cast<int>(to.held.size()) < to.slots;
+        if (room) {
+          to.held.insert(t.to_op.micro);
+          to.inputs.insert({t.to_op.micro, t.to_op.chunk});
+        }
+      } else {
+        const PipeOp* b = next_backward(t.to);
+        room = !to.has_grad && b && *b == t.to_op;
+        if (room) {
+          to.has_grad = true;
+          to.grad = t.to_op;
+          ranks[t.from].grad_unsent = false;
+        }
+      }
+      if (!room) {
+        waiting.push_back(t);
+        continue;
+      }
+      moved = true;
+      if (t.from == rank) mine.group.push_back({true, t.to, t.from_op});
+      if (t.to == rank) mine.group.push_back({false, t.from, t.to_op});
+    }
+    pending.swap(waiting);
+    KVS_CHECK(progress || moved,
+              "pipeline: no communication plan for pp {} with {} virtual stages and these schedules (stuck at round "
+              "{})",
+              pp, split.v, round);
+    if (mine.op >= 0 || !mine.group.empty()) out.push_back(std::move(mine));
+  }
+  return out;
+}
+
 PipelineRunner::PipelineRunner(const StageSplit& split, const PipelineParallel& pp, int micro_batches)
     : split_(split), pp_(pp), ops_(pipeline_schedule(split, pp.rank, micro_batches)) {
   KVS_CHECK(pp.size == split.pp && pp.comm && pp.comm->size() == pp.size,
@@ -83,7 +210,6 @@ void PipelineRunner::recv(float* data, size_t n, int from_stage, int kind, int a
 void PipelineRunner::finish_sends() {
   for (Pending& p : pending_) pp_.comm->wait(p.request);
   pending_.clear();
-  device_flush();
 }
 
 bool PipelineRunner::on_device(const Engine& e) const { return e.stage_on_device() && pp_.comm->device_memory(); }
@@ -96,50 +222,60 @@ size_t words(const Engine::DeviceBuffer& b) {
 }
 }  // namespace
 
-void PipelineRunner::device_send(const Engine::DeviceBuffer& buf, int to_stage) {
-  device_flush();
-  held_ = {buf, split_.rank_of(to_stage)};
-}
-
-void PipelineRunner::device_recv(const Engine::DeviceBuffer& buf, int from_stage) {
-  const int from = split_.rank_of(from_stage);
-  const auto* h = static_cast<const char*>(held_.buf.data);
-  const auto* r = static_cast<const char*>(buf.data);
-  const bool apart = h + held_.buf.bytes <= r || r + buf.bytes <= h;
-  if (held_.to_rank >= 0 && held_.buf.bytes == buf.bytes && apart) {
-    pp_.comm->send_recv(held_.buf.data, held_.to_rank, buf.data, from, words(buf), dist::DType::F32);
-    held_.to_rank = -1;
-    return;
+void PipelineRunner::run_rounds(Engine& e, const std::vector<PipeOp>& ops, const std::vector<PipeRound>& rounds,
+                                int slots, const std::function<const Batch&(int)>& batch,
+                                const std::function<void(const PipeOp&, int)>& pass) {
+  // A micro-batch takes its slot at its first forward or the receive of its input, whichever comes first
+  // (the plan keeps within `slots`).
+  Slots slot(slots);
+  using T = Engine::StageTensor;
+  std::vector<dist::Communicator::P2P> group;
+  for (const PipeRound& round : rounds) {
+    if (round.op >= 0) {
+      const PipeOp& op = ops.at(round.op);
+      pass(op, slot.of(op.micro));
+      if (op.kind == PipeOp::Backward && op.chunk == 0) slot.release(op.micro);  // free for this round's receives
+    }
+    group.clear();
+    for (const PipeTransfer& t : round.group) {
+      const bool forward = t.op.kind == PipeOp::Forward;
+      const T which = t.send ? (forward ? T::Output : T::GradInput) : (forward ? T::Input : T::GradOutput);
+      // The gradients' buffers are the same for every slot (Engine::stage_device_buffer): a backward's input
+      // gradient may go out after its micro-batch gave its slot back.
+      const int s = forward ? slot.of(t.op.micro) : 0;
+      const Engine::DeviceBuffer buf = e.stage_device_buffer(s, t.op.chunk, which, batch(t.op.micro));
+      group.push_back({t.send, buf.data, words(buf), t.peer});
+    }
+    pp_.comm->exchange(group, dist::DType::F32);
   }
-  device_flush();
-  pp_.comm->recv(buf.data, words(buf), dist::DType::F32, from, 0);
-}
-
-void PipelineRunner::device_flush() {
-  if (held_.to_rank < 0) return;
-  pp_.comm->wait(pp_.comm->isend(held_.buf.data, words(held_.buf), dist::DType::F32, held_.to_rank, 0));
-  held_.to_rank = -1;
 }
 
 double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double grad_scale) {
   KVS_CHECK(e.slots() >= slots_, "pipeline: the engine has {} activation slots, the schedule needs {}", e.slots(),
             slots_);
   const int S = split_.stages(), v = split_.v;
-  const bool device = on_device(e);
-  // A send held back for the next receive is not enough for the interleaved
-  // order: a model of the schedule in which a send completes only once its
-  // receive is posted (as a large NCCL send does; the host shim's
-  // KVS_SHIM_NCCL_RENDEZVOUS) hangs for every v > 1 with more micro-batches
-  // than stages. Refused on every rank at once, not a hang at the first step.
-  KVS_CHECK(!device || v == 1,
-            "parallel.virtual_stages {}: the interleaved schedule over NCCL device buffers can deadlock (a send waits "
-            "for its receive, which the peer posts only later); use parallel.virtual_stages 1 with NCCL, or the "
-            "MPI backend (docs/PARALLEL.md)",
-            v);
-  using T = Engine::StageTensor;
-  std::map<int, int> slot_of;  // micro-batch -> activation slot
-  std::vector<bool> busy(slots_, false);
   double loss = 0;
+  if (on_device(e)) {  // NCCL on the engine's buffers: the plan's rounds
+    if (rounds_.empty()) {
+      std::vector<std::vector<PipeOp>> all;
+      for (int r = 0; r < split_.pp; ++r) all.push_back(pipeline_schedule(split_, r, static_cast<int>(micro.size())));
+      KVS_CHECK(all[pp_.rank] == ops_, "pipeline: {} micro-batches, the schedule was made for another count",
+                micro.size());
+      rounds_ = pipeline_rounds(split_, all, pp_.rank);
+    }
+    run_rounds(e, ops_, rounds_, slots_, [&](int m) -> const Batch& { return micro.at(m); },
+               [&](const PipeOp& op, int slot) {
+                 if (op.kind == PipeOp::Forward) {
+                   ProfileRange range("pipeline forward", op.micro);
+                   loss += e.stage_forward(slot, op.chunk, micro.at(op.micro), nullptr, nullptr, grad_scale);
+                 } else {
+                   ProfileRange range("pipeline backward", op.micro);
+                   e.stage_backward(slot, op.chunk, nullptr, nullptr);
+                 }
+               });
+    return loss;
+  }
+  Slots slot(slots_);
   for (const PipeOp& op : ops_) {
     const int s = split_.stage(pp_.rank, op.chunk);
     const Batch& b = micro.at(op.micro);
@@ -147,52 +283,25 @@ double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double 
     if (out_.size() < n) out_.resize(n);
     if (op.kind == PipeOp::Forward) {
       ProfileRange range("pipeline forward", op.micro);
-      if (!slot_of.count(op.micro)) {
-        const int free = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
-        KVS_CHECK(free < slots_, "pipeline: no free activation slot for micro-batch {}", op.micro);
-        busy[free] = true;
-        slot_of[op.micro] = free;
-      }
-      const int slot = slot_of[op.micro];
-      if (device) {
-        if (s > 0)
-          device_recv(e.stage_device_buffer(slot, op.chunk, T::Input, b), s - 1);
-        else
-          device_flush();
-        loss += e.stage_forward(slot, op.chunk, b, nullptr, nullptr, grad_scale);
-        if (s < S - 1) device_send(e.stage_device_buffer(slot, op.chunk, T::Output, b), s + 1);
-        continue;
-      }
-      std::vector<float>& in = in_[static_cast<size_t>(slot) * v + op.chunk];
+      const int at = slot.of(op.micro);
+      std::vector<float>& in = in_[static_cast<size_t>(at) * v + op.chunk];
       if (s > 0) {
         in.resize(n);
         recv(in.data(), n, s - 1, kActivation, s);
       }
-      loss += e.stage_forward(slot, op.chunk, b, s > 0 ? in.data() : nullptr, s < S - 1 ? out_.data() : nullptr,
+      loss += e.stage_forward(at, op.chunk, b, s > 0 ? in.data() : nullptr, s < S - 1 ? out_.data() : nullptr,
                               grad_scale);
       if (s < S - 1) send(out_.data(), n, s + 1, kActivation);
     } else {
       ProfileRange range("pipeline backward", op.micro);
-      const int slot = slot_of.at(op.micro);
-      if (device) {
-        if (s < S - 1)
-          device_recv(e.stage_device_buffer(slot, op.chunk, T::GradOutput, b), s + 1);
-        else
-          device_flush();
-        e.stage_backward(slot, op.chunk, nullptr, nullptr);
-        if (s > 0) device_send(e.stage_device_buffer(slot, op.chunk, T::GradInput, b), s - 1);
-      } else {
-        if (s < S - 1) {
-          grad_in_.resize(n);
-          recv(grad_in_.data(), n, s + 1, kGradient, s);
-        }
-        e.stage_backward(slot, op.chunk, s < S - 1 ? grad_in_.data() : nullptr, s > 0 ? out_.data() : nullptr);
-        if (s > 0) send(out_.data(), n, s - 1, kGradient);
+      const int at = slot.of(op.micro);
+      if (s < S - 1) {
+        grad_in_.resize(n);
+        recv(grad_in_.data(), n, s + 1, kGradient, s);
       }
-      if (op.chunk == 0) {  // the micro-batch's last pass on this rank
-        busy[slot] = false;
-        slot_of.erase(op.micro);
-      }
+      e.stage_backward(at, op.chunk, s < S - 1 ? grad_in_.data() : nullptr, s > 0 ? out_.data() : nullptr);
+      if (s > 0) send(out_.data(), n, s - 1, kGradient);
+      if (op.chunk == 0) slot.release(op.micro);  // the micro-batch's last pass on this rank
     }
   }
   finish_sends();
@@ -204,27 +313,27 @@ double PipelineRunner::evaluate(Engine& e, const Batch& b, float* token_losses, 
   const size_t n = e.stage_floats(b);
   if (out_.size() < n) out_.resize(n);
   double loss = 0;
-  const bool device = on_device(e);
+  auto forward = [&](int slot, int c, const float* in, float* out) {
+    const bool last = split_.stage(pp_.rank, c) == S - 1;
+    loss += e.stage_forward(slot, c, b, in, out, -1.0, last ? token_losses : nullptr, last ? argmax : nullptr);
+  };
+  if (on_device(e)) {
+    const std::vector<PipeOp> ops = pipeline_forward_only(split_);
+    if (eval_rounds_.empty())
+      eval_rounds_ = pipeline_rounds(split_, std::vector<std::vector<PipeOp>>(split_.pp, ops), pp_.rank);
+    run_rounds(e, ops, eval_rounds_, 1, [&](int) -> const Batch& { return b; },
+               [&](const PipeOp& op, int slot) { forward(slot, op.chunk, nullptr, nullptr); });
+    return loss;
+  }
   for (int c = 0; c < split_.v; ++c) {  // the virtual stages in order: this rank's chunks come in order
     const int s = split_.stage(pp_.rank, c);
-    const bool last = s == S - 1;
-    if (device) {
-      if (s > 0)
-        device_recv(e.stage_device_buffer(0, c, Engine::StageTensor::Input, b), s - 1);
-      else
-        device_flush();
-      loss += e.stage_forward(0, c, b, nullptr, nullptr, -1.0, last ? token_losses : nullptr, last ? argmax : nullptr);
-      if (!last) device_send(e.stage_device_buffer(0, c, Engine::StageTensor::Output, b), s + 1);
-      continue;
-    }
     std::vector<float>& in = in_[c];
     if (s > 0) {
       in.resize(n);
       recv(in.data(), n, s - 1, kActivation, s);
     }
-    loss += e.stage_forward(0, c, b, s > 0 ? in.data() : nullptr, last ? nullptr : out_.data(), -1.0,
-                            last ? token_losses : nullptr, last ? argmax : nullptr);
-    if (!last) send(out_.data(), n, s + 1, kActivation);
+    forward(0, c, s > 0 ? in.data() : nullptr, s == S - 1 ? nullptr : out_.data());
+    if (s < S - 1) send(out_.data(), n, s + 1, kActivation);
   }
   finish_sends();
   return loss;

@@ -13,15 +13,21 @@
 // The runner sends activations to the rank of the next virtual stage and
 // gradients to the previous one, point to point (Communicator::isend/recv on
 // the pipeline group), and receives what each pass needs just before it:
-// host fp32 arrays, or, for an engine that keeps them in device memory
-// (Engine::stage_on_device) over a communicator that takes device memory
-// (NCCL), the engine's own buffers in its format. NCCL has no tags and a send
-// waits for its receiver, so there each send is held back and goes out in
-// one group with the pass's next receive (Megatron's send_forward_recv_backward
-// and send_backward_recv_forward), or alone before the next pass without one.
+// host fp32 arrays (tagged isend / recv), or, for an engine that keeps them in
+// device memory (Engine::stage_on_device) over a communicator that takes
+// device memory (NCCL), the engine's own buffers in its format. NCCL has no
+// tags and a large send waits for its receive, so there the transfers follow
+// a plan computed from every rank's schedule (pipeline_rounds): in rounds,
+// each rank runs at most one pass, then exchanges in one group exactly the
+// transfers its peers post in the same round. A transfer waits until its
+// receiver has room: an activation slot for a new micro-batch, or, for a
+// gradient (one buffer on the receiver, which its backward works in), until
+// it is for the receiver's next backward; a rank does not run a backward
+// while its last input gradient (one buffer too) is unsent.
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "model/engine.h"
@@ -35,8 +41,35 @@ struct PipeOp {
   int chunk;  // this rank's chunk (its virtual stage is split.stage(rank, chunk))
 };
 
+inline bool operator==(const PipeOp& a, const PipeOp& b) {
+  return a.kind == b.kind && a.micro == b.micro && a.chunk == b.chunk;
+}
+
 // One rank's passes over m micro-batches, in order.
 std::vector<PipeOp> pipeline_schedule(const StageSplit& split, int rank, int m);
+// Evaluation: one micro-batch's forward through this rank's chunks, in order.
+std::vector<PipeOp> pipeline_forward_only(const StageSplit& split);
+
+// The device path's plan (see above). A transfer on this rank: to or from
+// `peer`, of the buffer of pass `op` on this rank (a send: the activations a
+// forward produced, or the input gradient of a backward; a receive: the
+// input of a forward, or the output gradient of a backward).
+struct PipeTransfer {
+  bool send;
+  int peer;
+  PipeOp op;
+};
+// One round on this rank: the pass it runs (an index into its schedule, or
+// -1), then its transfers, in one group, in the order both ends post them.
+struct PipeRound {
+  int op = -1;
+  std::vector<PipeTransfer> group;
+};
+// Rank `rank`'s rounds (those where it does anything), from every rank's
+// schedule, each rank holding micro_batches_in_flight(its schedule) slots.
+// A kvs::Error if no plan completes (none found for pp 2-8, v 1-4).
+std::vector<PipeRound> pipeline_rounds(const StageSplit& split, const std::vector<std::vector<PipeOp>>& schedules,
+                                       int rank);
 // The most micro-batches a schedule has in flight (forwarded, not yet fully backwarded).
 int micro_batches_in_flight(const std::vector<PipeOp>& ops);
 
@@ -58,16 +91,16 @@ class PipelineRunner {
   void send(const float* data, size_t n, int to_stage, int kind);
   void recv(float* data, size_t n, int from_stage, int kind, int at_stage);
   void finish_sends();
-  // The device path: a send held back, a receive (with the held send in one
-  // group when they fit), the held send alone.
-  void device_send(const Engine::DeviceBuffer& buf, int to_stage);
-  void device_recv(const Engine::DeviceBuffer& buf, int from_stage);
-  void device_flush();
   bool on_device(const Engine& e) const;
+  // The device path: `rounds` of `ops` (pipeline_rounds), pass(op, slot)
+  // running each pass; batch(micro) is the micro-batch's shape.
+  void run_rounds(Engine& e, const std::vector<PipeOp>& ops, const std::vector<PipeRound>& rounds, int slots,
+                  const std::function<const Batch&(int)>& batch, const std::function<void(const PipeOp&, int)>& pass);
 
   StageSplit split_;
   PipelineParallel pp_;
   std::vector<PipeOp> ops_;
+  std::vector<PipeRound> rounds_, eval_rounds_;  // the device path's plans: training, evaluation
   int slots_ = 1;
   std::vector<std::vector<float>> in_;  // [slot * v + chunk]: the activations a forward received
   std::vector<float> grad_in_;         // the gradient a backward received
@@ -77,10 +110,6 @@ class PipelineRunner {
     std::vector<float> data;
   };
   std::deque<Pending> pending_;  // sends not yet known to be complete
-  struct HeldSend {
-    Engine::DeviceBuffer buf;
-    int to_rank = -1;  // -1: none held
-  } held_;
 };
 
 }  // namespace kvs

@@ -330,15 +330,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Recorded in every checkpoint: what reads its ids later must use the same tokenizer.
   const std::string tokenizer_sha = cfg.data.tokenizer.empty() ? "" : tokenizer_sha256(cfg.data.tokenizer);
 
-  // ZeRO-1: the engine keeps the moments of its shard only, set before any
-  // are written or allocated (the full ones never exist on the device).
-  std::unique_ptr<Zero1> zero1;
-  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
-
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
+  std::optional<OpenedCheckpoint> resumed;  // its moments are read once ZeRO-1 has set this rank's shard
   if (opt.resume) {
-    const OpenedCheckpoint ck = find_resume_checkpoint(ckpt_root, *comm);
+    const OpenedCheckpoint& ck = resumed.emplace(find_resume_checkpoint(ckpt_root, *comm));
     const std::string latest = ck.dir;
     if (const std::string d = model_difference(ck.model, cfg.model); !d.empty())
       fail("{}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)", latest,
@@ -348,16 +344,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (!cfg.data.tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, latest, cfg.data.tokenizer);
     io.check_file(*ck.files.model, {""});
     io.check_file(*ck.files.optimizer, {"exp_avg.", "exp_avg_sq."});
-    // This rank's slice of the weights, and of the moments only its shard.
     write_params_in_windows(*engine,
                             [&](size_t at, size_t n, float* w) { io.read_local(*ck.files.model, "", at, n, w); });
-    const size_t held_begin = zero1 ? zero1->shard().begin : 0, held_end = zero1 ? zero1->shard().end : local_floats;
-    std::vector<float> exp_avg_sq(std::min(kWindowFloats, held_end - held_begin));
-    in_windows(held_begin, held_end, [&](size_t at, size_t n, float* exp_avg) {
-      io.read_local(*ck.files.optimizer, "exp_avg.", at, n, exp_avg);
-      io.read_local(*ck.files.optimizer, "exp_avg_sq.", at, n, exp_avg_sq.data());
-      engine->write_optimizer_range(at, n, exp_avg, exp_avg_sq.data());
-    });
     const auto& ts = ck.files.trainer_state;
     KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
     step = ts["step"].get<int64_t>();
@@ -412,6 +400,21 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       initial_weights_from(opt.init_from, cfg.model, cfg.data.tokenizer, io, *engine);
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }
+  }
+  // ZeRO-1: from here on the engine keeps the moments of its shard only (set
+  // before any are written or allocated: the full ones never exist on the
+  // device), and a resumed rank reads only those.
+  std::unique_ptr<Zero1> zero1;
+  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
+  if (resumed) {
+    const size_t held_begin = zero1 ? zero1->shard().begin : 0, held_end = zero1 ? zero1->shard().end : local_floats;
+    std::vector<float> exp_avg_sq(std::min(kWindowFloats, held_end - held_begin));
+    in_windows(held_begin, held_end, [&](size_t at, size_t n, float* exp_avg) {
+      io.read_local(*resumed->files.optimizer, "exp_avg.", at, n, exp_avg);
+      io.read_local(*resumed->files.optimizer, "exp_avg_sq.", at, n, exp_avg_sq.data());
+      engine->write_optimizer_range(at, n, exp_avg, exp_avg_sq.data());
+    });
+    resumed.reset();  // the files closed
   }
   engine->reserve_optimizer_state();
   MetricsWriter metrics;

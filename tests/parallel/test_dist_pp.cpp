@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "dist_test_util.h"
@@ -87,6 +88,151 @@ TEST(PipelineSchedule, OneFOneBAndInterleavedOrders) {
     EXPECT_EQ(f, 8);
     EXPECT_EQ(b, 8);
   }
+}
+
+// The device path's plan (pipeline_rounds), run by a model of NCCL: a rank
+// runs its round's pass once what it needs has arrived, then posts its
+// round's group; a group completes when every transfer in it has its
+// counterpart posted (a send waits for its receive: rendezvous, the worst
+// case), the k-th message from rank a to rank b matching b's k-th from a. For
+// pp 2-8, v 1-4 and several micro-batch counts, and evaluation: no deadlock,
+// every pass once and in order, each receive matched to the send of the pass
+// that feeds it, nothing used before it arrived, and the buffers' rules: at
+// most the schedule's slots held, a received gradient consumed by the next
+// backward before another arrives, an input gradient sent before the next
+// backward.
+namespace {
+std::string check_plan(const kvs::StageSplit& split, const std::vector<std::vector<kvs::PipeOp>>& ops) {
+  using kvs::PipeOp;
+  const int pp = split.pp, S = split.stages();
+  std::vector<std::vector<kvs::PipeRound>> plan;
+  for (int r = 0; r < pp; ++r) plan.push_back(kvs::pipeline_rounds(split, ops, r));
+  struct Msg {
+    PipeOp from_op;
+  };
+  std::vector<std::vector<std::vector<Msg>>> sent(pp, std::vector<std::vector<Msg>>(pp));  // [from][to]: posted sends
+  std::vector<std::vector<size_t>> recvs_posted(pp, std::vector<size_t>(pp, 0));           // [to][from]
+  struct State {
+    size_t round = 0, next_op = 0;
+    bool ran = false, posted = false;
+    std::vector<size_t> send_at, recv_at;  // per transfer of the posted group: its index in its pair's sequence
+    std::set<std::pair<int, int>> inputs;  // forward inputs arrived (micro, chunk)
+    bool grad_in = false, grad_out_unsent = false;
+    PipeOp grad{};
+    std::set<int> held;  // micro-batches holding a slot
+  };
+  std::vector<State> st(pp);
+  auto fail = [&](int r, const std::string& why) {
+    return "rank " + std::to_string(r) + " round " + std::to_string(st[r].round) + ": " + why;
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < pp; ++r) {
+      State& k = st[r];
+      if (k.round == plan[r].size()) continue;
+      const kvs::PipeRound& round = plan[r][k.round];
+      if (!k.ran) {
+        if (round.op >= 0) {
+          if (static_cast<size_t>(round.op) != k.next_op) return fail(r, "a pass out of order");
+          const PipeOp& op = ops[r][round.op];
+          const int s = split.stage(r, op.chunk);
+          if (op.kind == PipeOp::Forward) {
+            if (s > 0 && !k.inputs.count({op.micro, op.chunk})) return fail(r, "a forward before its input");
+            k.held.insert(op.micro);
+          } else {
+            if (s < S - 1 && !(k.grad_in && k.grad == op)) return fail(r, "a backward without its gradient");
+            if (s == S - 1 && k.grad_in) return fail(r, "the head's backward over a gradient not yet used");
+            if (k.grad_out_unsent) return fail(r, "a backward while the last input gradient is unsent");
+            k.grad_in = false;
+            k.grad_out_unsent = s > 0;
+          }
+          if (static_cast<int>(k.held.size()) > kvs::micro_batches_in_flight(ops[r])) return fail(r, "too many slots");
+          if (op.kind == PipeOp::Backward && op.chunk == 0)
+            k.held.erase(op.micro);  // its last pass here: the slot is free for the round's receives
+          ++k.next_op;
+        }
+        k.ran = true;
+      }
+      if (!k.posted) {
+        k.send_at.clear();
+        k.recv_at.clear();
+        for (const kvs::PipeTransfer& t : round.group) {
+          if (t.send) {
+            k.send_at.push_back(sent[r][t.peer].size());
+            sent[r][t.peer].push_back({t.op});
+          } else {
+            k.recv_at.push_back(recvs_posted[r][t.peer]++);
+          }
+        }
+        k.posted = true;
+        moved = true;
+      }
+      // Complete once every counterpart is posted.
+      bool complete = true;
+      size_t si = 0, ri = 0;
+      for (const kvs::PipeTransfer& t : round.group)
+        complete = complete && (t.send ? recvs_posted[t.peer][r] > k.send_at[si++] : sent[t.peer][r].size() > k.recv_at[ri++]);
+      if (!complete) continue;
+      ri = 0;
+      for (const kvs::PipeTransfer& t : round.group) {
+        if (t.send) {
+          if (t.op.kind == PipeOp::Backward) k.grad_out_unsent = false;
+          continue;
+        }
+        const PipeOp from = sent[t.peer][r][k.recv_at[ri++]].from_op;
+        const int s_from = split.stage(t.peer, from.chunk), s_to = split.stage(r, t.op.chunk);
+        if (from.kind != t.op.kind || from.micro != t.op.micro ||
+            s_to != (t.op.kind == PipeOp::Forward ? s_from + 1 : s_from - 1))
+          return fail(r, "a receive matched to another pass's send");
+        if (t.op.kind == PipeOp::Forward) {
+          k.inputs.insert({t.op.micro, t.op.chunk});
+          k.held.insert(t.op.micro);
+          if (static_cast<int>(k.held.size()) > kvs::micro_batches_in_flight(ops[r])) return fail(r, "too many slots");
+        } else {
+          if (k.grad_in) return fail(r, "a gradient over one not yet used");
+          const PipeOp* next = nullptr;
+          for (size_t i = k.next_op; i < ops[r].size() && !next; ++i)
+            if (ops[r][i].kind == PipeOp::Backward) next = &ops[r][i];
+          if (!next || !(*next == t.op)) return fail(r, "a gradient for a backward other than the next");
+          k.grad_in = true;
+          k.grad = t.op;
+        }
+      }
+      ++k.round;
+      k.ran = k.posted = false;
+      moved = true;
+    }
+  }
+  for (int r = 0; r < pp; ++r) {
+    if (st[r].round != plan[r].size()) return fail(r, "deadlock");
+    if (st[r].next_op != ops[r].size()) return fail(r, "passes left out");
+  }
+  return "";
+}
+}  // namespace
+
+TEST(PipelineSchedule, TheDevicePlanCompletesUnderRendezvousAndKeepsTheBuffersRules) {
+  for (int pp = 2; pp <= 8; ++pp)
+    for (int v = 1; v <= 4; ++v) {
+      std::vector<int> layers(pp * v + 1);
+      for (int i = 0; i <= pp * v; ++i) layers[i] = i;
+      const kvs::StageSplit split{pp, v, layers};
+      std::vector<int> counts = {pp, 2 * pp, 3 * pp};
+      if (v == 1) counts.insert(counts.end(), {1, pp - 1, pp + 1, 2 * pp + 3});
+      for (int m : counts) {
+        if (m < 1) continue;
+        std::vector<std::vector<kvs::PipeOp>> ops;
+        for (int r = 0; r < pp; ++r) ops.push_back(kvs::pipeline_schedule(split, r, m));
+        EXPECT_EQ(check_plan(split, ops), "") << "pp " << pp << " v " << v << " m " << m;
+      }
+      const std::vector<std::vector<kvs::PipeOp>> eval(pp, kvs::pipeline_forward_only(split));
+      EXPECT_EQ(check_plan(split, eval), "") << "evaluation, pp " << pp << " v " << v;
+    }
+  // The bubble: rounds of the busiest rank against its passes, 2 (pp - 1) more (Megatron's count, in chunk passes).
+  const kvs::StageSplit split{4, 2, {0, 1, 2, 3, 4, 5, 6, 7, 8}};
+  std::vector<std::vector<kvs::PipeOp>> ops;
+  for (int r = 0; r < 4; ++r) ops.push_back(kvs::pipeline_schedule(split, r, 8));
+  EXPECT_LE(kvs::pipeline_rounds(split, ops, 0).size(), ops[0].size() + 2 * 3);
 }
 
 TEST(PipelineParallel, FollowsSingleProcess) {

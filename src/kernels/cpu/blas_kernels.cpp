@@ -51,17 +51,19 @@ bool switch_openblas_core(const std::string& core) {
   if (!quit || !init) return false;
   const char* prev = std::getenv("OPENBLAS_CORETYPE");
   const bool had = prev != nullptr;
-  const std::string saved = had ? prev : "";
-  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-  quit();
-  init();
-  const bool taken = same_core(openblas_core(), core);
-  if (had) setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
-  else unsetenv("OPENBLAS_CORETYPE");
-  if (!taken) {  // an unknown name gives Prescott: back to what the environment says
+  const std::string saved = had ? prev : "", running = openblas_core();
+  auto load = [&](const std::string& name) {
+    setenv("OPENBLAS_CORETYPE", name.c_str(), 1);
     quit();
     init();
-  }
+  };
+  load(core);
+  const bool taken = same_core(openblas_core(), core);
+  // An unknown name gives Prescott: back to the kernels that ran. (Not to a
+  // fresh detection: on a VM that masks its CPU model, that is Prescott too.)
+  if (!taken) load(running);
+  if (had) setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+  else unsetenv("OPENBLAS_CORETYPE");
   return taken;
 }
 

@@ -52,9 +52,9 @@ BlasChoice choose_openblas_core(const char* user_coretype, const CpuFeatures& f,
                                 bool (*available)(const std::string&), const std::string& detected);
 
 // Switches the loaded OpenBLAS to `core` now (OpenBLAS's own load-time path,
-// run again with OPENBLAS_CORETYPE set for the call). False, with OpenBLAS's
-// own choice restored, if the library has no dynamic-arch entry points or does
-// not know the name. No BLAS call may run at the same time.
+// run again with OPENBLAS_CORETYPE set for the call). False, with the kernels
+// that ran before the call restored, if the library has no dynamic-arch entry
+// points or does not know the name. No BLAS call may run at the same time.
 bool switch_openblas_core(const std::string& core);
 
 // The core the loaded OpenBLAS runs, as it spells it.

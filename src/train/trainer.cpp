@@ -211,7 +211,7 @@ int64_t inf_gradient_fault_step() {
 }  // namespace
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
-                    PipelineRunner* pipe, dist::Communicator* pp_comm) {
+                    PipelineRunner* pipe, dist::Communicator* pp_comm, dist::Communicator* dp_comm) {
   EvalResult r;
   const uint64_t available = data.size(Split::Val);
   const int64_t n = static_cast<int64_t>(std::min<uint64_t>(available, static_cast<uint64_t>(max_sequences)));
@@ -221,29 +221,41 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   buf.resize(micro_batch, seq_len);
   std::vector<float> losses(static_cast<size_t>(micro_batch) * seq_len);
   std::vector<int32_t> argmax(losses.size());
-  double loss_sum = 0;
-  int64_t hits = 0;
-  for (int64_t first = 0; first < n; first += micro_batch) {
+  // Per micro-batch: its loss sum and argmax hits (the last stage's), its scored tokens. Zeros for
+  // the micro-batches other replicas evaluate: summed over them, each entry is exactly one rank's.
+  const int64_t K = (n + micro_batch - 1) / micro_batch;
+  const int D = dp_comm ? dp_comm->size() : 1, d = dp_comm ? dp_comm->rank() : 0;
+  std::vector<double> loss(K, 0.0), hits(K, 0.0), scored(K, 0.0);
+  for (int64_t k = d; k < K; k += D) {
+    const int64_t first = k * micro_batch;
     const int b = static_cast<int>(std::min<int64_t>(micro_batch, n - first));
     buf.fill(data, Split::Val, first, b);
     Batch batch = buf.micro(0, b);
-    loss_sum += pipe ? pipe->evaluate(engine, batch, losses.data(), argmax.data())
-                     : engine.forward(batch, losses.data(), argmax.data(), nullptr);
+    loss[k] = pipe ? pipe->evaluate(engine, batch, losses.data(), argmax.data())
+                   : engine.forward(batch, losses.data(), argmax.data(), nullptr);
     for (size_t i = 0; i < static_cast<size_t>(b) * seq_len; ++i) {
       if (batch.mask[i] == 0.0f) continue;
-      ++r.scored_tokens;
-      if (!pipe || pipe->holds_loss()) hits += argmax[i] == batch.targets[i];
+      ++scored[k];
+      if (!pipe || pipe->holds_loss()) hits[k] += argmax[i] == batch.targets[i];
     }
   }
-  if (pipe) {  // the last stage's numbers on every rank
-    double sums[2] = {loss_sum, static_cast<double>(hits)};
-    pp_comm->all_reduce(sums, 2, dist::DType::F64, dist::ReduceOp::Sum);
-    loss_sum = sums[0];
-    hits = static_cast<int64_t>(sums[1]);
+  if (pipe) {  // the last stage's numbers on every stage
+    pp_comm->all_reduce(loss.data(), K, dist::DType::F64, dist::ReduceOp::Sum);
+    pp_comm->all_reduce(hits.data(), K, dist::DType::F64, dist::ReduceOp::Sum);
+  }
+  if (D > 1)  // every replica's micro-batches on every replica
+    for (std::vector<double>* v : {&loss, &hits, &scored})
+      dp_comm->all_reduce(v->data(), K, dist::DType::F64, dist::ReduceOp::Sum);
+  double loss_sum = 0;  // in micro-batch order, as one process sums
+  int64_t hit_sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    loss_sum += loss[k];
+    hit_sum += static_cast<int64_t>(hits[k]);
+    r.scored_tokens += static_cast<int64_t>(scored[k]);
   }
   r.sequences = n;
   r.loss = r.scored_tokens ? loss_sum / r.scored_tokens : NAN;
-  r.accuracy = r.scored_tokens ? static_cast<double>(hits) / r.scored_tokens : NAN;
+  r.accuracy = r.scored_tokens ? static_cast<double>(hit_sum) / r.scored_tokens : NAN;
   return r;
 }
 
@@ -531,9 +543,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (stream) writer.end_stream(*stream);
   };
   auto run_eval = [&](int64_t done, bool record = true) {
-    // The first replica (rank 0 and its TP peers) evaluates alone: the same numbers as one process.
-    if (!has_val || groups.dp_rank != 0) return EvalResult{};
-    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe.get(), groups.pp_comm);
+    // Every replica evaluates its share of the micro-batches: the same numbers as one process.
+    if (!has_val) return EvalResult{};
+    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe.get(), groups.pp_comm, groups.dp_comm);
     if (!rank0 || !record) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};

@@ -25,9 +25,13 @@ struct EvalResult {
 // Evaluates on the first `max_sequences` validation sequences (fewer if the split is smaller).
 // With a pipeline (pipe, the pipeline group pp_comm) every batch goes through
 // every stage and the numbers, which the last stage computes, are summed over
-// the group, so every rank returns them.
+// the group, so every rank returns them. With data-parallel replicas (dp_comm)
+// replica d evaluates micro-batches d, d + dp, ...; each micro-batch's numbers
+// come to every rank and are summed in micro-batch order, so the result is one
+// process's, bit for bit.
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
-                    PipelineRunner* pipe = nullptr, dist::Communicator* pp_comm = nullptr);
+                    PipelineRunner* pipe = nullptr, dist::Communicator* pp_comm = nullptr,
+                    dist::Communicator* dp_comm = nullptr);
 
 struct TrainOptions {
   std::string run_dir;

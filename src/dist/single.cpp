@@ -47,7 +47,8 @@ std::unique_ptr<Communicator> make_single_process() { return std::make_unique<Si
 
 // The backends with peers (MPI, NCCL) override it.
 void Communicator::exchange(const std::vector<P2P>& ops, DType) {
-  if (!ops.empty()) fail("exchange: point to point to rank {} on the '{}' backend, which has no peers", ops[0].peer, backend());
+  if (!ops.empty())
+    fail("exchange: point to point to rank {} on the '{}' backend, which has no peers", ops[0].peer, backend());
 }
 
 }  // namespace kvs::dist

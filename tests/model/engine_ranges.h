@@ -57,7 +57,8 @@ inline void check_range_copies(const std::function<std::unique_ptr<Engine>()>& m
     ASSERT_EQ(gv[i], held ? v[i] : 0.0f) << "exp_avg_sq " << i << " of kept [" << begin << ", " << end << ")";
   }
   std::vector<float> rm(n, -9.0f);
-  for (size_t at = 0; at < n; at += 5) pieces->read_optimizer_range(at, std::min<size_t>(5, n - at), rm.data() + at, nullptr);
+  for (size_t at = 0; at < n; at += 5)
+    pieces->read_optimizer_range(at, std::min<size_t>(5, n - at), rm.data() + at, nullptr);
   EXPECT_TRUE(same_floats(rm, gm)) << "exp_avg read in pieces of 5";
   EXPECT_THROW(pieces->read_optimizer_range(n - 1, 2, rm.data(), nullptr), kvs::Error);
   EXPECT_THROW(pieces->write_params_range(n, 1, p.data()), kvs::Error);

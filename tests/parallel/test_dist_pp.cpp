@@ -171,7 +171,8 @@ std::string check_plan(const kvs::StageSplit& split, const std::vector<std::vect
       bool complete = true;
       size_t si = 0, ri = 0;
       for (const kvs::PipeTransfer& t : round.group)
-        complete = complete && (t.send ? recvs_posted[t.peer][r] > k.send_at[si++] : sent[t.peer][r].size() > k.recv_at[ri++]);
+        complete = complete && (t.send ? recvs_posted[t.peer][r] > k.send_at[si++]
+                                       : sent[t.peer][r].size() > k.recv_at[ri++]);
       if (!complete) continue;
       ri = 0;
       for (const kvs::PipeTransfer& t : round.group) {

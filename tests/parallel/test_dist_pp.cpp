@@ -59,9 +59,12 @@ void follow_single(const nlohmann::json& cfg, std::initializer_list<Layout> layo
 
 std::string ops_string(const std::vector<kvs::PipeOp>& ops) {
   std::string s;
-  for (const auto& o : ops)
-    s += (o.kind == kvs::PipeOp::Forward ? "F" : "B") + std::to_string(o.micro) +
-         (o.chunk ? "." + std::to_string(o.chunk) : "") + " ";
+  for (const auto& o : ops) {  // appended piece by piece: GCC 12 warns (-Wrestrict) about the chained +
+    s += o.kind == kvs::PipeOp::Forward ? 'F' : 'B';
+    s += std::to_string(o.micro);
+    if (o.chunk) s += '.' + std::to_string(o.chunk);
+    s += ' ';
+  }
   return s;
 }
 

@@ -1,7 +1,7 @@
 // Linear layers: out = inp W^T and its backward, through OpenBLAS (CUDA:
-// matmul.cu / matmul.h, cuBLASLt). OpenBLAS GEMM splits the output (M/N)
-// between its threads, never the K sum, so results are reproducible. Called
-// from outside any OpenMP region.
+// matmul.cu / matmul.h, cuBLASLt). The same bits for a fixed thread count and
+// kernel family, not across thread counts (some shapes' K blocking follows
+// the threads: docs/KERNELS.md). Called from outside any OpenMP region.
 #pragma once
 #include <cblas.h>
 

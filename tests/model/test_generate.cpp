@@ -492,7 +492,10 @@ TEST(GenerateCli, GreedyIdsEqualFullForwardArgmax) {
       run_kvshift("generate --checkpoint " + run + " --prompt-ids 3,9,4,7 --max-new-tokens 10 --temperature 0");
   ASSERT_EQ(s.code, 0) << s.out;
   std::string want;
-  for (size_t i = 0; i < out.size(); ++i) want += (i ? " " : "") + std::to_string(out[i]);
+  for (size_t i = 0; i < out.size(); ++i) {  // piece by piece: GCC 12 warns (-Wrestrict) about a chained +
+    if (i) want += ' ';
+    want += std::to_string(out[i]);
+  }
   EXPECT_EQ(s.out.substr(0, want.size() + 1), want + "\n") << s.out;
 }
 
@@ -637,7 +640,10 @@ TEST(GenerateCli, StopsAtTheTokenizersEos) {
   EXPECT_EQ(j["stop"], "eos") << j;
   EXPECT_EQ(j["ids"], nlohmann::json::array()) << j;
   std::string ids;
-  for (int32_t id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (int32_t id : prompt) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
   const nlohmann::json plain =
       json_line(run_kvshift("generate --checkpoint " + edited + " --prompt-ids " + ids +
                             " --max-new-tokens 6 --temperature 0 --json").out);

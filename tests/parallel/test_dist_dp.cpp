@@ -2,6 +2,7 @@
 // single-process loss curve with the same global batch, resume across
 // layouts, and fail cleanly; the ZeRO-1 shard update equals the unsharded
 // AdamW step (no MPI needed).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,7 +51,7 @@ TEST(DistDp, ResumeAcrossLayouts) {
   const Curve full = read_metrics(tmp / "full");
   // Saved at dp=2, resumed at dp=1; and saved at dp=1, resumed at dp=2.
   for (auto [first, second] : {std::pair{2, 0}, std::pair{0, 2}}) {
-    const std::string dir = tmp / ("r" + std::to_string(first) + "_" + std::to_string(second));
+    const std::string dir = tmp / fmt::format("r{}_{}", first, second);
     train(first, cfg, dir, "--set train.steps=10");
     train(second, cfg, dir, "--resume");
     expect_close(read_metrics(dir), full, 11,

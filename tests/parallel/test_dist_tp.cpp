@@ -2,6 +2,7 @@
 // tensor (no MPI needed), then mpirun runs at tp = 2 and dp = 2 x tp = 2 that
 // follow the single-process loss curve with the same global batch, vanilla and
 // shifted with GQA, resume across layouts, and fail cleanly on a bad layout.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -161,7 +162,7 @@ TEST(TensorParallel, ResumeAcrossLayouts) {
     int np, tp;
   };
   for (auto [first, second] : {std::pair{Leg{4, 2}, Leg{0, 1}}, std::pair{Leg{0, 1}, Leg{2, 2}}}) {
-    const std::string dir = tmp / ("r" + std::to_string(first.np) + "_" + std::to_string(second.np));
+    const std::string dir = tmp / fmt::format("r{}_{}", first.np, second.np);
     train(first.np, cfg, dir, "--set train.steps=10 --set parallel.tp=" + std::to_string(first.tp));
     train(second.np, cfg, dir, "--resume --set parallel.tp=" + std::to_string(second.tp));
     expect_close(read_metrics(dir), full, 11,

@@ -1,4 +1,5 @@
 // TensorStream: the queue between the gathering thread and the checkpoint writer.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -24,13 +25,13 @@ kvs::StTensor tensor(const std::string& name, size_t floats, float value) {
 TEST(TensorStream, HoldsAtMostTheBudgetAndKeepsOrder) {
   kvs::TensorStream s(3 * 16);  // three tensors of 4 floats
   std::thread producer([&] {
-    for (int i = 0; i < 20; ++i) s.push(tensor("t" + std::to_string(i), i == 7 ? 100 : 4, float(i)));
+    for (int i = 0; i < 20; ++i) s.push(tensor(fmt::format("t{}", i), i == 7 ? 100 : 4, float(i)));
     s.close();
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the producer fill the queue
   for (int i = 0; i < 20; ++i) {
     const kvs::StTensor t = s.pop();
-    EXPECT_EQ(t.name, "t" + std::to_string(i));
+    EXPECT_EQ(t.name, fmt::format("t{}", i));
     EXPECT_EQ(kvs::tensor_to_f32(t)[0], float(i));
   }
   producer.join();

@@ -17,7 +17,6 @@ using testing_util::world;
 
 TEST(Exchange, MessagesBetweenTwoRanksMatchInTheOrderBothPostThem) {
   const int D = world().size(), r = world().rank();
-  using P2P = dist::Communicator::P2P;
   world().exchange({}, dist::DType::F32);  // nothing to do
   if (D == 1) {
     float x = 0;

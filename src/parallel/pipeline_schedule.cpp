@@ -25,6 +25,13 @@ class Slots {
     busy_[free] = true;
     return slot_of_[micro] = free;
   }
+  // The slot a micro-batch already holds (its backward: the forward took one).
+  int held(int micro) const {
+    auto it = slot_of_.find(micro);
+    KVS_CHECK(it != slot_of_.end(), "pipeline: micro-batch {} holds no activation slot (a backward before its forward)",
+              micro);
+    return it->second;
+  }
   void release(int micro) {
     busy_[slot_of_.at(micro)] = false;
     slot_of_.erase(micro);
@@ -233,7 +240,7 @@ void PipelineRunner::run_rounds(Engine& e, const std::vector<PipeOp>& ops, const
   for (const PipeRound& round : rounds) {
     if (round.op >= 0) {
       const PipeOp& op = ops.at(round.op);
-      pass(op, slot.of(op.micro));
+      pass(op, op.kind == PipeOp::Forward ? slot.of(op.micro) : slot.held(op.micro));
       if (op.kind == PipeOp::Backward && op.chunk == 0) slot.release(op.micro);  // free for this round's receives
     }
     group.clear();
@@ -294,7 +301,7 @@ double PipelineRunner::train(Engine& e, const std::vector<Batch>& micro, double 
       if (s < S - 1) send(out_.data(), n, s + 1, kActivation);
     } else {
       ProfileRange range("pipeline backward", op.micro);
-      const int at = slot.of(op.micro);
+      const int at = slot.held(op.micro);
       if (s < S - 1) {
         grad_in_.resize(n);
         recv(grad_in_.data(), n, s + 1, kGradient, s);

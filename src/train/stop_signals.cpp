@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/signal_stack.h"
 
 namespace kvs {
 namespace {
@@ -75,7 +76,10 @@ StopSignals::StopSignals(StopSignal extra, bool announce) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // blocking calls (MPI, file I/O) carry on; the flag is read at step boundaries
+  // SA_RESTART: blocking calls (MPI, file I/O) carry on; the flag is read at step boundaries.
+  // SA_ONSTACK: on the thread's alternate stack, never below a oneDNN GEMM's rsp (core/signal_stack.h).
+  sa.sa_flags = SA_RESTART | SA_ONSTACK;
+  ensure_signal_stack();
   std::vector<int> sigs = {SIGTERM, SIGINT};
   if (const int x = signal_number(extra)) sigs.push_back(x);
   for (int s : sigs) {

@@ -1,21 +1,22 @@
 #!/usr/bin/python3
 """How the CPU engine's throughput grows with threads and model size, and how it depends on the
-OpenBLAS kernels: `kvshift bench` for every (config, thread count, OpenBLAS core), interleaved
+GEMM kernels: `kvshift bench` for every (config, thread count, GEMM kernels), interleaved
 over --rounds, medians printed as a Markdown table with tokens/s, model TFLOP/s and the
-fraction of the fp32 SGEMM peak calibrated on the same threads and kernels.
+fraction of the machine's fp32 SGEMM peak calibrated on the same threads.
 
   /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 3 \\
       --config configs/toy/lm-small-kvshift.json --config configs/toy/lm-4x-kvshift.json
   /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 3 --threads 1 --threads 2 \\
-      --config configs/toy/lm-small-kvshift.json --core default --core Cooperlake --core SkylakeX \\
-      --core Haswell --core Zen
+      --config configs/toy/lm-small-kvshift.json --core default --core onednn --core Cooperlake \\
+      --core SkylakeX --core Haswell --core Zen
   /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 12 --threads 2 --core default \
       --config configs/toy/lm-small-kvshift.json --kvshift /tmp/kvshift-before --kvshift build/kvshift
 
-Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). A core
-is run with OPENBLAS_CORETYPE set to it; "default" unsets OPENBLAS_CORETYPE (and
-OPENBLAS_L2_SIZE), so kvshift picks the kernels itself. Without --core the environment is
-passed as it is.
+Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). An
+OpenBLAS core is run with KVS_CPU_GEMM=openblas and OPENBLAS_CORETYPE set to it; "onednn" with
+KVS_CPU_GEMM=onednn; "default" unsets KVS_CPU_GEMM, OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE),
+so kvshift picks the library and kernels itself. Without --core the environment is passed as
+it is.
 
 With two or more --kvshift binaries (a change against the commit before it), every run is
 done with each binary in turn, and the table is followed by each binary's median step time
@@ -38,14 +39,30 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=(
         cmd.append("--recalibrate")
     env = dict(os.environ)
     if core == "default":
-        env.pop("OPENBLAS_CORETYPE", None)
-        env.pop("OPENBLAS_L2_SIZE", None)
+        for name in ("KVS_CPU_GEMM", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+            env.pop(name, None)
+    elif core and core.lower() == "onednn":
+        env["KVS_CPU_GEMM"] = "onednn"
     elif core:
+        env["KVS_CPU_GEMM"] = "openblas"
         env["OPENBLAS_CORETYPE"] = core
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}")
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def gemms(r):
+    """The GEMMs' library and kernels, from `bench --json` ("OpenBLAS SkylakeX", "oneDNN 2.6.3")."""
+    return r.get("gemm_library") or f"OpenBLAS {r.get('openblas_core')}"
+
+
+def gemm_source(r):
+    """Why those: the library's reason, and for OpenBLAS where its kernel family came from."""
+    src = r.get("gemm_library_source") or ""
+    if gemms(r).startswith("OpenBLAS"):
+        src = (src + "; " if src else "") + "kernels " + r.get("openblas_core_source", "")
+    return src
 
 
 def median(values):
@@ -68,7 +85,8 @@ def main(argv=None):
     p.add_argument("--config", action="append", required=True, help="kvshift config (repeatable)")
     p.add_argument("--threads", type=int, action="append", help="thread count (repeatable; default 1, 2, 4, .. all)")
     p.add_argument("--core", action="append",
-                   help="OpenBLAS core to run with (repeatable; 'default': kvshift's own choice)")
+                   help="GEMM kernels to run with (repeatable): an OpenBLAS core, 'onednn', or 'default' "
+                        "(kvshift's own choice)")
     p.add_argument("--kvshift", action="append",
                    help="kvshift binary (repeatable: binaries compared run by run; default build/kvshift)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -91,7 +109,7 @@ def main(argv=None):
                       args.set)
             runs[(c, t, k, b)].append(r)
             who = f" {b}" if len(binaries) > 1 else ""
-            print(f"round {rnd + 1}: {c} {t} threads {r['openblas_core']}{who}: {r['tokens_per_s']:,.0f} tokens/s, "
+            print(f"round {rnd + 1}: {c} {t} threads {gemms(r)}{who}: {r['tokens_per_s']:,.0f} tokens/s, "
                   f"{r['median_ms_per_step']:.1f} ms/step, load {r['loadavg_1min']:.2f}"
                   + (f", CPU steal {100 * r['cpu_steal_fraction']:.1f}%" if r.get("cpu_steal_fraction") is not None
                      else ""), file=sys.stderr)
@@ -104,8 +122,8 @@ def main(argv=None):
                      "model_tflops_per_s": median([r["model_tflops_per_s"] for r in rs]),
                      "fraction_of_sgemm_peak": median([r["fraction_of_sgemm_peak"] for r in rs]),
                      "sgemm_peak_gflops": median([r["sgemm_peak_gflops"] for r in rs]),
-                     "openblas_core": rs[-1]["openblas_core"],
-                     "openblas_core_source": rs[-1].get("openblas_core_source", ""),
+                     "gemm_kernels": gemms(rs[-1]),
+                     "gemm_source": gemm_source(rs[-1]),
                      "loadavg": [r["loadavg_1min"] for r in rs]})
     # Each binary against the first, round by round (the rounds interleave them).
     comparisons = []
@@ -122,12 +140,11 @@ def main(argv=None):
         return 0
     binary_col = len(binaries) > 1
     print("| config | threads |" + (" kvshift |" if binary_col else "") +
-          " OpenBLAS kernels | tokens/s | CPU ms/step | model TFLOP/s | SGEMM peak GFLOP/s | of peak | load avg |")
+          " GEMM kernels | tokens/s | CPU ms/step | model TFLOP/s | SGEMM peak GFLOP/s | of peak | load avg |")
     print("|---|---|" + ("---|" if binary_col else "") + "---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {os.path.basename(r['config'])} | {r['threads']} |" + (f" {r['kvshift']} |" if binary_col else "") +
-              f" {r['openblas_core']} "
-              f"({r['openblas_core_source']}) | {r['tokens_per_s']:,.0f} | {r['cpu_ms_per_step']:.0f} | "
+              f" {r['gemm_kernels']} ({r['gemm_source']}) | {r['tokens_per_s']:,.0f} | {r['cpu_ms_per_step']:.0f} | "
               f"{r['model_tflops_per_s']:.3f} | {r['sgemm_peak_gflops']:.0f} | "
               f"{100 * r['fraction_of_sgemm_peak']:.0f}% | {min(r['loadavg']):.1f}-{max(r['loadavg']):.1f} |")
     for cmp in comparisons:

@@ -497,7 +497,8 @@ def main(argv=None):
             e["tokens_per_s"] = median([r["tokens_per_s"] for r in ok])
             e["median_ms_per_step"] = median([r["median_ms_per_step"] for r in ok])
             if python is None:
-                e["blas"] = f"OpenBLAS {last.get('openblas_core')} ({last.get('openblas_core_source', '')})"
+                e["blas"] = (f"{last['gemm_library']} ({last.get('gemm_library_source', '')})" if "gemm_library" in last
+                             else f"OpenBLAS {last.get('openblas_core')} ({last.get('openblas_core_source', '')})")
             else:
                 e["name"] = f"torch {last['torch_version'].split('+')[0]} {mode}"
                 e["blas"] = last.get("blas")
@@ -517,7 +518,9 @@ def main(argv=None):
         "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
         "loadavg_min": min(loads) if loads else 0.0, "loadavg_max": max(loads) if loads else 0.0,
         "sgemm_peak_gflops": peak,
-        "sgemm_peak_core": kv_runs[-1].get("openblas_core") if kv_runs else None,
+        # the library whose calibration gave the peak ("oneDNN 2.6.3", "OpenBLAS SkylakeX")
+        "sgemm_peak_core": (kv_runs[-1].get("sgemm_peak", {}).get("core") or kv_runs[-1].get("openblas_core"))
+        if kv_runs else None,
         "model_flops_per_token": flops_per_token,
         "engines": result_engines,
     }

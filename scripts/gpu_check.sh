@@ -114,13 +114,15 @@ preflight() {
   [ -f /usr/include/sentencepiece_processor.h ] || missing+=("sentencepiece (libsentencepiece-dev libsentencepiece0)")
   [ -e /usr/include/gtest/gtest.h ] || missing+=("googletest (libgtest-dev libgmock-dev googletest)")
   [ -f /usr/include/openssl/evp.h ] || missing+=("OpenSSL's libcrypto (libssl-dev libssl3)")
+  [ -f /usr/include/oneapi/dnnl/dnnl.h ] || missing+=("oneDNN (libdnnl-dev libdnnl2 ocl-icd-libopencl1)")
   command -v mpicxx >/dev/null || [ -e /usr/bin/mpicxx.openmpi ] || missing+=("OpenMPI (libopenmpi-dev openmpi-bin ...)")
   # Shared libraries the unpacked ones need at run time (kvshift_tests runs at
   # build time too, to list its tests): OpenBLAS needs gfortran's runtime, hwloc
   # needs libudev, ... A missing one fails the link step or every test.
   local lib so
   for lib in /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 /usr/lib/x86_64-linux-gnu/libmpi.so.40 \
-    /usr/lib/x86_64-linux-gnu/libspdlog.so.1* /usr/lib/x86_64-linux-gnu/libsentencepiece*.so.0; do
+    /usr/lib/x86_64-linux-gnu/libspdlog.so.1* /usr/lib/x86_64-linux-gnu/libsentencepiece*.so.0 \
+    /usr/lib/x86_64-linux-gnu/libdnnl.so.2; do
     [ -e "$lib" ] || continue
     for so in $(ldd "$lib" 2>/dev/null | awk '/not found/ {print $1}'); do
       missing+=("$so, needed by $(basename "$lib") (Debian: libgfortran5 libquadmath0 libudev1 zlib1g ...)")

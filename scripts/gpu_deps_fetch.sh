@@ -12,7 +12,7 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.deps/' "$exclude" 2>/dev/null || echo '/.deps/' >>"$exclude"
 pkgs="cmake cmake-data libjsoncpp25 librhash0 libuv1 libarchive13 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest libopenblas-openmp-dev libopenblas0-openmp
-      libopenblas-dev libopenblas0 libgomp1
+      libopenblas-dev libopenblas0 libgomp1 libdnnl-dev libdnnl2 ocl-icd-libopencl1
       openmpi-bin openmpi-common libopenmpi-dev libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
       libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
       libmunge2 libxnvctrl0 libltdl7

@@ -428,6 +428,38 @@ TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {
   EXPECT_GT(arr[1]["median_ms_per_step"].get<double>(), 0.0);
 }
 
+// The GEMM library: both in one run, alternated step by step; KVS_CPU_GEMM
+// picks one, and a bad value is a one-line error before any work.
+TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
+  const std::string cfg = src("configs/toy/induction-1l-vanilla.json");
+  Result r = run("bench --warmup 1 --steps 2 --compare-gemm --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GEMMs: OpenBLAS "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GEMMs: oneDNN "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("oneDNN's steps against OpenBLAS's: "), std::string::npos) << r.out;
+  Result j = run("bench --json --warmup 0 --steps 1 --compare-gemm --config " + cfg);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto arr = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(arr.is_array());
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[0]["gemm_library"].get<std::string>().rfind("OpenBLAS ", 0), 0u) << arr[0];
+  EXPECT_EQ(arr[1]["gemm_library"].get<std::string>().rfind("oneDNN ", 0), 0u) << arr[1];
+  for (const auto& [value, name] : {std::pair{"openblas", "OpenBLAS "}, std::pair{"onednn", "oneDNN "}}) {
+    Result one = run_with_env(std::string("KVS_CPU_GEMM=") + value, " bench --json --warmup 0 --steps 1 --config " + cfg);
+    ASSERT_EQ(one.code, 0) << one.out;
+    const auto o = nlohmann::json::parse(one.out.substr(one.out.find('{')));
+    EXPECT_EQ(o["gemm_library_source"], "KVS_CPU_GEMM") << value;
+    EXPECT_EQ(o["gemm_library"].get<std::string>().rfind(name, 0), 0u) << o["gemm_library"];
+  }
+  Result bad = run_with_env("KVS_CPU_GEMM=mkl", " bench --json --warmup 0 --steps 1 --config " + cfg);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(count_lines(bad.out), 1) << bad.out;
+  EXPECT_NE(bad.out.find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos) << bad.out;
+  Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.out.find("--compare-gemm and --compare-shift are separate runs"), std::string::npos) << both.out;
+}
+
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {
 #ifdef KVS_CUDA
   if (kvs::cuda_test::have_gpu()) GTEST_SKIP() << "skipped: this machine has a GPU";

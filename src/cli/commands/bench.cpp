@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "core/runtime_env.h"
 #include "kernels/cpu/blas_kernels.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/gemm_peak.h"
 #include "kernels/cpu/op_profile.h"
 #include "model/config.h"
@@ -87,8 +88,23 @@ std::vector<kvs::profile::OpStat> profile_take(Device device) {
 #endif
 }
 
-// Times whole optimizer steps of `cfg` on random tokens.
-BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
+// Adds a step's per-op times into a run's.
+void merge_ops(std::vector<kvs::profile::OpStat>& into, const std::vector<kvs::profile::OpStat>& ops) {
+  for (const auto& op : ops) {
+    auto it = std::find_if(into.begin(), into.end(), [&](const kvs::profile::OpStat& o) { return o.name == op.name; });
+    if (it == into.end()) it = into.insert(into.end(), kvs::profile::OpStat{op.name});
+    it->seconds += op.seconds;
+    it->flops += op.flops;
+    it->calls += op.calls;
+  }
+}
+
+// Times whole optimizer steps of `cfg` on random tokens: one result per entry
+// of `gemms` (the CPU's GEMM libraries; empty: as they are). With two, the
+// steps alternate between them on one engine, so that both see the same
+// machine minute by minute: `warmup` untimed steps each, then `steps` timed.
+std::vector<BenchResult> bench_one(const Config& cfg, int warmup, int steps, bool profile,
+                                   const std::vector<cpu::GemmLibrary>& gemms) {
   const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
   auto engine = make_engine(cfg.model, B, T, cfg.device, cfg.train.recompute, {}, cfg.train.attention_backend);
   std::vector<float> init(engine->layout().total);
@@ -102,13 +118,18 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
     targets[i] = static_cast<int32_t>(splitmix64(2 * i + 1) % cfg.model.vocab_size);
   }
   const Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
-  BenchResult r;
-  r.steps = steps;
-  std::vector<double> ms, cpu_ms;
+  const int variants = std::max<int>(1, static_cast<int>(gemms.size()));
+  // The CPU profile is taken after every timed step, into that step's variant.
+  const bool profile_each_step = profile && cfg.device == Device::Cpu;
+  std::vector<BenchResult> res(variants);
+  std::vector<std::vector<double>> ms(variants), cpu_ms(variants);
   std::optional<CpuTimes> times_before;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (profile) profile_step_begins(s, warmup, cfg.device);
-    if (s == warmup) times_before = read_cpu_times();
+  const int first_timed = warmup * variants;
+  for (int s = 0; s < (warmup + steps) * variants; ++s) {
+    const int v = s % variants;
+    if (!gemms.empty()) cpu::set_gemm_library(gemms[v]);
+    if (profile) profile_step_begins(s, first_timed, cfg.device);
+    if (s == first_timed) times_before = read_cpu_times();
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
     engine->zero_grad();
@@ -117,37 +138,47 @@ BenchResult bench_one(const Config& cfg, int warmup, int steps, bool profile) {
     engine->adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, gn > 1.0 ? 1.0 / gn : 1.0});
     const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double cpu = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-    if (s >= warmup) {
-      ms.push_back(dt);
-      cpu_ms.push_back(cpu);
+    if (s >= first_timed) {
+      ms[v].push_back(dt);
+      cpu_ms[v].push_back(cpu);
+      if (profile_each_step) merge_ops(res[v].ops, cpu::profile::take());
     }
   }
-  if (profile) r.ops = profile_take(cfg.device);
-  if (const auto after = read_cpu_times(); times_before && after) r.steal = steal_fraction(*times_before, *after);
-  std::sort(ms.begin(), ms.end());
-  std::sort(cpu_ms.begin(), cpu_ms.end());
-  r.median_ms = ms[ms.size() / 2];
-  r.min_ms = ms.front();
-  r.max_ms = ms.back();
-  r.median_cpu_ms = cpu_ms[cpu_ms.size() / 2];
-  for (double m : ms) r.mean_ms += m / ms.size();
-  r.tokens = static_cast<double>(N) * accum;
-  r.tok_s = r.tokens / (r.median_ms / 1000.0);
-  r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / 1e12;
+  if (profile) {
+    std::vector<kvs::profile::OpStat> rest = profile_take(cfg.device);
+    if (!profile_each_step) res[0].ops = std::move(rest);
+  }
+  std::optional<double> steal;
+  if (const auto after = read_cpu_times(); times_before && after) steal = steal_fraction(*times_before, *after);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  r.peak_mib = ru.ru_maxrss / 1024.0;
-  r.peak_what = "host RSS";
+  for (int v = 0; v < variants; ++v) {
+    BenchResult& r = res[v];
+    r.steps = steps;
+    r.steal = steal;
+    std::sort(ms[v].begin(), ms[v].end());
+    std::sort(cpu_ms[v].begin(), cpu_ms[v].end());
+    r.median_ms = ms[v][ms[v].size() / 2];
+    r.min_ms = ms[v].front();
+    r.max_ms = ms[v].back();
+    r.median_cpu_ms = cpu_ms[v][cpu_ms[v].size() / 2];
+    for (double m : ms[v]) r.mean_ms += m / ms[v].size();
+    r.tokens = static_cast<double>(N) * accum;
+    r.tok_s = r.tokens / (r.median_ms / 1000.0);
+    r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / 1e12;
+    r.peak_mib = ru.ru_maxrss / 1024.0;
+    r.peak_what = "host RSS";
 #ifdef KVS_CUDA
-  if (cfg.device == Device::Cuda) {
-    // Everything is allocated up front, so the memory in use now is the peak.
-    r.peak_mib = static_cast<double>(cuda::device_memory_used(0)) / 1048576.0;
-    r.peak_what = "GPU memory in use";
-    const double peak = cuda::peak_bf16_tflops(0);
-    r.mfu = peak > 0 ? r.tflops / peak : 0;
-  }
+    if (cfg.device == Device::Cuda) {
+      // Everything is allocated up front, so the memory in use now is the peak.
+      r.peak_mib = static_cast<double>(cuda::device_memory_used(0)) / 1048576.0;
+      r.peak_what = "GPU memory in use";
+      const double peak = cuda::peak_bf16_tflops(0);
+      r.mfu = peak > 0 ? r.tflops / peak : 0;
+    }
 #endif
-  return r;
+  }
+  return res;
 }
 
 struct ProfileRow {
@@ -250,7 +281,7 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false, compare_shift = false, recalibrate = false, profile = false;
+    bool json = false, compare_shift = false, compare_gemm = false, recalibrate = false, profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -260,6 +291,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "Timed steps (the median is reported)")->capture_default_str();
   cmd->add_flag("--compare-shift", a->compare_shift,
                 "Time the config with kv_shift off and on in the same run and print the overhead of the shift");
+  cmd->add_flag("--compare-gemm", a->compare_gemm,
+                "CPU: time the config's steps on OpenBLAS and on oneDNN GEMMs, alternating step by step on one engine, "
+                "and print the step-time ratio (the default library is chosen per CPU; KVS_CPU_GEMM=openblas|onednn "
+                "overrides it)");
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
                 "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
@@ -268,7 +303,8 @@ void add_bench(CLI::App& app) {
                 "profiles and the ops that make KV shifting's extra time");
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
-  cmd->add_flag("--json", a->json, "Print one JSON object (a list with --compare-shift) instead of text");
+  cmd->add_flag("--json", a->json,
+                "Print one JSON object (a list with --compare-shift or --compare-gemm) instead of text");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
     if (!a->device.empty()) {  // the device's own rules (CUDA: head_dim, no document masking) apply too
@@ -276,11 +312,17 @@ void add_bench(CLI::App& app) {
       validate(cfg, a->config + " with --device " + a->device);
     }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
+    KVS_CHECK(!(a->compare_gemm && a->compare_shift), "bench: --compare-gemm and --compare-shift are separate runs");
+    KVS_CHECK(!a->compare_gemm || cfg.device == Device::Cpu,
+              "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}", to_string(cfg.device));
     const int threads = resolve_threads(cfg.train.threads);
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
+    // One engine per config; with --compare-gemm one config whose steps alternate libraries.
     std::vector<Config> runs;
+    std::vector<cpu::GemmLibrary> gemms;
+    if (a->compare_gemm) gemms = {cpu::GemmLibrary::OpenBLAS, cpu::GemmLibrary::OneDNN};
     if (a->compare_shift) {
       Config off = cfg, on = cfg;
       off.model.kv_shift.enabled = false;
@@ -291,13 +333,16 @@ void add_bench(CLI::App& app) {
     }
     const bool cpu_run = cfg.device == Device::Cpu;
     const cpu::BlasChoice& blas = cpu::select_blas_kernels();
+    const cpu::GemmLibraryChoice& gemm_choice = cpu::select_gemm_library();
+    const cpu::GemmLibrary default_gemm = cpu::gemm_library();
     if (cpu_run && !a->json) {
+      std::printf("GEMMs: %s\n", gemm_choice.describe().c_str());
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
       if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
         std::printf("%s\n", process_cpu_budget().note().c_str());
       if (const std::string w = process_cpu_budget().oversubscribed(threads); !w.empty())
         std::printf("warning: %s\n", w.c_str());
-      if (blas.slow_fallback)
+      if (blas.slow_fallback && (default_gemm == cpu::GemmLibrary::OpenBLAS || a->compare_gemm))
         std::printf("warning: OpenBLAS runs its generic %s kernels on a CPU with AVX2 or AVX-512 (unset "
                     "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",
                     blas.core.c_str());
@@ -317,7 +362,13 @@ void add_bench(CLI::App& app) {
       profile_peak_key = "fraction_of_bf16_peak";
     }
 #endif
-    for (const Config& c : runs) res.push_back(bench_one(c, a->warmup, a->steps, a->profile));
+    for (const Config& c : runs)
+      for (BenchResult& r : bench_one(c, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
+    cpu::set_gemm_library(default_gemm);
+    // Each result's config and GEMM library.
+    auto run_config = [&](size_t i) -> const Config& { return runs[a->compare_gemm ? 0 : i]; };
+    auto run_gemm = [&](size_t i) { return a->compare_gemm ? gemms[i] : default_gemm; };
+    const bool compared = a->compare_shift || a->compare_gemm;
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
     // so on a shared machine the like-for-like figure is the fastest step's.
@@ -326,12 +377,12 @@ void add_bench(CLI::App& app) {
     };
     if (a->json) {
       nlohmann::json all = nlohmann::json::array();
-      for (size_t i = 0; i < runs.size(); ++i) {
+      for (size_t i = 0; i < res.size(); ++i) {
         const BenchResult& r = res[i];
         nlohmann::json j = {{"config", a->config},
-                            {"device", runs[i].device},
+                            {"device", run_config(i).device},
                             {"threads", threads},
-                            {"kv_shift", runs[i].model.kv_shift.enabled},
+                            {"kv_shift", run_config(i).model.kv_shift.enabled},
                             {"tokens_per_step", r.tokens},
                             {"median_ms_per_step", r.median_ms},
                             {"median_cpu_ms_per_step", r.median_cpu_ms},
@@ -342,6 +393,8 @@ void add_bench(CLI::App& app) {
                             {"flops_formula", kFlopsFormula},
                             {"peak_rss_mib", r.peak_mib},
                             {"peak_memory_kind", r.peak_what},
+                            {"gemm_library", cpu::gemm_library_name(run_gemm(i), true)},
+                            {"gemm_library_source", a->compare_gemm ? "--compare-gemm" : gemm_choice.source},
                             {"openblas_core", openblas_core_name()},
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
@@ -354,7 +407,8 @@ void add_bench(CLI::App& app) {
                             {"env",
                              {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
-                              {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")}}}};
+                              {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")},
+                              {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
         if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops, profile_peak_key);
         if (a->profile && a->compare_shift && i == 1) {
@@ -376,14 +430,14 @@ void add_bench(CLI::App& app) {
         }
         all.push_back(j);
       }
-      std::printf("%s\n", (a->compare_shift ? all : all[0]).dump().c_str());
+      std::printf("%s\n", (compared ? all : all[0]).dump().c_str());
       return;
     }
-    for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t i = 0; i < res.size(); ++i) {
       const BenchResult& r = res[i];
-      const std::string device(to_string(runs[i].device));
+      const std::string device(to_string(run_config(i).device));
       std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                  device.c_str(), threads, B, T, accum, describe_kv_shift(runs[i].model.kv_shift).c_str());
+                  device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)",
                   r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
@@ -392,8 +446,9 @@ void add_bench(CLI::App& app) {
                     "step %.1f%%)",
                     100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
                     peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
-      std::printf("\npeak memory (%s) %.1f MiB | OpenBLAS kernels: %s | load average %.2f", r.peak_what.c_str(),
-                  r.peak_mib, openblas_core_name().c_str(), loadavg_1min());
+      std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
+      if (cpu_run) std::printf(" | GEMMs: %s", cpu::gemm_library_name(run_gemm(i), true).c_str());
+      std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
       if (a->profile) print_profile(r, profile_peak_gflops);
@@ -407,6 +462,9 @@ void add_bench(CLI::App& app) {
     if (a->compare_shift)
       std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",
                   100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);
+    if (a->compare_gemm)
+      std::printf("oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",
+                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
   });
 }
 

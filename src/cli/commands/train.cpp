@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "dist/world.h"
 #include "kernels/cpu/blas_kernels.h"
+#include "kernels/cpu/gemm_library.h"
 #include "model/config.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -61,8 +62,9 @@ void add_train(CLI::App& app) {
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     if (rank0 && cfg.device == Device::Cpu) {
       const cpu::BlasChoice& blas = cpu::select_blas_kernels();
+      spdlog::info("GEMMs: {}", cpu::select_gemm_library().describe());
       spdlog::info("OpenBLAS kernels: {}", blas.describe());
-      if (blas.slow_fallback)
+      if (blas.slow_fallback && cpu::gemm_library() == cpu::GemmLibrary::OpenBLAS)
         spdlog::warn("OpenBLAS runs its generic {} kernels on a CPU with AVX2 or AVX-512: unset OPENBLAS_CORETYPE "
                      "or set it to Haswell/SkylakeX for about 3x faster steps", blas.core);
     }

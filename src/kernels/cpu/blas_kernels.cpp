@@ -72,8 +72,9 @@ CpuFeatures detect_cpu_features() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
   const unsigned max_leaf = a;
-  // Vendor string in EBX, EDX, ECX: "AuthenticAMD" and Hygon's Zen-based "HygonGenuine".
+  // Vendor string in EBX, EDX, ECX: "AuthenticAMD" and Hygon's Zen-based "HygonGenuine"; "GenuineIntel".
   f.amd = (b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) || (b == 0x6f677948 && d == 0x6e65476e);
+  f.intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;
   __get_cpuid(1, &a, &b, &c, &d);
   f.ssse3 = bit(c, 9);
   f.sse4_2 = bit(c, 20);

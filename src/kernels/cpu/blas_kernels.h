@@ -17,7 +17,8 @@ namespace kvs::cpu {
 
 // What cpuid (and xgetbv: whether the OS saves the wider registers) says.
 struct CpuFeatures {
-  bool amd = false;  // AuthenticAMD or HygonGenuine
+  bool amd = false;    // AuthenticAMD or HygonGenuine
+  bool intel = false;  // GenuineIntel
   bool ssse3 = false, sse4_2 = false;
   bool avx = false, avx2 = false, fma = false;  // usable: OS saves the YMM state
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512cd = false;  // and ZMM state

@@ -1,43 +1,34 @@
-// Linear layers: out = inp W^T and its backward, through OpenBLAS (CUDA:
-// matmul.cu / matmul.h, cuBLASLt). The same bits for a fixed thread count and
-// kernel family, not across thread counts (some shapes' K blocking follows
-// the threads: docs/KERNELS.md). Called from outside any OpenMP region.
+// Linear layers: out = inp W^T and its backward. float runs on the CPU's GEMM
+// library (gemm_library.h: OpenBLAS or oneDNN), double on OpenBLAS (CUDA:
+// matmul.cu / matmul.h, cuBLASLt). The same bits for a fixed library, kernel
+// family and thread count; OpenBLAS's not across thread counts (some shapes'
+// K blocking follows the threads: docs/KERNELS.md). Called from outside any
+// OpenMP region.
 #pragma once
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/op_profile.h"
 #include "kernels/cpu/scalar_types.h"
 
 namespace kvs::cpu {
 
 namespace detail {
-// beta = 0 is done as a memset of C and beta = 1: OpenBLAS's own beta = 0
-// pass (its gemm_beta kernel, before the product) is slower than glibc's
-// memset, by about 6-7% of a forward product at the model's shapes on a
-// Zen 3 with 2 threads, the same on 1 (scripts/bench_gemm_beta.sh,
-// docs/PERFORMANCE.md). The result is the same.
 template <class T>
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A, int lda,
                  const T* Bm, int ldb, T beta, T* Cm, int ldc) {
-  if (beta == T(0)) {
-    if (ldc == N) std::memset(Cm, 0, sizeof(T) * M * (size_t)N);
-    else
-      for (int i = 0; i < M; ++i) std::memset(Cm + (size_t)i * ldc, 0, sizeof(T) * N);
-    beta = T(1);
-  }
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+    sgemm(ta == CblasTrans, tb == CblasTrans, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
   else
     cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
 }
 }  // namespace detail
 
-// out[N, OC] = inp[N, C] @ W[OC, C]^T  (overwrites out). float uses OpenBLAS sgemm.
+// out[N, OC] = inp[N, C] @ W[OC, C]^T  (overwrites out).
 template <class T> void matmul_forward(T* out, const T* inp, const T* W, int N, int C, int OC) {
   static_assert(detail::kSupported<T>);
   if (N == 0 || OC == 0) return;

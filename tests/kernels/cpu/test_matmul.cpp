@@ -1,5 +1,5 @@
 // CPU matmul: the forward against a naive loop, the backward against finite
-// differences, float (sgemm) vs double (dgemm).
+// differences, float (sgemm) vs double (dgemm); float on both GEMM libraries.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops_test_util.h"
 
@@ -45,29 +46,37 @@ TEST(OpsMatmul, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   Vec o2((size_t)N2 * OC2), dx2(x2.size(), 0.0), dW2(W2.size(), 0.0);
   matmul_forward(o2.data(), x2.data(), W2.data(), N2, C2, OC2);
   matmul_backward(dx2.data(), dW2.data(), g2.data(), x2.data(), W2.data(), N2, C2, OC2);
-  FVec x2f = to_float(x2), W2f = to_float(W2), g2f = to_float(g2), o2f(o2.size()), dx2f(x2.size(), 0.f),
-       dW2f(W2.size(), 0.f);
-  matmul_forward(o2f.data(), x2f.data(), W2f.data(), N2, C2, OC2);
-  matmul_backward(dx2f.data(), dW2f.data(), g2f.data(), x2f.data(), W2f.data(), N2, C2, OC2);
-  EXPECT_LT(rel_err(to_double(o2f), o2), kFloatTol);
-  EXPECT_LT(rel_err(to_double(dx2f), dx2), kFloatTol);
-  EXPECT_LT(rel_err(to_double(dW2f), dW2), kFloatTol);
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
+    SCOPED_TRACE(gemm_library_name(lib));
+    const GemmLibraryScope on(lib);
+    FVec x2f = to_float(x2), W2f = to_float(W2), g2f = to_float(g2), o2f(o2.size(), std::nanf("")),
+         dx2f(x2.size(), 0.f), dW2f(W2.size(), 0.f);
+    matmul_forward(o2f.data(), x2f.data(), W2f.data(), N2, C2, OC2);
+    matmul_backward(dx2f.data(), dW2f.data(), g2f.data(), x2f.data(), W2f.data(), N2, C2, OC2);
+    EXPECT_LT(rel_err(to_double(o2f), o2), kFloatTol);
+    EXPECT_LT(rel_err(to_double(dx2f), dx2), kFloatTol);
+    EXPECT_LT(rel_err(to_double(dW2f), dW2), kFloatTol);
+  }
 }
 
 // overwrite_dinp: dinp = dout W whatever it held (NaN here), the same values
 // as adding into zeros; dW still accumulates. OC = 0 writes zeros.
 TEST(OpsMatmul, OverwritingTheInputGradientEqualsAddingIntoZeros) {
-  const int N = 64, C = 96, OC = 80;
-  FVec x = to_float(randn((size_t)N * C, 50)), W = to_float(randn((size_t)OC * C, 51)),
-       g = to_float(randn((size_t)N * OC, 52)), dW0 = to_float(randn(W.size(), 53));
-  FVec dx_add(x.size(), 0.f), dx_over(x.size(), std::nanf("")), dW_add = dW0, dW_over = dW0;
-  matmul_backward(dx_add.data(), dW_add.data(), g.data(), x.data(), W.data(), N, C, OC);
-  matmul_backward(dx_over.data(), dW_over.data(), g.data(), x.data(), W.data(), N, C, OC, /*overwrite_dinp=*/true);
-  EXPECT_EQ(dx_over, dx_add);
-  EXPECT_EQ(dW_over, dW_add);
-  FVec dx_empty(x.size(), std::nanf(""));
-  matmul_backward(dx_empty.data(), (float*)nullptr, g.data(), x.data(), W.data(), N, C, 0, true);
-  EXPECT_EQ(dx_empty, FVec(x.size(), 0.f));
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
+    SCOPED_TRACE(gemm_library_name(lib));
+    const GemmLibraryScope on(lib);
+    const int N = 64, C = 96, OC = 80;
+    FVec x = to_float(randn((size_t)N * C, 50)), W = to_float(randn((size_t)OC * C, 51)),
+         g = to_float(randn((size_t)N * OC, 52)), dW0 = to_float(randn(W.size(), 53));
+    FVec dx_add(x.size(), 0.f), dx_over(x.size(), std::nanf("")), dW_add = dW0, dW_over = dW0;
+    matmul_backward(dx_add.data(), dW_add.data(), g.data(), x.data(), W.data(), N, C, OC);
+    matmul_backward(dx_over.data(), dW_over.data(), g.data(), x.data(), W.data(), N, C, OC, /*overwrite_dinp=*/true);
+    EXPECT_EQ(dx_over, dx_add);
+    EXPECT_EQ(dW_over, dW_add);
+    FVec dx_empty(x.size(), std::nanf(""));
+    matmul_backward(dx_empty.data(), (float*)nullptr, g.data(), x.data(), W.data(), N, C, 0, true);
+    EXPECT_EQ(dx_empty, FVec(x.size(), 0.f));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,97 @@
+#include "kernels/cpu/gemm_library.h"
+
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <strings.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/signal_stack.h"
+
+namespace kvs::cpu {
+
+namespace {
+
+std::atomic<GemmLibrary>& running() {
+  static std::atomic<GemmLibrary> lib{select_gemm_library().library};
+  return lib;
+}
+
+// beta = 0 is done as a memset of C and beta = 1: OpenBLAS's own beta = 0
+// pass (its gemm_beta kernel, before the product) is slower than glibc's
+// memset, by about 6-7% of a forward product at the model's shapes on a Zen 3
+// with 2 threads, the same on 1 (scripts/bench_gemm_beta.sh,
+// docs/PERFORMANCE.md). The result is the same.
+void openblas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                    int ldb, float beta, float* C, int ldc) {
+  if (beta == 0.0f) {
+    if (ldc == N) std::memset(C, 0, sizeof(float) * M * static_cast<size_t>(N));
+    else
+      for (int i = 0; i < M; ++i) std::memset(C + static_cast<size_t>(i) * ldc, 0, sizeof(float) * N);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+              B, ldb, beta, C, ldc);
+}
+
+// Its kernels run with rsp in a heap workspace: signals must find alternate
+// stacks on every thread that runs them (core/signal_stack.h).
+void onednn_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                  int ldb, float beta, float* C, int ldc) {
+  ensure_signal_stacks_on_omp_threads();
+  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  KVS_CHECK(st == dnnl_success, "oneDNN's dnnl_sgemm failed (status {}) on {}x{}x{} (trans {}{}, ld {} {} {})",
+            static_cast<int>(st), M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N', lda, ldb, ldc);
+}
+
+}  // namespace
+
+std::string gemm_library_name(GemmLibrary lib, bool with_version) {
+  if (lib == GemmLibrary::OneDNN) {
+    if (!with_version) return "oneDNN";
+    const dnnl_version_t* v = dnnl_version();
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  }
+  return with_version ? "OpenBLAS " + openblas_core() : "OpenBLAS";
+}
+
+std::string GemmLibraryChoice::describe() const { return gemm_library_name(library, true) + " (" + source + ")"; }
+
+GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f) {
+  GemmLibraryChoice ch;
+  if (user && *user) {
+    ch.source = "KVS_CPU_GEMM";
+    if (strcasecmp(user, "openblas") == 0) ch.library = GemmLibrary::OpenBLAS;
+    else if (strcasecmp(user, "onednn") == 0) ch.library = GemmLibrary::OneDNN;
+    else fail("KVS_CPU_GEMM={}: expected openblas or onednn (or unset it for the CPU's default)", user);
+    return ch;
+  }
+  if (f.intel && isa_level(f) >= 4) {
+    ch.library = GemmLibrary::OneDNN;
+    ch.source = "Intel CPU with AVX-512";
+  } else {
+    ch.library = GemmLibrary::OpenBLAS;
+    ch.source = f.amd ? "AMD CPU" : f.intel ? "Intel CPU without AVX-512" : "not an Intel or AMD CPU";
+  }
+  return ch;
+}
+
+const GemmLibraryChoice& select_gemm_library() {
+  static const GemmLibraryChoice choice = choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features());
+  return choice;
+}
+
+GemmLibrary gemm_library() { return running().load(std::memory_order_relaxed); }
+
+void set_gemm_library(GemmLibrary lib) { running().store(lib, std::memory_order_relaxed); }
+
+void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc) {
+  if (gemm_library() == GemmLibrary::OneDNN) onednn_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else openblas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace kvs::cpu

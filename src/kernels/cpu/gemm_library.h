@@ -1,0 +1,77 @@
+// Which library the CPU engine's fp32 GEMMs (matmul.h, the calibrated peak)
+// run on: OpenBLAS, with the kernel family blas_kernels.h picks, or oneDNN's
+// dnnl_sgemm, whose JIT kernels follow the CPU's ISA flags.
+//
+// The default follows measurements (docs/PERFORMANCE.md, issue 21): on an
+// Intel CPU with AVX-512 oneDNN's GEMMs were 1.09-1.12x OpenBLAS SkylakeX's
+// at the model's step shapes and gave the same bits on 1 and 2 threads; on an
+// AMD Zen 3 they were no faster, so AMD and everything else keep OpenBLAS.
+// KVS_CPU_GEMM=openblas|onednn overrides the choice. The double-precision
+// GEMMs (tests, references) are always OpenBLAS's.
+//
+// The two libraries' results differ in the last bits, as two OpenBLAS kernel
+// families' do: a run is bit-reproducible for a fixed library, kernel family
+// and thread count.
+//
+// Signals: Debian's oneDNN 2.6.3 runs its GEMM kernels with rsp pointing into
+// a heap workspace (oneDNN issue #4845, fixed in 3.11), so a signal handler
+// whose frame lands there corrupts the product and the heap. Our handlers
+// run on alternate stacks, which every thread of a oneDNN GEMM gets
+// (core/signal_stack.h); a handler someone else installs without SA_ONSTACK
+// (a sampling profiler's SIGPROF, say) is not covered: use
+// KVS_CPU_GEMM=openblas with one.
+#pragma once
+#include <string>
+
+#include "kernels/cpu/blas_kernels.h"
+
+namespace kvs::cpu {
+
+enum class GemmLibrary { OpenBLAS, OneDNN };
+
+// "OpenBLAS", "oneDNN"; with_version adds the library's own (oneDNN 2.6.3,
+// OpenBLAS SkylakeX: its kernel family).
+std::string gemm_library_name(GemmLibrary lib, bool with_version = false);
+
+struct GemmLibraryChoice {
+  GemmLibrary library = GemmLibrary::OpenBLAS;
+  std::string source;  // "KVS_CPU_GEMM" (the user's), "Intel CPU with AVX-512", "AMD CPU", ...
+  std::string describe() const;  // one line for logs: "oneDNN 2.6.3 (Intel CPU with AVX-512)"
+};
+
+// The decision alone, for tests: `user` is KVS_CPU_GEMM (null when unset).
+// Throws kvs::Error naming the variable for a value other than openblas or
+// onednn (any case).
+GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f);
+
+// Decides once per process from KVS_CPU_GEMM and the CPU (later calls return
+// the first answer) and makes it the running library. Call before any GEMM.
+const GemmLibraryChoice& select_gemm_library();
+
+// The library the GEMMs run on now (the selected one unless set_gemm_library
+// changed it).
+GemmLibrary gemm_library();
+
+// Runs the GEMMs on `lib` from now on: for `bench --compare-gemm` and tests
+// that check both. No GEMM may run at the same time.
+void set_gemm_library(GemmLibrary lib);
+
+// Runs the GEMMs on `lib` while it lives, then on the library that ran before.
+class GemmLibraryScope {
+ public:
+  explicit GemmLibraryScope(GemmLibrary lib) : prev_(gemm_library()) { set_gemm_library(lib); }
+  ~GemmLibraryScope() { set_gemm_library(prev_); }
+  GemmLibraryScope(const GemmLibraryScope&) = delete;
+  GemmLibraryScope& operator=(const GemmLibraryScope&) = delete;
+
+ private:
+  GemmLibrary prev_;
+};
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C on the running library, on
+// omp_get_max_threads() threads (OpenBLAS: its own thread count, which the
+// callers set alongside). beta = 0: C is not read (it may hold NaN).
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+           int ldb, float beta, float* C, int ldc);
+
+}  // namespace kvs::cpu

@@ -1,0 +1,215 @@
+// The CPU's GEMM library (kernels/cpu/gemm_library.h): the choice per CPU and
+// KVS_CPU_GEMM, both libraries' products against double-precision sums, and
+// our signal handlers during oneDNN's GEMMs.
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/gemm_library.h"
+#include "kernels/cpu/ops_test_util.h"
+#include "train/stop_signals.h"
+
+namespace kvs::cpu {
+namespace {
+
+CpuFeatures avx2(bool intel, bool amd) {
+  CpuFeatures f;
+  f.intel = intel;
+  f.amd = amd;
+  f.ssse3 = f.sse4_2 = f.avx = f.avx2 = f.fma = true;
+  return f;
+}
+CpuFeatures avx512(bool intel, bool amd) {
+  CpuFeatures f = avx2(intel, amd);
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512cd = true;
+  return f;
+}
+
+TEST(GemmLibrary, IntelWithAvx512RunsOneDnnAndEveryOtherCpuOpenBlas) {
+  const GemmLibraryChoice intel512 = choose_gemm_library(nullptr, avx512(true, false));
+  EXPECT_EQ(intel512.library, GemmLibrary::OneDNN);
+  EXPECT_EQ(intel512.source, "Intel CPU with AVX-512");
+  EXPECT_EQ(choose_gemm_library(nullptr, avx2(true, false)).library, GemmLibrary::OpenBLAS);
+  const GemmLibraryChoice amd512 = choose_gemm_library(nullptr, avx512(false, true));
+  EXPECT_EQ(amd512.library, GemmLibrary::OpenBLAS);
+  EXPECT_EQ(amd512.source, "AMD CPU");
+  EXPECT_EQ(choose_gemm_library(nullptr, avx512(false, false)).library, GemmLibrary::OpenBLAS);
+  // AVX-512 needs all four subsets, as for OpenBLAS's SkylakeX kernels.
+  CpuFeatures partial = avx512(true, false);
+  partial.avx512vl = false;
+  EXPECT_EQ(choose_gemm_library(nullptr, partial).library, GemmLibrary::OpenBLAS);
+  EXPECT_EQ(choose_gemm_library("", avx512(true, false)).library, GemmLibrary::OneDNN);  // set but empty: unset
+}
+
+TEST(GemmLibrary, TheUsersKvsCpuGemmWinsAndABadValueIsAnError) {
+  for (const char* v : {"openblas", "OpenBLAS"}) {
+    const GemmLibraryChoice c = choose_gemm_library(v, avx512(true, false));
+    EXPECT_EQ(c.library, GemmLibrary::OpenBLAS) << v;
+    EXPECT_EQ(c.source, "KVS_CPU_GEMM");
+  }
+  for (const char* v : {"onednn", "oneDNN"}) EXPECT_EQ(choose_gemm_library(v, avx2(false, true)).library, GemmLibrary::OneDNN);
+  try {
+    choose_gemm_library("mkl", avx512(true, false));
+    FAIL() << "no error for KVS_CPU_GEMM=mkl";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GemmLibrary, ThisProcessRunsWhatTheChoiceSaysAndAScopeRestoresIt) {
+  const GemmLibraryChoice expected = choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features());
+  EXPECT_EQ(select_gemm_library().library, expected.library);
+  EXPECT_EQ(gemm_library(), expected.library);
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
+    {
+      const GemmLibraryScope on(lib);
+      EXPECT_EQ(gemm_library(), lib);
+    }
+    EXPECT_EQ(gemm_library(), expected.library);
+  }
+  EXPECT_EQ(gemm_library_name(GemmLibrary::OneDNN, true).rfind("oneDNN ", 0), 0u);
+  EXPECT_EQ(gemm_library_name(GemmLibrary::OpenBLAS, true), "OpenBLAS " + openblas_core());
+}
+
+// Row-major C = alpha op(A) op(B) + beta C with padded leading dimensions, on
+// odd sizes (edge tiles) and a K past one cache block, every transpose and
+// beta 0 (C full of NaN: never read), 1 and 0.25; the padding stays as it was.
+TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
+  const int M = 67, N = 45, K = 300, pad = 3;
+  const float alpha = 0.5f, sentinel = 1234.5f;
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
+    const GemmLibraryScope on(lib);
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      // op(A) is M x K: stored K x M when transposed; op(B) K x N likewise.
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+      const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 60 + t));
+      const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 70 + t));
+      const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 80 + t));
+      for (float beta : {0.0f, 1.0f, 0.25f}) {
+        SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(ta) + std::to_string(tb) + " beta " +
+                     std::to_string(beta));
+        ops_test::FVec C = C0;
+        for (int i = 0; i < M; ++i) {
+          for (int j = 0; j < N; ++j)
+            if (beta == 0.0f) C[size_t(i) * ldc + j] = std::nanf("");
+          for (int j = N; j < ldc; ++j) C[size_t(i) * ldc + j] = sentinel;
+        }
+        sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        double err = 0, norm = 0;
+        for (int i = 0; i < M; ++i) {
+          for (int j = 0; j < N; ++j) {
+            double s = 0;
+            for (int k = 0; k < K; ++k) {
+              const double a = ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k];
+              const double b = tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j];
+              s += a * b;
+            }
+            const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
+            const double got = C[size_t(i) * ldc + j];
+            ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
+            err += (got - want) * (got - want);
+            norm += want * want;
+          }
+          for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], sentinel) << "padding of row " << i;
+        }
+        EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+      }
+    }
+  }
+}
+
+// oneDNN 2.6's GEMM kernels run with rsp in a heap workspace, where a
+// handler's frame would land (core/signal_stack.h): before the fix, these
+// shapes gave wrong products and wrote outside C within a few hundred calls
+// under this storm, and `kvshift train` aborted with a corrupted heap when
+// SIGTERM stopped it. Our handlers (StopSignals, here with SIGUSR2 as the
+// extra signal: repeated, it only counts) must leave every product and the
+// memory around it as they are, on both libraries: with the signals going to
+// this thread, then with this thread blocking them, so that they go to the
+// other OpenMP threads of the GEMMs.
+TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt) {
+  struct Shape {
+    bool ta, tb;
+    int M, N, K;
+  };
+  const Shape shapes[] = {{false, false, 2048, 64, 256}, {true, false, 64, 64, 2048}, {false, true, 2048, 256, 64}};
+  const GemmLibrary libs[] = {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN};
+  const size_t guard = 4096;
+  const float fill = 7.0f;
+  struct Case {
+    GemmLibrary lib;
+    Shape s;
+    ops_test::FVec A, B, quiet;
+  };
+  std::vector<Case> cases;
+  // The quiet products first, before any signal (and with no signal blocked:
+  // the OpenMP threads they start keep this thread's mask).
+  for (GemmLibrary lib : libs)
+    for (const Shape& s : shapes) {
+      Case c{lib, s, ops_test::to_float(ops_test::randn(size_t(s.M) * s.K, 90)),
+             ops_test::to_float(ops_test::randn(size_t(s.K) * s.N, 91)), ops_test::FVec(size_t(s.M) * s.N)};
+      const GemmLibraryScope on(lib);
+      sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, c.A.data(), s.ta ? s.M : s.K, c.B.data(), s.tb ? s.K : s.N, 0.0f,
+            c.quiet.data(), s.N);
+      cases.push_back(std::move(c));
+    }
+  const StopSignals handlers(StopSignal::Usr2, /*announce=*/false);
+  sigset_t usr2;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  std::atomic<bool> stop{false};
+  std::atomic<long> sent{0};
+  const pid_t pid = getpid();
+  std::thread sender([&] {
+    pthread_sigmask(SIG_BLOCK, &usr2, nullptr);  // never this thread's: it goes to one that runs the GEMMs
+    while (!stop.load()) {
+      kill(pid, SIGUSR2);
+      sent.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  for (const Case& c : cases) {
+    const Shape& s = c.s;
+    SCOPED_TRACE(gemm_library_name(c.lib) + " " + std::to_string(s.M) + "x" + std::to_string(s.N) + "x" +
+                 std::to_string(s.K));
+    const GemmLibraryScope on(c.lib);
+    const size_t nc = c.quiet.size();
+    ops_test::FVec buf(nc + 2 * guard, fill);
+    float* C = buf.data() + guard;
+    for (bool to_workers : {false, true}) {
+      if (to_workers) pthread_sigmask(SIG_BLOCK, &usr2, nullptr);
+      int wrong = 0, outside = 0;
+      for (int rep = 0; rep < 100; ++rep) {
+        sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, c.A.data(), s.ta ? s.M : s.K, c.B.data(), s.tb ? s.K : s.N, 0.0f, C,
+              s.N);
+        wrong += std::memcmp(c.quiet.data(), C, nc * sizeof(float)) != 0;
+        for (size_t i = 0; i < guard; ++i) outside += buf[i] != fill || buf[guard + nc + i] != fill;
+      }
+      if (to_workers) pthread_sigmask(SIG_UNBLOCK, &usr2, nullptr);
+      const char* to = to_workers ? "the other OpenMP threads" : "this thread";
+      EXPECT_EQ(wrong, 0) << "products that differ from the quiet one, of 100, signals to " << to;
+      EXPECT_EQ(outside, 0) << "writes outside C, signals to " << to;
+      if (outside) break;
+    }
+  }
+  stop = true;
+  sender.join();
+  EXPECT_GT(sent.load(), 100);
+}
+
+}  // namespace
+}  // namespace kvs::cpu

@@ -25,6 +25,8 @@ std::atomic<GemmLibrary>& running() {
 // memset, by about 6-7% of a forward product at the model's shapes on a Zen 3
 // with 2 threads, the same on 1 (scripts/bench_gemm_beta.sh,
 // docs/PERFORMANCE.md). The result is the same.
+// One row (M = 1: a token of `generate`) is a matrix-vector product: OpenBLAS's
+// sgemm packs all of B for it, its sgemv reads B once (about 2x the tokens/s).
 void openblas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                     int ldb, float beta, float* C, int ldc) {
   if (beta == 0.0f) {
@@ -32,6 +34,14 @@ void openblas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const fl
     else
       for (int i = 0; i < M; ++i) std::memset(C + static_cast<size_t>(i) * ldc, 0, sizeof(float) * N);
     beta = 1.0f;
+  }
+  if (M == 1) {
+    // C[0, :] += alpha op(B)^T a, where a (row 0 of op(A)) is A's first row, or
+    // its first column (stride lda) when A is transposed. B is K x N, or N x K under tb.
+    const int inc_a = ta ? lda : 1;
+    if (tb) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inc_a, beta, C, 1);
+    else cblas_sgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, inc_a, beta, C, 1);
+    return;
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
               B, ldb, beta, C, ldc);

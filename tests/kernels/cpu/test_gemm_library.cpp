@@ -84,52 +84,54 @@ TEST(GemmLibrary, ThisProcessRunsWhatTheChoiceSaysAndAScopeRestoresIt) {
 }
 
 // Row-major C = alpha op(A) op(B) + beta C with padded leading dimensions, on
-// odd sizes (edge tiles) and a K past one cache block, every transpose and
-// beta 0 (C full of NaN: never read), 1 and 0.25; the padding stays as it was.
+// odd sizes (edge tiles) and a K past one cache block, and on one row (M = 1:
+// generate's tokens, OpenBLAS's sgemv), every transpose and beta 0 (C full of
+// NaN: never read), 1 and 0.25; the padding stays as it was.
 TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
-  const int M = 67, N = 45, K = 300, pad = 3;
+  const int N = 45, K = 300, pad = 3;
   const float alpha = 0.5f, sentinel = 1234.5f;
-  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
-    const GemmLibraryScope on(lib);
-    for (int t = 0; t < 4; ++t) {
-      const bool ta = t & 1, tb = t & 2;
-      // op(A) is M x K: stored K x M when transposed; op(B) K x N likewise.
-      const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
-      const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-      const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 60 + t));
-      const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 70 + t));
-      const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 80 + t));
-      for (float beta : {0.0f, 1.0f, 0.25f}) {
-        SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(ta) + std::to_string(tb) + " beta " +
-                     std::to_string(beta));
-        ops_test::FVec C = C0;
-        for (int i = 0; i < M; ++i) {
-          for (int j = 0; j < N; ++j)
-            if (beta == 0.0f) C[size_t(i) * ldc + j] = std::nanf("");
-          for (int j = N; j < ldc; ++j) C[size_t(i) * ldc + j] = sentinel;
-        }
-        sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-        double err = 0, norm = 0;
-        for (int i = 0; i < M; ++i) {
-          for (int j = 0; j < N; ++j) {
-            double s = 0;
-            for (int k = 0; k < K; ++k) {
-              const double a = ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k];
-              const double b = tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j];
-              s += a * b;
-            }
-            const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
-            const double got = C[size_t(i) * ldc + j];
-            ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
-            err += (got - want) * (got - want);
-            norm += want * want;
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
+    for (int M : {67, 1}) {
+      const GemmLibraryScope on(lib);
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        // op(A) is M x K: stored K x M when transposed; op(B) K x N likewise.
+        const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+        const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+        const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 60 + t));
+        const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 70 + t));
+        const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 80 + t));
+        for (float beta : {0.0f, 1.0f, 0.25f}) {
+          SCOPED_TRACE(gemm_library_name(lib) + " M " + std::to_string(M) + " trans " + std::to_string(ta) +
+                       std::to_string(tb) + " beta " + std::to_string(beta));
+          ops_test::FVec C = C0;
+          for (int i = 0; i < M; ++i) {
+            for (int j = 0; j < N; ++j)
+              if (beta == 0.0f) C[size_t(i) * ldc + j] = std::nanf("");
+            for (int j = N; j < ldc; ++j) C[size_t(i) * ldc + j] = sentinel;
           }
-          for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], sentinel) << "padding of row " << i;
+          sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          double err = 0, norm = 0;
+          for (int i = 0; i < M; ++i) {
+            for (int j = 0; j < N; ++j) {
+              double s = 0;
+              for (int k = 0; k < K; ++k) {
+                const double a = ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k];
+                const double b = tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j];
+                s += a * b;
+              }
+              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
+              const double got = C[size_t(i) * ldc + j];
+              ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
+              err += (got - want) * (got - want);
+              norm += want * want;
+            }
+            for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], sentinel) << "padding of row " << i;
+          }
+          EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
         }
-        EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
       }
     }
-  }
 }
 
 // oneDNN 2.6's GEMM kernels run with rsp in a heap workspace, where a

@@ -5,7 +5,8 @@
 // The default follows measurements (docs/PERFORMANCE.md, issue 21): on an
 // Intel CPU with AVX-512 oneDNN's GEMMs were 1.09-1.12x OpenBLAS SkylakeX's
 // at the model's step shapes and gave the same bits on 1 and 2 threads; on an
-// AMD Zen 3 they were no faster, so AMD and everything else keep OpenBLAS.
+// AMD Zen 3 they were no faster, and held to AVX2 on the Intel VM 1.00-1.04x,
+// so AMD, Intel without AVX-512 and everything else keep OpenBLAS.
 // KVS_CPU_GEMM=openblas|onednn overrides the choice. The double-precision
 // GEMMs (tests, references) are always OpenBLAS's.
 //

@@ -445,7 +445,8 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   EXPECT_EQ(arr[0]["gemm_library"].get<std::string>().rfind("OpenBLAS ", 0), 0u) << arr[0];
   EXPECT_EQ(arr[1]["gemm_library"].get<std::string>().rfind("oneDNN ", 0), 0u) << arr[1];
   for (const auto& [value, name] : {std::pair{"openblas", "OpenBLAS "}, std::pair{"onednn", "oneDNN "}}) {
-    Result one = run_with_env(std::string("KVS_CPU_GEMM=") + value, " bench --json --warmup 0 --steps 1 --config " + cfg);
+    Result one =
+        run_with_env(std::string("KVS_CPU_GEMM=") + value, " bench --json --warmup 0 --steps 1 --config " + cfg);
     ASSERT_EQ(one.code, 0) << one.out;
     const auto o = nlohmann::json::parse(one.out.substr(one.out.find('{')));
     EXPECT_EQ(o["gemm_library_source"], "KVS_CPU_GEMM") << value;

@@ -91,7 +91,8 @@ std::vector<kvs::profile::OpStat> profile_take(Device device) {
 // Adds a step's per-op times into a run's.
 void merge_ops(std::vector<kvs::profile::OpStat>& into, const std::vector<kvs::profile::OpStat>& ops) {
   for (const auto& op : ops) {
-    auto it = std::find_if(into.begin(), into.end(), [&](const kvs::profile::OpStat& o) { return o.name == op.name; });
+    auto it =
+        std::find_if(into.begin(), into.end(), [&](const kvs::profile::OpStat& o) { return o.name == op.name; });
     if (it == into.end()) it = into.insert(into.end(), kvs::profile::OpStat{op.name});
     it->seconds += op.seconds;
     it->flops += op.flops;
@@ -292,9 +293,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--compare-shift", a->compare_shift,
                 "Time the config with kv_shift off and on in the same run and print the overhead of the shift");
   cmd->add_flag("--compare-gemm", a->compare_gemm,
-                "CPU: time the config's steps on OpenBLAS and on oneDNN GEMMs, alternating step by step on one engine, "
-                "and print the step-time ratio (the default library is chosen per CPU; KVS_CPU_GEMM=openblas|onednn "
-                "overrides it)");
+                "CPU: time the config's steps on OpenBLAS and on oneDNN GEMMs, alternating step by step on one "
+                "engine, and print the step-time ratio (the default library is chosen per CPU; "
+                "KVS_CPU_GEMM=openblas|onednn overrides it)");
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
                 "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
@@ -314,7 +315,8 @@ void add_bench(CLI::App& app) {
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
     KVS_CHECK(!(a->compare_gemm && a->compare_shift), "bench: --compare-gemm and --compare-shift are separate runs");
     KVS_CHECK(!a->compare_gemm || cfg.device == Device::Cpu,
-              "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}", to_string(cfg.device));
+              "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}",
+              to_string(cfg.device));
     const int threads = resolve_threads(cfg.train.threads);
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -463,8 +465,9 @@ void add_bench(CLI::App& app) {
       std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",
                   100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);
     if (a->compare_gemm)
-      std::printf("oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",
-                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
+      std::printf(
+          "oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",
+          res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
   });
 }
 

@@ -58,7 +58,8 @@ TEST(GemmLibrary, TheUsersKvsCpuGemmWinsAndABadValueIsAnError) {
     EXPECT_EQ(c.library, GemmLibrary::OpenBLAS) << v;
     EXPECT_EQ(c.source, "KVS_CPU_GEMM");
   }
-  for (const char* v : {"onednn", "oneDNN"}) EXPECT_EQ(choose_gemm_library(v, avx2(false, true)).library, GemmLibrary::OneDNN);
+  for (const char* v : {"onednn", "oneDNN"})
+    EXPECT_EQ(choose_gemm_library(v, avx2(false, true)).library, GemmLibrary::OneDNN);
   try {
     choose_gemm_library("mkl", avx512(true, false));
     FAIL() << "no error for KVS_CPU_GEMM=mkl";

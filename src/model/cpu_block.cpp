@@ -74,6 +74,12 @@ int segments(Segment out[2], const LayerView& w, const LayerActs& a, const Block
   return 2;
 }
 
+// gate_proj and up_proj as one [2F, C] matrix: up must follow gate directly.
+float* gate_up_weight(const LayerView& w, int F, int C) {
+  KVS_CHECK(w.w_up == w.w_gate + static_cast<size_t>(F) * C, "block: up_proj must follow gate_proj in the parameters");
+  return w.w_gate;
+}
+
 // The forward's two causal products (Q K^T, P V): 2 * T*T/2 * D multiply-adds
 // each per head; the backward does twice as much.
 double attention_flops(int B, int Hq, int T, int D) { return 2.0 * B * Hq * static_cast<double>(T) * T * D; }
@@ -144,11 +150,11 @@ void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c
   }
   {
     const prof::Label label("gate,up proj");
-    column_parallel_forward(a.ln2, N, C, {{a.gate, w.w_gate, F}, {a.up, w.w_up, F}}, c.tp, c.sp_full);
+    column_parallel_forward(a.ln2, N, C, {{a.gate_up, gate_up_weight(w, F, C), 2 * F}}, c.tp, c.sp_full);
   }
   {
     const prof::Scope timed("swiglu fwd");
-    cpu::swiglu_forward(a.h, a.gate, a.up, static_cast<size_t>(N) * F);
+    cpu::swiglu_forward(a.h, a.gate_up, N, F);
   }
   {
     const prof::Label label("down proj");
@@ -162,7 +168,7 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
                     const BlockContext& c) {
   const int B = c.B, T = c.T, N = B * T, C = c.d.C, F = c.d.F;
   const int Hq = c.d.Hq, Hkv = c.d.Hkv, D = c.d.D, QD = c.d.QD(), KD = c.d.KD(), W = c.window;
-  const size_t NF = static_cast<size_t>(N) * F, NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
+  const size_t NQ = static_cast<size_t>(N) * QD, NK = static_cast<size_t>(N) * KD;
   const size_t W1 = static_cast<size_t>(W) + 1;
   const int Nl = static_cast<int>(c.tp.local_rows(N));  // the residual stream's rows on this rank
   KVS_CHECK(c.pos0 == 0 && c.kv_past == 0 && !c.q_halo && !c.k_halo && !c.v_halo,
@@ -173,19 +179,20 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   const float* vc = gated ? a.coef + (Hq + Hkv) * W1 : w.v_shift;
 
   // MLP: out = res_mid + down(swiglu(gate(ln2), up(ln2))). dresid holds d out.
-  // dh, dgate, dup and dattout are written whole by their first op (no zeroing pass).
+  // dh, dgate_up and dattout are written whole by their first op (no zeroing pass).
   {
     const prof::Label label("down proj");
     row_parallel_backward(s.dh, g.w_down, dresid, a.h, w.w_down, N, F, C, c.tp, c.sp_full, /*overwrite_dx=*/true);
   }
   {
     const prof::Scope timed("swiglu bwd");
-    cpu::swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up, NF, /*overwrite=*/true);
+    cpu::swiglu_backward(s.dgate_up, s.dh, a.gate_up, N, F, /*overwrite=*/true);
   }
   {
     const prof::Label label("gate,up proj");
-    column_parallel_backward(s.dln, a.ln2, N, C, {{s.dgate, w.w_gate, g.w_gate, F}, {s.dup, w.w_up, g.w_up, F}}, c.tp,
-                             c.sp_full, c.sp_full2);
+    column_parallel_backward(s.dln, a.ln2, N, C,
+                             {{s.dgate_up, gate_up_weight(w, F, C), gate_up_weight(g, F, C), 2 * F}}, c.tp, c.sp_full,
+                             c.sp_full2);
   }
   {
     const prof::Scope timed("rmsnorm bwd");

@@ -11,7 +11,8 @@
 //     (position_encoding "none": no RoPE, khat = Shift(k), q = q)
 //   attout = CausalAttention(q, khat, vhat)               (att saved)
 //   res_mid = resid + attout Wo^T                         row-parallel
-//   h = SwiGLU(ln2 Wgate^T, ln2 Wup^T), ln2 = RMSNorm(res_mid)
+//   gate_up = ln2 [Wgate; Wup]^T, ln2 = RMSNorm(res_mid)   column-parallel, one GEMM
+//   h = SwiGLU(gate_up)
 //   out = res_mid + h Wdown^T                             row-parallel
 // The backward walks the same list in reverse; every op accumulates into its
 // gradients (kernels/cpu/ops.h), so scratch buffers are zeroed right before use.
@@ -39,13 +40,14 @@ struct LayerActs {
   float *khat, *vhat;  // what attention reads; vhat == v without a V shift
   float* att;          // softmax probabilities [B, Hq, T, kv_past + T]
   float* attout;       // [N, Hq*D]
-  float *gate, *up, *h;  // [N, F]
+  float* gate_up;      // [N, 2F]: gate columns, then up columns
+  float* h;            // [N, F]
   float* coef;         // effective shift coefficients, [Hq | Hkv | Hkv] x (W+1)
 };
 
 // Backward scratch, shared by every layer (dln: N/tp rows under sequence parallelism).
 struct LayerScratch {
-  float *dln, *dh, *dgate, *dup, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *dqs, *dcoef;
+  float *dln, *dh, *dgate_up, *dattout, *dq, *dq_pre, *dkhat, *dks, *dk, *dvhat, *dv, *dqs, *dcoef;
 };
 
 // What every layer of one micro-batch (or one decoding block) shares.
@@ -87,6 +89,8 @@ struct BlockContext {
   } shift_terms;
 };
 
+// The weights' gate_proj and up_proj (and their gradients') must be adjacent,
+// up right after gate (ParamLayout's order): one [2F, C] matrix.
 void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c);
 // dresid holds d out on entry and d resid on return; gradients go into g.
 // Training only: pos0 = kv_past = 0, no halos given (context parallelism makes its own).

@@ -77,8 +77,7 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
   p.attout = take(L * p.q_stride);
   p.ln2 = take(L * p.ln_stride);
   p.rstd2 = take(L * p.rstd_stride);
-  p.gate = take(L * p.ffn_stride);
-  p.up = take(L * p.ffn_stride);
+  p.gate_up = take(L * 2 * p.ffn_stride);
   p.h = take(L * p.ffn_stride);
   p.lnf = take(head ? Nl * C : 0);
   p.rstdf = take(head ? Nl : 0);
@@ -94,8 +93,7 @@ ActivationPlan ActivationPlan::build(const ModelConfig& m, const LocalDims& d, i
     p.norm_grads = take((2 * L + 1) * C);
   }
   p.dh = take(N * F);
-  p.dgate = take(N * F);
-  p.dup = take(N * F);
+  p.dgate_up = take(N * 2 * F);
   p.dattout = take(N * QD);
   p.dq = take(N * QD);
   p.dq_pre = take(N * QD);
@@ -129,15 +127,14 @@ LayerActs ActivationPlan::layer(float* a, int li) const {
   x.vhat = v_shifted ? a + vhat + L * kv_stride : x.v;
   x.att = a + att + L * att_stride;
   x.attout = a + attout + L * q_stride;
-  x.gate = a + gate + L * ffn_stride;
-  x.up = a + up + L * ffn_stride;
+  x.gate_up = a + gate_up + L * 2 * ffn_stride;
   x.h = a + h + L * ffn_stride;
   x.coef = a + coef + L * coef_stride;
   return x;
 }
 
 LayerScratch ActivationPlan::scratch(float* a) const {
-  return {a + dln, a + dh, a + dgate, a + dup, a + dattout, a + dq, a + dq_pre, a + dkhat,
+  return {a + dln, a + dh, a + dgate_up, a + dattout, a + dq, a + dq_pre, a + dkhat,
           a + dks, a + dk, a + dvhat, a + dv, a + dqs, a + dcoef};
 }
 

@@ -25,7 +25,7 @@ struct ActivationPlan {
   // forward, per held layer li at base + li * stride; the residual stream at
   // base + resid_index[li] * resid_stride (the layer's input; its output is the
   // next entry: one more per run of consecutive layers, a pipeline chunk)
-  size_t resid, res_mid, ln1, rstd1, q, k, v, khat, vhat, att, attout, ln2, rstd2, gate, up, h;
+  size_t resid, res_mid, ln1, rstd1, q, k, v, khat, vhat, att, attout, ln2, rstd2, gate_up, h;
   size_t resid_stride, res_mid_stride, ln_stride, rstd_stride, q_stride, kv_stride, att_stride, ffn_stride;
   std::vector<int> resid_index;
   // kv_shift.shift_q: the raw q projection (q holds the shifted, rotated q); 0 floats otherwise.
@@ -41,7 +41,7 @@ struct ActivationPlan {
   // forward, once (the head's only on the engine that holds the head)
   size_t lnf, rstdf, logits, losses, rope_cos, rope_sin;
   // backward scratch, reused by every layer
-  size_t dresid, dln, dh, dgate, dup, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv;
+  size_t dresid, dln, dh, dgate_up, dattout, dq, dq_pre, dkhat, dks, dk, dvhat, dv;
   size_t dqs;    // d raw q under shift_q
   size_t dcoef;  // d effective coefficients of one layer (coef_stride floats)
   bool v_shifted = false;  // without a V shift attention reads v itself (no vhat buffer is used)

@@ -52,7 +52,8 @@ Generator::Generator(const ModelConfig& m, std::vector<float> params, int max_le
   for (auto* buf : {&qraw_, &q_, &attout_}) buf->assign(R * QD, 0.0f);
   for (auto* buf : {&kraw_, &vraw_}) buf->assign(R * KD, 0.0f);
   att_.assign(static_cast<size_t>(Hq) * R * max_len, 0.0f);
-  for (auto* buf : {&gate_, &up_, &h_}) buf->assign(R * F, 0.0f);
+  gate_up_.assign(R * 2 * F, 0.0f);
+  h_.assign(R * F, 0.0f);
   coef_.assign((static_cast<size_t>(Hq) + 2 * Hkv) * (W + 1), 0.0f);
   doc_.assign(R, 0);
   row_doc_.assign(R, 0);
@@ -137,8 +138,7 @@ const float* Generator::forward_block(const int32_t* tokens, int n) {
     a.v = w.v_shift ? vraw_.data() : a.vhat;  // unshifted: the projection is V̂ itself
     a.att = att_.data();
     a.attout = attout_.data();
-    a.gate = gate_.data();
-    a.up = up_.data();
+    a.gate_up = gate_up_.data();
     a.h = h_.data();
     a.coef = coef_.data();
     block_forward(w, a, ctx);

@@ -89,7 +89,7 @@ class Generator {
   std::vector<float> rope_cos_, rope_sin_;
   // One block of up to chunk_ rows: the layer's activations (x is its input and
   // output), attention probabilities over the whole cache, the logits.
-  std::vector<float> x_, mid_, ln_, rstd_, qraw_, q_, kraw_, vraw_, att_, attout_, gate_, up_, h_, coef_, logits_;
+  std::vector<float> x_, mid_, ln_, rstd_, qraw_, q_, kraw_, vraw_, att_, attout_, gate_up_, h_, coef_, logits_;
 };
 
 }  // namespace kvs

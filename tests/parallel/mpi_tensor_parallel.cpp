@@ -38,6 +38,23 @@ std::vector<float> col_slice(const std::vector<float>& m, int rows, int cols, in
   return out;
 }
 
+// [N, 2F] from two [N, F]: a's row, then b's (SwiGLU's gate_up).
+std::vector<float> side_by_side(const std::vector<float>& a, const std::vector<float>& b, int N, int F) {
+  std::vector<float> out;
+  for (int i = 0; i < N; ++i) {
+    out.insert(out.end(), a.begin() + static_cast<size_t>(i) * F, a.begin() + static_cast<size_t>(i + 1) * F);
+    out.insert(out.end(), b.begin() + static_cast<size_t>(i) * F, b.begin() + static_cast<size_t>(i + 1) * F);
+  }
+  return out;
+}
+// Its inverse: the first F columns of each row into a, the other F into b.
+void split_halves(const std::vector<float>& ab, int N, int F, std::vector<float>& a, std::vector<float>& b) {
+  a.resize(static_cast<size_t>(N) * F);
+  b.resize(static_cast<size_t>(N) * F);
+  for (size_t i = 0; i < static_cast<size_t>(N); ++i)
+    for (size_t j = 0; j < static_cast<size_t>(F); ++j) a[i * F + j] = ab[i * 2 * F + j], b[i * F + j] = ab[i * 2 * F + F + j];
+}
+
 TEST(TensorParallelRegion, SumsAcrossTheGroupOnlyWhereMegatronDoes) {
   const TensorParallelRegion region(world_tp());
   const int n = world().size(), r = world().rank();
@@ -50,8 +67,9 @@ TEST(TensorParallelRegion, SumsAcrossTheGroupOnlyWhereMegatronDoes) {
   EXPECT_EQ(region.active(), n > 1);
 }
 
-// The MLP of a decoder layer: {gate, up} = column-parallel(x), h = SwiGLU,
-// y = row-parallel(h), forward and backward, against the full matrices.
+// The MLP of a decoder layer: {gate, up} = column-parallel(x) as a group of
+// two layers, h = SwiGLU, y = row-parallel(h), forward and backward, against
+// the full matrices.
 TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   const int tp = world().size(), r = world().rank();
   const int N = 6, C = 8, F = 16, Fl = F / tp;
@@ -62,12 +80,14 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   std::vector<float> g(N * F), u(N * F), h(N * F), y(N * C);
   cpu::matmul_forward(g.data(), x.data(), wg.data(), N, C, F);
   cpu::matmul_forward(u.data(), x.data(), wu.data(), N, C, F);
-  cpu::swiglu_forward(h.data(), g.data(), u.data(), h.size());
+  const std::vector<float> gu = side_by_side(g, u, N, F);
+  cpu::swiglu_forward(h.data(), gu.data(), N, F);
   cpu::matmul_forward(y.data(), h.data(), wd.data(), N, F, C);
-  std::vector<float> dh(N * F, 0.0f), dg(N * F, 0.0f), du(N * F, 0.0f), dx(N * C, 0.0f);
+  std::vector<float> dh(N * F, 0.0f), dgu(N * 2 * F, 0.0f), dg, du, dx(N * C, 0.0f);
   std::vector<float> dwg(F * C, 0.0f), dwu(F * C, 0.0f), dwd(C * F, 0.0f);
   cpu::matmul_backward(dh.data(), dwd.data(), dy.data(), h.data(), wd.data(), N, F, C);
-  cpu::swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), dh.size());
+  cpu::swiglu_backward(dgu.data(), dh.data(), gu.data(), N, F);
+  split_halves(dgu, N, F, dg, du);
   cpu::matmul_backward(dx.data(), dwg.data(), dg.data(), x.data(), wg.data(), N, C, F);
   cpu::matmul_backward(dx.data(), dwu.data(), du.data(), x.data(), wu.data(), N, C, F);
 
@@ -77,17 +97,19 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   const std::vector<float> wd_l = col_slice(wd, C, F, r, tp);
   std::vector<float> g_l(N * Fl), u_l(N * Fl), h_l(N * Fl), y_p(N * C);
   column_parallel_forward(x.data(), N, C, {{g_l.data(), wg_l.data(), Fl}, {u_l.data(), wu_l.data(), Fl}}, region);
-  cpu::swiglu_forward(h_l.data(), g_l.data(), u_l.data(), h_l.size());
+  const std::vector<float> gu_l = side_by_side(g_l, u_l, N, Fl);
+  cpu::swiglu_forward(h_l.data(), gu_l.data(), N, Fl);
   row_parallel_forward(y_p.data(), h_l.data(), wd_l.data(), N, Fl, C, region);
   EXPECT_LT(rel_err(y_p.data(), y.data(), y.size()), 1e-6);
   const std::vector<float> g_ref = col_slice(g, N, F, r, tp);
   // (BLAS may block a narrower GEMM differently: equal up to rounding, not bits.)
   EXPECT_LT(rel_err(g_l.data(), g_ref.data(), g_ref.size()), 1e-6);
 
-  std::vector<float> dh_l(N * Fl, 0.0f), dg_l(N * Fl, 0.0f), du_l(N * Fl, 0.0f), dx_p(N * C, 7.0f);
+  std::vector<float> dh_l(N * Fl, 0.0f), dgu_l(N * 2 * Fl, 0.0f), dg_l, du_l, dx_p(N * C, 7.0f);
   std::vector<float> dwg_l(Fl * C, 0.0f), dwu_l(Fl * C, 0.0f), dwd_l(C * Fl, 0.0f);
   row_parallel_backward(dh_l.data(), dwd_l.data(), dy.data(), h_l.data(), wd_l.data(), N, Fl, C, region);
-  cpu::swiglu_backward(dg_l.data(), du_l.data(), dh_l.data(), g_l.data(), u_l.data(), dh_l.size());
+  cpu::swiglu_backward(dgu_l.data(), dh_l.data(), gu_l.data(), N, Fl);
+  split_halves(dgu_l, N, Fl, dg_l, du_l);
   column_parallel_backward(dx_p.data(), x.data(), N, C,
                            {{dg_l.data(), wg_l.data(), dwg_l.data(), Fl}, {du_l.data(), wu_l.data(), dwu_l.data(), Fl}},
                            region);  // dx_p starts as garbage: the group overwrites it
@@ -99,23 +121,26 @@ TEST(ParallelLinear, ColumnThenRowParallelMlpMatchesOneProcess) {
   EXPECT_LT(rel_err(dwd_l.data(), dwd_ref.data(), dwd_ref.size()), 1e-6);
 }
 
-// The same MLP under sequence parallelism: every rank holds only its N/tp rows
-// of x and of dy; the column-parallel group gathers them, the row-parallel
-// layer reduce-scatters its output, and the rows each rank ends with are
-// those rows of the one-process results.
+// The same MLP under sequence parallelism, as the CPU engine runs it: every
+// rank holds only its N/tp rows of x and of dy; one column-parallel layer
+// (this rank's gate rows and up rows as one [2F/tp, C] matrix) gathers them,
+// the row-parallel layer reduce-scatters its output, and the rows each rank
+// ends with are those rows of the one-process results.
 TEST(ParallelLinear, SequenceParallelMlpMatchesOneProcessRows) {
   const int tp = world().size(), r = world().rank();
   const int N = 8, C = 8, F = 16, Fl = F / tp, Nl = N / tp;
   const std::vector<float> x = seeded(N * C, 11), wg = seeded(F * C, 12, 0.5f), wu = seeded(F * C, 13, 0.5f);
   const std::vector<float> wd = seeded(C * F, 14, 0.5f), dy = seeded(N * C, 15);
-  std::vector<float> g(N * F), u(N * F), h(N * F), y(N * C), dh(N * F, 0.0f), dg(N * F, 0.0f), du(N * F, 0.0f);
+  std::vector<float> g(N * F), u(N * F), h(N * F), y(N * C), dh(N * F, 0.0f), dgu(N * 2 * F, 0.0f), dg, du;
   std::vector<float> dx(N * C, 0.0f), dwg(F * C, 0.0f), dwu(F * C, 0.0f), dwd(C * F, 0.0f);
   cpu::matmul_forward(g.data(), x.data(), wg.data(), N, C, F);
   cpu::matmul_forward(u.data(), x.data(), wu.data(), N, C, F);
-  cpu::swiglu_forward(h.data(), g.data(), u.data(), h.size());
+  const std::vector<float> gu = side_by_side(g, u, N, F);
+  cpu::swiglu_forward(h.data(), gu.data(), N, F);
   cpu::matmul_forward(y.data(), h.data(), wd.data(), N, F, C);
   cpu::matmul_backward(dh.data(), dwd.data(), dy.data(), h.data(), wd.data(), N, F, C);
-  cpu::swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), dh.size());
+  cpu::swiglu_backward(dgu.data(), dh.data(), gu.data(), N, F);
+  split_halves(dgu, N, F, dg, du);
   cpu::matmul_backward(dx.data(), dwg.data(), dg.data(), x.data(), wg.data(), N, C, F);
   cpu::matmul_backward(dx.data(), dwu.data(), du.data(), x.data(), wu.data(), N, C, F);
 
@@ -123,27 +148,26 @@ TEST(ParallelLinear, SequenceParallelMlpMatchesOneProcessRows) {
   ASSERT_EQ(region.local_rows(N), static_cast<size_t>(tp > 1 ? Nl : N));
   const size_t lo = region.first_row(N) * C, rows = region.local_rows(N);
   const std::vector<float> x_l(x.begin() + lo, x.begin() + lo + rows * C), dy_l(dy.begin() + lo, dy.begin() + lo + rows * C);
-  const std::vector<float> wg_l = row_slice(wg, F, C, r, tp), wu_l = row_slice(wu, F, C, r, tp);
-  const std::vector<float> wd_l = col_slice(wd, C, F, r, tp);
-  std::vector<float> full(N * C), full2(N * C), g_l(N * Fl), u_l(N * Fl), h_l(N * Fl), y_l(rows * C);
-  column_parallel_forward(x_l.data(), N, C, {{g_l.data(), wg_l.data(), Fl}, {u_l.data(), wu_l.data(), Fl}}, region,
-                          full.data());
-  cpu::swiglu_forward(h_l.data(), g_l.data(), u_l.data(), h_l.size());
+  std::vector<float> wgu_l = row_slice(wg, F, C, r, tp);
+  const std::vector<float> wu_l = row_slice(wu, F, C, r, tp), wd_l = col_slice(wd, C, F, r, tp);
+  wgu_l.insert(wgu_l.end(), wu_l.begin(), wu_l.end());
+  std::vector<float> full(N * C), full2(N * C), gu_l(N * 2 * Fl), h_l(N * Fl), y_l(rows * C);
+  column_parallel_forward(x_l.data(), N, C, {{gu_l.data(), wgu_l.data(), 2 * Fl}}, region, full.data());
+  cpu::swiglu_forward(h_l.data(), gu_l.data(), N, Fl);
   row_parallel_forward(y_l.data(), h_l.data(), wd_l.data(), N, Fl, C, region, full.data());
   EXPECT_LT(rel_err(y_l.data(), y.data() + lo, y_l.size()), 1e-6);
 
-  std::vector<float> dh_l(N * Fl, 0.0f), dg_l(N * Fl, 0.0f), du_l(N * Fl, 0.0f), dx_l(rows * C);
-  std::vector<float> dwg_l(Fl * C, 0.0f), dwu_l(Fl * C, 0.0f), dwd_l(C * Fl, 0.0f);
+  std::vector<float> dh_l(N * Fl, 0.0f), dgu_l(N * 2 * Fl, 7.0f), dx_l(rows * C);
+  std::vector<float> dwgu_l(2 * Fl * C, 0.0f), dwd_l(C * Fl, 0.0f);
   row_parallel_backward(dh_l.data(), dwd_l.data(), dy_l.data(), h_l.data(), wd_l.data(), N, Fl, C, region, full.data());
-  cpu::swiglu_backward(dg_l.data(), du_l.data(), dh_l.data(), g_l.data(), u_l.data(), dh_l.size());
-  column_parallel_backward(dx_l.data(), x_l.data(), N, C,
-                           {{dg_l.data(), wg_l.data(), dwg_l.data(), Fl}, {du_l.data(), wu_l.data(), dwu_l.data(), Fl}},
+  cpu::swiglu_backward(dgu_l.data(), dh_l.data(), gu_l.data(), N, Fl, /*overwrite=*/true);
+  column_parallel_backward(dx_l.data(), x_l.data(), N, C, {{dgu_l.data(), wgu_l.data(), dwgu_l.data(), 2 * Fl}},
                            region, full.data(), full2.data());
   EXPECT_LT(rel_err(dx_l.data(), dx.data() + lo, dx_l.size()), 1e-6);
-  const std::vector<float> dwg_ref = row_slice(dwg, F, C, r, tp), dwu_ref = row_slice(dwu, F, C, r, tp);
-  const std::vector<float> dwd_ref = col_slice(dwd, C, F, r, tp);
-  EXPECT_LT(rel_err(dwg_l.data(), dwg_ref.data(), dwg_ref.size()), 1e-6);
-  EXPECT_LT(rel_err(dwu_l.data(), dwu_ref.data(), dwu_ref.size()), 1e-6);
+  std::vector<float> dwgu_ref = row_slice(dwg, F, C, r, tp);
+  const std::vector<float> dwu_ref = row_slice(dwu, F, C, r, tp), dwd_ref = col_slice(dwd, C, F, r, tp);
+  dwgu_ref.insert(dwgu_ref.end(), dwu_ref.begin(), dwu_ref.end());
+  EXPECT_LT(rel_err(dwgu_l.data(), dwgu_ref.data(), dwgu_ref.size()), 1e-6);
   EXPECT_LT(rel_err(dwd_l.data(), dwd_ref.data(), dwd_ref.size()), 1e-6);
 }
 

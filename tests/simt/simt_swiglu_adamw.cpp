@@ -34,10 +34,8 @@ void swiglu(int N, int F, bool vec, unsigned grid_cap = 0) {
   // forward
   {
     const auto gu = randn(n * 2, 100 + F, 2.0f);
-    std::vector<double> gate(n), up(n), want(n);
-    for (int r = 0; r < N; ++r)
-      for (int j = 0; j < F; ++j) gate[(size_t)r * F + j] = gu[(size_t)r * 2 * F + j], up[(size_t)r * F + j] = gu[(size_t)r * 2 * F + F + j];
-    kvs::cpu::swiglu_forward<double>(want.data(), gate.data(), up.data(), n);
+    std::vector<double> want(n);
+    kvs::cpu::swiglu_forward<double>(want.data(), std::vector<double>(gu.begin(), gu.end()).data(), N, F);
     const auto gub = b16(gu);
     std::vector<bf16> out(n, poison_bf16());
     emu::launch(emu::Dim{blocks, 1, 1}, kc::kThreads, [&] {
@@ -49,13 +47,9 @@ void swiglu(int N, int F, bool vec, unsigned grid_cap = 0) {
   // backward
   {
     const auto gu = randn(n * 2, 110 + F, 2.0f), dout = randn(n, 120 + F);
-    std::vector<double> gate(n), up(n), dg(n, 0.0), du(n, 0.0), want(2 * n);
-    for (int r = 0; r < N; ++r)
-      for (int j = 0; j < F; ++j) gate[(size_t)r * F + j] = gu[(size_t)r * 2 * F + j], up[(size_t)r * F + j] = gu[(size_t)r * 2 * F + F + j];
-    const std::vector<double> doutd(dout.begin(), dout.end());
-    kvs::cpu::swiglu_backward<double>(dg.data(), du.data(), doutd.data(), gate.data(), up.data(), n);
-    for (int r = 0; r < N; ++r)
-      for (int j = 0; j < F; ++j) want[(size_t)r * 2 * F + j] = dg[(size_t)r * F + j], want[(size_t)r * 2 * F + F + j] = du[(size_t)r * F + j];
+    std::vector<double> want(2 * n, 0.0);
+    const std::vector<double> doutd(dout.begin(), dout.end()), gud(gu.begin(), gu.end());
+    kvs::cpu::swiglu_backward<double>(want.data(), doutd.data(), gud.data(), N, F);
     const auto gub = b16(gu), db = b16(dout);
     std::vector<bf16> dgu(2 * n, poison_bf16());
     emu::launch(emu::Dim{blocks, 1, 1}, kc::kThreads, [&] {

@@ -1,4 +1,6 @@
-// CPU SwiGLU: the forward against the formula, the backward against finite differences.
+// CPU SwiGLU on the fused gate_up [N, 2F]: the forward against the formula,
+// the backward against finite differences, for widths with and without a
+// tail after the eight-float groups (F = 13, 16) and one row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,43 +16,52 @@ namespace {
 using namespace kvs::cpu;
 using namespace kvs::ops_test;
 
-TEST(OpsSwiglu, ForwardAndBackward) {
-  const size_t n = 37;
-  Vec g = randn(n, 700, 3.0), u = randn(n, 701), R = randn(n, 702), out(n);
-  g[0] = -120.0;  // far tail: silu -> 0 without overflow trouble
-  swiglu_forward(out.data(), g.data(), u.data(), n);
-  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(out[i], g[i] / (1.0 + std::exp(-g[i])) * u[i], 1e-14);
-  auto f = [&] {
-    swiglu_forward(out.data(), g.data(), u.data(), n);
-    return dot(out, R);
-  };
-  Vec dg0 = randn(n, 703), du0 = randn(n, 704), dg = dg0, du = du0, dgf(n, 0.0), duf(n, 0.0);
-  swiglu_backward(dgf.data(), duf.data(), R.data(), g.data(), u.data(), n);
-  swiglu_backward(dg.data(), du.data(), R.data(), g.data(), u.data(), n);
-  expect_grad_close(dgf, numgrad(g, f), "dgate");
-  expect_grad_close(duf, numgrad(u, f), "dup");
-  EXPECT_LT(rel_err(dg, add(dg0, dgf)), 1e-14);
-  EXPECT_LT(rel_err(du, add(du0, duf)), 1e-14);
+struct Shape {
+  size_t N, F;
+};
+const Shape kShapes[] = {{3, 13}, {4, 16}, {1, 21}};
 
-  FVec gf = to_float(g), uf = to_float(u), Rf = to_float(R), of(n), dgff(n, 0.f), duff(n, 0.f);
-  f();
-  swiglu_forward(of.data(), gf.data(), uf.data(), n);
-  swiglu_backward(dgff.data(), duff.data(), Rf.data(), gf.data(), uf.data(), n);
-  EXPECT_LT(rel_err(to_double(of), out), kFloatTol);
-  EXPECT_LT(rel_err(to_double(dgff), dgf), kFloatTol);
-  EXPECT_LT(rel_err(to_double(duff), duf), kFloatTol);
+TEST(OpsSwiglu, ForwardAndBackward) {
+  for (const auto [N, F] : kShapes) {
+    SCOPED_TRACE(testing::Message() << "N " << N << " F " << F);
+    const size_t n = N * F;
+    Vec gu = randn(2 * n, 700 + F, 3.0), R = randn(n, 702), out(n);
+    gu[0] = -120.0;  // far tail: silu -> 0 without overflow trouble
+    swiglu_forward(out.data(), gu.data(), N, F);
+    for (size_t r = 0; r < N; ++r)
+      for (size_t j = 0; j < F; ++j) {
+        const double g = gu[r * 2 * F + j], u = gu[r * 2 * F + F + j];
+        EXPECT_NEAR(out[r * F + j], g / (1.0 + std::exp(-g)) * u, 1e-14) << r << "," << j;
+      }
+    auto f = [&] {
+      swiglu_forward(out.data(), gu.data(), N, F);
+      return dot(out, R);
+    };
+    Vec dgu0 = randn(2 * n, 703), dgu = dgu0, dguf(2 * n, 0.0);
+    swiglu_backward(dguf.data(), R.data(), gu.data(), N, F);
+    swiglu_backward(dgu.data(), R.data(), gu.data(), N, F);
+    expect_grad_close(dguf, numgrad(gu, f), "dgate_up");
+    EXPECT_LT(rel_err(dgu, add(dgu0, dguf)), 1e-14);
+
+    FVec guf = to_float(gu), Rf = to_float(R), of(n), dgff(2 * n, 0.f);
+    f();
+    swiglu_forward(of.data(), guf.data(), N, F);
+    swiglu_backward(dgff.data(), Rf.data(), guf.data(), N, F);
+    EXPECT_LT(rel_err(to_double(of), out), kFloatTol);
+    EXPECT_LT(rel_err(to_double(dgff), dguf), kFloatTol);
+  }
 }
 
-// overwrite: the gradients are written, not added: whatever the buffers held
+// overwrite: the gradient is written, not added: whatever the buffer held
 // (NaN here), the values of adding into zeros, in both lane widths' tails.
 TEST(OpsSwiglu, OverwritingEqualsAddingIntoZeros) {
-  for (size_t n : {size_t{37}, size_t{64}}) {
-    FVec g = to_float(randn(n, 710, 3.0)), u = to_float(randn(n, 711)), R = to_float(randn(n, 712));
-    FVec dg_add(n, 0.f), du_add(n, 0.f), dg_over(n, std::nanf("")), du_over(n, std::nanf(""));
-    swiglu_backward(dg_add.data(), du_add.data(), R.data(), g.data(), u.data(), n);
-    swiglu_backward(dg_over.data(), du_over.data(), R.data(), g.data(), u.data(), n, /*overwrite=*/true);
-    EXPECT_EQ(dg_over, dg_add) << n;
-    EXPECT_EQ(du_over, du_add) << n;
+  for (const auto [N, F] : kShapes) {
+    const size_t n = N * F;
+    FVec gu = to_float(randn(2 * n, 710 + F, 3.0)), R = to_float(randn(n, 712));
+    FVec add(2 * n, 0.f), over(2 * n, std::nanf(""));
+    swiglu_backward(add.data(), R.data(), gu.data(), N, F);
+    swiglu_backward(over.data(), R.data(), gu.data(), N, F, /*overwrite=*/true);
+    EXPECT_EQ(over, add) << N << "x" << F;
   }
 }
 

@@ -25,25 +25,14 @@ struct RowShape {
 
 const RowShape kSwigluShapes[] = {{1, 1}, {3, 13}, {8, 64}, {5, 1000}, {2, 4104}};
 
-void split_gate_up(const FVec& gu, int N, int F, DVec& gate, DVec& up) {
-  gate.resize((size_t)N * F);
-  up.resize((size_t)N * F);
-  for (int r = 0; r < N; ++r)
-    for (int j = 0; j < F; ++j) {
-      gate[(size_t)r * F + j] = gu[(size_t)r * 2 * F + j];
-      up[(size_t)r * F + j] = gu[(size_t)r * 2 * F + F + j];
-    }
-}
-
 TEST(CudaSwiGLU, ForwardMatchesCpu) {
   KVS_REQUIRE_GPU();
   for (const auto& s : kSwigluShapes) {
     SCOPED_TRACE(testing::Message() << "N " << s.N << " F " << s.C);
     const int N = s.N, F = s.C;
     const FVec gu = random_bf16_values((size_t)N * 2 * F, 100 + F, 2.0f);
-    DVec gate, up, want((size_t)N * F);
-    split_gate_up(gu, N, F, gate, up);
-    kvs::cpu::swiglu_forward<double>(want.data(), gate.data(), up.data(), want.size());
+    DVec want((size_t)N * F);
+    kvs::cpu::swiglu_forward<double>(want.data(), to_double(gu).data(), N, F);
     DeviceBuffer<bf16> d_gu(to_bf16(gu)), d_out((size_t)N * F);
     kc::swiglu_forward(d_out.get(), d_gu.get(), N, F, 0);
     EXPECT_TRUE(all_close(download_f32(d_out), to_float(want), kBf16Rtol, kBf16Atol));
@@ -57,16 +46,9 @@ TEST(CudaSwiGLU, BackwardMatchesCpu) {
     const int N = s.N, F = s.C;
     const FVec gu = random_bf16_values((size_t)N * 2 * F, 110 + F, 2.0f);
     const FVec dout = random_bf16_values((size_t)N * F, 120 + F);
-    DVec gate, up, dgate((size_t)N * F, 0.0), dup((size_t)N * F, 0.0);
-    split_gate_up(gu, N, F, gate, up);
-    kvs::cpu::swiglu_backward<double>(dgate.data(), dup.data(), to_double(dout).data(), gate.data(), up.data(),
-                                      dgate.size());
-    FVec want((size_t)N * 2 * F);
-    for (int r = 0; r < N; ++r)
-      for (int j = 0; j < F; ++j) {
-        want[(size_t)r * 2 * F + j] = (float)dgate[(size_t)r * F + j];
-        want[(size_t)r * 2 * F + F + j] = (float)dup[(size_t)r * F + j];
-      }
+    DVec dgu((size_t)N * 2 * F, 0.0);
+    kvs::cpu::swiglu_backward<double>(dgu.data(), to_double(dout).data(), to_double(gu).data(), N, F);
+    const FVec want = to_float(dgu);
     DeviceBuffer<bf16> d_gu(to_bf16(gu)), d_dout(to_bf16(dout)), d_dgu((size_t)N * 2 * F);
     kc::swiglu_backward(d_dgu.get(), d_dout.get(), d_gu.get(), N, F, 0);
     EXPECT_TRUE(all_close(download_f32(d_dgu), want, kBf16Rtol, kBf16Atol));

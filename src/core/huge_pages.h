@@ -2,7 +2,8 @@
 // parameters, gradients and moments are a few buffers of megabytes each that
 // every step streams through; on 4 KiB pages the GEMMs' packing and the
 // elementwise passes miss the TLB on every page. Buffers of 2 MiB or more are
-// aligned to 2 MiB and marked MADV_HUGEPAGE (Linux's default THP mode,
+// their own mapping (never reused heap pages), aligned to 2 MiB and marked
+// MADV_HUGEPAGE (Linux's default THP mode,
 // "madvise", backs only marked memory with huge pages); the kernel may still
 // decline, and a system with THP off ("never") gets ordinary pages. Measured
 // in docs/PERFORMANCE.md ("Huge pages").

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "model/cpu_engine.h"
 
@@ -68,6 +69,22 @@ TEST(HugePages, TheKernelBacksALargeBufferWithHugePagesWhereTHPIsOn) {
   if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages are '" << mode << "' here";
   HostVector<float> buf(4 * kHugePageBytes / sizeof(float));
   std::memset(buf.data(), 1, buf.size() * sizeof(float));  // first touch: the faults that get huge pages
+  EXPECT_GT(anon_huge_kb(buf.data()), 0) << "THP mode " << mode << ", but no huge page backs the advised buffer";
+}
+
+// In a process whose heap has held large blocks, as a long-running one's
+// has: glibc raises its mmap threshold when a mapped block is freed and then
+// serves large blocks from the heap, whose pages are already touched (and
+// so not backed anew). The buffer must still get huge pages.
+TEST(HugePages, ALargeBufferGetsHugePagesAfterTheHeapHeldLargeBlocks) {
+  const std::string mode = transparent_huge_page_mode();
+  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages are '" << mode << "' here";
+  for (size_t mb : {32, 16, 12}) {  // mapped, freed (threshold up), then heap blocks, touched and freed
+    std::vector<char> block(mb << 20);
+    std::memset(block.data(), 1, block.size());
+  }
+  HostVector<float> buf(4 * kHugePageBytes / sizeof(float));
+  std::memset(buf.data(), 1, buf.size() * sizeof(float));
   EXPECT_GT(anon_huge_kb(buf.data()), 0) << "THP mode " << mode << ", but no huge page backs the advised buffer";
 }
 

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_dist_selftest(app);
   try {
     kvs::init_logging();
-    kvs::cpu::select_gemm_library();  // before any GEMM; a bad KVS_CPU_GEMM is an error here
+    kvs::cpu::check_gemm_library_variable();  // a bad KVS_CPU_GEMM is an error here, before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help and --help-all: CLI11 prints them

@@ -62,7 +62,9 @@ void add_train(CLI::App& app) {
     if (!rank0) spdlog::set_level(spdlog::level::warn);
     if (rank0 && cfg.device == Device::Cpu) {
       const cpu::BlasChoice& blas = cpu::select_blas_kernels();
-      spdlog::info("GEMMs: {}", cpu::select_gemm_library().describe());
+      const cpu::GemmLibraryChoice& gemm = cpu::select_gemm_library();
+      if (gemm.onednn_failed) spdlog::warn("GEMMs: {}", gemm.describe());
+      else spdlog::info("GEMMs: {}", gemm.describe());
       spdlog::info("OpenBLAS kernels: {}", blas.describe());
       if (blas.slow_fallback && cpu::gemm_library() == cpu::GemmLibrary::OpenBLAS)
         spdlog::warn("OpenBLAS runs its generic {} kernels on a CPU with AVX2 or AVX-512: unset OPENBLAS_CORETYPE "

@@ -4,9 +4,13 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <strings.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/signal_stack.h"
@@ -53,7 +57,9 @@ void onednn_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
                   int ldb, float beta, float* C, int ldc) {
   ensure_signal_stacks_on_omp_threads();
   const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  KVS_CHECK(st == dnnl_success, "oneDNN's dnnl_sgemm failed (status {}) on {}x{}x{} (trans {}{}, ld {} {} {})",
+  KVS_CHECK(st == dnnl_success,
+            "oneDNN's dnnl_sgemm failed (status {}) on {}x{}x{} (trans {}{}, ld {} {} {}); KVS_CPU_GEMM=openblas "
+            "runs the GEMMs on OpenBLAS instead",
             static_cast<int>(st), M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N', lda, ldb, ldc);
 }
 
@@ -70,18 +76,48 @@ std::string gemm_library_name(GemmLibrary lib, bool with_version) {
 
 std::string GemmLibraryChoice::describe() const { return gemm_library_name(library, true) + " (" + source + ")"; }
 
-GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f) {
+std::string onednn_check() {
+  constexpr int n = 64;  // large enough for the JIT kernels, not a reference path
+  std::vector<float> A(n * n), B(n * n), C(n * n, std::nanf(""));
+  for (int i = 0; i < n * n; ++i) {
+    A[i] = static_cast<float>(i % 7 - 3);
+    B[i] = static_cast<float>(i % 5 - 2);
+  }
+  ensure_signal_stacks_on_omp_threads();
+  const dnnl_status_t st = dnnl_sgemm('N', 'N', n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
+  if (st != dnnl_success) return fmt::format("dnnl_sgemm returned status {}", static_cast<int>(st));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      float want = 0.0f;  // small integers: every partial sum is exact
+      for (int k = 0; k < n; ++k) want += A[i * n + k] * B[k * n + j];
+      if (C[i * n + j] != want)
+        return fmt::format("a {0}x{0}x{0} product came out wrong at ({1}, {2}): {3} instead of {4}", n, i, j,
+                           C[i * n + j], want);
+    }
+  return {};
+}
+
+GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
+                                      const std::function<std::string()>& onednn_works) {
   GemmLibraryChoice ch;
   if (user && *user) {
     ch.source = "KVS_CPU_GEMM";
     if (strcasecmp(user, "openblas") == 0) ch.library = GemmLibrary::OpenBLAS;
     else if (strcasecmp(user, "onednn") == 0) ch.library = GemmLibrary::OneDNN;
     else fail("KVS_CPU_GEMM={}: expected openblas or onednn (or unset it for the CPU's default)", user);
+    if (ch.library == GemmLibrary::OneDNN)
+      if (const std::string why = onednn_works(); !why.empty())
+        fail("KVS_CPU_GEMM={}: oneDNN's GEMM does not work here ({}); use openblas", user, why);
     return ch;
   }
   if (f.intel && isa_level(f) >= 4) {
     ch.library = GemmLibrary::OneDNN;
     ch.source = "Intel CPU with AVX-512";
+    if (const std::string why = onednn_works(); !why.empty()) {
+      ch.library = GemmLibrary::OpenBLAS;
+      ch.onednn_failed = true;
+      ch.source += ", but oneDNN's GEMM failed a start-up check: " + why;
+    }
   } else {
     ch.library = GemmLibrary::OpenBLAS;
     ch.source = f.amd ? "AMD CPU" : f.intel ? "Intel CPU without AVX-512" : "not an Intel or AMD CPU";
@@ -92,6 +128,10 @@ GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f) {
 const GemmLibraryChoice& select_gemm_library() {
   static const GemmLibraryChoice choice = choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features());
   return choice;
+}
+
+void check_gemm_library_variable() {
+  (void)choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features(), [] { return std::string(); });
 }
 
 GemmLibrary gemm_library() { return running().load(std::memory_order_relaxed); }

@@ -22,6 +22,7 @@
 // (a sampling profiler's SIGPROF, say) is not covered: use
 // KVS_CPU_GEMM=openblas with one.
 #pragma once
+#include <functional>
 #include <string>
 
 #include "kernels/cpu/blas_kernels.h"
@@ -37,17 +38,31 @@ std::string gemm_library_name(GemmLibrary lib, bool with_version = false);
 struct GemmLibraryChoice {
   GemmLibrary library = GemmLibrary::OpenBLAS;
   std::string source;  // "KVS_CPU_GEMM" (the user's), "Intel CPU with AVX-512", "AMD CPU", ...
+  bool onednn_failed = false;  // the default would have been oneDNN, whose start-up check failed
   std::string describe() const;  // one line for logs: "oneDNN 2.6.3 (Intel CPU with AVX-512)"
 };
 
+// Whether oneDNN's GEMM works in this process: "" when a 64x64x64 product of
+// small integers comes out exact, else what went wrong (its JIT needs
+// executable memory, which a hardened sandbox may refuse).
+std::string onednn_check();
+
 // The decision alone, for tests: `user` is KVS_CPU_GEMM (null when unset).
 // Throws kvs::Error naming the variable for a value other than openblas or
-// onednn (any case).
-GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f);
+// onednn (any case). `onednn_works` is asked only when the answer would be
+// oneDNN: a non-empty reply makes the default OpenBLAS (the source says
+// why), and KVS_CPU_GEMM=onednn an error.
+GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
+                                      const std::function<std::string()>& onednn_works = onednn_check);
 
-// Decides once per process from KVS_CPU_GEMM and the CPU (later calls return
-// the first answer) and makes it the running library. Call before any GEMM.
+// Decides once per process from KVS_CPU_GEMM, the CPU and oneDNN's start-up
+// check (later calls return the first answer) and makes it the running
+// library. The first GEMM calls it if nobody has.
 const GemmLibraryChoice& select_gemm_library();
+
+// Throws kvs::Error for a bad KVS_CPU_GEMM value, without the oneDNN check
+// (which costs tens of milliseconds): for main, before any work.
+void check_gemm_library_variable();
 
 // The library the GEMMs run on now (the selected one unless set_gemm_library
 // changed it).

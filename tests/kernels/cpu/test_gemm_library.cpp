@@ -69,6 +69,43 @@ TEST(GemmLibrary, TheUsersKvsCpuGemmWinsAndABadValueIsAnError) {
   }
 }
 
+// oneDNN's start-up check: asked only where oneDNN would run; a failure makes
+// the default OpenBLAS (saying why) and the user's KVS_CPU_GEMM=onednn an
+// error. Here (any x86 CPU) the real check passes.
+TEST(GemmLibrary, AFailedOneDnnCheckFallsBackToOpenBlasOrIsTheUsersError) {
+  int asked = 0;
+  const auto works = [&] {
+    ++asked;
+    return std::string();
+  };
+  const auto broken = [&] {
+    ++asked;
+    return std::string("dnnl_sgemm returned status 5");
+  };
+  EXPECT_EQ(choose_gemm_library(nullptr, avx512(true, false), works).library, GemmLibrary::OneDNN);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(choose_gemm_library(nullptr, avx512(false, true), broken).library, GemmLibrary::OpenBLAS);
+  EXPECT_EQ(choose_gemm_library("openblas", avx512(true, false), broken).library, GemmLibrary::OpenBLAS);
+  EXPECT_EQ(asked, 1);  // not asked where OpenBLAS runs anyway
+
+  const GemmLibraryChoice fell_back = choose_gemm_library(nullptr, avx512(true, false), broken);
+  EXPECT_EQ(fell_back.library, GemmLibrary::OpenBLAS);
+  EXPECT_TRUE(fell_back.onednn_failed);
+  EXPECT_EQ(fell_back.source,
+            "Intel CPU with AVX-512, but oneDNN's GEMM failed a start-up check: dnnl_sgemm returned status 5");
+  EXPECT_FALSE(choose_gemm_library(nullptr, avx512(true, false), works).onednn_failed);
+  try {
+    choose_gemm_library("onednn", avx2(false, true), broken);
+    FAIL() << "no error for KVS_CPU_GEMM=onednn where oneDNN fails";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KVS_CPU_GEMM=onednn: oneDNN's GEMM does not work here (dnnl_sgemm "
+                                         "returned status 5); use openblas"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(onednn_check(), "");
+}
+
 TEST(GemmLibrary, ThisProcessRunsWhatTheChoiceSaysAndAScopeRestoresIt) {
   const GemmLibraryChoice expected = choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features());
   EXPECT_EQ(select_gemm_library().library, expected.library);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cpu/op_profile.h"
@@ -15,21 +14,10 @@ namespace prof = cpu::profile;
 
 namespace {
 
-// Scratch gradients that ops add into start at zero. Large ones are cleared
-// by every thread (one core's memset reaches about two thirds of what two do).
+// Scratch gradients that ops add into start at zero.
 void zero(float* p, size_t n) {
   const prof::Scope timed("zero scratch");
-  constexpr size_t kChunk = size_t{1} << 16;
-  if (n < 2 * kChunk) {
-    std::memset(p, 0, n * sizeof(float));
-    return;
-  }
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < chunks; ++i) {
-    const size_t b = static_cast<size_t>(i) * kChunk, e = std::min(n, b + kChunk);
-    std::memset(p + b, 0, (e - b) * sizeof(float));
-  }
+  cpu::zero_fill(p, n);
 }
 
 // The coefficients the shift op uses: the stored tensor itself, or for

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
 #include "core/profile_range.h"
@@ -26,7 +25,7 @@ namespace prof = cpu::profile;
 namespace {
 void zero(float* p, size_t n) {
   const prof::Scope timed("zero grads/scratch");
-  std::memset(p, 0, n * sizeof(float));
+  cpu::zero_fill(p, n);
 }
 }  // namespace
 

@@ -31,3 +31,4 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/shift_gate.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cpu/zero_fill.h"

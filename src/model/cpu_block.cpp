@@ -207,12 +207,9 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
   // Without RoPE the gradients w.r.t. q and k-hat pass through unchanged. The
   // coefficient gradients go straight into the gradient tensor ("free",
   // "clamp01"), or for "sigmoid_gate" into dcoef and then through the gate.
+  // Each op below writes its rows of dqs, dq_pre, dks, dk and dv whole
+  // (overwrite; the segments cover every row): no zeroing pass.
   const float* dq_raw = c.rope ? s.dq_pre : s.dq;
-  if (w.q_shift) zero(s.dqs, NQ);
-  if (c.rope) zero(s.dq_pre, NQ);
-  zero(s.dk, NK);
-  if (w.k_shift && c.rope) zero(s.dks, NK);
-  if (w.v_shift) zero(s.dv, NK);
   const size_t coefs = (static_cast<size_t>(Hq) + 2 * Hkv) * W1;
   if (gated) zero(s.dcoef, coefs);
   float* dcq = gated ? s.dcoef : g.q_shift;
@@ -232,26 +229,27 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
     const float* cos = c.rope ? c.rope_cos + at : nullptr;
     const float* sin = c.rope ? c.rope_sin + at : nullptr;
     const size_t hq = static_cast<size_t>(i) * sg.B * W * QD, hk = static_cast<size_t>(i) * sg.B * W * KD;
-    if (c.rope) cpu::rope_backward(s.dq_pre + rq, s.dq + rq, cos, sin, sg.B, sg.T, Hq, D);
+    constexpr bool kOverwrite = true;
+    if (c.rope) cpu::rope_backward(s.dq_pre + rq, s.dq + rq, cos, sin, sg.B, sg.T, Hq, D, kOverwrite);
     if (w.q_shift)  // dq_raw is d(shifted q); through the shift to d(raw q)
       cpu::kv_shift_backward(s.dqs + rq, dcq, dq_raw + rq, a.qraw + rq, qc, sg.B, sg.T, Hq, D, W, sg.shift_doc,
-                             sg.q_halo, dhq ? dhq + hq : nullptr);
+                             sg.q_halo, dhq ? dhq + hq : nullptr, kOverwrite);
     if (w.k_shift) {
       const float* dks = s.dkhat;
       if (c.rope) {
-        cpu::rope_backward(s.dks + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D);
+        cpu::rope_backward(s.dks + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D, kOverwrite);
         dks = s.dks;
       }
       cpu::kv_shift_backward(s.dk + rk, dck, dks + rk, a.k + rk, kc, sg.B, sg.T, Hkv, D, W, sg.shift_doc, sg.k_halo,
-                             dhk ? dhk + hk : nullptr);
+                             dhk ? dhk + hk : nullptr, kOverwrite);
     } else if (c.rope) {
-      cpu::rope_backward(s.dk + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D);
+      cpu::rope_backward(s.dk + rk, s.dkhat + rk, cos, sin, sg.B, sg.T, Hkv, D, kOverwrite);
     } else {
       std::copy(s.dkhat + rk, s.dkhat + rk + n, s.dk + rk);
     }
     if (w.v_shift)
       cpu::kv_shift_backward(s.dv + rk, dcv, s.dvhat + rk, a.v + rk, vc, sg.B, sg.T, Hkv, D, W, sg.shift_doc,
-                             sg.v_halo, dhv ? dhv + hk : nullptr);
+                             sg.v_halo, dhv ? dhv + hk : nullptr, kOverwrite);
     if (const auto& st = c.shift_terms; st.sq) {  // tests only: the stored coefficients are the effective ones
       KVS_CHECK(!gated && !c.cp, "shift term squares: the \"free\" or \"clamp01\" shift, without context parallelism");
       if (w.q_shift) cpu::kv_shift_term_squares(st.at(g.q_shift), dq_raw + rq, a.qraw + rq, sg.B, sg.T, Hq, D, W, sg.shift_doc);

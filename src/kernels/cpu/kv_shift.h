@@ -65,13 +65,18 @@ void kv_shift_forward(T* out, const T* in, const T* coef, int B, int Tn, int H, 
 //                   in double, over b and t in order, each row's d-sum in fixed lanes;
 //                   x reads the halo as the forward)
 // Terms that the forward's document boundaries drop are dropped here too.
+// With overwrite_din, din is written instead of added into (each row is
+// cleared, then its terms are added in the same order: the bits of adding
+// into a zeroed buffer); dhalo and dcoef still accumulate.
 template <class T>
 void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* coef, int B, int Tn, int H, int D,
-                       int W, const int32_t* doc_start = nullptr, const T* halo = nullptr, T* dhalo = nullptr) {
+                       int W, const int32_t* doc_start = nullptr, const T* halo = nullptr, T* dhalo = nullptr,
+                       bool overwrite_din = false) {
   static_assert(detail::kSupported<T>);
   const size_t row = (size_t)H * D;
   // d x_s for position s (>= -W) into dx: the outputs t = s + W - w in [0, Tn), increasing t.
-  auto grad_row = [&](T* dx, int b, int s) {
+  auto grad_row = [&](T* dx, int b, int s, bool overwrite) {
+    if (overwrite) std::fill(dx, dx + row, T(0));
     for (int h = 0; h < H; ++h) {
       T* dxh = dx + (size_t)h * D;
       for (int w = W; w >= 0; --w) {
@@ -88,12 +93,12 @@ void kv_shift_backward(T* din, T* dcoef, const T* dout, const T* in, const T* co
   if (din) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
-      for (int s = 0; s < Tn; ++s) grad_row(din + ((size_t)b * Tn + s) * row, b, s);
+      for (int s = 0; s < Tn; ++s) grad_row(din + ((size_t)b * Tn + s) * row, b, s, overwrite_din);
   }
   if (dhalo) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
-      for (int i = 0; i < W; ++i) grad_row(dhalo + ((size_t)b * W + i) * row, b, i - W);
+      for (int i = 0; i < W; ++i) grad_row(dhalo + ((size_t)b * W + i) * row, b, i - W, false);
   }
   if (dcoef) {
     const int first = halo ? -W : 0;

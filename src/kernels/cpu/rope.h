@@ -109,8 +109,10 @@ void rope_forward(T* out, const T* in, const T* cos, const T* sin, int B, int Tn
 
 // din += R^T dout (the inverse rotation of dout):
 // din1 += g1 cos + g2 sin ; din2 += g2 cos - g1 sin.
+// With overwrite, din is written instead of added into (no zeroing pass first).
 template <class T>
-void rope_backward(T* din, const T* dout, const T* cos, const T* sin, int B, int Tn, int H, int D) {
+void rope_backward(T* din, const T* dout, const T* cos, const T* sin, int B, int Tn, int H, int D,
+                   bool overwrite = false) {
   static_assert(detail::kSupported<T>);
   if (!din) return;
   const int half = D / 2;
@@ -125,8 +127,9 @@ void rope_backward(T* din, const T* dout, const T* cos, const T* sin, int B, int
         T* dx = din + off;
         for (int i = 0; i < half; ++i) {
           const T g1 = g[i], g2 = g[i + half];
-          dx[i] += g1 * cs[i] + g2 * sn[i];
-          dx[i + half] += g2 * cs[i] - g1 * sn[i];
+          const T d1 = g1 * cs[i] + g2 * sn[i], d2 = g2 * cs[i] - g1 * sn[i];
+          dx[i] = overwrite ? d1 : dx[i] + d1;
+          dx[i + half] = overwrite ? d2 : dx[i + half] + d2;
         }
       }
     }

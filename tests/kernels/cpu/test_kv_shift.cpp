@@ -160,6 +160,15 @@ TEST(OpsKvShift, HaloAndDocumentBackwardMatchesFiniteDifferences) {
       EXPECT_LT(rel_err(to_double(dxf), dx), kFloatTol);
       EXPECT_LT(rel_err(to_double(dcf), dc), kFloatTol);
       EXPECT_LT(rel_err(to_double(dhf), dh), kFloatTol);
+
+      // overwrite_din: din is written, not added into: whatever it held (NaN
+      // here), the bits of adding into zeros; dcoef and dhalo still add.
+      FVec over(x.size(), std::nanf("")), dco = to_float(dc0), dho = to_float(dh0);
+      kv_shift_backward(over.data(), dco.data(), Rf.data(), xf.data(), cf.data(), B, T, H, D, W, doc, hf.data(),
+                        dho.data(), /*overwrite_din=*/true);
+      EXPECT_EQ(over, dxf);
+      EXPECT_LT(rel_err(to_double(dco), add(dc0, dc)), kFloatTol);
+      EXPECT_LT(rel_err(to_double(dho), add(dh0, dh)), kFloatTol);
     }
   }
 }

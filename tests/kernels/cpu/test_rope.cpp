@@ -133,6 +133,12 @@ TEST(OpsRope, ForwardMatchesRotateHalfAndBackwardMatchesFiniteDifferences) {
   f();
   EXPECT_LT(rel_err(to_double(of), out), kFloatTol);
   EXPECT_LT(rel_err(to_double(dxff), dxf), kFloatTol);
+
+  // overwrite: din is written, not added into: whatever it held (NaN here),
+  // the values of adding into zeros.
+  FVec over(x.size(), std::nanf(""));
+  rope_backward(over.data(), Rf.data(), cf.data(), sf.data(), B, T, H, D, /*overwrite=*/true);
+  EXPECT_EQ(over, dxff);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 //   h = SwiGLU(gate_up)
 //   out = res_mid + h Wdown^T                             row-parallel
 // The backward walks the same list in reverse; every op accumulates into its
-// gradients (kernels/cpu/ops.h), so scratch buffers are zeroed right before use.
+// gradients (kernels/cpu/ops.h), so a scratch buffer is zeroed right before
+// use unless its first writer overwrites it (the ops' overwrite flags).
 #pragma once
 #include <cstdint>
 

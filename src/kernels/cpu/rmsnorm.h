@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "kernels/cpu/row_reduce.h"
 #include "kernels/cpu/scalar_types.h"
@@ -29,42 +30,61 @@ template <class T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* 
 
 // y_c = x_c r w_c with r = (mean(x^2) + eps)^(-1/2), so dr/dx_j = -r^3 x_j / C:
 //   dx_j = r w_j g_j - (r^3 / C) x_j sum_c g_c w_c x_c ;  dw_c = sum_n g_nc x_nc r_n.
-// dinp is parallel over rows; dw over column ranges (rows summed in order).
+// One pass over the rows (as rmsnorm.cu): blocks of kRmsNormRowBlock rows, in
+// parallel; each block adds its rows' dx and, in order, its own dw partial
+// [C]; then dw += the partials, block by block in order. The block size is
+// fixed, so the sums do not depend on the thread count. (A second pass over
+// dout and inp for dw, parallel over columns, made the backward about 1.9x
+// the time of the dx pass alone.)
+namespace detail {
+constexpr int kRmsNormRowBlock = 32;
+}
+
 template <class T>
 void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int N, int C) {
   static_assert(detail::kSupported<T>);
-  if (dinp) {
+  constexpr int kRows = detail::kRmsNormRowBlock;
+  const int nblocks = (N + kRows - 1) / kRows;
+  static thread_local std::vector<T> partials;  // [nblocks, C], reused across calls
+  if (dw) partials.resize(std::max(partials.size(), (size_t)nblocks * C));
+  T* const part_dw = dw ? partials.data() : nullptr;
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) {
+  for (int blk = 0; blk < nblocks; ++blk) {
+    T* pw = part_dw ? part_dw + (size_t)blk * C : nullptr;
+    if (pw) std::fill(pw, pw + C, T(0));
+    for (int n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n) {
       const T* x = inp + (size_t)n * C;
       const T* g = dout + (size_t)n * C;
-      T* dx = dinp + (size_t)n * C;
-      double part[detail::kLanes] = {};
-      int c = 0;
-      for (; c + detail::kLanes <= C; c += detail::kLanes)
-        for (int j = 0; j < detail::kLanes; ++j) part[j] += (double)g[c + j] * (double)w[c + j] * (double)x[c + j];
-      double dot = 0.0;
-      for (int j = 0; j < detail::kLanes; ++j) dot += part[j];
-      for (; c < C; ++c) dot += (double)g[c] * (double)w[c] * (double)x[c];
       const T r = rstd[n];
-      const T k = (T)((double)r * r * r * dot / C);
-      for (int c = 0; c < C; ++c) dx[c] += r * w[c] * g[c] - k * x[c];
+      if (dinp) {
+        using V = detail::Lanes<double>;
+        V part{};
+        int c = 0;
+        for (; c + detail::kLanes <= C; c += detail::kLanes)
+          part += detail::load_lanes_as<double>(g + c) * detail::load_lanes_as<double>(w + c) *
+                  detail::load_lanes_as<double>(x + c);
+        double dot = 0.0;
+        for (int j = 0; j < detail::kLanes; ++j) dot += part[j];
+        for (; c < C; ++c) dot += (double)g[c] * (double)w[c] * (double)x[c];
+        const T k = (T)((double)r * r * r * dot / C);
+        T* dx = dinp + (size_t)n * C;
+        for (c = 0; c < C; ++c) dx[c] += r * w[c] * g[c] - k * x[c];
+      }
+      if (pw)
+        for (int c = 0; c < C; ++c) pw[c] += g[c] * x[c] * r;
     }
   }
   if (dw) {
     constexpr int kCols = 64;
-    const int nchunks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
-    for (int ch = 0; ch < nchunks; ++ch) {
-      const int c0 = ch * kCols, c1 = std::min(C, c0 + kCols);
+    for (int c0 = 0; c0 < C; c0 += kCols) {
+      const int nc = std::min(kCols, C - c0);
       T acc[kCols] = {};
-      for (int n = 0; n < N; ++n) {
-        const T* x = inp + (size_t)n * C;
-        const T* g = dout + (size_t)n * C;
-        const T r = rstd[n];
-        for (int c = c0; c < c1; ++c) acc[c - c0] += g[c] * x[c] * r;
+      for (int blk = 0; blk < nblocks; ++blk) {
+        const T* pw = part_dw + (size_t)blk * C + c0;
+        for (int c = 0; c < nc; ++c) acc[c] += pw[c];
       }
-      for (int c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+      for (int c = 0; c < nc; ++c) dw[c0 + c] += acc[c];
     }
   }
 }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <omp.h>
+
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/ops_test_util.h"
 
@@ -29,7 +31,7 @@ TEST(OpsRmsNorm, ForwardMatchesDirectFormula) {
 }
 
 TEST(OpsRmsNorm, BackwardMatchesFiniteDifferences) {
-  const int N = 4, C = 70;  // C > 64: two column chunks in the dw reduction
+  const int N = 37, C = 70;  // N > 32: two row blocks (dw partials), the last short; C > 64: two column chunks
   const double eps = 1e-5;
   Vec x = randn((size_t)N * C, 20), w = randn(C, 21), R = randn((size_t)N * C, 22);
   Vec out((size_t)N * C), rstd(N);
@@ -69,6 +71,29 @@ TEST(OpsRmsNorm, FloatBackwardIsBitwiseDeterministic) {
   rmsnorm_backward(dx2.data(), dw2.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
   EXPECT_EQ(dx1, dx2);
   EXPECT_EQ(dw1, dw2);
+}
+
+// dw is summed in fixed row blocks, dx per row: 1, 2 and 3 threads give the same bits.
+TEST(OpsRmsNorm, FloatBackwardDoesNotDependOnTheThreadCount) {
+  const int N = 300, C = 200;
+  FVec x = to_float(randn((size_t)N * C, 33)), w = to_float(randn(C, 34)), g = to_float(randn((size_t)N * C, 35));
+  FVec out(x.size()), rstd(N);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6);
+  const int threads_before = omp_get_max_threads();
+  FVec dx1, dw1;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    FVec dx(x.size(), 0.f), dw(C, 0.f);
+    rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+    if (threads == 1) {
+      dx1 = dx;
+      dw1 = dw;
+      continue;
+    }
+    EXPECT_EQ(dx, dx1) << threads << " threads";
+    EXPECT_EQ(dw, dw1) << threads << " threads";
+  }
+  omp_set_num_threads(threads_before);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <omp.h>
+
 #include "kernels/cpu/kv_shift.h"
 #include "kernels/cpu/ops_test_util.h"
 
@@ -171,6 +173,57 @@ TEST(OpsKvShift, HaloAndDocumentBackwardMatchesFiniteDifferences) {
       EXPECT_LT(rel_err(to_double(dho), add(dh0, dh)), kFloatTol);
     }
   }
+}
+
+// Rows in several of the backward's row blocks (the last one short) and heads
+// wider than its double lanes (D = 19: one sixteen-lane chunk and a tail of 3).
+TEST(OpsKvShift, BackwardOverSeveralRowBlocksWithWideHeadsMatchesFiniteDifferences) {
+  for (int W : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "window " << W);
+    const int B = 2, T = 23, H = 2, D = 19;
+    static_assert(B * T > detail::kShiftRowBlock && B * T % detail::kShiftRowBlock != 0);
+    const size_t row = (size_t)H * D;
+    Vec x = randn((size_t)B * T * row, 1300 + W), coef = randn((size_t)H * (W + 1), 1310 + W);
+    Vec halo = randn((size_t)B * W * row, 1320 + W), R = randn(x.size(), 1330 + W), out(x.size());
+    const std::vector<int32_t> ds = doc_starts(B, T, W, 17);
+    auto f = [&] {
+      kv_shift_forward(out.data(), x.data(), coef.data(), B, T, H, D, W, ds.data(), halo.data());
+      return dot(out, R);
+    };
+    Vec dx(x.size(), 0.0), dc(coef.size(), 0.0), dh(halo.size(), 0.0);
+    kv_shift_backward(dx.data(), dc.data(), R.data(), x.data(), coef.data(), B, T, H, D, W, ds.data(), halo.data(),
+                      dh.data());
+    expect_grad_close(dx, numgrad(x, f), "din");
+    expect_grad_close(dc, numgrad(coef, f), "dcoef");
+    expect_grad_close(dh, numgrad(halo, f), "dhalo");
+  }
+}
+
+// dcoef is summed in fixed row blocks: 1, 2 and 3 threads give the same bits.
+// In double: with float gradients, dcoef's double sums rounded to float
+// would hide a change of their order.
+TEST(OpsKvShift, BackwardDoesNotDependOnTheThreadCount) {
+  const int B = 4, T = 100, H = 3, D = 35, W = 2;
+  const size_t row = (size_t)H * D;
+  Vec x = randn((size_t)B * T * row, 1400), coef = randn((size_t)H * (W + 1), 1401);
+  Vec halo = randn((size_t)B * W * row, 1402), g = randn(x.size(), 1403);
+  const std::vector<int32_t> ds = doc_starts(B, T, W, 60);
+  const int threads_before = omp_get_max_threads();
+  Vec dx1, dc1, dh1;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Vec dx(x.size(), 0.0), dc(coef.size(), 0.0), dh(halo.size(), 0.0);
+    kv_shift_backward(dx.data(), dc.data(), g.data(), x.data(), coef.data(), B, T, H, D, W, ds.data(), halo.data(),
+                      dh.data());
+    if (threads == 1) {
+      dx1 = dx, dc1 = dc, dh1 = dh;
+      continue;
+    }
+    EXPECT_EQ(dx, dx1) << threads << " threads";
+    EXPECT_EQ(dc, dc1) << threads << " threads";
+    EXPECT_EQ(dh, dh1) << threads << " threads";
+  }
+  omp_set_num_threads(threads_before);
 }
 
 // kv_shift_term_squares against dcoef one term at a time: with dout zero but

@@ -192,15 +192,16 @@ void block_backward(const LayerView& w, const LayerView& g, const LayerActs& a, 
     const prof::Label label("o proj");
     row_parallel_backward(s.dattout, g.wo, dresid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full, /*overwrite_dx=*/true);
   }
-  zero(s.dq, NQ);
-  zero(s.dkhat, NK);
-  zero(s.dvhat, NK);
-  if (c.cp) {
+  if (c.cp) {  // the ring adds each key chunk's part
+    zero(s.dq, NQ);
+    zero(s.dkhat, NK);
+    zero(s.dvhat, NK);
     const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
     c.cp->backward(s.dq, s.dkhat, s.dvhat, s.dattout, a.attout, a.q, a.khat, a.vhat, a.att, *c.cp_layout);
   } else {
     const prof::Scope timed("attention bwd", 2 * attention_flops(B, Hq, T, D));
-    cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D);
+    cpu::attention_backward(s.dq, s.dkhat, s.dvhat, s.dattout, a.q, a.khat, a.vhat, a.att, B, T, Hq, Hkv, D,
+                            /*overwrite=*/true);
   }
 
   // Through RoPE and the shifts, segment by segment, to the raw projections.

@@ -132,10 +132,12 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 // Work units are (b, kv head); the query heads of the group run in order.
 // delta (null: computed from this block) holds the row sums
 // sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
-// only some of them (context parallelism).
+// only some of them (context parallelism). With overwrite, dq, dk and dv are
+// written, not added into: a unit clears its dK and dV rows before its first
+// product (they are then hot for the adds), and dQ's product writes its rows.
 template <class T>
 void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B, int Tq,
-              int Tk, int Hq, int Hkv, int D, int off, const T* delta) {
+              int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const int ldq = Hq * D, ldk = Hkv * D;
@@ -158,6 +160,11 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
       T* dS = dop + q_size;  // one row block's dS [kQB, Tk], hot in L2 for all four products
       if (need_ds) pack_transposed(vt, vh, ldk, Tk, D);
       if (dq) pack_rows(kp, kh, ldk, Tk, D);
+      if (overwrite)
+        for (int s = 0; s < Tk; ++s) {
+          if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
+          if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
+        }
       for (int g = 0; g < G; ++g) {
         const int h = hk * G + g;
         const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
@@ -170,7 +177,11 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
         for (int t0 = 0; t0 < Tq; t0 += kQB) {
           const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
           const int kend = std::min(Tk, t1 + off);
-          if (kend <= 0) continue;  // no row of the block sees a key: nothing to add
+          if (kend <= 0) {  // no row of the block sees a key: nothing to add
+            if (dq && overwrite)
+              for (int t = t0; t < t1; ++t) std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
+            continue;
+          }
           const T* Pb = P + (size_t)t0 * Tk;
           if (need_ds) {
             block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
@@ -185,8 +196,8 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
             }
           }
           if (dq)
-            block_gemm<T>(true, nr, D, kend, scale, dS, Tk, 1, kp, (size_t)Tk * PC, dq + qoff + (size_t)t0 * ldq, ldq,
-                          {.k_end_diag = t0 + off});
+            block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, kp, (size_t)Tk * PC, dq + qoff + (size_t)t0 * ldq,
+                          ldq, {.k_end_diag = t0 + off});
           // Key s gets the rows t >= s - off of the block.
           const CausalSkip seen_from{.k_begin_diag = -off - t0};
           if (dk)
@@ -231,14 +242,16 @@ void attention_forward(T* out, T* att, std::type_identity_t<T>* lse, const T* q,
 // part of the whole row's probabilities), delta [B, Hq, Tq] must hold the
 // whole row's sum_s P dP, which equals sum_d dO O (attention_row_delta);
 // null computes it from this block's keys, which is right when they are all.
+// The gradients are added into dq, dk and dv, or with overwrite written
+// (whatever they held: no zeroing pass before).
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
                         int Tq, int Tk, int Hq, int Hkv, int D, int q_pos0, int k_pos0,
-                        const std::type_identity_t<T>* delta = nullptr) {
+                        const std::type_identity_t<T>* delta = nullptr, bool overwrite = false) {
   static_assert(detail::kSupported<T>);
   namespace a = detail::attn;
   const int off = q_pos0 - k_pos0;
-  a::backward<T>(dq, dk, dv, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta);
+  a::backward<T>(dq, dk, dv, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta, overwrite);
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]: the row sum
@@ -269,8 +282,8 @@ void attention_forward(T* out, T* att, const T* q, const T* k, const T* v, int B
 // The training form's backward.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
-                        int Tn, int Hq, int Hkv, int D) {
-  attention_backward(dq, dk, dv, dout, q, k, v, att, B, Tn, Tn, Hq, Hkv, D, 0, 0);
+                        int Tn, int Hq, int Hkv, int D, bool overwrite = false) {
+  attention_backward(dq, dk, dv, dout, q, k, v, att, B, Tn, Tn, Hq, Hkv, D, 0, 0, nullptr, overwrite);
 }
 
 }  // namespace kvs::cpu

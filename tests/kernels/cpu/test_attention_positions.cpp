@@ -191,6 +191,38 @@ TEST_P(OpsAttentionPositions, FloatAgreesWithDouble) {
   EXPECT_LT(rel_err(to_double(dvf), dv), kFloatTol);
 }
 
+// overwrite: dq, dk and dv are written whatever they held (NaN here), with the
+// bits of adding into zeros, also for keys no query sees and rows that see no key.
+void expect_overwrite_equals_adding_into_zeros(const PosShape& s, const int32_t* doc) {
+  PosData a(s, 2300);
+  FVec qf = to_float(a.q), kf = to_float(a.k), vf = to_float(a.v), Rf = to_float(a.R);
+  FVec of(qf.size()), attf(a.natt());
+  attention_forward(of.data(), attf.data(), nullptr, qf.data(), kf.data(), vf.data(), s.B, s.Tq, s.Tk, s.Hq, s.Hkv,
+                    s.D, s.q_pos0, s.k_pos0, doc);
+  FVec dq(qf.size(), 0.f), dk(kf.size(), 0.f), dv(vf.size(), 0.f);
+  attention_backward(dq.data(), dk.data(), dv.data(), Rf.data(), qf.data(), kf.data(), vf.data(), attf.data(), s.B,
+                     s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0);
+  FVec oq(dq.size(), std::nanf("")), ok(dk.size(), std::nanf("")), ov(dv.size(), std::nanf(""));
+  attention_backward(oq.data(), ok.data(), ov.data(), Rf.data(), qf.data(), kf.data(), vf.data(), attf.data(), s.B,
+                     s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_pos0, s.k_pos0, nullptr, /*overwrite=*/true);
+  EXPECT_EQ(oq, dq);
+  EXPECT_EQ(ok, dk);
+  EXPECT_EQ(ov, dv);
+}
+
+TEST_P(OpsAttentionPositions, OverwriteEqualsAddingIntoZeros) {
+  const std::vector<int32_t> ds = doc_starts(GetParam());
+  for (const int32_t* doc : {(const int32_t*)nullptr, ds.data()}) {
+    SCOPED_TRACE(doc ? "with documents" : "without documents");
+    expect_overwrite_equals_adding_into_zeros(GetParam(), doc);
+  }
+}
+
+// Keys at 66..71, queries at 0..69: the first 64-row block sees no key at all.
+TEST(OpsAttentionPositionsRows, OverwriteWritesABlockThatSeesNoKey) {
+  expect_overwrite_equals_adding_into_zeros({"first_block_sees_no_key", 2, 70, 6, 2, 1, 4, 0, 66}, nullptr);
+}
+
 std::string pos_name(const testing::TestParamInfo<PosShape>& i) { return i.param.name; }
 
 // D = 4..8 run the generic path, 32 a specialised one; Tk = 36 and 75 cross the

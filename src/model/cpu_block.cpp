@@ -129,12 +129,9 @@ void block_forward(const LayerView& w, const LayerActs& a, const BlockContext& c
     row_parallel_forward(a.res_mid, a.attout, w.wo, N, QD, C, c.tp, c.sp_full);
   }
   {
-    const prof::Scope timed("residual add");
-    cpu::residual_forward(a.res_mid, a.res_mid, a.resid, NCl);
-  }
-  {
-    const prof::Scope timed("rmsnorm fwd");
-    cpu::rmsnorm_forward(a.ln2, a.rstd2, a.res_mid, w.ln2, static_cast<int>(NCl / C), C, c.eps);
+    const prof::Scope timed("residual+rmsnorm fwd");
+    cpu::residual_rmsnorm_forward(a.res_mid, a.ln2, a.rstd2, a.res_mid, a.resid, w.ln2, static_cast<int>(NCl / C), C,
+                                  c.eps);
   }
   {
     const prof::Label label("gate,up proj");

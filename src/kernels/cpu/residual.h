@@ -1,4 +1,5 @@
-// Residual add (CUDA: fused into residual_rmsnorm_forward in rmsnorm.cu).
+// Residual add (CUDA: fused into residual_rmsnorm_forward in rmsnorm.cu; where a norm
+// follows, the CPU block uses the fused one too, kernels/cpu/rmsnorm.h).
 #pragma once
 #include <cstddef>
 

@@ -1,5 +1,5 @@
-// RMSNorm over the last dimension and its backward (CUDA: rmsnorm.cu, where
-// the forward is fused with the residual add: residual_rmsnorm_forward).
+// RMSNorm over the last dimension, fused with the residual add before it
+// (residual_rmsnorm_forward), and its backward (CUDA: rmsnorm.cu).
 // Row reductions accumulate in double (O(N*C), cheap) for float accuracy, in
 // fixed lanes (row_reduce.h) so they vectorise.
 #pragma once
@@ -13,19 +13,36 @@
 
 namespace kvs::cpu {
 
-// rstd[n] = 1/sqrt(mean(inp[n]^2) + eps), out[n, c] = inp[n, c] * rstd[n] * w[c].
-// rstd may be null.
-template <class T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps) {
+// Fused residual add + RMSNorm, as rmsnorm.cu (the add is skipped when b is null):
+//   resid_out = a + b  (written when b is non-null; may alias a or b)
+//   out = resid_out * rstd * w,  rstd[n] = 1/sqrt(mean(resid_out[n]^2) + eps)  (rstd may be null)
+// Row by row, so the norm reads the sum while it is in L1: the same bits as
+// the add and the norm as two passes, one read of the residual stream fewer.
+template <class T>
+void residual_rmsnorm_forward(T* resid_out, T* out, T* rstd, const T* a, const T* b, const T* w, int N, int C,
+                              double eps) {
   static_assert(detail::kSupported<T>);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const T* x = inp + (size_t)n * C;
-    T* o = out + (size_t)n * C;
+    const size_t row = (size_t)n * C;
+    const T* x = a + row;
+    if (b) {
+      T* r = resid_out + row;
+      for (int c = 0; c < C; ++c) r[c] = x[c] + b[row + c];
+      x = r;
+    }
+    T* o = out + row;
     const double ss = detail::row_dot_wide<double>(x, x, (size_t)C);
     const T r = (T)(1.0 / std::sqrt(ss / C + eps));
     if (rstd) rstd[n] = r;
     for (int c = 0; c < C; ++c) o[c] = (x[c] * r) * w[c];
   }
+}
+
+// rstd[n] = 1/sqrt(mean(inp[n]^2) + eps), out[n, c] = inp[n, c] * rstd[n] * w[c].
+// rstd may be null.
+template <class T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps) {
+  residual_rmsnorm_forward<T>(nullptr, out, rstd, inp, nullptr, w, N, C, eps);
 }
 
 // y_c = x_c r w_c with r = (mean(x^2) + eps)^(-1/2), so dr/dx_j = -r^3 x_j / C:

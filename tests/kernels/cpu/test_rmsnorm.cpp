@@ -9,6 +9,7 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/ops_test_util.h"
 
@@ -28,6 +29,29 @@ TEST(OpsRmsNorm, ForwardMatchesDirectFormula) {
     EXPECT_NEAR(rstd[n], 1.0 / std::sqrt(ms + eps), 1e-12);
     for (int c = 0; c < C; ++c) EXPECT_NEAR(out[n * C + c], x[n * C + c] / std::sqrt(ms + eps) * w[c], 1e-12);
   }
+}
+
+// The fused add + norm gives the bits of the add and the norm as two passes,
+// also when resid_out aliases a (without b it is the plain norm:
+// ForwardMatchesDirectFormula).
+TEST(OpsRmsNorm, ResidualRmsNormEqualsTheAddThenTheNorm) {
+  const int N = 37, C = 70;
+  FVec a = to_float(randn((size_t)N * C, 40)), b = to_float(randn((size_t)N * C, 41)), w = to_float(randn(C, 42));
+  FVec sum(a.size()), want(a.size()), want_rstd(N);
+  residual_forward(sum.data(), a.data(), b.data(), a.size());
+  rmsnorm_forward(want.data(), want_rstd.data(), sum.data(), w.data(), N, C, 1e-5);
+
+  FVec resid(a.size()), out(a.size()), rstd(N);
+  residual_rmsnorm_forward(resid.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), N, C, 1e-5);
+  EXPECT_EQ(resid, sum);
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(rstd, want_rstd);
+
+  FVec in_place = a;  // resid_out aliases a, as the block calls it
+  residual_rmsnorm_forward(in_place.data(), out.data(), (float*)nullptr, in_place.data(), b.data(), w.data(), N, C,
+                           1e-5);
+  EXPECT_EQ(in_place, sum);
+  EXPECT_EQ(out, want);
 }
 
 TEST(OpsRmsNorm, BackwardMatchesFiniteDifferences) {

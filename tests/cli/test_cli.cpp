@@ -74,7 +74,7 @@ void every_subcommand(const std::string& path, const std::string& help,
 
 }  // namespace
 
-// Every subcommand is in the README and its --help gives every option a
+// Every subcommand and every long option is in the README and its --help gives every option a
 // description (CLI11 prints it from column 30, or on the next line for a long
 // option); train's main flags are there.
 TEST(Cli, HelpListsEverySubcommandAndFlag) {
@@ -98,6 +98,14 @@ TEST(Cli, HelpListsEverySubcommandAndFlag) {
     for (size_t i = 0; i < lines.size(); ++i) {
       if (lines[i].rfind("  -", 0) != 0) continue;
       ++options;
+      // Each long option is named in README.md (the command table or the text).
+      if (const size_t dash = lines[i].find("--"); dash != std::string::npos) {
+        const size_t end = lines[i].find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-", dash + 2);
+        const std::string flag = lines[i].substr(dash, end - dash);
+        if (flag != "--help" && flag != "--help-all") {
+          EXPECT_NE(readme.find(flag), std::string::npos) << flag << " is not in README.md";
+        }
+      }
       const bool same_line = lines[i].size() > 30 && lines[i][29] == ' ' && lines[i][30] != ' ';
       const bool next_line = i + 1 < lines.size() && lines[i + 1].size() > 30 &&
                              lines[i + 1].find_first_not_of(' ') == 30;

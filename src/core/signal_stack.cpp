@@ -35,4 +35,19 @@ void ensure_signal_stacks_on_omp_threads() {
   prepared = n;
 }
 
+int move_signal_handlers_to_alternate_stacks() {
+  int moved = 0;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    struct sigaction cur {};
+    if (::sigaction(sig, nullptr, &cur) != 0) continue;  // not a valid signal number here
+    const bool handler = (cur.sa_flags & SA_SIGINFO) ? cur.sa_sigaction != nullptr
+                                                     : cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN;
+    if (!handler || (cur.sa_flags & SA_ONSTACK)) continue;
+    cur.sa_flags |= SA_ONSTACK;
+    if (::sigaction(sig, &cur, nullptr) == 0) ++moved;
+  }
+  return moved;
+}
+
 }  // namespace kvs

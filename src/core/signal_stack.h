@@ -8,7 +8,9 @@
 // "corrupted size vs. prev_size"). A handler installed with SA_ONSTACK runs on
 // the thread's alternate stack instead, whatever rsp holds. Our handlers
 // (train/stop_signals.h) use SA_ONSTACK; the oneDNN GEMM path
-// (kernels/cpu/gemm_library.cpp) makes sure its threads have such a stack.
+// (kernels/cpu/gemm_library.cpp) makes sure its threads have such a stack,
+// and moves the handlers others installed before its first GEMM (an MPI
+// library's, a sampling profiler's SIGPROF) onto those stacks too.
 #pragma once
 
 namespace kvs {
@@ -21,5 +23,11 @@ void ensure_signal_stack();
 // through one parallel region; again only when that count grows past what
 // this thread's team already had. Call from outside any parallel region.
 void ensure_signal_stacks_on_omp_threads();
+
+// Adds SA_ONSTACK to every installed signal handler that lacks it (handler,
+// mask and other flags kept; SIG_DFL and SIG_IGN left alone), so that whoever
+// installed it, it runs on the alternate stack of a thread that has one.
+// Returns how many it changed. A handler installed later is not covered.
+int move_signal_handlers_to_alternate_stacks();
 
 }  // namespace kvs

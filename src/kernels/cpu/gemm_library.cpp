@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -53,9 +54,17 @@ void openblas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const fl
 
 // Its kernels run with rsp in a heap workspace: signals must find alternate
 // stacks on every thread that runs them (core/signal_stack.h).
+// Its threads get alternate stacks, and the handlers installed before the
+// first GEMM run on them (once: a sweep over every signal is ~65 syscalls).
+void prepare_signals_for_onednn() {
+  static std::once_flag handlers;
+  std::call_once(handlers, [] { move_signal_handlers_to_alternate_stacks(); });
+  ensure_signal_stacks_on_omp_threads();
+}
+
 void onednn_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                   int ldb, float beta, float* C, int ldc) {
-  ensure_signal_stacks_on_omp_threads();
+  prepare_signals_for_onednn();
   const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   KVS_CHECK(st == dnnl_success,
             "oneDNN's dnnl_sgemm failed (status {}) on {}x{}x{} (trans {}{}, ld {} {} {}); KVS_CPU_GEMM=openblas "
@@ -83,7 +92,7 @@ std::string onednn_check() {
     A[i] = static_cast<float>(i % 7 - 3);
     B[i] = static_cast<float>(i % 5 - 2);
   }
-  ensure_signal_stacks_on_omp_threads();
+  prepare_signals_for_onednn();
   const dnnl_status_t st = dnnl_sgemm('N', 'N', n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
   if (st != dnnl_success) return fmt::format("dnnl_sgemm returned status {}", static_cast<int>(st));
   for (int i = 0; i < n; ++i)

@@ -18,9 +18,10 @@
 // a heap workspace (oneDNN issue #4845, fixed in 3.11), so a signal handler
 // whose frame lands there corrupts the product and the heap. Our handlers
 // run on alternate stacks, which every thread of a oneDNN GEMM gets
-// (core/signal_stack.h); a handler someone else installs without SA_ONSTACK
-// (a sampling profiler's SIGPROF, say) is not covered: use
-// KVS_CPU_GEMM=openblas with one.
+// (core/signal_stack.h); so do the handlers others installed before the
+// first oneDNN GEMM (SA_ONSTACK is added to them). A handler installed
+// without SA_ONSTACK after that (a profiler attached mid-run) is not
+// covered: use KVS_CPU_GEMM=openblas with one.
 #pragma once
 #include <functional>
 #include <string>

@@ -1,6 +1,6 @@
 // The CPU's GEMM library (kernels/cpu/gemm_library.h): the choice per CPU and
 // KVS_CPU_GEMM, both libraries' products against double-precision sums, and
-// our signal handlers during oneDNN's GEMMs.
+// signal handlers (ours, and one installed by someone else) during oneDNN's GEMMs.
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/signal_stack.h"
 #include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/ops_test_util.h"
 #include "train/stop_signals.h"
@@ -175,19 +176,17 @@ TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
 // oneDNN 2.6's GEMM kernels run with rsp in a heap workspace, where a
 // handler's frame would land (core/signal_stack.h): before the fix, these
 // shapes gave wrong products and wrote outside C within a few hundred calls
-// under this storm, and `kvshift train` aborted with a corrupted heap when
-// SIGTERM stopped it. Our handlers (StopSignals, here with SIGUSR2 as the
-// extra signal: repeated, it only counts) must leave every product and the
-// memory around it as they are, on both libraries: with the signals going to
-// this thread, then with this thread blocking them, so that they go to the
-// other OpenMP threads of the GEMMs.
-TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt) {
+// under this storm of `sig`, and `kvshift train` aborted with a corrupted
+// heap when SIGTERM stopped it. Every product and the memory around it must
+// stay as they are: with the signals going to this thread, then with this
+// thread blocking them, so that they go to the other OpenMP threads of the
+// GEMMs.
+void expect_gemms_unchanged_under_signal_storm(int sig, const std::vector<GemmLibrary>& libs) {
   struct Shape {
     bool ta, tb;
     int M, N, K;
   };
   const Shape shapes[] = {{false, false, 2048, 64, 256}, {true, false, 64, 64, 2048}, {false, true, 2048, 256, 64}};
-  const GemmLibrary libs[] = {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN};
   const size_t guard = 4096;
   const float fill = 7.0f;
   struct Case {
@@ -207,17 +206,16 @@ TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt
             c.quiet.data(), s.N);
       cases.push_back(std::move(c));
     }
-  const StopSignals handlers(StopSignal::Usr2, /*announce=*/false);
-  sigset_t usr2;
-  sigemptyset(&usr2);
-  sigaddset(&usr2, SIGUSR2);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
   std::atomic<bool> stop{false};
   std::atomic<long> sent{0};
   const pid_t pid = getpid();
   std::thread sender([&] {
-    pthread_sigmask(SIG_BLOCK, &usr2, nullptr);  // never this thread's: it goes to one that runs the GEMMs
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // never this thread's: it goes to one that runs the GEMMs
     while (!stop.load()) {
-      kill(pid, SIGUSR2);
+      kill(pid, sig);
       sent.fetch_add(1);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -231,7 +229,7 @@ TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt
     ops_test::FVec buf(nc + 2 * guard, fill);
     float* C = buf.data() + guard;
     for (bool to_workers : {false, true}) {
-      if (to_workers) pthread_sigmask(SIG_BLOCK, &usr2, nullptr);
+      if (to_workers) pthread_sigmask(SIG_BLOCK, &set, nullptr);
       int wrong = 0, outside = 0;
       for (int rep = 0; rep < 100; ++rep) {
         sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, c.A.data(), s.ta ? s.M : s.K, c.B.data(), s.tb ? s.K : s.N, 0.0f, C,
@@ -239,7 +237,7 @@ TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt
         wrong += std::memcmp(c.quiet.data(), C, nc * sizeof(float)) != 0;
         for (size_t i = 0; i < guard; ++i) outside += buf[i] != fill || buf[guard + nc + i] != fill;
       }
-      if (to_workers) pthread_sigmask(SIG_UNBLOCK, &usr2, nullptr);
+      if (to_workers) pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
       const char* to = to_workers ? "the other OpenMP threads" : "this thread";
       EXPECT_EQ(wrong, 0) << "products that differ from the quiet one, of 100, signals to " << to;
       EXPECT_EQ(outside, 0) << "writes outside C, signals to " << to;
@@ -249,6 +247,32 @@ TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt
   stop = true;
   sender.join();
   EXPECT_GT(sent.load(), 100);
+}
+
+// Our handlers (StopSignals, here with SIGUSR2 as the extra signal: repeated,
+// it only counts), on both libraries.
+TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt) {
+  const StopSignals handlers(StopSignal::Usr2, /*announce=*/false);
+  expect_gemms_unchanged_under_signal_storm(SIGUSR2, {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN});
+}
+
+std::atomic<long> foreign_calls{0};
+extern "C" void foreign_handler(int) { foreign_calls.fetch_add(1, std::memory_order_relaxed); }
+
+// A handler someone else installed without SA_ONSTACK (a profiler's, an MPI
+// library's) before the first oneDNN GEMM: the GEMM path moves it onto the
+// alternate stacks (once per process, so here the test does it, as the
+// first GEMM of a fresh process would).
+TEST(GemmLibrary, AForeignHandlerInstalledWithoutOnStackChangesNoProduct) {
+  struct sigaction old {}, foreign {};
+  foreign.sa_handler = foreign_handler;
+  foreign.sa_flags = SA_RESTART;
+  sigemptyset(&foreign.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &foreign, &old), 0);
+  EXPECT_GE(move_signal_handlers_to_alternate_stacks(), 1);
+  expect_gemms_unchanged_under_signal_storm(SIGUSR1, {GemmLibrary::OneDNN});
+  EXPECT_GT(foreign_calls.load(), 100);
+  ::sigaction(SIGUSR1, &old, nullptr);
 }
 
 }  // namespace

@@ -216,6 +216,13 @@ TEST(Cli, InfoPlansThePaper15BOnOneGpuUnder80GB) {
   }
   EXPECT_LT(acts[1], acts[0]);
   EXPECT_LT(acts[2], acts[1]);
+  // What the estimate leaves out is said, in the text and the JSON.
+  const Result text = run("info --config " + src("configs/paper/1.5B-kvshift.json"));
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("not counted: the CUDA context"), std::string::npos) << text.out;
+  const Result js = run("info --json --config " + src("configs/paper/1.5B-kvshift.json"));
+  EXPECT_NE(nlohmann::json::parse(js.out)["memory_bytes_cuda"]["not_counted"].get<std::string>().find("NCCL"),
+            std::string::npos);
 }
 #endif
 

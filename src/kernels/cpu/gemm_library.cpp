@@ -52,10 +52,10 @@ void openblas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const fl
               B, ldb, beta, C, ldc);
 }
 
-// Its kernels run with rsp in a heap workspace: signals must find alternate
-// stacks on every thread that runs them (core/signal_stack.h).
-// Its threads get alternate stacks, and the handlers installed before the
-// first GEMM run on them (once: a sweep over every signal is ~65 syscalls).
+// oneDNN's kernels run with rsp in a heap workspace: signals must find
+// alternate stacks on every thread that runs them (core/signal_stack.h). Its
+// threads get such stacks, and the handlers installed before the first GEMM
+// are moved onto them (once: a sweep over every signal is ~65 syscalls).
 void prepare_signals_for_onednn() {
   static std::once_flag handlers;
   std::call_once(handlers, [] { move_signal_handlers_to_alternate_stacks(); });

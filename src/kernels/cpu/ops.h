@@ -8,8 +8,9 @@
 // every *_backward ACCUMULATES (+=) into the gradients it writes (input and
 // parameter gradients alike), so callers zero gradient buffers first and a
 // tensor used twice just receives two contributions (the overwrite flags of
-// matmul_backward, swiglu_backward, rope_backward and kv_shift_backward let
-// the first writer of a scratch gradient skip that zeroing pass). A null gradient pointer
+// matmul_backward, swiglu_backward, rope_backward, kv_shift_backward and
+// attention_backward let the first writer of a scratch gradient skip that
+// zeroing pass). A null gradient pointer
 // means "not needed". All ops are deterministic for a fixed thread count:
 // OpenMP splits work so that no two threads add into the same element, and
 // every reduction runs in a fixed order. Offsets are computed in size_t (att

@@ -15,7 +15,8 @@
 // one (K^T, V, K, Q, dO) was packed once per (b, kv head) or query head. All
 // six run per block of kQB query rows against the keys the block sees (the
 // backward keeps the block's dS in a per-thread buffer, so dS never leaves L2
-// and P is read once); register tiles of 6 rows skip what lies wholly past the
+// and P is read once; with too few (b, kv head) units for the threads it
+// splits by key block too, see Units); register tiles of 6 rows skip what lies wholly past the
 // causal diagonal, so they do ~1.05x the causal work at T = 256 (BLAS on
 // whole 64-blocks did 1.25x). P and dS are exactly 0 past the diagonal where a
 // tile reads them (softmax writes P's zeros up to Tk, the backward dS's up to
@@ -29,6 +30,10 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kernels/cpu/block_gemm.h"
 #include "kernels/cpu/exp_fast.h"
@@ -71,7 +76,9 @@ void causal_softmax_rows(T* S, size_t lds, T* lse, int t0, int t1, int off, int 
 
 // Scratch that grows to the largest size asked of it, one per calling thread
 // and Use (the packed operands; reused across calls, so no allocation per step).
-enum class Use { kForward, kBackward };
+// kBackwardShared is the calling thread's, which all threads of a parallel
+// region read.
+enum class Use { kForward, kBackward, kBackwardShared };
 template <class T, Use U> T* scratch(size_t n) {
   static thread_local std::vector<T> buf;
   if (buf.size() < n) buf.resize(n);
@@ -129,15 +136,39 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 // S = scale Q K^T, P = softmax(S), O = P V. With dP = dO V^T:
 //   dS[t,s] = P[t,s] (dP[t,s] - sum_s' P[t,s'] dP[t,s'])
 //   dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO.
-// Work units are (b, kv head); the query heads of the group run in order.
+// Two ways to spread the work over threads, with the same bits (each element
+// of dS is the same sum, and each gradient element sums the same terms in the
+// same order):
+//  - per KV head: units (b, kv head), the query heads of the group in order.
+//    dS lives one row block at a time and feeds all three products: the least
+//    work, but only B * Hkv units (16 for lm-small at 8 x 256, Hkv at
+//    micro-batch 1), too few for a machine with more cores;
+//  - per block: units (b, query head, query block) compute dS and add dQ and
+//    keep each row's delta, then units (b, kv head, key block) compute dP
+//    again for their keys (delta known) and add dK and dV, as CUDA's dQ and
+//    dK/dV kernels split it (flash_attention_bwd.cu). dP is computed twice
+//    and P read twice, but the units number B * (Hq + Hkv) * T / kQB.
+enum class Units { kAuto, kPerKvHead, kPerBlock };
+
+// The per-block units cost about kPerBlockWork times the per-KV-head ones'
+// work (one thread, D = 64, T = 256..2048: 1.35-1.42x; docs/PERFORMANCE.md);
+// they pay when the B * Hkv per-KV-head units leave enough threads idle:
+// per-block when units * kPerBlockWork < ceil(units / threads) * threads.
+// The bits are the same either way, so the thread count never changes them.
+inline constexpr double kPerBlockWork = 1.4;
+inline bool backward_per_block(int units, int threads) {
+  if (threads <= 1 || units <= 0) return false;
+  const int rounds = (units + threads - 1) / threads;
+  return units * kPerBlockWork < (double)rounds * threads;
+}
 // delta (null: computed from this block) holds the row sums
 // sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
 // only some of them (context parallelism). With overwrite, dq, dk and dv are
 // written, not added into: a unit clears its dK and dV rows before its first
 // product (they are then hot for the adds), and dQ's product writes its rows.
 template <class T>
-void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B, int Tq,
-              int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite) {
+void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
+                          int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite) {
   const int G = Hq / Hkv;
   const T scale = T(1) / std::sqrt(T(D));
   const int ldq = Hq * D, ldk = Hkv * D;
@@ -210,6 +241,147 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
       }
     }
   }
+}
+
+// The per-block form (see Units): packs K, V^T, Q and dO once for every
+// unit, then the row units (dQ, delta), then the key units (dK, dV).
+template <class T>
+void backward_per_block(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
+                        int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite) {
+  const int G = Hq / Hkv;
+  const T scale = T(1) / std::sqrt(T(D));
+  const int ldq = Hq * D, ldk = Hkv * D;
+  const bool need_ds = dq || dk;
+  constexpr int PC = kPanelCols<T>;
+  static_assert(kQB % PC == 0, "a key block starts at a packed panel");
+  const int nqb = (Tq + kQB - 1) / kQB, nkb = (Tk + kQB - 1) / kQB;
+  // Shared: per (b, kv head) V^T [D, Tk] and K [Tk, D]; per (b, query head)
+  // Q and dO [Tq, D]; then each row's delta [B, Hq, Tq] unless given.
+  const size_t vt_size = packed_size<T>(D, Tk), k_size = packed_size<T>(Tk, D), q_size = packed_size<T>(Tq, D);
+  const size_t kv_stride = vt_size + k_size, qd_stride = 2 * q_size;
+  T* kvp = scratch<T, Use::kBackwardShared>((size_t)B * Hkv * kv_stride + (size_t)B * Hq * qd_stride +
+                                            (delta ? 0 : (size_t)B * Hq * Tq));
+  T* qdp = kvp + (size_t)B * Hkv * kv_stride;
+  T* row_delta = qdp + (size_t)B * Hq * qd_stride;
+  const T* deltas = delta ? delta : row_delta;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int u = 0; u < Hkv + Hq; ++u) {
+      if (u < Hkv) {
+        T* vt = kvp + ((size_t)b * Hkv + u) * kv_stride;
+        const size_t at = (size_t)b * Tk * ldk + (size_t)u * D;
+        if (need_ds) pack_transposed(vt, v + at, ldk, Tk, D);
+        if (dq) pack_rows(vt + vt_size, k + at, ldk, Tk, D);
+      } else {
+        const int h = u - Hkv;
+        T* qp = qdp + ((size_t)b * Hq + h) * qd_stride;
+        const size_t at = (size_t)b * Tq * ldq + (size_t)h * D;
+        if (dk) pack_rows(qp, q + at, ldq, Tq, D);
+        if (dv) pack_rows(qp + q_size, dout + at, ldq, Tq, D);
+      }
+    }
+  // Row units, most keys first: dP and dS of the block's rows against the
+  // keys [0, kend) they see, then dQ (its rows); the rows' delta kept.
+  if (dq || (dk && !delta)) {
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < Hq; ++h)
+        for (int i = 0; i < nqb; ++i) {
+          const int t0 = (nqb - 1 - i) * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+          const int kend = std::min(Tk, t1 + off);
+          const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
+          if (kend <= 0) {
+            if (dq && overwrite)
+              for (int t = t0; t < t1; ++t) std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
+            continue;
+          }
+          const T* vt = kvp + ((size_t)b * Hkv + h / G) * kv_stride;
+          const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
+          T* dS = scratch<T, Use::kBackward>((size_t)kQB * Tk);
+          T* hd = delta ? nullptr : row_delta + ((size_t)b * Hq + h) * Tq;
+          block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
+                        {.out_diag = t0 + off});  // dP
+          for (int t = t0; t < t1; ++t) {
+            const T* pr = P + (size_t)t * Tk;
+            T* r = dS + (size_t)(t - t0) * Tk;
+            const int hi = std::clamp(t + off + 1, 0, Tk);
+            const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : (hd[t] = row_dot(pr, r, hi));
+            if (!dq) continue;
+            for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
+            for (int s = hi; s < kend; ++s) r[s] = T(0);
+          }
+          if (dq)
+            block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, vt + vt_size, (size_t)Tk * PC,
+                          dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
+        }
+  }
+  if (!dk && !dv) return;
+  // Key units, most rows first: per query head of the group and row block
+  // that sees some of the keys [s0, s1), dP and dS of that tile again, then
+  // dK and dV of those keys (the row blocks add in order, as per KV head).
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+  for (int b = 0; b < B; ++b)
+    for (int hk = 0; hk < Hkv; ++hk)
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int s0 = kb * kQB, s1 = std::min(Tk, s0 + kQB);
+        const size_t kvoff = (size_t)b * Tk * ldk + (size_t)hk * D;
+        T* dkh = dk ? dk + kvoff : nullptr;
+        T* dvh = dv ? dv + kvoff : nullptr;
+        if (overwrite)
+          for (int s = s0; s < s1; ++s) {
+            if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
+            if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
+          }
+        const T* vt = kvp + ((size_t)b * Hkv + hk) * kv_stride + (size_t)(s0 / PC) * D * PC;  // V^T's columns s0..
+        T* dS = scratch<T, Use::kBackward>((size_t)kQB * kQB);
+        for (int g = 0; g < G; ++g) {
+          const int h = hk * G + g;
+          const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
+          const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
+          const T* qp = qdp + ((size_t)b * Hq + h) * qd_stride;
+          const T* hd = deltas + ((size_t)b * Hq + h) * Tq;
+          for (int t0 = 0; t0 < Tq; t0 += kQB) {
+            const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+            const int nc = std::min(s1, std::min(Tk, t1 + off)) - s0;  // keys of the block some row sees
+            if (nc <= 0) continue;
+            const CausalSkip seen_from{.k_begin_diag = s0 - off - t0};  // key s0 + i gets rows t >= s0 + i - off
+            if (dk) {
+              block_gemm<T>(false, nr, nc, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, kQB,
+                            {.out_diag = t0 + off - s0});  // dP
+              for (int t = t0; t < t1; ++t) {
+                const T* pr = P + (size_t)t * Tk + s0;
+                T* r = dS + (size_t)(t - t0) * kQB;
+                const int e = std::clamp(t + off + 1 - s0, 0, nc);
+                const T dot = hd[t];
+                for (int s = 0; s < e; ++s) r[s] = pr[s] * (r[s] - dot);
+                for (int s = e; s < nc; ++s) r[s] = T(0);
+              }
+              block_gemm<T>(true, nc, D, nr, scale, dS, 1, kQB, qp + (size_t)t0 * PC, (size_t)Tq * PC,
+                            dkh + (size_t)s0 * ldk, ldk, seen_from);
+            }
+            if (dv)
+              block_gemm<T>(true, nc, D, nr, T(1), P + (size_t)t0 * Tk + s0, 1, Tk, qp + q_size + (size_t)t0 * PC,
+                            (size_t)Tq * PC, dvh + (size_t)s0 * ldk, ldk, seen_from);
+          }
+        }
+      }
+}
+
+template <class T>
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B, int Tq,
+              int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite, Units units = Units::kAuto) {
+  if (units == Units::kAuto) {
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+#else
+    const int threads = 1;
+#endif
+    units = backward_per_block(B * Hkv, threads) ? Units::kPerBlock : Units::kPerKvHead;
+  }
+  if (units == Units::kPerBlock)
+    backward_per_block<T>(dq, dk, dv, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta, overwrite);
+  else
+    backward_per_kv_head<T>(dq, dk, dv, dout, q, k, v, att, B, Tq, Tk, Hq, Hkv, D, off, delta, overwrite);
 }
 
 }  // namespace detail::attn

@@ -85,6 +85,21 @@ template <class T, Use U> T* scratch(size_t n) {
   return buf.data();
 }
 
+// Causal row (or key) blocks cost in proportion to how many keys (rows) they
+// see: block i of n about i + 1 (n - i) blocks. A unit takes blocks j and
+// n - 1 - j, so the units cost about the same and a static split over
+// (b, head, unit) balances at any thread count, each thread's units still
+// consecutive (a head's packed operands stay in its cache). A static split
+// of single blocks gave a thread a head's last blocks: 1.5x the mean work at
+// 1 x 2048 with 8 heads on 16 threads; handing blocks out one by one
+// (dynamic) balanced but cost 0.85-0.91x on lm-small (two cores each read
+// every head's operands).
+inline int folded_units(int n) { return (n + 1) / 2; }
+template <class F> void for_folded_pair(int j, int n, F&& block) {
+  block(j);
+  if (n - 1 - j != j) block(n - 1 - j);
+}
+
 // S = scale Q K^T, P = softmax(S), O = P V, per (b, h, block of kQB query
 // rows) against the keys the block can see. K^T and V are packed once per
 // (b, kv head) for every query head and block that reads them.
@@ -106,31 +121,31 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
       pack_transposed(kt, k + (size_t)b * Tk * ldk + (size_t)hk * D, ldk, Tk, D);
       pack_rows(kt + kt_size, v + (size_t)b * Tk * ldk + (size_t)hk * D, ldk, Tk, D);
     }
+  // Per (b, h), the blocks in folded pairs (for_folded_pairs).
 #pragma omp parallel for collapse(3) schedule(static)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < Hq; ++h) {
-      for (int qb = 0; qb < nqb; ++qb) {
-        const int t0 = qb * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
-        const int hk = h / G;
-        const T* qh = q + (size_t)b * Tq * ldq + (size_t)h * D;
-        const T* kt = packed + ((size_t)b * Hkv + hk) * (kt_size + v_size);  // K^T [D, Tk], then V [Tk, D]
-        T* oh = out + (size_t)b * Tq * ldq + (size_t)h * D;
-        T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
-        T* lh = lse ? lse + ((size_t)b * Hq + h) * Tq : nullptr;
-        const int kend = std::min(Tk, t1 + off);  // the keys some row of the block sees
-        if (kend > 0)
-          block_gemm<T>(false, nr, kend, D, scale, qh + (size_t)t0 * ldq, ldq, 1, kt, (size_t)D * PC,
-                        P + (size_t)t0 * Tk, Tk, {.out_diag = t0 + off});
-        causal_softmax_rows(P, Tk, lh, t0, t1, off, Tk, doc_start ? doc_start + (size_t)b * Tq : nullptr, k_pos0);
-        if (kend > 0) {
-          block_gemm<T>(false, nr, D, kend, T(1), P + (size_t)t0 * Tk, Tk, 1, kt + kt_size, (size_t)Tk * PC,
-                        oh + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
-        } else {
-          for (int t = t0; t < t1; ++t) std::fill(oh + (size_t)t * ldq, oh + (size_t)t * ldq + D, T(0));
-        }
-      }
-    }
-  }
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int j = 0; j < folded_units(nqb); ++j)
+        for_folded_pair(j, nqb, [&](int qb) {
+          const int t0 = qb * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+          const int hk = h / G;
+          const T* qh = q + (size_t)b * Tq * ldq + (size_t)h * D;
+          const T* kt = packed + ((size_t)b * Hkv + hk) * (kt_size + v_size);  // K^T [D, Tk], then V [Tk, D]
+          T* oh = out + (size_t)b * Tq * ldq + (size_t)h * D;
+          T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
+          T* lh = lse ? lse + ((size_t)b * Hq + h) * Tq : nullptr;
+          const int kend = std::min(Tk, t1 + off);  // the keys some row of the block sees
+          if (kend > 0)
+            block_gemm<T>(false, nr, kend, D, scale, qh + (size_t)t0 * ldq, ldq, 1, kt, (size_t)D * PC,
+                          P + (size_t)t0 * Tk, Tk, {.out_diag = t0 + off});
+          causal_softmax_rows(P, Tk, lh, t0, t1, off, Tk, doc_start ? doc_start + (size_t)b * Tq : nullptr, k_pos0);
+          if (kend > 0) {
+            block_gemm<T>(false, nr, D, kend, T(1), P + (size_t)t0 * Tk, Tk, 1, kt + kt_size, (size_t)Tk * PC,
+                          oh + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
+          } else {
+            for (int t = t0; t < t1; ++t) std::fill(oh + (size_t)t * ldq, oh + (size_t)t * ldq + D, T(0));
+          }
+        });
 }
 
 // S = scale Q K^T, P = softmax(S), O = P V. With dP = dO V^T:
@@ -280,91 +295,96 @@ void backward_per_block(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         if (dv) pack_rows(qp + q_size, dout + at, ldq, Tq, D);
       }
     }
-  // Row units, most keys first: dP and dS of the block's rows against the
-  // keys [0, kend) they see, then dQ (its rows); the rows' delta kept.
+  // Row units: per (b, h), folded pairs of row blocks (for_folded_pair): dP
+  // and dS of the block's rows against the keys [0, kend) they see, then dQ
+  // (its rows); the rows' delta kept.
   if (dq || (dk && !delta)) {
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+#pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < Hq; ++h)
-        for (int i = 0; i < nqb; ++i) {
-          const int t0 = (nqb - 1 - i) * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
-          const int kend = std::min(Tk, t1 + off);
-          const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
-          if (kend <= 0) {
-            if (dq && overwrite)
-              for (int t = t0; t < t1; ++t) std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
-            continue;
-          }
-          const T* vt = kvp + ((size_t)b * Hkv + h / G) * kv_stride;
-          const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
-          T* dS = scratch<T, Use::kBackward>((size_t)kQB * Tk);
-          T* hd = delta ? nullptr : row_delta + ((size_t)b * Hq + h) * Tq;
-          block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
-                        {.out_diag = t0 + off});  // dP
-          for (int t = t0; t < t1; ++t) {
-            const T* pr = P + (size_t)t * Tk;
-            T* r = dS + (size_t)(t - t0) * Tk;
-            const int hi = std::clamp(t + off + 1, 0, Tk);
-            const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : (hd[t] = row_dot(pr, r, hi));
-            if (!dq) continue;
-            for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
-            for (int s = hi; s < kend; ++s) r[s] = T(0);
-          }
-          if (dq)
-            block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, vt + vt_size, (size_t)Tk * PC,
-                          dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
-        }
+        for (int j = 0; j < folded_units(nqb); ++j)
+          for_folded_pair(j, nqb, [&](int qb) {
+            const int t0 = qb * kQB, t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+            const int kend = std::min(Tk, t1 + off);
+            const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
+            if (kend <= 0) {
+              if (dq && overwrite)
+                for (int t = t0; t < t1; ++t)
+                  std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
+              return;
+            }
+            const T* vt = kvp + ((size_t)b * Hkv + h / G) * kv_stride;
+            const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
+            T* dS = scratch<T, Use::kBackward>((size_t)kQB * Tk);
+            T* hd = delta ? nullptr : row_delta + ((size_t)b * Hq + h) * Tq;
+            block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
+                          {.out_diag = t0 + off});  // dP
+            for (int t = t0; t < t1; ++t) {
+              const T* pr = P + (size_t)t * Tk;
+              T* r = dS + (size_t)(t - t0) * Tk;
+              const int hi = std::clamp(t + off + 1, 0, Tk);
+              const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : (hd[t] = row_dot(pr, r, hi));
+              if (!dq) continue;
+              for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
+              for (int s = hi; s < kend; ++s) r[s] = T(0);
+            }
+            if (dq)
+              block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, vt + vt_size, (size_t)Tk * PC,
+                            dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
+          });
   }
   if (!dk && !dv) return;
-  // Key units, most rows first: per query head of the group and row block
-  // that sees some of the keys [s0, s1), dP and dS of that tile again, then
-  // dK and dV of those keys (the row blocks add in order, as per KV head).
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+  // Key units: per (b, kv head), folded pairs of key blocks: per query head
+  // of the group and row block that sees some of the keys [s0, s1), dP and
+  // dS of that tile again, then dK and dV of those keys (the row blocks add
+  // in order, as per KV head).
+#pragma omp parallel for collapse(3) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int hk = 0; hk < Hkv; ++hk)
-      for (int kb = 0; kb < nkb; ++kb) {
-        const int s0 = kb * kQB, s1 = std::min(Tk, s0 + kQB);
-        const size_t kvoff = (size_t)b * Tk * ldk + (size_t)hk * D;
-        T* dkh = dk ? dk + kvoff : nullptr;
-        T* dvh = dv ? dv + kvoff : nullptr;
-        if (overwrite)
-          for (int s = s0; s < s1; ++s) {
-            if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
-            if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
-          }
-        const T* vt = kvp + ((size_t)b * Hkv + hk) * kv_stride + (size_t)(s0 / PC) * D * PC;  // V^T's columns s0..
-        T* dS = scratch<T, Use::kBackward>((size_t)kQB * kQB);
-        for (int g = 0; g < G; ++g) {
-          const int h = hk * G + g;
-          const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
-          const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
-          const T* qp = qdp + ((size_t)b * Hq + h) * qd_stride;
-          const T* hd = deltas + ((size_t)b * Hq + h) * Tq;
-          for (int t0 = 0; t0 < Tq; t0 += kQB) {
-            const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
-            const int nc = std::min(s1, std::min(Tk, t1 + off)) - s0;  // keys of the block some row sees
-            if (nc <= 0) continue;
-            const CausalSkip seen_from{.k_begin_diag = s0 - off - t0};  // key s0 + i gets rows t >= s0 + i - off
-            if (dk) {
-              block_gemm<T>(false, nr, nc, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, kQB,
-                            {.out_diag = t0 + off - s0});  // dP
-              for (int t = t0; t < t1; ++t) {
-                const T* pr = P + (size_t)t * Tk + s0;
-                T* r = dS + (size_t)(t - t0) * kQB;
-                const int e = std::clamp(t + off + 1 - s0, 0, nc);
-                const T dot = hd[t];
-                for (int s = 0; s < e; ++s) r[s] = pr[s] * (r[s] - dot);
-                for (int s = e; s < nc; ++s) r[s] = T(0);
-              }
-              block_gemm<T>(true, nc, D, nr, scale, dS, 1, kQB, qp + (size_t)t0 * PC, (size_t)Tq * PC,
-                            dkh + (size_t)s0 * ldk, ldk, seen_from);
+      for (int j = 0; j < folded_units(nkb); ++j)
+        for_folded_pair(j, nkb, [&](int kb) {
+          const int s0 = kb * kQB, s1 = std::min(Tk, s0 + kQB);
+          const size_t kvoff = (size_t)b * Tk * ldk + (size_t)hk * D;
+          T* dkh = dk ? dk + kvoff : nullptr;
+          T* dvh = dv ? dv + kvoff : nullptr;
+          if (overwrite)
+            for (int s = s0; s < s1; ++s) {
+              if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
+              if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
             }
-            if (dv)
-              block_gemm<T>(true, nc, D, nr, T(1), P + (size_t)t0 * Tk + s0, 1, Tk, qp + q_size + (size_t)t0 * PC,
-                            (size_t)Tq * PC, dvh + (size_t)s0 * ldk, ldk, seen_from);
+          const T* vt = kvp + ((size_t)b * Hkv + hk) * kv_stride + (size_t)(s0 / PC) * D * PC;  // V^T's columns s0..
+          T* dS = scratch<T, Use::kBackward>((size_t)kQB * kQB);
+          for (int g = 0; g < G; ++g) {
+            const int h = hk * G + g;
+            const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
+            const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
+            const T* qp = qdp + ((size_t)b * Hq + h) * qd_stride;
+            const T* hd = deltas + ((size_t)b * Hq + h) * Tq;
+            for (int t0 = 0; t0 < Tq; t0 += kQB) {
+              const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
+              const int nc = std::min(s1, std::min(Tk, t1 + off)) - s0;  // keys of the block some row sees
+              if (nc <= 0) continue;
+              const CausalSkip seen_from{.k_begin_diag = s0 - off - t0};  // key s0 + i gets rows t >= s0 + i - off
+              if (dk) {
+                block_gemm<T>(false, nr, nc, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS,
+                              kQB, {.out_diag = t0 + off - s0});  // dP
+                for (int t = t0; t < t1; ++t) {
+                  const T* pr = P + (size_t)t * Tk + s0;
+                  T* r = dS + (size_t)(t - t0) * kQB;
+                  const int e = std::clamp(t + off + 1 - s0, 0, nc);
+                  const T dot = hd[t];
+                  for (int s = 0; s < e; ++s) r[s] = pr[s] * (r[s] - dot);
+                  for (int s = e; s < nc; ++s) r[s] = T(0);
+                }
+                block_gemm<T>(true, nc, D, nr, scale, dS, 1, kQB, qp + (size_t)t0 * PC, (size_t)Tq * PC,
+                              dkh + (size_t)s0 * ldk, ldk, seen_from);
+              }
+              if (dv)
+                block_gemm<T>(true, nc, D, nr, T(1), P + (size_t)t0 * Tk + s0, 1, Tk, qp + q_size + (size_t)t0 * PC,
+                              (size_t)Tq * PC, dvh + (size_t)s0 * ldk, ldk, seen_from);
+            }
           }
-        }
-      }
+        });
 }
 
 template <class T>

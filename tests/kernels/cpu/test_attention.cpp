@@ -144,11 +144,13 @@ std::string shape_name(const testing::TestParamInfo<AttnShape>& i) {
 }
 
 // D = 4..8 run the generic path, 32/64 the specialised ones; T = 34 and 70 cross
-// the 32-key tiles, T = 70 also the 64-row forward blocks.
+// the 32-key tiles, T = 70 also the 64-row forward blocks; T = 150 and 200 make
+// three and four blocks (the folded pairs with and without a middle block).
 INSTANTIATE_TEST_SUITE_P(OpsShapes, OpsAttention,
                          testing::Values(AttnShape{2, 5, 2, 2, 4}, AttnShape{1, 6, 2, 2, 8}, AttnShape{2, 7, 4, 2, 6},
                                          AttnShape{1, 5, 4, 2, 8}, AttnShape{1, 7, 4, 1, 5}, AttnShape{1, 6, 2, 1, 64},
-                                         AttnShape{1, 70, 2, 1, 4}, AttnShape{1, 34, 2, 1, 32}),
+                                         AttnShape{1, 70, 2, 1, 4}, AttnShape{1, 34, 2, 1, 32},
+                                         AttnShape{1, 150, 2, 1, 4}, AttnShape{1, 200, 1, 1, 4}),
                          shape_name);
 
 TEST(OpsAttentionGqa, SingleKvHeadEqualsMhaWithReplicatedKv) {

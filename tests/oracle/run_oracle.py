@@ -67,7 +67,8 @@ class Tally:
 
 def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled,
                 window=1, shift_k=True, shift_v=True, theta=10000.0, eps=1e-5, position_encoding=None,
-                shift_q=None, parametrization=None, document_boundaries=None, bos_token_id=None):
+                shift_q=None, parametrization=None, document_boundaries=None, bos_token_id=None,
+                max_positions=64):
     cfg = {
         "model_type": "llama",
         "hidden_size": hidden,
@@ -78,7 +79,7 @@ def make_config(hidden, heads, kv_heads, ffn, layers, vocab, tied, shift_enabled
         "rms_norm_eps": eps,
         "rope_theta": theta,
         "vocab_size": vocab,
-        "max_position_embeddings": 64,
+        "max_position_embeddings": max_positions,
         "tie_word_embeddings": tied,
         "initializer_range": 0.02,
         "kv_shift": {"enabled": shift_enabled, "window": window,
@@ -119,7 +120,12 @@ CASES = [
     ("13_docs_attention_qkv_window2", make_config(32, 4, 2, 40, 2, 37, False, True, window=2, shift_q=True,
                                                   document_boundaries="shift_and_attention", bos_token_id=1),
      2, 12, 113),
+    # One sequence, one KV head, three 64-row blocks: on 3 threads the CPU attention's backward takes its
+    # per-block units (B * Hkv = 1 leaves threads idle; kernels/cpu/attention.h).
+    ("14_long_sequence_gqa_4x1", make_config(32, 4, 1, 40, 1, 37, False, True, max_positions=160), 1, 150, 114),
 ]
+# OpenMP threads for a case's binary (default: the process's CPU budget).
+CASE_THREADS = {"14_long_sequence_gqa_4x1": 3}
 
 
 def draw_weights(cfg_dict, seed):
@@ -180,9 +186,13 @@ def oracle_outputs(ckpt_dir, inputs, targets, mask):
 
 
 def run_binary(cmd, tally, case, what, timeout=600):
-    print(f"  $ {' '.join(cmd)}", flush=True)
+    env = dict(os.environ)
+    if case in CASE_THREADS:
+        env["OMP_NUM_THREADS"] = str(CASE_THREADS[case])
+    print(f"  $ {'OMP_NUM_THREADS=' + env['OMP_NUM_THREADS'] + ' ' if case in CASE_THREADS else ''}{' '.join(cmd)}",
+          flush=True)
     try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         tally.record(case, f"{what} (runs)", False, f"{type(e).__name__}: {e}")
         return False

@@ -16,12 +16,13 @@
 // six run per block of kQB query rows against the keys the block sees (the
 // backward keeps the block's dS in a per-thread buffer, so dS never leaves L2
 // and P is read once; with too few (b, kv head) units for the threads it
-// splits by key block too, see Units); register tiles of 6 rows skip what lies wholly past the
-// causal diagonal, so they do ~1.05x the causal work at T = 256 (BLAS on
-// whole 64-blocks did 1.25x). P and dS are exactly 0 past the diagonal where a
-// tile reads them (softmax writes P's zeros up to Tk, the backward dS's up to
-// the block's last key), so tiles that straddle it need no masks. Softmax and
-// dS are row passes; softmax's exp and sum run in one eight-lane pass.
+// splits by key block too, see Units); register tiles of 6 rows skip what
+// lies wholly past the causal diagonal, so they do ~1.05x the causal work at
+// T = 256 (BLAS on whole 64-blocks did 1.25x). P and dS are exactly 0 past
+// the diagonal where a tile reads them (softmax writes P's zeros up to Tk, the
+// backward dS's up to the block's last key), so tiles that straddle it need
+// no masks. Softmax and dS are row passes; softmax's exp and sum run in one
+// pass over vectors.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -85,9 +86,9 @@ template <class T, Use U> T* scratch(size_t n) {
   return buf.data();
 }
 
-// Causal row (or key) blocks cost in proportion to how many keys (rows) they
-// see: block i of n about i + 1 (n - i) blocks. A unit takes blocks j and
-// n - 1 - j, so the units cost about the same and a static split over
+// Causal blocks cost in proportion to what they see: row block i of n sees
+// about i + 1 key blocks, key block i about n - i row blocks. A unit takes
+// blocks j and n - 1 - j, so the units cost about the same and a static split over
 // (b, head, unit) balances at any thread count, each thread's units still
 // consecutive (a head's packed operands stay in its cache). A static split
 // of single blocks gave a thread a head's last blocks: 1.5x the mean work at
@@ -121,7 +122,7 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
       pack_transposed(kt, k + (size_t)b * Tk * ldk + (size_t)hk * D, ldk, Tk, D);
       pack_rows(kt + kt_size, v + (size_t)b * Tk * ldk + (size_t)hk * D, ldk, Tk, D);
     }
-  // Per (b, h), the blocks in folded pairs (for_folded_pairs).
+  // Per (b, h), the row blocks in folded pairs (for_folded_pair).
 #pragma omp parallel for collapse(3) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h)
@@ -163,6 +164,11 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
 //    again for their keys (delta known) and add dK and dV, as CUDA's dQ and
 //    dK/dV kernels split it (flash_attention_bwd.cu). dP is computed twice
 //    and P read twice, but the units number B * (Hq + Hkv) * T / kQB.
+// delta (null: computed from this block) holds the row sums
+// sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
+// only some of them (context parallelism). With overwrite, dq, dk and dv are
+// written, not added into: a unit clears its dK and dV rows before its first
+// product (they are then hot for the adds), and dQ's product writes its rows.
 enum class Units { kAuto, kPerKvHead, kPerBlock };
 
 // The per-block units cost about kPerBlockWork times the per-KV-head ones'
@@ -176,11 +182,8 @@ inline bool backward_per_block(int units, int threads) {
   const int rounds = (units + threads - 1) / threads;
   return units * kPerBlockWork < (double)rounds * threads;
 }
-// delta (null: computed from this block) holds the row sums
-// sum_s' P[t,s'] dP[t,s'] over every key of the row, for a block that holds
-// only some of them (context parallelism). With overwrite, dq, dk and dv are
-// written, not added into: a unit clears its dK and dV rows before its first
-// product (they are then hot for the adds), and dQ's product writes its rows.
+
+// The per-KV-head form (see Units).
 template <class T>
 void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
                           int Tq, int Tk, int Hq, int Hkv, int D, int off, const T* delta, bool overwrite) {

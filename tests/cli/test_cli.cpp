@@ -192,6 +192,19 @@ TEST(Cli, InfoReproducesThePaperParameterCounts) {
   }
 }
 
+// The CPU estimate says what it leaves out (the process itself), in the text and the JSON.
+TEST(Cli, InfoSaysWhatTheCpuEstimateLeavesOut) {
+  const Result text = run("info --config " + src("configs/toy/lm-small-kvshift.json"));
+  ASSERT_EQ(text.code, 0) << text.out;
+  const size_t cpu = text.out.find("memory (CPU fp32 engine");
+  ASSERT_NE(cpu, std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("not counted: the process itself", cpu), std::string::npos) << text.out;
+  const Result js = run("info --json --config " + src("configs/toy/lm-small-kvshift.json"));
+  ASSERT_EQ(js.code, 0) << js.out;
+  EXPECT_NE(nlohmann::json::parse(js.out)["memory_bytes"]["not_counted"].get<std::string>().find("shared libraries"),
+            std::string::npos);
+}
+
 #ifdef KVS_CUDA
 // The memory target for the paper's 1.5B model, from the CUDA engine's own
 // allocation plan (host arithmetic, no GPU): the 1.5B config at micro-batch 4 x 2048 needs less than

@@ -12,10 +12,12 @@
 
 namespace kvs::cli {
 
-// What the CPU estimate leaves out: the process itself. A 82k-parameter model
-// (configs/toy/induction-1l) estimated at 0.027 GiB ran at 0.25 GiB resident
-// (its anonymous memory 119 MiB, the CUDA libraries' pages 90 MiB); lm-small
-// 0.24 GiB estimated, 0.46 GiB resident (2 threads, 2026-11-29).
+// What the CPU estimate leaves out: the process itself. An 82k-parameter
+// model (configs/toy/induction-1l) estimated at 0.027 GiB ran at 0.25 GiB
+// resident, lm-small at 0.46 GiB against 0.24 (2 threads, 2026-11-29). Most
+// of the difference is loaded before main: libcublasLt adds 148 MiB (82 MiB
+// its initialisers' allocations, 61 MiB relocated pages) and libnvrtc 29 MiB,
+// also in a CPU run (a CUDA build links them).
 constexpr const char* kCpuNotCounted =
     "the process itself: shared libraries (the CUDA ones too), the GEMM libraries' and the kernels' per-thread "
     "buffers, the data loader (about 0.2-0.3 GiB resident on a 2-core machine)";

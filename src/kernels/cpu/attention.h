@@ -183,6 +183,29 @@ inline bool backward_per_block(int units, int threads) {
   return units * kPerBlockWork < (double)rounds * threads;
 }
 
+// One row block's dS in place over its dP (rows t0..t1 of P's slice, keys
+// [0, kend), row stride Tk): dS = P (dP - delta), 0 from the diagonal up to
+// kend. A row's delta is given[t] or, when given is null, its own
+// sum_s P dP over the keys it sees (then also written to kept[t] when
+// kept is non-null). Both layouts form dS here, so its bits are one.
+template <class T>
+void ds_rows(T* dS, const T* P, int Tk, int t0, int t1, int kend, int off, const T* given, T* kept) {
+  for (int t = t0; t < t1; ++t) {
+    const T* pr = P + (size_t)t * Tk;
+    T* r = dS + (size_t)(t - t0) * Tk;
+    const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
+    T dot;
+    if (given) {
+      dot = given[t];
+    } else {
+      dot = row_dot(pr, r, hi);
+      if (kept) kept[t] = dot;
+    }
+    for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
+    for (int s = hi; s < kend; ++s) r[s] = T(0);
+  }
+}
+
 // The per-KV-head form (see Units).
 template <class T>
 void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* att, int B,
@@ -235,14 +258,7 @@ void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const 
           if (need_ds) {
             block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
                           {.out_diag = t0 + off});  // dP
-            for (int t = t0; t < t1; ++t) {
-              const T* pr = P + (size_t)t * Tk;
-              T* r = dS + (size_t)(t - t0) * Tk;
-              const int hi = std::clamp(t + off + 1, 0, Tk);  // the columns the causal mask leaves
-              const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : row_dot(pr, r, hi);
-              for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
-              for (int s = hi; s < kend; ++s) r[s] = T(0);
-            }
+            ds_rows(dS, P, Tk, t0, t1, kend, off, delta ? delta + ((size_t)b * Hq + h) * Tq : nullptr, (T*)nullptr);
           }
           if (dq)
             block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, kp, (size_t)Tk * PC, dq + qoff + (size_t)t0 * ldq,
@@ -319,18 +335,10 @@ void backward_per_block(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             const T* vt = kvp + ((size_t)b * Hkv + h / G) * kv_stride;
             const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
             T* dS = scratch<T, Use::kBackward>((size_t)kQB * Tk);
-            T* hd = delta ? nullptr : row_delta + ((size_t)b * Hq + h) * Tq;
+            const size_t rows = ((size_t)b * Hq + h) * Tq;  // this head's rows of delta
             block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
                           {.out_diag = t0 + off});  // dP
-            for (int t = t0; t < t1; ++t) {
-              const T* pr = P + (size_t)t * Tk;
-              T* r = dS + (size_t)(t - t0) * Tk;
-              const int hi = std::clamp(t + off + 1, 0, Tk);
-              const T dot = delta ? delta[((size_t)b * Hq + h) * Tq + t] : (hd[t] = row_dot(pr, r, hi));
-              if (!dq) continue;
-              for (int s = 0; s < hi; ++s) r[s] = pr[s] * (r[s] - dot);
-              for (int s = hi; s < kend; ++s) r[s] = T(0);
-            }
+            ds_rows(dS, P, Tk, t0, t1, kend, off, delta ? delta + rows : nullptr, delta ? nullptr : row_delta + rows);
             if (dq)
               block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, vt + vt_size, (size_t)Tk * PC,
                             dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});

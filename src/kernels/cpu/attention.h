@@ -86,6 +86,11 @@ template <class T, Use U> T* scratch(size_t n) {
   return buf.data();
 }
 
+// Rows r0..r1 of D values, ld apart, set to 0.
+template <class T> void clear_rows(T* p, size_t ld, int r0, int r1, int D) {
+  for (int r = r0; r < r1; ++r) std::fill(p + (size_t)r * ld, p + (size_t)r * ld + D, T(0));
+}
+
 // Causal blocks cost in proportion to what they see: row block i of n sees
 // about i + 1 key blocks, key block i about n - i row blocks. A unit takes
 // blocks j and n - 1 - j, so the units cost about the same and a static split over
@@ -144,7 +149,7 @@ void forward(T* out, T* att, T* lse, const T* q, const T* k, const T* v, int B, 
             block_gemm<T>(false, nr, D, kend, T(1), P + (size_t)t0 * Tk, Tk, 1, kt + kt_size, (size_t)Tk * PC,
                           oh + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
           } else {
-            for (int t = t0; t < t1; ++t) std::fill(oh + (size_t)t * ldq, oh + (size_t)t * ldq + D, T(0));
+            clear_rows(oh, ldq, t0, t1, D);
           }
         });
 }
@@ -183,13 +188,17 @@ inline bool backward_per_block(int units, int threads) {
   return units * kPerBlockWork < (double)rounds * threads;
 }
 
-// One row block's dS in place over its dP (rows t0..t1 of P's slice, keys
-// [0, kend), row stride Tk): dS = P (dP - delta), 0 from the diagonal up to
-// kend. A row's delta is given[t] or, when given is null, its own
-// sum_s P dP over the keys it sees (then also written to kept[t] when
-// kept is non-null). Both layouts form dS here, so its bits are one.
+// One row block's dS (rows t0..t1 of P's slice, keys [0, kend), row stride
+// Tk): dP = dO V^T (dout_rows: the block's first row of dO, ldq apart; vt: V^T
+// packed), then dS = P (dP - delta) in place, 0 from the diagonal up to kend.
+// A row's delta is given[t] or, when given is null, its own sum_s P dP over
+// the keys it sees (then also written to kept[t] when kept is non-null). Both
+// layouts form dS here, so its bits are one.
 template <class T>
-void ds_rows(T* dS, const T* P, int Tk, int t0, int t1, int kend, int off, const T* given, T* kept) {
+void row_block_ds(T* dS, const T* dout_rows, int ldq, const T* vt, int D, const T* P, int Tk, int t0, int t1, int kend,
+                  int off, const T* given, T* kept) {
+  block_gemm<T>(false, t1 - t0, kend, D, T(1), dout_rows, ldq, 1, vt, (size_t)D * kPanelCols<T>, dS, Tk,
+                {.out_diag = t0 + off});  // dP
   for (int t = t0; t < t1; ++t) {
     const T* pr = P + (size_t)t * Tk;
     T* r = dS + (size_t)(t - t0) * Tk;
@@ -232,11 +241,8 @@ void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const 
       T* dS = dop + q_size;  // one row block's dS [kQB, Tk], hot in L2 for all four products
       if (need_ds) pack_transposed(vt, vh, ldk, Tk, D);
       if (dq) pack_rows(kp, kh, ldk, Tk, D);
-      if (overwrite)
-        for (int s = 0; s < Tk; ++s) {
-          if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
-          if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
-        }
+      if (overwrite && dkh) clear_rows(dkh, ldk, 0, Tk, D);
+      if (overwrite && dvh) clear_rows(dvh, ldk, 0, Tk, D);
       for (int g = 0; g < G; ++g) {
         const int h = hk * G + g;
         const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
@@ -250,16 +256,13 @@ void backward_per_kv_head(T* dq, T* dk, T* dv, const T* dout, const T* q, const 
           const int t1 = std::min(Tq, t0 + kQB), nr = t1 - t0;
           const int kend = std::min(Tk, t1 + off);
           if (kend <= 0) {  // no row of the block sees a key: nothing to add
-            if (dq && overwrite)
-              for (int t = t0; t < t1; ++t) std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
+            if (dq && overwrite) clear_rows(dq + qoff, ldq, t0, t1, D);
             continue;
           }
           const T* Pb = P + (size_t)t0 * Tk;
-          if (need_ds) {
-            block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
-                          {.out_diag = t0 + off});  // dP
-            ds_rows(dS, P, Tk, t0, t1, kend, off, delta ? delta + ((size_t)b * Hq + h) * Tq : nullptr, (T*)nullptr);
-          }
+          if (need_ds)
+            row_block_ds(dS, dout + qoff + (size_t)t0 * ldq, ldq, vt, D, P, Tk, t0, t1, kend, off,
+                         delta ? delta + ((size_t)b * Hq + h) * Tq : nullptr, (T*)nullptr);
           if (dq)
             block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, kp, (size_t)Tk * PC, dq + qoff + (size_t)t0 * ldq,
                           ldq, {.k_end_diag = t0 + off});
@@ -327,18 +330,15 @@ void backward_per_block(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             const int kend = std::min(Tk, t1 + off);
             const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * D;
             if (kend <= 0) {
-              if (dq && overwrite)
-                for (int t = t0; t < t1; ++t)
-                  std::fill(dq + qoff + (size_t)t * ldq, dq + qoff + (size_t)t * ldq + D, T(0));
+              if (dq && overwrite) clear_rows(dq + qoff, ldq, t0, t1, D);
               return;
             }
             const T* vt = kvp + ((size_t)b * Hkv + h / G) * kv_stride;
             const T* P = att + ((size_t)b * Hq + h) * Tq * Tk;
             T* dS = scratch<T, Use::kBackward>((size_t)kQB * Tk);
             const size_t rows = ((size_t)b * Hq + h) * Tq;  // this head's rows of delta
-            block_gemm<T>(false, nr, kend, D, T(1), dout + qoff + (size_t)t0 * ldq, ldq, 1, vt, (size_t)D * PC, dS, Tk,
-                          {.out_diag = t0 + off});  // dP
-            ds_rows(dS, P, Tk, t0, t1, kend, off, delta ? delta + rows : nullptr, delta ? nullptr : row_delta + rows);
+            row_block_ds(dS, dout + qoff + (size_t)t0 * ldq, ldq, vt, D, P, Tk, t0, t1, kend, off,
+                         delta ? delta + rows : nullptr, delta ? nullptr : row_delta + rows);
             if (dq)
               block_gemm<T>(!overwrite, nr, D, kend, scale, dS, Tk, 1, vt + vt_size, (size_t)Tk * PC,
                             dq + qoff + (size_t)t0 * ldq, ldq, {.k_end_diag = t0 + off});
@@ -358,11 +358,8 @@ void backward_per_block(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           const size_t kvoff = (size_t)b * Tk * ldk + (size_t)hk * D;
           T* dkh = dk ? dk + kvoff : nullptr;
           T* dvh = dv ? dv + kvoff : nullptr;
-          if (overwrite)
-            for (int s = s0; s < s1; ++s) {
-              if (dkh) std::fill(dkh + (size_t)s * ldk, dkh + (size_t)s * ldk + D, T(0));
-              if (dvh) std::fill(dvh + (size_t)s * ldk, dvh + (size_t)s * ldk + D, T(0));
-            }
+          if (overwrite && dkh) clear_rows(dkh, ldk, s0, s1, D);
+          if (overwrite && dvh) clear_rows(dvh, ldk, s0, s1, D);
           const T* vt = kvp + ((size_t)b * Hkv + hk) * kv_stride + (size_t)(s0 / PC) * D * PC;  // V^T's columns s0..
           T* dS = scratch<T, Use::kBackward>((size_t)kQB * kQB);
           for (int g = 0; g < G; ++g) {

@@ -292,7 +292,7 @@ def state_bytes(p_gpu, grad_bytes, master, shards):
 
 def pp_error(m, pp, v, micro_batches):
     """Why kvshift refuses pp stages of v virtual stages over this many micro-batches per replica
-    (config.cpp, pipeline.cpp, trainer.cpp), or None. The tool splits the layers evenly."""
+    (config.cpp, pipeline.cpp, train_step.cpp), or None. The tool splits the layers evenly."""
     L = m["num_hidden_layers"]
     if v > 1 and pp == 1:
         return "virtual stages %d: interleaving needs pp > 1" % v

@@ -20,10 +20,8 @@
 #include "core/profile_range.h"
 #include "data/tokenizer_check.h"
 #include "model/params.h"
-#include "parallel/grad_norm.h"
 #include "parallel/parallel_groups.h"
 #include "parallel/pipeline_schedule.h"
-#include "parallel/tied_embedding.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
@@ -101,24 +99,6 @@ std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
   jb.erase("architectures");
   const std::string d = json_difference(ja, jb);
   return d.empty() ? d : "model." + d;
-}
-
-// The engine's flat [begin, end) filled a window at a time, so that no rank
-// holds a host copy of its whole slice (FullModelIO: 4 bytes a parameter, and
-// 8 more for the moments): fill(at, n, out) gives elements [at, at + n).
-constexpr size_t kWindowFloats = size_t{16} << 20;  // 64 MiB
-void in_windows(size_t begin, size_t end, const std::function<void(size_t, size_t, float*)>& fill) {
-  std::vector<float> window(std::min(kWindowFloats, end - begin));
-  for (size_t at = begin; at < end; at += kWindowFloats) {
-    const size_t n = std::min(kWindowFloats, end - at);
-    fill(at, n, window.data());
-  }
-}
-void write_params_in_windows(Engine& e, const std::function<void(size_t, size_t, float*)>& read) {
-  in_windows(0, e.layout().total, [&](size_t at, size_t n, float* w) {
-    read(at, n, w);
-    e.write_params_range(at, n, w);
-  });
 }
 
 // This rank's slice of checkpoint `dir`'s weights for a fresh run of `model`:
@@ -259,43 +239,10 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   return r;
 }
 
-void check_parallel_layout(const Config& cfg, int world_size) {
-  const int tp = cfg.parallel.tp, cp = cfg.parallel.cp, pp = cfg.parallel.pp;
-  if (cp == 1 && pp == 1)
-    KVS_CHECK(world_size % tp == 0,
-              "parallel.tp ({}) must divide the number of processes ({}): the world is dp x tp ranks", tp, world_size);
-  else if (pp == 1)
-    KVS_CHECK(world_size % (tp * cp) == 0,
-              "parallel.tp x parallel.cp ({} x {}) must divide the number of processes ({}): the world is dp x cp x tp "
-              "ranks",
-              tp, cp, world_size);
-  else
-    KVS_CHECK(world_size % (tp * cp * pp) == 0,
-              "parallel.tp x parallel.cp x parallel.pp ({} x {} x {}) must divide the number of processes ({}): the "
-              "world is dp x pp x cp x tp ranks",
-              tp, cp, pp, world_size);
-  const int dp = world_size / (tp * cp * pp);
-  const int accum = cfg.train.grad_accum_steps;
-  KVS_CHECK(accum % dp == 0,
-            "train.grad_accum_steps ({}) must be a multiple of the data-parallel size ({} ranks): each rank runs "
-            "grad_accum_steps/dp micro-batches of the global batch",
-            accum, dp);
-  if (pp > 1 && cfg.parallel.virtual_stages > 1)
-    KVS_CHECK(accum / dp % pp == 0,
-              "parallel.virtual_stages ({}): the interleaved schedule needs each rank's micro-batches "
-              "(train.grad_accum_steps / dp = {}) to be a multiple of parallel.pp ({})",
-              cfg.parallel.virtual_stages, accum / dp, pp);
-}
-
 TrainSummary train(const Config& config, const TrainOptions& opt) {
   const Config cfg = with_absolute_paths(config);
   const TrainConfig& tc = cfg.train;
   KVS_CHECK(!opt.run_dir.empty(), "train: no run directory given");
-  // Data parallelism (docs/PARALLEL.md): every data-parallel replica runs a
-  // contiguous slice of grad_accum_steps/dp micro-batches of the same global
-  // batch; the cp ranks of a replica each hold chunks of every sequence and
-  // the tp ranks of those a slice of the model. Gradients are summed (and the
-  // optimizer sharded) over dp x cp.
   std::unique_ptr<dist::Communicator> own_comm;
   dist::Communicator* comm = opt.comm;
   if (!comm) {
@@ -304,24 +251,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   }
   check_parallel_layout(cfg, comm->size());
   const ParallelConfig& par = cfg.parallel;
-  const ParallelGroups groups = ParallelGroups::make(*comm, par.tp, par.cp, par.sequence_parallel, par.pp,
-                                                     cfg.model.tie_word_embeddings);
-  const TensorParallel tp = groups.tensor_parallel();
-  const ContextParallel cp{groups.cp_rank, groups.cp, groups.cp_comm};
-  // Pipeline parallelism: this rank's stage and its schedule over the step's micro-batches.
-  const int micro_batches = tc.grad_accum_steps / groups.dp;
-  std::unique_ptr<PipelineRunner> pipe;
-  ModelPart part = ModelPart::whole(cfg.model);
-  if (par.pp > 1) {
-    const StageSplit split = StageSplit::make(cfg.model, par.pp, par.virtual_stages, par.layers_per_stage,
-                                              cfg.source_path.empty() ? "config" : cfg.source_path);
-    part = ModelPart::of(split, groups.pp_rank);
-    pipe = std::make_unique<PipelineRunner>(
-        split, PipelineParallel{groups.pp_rank, par.pp, groups.pp_comm, par.virtual_stages}, micro_batches);
-  }
-  const PipelineNorm pipe_norm{pipe ? groups.pp_comm : nullptr, !part.embedding && cfg.model.tie_word_embeddings};
-  dist::Communicator& dp_comm = *groups.dp_comm;
-  const int dp = groups.dp, rank = comm->rank();
+  const int rank = comm->rank();
   const bool rank0 = rank == 0;
   set_threads(tc.threads);
   const RemovedIfLeftEmpty created_dir(opt.run_dir);
@@ -333,11 +263,14 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
-  auto engine = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp,
-                            tc.attention_backend, cp, pipe ? &part : nullptr, pipe ? pipe->slots() : 1);
-  // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
-  const FullModelIO io(cfg.model, engine->layout(), tp, groups.dp_rank == 0 && groups.cp_rank == 0,
-                       pipe ? groups.pp_comm : nullptr, pipe ? &part : nullptr);
+  // The groups, this rank's part of the model and its engine (docs/PARALLEL.md).
+  TrainStep train_step(cfg, *comm);
+  const ParallelGroups& groups = train_step.groups();
+  const int dp = groups.dp;
+  dist::Communicator& dp_comm = *groups.dp_comm;
+  Engine* const engine = &train_step.engine();
+  PipelineRunner* const pipe = train_step.pipeline();
+  const FullModelIO& io = train_step.io();
   const size_t local_floats = engine->layout().total;
   // Recorded in every checkpoint: what reads its ids later must use the same tokenizer.
   const std::string tokenizer_sha = cfg.data.tokenizer.empty() ? "" : tokenizer_sha256(cfg.data.tokenizer);
@@ -416,8 +349,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // ZeRO-1: from here on the engine keeps the moments of its shard only (set
   // before any are written or allocated: the full ones never exist on the
   // device), and a resumed rank reads only those.
-  std::unique_ptr<Zero1> zero1;
-  if (groups.grad_comm->size() > 1) zero1 = std::make_unique<Zero1>(*engine, *groups.grad_comm, tp, pipe_norm);
+  train_step.shard_optimizer();
+  Zero1* const zero1 = train_step.zero1();
   if (resumed) {
     const size_t held_begin = zero1 ? zero1->shard().begin : 0, held_end = zero1 ? zero1->shard().end : local_floats;
     std::vector<float> exp_avg_sq(std::min(kWindowFloats, held_end - held_begin));
@@ -467,7 +400,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     spdlog::warn("{}", process_cpu_budget().oversubscribed(tc.threads));
 
   const int GB = cfg.global_batch_sequences(), MB = tc.micro_batch_size, T = tc.seq_len;
-  const int LB = GB / dp;  // this replica's sequences: [dp_rank * LB, (dp_rank + 1) * LB) of each global batch
+  const int LB = train_step.replica_sequences();  // [dp_rank * LB, (dp_rank + 1) * LB) of each global batch
   BatchBuffers batch;
   batch.resize(LB, T);
   TrainSummary summary;
@@ -545,7 +478,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   auto run_eval = [&](int64_t done, bool record = true) {
     // Every replica evaluates its share of the micro-batches: the same numbers as one process.
     if (!has_val) return EvalResult{};
-    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe.get(), groups.pp_comm, groups.dp_comm);
+    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe, groups.pp_comm, groups.dp_comm);
     if (!rank0 || !record) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
@@ -576,29 +509,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     double grad_scale = scored > 0 ? 1.0 / scored : 0.0;
     if (step + 1 == inf_gradient_step && groups.dp_rank == groups.dp - 1) grad_scale = HUGE_VAL;
     data_range.reset();
-    engine->zero_grad();
-    double loss_sum = 0;
-    if (pipe) {
-      std::vector<Batch> micro;
-      for (int s = 0; s < LB; s += MB) micro.push_back(batch.micro(s, MB));
-      loss_sum = pipe->train(*engine, micro, grad_scale);
-      groups.pp_comm->all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);  // the last stage's
-      sum_tied_embedding_grads(*engine, groups.embed_comm);
-    }
-    for (int s = 0; s < LB && !pipe; s += MB) {
-      // ZeRO-1 on CUDA + NCCL: the last micro-batch's backward starts the gradient reduction.
-      if (zero1 && s + MB >= LB) zero1->overlap_next_backward();
-      ProfileRange micro_range("micro-batch", s / MB);
-      loss_sum += engine->forward_backward(batch.micro(s, MB), grad_scale);
-    }
-    std::optional<ProfileRange> reduce_range(std::in_place, "gradient reduction");
-    // The TP ranks of a replica computed the same losses (the vocab-parallel
-    // cross-entropy gives every rank whole rows), so only replicas are summed.
-    dp_comm.all_reduce(&loss_sum, 1, dist::DType::F64, dist::ReduceOp::Sum);
-    const double loss = scored > 0 ? loss_sum / scored : 0.0;
+    const TrainStep::Gradients g = train_step.compute_gradients(batch.micro(0, LB), grad_scale);
     // Both are global (all-reduced), so a non-finite value stops every rank at the same step.
-    const double gnorm = zero1 ? zero1->reduce_gradients() : global_grad_norm(*engine, tp, pipe_norm);
-    reduce_range.reset();
+    const double loss = scored > 0 ? g.loss_sum / scored : 0.0;
+    const double gnorm = g.norm;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
       fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,
@@ -607,13 +521,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     }
     AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
     if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
-    {
-      ProfileRange optimizer_range("optimizer step");
-      if (zero1)
-        zero1->step(hp);
-      else
-        engine->adamw_step(hp);
-    }
+    train_step.optimizer_step(hp);
 
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -10,6 +10,7 @@
 #include "dist/comm.h"
 #include "model/config.h"
 #include "model/engine.h"
+#include "train/train_step.h"  // check_parallel_layout
 
 namespace kvs {
 
@@ -57,12 +58,6 @@ struct TrainSummary {
   // step (docs/RELIABILITY.md): "SIGTERM", "SIGUSR1", ...
   std::string stopped_by;
 };
-
-// Checks that the config can run on `world_size` processes: parallel.tp
-// divides it (dp = world_size / tp) and train.grad_accum_steps is a multiple
-// of dp. Any dp runs on either device: with dp > 1 the optimizer is ZeRO-1
-// (docs/PARALLEL.md), on host buffers for "cpu" and on GPU buffers for "cuda".
-void check_parallel_layout(const Config& cfg, int world_size);
 
 // Runs (or resumes) training; throws kvs::Error on bad input, and on a
 // non-finite loss or gradient norm (naming the step; the last checkpoint is

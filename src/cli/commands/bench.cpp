@@ -1,7 +1,9 @@
 // `bench`: median time of whole optimizer steps (forward + backward of every
-// micro-batch, gradient norm, AdamW) on random tokens, after warm-up. On the
-// CPU also the model FLOP/s as a fraction of the machine's calibrated fp32
-// SGEMM peak on the same threads (kernels/cpu/gemm_peak.h).
+// micro-batch, gradient norm, AdamW) on random tokens, after warm-up: the
+// training step itself (train/train_step.h), so under mpirun or torchrun in
+// the config's parallel layout. On the CPU also the model FLOP/s as a
+// fraction of the machine's calibrated fp32 SGEMM peak on the same threads
+// (kernels/cpu/gemm_peak.h).
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -13,6 +15,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
+#include "cli/commands/world_guard.h"
 #include "core/cpu_budget.h"
 #include "core/cpu_steal.h"
 #include "core/error.h"
@@ -25,9 +28,11 @@
 #include "model/config.h"
 #include "model/engine.h"
 #include "model/flops.h"
+#include "train/train_step.h"
 #ifdef KVS_CUDA
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/kernel_profile.h"
+#include "dist/nccl_comm.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int);
@@ -48,12 +53,16 @@ std::string env_or(const char* name) {
 struct BenchResult {
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens = 0, tok_s = 0, tflops = 0, mfu = 0;
   double median_cpu_ms = 0;  // process CPU time per step, all threads: less sensitive to other load than wall time
-  double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda)
+  int processes = 1;    // tokens and tok_s are the whole world's, tflops and mfu per process
+  double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda); the largest process's
   std::string peak_what;
   std::vector<kvs::profile::OpStat> ops;  // with --profile: summed over the timed steps
   int steps = 0;
   double mean_ms = 0;  // the profile's shares are of the mean step
   std::optional<double> steal;  // the hypervisor's share of the CPUs during the timed steps (Linux VMs)
+  // Every step's loss and gradient norm (warm-up included), the same on every rank: the step is
+  // the training step, so they follow one process's in any parallel layout.
+  std::vector<double> losses, grad_norms;
 };
 
 // --profile: the CPU engine's ops are timed from the first timed step on.
@@ -100,25 +109,32 @@ void merge_ops(std::vector<kvs::profile::OpStat>& into, const std::vector<kvs::p
   }
 }
 
-// Times whole optimizer steps of `cfg` on random tokens: one result per entry
-// of `gemms` (the CPU's GEMM libraries; empty: as they are). With two, the
-// steps alternate between them on one engine, so that both see the same
-// machine minute by minute: `warmup` untimed steps each, then `steps` timed.
-std::vector<BenchResult> bench_one(const Config& cfg, int warmup, int steps, bool profile,
+// Times whole optimizer steps of `cfg` on random tokens: the training step
+// itself (train/train_step.h) in the config's parallel layout over `world`'s
+// processes, each rank with its part of the model. One result per entry of
+// `gemms` (the CPU's GEMM libraries; empty: as they are). With two, the steps
+// alternate between them on one engine, so that both see the same machine
+// minute by minute: `warmup` untimed steps each, then `steps` timed. A step's
+// time is the slowest rank's.
+std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world, int warmup, int steps, bool profile,
                                    const std::vector<cpu::GemmLibrary>& gemms) {
-  const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
-  auto engine = make_engine(cfg.model, B, T, cfg.device, cfg.train.recompute, {}, cfg.train.attention_backend);
-  std::vector<float> init(engine->layout().total);
-  init_params(engine->layout(), cfg.model, cfg.train.seed, init.data());
-  engine->write_params(init.data());
-  const size_t N = static_cast<size_t>(B) * T;
+  const int T = cfg.train.seq_len, GB = cfg.global_batch_sequences();
+  TrainStep step(cfg, world);
+  write_params_in_windows(step.engine(),
+                          [&](size_t at, size_t n, float* w) { step.io().init_local(cfg.train.seed, at, n, w); });
+  step.shard_optimizer();
+  step.engine().reserve_optimizer_state();
+  // Sequence g of the global batch holds the same tokens in every layout; this replica's are its share.
+  const int LB = step.replica_sequences();
+  const size_t first = static_cast<size_t>(step.groups().dp_rank) * LB * T, N = static_cast<size_t>(LB) * T;
   std::vector<int32_t> inputs(N), targets(N);
   std::vector<float> mask(N, 1.0f);
   for (size_t i = 0; i < N; ++i) {
-    inputs[i] = static_cast<int32_t>(splitmix64(2 * i) % cfg.model.vocab_size);
-    targets[i] = static_cast<int32_t>(splitmix64(2 * i + 1) % cfg.model.vocab_size);
+    inputs[i] = static_cast<int32_t>(splitmix64(2 * (first + i)) % cfg.model.vocab_size);
+    targets[i] = static_cast<int32_t>(splitmix64(2 * (first + i) + 1) % cfg.model.vocab_size);
   }
-  const Batch batch{B, T, inputs.data(), targets.data(), mask.data()};
+  const Batch replica{LB, T, inputs.data(), targets.data(), mask.data()};
+  const double tokens = static_cast<double>(GB) * T;
   const int variants = std::max<int>(1, static_cast<int>(gemms.size()));
   // The CPU profile is taken after every timed step, into that step's variant.
   const bool profile_each_step = profile && cfg.device == Device::Cpu;
@@ -133,10 +149,11 @@ std::vector<BenchResult> bench_one(const Config& cfg, int warmup, int steps, boo
     if (s == first_timed) times_before = read_cpu_times();
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
-    engine->zero_grad();
-    for (int m = 0; m < accum; ++m) engine->forward_backward(batch, 1.0 / (N * accum));
-    const double gn = engine->grad_norm();  // synchronises: the step's time is all in
-    engine->adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, gn > 1.0 ? 1.0 / gn : 1.0});
+    // The gradient norm is all-reduced: a host value, so the step's time is all in.
+    const TrainStep::Gradients g = step.compute_gradients(replica, 1.0 / tokens);
+    step.optimizer_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, g.norm > 1.0 ? 1.0 / g.norm : 1.0});
+    res[v].losses.push_back(g.loss_sum / tokens);  // every token is scored
+    res[v].grad_norms.push_back(g.norm);
     const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double cpu = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     if (s >= first_timed) {
@@ -149,6 +166,7 @@ std::vector<BenchResult> bench_one(const Config& cfg, int warmup, int steps, boo
     std::vector<kvs::profile::OpStat> rest = profile_take(cfg.device);
     if (!profile_each_step) res[0].ops = std::move(rest);
   }
+  for (std::vector<double>& m : ms) world.all_reduce(m.data(), m.size(), dist::DType::F64, dist::ReduceOp::Max);
   std::optional<double> steal;
   if (const auto after = read_cpu_times(); times_before && after) steal = steal_fraction(*times_before, *after);
   rusage ru{};
@@ -164,22 +182,37 @@ std::vector<BenchResult> bench_one(const Config& cfg, int warmup, int steps, boo
     r.max_ms = ms[v].back();
     r.median_cpu_ms = cpu_ms[v][cpu_ms[v].size() / 2];
     for (double m : ms[v]) r.mean_ms += m / ms[v].size();
-    r.tokens = static_cast<double>(N) * accum;
+    r.tokens = tokens;
     r.tok_s = r.tokens / (r.median_ms / 1000.0);
-    r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / 1e12;
+    r.processes = world.size();
+    r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / r.processes / 1e12;
     r.peak_mib = ru.ru_maxrss / 1024.0;
     r.peak_what = "host RSS";
 #ifdef KVS_CUDA
     if (cfg.device == Device::Cuda) {
       // Everything is allocated up front, so the memory in use now is the peak.
-      r.peak_mib = static_cast<double>(cuda::device_memory_used(0)) / 1048576.0;
+      const int gpu = dist::select_device(dist::detect_launch());  // this process's, as make_engine chose it
+      r.peak_mib = static_cast<double>(cuda::device_memory_used(gpu)) / 1048576.0;
       r.peak_what = "GPU memory in use";
-      const double peak = cuda::peak_bf16_tflops(0);
+      const double peak = cuda::peak_bf16_tflops(gpu);
       r.mfu = peak > 0 ? r.tflops / peak : 0;
     }
 #endif
+    world.all_reduce(&r.peak_mib, 1, dist::DType::F64, dist::ReduceOp::Max);  // the largest process's
   }
   return res;
+}
+
+// "dp 2, tp 2 (sequence parallel)": the layout of `processes` ranks (check_parallel_layout holds).
+std::string layout_text(const ParallelConfig& p, int processes) {
+  std::string s = fmt::format("dp {}", processes / (p.tp * p.cp * p.pp));
+  if (p.pp > 1)
+    s += p.virtual_stages > 1 ? fmt::format(", pp {} ({} virtual stages each)", p.pp, p.virtual_stages)
+                              : fmt::format(", pp {}", p.pp);
+  if (p.cp > 1) s += fmt::format(", cp {}", p.cp);
+  s += fmt::format(", tp {}", p.tp);
+  if (p.sequence_parallel) s += " (sequence parallel)";
+  return s;
 }
 
 struct ProfileRow {
@@ -277,7 +310,11 @@ nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Median ms/step and tokens/s of training steps for a config");
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "Median ms/step and tokens/s of training steps for a config; under mpirun or torchrun the step runs in the "
+      "config's parallel layout (parallel.tp/cp/pp, dp the rest) and rank 0 reports the world's tokens/s and each "
+      "process's TFLOP/s");
   struct Args {
     std::string config, device;
     std::vector<std::string> sets;
@@ -305,7 +342,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json,
-                "Print one JSON object (a list with --compare-shift or --compare-gemm) instead of text");
+                "Print one JSON object (a list with --compare-shift or --compare-gemm) instead of text; it also "
+                "holds every step's loss and gradient norm (\"losses\", \"grad_norms\"), which follow one "
+                "process's in any parallel layout");
   cmd->callback([a]() {
     Config cfg = load_config(a->config, a->sets);
     if (!a->device.empty()) {  // the device's own rules (CUDA: head_dim, no document masking) apply too
@@ -317,6 +356,11 @@ void add_bench(CLI::App& app) {
     KVS_CHECK(!a->compare_gemm || cfg.device == Device::Cpu,
               "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}",
               to_string(cfg.device));
+    // Under mpirun or torchrun the step runs in the config's parallel layout
+    // (docs/PARALLEL.md) and rank 0 prints; a single process runs it alone.
+    auto world = dist::make_world(cfg.device);
+    check_layout_or_exit(world, cfg);
+    const bool rank0 = world->rank() == 0;
     const int threads = resolve_threads(cfg.train.threads);
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -337,7 +381,7 @@ void add_bench(CLI::App& app) {
     const cpu::BlasChoice& blas = cpu::select_blas_kernels();
     const cpu::GemmLibraryChoice& gemm_choice = cpu::select_gemm_library();
     const cpu::GemmLibrary default_gemm = cpu::gemm_library();
-    if (cpu_run && !a->json) {
+    if (cpu_run && !a->json && rank0) {
       std::printf("GEMMs: %s\n", gemm_choice.describe().c_str());
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
       if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
@@ -349,9 +393,12 @@ void add_bench(CLI::App& app) {
                     "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",
                     blas.core.c_str());
     }
-    // The peak first: the steps then run on the threads it left warm.
+    // The peak first: the steps then run on the threads it left warm. Rank 0
+    // measures it (or reads the cache) while the others wait, sleeping, so a
+    // calibration never runs beside another.
     cpu::GemmPeak peak;
-    if (cpu_run) peak = cpu::sgemm_peak(threads, a->recalibrate);
+    if (cpu_run && rank0) peak = cpu::sgemm_peak(threads, a->recalibrate);
+    world->barrier();
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     std::vector<BenchResult> res;
@@ -364,9 +411,12 @@ void add_bench(CLI::App& app) {
       profile_peak_key = "fraction_of_bf16_peak";
     }
 #endif
-    for (const Config& c : runs)
-      for (BenchResult& r : bench_one(c, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
+    run_on_world(*world, [&] {
+      for (const Config& c : runs)
+        for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
+    });
     cpu::set_gemm_library(default_gemm);
+    if (!rank0) return;
     // Each result's config and GEMM library.
     auto run_config = [&](size_t i) -> const Config& { return runs[a->compare_gemm ? 0 : i]; };
     auto run_gemm = [&](size_t i) { return a->compare_gemm ? gemms[i] : default_gemm; };
@@ -385,12 +435,21 @@ void add_bench(CLI::App& app) {
                             {"device", run_config(i).device},
                             {"threads", threads},
                             {"kv_shift", run_config(i).model.kv_shift.enabled},
+                            {"processes", r.processes},
+                            {"parallel",
+                             {{"dp", r.processes / (cfg.parallel.tp * cfg.parallel.cp * cfg.parallel.pp)},
+                              {"tp", cfg.parallel.tp},
+                              {"cp", cfg.parallel.cp},
+                              {"pp", cfg.parallel.pp},
+                              {"virtual_stages", cfg.parallel.virtual_stages},
+                              {"sequence_parallel", cfg.parallel.sequence_parallel}}},
                             {"tokens_per_step", r.tokens},
                             {"median_ms_per_step", r.median_ms},
                             {"median_cpu_ms_per_step", r.median_cpu_ms},
                             {"min_ms_per_step", r.min_ms},
                             {"max_ms_per_step", r.max_ms},
                             {"tokens_per_s", r.tok_s},
+                            {"tokens_per_s_per_process", r.tok_s / r.processes},
                             {"model_tflops_per_s", r.tflops},
                             {"flops_formula", kFlopsFormula},
                             {"peak_rss_mib", r.peak_mib},
@@ -412,6 +471,8 @@ void add_bench(CLI::App& app) {
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")},
                               {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
+        j["losses"] = r.losses;
+        j["grad_norms"] = r.grad_norms;
         if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops, profile_peak_key);
         if (a->profile && a->compare_shift && i == 1) {
           nlohmann::json d = nlohmann::json::array();
@@ -438,10 +499,17 @@ void add_bench(CLI::App& app) {
     for (size_t i = 0; i < res.size(); ++i) {
       const BenchResult& r = res[i];
       const std::string device(to_string(run_config(i).device));
-      std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                  device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
-      std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s | %.3f model TFLOP/s (%s)",
-                  r.median_ms, r.min_ms, r.max_ms, a->steps, r.tok_s, r.tflops, kFlopsFormula);
+      if (r.processes == 1)
+        std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
+                    device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
+      else
+        std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n",
+                    a->config.c_str(), r.processes, layout_text(cfg.parallel, r.processes).c_str(), device.c_str(),
+                    threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
+      std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
+                  r.max_ms, a->steps, r.tok_s);
+      if (r.processes > 1) std::printf(" (%.0f per process)", r.tok_s / r.processes);
+      std::printf(" | %.3f model TFLOP/s%s (%s)", r.tflops, r.processes > 1 ? " per process" : "", kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
       if (peak.gflops > 0)
         std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %d threads, %s%s; the fastest "

@@ -70,21 +70,7 @@ void add_train(CLI::App& app) {
         spdlog::warn("OpenBLAS runs its generic {} kernels on a CPU with AVX2 or AVX-512: unset OPENBLAS_CORETYPE "
                      "or set it to Haswell/SkylakeX for about 3x faster steps", blas.core);
     }
-    // A config error is the same on every rank: rank 0 reports it, and the
-    // barrier keeps every rank alive until it has (a rank exiting non-zero
-    // first would let mpirun kill rank 0 before its message is out).
-    try {
-      check_parallel_layout(cfg, world->size());
-    } catch (const Error& e) {
-      if (world->size() == 1) throw;
-      if (rank0) {
-        std::fprintf(stderr, "kvshift: error: %s\n", e.what());
-        std::fflush(stderr);
-      }
-      world->barrier();
-      world.reset();
-      std::exit(1);
-    }
+    check_layout_or_exit(world, cfg);
     TrainSummary s;
     run_on_world(*world, [&] {
       const std::string init_from = a->init_from.empty() ? "" : resolve_checkpoint_dir(a->init_from);

@@ -9,6 +9,10 @@
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/tied_embedding.h"
+#ifdef KVS_CUDA
+#include "dist/nccl_comm.h"
+#include "kernels/cuda/device.h"
+#endif
 
 namespace kvs {
 
@@ -84,6 +88,10 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
   io_ = std::make_unique<FullModelIO>(cfg.model, engine_->layout(), tp_, groups_.dp_rank == 0 && groups_.cp_rank == 0,
                                       pipe_ ? groups_.pp_comm : nullptr, pipe_ ? &part_ : nullptr);
+#ifdef KVS_CUDA
+  // The GPU make_engine chose for this process (local rank % visible devices).
+  if (cfg.device == Device::Cuda) peak_tflops_ = cuda::peak_bf16_tflops(dist::select_device(dist::detect_launch()));
+#endif
 }
 
 TrainStep::~TrainStep() = default;

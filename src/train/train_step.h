@@ -55,6 +55,10 @@ class TrainStep {
   // This replica's share of each global batch: global batch / dp sequences,
   // [dp_rank * n, (dp_rank + 1) * n).
   int replica_sequences() const { return replica_sequences_; }
+  // The dense bf16 TFLOP/s of this process's GPU (cuda::peak_bf16_tflops: by
+  // model name, or KVS_PEAK_TFLOPS), the denominator of MFU; 0 on the CPU or
+  // for a GPU it does not know.
+  double device_peak_tflops() const { return peak_tflops_; }
 
   // With more than one replica (dp x cp ranks), ZeRO-1: from here on the
   // engine keeps only its shard's moments. Call once the weights are written
@@ -84,6 +88,7 @@ class TrainStep {
   std::unique_ptr<FullModelIO> io_;
   std::unique_ptr<Zero1> zero1_;
   int micro_batch_ = 1, replica_sequences_ = 1;
+  double peak_tflops_ = 0;
 };
 
 }  // namespace kvs

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/profile_range.h"
 #include "data/tokenizer_check.h"
+#include "model/flops.h"
 #include "model/params.h"
 #include "parallel/parallel_groups.h"
 #include "parallel/pipeline_schedule.h"
@@ -490,6 +491,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     return r;
   };
 
+  // Model FLOPs (model/flops.h) per token, and MFU's denominator: 0 on the CPU.
+  const double flops_per_token = train_flops_per_token(cfg.model, T);
+  const double peak_tflops = train_step.device_peak_tflops();
   const int64_t inf_gradient_step = inf_gradient_fault_step();
   const auto t_start = std::chrono::steady_clock::now();
   double smoothed_step_s = 0;  // the progress line shows an EMA: one step's rate is too noisy to read
@@ -526,16 +530,29 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>(GB) * T / dt;
+    const double tflops = flops_per_token * tok_s / comm->size() / 1e12;  // per process, as bench counts them
     smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
     watch.end(dt);
     summary.losses.push_back(loss);
-    if (rank0 && (done % tc.log_every == 0 || done == tc.steps))
-      metrics.write({{"type", "train"}, {"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
-                     {"scored_tokens", static_cast<int64_t>(scored)}, {"tokens_per_s", tok_s},
-                     {"step_time_s", dt}});
-    if (!opt.quiet && rank0)
-      progress.update(done, loss, lr, static_cast<double>(GB) * T / smoothed_step_s,
-                      std::isfinite(last_eval_acc) ? fmt::format("acc {:.1f}%", 100 * last_eval_acc) : "");
+    if (rank0 && (done % tc.log_every == 0 || done == tc.steps)) {
+      nlohmann::json j = {{"type", "train"},       {"step", done},
+                          {"loss", loss},          {"lr", lr},
+                          {"grad_norm", gnorm},    {"scored_tokens", static_cast<int64_t>(scored)},
+                          {"tokens_per_s", tok_s}, {"step_time_s", dt},
+                          {"model_tflops_per_s", tflops}};
+      if (peak_tflops > 0) j["mfu"] = tflops / peak_tflops;
+      metrics.write(j);
+    }
+    if (!opt.quiet && rank0) {
+      const double smoothed_tok_s = static_cast<double>(GB) * T / smoothed_step_s;
+      std::string extra =
+          peak_tflops > 0
+              ? fmt::format("MFU {:.1f}%", 100 * flops_per_token * smoothed_tok_s / comm->size() / 1e12 / peak_tflops)
+              : "";
+      if (std::isfinite(last_eval_acc))
+        extra += fmt::format("{}acc {:.1f}%", extra.empty() ? "" : " | ", 100 * last_eval_acc);
+      progress.update(done, loss, lr, smoothed_tok_s, extra);
+    }
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) summary.final_eval = run_eval(done);
     const bool checkpoint_due = (tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last;

@@ -1,9 +1,14 @@
-// `kvshift bench --device cuda` in parallel layouts: under mpirun, ranks
-// sharing one GPU (MPI backend, as test_cuda_tp.cpp's runs), every layout's
-// steps follow one process's and rank 0 alone reports (bench_layouts.h).
-// Skipped without a GPU; runs on the host-built engine in CI; not yet run on a GPU.
+// Throughput on the CUDA engine: `kvshift bench --device cuda` in parallel
+// layouts (under mpirun, ranks sharing one GPU with the MPI backend, as
+// test_cuda_tp.cpp's runs: every layout's steps follow one process's and rank
+// 0 alone reports; bench_layouts.h), and MFU in bench, metrics.jsonl and the
+// progress line. Skipped without a GPU; runs on the host-built engine in CI;
+// not yet run on a GPU.
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
 
 #include "bench_layouts.h"
 #include "cuda_test_util.h"
@@ -25,6 +30,35 @@ TEST(CudaBench, EveryLayoutTimesTheStepOfOneProcess) {
                                      {2, "--set parallel.cp=2", 1, 1, 2, 1},
                                      {2, "--set parallel.pp=2", 1, 1, 1, 2}},
                                     2e-3);
+}
+
+// MFU is model TFLOP/s per process over the GPU's dense bf16 peak (here set by
+// KVS_PEAK_TFLOPS, which also names it for a GPU kvshift does not know): in
+// bench's JSON, in every train line of metrics.jsonl and on the progress line.
+TEST(CudaBench, TrainAndBenchReportMfuAgainstThePeak) {
+  KVS_REQUIRE_GPU();
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, tiny_cuda_config(true, 4).dump());
+  const std::string peak = "env KVS_PEAK_TFLOPS=0.002";
+  const nlohmann::json b = bench_json(run_kvshift("bench --json --warmup 1 --steps 2 --config " + cfg, peak));
+  ASSERT_TRUE(b.contains("mfu")) << b.dump();
+  EXPECT_NEAR(b["mfu"].get<double>(), b["model_tflops_per_s"].get<double>() / 0.002, 1e-9);
+  const auto r = run_kvshift("train --config " + cfg + " --run-dir " + (tmp / "run") +
+                                 " --set train.steps=3 --set train.log_every=1",
+                             peak);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(step 3/3 \| .* tok/s \| ETA \S+ \| MFU [0-9.]+%)"))) << r.out;
+  int lines = 0;
+  std::ifstream in(tmp / "run/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] != "train") continue;
+    ++lines;
+    ASSERT_TRUE(j.contains("mfu")) << line;
+    EXPECT_NEAR(j["mfu"].get<double>(), j["model_tflops_per_s"].get<double>() / 0.002, 1e-9) << line;
+  }
+  EXPECT_EQ(lines, 3);
 }
 
 #endif  // KVS_CUDA

@@ -14,6 +14,7 @@
 #include "dist_test_util.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
+#include "model/flops.h"
 #include "model/params.h"
 #include "parallel/zero1.h"
 
@@ -212,4 +213,31 @@ TEST(DistDp, Zero1EngineKeepsOnlyItsShard) {
     ASSERT_EQ(vb[i], in_shard ? va[i] : 0.0f) << i;
   }
   EXPECT_KVS_ERROR(part.adamw_step_range({}, 0, n), "outside the optimizer moments held");
+}
+
+// Each train line of metrics.jsonl carries the model TFLOP/s per process
+// (model/flops.h's FLOPs per token x the world's tokens/s / processes), as
+// `bench` counts them; "mfu" only where a GPU's peak is known, so not on the CPU.
+TEST(DistDp, MetricsCountModelFlopsPerProcess) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  kvs::testing_util::spit(cfg, tiny_config(true, 4).dump());
+  const kvs::Config c = kvs::load_config(cfg);
+  const double per_token = kvs::train_flops_per_token(c.model, c.train.seq_len);
+  for (int np : {0, 2}) {
+    const std::string dir = tmp / ("np" + std::to_string(np));
+    train(np, cfg, dir, "--set train.steps=3 --set train.log_every=1");
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] != "train") continue;
+      ++lines;
+      const double want = per_token * j["tokens_per_s"].get<double>() / std::max(np, 1) / 1e12;
+      EXPECT_NEAR(j["model_tflops_per_s"].get<double>(), want, 1e-12 + 1e-9 * want) << "np " << np << ": " << line;
+      EXPECT_FALSE(j.contains("mfu")) << line;
+    }
+    EXPECT_EQ(lines, 3) << "np " << np;
+  }
 }

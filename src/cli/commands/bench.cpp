@@ -194,7 +194,7 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
       const int gpu = dist::select_device(dist::detect_launch());  // this process's, as make_engine chose it
       r.peak_mib = static_cast<double>(cuda::device_memory_used(gpu)) / 1048576.0;
       r.peak_what = "GPU memory in use";
-      const double peak = cuda::peak_bf16_tflops(gpu);
+      const double peak = step.device_peak_tflops();
       r.mfu = peak > 0 ? r.tflops / peak : 0;
     }
 #endif

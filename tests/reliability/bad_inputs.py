@@ -600,6 +600,13 @@ def cases():
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], \
             f"env {MPI_ENV} OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 3"
 
+    @case("env-bench-tp-one-process", "launch", "bench of a tp = 2 config in one process (it would time the unsplit model)",
+          "parallel.tp (2) must divide the number of processes (1): the world is dp x tp ranks")
+    def _(b, d):
+        c = tiny()
+        c["parallel"] = {"tp": 2}
+        return ["bench", "--config", config(d, c), "--steps", "1"], ""
+
     @case("env-cuda-without-gpu", "launch", "device cuda on a machine without a GPU",
           "device 'cuda': no usable GPU (*)")
     def _(b, d):
@@ -615,6 +622,7 @@ def cases():
 # checks what the user sees); docs/RELIABILITY.md links them.
 LINKS = {
     "config-missing": "Cli.MissingConfigIsOneLineError, Config.LoadConfigFileErrors",
+    "env-bench-tp-one-process": "DistBench.LayoutTheWorldCannotHoldIsOneError",
     "config-not-json": "Config.LoadConfigFileErrors",
     "config-unknown-key": "Cli.UnknownKeyNamesTheKey, Config.UnknownKeySuggestions",
     "config-wrong-type": "Config.WrongTypesNameKeyAndValue",

@@ -100,6 +100,8 @@ const Fields<TrainConfig>& train_fields() {
       {"min_lr", &T::min_lr},
       {"warmup_steps", &T::warmup_steps, at_least(0)},
       {"schedule", &T::schedule},
+      {"decay_steps", &T::decay_steps, at_least(0), kOmitIfDefault},
+      {"decay_shape", &T::decay_shape, kOmitIfDefault},
       {"beta1", &T::beta1, half_open(0, 1)},
       {"beta2", &T::beta2, half_open(0, 1)},
       {"eps", &T::eps, above(0)},
@@ -470,6 +472,22 @@ void validate(const Config& c, const std::string& origin) {
          m.max_position_embeddings);
   if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
     fail("{}: train.min_lr: must be in [0, train.lr = {}], got {}", origin, t.lr, t.min_lr);
+  // The wsd schedule's keys mean nothing to the others: set there, they would be silently ignored.
+  if (t.schedule == LrSchedule::Wsd) {
+    const int most = std::max(0, t.steps - t.warmup_steps);
+    if (t.decay_steps < 1 || t.decay_steps > most)
+      fail("{}: train.decay_steps: the \"wsd\" schedule needs the length of its final decay, 1 ... train.steps - "
+           "train.warmup_steps = {}, got {}",
+           origin, most, t.decay_steps);
+  } else {
+    if (t.decay_steps != 0)
+      fail("{}: train.decay_steps: only the \"wsd\" schedule has a final decay phase; train.schedule is \"{}\"",
+           origin, t.schedule);
+    if (t.decay_shape != LrDecayShape::Linear)
+      fail("{}: train.decay_shape: only the \"wsd\" schedule's final decay has a shape to choose; train.schedule "
+           "is \"{}\"",
+           origin, t.schedule);
+  }
   if (t.attention_backend != AttentionImpl::Flash && c.device != Device::Cuda)
     fail("{}: train.attention_backend: \"{}\" needs device \"cuda\" (device is \"{}\")", origin, t.attention_backend,
          c.device);

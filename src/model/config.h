@@ -137,9 +137,11 @@ struct TrainConfig {
   int grad_accum_steps = 1;       // micro-batches per optimizer step
   int seq_len = 128;
   double lr = 2e-4;
-  double min_lr = 0.0;            // floor of the cosine schedule
+  double min_lr = 0.0;            // where the cosine, linear and wsd schedules end
   int warmup_steps = 1000;
   LrSchedule schedule = LrSchedule::Constant;  // Constant: the paper's
+  int decay_steps = 0;            // "wsd": its final decay's length (the stable phase is the rest)
+  LrDecayShape decay_shape = LrDecayShape::Linear;  // "wsd": the final decay's shape
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;         // global-norm clip; 0 disables

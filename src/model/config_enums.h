@@ -69,11 +69,19 @@ constexpr auto enum_names(DatasetType) {
       {{E::Induction, "induction"}, {E::Ngram, "ngram"}, {E::Hopk, "hopk"}, {E::Shards, "shards"}});
 }
 
-// train.schedule: the learning rate after warmup.
-enum class LrSchedule { Constant, Cosine };
+// train.schedule: the learning rate after warmup (train/schedule.h).
+enum class LrSchedule { Constant, Cosine, Linear, Wsd };
 constexpr auto enum_names(LrSchedule) {
   using E = LrSchedule;
-  return std::to_array<EnumName<E>>({{E::Constant, "constant"}, {E::Cosine, "cosine"}});
+  return std::to_array<EnumName<E>>(
+      {{E::Constant, "constant"}, {E::Cosine, "cosine"}, {E::Linear, "linear"}, {E::Wsd, "wsd"}});
+}
+
+// train.decay_shape: how "wsd" decays from lr to min_lr in its last train.decay_steps.
+enum class LrDecayShape { Linear, Cosine, OneMinusSqrt };
+constexpr auto enum_names(LrDecayShape) {
+  using E = LrDecayShape;
+  return std::to_array<EnumName<E>>({{E::Linear, "linear"}, {E::Cosine, "cosine"}, {E::OneMinusSqrt, "1-sqrt"}});
 }
 
 // train.recompute: which activations the CUDA engine recomputes in the backward.

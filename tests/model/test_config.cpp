@@ -398,7 +398,8 @@ TEST(Config, EnumNamesRoundTrip) {
   expect_names_round_trip<ShiftParametrization>({"free", "sigmoid_gate", "clamp01"});
   expect_names_round_trip<DocumentBoundaries>({"none", "shift", "shift_and_attention"});
   expect_names_round_trip<DatasetType>({"induction", "ngram", "hopk", "shards"});
-  expect_names_round_trip<LrSchedule>({"constant", "cosine"});
+  expect_names_round_trip<LrSchedule>({"constant", "cosine", "linear", "wsd"});
+  expect_names_round_trip<kvs::LrDecayShape>({"linear", "cosine", "1-sqrt"});
   expect_names_round_trip<Recompute>({"none", "attention", "full"});
   expect_names_round_trip<AttentionImpl>({"flash", "cudnn", "flash-mma"});
   EXPECT_EQ(kvs::enum_choices<Recompute>(), "\"none\", \"attention\" or \"full\"");
@@ -419,7 +420,9 @@ TEST(Config, EnumValuesAreCheckedWhenRead) {
       {[](json& j) { j["model"]["position_encoding"] = "NONE"; }, {"model.position_encoding"}},
       {[](json& j) { j["model"]["kv_shift"]["parametrization"] = "sigmoid"; },
        {"model.kv_shift.parametrization: must be \"free\", \"sigmoid_gate\" or \"clamp01\", got \"sigmoid\""}},
-      {[](json& j) { j["train"]["schedule"] = "linear"; }, {"train.schedule", "linear"}},
+      {[](json& j) { j["train"]["schedule"] = "exponential"; },
+       {"train.schedule: must be \"constant\", \"cosine\", \"linear\" or \"wsd\", got \"exponential\""}},
+      {[](json& j) { j["train"]["decay_shape"] = "sqrt"; }, {"train.decay_shape", "\"1-sqrt\"", "\"sqrt\""}},
       {[](json& j) { j["data"]["type"] = "text"; }, {"data.type", "text"}},
       {[](json& j) { j["train"]["recompute"] = "layers"; }, {"train.recompute", "\"layers\""}},
       {[](json& j) { j["train"]["attention_backend"] = "xformers"; }, {"train.attention_backend", "\"xformers\""}},
@@ -529,6 +532,14 @@ TEST(Config, ValidationRulesNameTheKey) {
       {[](C& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::FlashMma; },
        {"parallel.cp", "\"flash\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
+      {[](C& c) { c.train.schedule = LrSchedule::Wsd; }, {"train.decay_steps", "\"wsd\"", "got 0"}},
+      {[](C& c) { c.train.schedule = LrSchedule::Wsd; c.train.decay_steps = c.train.steps - c.train.warmup_steps + 1; },
+       {"train.decay_steps", "train.steps - train.warmup_steps"}},
+      {[](C& c) { c.train.schedule = LrSchedule::Cosine; c.train.decay_steps = 10; },
+       {"train.decay_steps", "only the \"wsd\" schedule", "\"cosine\""}},
+      {[](C& c) { c.train.decay_shape = kvs::LrDecayShape::OneMinusSqrt; },
+       {"train.decay_shape", "\"constant\""}},
+      {[](C& c) { c.train.decay_steps = -1; }, {"train.decay_steps"}},
       {[](C& c) { c.model.document_boundaries = DocumentBoundaries::Shift; },
        {"model.document_boundaries", "model.bos_token_id"}},
       {[](C& c) { c.model.bos_token_id = 128; }, {"model.bos_token_id", "128"}},
@@ -561,6 +572,12 @@ TEST(Config, ValidationEdgesThatPass) {
   ok([](auto& c) { c.train.min_lr = c.train.lr; });
   ok([](auto& c) { c.train.grad_clip = 0; c.train.weight_decay = 0; c.train.warmup_steps = 0; });
   ok([](auto& c) { c.train.schedule = LrSchedule::Cosine; });
+  ok([](auto& c) { c.train.schedule = LrSchedule::Linear; });
+  ok([](auto& c) {  // the whole run after warmup decays
+    c.train.schedule = LrSchedule::Wsd;
+    c.train.decay_steps = c.train.steps - c.train.warmup_steps;
+    c.train.decay_shape = kvs::LrDecayShape::OneMinusSqrt;
+  });
   ok([](auto& c) { c.train.beta1 = 0; });
   ok([](auto& c) { c.device = Device::Cuda; });
   ok([](auto& c) { c.data.induction.pool_size = 117; });                               // = token_hi - token_lo

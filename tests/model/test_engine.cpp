@@ -392,6 +392,46 @@ TEST(Schedule, WarmupThenConstantOrCosine) {
   EXPECT_NEAR(kvs::learning_rate(t, 110), 1e-4, 1e-12);
 }
 
+TEST(Schedule, LinearAndWarmupStableDecay) {
+  kvs::TrainConfig t;
+  t.lr = 1e-3;
+  t.min_lr = 1e-4;
+  t.warmup_steps = 10;
+  t.steps = 110;
+  t.schedule = kvs::LrSchedule::Linear;
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 4), 5e-4);  // the same warmup
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 10), 1e-3);
+  EXPECT_NEAR(kvs::learning_rate(t, 35), 1e-3 - 0.25 * 0.9e-3, 1e-12);
+  EXPECT_NEAR(kvs::learning_rate(t, 109), 1e-4 + 0.01 * 0.9e-3, 1e-12);
+  EXPECT_NEAR(kvs::learning_rate(t, 110), 1e-4, 1e-12);
+  // wsd: warmup, lr until the last 40 steps (70 ... 109), then the decay's shape.
+  t.schedule = kvs::LrSchedule::Wsd;
+  t.decay_steps = 40;
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 10), 1e-3);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 69), 1e-3);
+  EXPECT_DOUBLE_EQ(kvs::learning_rate(t, 70), 1e-3);  // the decay's first step: progress 0
+  struct Shape {
+    kvs::LrDecayShape shape;
+    double quarter;  // at step 80: progress 1/4
+  };
+  for (const Shape& s : {Shape{kvs::LrDecayShape::Linear, 1e-3 - 0.25 * 0.9e-3},
+                         Shape{kvs::LrDecayShape::Cosine, 1e-4 + 0.45e-3 * (1 + std::sqrt(0.5))},
+                         Shape{kvs::LrDecayShape::OneMinusSqrt, 1e-4 + 0.9e-3 * 0.5}}) {
+    t.decay_shape = s.shape;
+    SCOPED_TRACE(static_cast<int>(s.shape));
+    EXPECT_NEAR(kvs::learning_rate(t, 80), s.quarter, 1e-12);
+    EXPECT_NEAR(kvs::learning_rate(t, 90), 0.5 * (1e-3 + 1e-4) + (s.shape == kvs::LrDecayShape::OneMinusSqrt
+                                                                      ? 0.9e-3 * (0.5 - std::sqrt(0.5))
+                                                                      : 0.0),
+                1e-12);
+    EXPECT_GT(kvs::learning_rate(t, 109), 1e-4);
+    EXPECT_NEAR(kvs::learning_rate(t, 110), 1e-4, 1e-12);
+    for (int64_t step = 70; step < 110; ++step)
+      EXPECT_LE(kvs::learning_rate(t, step + 1), kvs::learning_rate(t, step)) << "step " << step;
+  }
+}
+
 // Document boundaries: with "shift_and_attention" a document packed after
 // another gives the same logits as the same document alone (nothing leaks
 // through K_{t-1}/V_{t-1} or attention; RoPE is relative, so the offset only

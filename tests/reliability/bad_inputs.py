@@ -139,10 +139,10 @@ def cases():
         return ["train", "--config", config(d, c)], ""
 
     @case("config-bad-enum", "config", "an unknown schedule",
-          "D/c.json: train.schedule: must be \"constant\" or \"cosine\", got \"linear\"")
+          "D/c.json: train.schedule: must be \"constant\", \"cosine\", \"linear\" or \"wsd\", got \"exponential\"")
     def _(b, d):
         c = tiny()
-        c["train"]["schedule"] = "linear"
+        c["train"]["schedule"] = "exponential"
         return ["train", "--config", config(d, c)], ""
 
     @case("config-duplicate-key", "config", "the same key twice", "D/c.json: duplicate key 'train.lr'")

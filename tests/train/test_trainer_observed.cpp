@@ -107,6 +107,23 @@ TEST(OptimizerWiring, TheScheduledLearningRateIsLoggedAndApplied) {
   EXPECT_GT(moved, 100) << "parameters that moved by about lr";
 }
 
+// "wsd" through a config file's keys: warmup over 4 steps to 1e-2, the stable lr through step 6,
+// then the last 4 steps (7 ... 10 done) in 1-sqrt to 1e-3 at step 10, written out here.
+TEST(OptimizerWiring, TheWarmupStableDecayScheduleIsLogged) {
+  Config c = tiny(10);
+  c.train.schedule = kvs::LrSchedule::Wsd;
+  c.train.decay_steps = 4;
+  c.train.decay_shape = kvs::LrDecayShape::OneMinusSqrt;
+  const auto lines = train_lines(run(kvs::config_from_json(kvs::to_json(c), "wsd"), "wsd"));
+  ASSERT_EQ(lines.size(), 10u);
+  for (int done = 1; done <= 10; ++done) {
+    const double want = done <= 4   ? 1e-2 * done / 4
+                        : done <= 6 ? 1e-2
+                                    : 1e-3 + 9e-3 * (1 - std::sqrt((done - 7) / 4.0));
+    EXPECT_NEAR(lines.at(done)["lr"].get<double>(), want, 1e-12) << "step " << done;
+  }
+}
+
 // One step with grad_clip 0 (off), 1e6 (above the norm: no effect) and 1e-3 (below it): the
 // first moment is (1 - beta1) x the gradient actually applied, so it must be the unclipped one
 // x 1e-3 / (norm + 1e-6) in the clipped run and unchanged in the other; the logged grad_norm is

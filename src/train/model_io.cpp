@@ -26,8 +26,8 @@ std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck) {
   return flat;
 }
 
-OpenedCheckpoint open_model_checkpoint(const std::string& dir) {
-  CheckpointFiles files = open_checkpoint(dir);
+OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimizer) {
+  CheckpointFiles files = open_checkpoint(dir, with_optimizer);
   ModelConfig model = model_from_hf_json(files.hf_config, dir + "/config.json");
   return OpenedCheckpoint{dir, std::move(model), std::move(files)};
 }

@@ -24,12 +24,13 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer = f
 std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck);
 
 // The same opened for reading slices (CheckpointFiles): what the trainer
-// uses, each rank reading its own part (FullModelIO::read_local).
+// uses, each rank reading its own part (FullModelIO::read_local). Without
+// the optimizer file (neither opened nor verified) when with_optimizer is false.
 struct OpenedCheckpoint {
   std::string dir;
   ModelConfig model;
   CheckpointFiles files;
 };
-OpenedCheckpoint open_model_checkpoint(const std::string& dir);
+OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimizer = true);
 
 }  // namespace kvs

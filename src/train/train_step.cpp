@@ -1,5 +1,7 @@
 #include "train/train_step.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -82,6 +84,8 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
   }
   pipe_norm_ = {pipe_ ? groups_.pp_comm : nullptr, !part_.embedding && cfg.model.tie_word_embeddings};
   micro_batch_ = tc.micro_batch_size;
+  virtual_stages_ = par.pp > 1 ? par.virtual_stages : 1;
+  processes_ = world.size();
   replica_sequences_ = cfg.global_batch_sequences() / groups_.dp;
   engine_ = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp_,
                         tc.attention_backend, cp, pipe_ ? &part_ : nullptr, pipe_ ? pipe_->slots() : 1);
@@ -95,6 +99,24 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
 }
 
 TrainStep::~TrainStep() = default;
+
+std::string TrainStep::layout() const {
+  const ParallelGroups& g = groups_;
+  std::string s = fmt::format("dp {}", g.dp);
+  if (g.pp > 1)
+    s += virtual_stages_ > 1 ? fmt::format(", pp {} ({} virtual stages each)", g.pp, virtual_stages_)
+                             : fmt::format(", pp {}", g.pp);
+  if (g.cp > 1) s += fmt::format(", cp {}", g.cp);
+  s += fmt::format(", tp {}", g.tp);
+  if (g.sequence_parallel) s += " (sequence parallel)";
+  return s;
+}
+
+nlohmann::json TrainStep::layout_json() const {
+  const ParallelGroups& g = groups_;
+  return {{"processes", processes_}, {"dp", g.dp}, {"tp", g.tp}, {"cp", g.cp}, {"pp", g.pp},
+          {"virtual_stages", virtual_stages_}, {"sequence_parallel", g.sequence_parallel}};
+}
 
 void TrainStep::shard_optimizer() {
   if (groups_.grad_comm->size() > 1 && !zero1_)

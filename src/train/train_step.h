@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "dist/comm.h"
 #include "model/config.h"
@@ -55,6 +57,11 @@ class TrainStep {
   // This replica's share of each global batch: global batch / dp sequences,
   // [dp_rank * n, (dp_rank + 1) * n).
   int replica_sequences() const { return replica_sequences_; }
+  // "dp 2, pp 2 (2 virtual stages each), cp 2, tp 2 (sequence parallel)": the
+  // layout's sizes (pp and cp only when > 1), as train's log line names them.
+  std::string layout() const;
+  // {"processes", "dp", "tp", "cp", "pp", "virtual_stages", "sequence_parallel"}.
+  nlohmann::json layout_json() const;
   // The dense bf16 TFLOP/s of this process's GPU (cuda::peak_bf16_tflops: by
   // model name, or KVS_PEAK_TFLOPS), the denominator of MFU; 0 on the CPU or
   // for a GPU it does not know.
@@ -87,7 +94,7 @@ class TrainStep {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<FullModelIO> io_;
   std::unique_ptr<Zero1> zero1_;
-  int micro_batch_ = 1, replica_sequences_ = 1;
+  int micro_batch_ = 1, replica_sequences_ = 1, virtual_stages_ = 1, processes_ = 1;
   double peak_tflops_ = 0;
 };
 

@@ -251,7 +251,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     comm = own_comm.get();
   }
   check_parallel_layout(cfg, comm->size());
-  const ParallelConfig& par = cfg.parallel;
   const int rank = comm->rank();
   const bool rank0 = rank == 0;
   set_threads(tc.threads);
@@ -267,7 +266,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // The groups, this rank's part of the model and its engine (docs/PARALLEL.md).
   TrainStep train_step(cfg, *comm);
   const ParallelGroups& groups = train_step.groups();
-  const int dp = groups.dp;
   dist::Communicator& dp_comm = *groups.dp_comm;
   Engine* const engine = &train_step.engine();
   PipelineRunner* const pipe = train_step.pipeline();
@@ -367,14 +365,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (rank0) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
-    spdlog::info("parallel layout: dp {}{}{}, tp {}{}, backend {}{}{}", dp,
-                 groups.pp > 1 ? fmt::format(", pp {}{}", groups.pp,
-                                             par.virtual_stages > 1
-                                                 ? fmt::format(" ({} virtual stages each)", par.virtual_stages)
-                                                 : "")
-                               : "",
-                 groups.cp > 1 ? fmt::format(", cp {}", groups.cp) : "", groups.tp,
-                 groups.sequence_parallel ? " (sequence parallel)" : "", comm->backend(),
+    spdlog::info("parallel layout: {}, backend {}{}{}", train_step.layout(), comm->backend(),
                  zero1 ? ", ZeRO-1 optimizer shards" : "",
                  groups.tp > 1 ? fmt::format(", vocabulary padded to {}", padded_vocab(cfg.model, groups.tp)) : "");
   }

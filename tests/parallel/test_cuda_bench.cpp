@@ -10,7 +10,7 @@
 #include <fstream>
 #include <regex>
 
-#include "bench_layouts.h"
+#include "layout_runs.h"
 #include "cuda_test_util.h"
 
 using namespace kvs::testing_util;
@@ -41,7 +41,7 @@ TEST(CudaBench, TrainAndBenchReportMfuAgainstThePeak) {
   const std::string cfg = tmp / "c.json";
   spit(cfg, tiny_cuda_config(true, 4).dump());
   const std::string peak = "env KVS_PEAK_TFLOPS=0.002";
-  const nlohmann::json b = bench_json(run_kvshift("bench --json --warmup 1 --steps 2 --config " + cfg, peak));
+  const nlohmann::json b = last_json(run_kvshift("bench --json --warmup 1 --steps 2 --config " + cfg, peak));
   ASSERT_TRUE(b.contains("mfu")) << b.dump();
   EXPECT_NEAR(b["mfu"].get<double>(), b["model_tflops_per_s"].get<double>() / 0.002, 1e-9);
   const auto r = run_kvshift("train --config " + cfg + " --run-dir " + (tmp / "run") +

@@ -4,7 +4,7 @@
 // layout and per-process figures; a layout the world cannot hold is one error.
 #include <gtest/gtest.h>
 
-#include "bench_layouts.h"
+#include "layout_runs.h"
 
 using namespace kvs::testing_util;
 

@@ -54,6 +54,8 @@ struct BenchResult {
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens = 0, tok_s = 0, tflops = 0, mfu = 0;
   double median_cpu_ms = 0;  // process CPU time per step, all threads: less sensitive to other load than wall time
   int processes = 1;    // tokens and tok_s are the whole world's, tflops and mfu per process
+  std::string layout;   // TrainStep::layout(), and as JSON
+  nlohmann::json layout_json;
   double peak_mib = 0;  // host RSS (cpu) or device memory in use (cuda); the largest process's
   std::string peak_what;
   std::vector<kvs::profile::OpStat> ops;  // with --profile: summed over the timed steps
@@ -185,6 +187,8 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
     r.tokens = tokens;
     r.tok_s = r.tokens / (r.median_ms / 1000.0);
     r.processes = world.size();
+    r.layout = step.layout();
+    r.layout_json = step.layout_json();
     r.tflops = train_flops_per_token(cfg.model, T) * r.tok_s / r.processes / 1e12;
     r.peak_mib = ru.ru_maxrss / 1024.0;
     r.peak_what = "host RSS";
@@ -201,18 +205,6 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
     world.all_reduce(&r.peak_mib, 1, dist::DType::F64, dist::ReduceOp::Max);  // the largest process's
   }
   return res;
-}
-
-// "dp 2, tp 2 (sequence parallel)": the layout of `processes` ranks (check_parallel_layout holds).
-std::string layout_text(const ParallelConfig& p, int processes) {
-  std::string s = fmt::format("dp {}", processes / (p.tp * p.cp * p.pp));
-  if (p.pp > 1)
-    s += p.virtual_stages > 1 ? fmt::format(", pp {} ({} virtual stages each)", p.pp, p.virtual_stages)
-                              : fmt::format(", pp {}", p.pp);
-  if (p.cp > 1) s += fmt::format(", cp {}", p.cp);
-  s += fmt::format(", tp {}", p.tp);
-  if (p.sequence_parallel) s += " (sequence parallel)";
-  return s;
 }
 
 struct ProfileRow {
@@ -436,13 +428,7 @@ void add_bench(CLI::App& app) {
                             {"threads", threads},
                             {"kv_shift", run_config(i).model.kv_shift.enabled},
                             {"processes", r.processes},
-                            {"parallel",
-                             {{"dp", r.processes / (cfg.parallel.tp * cfg.parallel.cp * cfg.parallel.pp)},
-                              {"tp", cfg.parallel.tp},
-                              {"cp", cfg.parallel.cp},
-                              {"pp", cfg.parallel.pp},
-                              {"virtual_stages", cfg.parallel.virtual_stages},
-                              {"sequence_parallel", cfg.parallel.sequence_parallel}}},
+                            {"parallel", r.layout_json},
                             {"tokens_per_step", r.tokens},
                             {"median_ms_per_step", r.median_ms},
                             {"median_cpu_ms_per_step", r.median_cpu_ms},
@@ -504,7 +490,7 @@ void add_bench(CLI::App& app) {
                     device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
       else
         std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n",
-                    a->config.c_str(), r.processes, layout_text(cfg.parallel, r.processes).c_str(), device.c_str(),
+                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(),
                     threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
                   r.max_ms, a->steps, r.tok_s);

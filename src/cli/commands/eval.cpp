@@ -3,15 +3,23 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
+#include "cli/commands/world_guard.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/tokenizer_check.h"
+#include "dist/world.h"
+#include "train/model_io.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace kvs::cli {
 
 void add_eval(CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Validation loss and accuracy of a checkpoint");
+  auto* cmd = app.add_subcommand(
+      "eval",
+      "Validation loss and accuracy of a checkpoint; under mpirun or torchrun in the config's parallel layout (each "
+      "rank reads its part of the weights, the data-parallel replicas split the batches; the numbers are one "
+      "process's)");
   struct Args {
     std::string checkpoint, config, device;
     std::vector<std::string> sets;
@@ -31,13 +39,14 @@ void add_eval(CLI::App& app) {
       KVS_CHECK(s.rfind("model.", 0) != 0 && s.rfind("model=", 0) != 0,
                 "--set {}: eval runs the checkpoint's model as saved; only data and train keys can be overridden", s);
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
-    LoadedCheckpoint ck = read_checkpoint(dir);
+    // Opened, not read: each rank reads only its part of the weights.
+    const OpenedCheckpoint ck = open_model_checkpoint(dir, /*with_optimizer=*/false);
     Config cfg;
     if (!a->config.empty()) {
       cfg = load_config(a->config, a->sets);
     } else {
-      KVS_CHECK(!ck.data.run_config.is_null(), "{}: no run_config.json; pass --config", dir);
-      nlohmann::json j = ck.data.run_config;
+      KVS_CHECK(!ck.files.run_config.is_null(), "{}: no run_config.json; pass --config", dir);
+      nlohmann::json j = ck.files.run_config;
       for (const auto& s : a->sets) apply_override(j, s, dir + "/run_config.json");
       cfg = config_from_json(j, dir + "/run_config.json");
       validate(cfg, dir + "/run_config.json");
@@ -51,15 +60,41 @@ void add_eval(CLI::App& app) {
     const std::string cfg_dir =
         cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
     if (!cfg.data.tokenizer.empty())  // the data's ids must mean what they meant in training
-      check_checkpoint_tokenizer(ck.data.trainer_state, dir,
+      check_checkpoint_tokenizer(ck.files.trainer_state, dir,
                                  check_data_tokenizer(cfg.data.tokenizer, ck.model.vocab_size, cfg_dir));
+    // One process evaluates the whole model, whatever layout the run trained in.
+    // Under mpirun or torchrun the ranks hold the config's parallel layout (the
+    // run's, or --set parallel.*), and the data-parallel replicas split the
+    // batches: the numbers are one process's either way (evaluate()).
+    auto world = dist::make_world(cfg.device);
+    if (world->size() == 1) cfg.parallel = ParallelConfig{};
+    // No optimizer step runs: grad_accum_steps only sizes the pipeline's
+    // schedule, so the fewest micro-batches any layout takes.
+    const ParallelConfig& p = cfg.parallel;
+    const int dp = std::max(1, world->size() / (p.tp * p.cp * p.pp));
+    cfg.train.grad_accum_steps = dp * (p.pp > 1 && p.virtual_stages > 1 ? p.pp : 1);
+    check_layout_or_exit(world, cfg);
+    const bool rank0 = world->rank() == 0;
     auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
-    auto engine = engine_for(ck, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.device);
-    EvalResult r = evaluate(*engine, *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences);
-    KVS_CHECK(r.scored_tokens > 0, "{}: no position of the {} validation sequences is scored (train.seq_len {}); "
-              "nothing was evaluated", dir, r.sequences, cfg.train.seq_len);
-    KVS_CHECK(std::isfinite(r.loss), "{}: val_loss is {} over {} scored tokens: the model's weights or activations "
-              "are not finite", dir, r.loss, r.scored_tokens);
+    EvalResult r;
+    std::string layout;
+    nlohmann::json layout_json;
+    run_on_world(*world, [&] {
+      TrainStep step(cfg, *world);
+      step.io().check_file(*ck.files.model, {""});
+      write_params_in_windows(step.engine(),
+                              [&](size_t at, size_t n, float* w) { step.io().read_local(*ck.files.model, "", at, n, w); });
+      layout = step.layout();
+      layout_json = step.layout_json();
+      r = evaluate(step.engine(), *data, cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.eval_sequences,
+                   step.pipeline(), step.groups().pp_comm, step.groups().dp_comm);
+      if (!rank0) return;  // every rank has the numbers: rank 0 judges and prints them
+      KVS_CHECK(r.scored_tokens > 0, "{}: no position of the {} validation sequences is scored (train.seq_len {}); "
+                "nothing was evaluated", dir, r.sequences, cfg.train.seq_len);
+      KVS_CHECK(std::isfinite(r.loss), "{}: val_loss is {} over {} scored tokens: the model's weights or activations "
+                "are not finite", dir, r.loss, r.scored_tokens);
+    });
+    if (!rank0) return;
     if (a->json) {
       // accuracy_kind: the accuracy name with '_' for '-' ("induction", "next_token", "3_gram", "hop_k").
       std::string kind = data->accuracy_name();
@@ -67,12 +102,14 @@ void add_eval(CLI::App& app) {
         if (ch == '-') ch = '_';
       nlohmann::json j = {{"checkpoint", dir},       {"val_loss", r.loss},         {"accuracy", r.accuracy},
                           {"sequences", r.sequences}, {"scored_tokens", r.scored_tokens},
-                          {"accuracy_kind", kind}};
+                          {"accuracy_kind", kind},    {"parallel", layout_json}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens\n", dir.c_str(), r.loss,
+      std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens", dir.c_str(), r.loss,
                   data->accuracy_name().c_str(), 100 * r.accuracy,
                   static_cast<long long>(r.sequences), static_cast<long long>(r.scored_tokens));
+      if (world->size() > 1) std::printf(" | %d processes: %s", world->size(), layout.c_str());
+      std::printf("\n");
     }
   });
 }

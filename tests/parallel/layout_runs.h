@@ -1,5 +1,6 @@
-// `kvshift bench` in parallel layouts (test_dist_bench.cpp on the CPU engine,
-// test_cuda_bench.cpp on the CUDA one): every layout's steps must follow one
+// `kvshift bench` and `eval` in parallel layouts (test_dist_bench.cpp and
+// test_dist_eval.cpp on the CPU engine, test_cuda_bench.cpp and
+// test_cuda_eval.cpp on the CUDA one): every layout's numbers must follow one
 // process's, with rank 0 alone reporting.
 #pragma once
 #include <fmt/format.h>
@@ -13,8 +14,8 @@
 
 namespace kvs::testing_util {
 
-// The bench's JSON: the last line of its output that is one (mpirun may add lines of its own).
-inline nlohmann::json bench_json(const CommandResult& r) {
+// A command's JSON: the last line of its output that is one (mpirun may add lines of its own).
+inline nlohmann::json last_json(const CommandResult& r) {
   std::istringstream in(r.out);
   std::string line, last;
   while (std::getline(in, line))
@@ -30,7 +31,25 @@ inline nlohmann::json bench(int np, const std::string& cfg, const std::string& e
   EXPECT_EQ(r.code, 0) << r.out;
   // Rank 0 alone prints: one result, not one per process.
   EXPECT_EQ(r.out.find("\"config\""), r.out.rfind("\"config\"")) << r.out;
-  return bench_json(r);
+  return last_json(r);
+}
+
+// `eval --json` of a run's latest checkpoint on np processes (0: without mpirun).
+inline nlohmann::json eval_json(int np, const std::string& run, const std::string& extra = "") {
+  const auto r = run_kvshift("eval --json --checkpoint " + run + " " + extra, np == 0 ? "" : mpirun(np));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("\"val_loss\""), r.out.rfind("\"val_loss\"")) << "printed more than once: " << r.out;
+  return last_json(r);
+}
+
+// The layout an eval or bench reports ("parallel") is the one `sets` asked of np processes.
+inline void expect_layout(const nlohmann::json& p, int np, const std::string& sets, const std::string& what) {
+  EXPECT_EQ(p["processes"], np) << what;
+  EXPECT_EQ(p["dp"].get<int>() * p["tp"].get<int>() * p["cp"].get<int>() * p["pp"].get<int>(), np) << what;
+  for (const char* k : {"tp", "cp", "pp"})
+    EXPECT_EQ(p[k].get<int>(), sets.find(std::string("parallel.") + k + "=2") != std::string::npos ? 2 : 1)
+        << what << " " << k;
+  EXPECT_EQ(p["sequence_parallel"].get<bool>(), sets.find("sequence_parallel=true") != std::string::npos) << what;
 }
 
 struct BenchLayout {

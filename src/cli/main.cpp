@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/world_guard.h"
 #include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -98,6 +99,12 @@ int main(int argc, char** argv) {
   kvs::cli::add_data(app);
   kvs::cli::add_dist_check(app);
   kvs::cli::add_dist_selftest(app);
+  // Every subcommand but these runs in one process: launched as several ranks, an error (world_guard.h).
+  for (CLI::App* sub : app.get_subcommands({})) {
+    const std::string name = sub->get_name();
+    if (name != "train" && name != "bench" && name != "eval" && name != "dist-check" && name != "dist-selftest")
+      sub->parse_complete_callback([name] { kvs::cli::refuse_launched_ranks(name); });
+  }
   try {
     kvs::init_logging();
     kvs::cpu::check_gemm_library_variable();  // a bad KVS_CPU_GEMM is an error here, before any work

@@ -3,7 +3,8 @@
 // the process groups, this rank's part of the model and its engine, ZeRO-1
 // over the replicas, and the step itself. train() runs it on the data, with
 // evaluation and checkpoints around it; `kvshift bench` times it on random
-// tokens, so both measure the same step.
+// tokens, so both measure the same step; `kvshift eval` evaluates a
+// checkpoint on its engine, in the same layout.
 #pragma once
 #include <cstddef>
 #include <functional>

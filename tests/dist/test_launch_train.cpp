@@ -120,3 +120,34 @@ TEST(LaunchWorld, TorchrunCudaNeedsACudaBuild) {
 #endif
 
 }  // namespace
+
+// A subcommand that runs in one process (here info and export-hf), launched as
+// two torchrun ranks or under mpirun: rank 0 says so in one line, every rank
+// exits 1, and nothing is written; train, bench and eval are not refused.
+TEST(LaunchWorld, OneProcessSubcommandsRefuseSeveralRanks) {
+  TmpDir tmp;
+  kvs::testing_util::spit(tmp / "c.json", tiny_config("cpu"));
+  const std::string info = std::string(kvs::test::cli_binary()) + " info --config " + (tmp / "c.json") + " 2>&1";
+  const std::string msg = "kvshift: error: info runs in one process, but torchrun started 2 ranks";
+  for (int r = 0; r < 2; ++r) {
+    const CommandResult res = finish(::popen((torchrun_env(r, 2) + info).c_str(), "r"));
+    EXPECT_EQ(res.code, 1) << res.out;
+    EXPECT_EQ(res.out.find(msg) != std::string::npos, r == 0) << "rank " << r << ": " << res.out;
+    EXPECT_EQ(res.out.find("parameters"), std::string::npos) << "rank " << r << " ran info: " << res.out;
+  }
+  const CommandResult one = finish(::popen((torchrun_env(0, 1) + info).c_str(), "r"));
+  EXPECT_EQ(one.code, 0) << one.out;  // a torchrun world of one is one process
+
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "timeout 60 mpirun --oversubscribe --bind-to none -np 2 ";
+  const CommandResult m = finish(::popen((mpirun + kvs::test::cli_binary() + " export-hf --checkpoint " +
+                                          (tmp / "none") + " --out " + (tmp / "hf") + " 2>&1")
+                                             .c_str(),
+                                         "r"));
+  EXPECT_NE(m.code, 0) << m.out;
+  const std::string mpi_msg = "kvshift: error: export-hf runs in one process, but mpirun started 2 ranks";
+  EXPECT_NE(m.out.find(mpi_msg), std::string::npos) << m.out;
+  EXPECT_EQ(m.out.find(mpi_msg), m.out.rfind(mpi_msg)) << "reported more than once: " << m.out;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "hf"));
+}

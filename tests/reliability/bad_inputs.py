@@ -607,6 +607,13 @@ def cases():
         c["parallel"] = {"tp": 2}
         return ["bench", "--config", config(d, c), "--steps", "1"], ""
 
+    @case("env-one-process-subcommand", "launch", "a one-process subcommand launched as several ranks",
+          "info runs in one process, but torchrun started 2 ranks: run it without a launcher (train, bench and eval "
+          "are the subcommands that run across processes)")
+    def _(b, d):
+        return ["info", "--config", config(d, tiny())], \
+            "env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500"
+
     @case("env-cuda-without-gpu", "launch", "device cuda on a machine without a GPU",
           "device 'cuda': no usable GPU (*)")
     def _(b, d):
@@ -623,6 +630,7 @@ def cases():
 LINKS = {
     "config-missing": "Cli.MissingConfigIsOneLineError, Config.LoadConfigFileErrors",
     "env-bench-tp-one-process": "DistBench.LayoutTheWorldCannotHoldIsOneError",
+    "env-one-process-subcommand": "LaunchWorld.OneProcessSubcommandsRefuseSeveralRanks",
     "config-not-json": "Config.LoadConfigFileErrors",
     "config-unknown-key": "Cli.UnknownKeyNamesTheKey, Config.UnknownKeySuggestions",
     "config-wrong-type": "Config.WrongTypesNameKeyAndValue",

@@ -6,12 +6,16 @@
 // there forever; the barrier's deadline (KVS_COLLECTIVE_TIMEOUT_S) names it
 // and ends the job instead.
 #pragma once
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "core/error.h"
+#include "dist/launch.h"
 #include "dist/world.h"
 #include "model/config.h"
 #include "train/train_step.h"
@@ -50,6 +54,31 @@ inline void check_layout_or_exit(std::unique_ptr<dist::Communicator>& world, con
     world.reset();
     std::exit(1);
   }
+}
+
+// For the subcommands that run in one process (forward, generate, export-hf,
+// data prepare, ...): launched as several ranks, each would do the whole job
+// (and write the same files). Rank 0 says so in one line; every rank exits 1,
+// the others a second later, so that the launcher, which stops the job when a
+// rank fails, does not stop rank 0 before its message is out.
+inline void refuse_launched_ranks(const std::string& subcommand) {
+  dist::LaunchInfo info;
+  try {
+    info = dist::detect_launch();
+  } catch (const Error&) {
+    return;  // a launch environment these subcommands never use: not theirs to judge
+  }
+  if (info.world_size == 1) return;
+  if (info.rank == 0) {
+    std::fprintf(stderr,
+                 "kvshift: error: %s runs in one process, but %s started %d ranks: run it without a launcher "
+                 "(train, bench and eval are the subcommands that run across processes)\n",
+                 subcommand.c_str(), info.launcher.c_str(), info.world_size);
+    std::fflush(stderr);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::exit(1);
 }
 
 }  // namespace kvs::cli

@@ -148,18 +148,27 @@ PrepareResult prepare_data(const PrepareOptions& o) {
         std::string_view text;
       };
       std::vector<Doc> docs;
+      std::vector<std::vector<std::string>> decoded(texts.size());  // --jsonl: the documents docs point into
       for (size_t i = 0; i < texts.size(); ++i) {
         const std::string& path = o.inputs[first + i];
         if (checks[i].bad_utf8 != std::string::npos)
           fail("{}: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", path,
                static_cast<unsigned char>(texts[i][checks[i].bad_utf8]), checks[i].bad_utf8);
-        const auto split = split_documents(texts[i], o.split);
-        for (auto d : split) docs.push_back({i, d});
+        size_t count = 0;
+        if (!o.split.jsonl_key.empty()) {
+          decoded[i] = jsonl_documents(texts[i], o.split.jsonl_key, path);
+          for (const std::string& d : decoded[i]) docs.push_back({i, d});
+          count = decoded[i].size();
+        } else {
+          const auto split = split_documents(texts[i], o.split);
+          for (auto d : split) docs.push_back({i, d});
+          count = split.size();
+        }
         sources.push_back({{"path", path},
                            {"bytes", texts[i].size()},
                            {"sha256", checks[i].sha256},
-                           {"documents", split.size()}});
-        if (split.empty()) progress.add(static_cast<int64_t>(texts[i].size()), 0);
+                           {"documents", count}});
+        if (count == 0) progress.add(static_cast<int64_t>(texts[i].size()), 0);
       }
 
       std::vector<std::vector<int32_t>> ids(docs.size());
@@ -213,7 +222,10 @@ PrepareResult prepare_data(const PrepareOptions& o) {
          {{"bos_id", bos},
           {"eos_id", eos},
           {"document", bos >= 0 ? "<bos> tokens <eos>, documents back to back" : "tokens, documents back to back"}}},
-        {"doc_split", {{"mode", o.split.delimiter.empty() ? o.split.mode : "delimiter"}, {"delimiter", o.split.delimiter}}},
+        {"doc_split", !o.split.jsonl_key.empty()
+                          ? nlohmann::json{{"mode", "jsonl"}, {"text_key", o.split.jsonl_key}}
+                          : nlohmann::json{{"mode", o.split.delimiter.empty() ? o.split.mode : "delimiter"},
+                                           {"delimiter", o.split.delimiter}}},
         {"val_fraction", o.val_fraction},
         {"val_rule", "document g (0-based, input order) is val iff floor((g+1)*f) > floor(g*f)"},
         {"shard_tokens", o.shard_tokens},

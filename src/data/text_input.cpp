@@ -1,5 +1,7 @@
 #include "data/text_input.h"
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/fs.h"
 
@@ -60,6 +62,12 @@ std::vector<std::string> read_input_list(const std::string& list_file) {
 }
 
 void validate_doc_split(const DocSplit& s) {
+  if (!s.jsonl_key.empty()) {
+    KVS_CHECK(s.mode == "file" && s.delimiter.empty(),
+              "--jsonl: every line of a JSON Lines file is one document; --doc-split and --doc-delimiter do not "
+              "apply");
+    return;
+  }
   KVS_CHECK(s.mode == "file" || s.mode == "blank-lines" || s.mode == "lines",
             "--doc-split must be file, blank-lines or lines (got \"{}\")", s.mode);
   KVS_CHECK(s.delimiter.find('\n') == std::string::npos, "--doc-delimiter must be a single line");
@@ -75,6 +83,34 @@ std::string_view strip_cr(std::string_view line) {
 }
 
 }  // namespace
+
+std::vector<std::string> jsonl_documents(std::string_view text, const std::string& key, const std::string& path) {
+  std::vector<std::string> docs;
+  size_t pos = 0;
+  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (blank(line)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}:{}: not JSON ({}); --jsonl reads one JSON object per line", path, line_no, e.what());
+    }
+    KVS_CHECK(j.is_object(), "{}:{}: a JSON {}, not an object; --jsonl reads one JSON object per line", path, line_no,
+              j.type_name());
+    const auto it = j.find(key);
+    KVS_CHECK(it != j.end(), "{}:{}: no field \"{}\" (--text-key names the field that holds the text)", path,
+              line_no, key);
+    KVS_CHECK(it->is_string(), "{}:{}: field \"{}\" is a JSON {}, not a string", path, line_no, key,
+              it->type_name());
+    std::string d = it->get<std::string>();
+    if (!blank(d)) docs.push_back(std::move(d));
+  }
+  return docs;
+}
 
 std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s) {
   std::vector<std::string_view> docs;

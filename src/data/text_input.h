@@ -28,11 +28,21 @@ std::vector<std::string> read_input_list(const std::string& list_file);
 // A non-empty `delimiter` overrides the mode: documents are separated by lines
 // equal to it (e.g. "<|endoftext|>"). Documents are trimmed of the line break
 // that ends them; empty (or whitespace-only) documents are dropped.
+// With `jsonl_key` set the file is JSON Lines instead (jsonl_documents), and
+// neither the mode nor a delimiter applies.
 struct DocSplit {
   std::string mode = "file";
   std::string delimiter;
+  std::string jsonl_key;  // "": plain text
 };
 void validate_doc_split(const DocSplit& s);  // throws naming --doc-split
 std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s);
+
+// JSON Lines (as Hugging Face datasets and most pretraining corpora ship):
+// every non-blank line is a JSON object whose string field `key` is one
+// document, its escapes decoded; empty (or whitespace-only) documents are
+// dropped. Throws kvs::Error naming `path` and the line: not JSON, not an
+// object, no such field, or not a string.
+std::vector<std::string> jsonl_documents(std::string_view text, const std::string& key, const std::string& path);
 
 }  // namespace kvs

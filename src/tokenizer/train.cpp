@@ -77,12 +77,17 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
   check_output_holds_no_input(o.out, o.inputs);
 
+  // A file's sentences: its lines, or with JSON Lines the lines of each document.
+  auto sentences_of = [&](const std::string& f, const std::string& text, auto&& each) {
+    if (o.jsonl_key.empty()) return for_each_sentence(text, each);
+    for (const std::string& doc : jsonl_documents(text, o.jsonl_key, f)) for_each_sentence(doc, each);
+  };
   // Pass 1: validate every file and count sentences, so the subset can be evenly spaced.
   TokenizerTrainResult r;
   for (const auto& f : o.inputs) {
     const std::string text = read_text_file(f);
     r.bytes += static_cast<int64_t>(text.size());
-    for_each_sentence(text, [&](std::string_view) { ++r.sentences_total; });
+    sentences_of(f, text, [&](std::string_view) { ++r.sentences_total; });
   }
   KVS_CHECK(r.sentences_total > 0, "tokenizer train: empty corpus: the {} input file(s) hold no text (first: {})",
             o.inputs.size(), o.inputs[0]);
@@ -93,7 +98,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   int64_t i = 0;
   for (const auto& f : o.inputs) {
     const std::string text = read_text_file(f);
-    for_each_sentence(text, [&](std::string_view s) {
+    sentences_of(f, text, [&](std::string_view s) {
       const auto k0 = static_cast<__int128>(i) * M / N, k1 = static_cast<__int128>(i + 1) * M / N;
       if (k1 != k0) sentences.emplace_back(s);
       ++i;

@@ -17,6 +17,9 @@ struct TokenizerTrainOptions {
   int64_t max_sentences = 2'000'000;
   bool force = false;               // replace an existing `out`
   double character_coverage = 0.99995;  // Llama 2's
+  // Non-empty: the inputs are JSON Lines, and the sentences are the lines of
+  // each line's string field of this name (jsonl_documents).
+  std::string jsonl_key;
 };
 
 struct TokenizerTrainResult {

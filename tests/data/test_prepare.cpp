@@ -328,13 +328,26 @@ TEST(DataPrepare, CliErrorsAndHelp) {
   r = run_kvshift("data prepare --help");
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--tokenizer", "--input", "--input-list", "--out", "--val-fraction", "--threads",
-                           "--doc-split", "--doc-delimiter", "--shard-tokens", "--force", "--quiet"})
+                           "--doc-split", "--doc-delimiter", "--jsonl", "--text-key", "--shard-tokens", "--force",
+                           "--quiet"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(r.out.find("crash"), std::string::npos) << "the test hook stays hidden";
   r = run_kvshift("tokenizer train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char* flag : {"--input", "--vocab-size", "--out", "--max-sentences", "--character-coverage", "--force"})
+  for (const char* flag : {"--input", "--vocab-size", "--out", "--max-sentences", "--character-coverage", "--jsonl",
+                           "--text-key", "--force"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  // --text-key means nothing without --jsonl; a JSON Lines error names the file and line.
+  for (const std::string& cmd : {"data prepare --tokenizer " + shared_tokenizer_dir() + " --out " + (tmp / "o2"),
+                                "tokenizer train --out " + (tmp / "t2")}) {
+    r = run_kvshift(cmd + " --input " + (tmp / "good.txt") + " --text-key body");
+    EXPECT_EQ(r.out, "kvshift: error: --text-key: names a field of JSON Lines input: needs --jsonl\n") << cmd;
+    r = run_kvshift(cmd + " --input " + (tmp / "good.txt") + " --jsonl");
+    EXPECT_EQ(r.code, 1) << cmd;
+    EXPECT_EQ(r.out.rfind("kvshift: error: " + (tmp / "good.txt") + ":1: not JSON (", 0), 0u) << cmd << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "o2"));
+  EXPECT_FALSE(fs::exists(tmp / "t2"));
 }
 
 TEST(DataPrepareSplit, DocumentModes) {
@@ -349,8 +362,71 @@ TEST(DataPrepareSplit, DocumentModes) {
   s.delimiter = "<|endoftext|>";
   EXPECT_EQ(split_documents(text, s), (V{"a b\nc\n\n\n  \nd\r\n\r\ne", "f"}));
   EXPECT_EQ(split_documents(" \n\t\n", DocSplit{}), V{});
-  EXPECT_EQ(split_documents("x", DocSplit{"lines", ""}), V{"x"});
-  EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"words", ""}), "--doc-split", "words");
+  EXPECT_EQ(split_documents("x", DocSplit{"lines", "", ""}), V{"x"});
+  EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"words", "", ""}), "--doc-split", "words");
+}
+
+// JSON Lines: one object per line, the document its "text" (or --text-key) field with the escapes
+// decoded; blank lines skipped, empty documents dropped, CRLF endings fine; each error names the
+// file, the line and what is wrong.
+TEST(DataPrepareSplit, JsonlDocuments) {
+  using V = std::vector<std::string>;
+  const std::string text =
+      "{\"text\": \"a b\\nc\", \"id\": 1}\n\n  \n{\"meta\": {\"x\": [1]}, \"text\": \"caf\\u00e9 \\ud83d\\ude00\\t\"}\r\n"
+      "{\"text\": \"  \"}\n{\"text\": \"\\\"quoted\\\"\", \"body\": \"other\"}";
+  EXPECT_EQ(jsonl_documents(text, "text", "f.jsonl"), (V{"a b\nc", "caf\u00e9 \U0001F600\t", "\"quoted\""}));
+  EXPECT_EQ(jsonl_documents("{\"body\": \"x\"}\n", "body", "f.jsonl"), V{"x"});
+  EXPECT_EQ(jsonl_documents("\n \n", "text", "f.jsonl"), V{});
+  EXPECT_KVS_ERROR(jsonl_documents("{\"text\": \"a\"}\n{\"text\": \"b\"\n", "text", "f.jsonl"), "f.jsonl:2:", "not JSON");
+  EXPECT_KVS_ERROR(jsonl_documents("[\"a\"]\n", "text", "f.jsonl"), "f.jsonl:1:", "array", "not an object");
+  EXPECT_KVS_ERROR(jsonl_documents("{\"txt\": \"a\"}\n", "text", "f.jsonl"), "f.jsonl:1:", "no field \"text\"",
+                   "--text-key");
+  EXPECT_KVS_ERROR(jsonl_documents("{\"text\": 5}\n", "text", "f.jsonl"), "f.jsonl:1:", "\"text\"", "number",
+                   "not a string");
+  EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"file", "<|endoftext|>", "text"}), "--jsonl", "--doc-delimiter");
+  EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"lines", "", "text"}), "--jsonl", "--doc-split");
+}
+
+// The same documents as JSON Lines or as delimited text give the same shards (the manifest says
+// which), and a tokenizer trained on the JSON Lines is the one trained on the documents' lines.
+TEST(DataPrepare, JsonlGivesWhatTheSameDocumentsAsTextGive) {
+  TmpDir tmp;
+  const std::vector<std::string> docs = {"the model learns.\nsecond line", "café naïve 1234",
+                                         "a \"quoted\" word\n\nand a paragraph", "last\tone"};
+  std::string jsonl, delimited, lines;
+  for (const std::string& d : docs) {
+    jsonl += nlohmann::json({{"id", jsonl.size()}, {"text", d}}).dump() + "\n";
+    delimited += d + "\n<|endoftext|>\n";
+    lines += d + "\n";
+  }
+  spit(tmp / "c.jsonl", jsonl);
+  spit(tmp / "c.txt", delimited);
+  auto o = options(tmp, {tmp / "c.jsonl"}, "from_jsonl");
+  o.val_fraction = 0.25;
+  o.split.jsonl_key = "text";
+  const auto a = prepare_data(o);
+  auto t = options(tmp, {tmp / "c.txt"}, "from_text");
+  t.val_fraction = 0.25;
+  t.split.delimiter = "<|endoftext|>";
+  const auto b = prepare_data(t);
+  EXPECT_EQ(a.train_docs, 3);
+  EXPECT_EQ(a.val_docs, 1);
+  for (const char* split : {"train", "val"}) EXPECT_EQ(split_stream(o.out, split), split_stream(t.out, split)) << split;
+  const auto manifest = nlohmann::json::parse(slurp(o.out + "/manifest.json"));
+  EXPECT_EQ(manifest["doc_split"], (nlohmann::json{{"mode", "jsonl"}, {"text_key", "text"}}));
+  EXPECT_EQ(manifest["sources"][0]["documents"], 4);
+
+  spit(tmp / "lines.txt", lines);
+  TokenizerTrainOptions from_jsonl, from_lines;
+  from_jsonl.inputs = {tmp / "c.jsonl"};
+  from_jsonl.jsonl_key = "text";
+  from_lines.inputs = {tmp / "lines.txt"};
+  for (TokenizerTrainOptions* k : {&from_jsonl, &from_lines}) k->vocab_size = 300;
+  from_jsonl.out = tmp / "tok_jsonl";
+  from_lines.out = tmp / "tok_lines";
+  const auto rj = train_tokenizer(from_jsonl), rl = train_tokenizer(from_lines);
+  EXPECT_EQ(rj.sentences_total, rl.sentences_total);
+  EXPECT_EQ(rj.sha256, rl.sha256);
 }
 
 TEST(DataPrepareSplit, InputList) {

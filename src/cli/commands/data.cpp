@@ -15,12 +15,12 @@ void add_data_prepare(CLI::App& parent) {
   auto* cmd = parent.add_subcommand("prepare", "Tokenize text files into train/val token shards with a manifest");
   struct Args {
     PrepareOptions o;
-    std::string input_list;
-    bool quiet = false;
+    std::string input_list, text_key = "text";
+    bool quiet = false, jsonl = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--tokenizer", a->o.tokenizer, "Tokenizer directory (from `kvshift tokenizer train`)")->required();
-  cmd->add_option("--input", a->o.inputs, "UTF-8 text files, in this order (repeatable)");
+  cmd->add_option("--input", a->o.inputs, "UTF-8 text (or, with --jsonl, JSON Lines) files, in this order (repeatable)");
   cmd->add_option("--input-list", a->input_list, "A file listing input paths, one per line (added after --input)");
   cmd->add_option("--out", a->o.out, "Output directory (written whole under a temp name, then renamed)")->required();
   cmd->add_option("--val-fraction", a->o.val_fraction,
@@ -34,6 +34,11 @@ void add_data_prepare(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--doc-delimiter", a->o.split.delimiter,
                   "Documents are separated by lines equal to this text (e.g. '<|endoftext|>'); overrides --doc-split");
+  cmd->add_flag("--jsonl", a->jsonl,
+                "Inputs are JSON Lines (as Hugging Face datasets export them): every line is a JSON object and one "
+                "document, its --text-key field");
+  cmd->add_option("--text-key", a->text_key, "With --jsonl: the field that holds a document's text")
+      ->capture_default_str();
   cmd->add_option("--shard-tokens", a->o.shard_tokens, "Tokens per shard file (the last one of a split is shorter)")
       ->capture_default_str();
   cmd->add_flag("--force", a->o.force, "Replace an existing --out directory");
@@ -43,6 +48,9 @@ void add_data_prepare(CLI::App& parent) {
   cmd->callback([a]() {
     PrepareOptions o = a->o;
     o.progress = !a->quiet;
+    KVS_CHECK(a->jsonl || a->text_key == "text", "--text-key: names a field of JSON Lines input: needs --jsonl");
+    KVS_CHECK(!a->jsonl || !a->text_key.empty(), "--text-key: must name a field");
+    if (a->jsonl) o.split.jsonl_key = a->text_key;
     if (!a->input_list.empty())
       for (auto& p : read_input_list(a->input_list)) o.inputs.push_back(p);
     KVS_CHECK(!o.inputs.empty(), "data prepare: give --input FILE... or --input-list FILE");

@@ -18,7 +18,8 @@ void add_tokenizer_train(CLI::App& parent) {
   auto* cmd = parent.add_subcommand("train", "Train a sentencepiece BPE tokenizer (Llama 2's options) on text files");
   struct Args {
     TokenizerTrainOptions o;
-    std::string input_list;
+    std::string input_list, text_key = "text";
+    bool jsonl = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--input", a->o.inputs, "UTF-8 text files; every line is a training sentence (repeatable)");
@@ -32,9 +33,17 @@ void add_tokenizer_train(CLI::App& parent) {
   cmd->add_option("--character-coverage", a->o.character_coverage,
                   "Fraction of characters covered by pieces; the rarest rest is byte-encoded (Llama 2: 0.99995)")
       ->capture_default_str();
+  cmd->add_flag("--jsonl", a->jsonl,
+                "Inputs are JSON Lines (as Hugging Face datasets export them): the sentences are the lines of each "
+                "line's --text-key field");
+  cmd->add_option("--text-key", a->text_key, "With --jsonl: the field that holds a document's text")
+      ->capture_default_str();
   cmd->add_flag("--force", a->o.force, "Replace an existing --out directory");
   cmd->callback([a]() {
     TokenizerTrainOptions o = a->o;
+    KVS_CHECK(a->jsonl || a->text_key == "text", "--text-key: names a field of JSON Lines input: needs --jsonl");
+    KVS_CHECK(!a->jsonl || !a->text_key.empty(), "--text-key: must name a field");
+    if (a->jsonl) o.jsonl_key = a->text_key;
     if (!a->input_list.empty())
       for (auto& p : read_input_list(a->input_list)) o.inputs.push_back(p);
     KVS_CHECK(!o.inputs.empty(), "tokenizer train: give --input FILE... or --input-list FILE");

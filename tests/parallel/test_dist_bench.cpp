@@ -48,3 +48,24 @@ TEST(DistBench, LayoutTheWorldCannotHoldIsOneError) {
   EXPECT_NE(r.out.find(msg), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find(msg), r.out.rfind(msg)) << "reported more than once: " << r.out;
 }
+
+// --compare-shift builds, times and frees one training step per config on the same world, one
+// after the other: under mpirun each follows one process's run of the same config.
+TEST(DistBench, CompareShiftInALayout) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, tiny_config(true, 4).dump());
+  const nlohmann::json one = bench(0, cfg, "--compare-shift");
+  const nlohmann::json two = bench(2, cfg, "--compare-shift --set parallel.tp=2");
+  ASSERT_TRUE(one.is_array() && two.is_array()) << one.dump() << two.dump();
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(two[i]["kv_shift"], i == 1);
+    EXPECT_EQ(two[i]["parallel"]["tp"], 2);
+    ASSERT_EQ(two[i]["losses"].size(), one[i]["losses"].size());
+    for (size_t s = 0; s < one[i]["losses"].size(); ++s)
+      EXPECT_LT(rel(two[i]["losses"][s].get<double>(), one[i]["losses"][s].get<double>()), 1e-5)
+          << "kv_shift " << (i == 1) << " step " << s + 1;
+  }
+  EXPECT_NE(one[0]["losses"], one[1]["losses"]);  // two models, not one timed twice
+}

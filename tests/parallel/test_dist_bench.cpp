@@ -30,6 +30,7 @@ TEST(DistBench, TextNamesTheLayoutAndPerProcessFigures) {
   EXPECT_NE(r.out.find("on 2 processes (dp 1, tp 2), each on cpu (1 threads)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" per process) | "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model TFLOP/s per process"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak memory (host RSS, the largest process's) "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("median"), r.out.rfind("median")) << "reported more than once: " << r.out;
 }
 

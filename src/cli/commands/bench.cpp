@@ -202,7 +202,8 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
       r.mfu = peak > 0 ? r.tflops / peak : 0;
     }
 #endif
-    world.all_reduce(&r.peak_mib, 1, dist::DType::F64, dist::ReduceOp::Max);  // the largest process's
+    world.all_reduce(&r.peak_mib, 1, dist::DType::F64, dist::ReduceOp::Max);
+    if (world.size() > 1) r.peak_what += ", the largest process's";
   }
   return res;
 }

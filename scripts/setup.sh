@@ -11,6 +11,7 @@ PACKAGES=(
   libdnnl-dev  # oneDNN: dnnl_sgemm, the CPU GEMMs on Intel CPUs with AVX-512 (src/kernels/cpu/gemm_library.h)
   libssl-dev  # OpenSSL's libcrypto: SHA-256 (src/core/sha256.cpp)
   libxxhash-dev  # XXH3 checksums of checkpoint files (src/core/checksum.cpp)
+  zlib1g-dev libzstd-dev  # .gz and .zst corpus files in tokenizer train / data prepare (src/data/compressed_input.h)
   python3-venv  # .venv-hf (transformers), below
   python3-pip   # the cuDNN frontend's headers (scripts/fetch_cudnn_frontend.sh), below
   openmpi-bin libopenmpi-dev

@@ -1,5 +1,7 @@
 #include "data/prepare.h"
 
+#include "data/compressed_input.h"
+
 #include <omp.h>
 #include <sys/stat.h>
 
@@ -135,7 +137,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
       while (end < o.inputs.size() && (end == first || batch_bytes + sizes[end] <= o.batch_bytes))
         batch_bytes += sizes[end++];
       std::vector<std::string> texts;
-      for (size_t i = first; i < end; ++i) texts.push_back(read_file(o.inputs[i]));
+      for (size_t i = first; i < end; ++i) texts.push_back(read_input_bytes(o.inputs[i]));  // .gz, .zst decompressed
 
       std::vector<FileCheck> checks(texts.size());
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
@@ -168,7 +170,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
                            {"bytes", texts[i].size()},
                            {"sha256", checks[i].sha256},
                            {"documents", count}});
-        if (count == 0) progress.add(static_cast<int64_t>(texts[i].size()), 0);
+        if (count == 0) progress.add(sizes[first + i], 0);
       }
 
       std::vector<std::vector<int32_t>> ids(docs.size());
@@ -182,7 +184,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
         }
         // Bytes of the file are credited with its last document, so 100% = all bytes.
         const bool last_of_file = d + 1 == docs.size() || docs[d + 1].file != docs[d].file;
-        progress.add(last_of_file ? static_cast<int64_t>(texts[docs[d].file].size()) : 0, 1);
+        progress.add(last_of_file ? sizes[first + docs[d].file] : 0, 1);
       }
       for (size_t d = 0; d < docs.size(); ++d) {
         if (errors[d]) std::rethrow_exception(errors[d]);

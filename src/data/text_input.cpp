@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/compressed_input.h"
 
 namespace kvs {
 
@@ -38,7 +39,7 @@ size_t first_invalid_utf8(std::string_view s) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::string s = read_file(path);
+  std::string s = read_input_bytes(path);
   const size_t bad = first_invalid_utf8(s);
   if (bad != std::string_view::npos)
     fail("{}: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", path, static_cast<unsigned char>(s[bad]), bad);

@@ -13,8 +13,9 @@ namespace kvs {
 // (overlongs, surrogates and code points above U+10FFFF are invalid), or npos.
 size_t first_invalid_utf8(std::string_view s);
 
-// The file's bytes; throws kvs::Error naming the file: unreadable, or
-// "<path>: not UTF-8 text: invalid byte 0xff at byte offset 1234".
+// The file's bytes (decompressed for ".gz" and ".zst": compressed_input.h);
+// throws kvs::Error naming the file: unreadable, or "<path>: not UTF-8 text:
+// invalid byte 0xff at byte offset 1234" (an offset in the decompressed text).
 std::string read_text_file(const std::string& path);
 
 // The paths listed in `list_file`, one per line (blank lines and lines starting

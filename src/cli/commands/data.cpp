@@ -20,7 +20,8 @@ void add_data_prepare(CLI::App& parent) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--tokenizer", a->o.tokenizer, "Tokenizer directory (from `kvshift tokenizer train`)")->required();
-  cmd->add_option("--input", a->o.inputs, "UTF-8 text (or, with --jsonl, JSON Lines) files, in this order (repeatable)");
+  cmd->add_option("--input", a->o.inputs, "UTF-8 text (or, with --jsonl, JSON Lines) files, in this order (repeatable); names ending in .gz or .zst are "
+                  "decompressed");
   cmd->add_option("--input-list", a->input_list, "A file listing input paths, one per line (added after --input)");
   cmd->add_option("--out", a->o.out, "Output directory (written whole under a temp name, then renamed)")->required();
   cmd->add_option("--val-fraction", a->o.val_fraction,

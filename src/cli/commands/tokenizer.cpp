@@ -22,7 +22,8 @@ void add_tokenizer_train(CLI::App& parent) {
     bool jsonl = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--input", a->o.inputs, "UTF-8 text files; every line is a training sentence (repeatable)");
+  cmd->add_option("--input", a->o.inputs, "UTF-8 text files; every line is a training sentence (repeatable); names ending in .gz or .zst are "
+                  "decompressed");
   cmd->add_option("--input-list", a->input_list, "A file listing input paths, one per line (added after --input)");
   cmd->add_option("--vocab-size", a->o.vocab_size, "Number of pieces, including <unk> <s> </s> and 256 byte pieces")
       ->capture_default_str();

@@ -94,7 +94,10 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
                                       pipe_ ? groups_.pp_comm : nullptr, pipe_ ? &part_ : nullptr);
 #ifdef KVS_CUDA
   // The GPU make_engine chose for this process (local rank % visible devices).
-  if (cfg.device == Device::Cuda) peak_tflops_ = cuda::peak_bf16_tflops(dist::select_device(dist::detect_launch()));
+  if (cfg.device == Device::Cuda) {
+    gpu_ = dist::select_device(dist::detect_launch());
+    peak_tflops_ = cuda::peak_bf16_tflops(gpu_);
+  }
 #endif
 }
 

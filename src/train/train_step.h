@@ -67,6 +67,8 @@ class TrainStep {
   // model name, or KVS_PEAK_TFLOPS), the denominator of MFU; 0 on the CPU or
   // for a GPU it does not know.
   double device_peak_tflops() const { return peak_tflops_; }
+  // The GPU this process's engine runs on (local rank % visible devices); -1 on the CPU.
+  int gpu() const { return gpu_; }
 
   // With more than one replica (dp x cp ranks), ZeRO-1: from here on the
   // engine keeps only its shard's moments. Call once the weights are written
@@ -97,6 +99,7 @@ class TrainStep {
   std::unique_ptr<Zero1> zero1_;
   int micro_batch_ = 1, replica_sequences_ = 1, virtual_stages_ = 1, processes_ = 1;
   double peak_tflops_ = 0;
+  int gpu_ = -1;
 };
 
 }  // namespace kvs

@@ -32,7 +32,6 @@
 #ifdef KVS_CUDA
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/kernel_profile.h"
-#include "dist/nccl_comm.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int);
@@ -52,6 +51,7 @@ std::string env_or(const char* name) {
 
 struct BenchResult {
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens = 0, tok_s = 0, tflops = 0, mfu = 0;
+  double peak_tflops = 0;  // CUDA: the GPU's dense bf16 peak (TrainStep::device_peak_tflops), MFU's denominator
   double median_cpu_ms = 0;  // process CPU time per step, all threads: less sensitive to other load than wall time
   int processes = 1;    // tokens and tok_s are the whole world's, tflops and mfu per process
   std::string layout;   // TrainStep::layout(), and as JSON
@@ -195,11 +195,10 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
 #ifdef KVS_CUDA
     if (cfg.device == Device::Cuda) {
       // Everything is allocated up front, so the memory in use now is the peak.
-      const int gpu = dist::select_device(dist::detect_launch());  // this process's, as make_engine chose it
-      r.peak_mib = static_cast<double>(cuda::device_memory_used(gpu)) / 1048576.0;
+      r.peak_mib = static_cast<double>(cuda::device_memory_used(step.gpu())) / 1048576.0;
       r.peak_what = "GPU memory in use";
-      const double peak = step.device_peak_tflops();
-      r.mfu = peak > 0 ? r.tflops / peak : 0;
+      r.peak_tflops = step.device_peak_tflops();
+      r.mfu = r.peak_tflops > 0 ? r.tflops / r.peak_tflops : 0;
     }
 #endif
     world.all_reduce(&r.peak_mib, 1, dist::DType::F64, dist::ReduceOp::Max);
@@ -395,15 +394,9 @@ void add_bench(CLI::App& app) {
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     std::vector<BenchResult> res;
-    // The profile's peak: the calibrated SGEMM peak on the CPU, the device's dense bf16 peak on CUDA.
-    double profile_peak_gflops = peak.gflops;
-    const char* profile_peak_key = "fraction_of_sgemm_peak";
-#ifdef KVS_CUDA
-    if (!cpu_run) {
-      profile_peak_gflops = 1e3 * cuda::peak_bf16_tflops(0);
-      profile_peak_key = "fraction_of_bf16_peak";
-    }
-#endif
+    // The profile's peak: the calibrated SGEMM peak on the CPU, the GPU's dense bf16 peak on CUDA.
+    const char* profile_peak_key = cpu_run ? "fraction_of_sgemm_peak" : "fraction_of_bf16_peak";
+    auto profile_peak_gflops = [&](const BenchResult& r) { return cpu_run ? peak.gflops : 1e3 * r.peak_tflops; };
     run_on_world(*world, [&] {
       for (const Config& c : runs)
         for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
@@ -460,7 +453,7 @@ void add_bench(CLI::App& app) {
         if (r.mfu > 0) j["mfu"] = r.mfu;
         j["losses"] = r.losses;
         j["grad_norms"] = r.grad_norms;
-        if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops, profile_peak_key);
+        if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops(r), profile_peak_key);
         if (a->profile && a->compare_shift && i == 1) {
           nlohmann::json d = nlohmann::json::array();
           for (const ProfileDifference& x : profile_difference(res[0], res[1]))
@@ -508,7 +501,7 @@ void add_bench(CLI::App& app) {
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
-      if (a->profile) print_profile(r, profile_peak_gflops);
+      if (a->profile) print_profile(r, profile_peak_gflops(r));
       if (peak_fraction(r) > 1.0)
         std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
                     "more threads than cores; load average %.2f at %s): rerun with --recalibrate on an idle "

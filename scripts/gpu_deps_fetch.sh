@@ -17,7 +17,7 @@ pkgs="cmake cmake-data libjsoncpp25 librhash0 libuv1 libarchive13 libspdlog-dev 
       libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
       libmunge2 libxnvctrl0 libltdl7
       pkg-config pkgconf pkgconf-bin libpkgconf3 libsentencepiece-dev libsentencepiece0
-      libgfortran5 libquadmath0 libudev1 zlib1g
+      libgfortran5 libquadmath0 libudev1 zlib1g zlib1g-dev libzstd-dev libzstd1
       libssl-dev libssl3 libxxhash-dev libxxhash0"
 (cd .deps && apt-get download $pkgs)
 bash scripts/fetch_cudnn_frontend.sh

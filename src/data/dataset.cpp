@@ -2,6 +2,7 @@
 #include "data/dataset.h"
 
 #include "core/error.h"
+#include "data/blended_dataset.h"
 #include "data/hopk.h"
 #include "data/induction.h"
 #include "data/ngram.h"
@@ -19,7 +20,7 @@ std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vo
       if (!cfg.shards.val.empty()) {
         const std::vector<std::string> val = expand_shard_paths(cfg.shards.val, config_dir, "data.shards.val");
         files.insert(files.end(), val.begin(), val.end());
-      }
+      }  // every source's files, blended or not
       check_shards_tokenizer(files, tokenizer);
     }
   }
@@ -27,7 +28,10 @@ std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vo
     case DatasetType::Induction: return std::make_unique<InductionDataset>(cfg.induction, seq_len, vocab_size, seed);
     case DatasetType::Ngram: return std::make_unique<NgramDataset>(cfg.ngram, seq_len, vocab_size, seed);
     case DatasetType::Hopk: return std::make_unique<HopkDataset>(cfg.hopk, seq_len, vocab_size, seed);
-    case DatasetType::Shards: return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
+    case DatasetType::Shards:
+      if (!cfg.shards.weights.empty())
+        return std::make_unique<BlendedDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
+      return std::make_unique<ShardDataset>(cfg.shards, seq_len, vocab_size, seed, config_dir);
   }
   fail("data.type: {} is not a dataset type", static_cast<int>(cfg.type));  // only a cast integer gets here
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 
@@ -28,6 +29,20 @@ class Dataset {
   virtual bool reports_accuracy() const { return false; }
   // What the accuracy measures, for logs: "induction" / "3-gram" / "hop-k" / "next-token".
   virtual std::string accuracy_name() const { return "next-token"; }
+
+  // Data blended from several sources (data.shards.weights): their names, and
+  // the source each sequence comes from. A single source has no names.
+  virtual std::vector<std::string> source_names() const { return {}; }
+  virtual size_t source_of(Split, uint64_t) const { return 0; }
+  // What reading `sequences` training sequences takes from each source: its
+  // name ("" for a single one), its distinct sequences (size(Train)) and how
+  // many sequences are read from it.
+  struct Use {
+    std::string source;
+    uint64_t sequences;
+    double reads;
+  };
+  virtual std::vector<Use> train_use(double sequences) const { return {{"", size(Split::Train), sequences}}; }
 };
 
 // Builds the dataset of a config. `config_dir` resolves relative shard paths.

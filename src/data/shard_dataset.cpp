@@ -66,40 +66,61 @@ ShardDataset::Stream ShardDataset::open_stream(const std::vector<std::string>& p
 ShardDataset::ShardDataset(const ShardDataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
                            const std::string& config_dir)
     : seq_len_(seq_len), vocab_size_(vocab_size), seed_(seed) {
-  KVS_CHECK(seq_len >= 1, "train.seq_len ({}) must be >= 1", seq_len);
   KVS_CHECK(!cfg.train.empty(), "data.shards.train: no shard files given");
-  const uint64_t window = static_cast<uint64_t>(seq_len) + 1;
+  open(cfg.train, "data.shards.train", cfg.val, "data.shards.val", cfg.val_fraction, config_dir);
+}
 
-  const std::vector<std::string> train_paths = expand_shard_paths(cfg.train, config_dir, "data.shards.train");
+ShardDataset::ShardDataset(const ShardDataConfig& cfg, size_t source, int seq_len, int vocab_size, uint64_t seed,
+                           const std::string& config_dir)
+    : seq_len_(seq_len), vocab_size_(vocab_size), seed_(seed) {
+  KVS_CHECK(source < cfg.train.size(), "data.shards.train: no entry {} among {}", source, cfg.train.size());
+  const std::string train_key = fmt::format("data.shards.train[{}]", source);
+  if (cfg.val.empty()) {
+    open({cfg.train[source]}, train_key, {}, "", cfg.val_fraction, config_dir);
+  } else {
+    KVS_CHECK(cfg.val.size() == cfg.train.size(), "data.shards.val: {} entries for {} sources", cfg.val.size(),
+              cfg.train.size());
+    open({cfg.train[source]}, train_key, {cfg.val[source]}, fmt::format("data.shards.val[{}]", source),
+         cfg.val_fraction, config_dir);
+  }
+}
+
+void ShardDataset::open(const std::vector<std::string>& train, const std::string& train_key,
+                        const std::vector<std::string>& val, const std::string& val_key, double val_fraction,
+                        const std::string& config_dir) {
+  KVS_CHECK(seq_len_ >= 1, "train.seq_len ({}) must be >= 1", seq_len_);
+  const uint64_t window = static_cast<uint64_t>(seq_len_) + 1;
+
+  const std::vector<std::string> train_paths = expand_shard_paths(train, config_dir, train_key);
   train_ = open_stream(train_paths);
   n_files_ = train_paths.size();
 
-  if (!cfg.val.empty()) {
-    const std::vector<std::string> val_paths = expand_shard_paths(cfg.val, config_dir, "data.shards.val");
+  if (!val.empty()) {
+    const std::vector<std::string> val_paths = expand_shard_paths(val, config_dir, val_key);
     val_ = open_stream(val_paths);
     n_files_ += val_paths.size();
     KVS_CHECK(val_.size() >= window,
-              "data.shards.val: {} validation tokens, fewer than one window of train.seq_len + 1 = {} tokens",
+              "{}: {} validation tokens, fewer than one window of train.seq_len + 1 = {} tokens", val_key,
               val_.size(), window);
   } else {
-    KVS_CHECK(cfg.val_fraction >= 0.0 && cfg.val_fraction < 1.0,
-              "data.shards.val_fraction ({}) must be in [0, 1)", cfg.val_fraction);
+    KVS_CHECK(val_fraction >= 0.0 && val_fraction < 1.0, "data.shards.val_fraction ({}) must be in [0, 1)",
+              val_fraction);
     val_from_train_ = true;
     const uint64_t total = train_.size();
-    const uint64_t n_val = static_cast<uint64_t>(std::floor(static_cast<double>(total) * cfg.val_fraction));
+    const uint64_t n_val = static_cast<uint64_t>(std::floor(static_cast<double>(total) * val_fraction));
     val_ = train_;
     val_.begin = total - n_val;
     train_.end = total - n_val;
+    const std::string of = train_key == "data.shards.train" ? "" : " of " + train_key;
     KVS_CHECK(n_val == 0 || n_val >= window,
-              "data.shards.val_fraction ({}): the validation split has {} of the {} tokens, fewer than one window of "
-              "train.seq_len + 1 = {} tokens (give more data, a larger fraction, or data.shards.val files)",
-              cfg.val_fraction, n_val, total, window);
+              "data.shards.val_fraction ({}): the validation split{} has {} of the {} tokens, fewer than one window "
+              "of train.seq_len + 1 = {} tokens (give more data, a larger fraction, or data.shards.val files)",
+              val_fraction, of, n_val, total, window);
   }
-  KVS_CHECK(train_.size() >= window,
-            "data.shards.train: {} training tokens{}, fewer than one window of train.seq_len + 1 = {} tokens",
-            train_.size(), val_from_train_ ? " (after the validation split)" : "", window);
-  n_train_ = (train_.size() - 1) / static_cast<uint64_t>(seq_len);
-  n_val_ = val_.size() >= window ? (val_.size() - 1) / static_cast<uint64_t>(seq_len) : 0;
+  KVS_CHECK(train_.size() >= window, "{}: {} training tokens{}, fewer than one window of train.seq_len + 1 = {} tokens",
+            train_key, train_.size(), val_from_train_ ? " (after the validation split)" : "", window);
+  n_train_ = (train_.size() - 1) / static_cast<uint64_t>(seq_len_);
+  n_val_ = val_.size() >= window ? (val_.size() - 1) / static_cast<uint64_t>(seq_len_) : 0;
 }
 
 uint64_t ShardDataset::size(Split split) const { return split == Split::Train ? n_train_ : n_val_; }

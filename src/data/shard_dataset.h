@@ -28,6 +28,10 @@ std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patt
 class ShardDataset : public Dataset {
  public:
   ShardDataset(const ShardDataConfig& cfg, int seq_len, int vocab_size, uint64_t seed, const std::string& config_dir);
+  // Source `source` of a blend (data.shards.weights): train entry `source`,
+  // and val entry `source` when cfg.val has one per source.
+  ShardDataset(const ShardDataConfig& cfg, size_t source, int seq_len, int vocab_size, uint64_t seed,
+               const std::string& config_dir);
   void get(Split split, uint64_t index, int32_t* inputs, int32_t* targets, float* mask) const override;
   uint64_t size(Split split) const override;
   std::string describe() const override;
@@ -45,6 +49,9 @@ class ShardDataset : public Dataset {
     uint64_t size() const { return end - begin; }
   };
   static Stream open_stream(const std::vector<std::string>& paths);
+  // train_key / val_key name the entries in messages ("data.shards.train[1]").
+  void open(const std::vector<std::string>& train, const std::string& train_key, const std::vector<std::string>& val,
+            const std::string& val_key, double val_fraction, const std::string& config_dir);
   void read_window(const Stream& s, uint64_t start, int32_t* inputs, int32_t* targets) const;
 
   int seq_len_;

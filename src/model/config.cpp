@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "data/blend_schedule.h"
 #include "model/config_fields.h"
 
 namespace kvs {
@@ -163,6 +164,7 @@ const Fields<ShardDataConfig>& shards_fields() {
       {"train", &S::train},
       {"val", &S::val},
       {"val_fraction", &S::val_fraction, half_open(0, 1)},
+      {"weights", &S::weights, kOmitIfDefault},
   };
   return fields;
 }
@@ -331,6 +333,18 @@ void validate_data(const DataConfig& d, const ModelConfig& m, const TrainConfig&
       for (size_t i = 0; i < s.val.size(); ++i)
         if (s.val[i].empty()) fail("{}: data.shards.val[{}]: empty path", origin, i);
       check_section(shards_fields(), s, w.at("shards"));
+      if (!s.weights.empty()) {
+        if (s.weights.size() != s.train.size())
+          fail("{}: data.shards.weights: {} weight{} for {} data.shards.train entr{} (one weight per entry: each "
+               "entry is a source)",
+               origin, s.weights.size(), s.weights.size() == 1 ? "" : "s", s.train.size(),
+               s.train.size() == 1 ? "y" : "ies");
+        if (!s.val.empty() && s.val.size() != s.train.size())
+          fail("{}: data.shards.val: {} entr{} for {} sources (with data.shards.weights, one validation file or glob "
+               "per source, or none: each source's last val_fraction)",
+               origin, s.val.size(), s.val.size() == 1 ? "y" : "ies", s.train.size());
+        blend_counts(s.weights, origin + ": data.shards.weights");
+      }
       return;
     }
   }

@@ -93,6 +93,9 @@ struct ShardDataConfig {
   std::vector<std::string> train;  // shard files (globs allowed), relative to the config file
   std::vector<std::string> val;    // if empty, the last val_fraction of the train tokens
   double val_fraction = 0.05;
+  // Empty: the train entries form one stream. Else one weight per train entry:
+  // each entry is a source, sampled in proportion to its weight (data/blend.h).
+  std::vector<double> weights;
 
   bool operator==(const ShardDataConfig&) const = default;
 };

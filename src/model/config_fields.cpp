@@ -178,6 +178,14 @@ void read_value(const json& v, const Where& w, std::vector<int>& out) {
   out = std::move(items);
 }
 
+void read_value(const json& v, const Where& w, std::vector<double>& out) {
+  if (!v.is_array()) type_error(w, "an array of numbers", v);
+  std::vector<double> items(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
+  out = std::move(items);
+}
+
 // ---------------------------------------------------------------------------
 // Range rules.
 // ---------------------------------------------------------------------------

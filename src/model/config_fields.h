@@ -73,6 +73,7 @@ void read_value(const json& v, const Where& w, bool& out);
 void read_value(const json& v, const Where& w, std::string& out);
 void read_value(const json& v, const Where& w, std::vector<std::string>& out);
 void read_value(const json& v, const Where& w, std::vector<int>& out);
+void read_value(const json& v, const Where& w, std::vector<double>& out);  // finite numbers
 template <NamedEnum E>
 void read_value(const json& v, const Where& w, E& out) {
   std::string name;
@@ -123,7 +124,7 @@ template <class T>
 concept LeafValue = std::is_same_v<T, int> || std::is_same_v<T, uint64_t> || std::is_same_v<T, double> ||
                     std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
                     std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<int>> ||
-                    NamedEnum<T>;
+                    std::is_same_v<T, std::vector<double>> || NamedEnum<T>;
 
 template <class S>
 struct Field;

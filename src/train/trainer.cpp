@@ -126,11 +126,22 @@ void initial_weights_from(const std::string& dir, const ModelConfig& model, cons
 // How many sequences each split of the data holds, recorded in checkpoints:
 // the data position (a sequence index) means the same windows only over the
 // same counts. Generated tasks (endless) record nothing.
+// Blended data adds each source's train sequences and share: another weight
+// sends the same index to another source.
 nlohmann::json data_counts(const Dataset& d) {
   nlohmann::json j = nlohmann::json::object();
   for (auto [split, key] : {std::pair{Split::Train, "train_sequences"}, std::pair{Split::Val, "val_sequences"}})
     if (d.size(split) != UINT64_MAX) j[key] = d.size(split);
+  if (!d.source_names().empty())
+    for (const Dataset::Use& u : d.train_use(1.0))
+      j["sources"].push_back({{"train_sequences", u.sequences}, {"share", u.reads}});
   return j;
+}
+
+// What of data_counts() training reads (all but the validation count).
+nlohmann::json train_counts(nlohmann::json counts) {
+  counts.erase("val_sequences");
+  return counts;
 }
 
 // A fresh run writes config.json and metrics.jsonl into its directory: never
@@ -202,11 +213,20 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   buf.resize(micro_batch, seq_len);
   std::vector<float> losses(static_cast<size_t>(micro_batch) * seq_len);
   std::vector<int32_t> argmax(losses.size());
+  const bool outputs_here = !pipe || pipe->holds_loss();
   // Per micro-batch: its loss sum and argmax hits (the last stage's), its scored tokens. Zeros for
   // the micro-batches other replicas evaluate: summed over them, each entry is exactly one rank's.
   const int64_t K = (n + micro_batch - 1) / micro_batch;
   const int D = dp_comm ? dp_comm->size() : 1, d = dp_comm ? dp_comm->rank() : 0;
   std::vector<double> loss(K, 0.0), hits(K, 0.0), scored(K, 0.0);
+  // Blended data: the same per micro-batch and source, [loss | hits | scored] x [K][S], from the
+  // per-token outputs (so the total above keeps the engine's own sum, bit for bit).
+  const std::vector<std::string> names = data.source_names();
+  const size_t S = names.size();
+  std::vector<double> by_source(3 * static_cast<size_t>(K) * S, 0.0);
+  double* src_loss = by_source.data();
+  double* src_hits = src_loss + K * S;
+  double* src_scored = src_hits + K * S;
   for (int64_t k = d; k < K; k += D) {
     const int64_t first = k * micro_batch;
     const int b = static_cast<int>(std::min<int64_t>(micro_batch, n - first));
@@ -214,19 +234,29 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
     Batch batch = buf.micro(0, b);
     loss[k] = pipe ? pipe->evaluate(engine, batch, losses.data(), argmax.data())
                    : engine.forward(batch, losses.data(), argmax.data(), nullptr);
-    for (size_t i = 0; i < static_cast<size_t>(b) * seq_len; ++i) {
-      if (batch.mask[i] == 0.0f) continue;
-      ++scored[k];
-      if (!pipe || pipe->holds_loss()) hits[k] += argmax[i] == batch.targets[i];
+    for (int j = 0; j < b; ++j) {
+      const size_t at = S ? static_cast<size_t>(k) * S + data.source_of(Split::Val, first + j) : 0;
+      for (size_t i = static_cast<size_t>(j) * seq_len; i < static_cast<size_t>(j + 1) * seq_len; ++i) {
+        if (batch.mask[i] == 0.0f) continue;
+        const bool hit = argmax[i] == batch.targets[i];
+        ++scored[k];
+        if (outputs_here) hits[k] += hit;
+        if (!S) continue;
+        ++src_scored[at];
+        if (outputs_here) src_loss[at] += losses[i], src_hits[at] += hit;
+      }
     }
   }
   if (pipe) {  // the last stage's numbers on every stage
     pp_comm->all_reduce(loss.data(), K, dist::DType::F64, dist::ReduceOp::Sum);
     pp_comm->all_reduce(hits.data(), K, dist::DType::F64, dist::ReduceOp::Sum);
+    if (S) pp_comm->all_reduce(by_source.data(), 2 * K * S, dist::DType::F64, dist::ReduceOp::Sum);  // not scored
   }
-  if (D > 1)  // every replica's micro-batches on every replica
+  if (D > 1) {  // every replica's micro-batches on every replica
     for (std::vector<double>* v : {&loss, &hits, &scored})
       dp_comm->all_reduce(v->data(), K, dist::DType::F64, dist::ReduceOp::Sum);
+    if (S) dp_comm->all_reduce(by_source.data(), by_source.size(), dist::DType::F64, dist::ReduceOp::Sum);
+  }
   double loss_sum = 0;  // in micro-batch order, as one process sums
   int64_t hit_sum = 0;
   for (int64_t k = 0; k < K; ++k) {
@@ -237,7 +267,38 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   r.sequences = n;
   r.loss = r.scored_tokens ? loss_sum / r.scored_tokens : NAN;
   r.accuracy = r.scored_tokens ? static_cast<double>(hit_sum) / r.scored_tokens : NAN;
+  for (size_t s = 0; s < S; ++s) {
+    EvalResult::Source e;
+    e.name = names[s];
+    double l = 0, h = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      l += src_loss[k * S + s];
+      h += src_hits[k * S + s];
+      e.scored_tokens += static_cast<int64_t>(src_scored[k * S + s]);
+    }
+    for (int64_t i = 0; i < n; ++i) e.sequences += data.source_of(Split::Val, static_cast<uint64_t>(i)) == s;
+    e.loss = e.scored_tokens ? l / e.scored_tokens : NAN;
+    e.accuracy = e.scored_tokens ? h / e.scored_tokens : NAN;
+    r.sources.push_back(e);
+  }
   return r;
+}
+
+nlohmann::json eval_sources_json(const EvalResult& r) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const EvalResult::Source& s : r.sources)
+    j[s.name] = {{"val_loss", s.loss},
+                 {"accuracy", s.accuracy},
+                 {"scored_tokens", s.scored_tokens},
+                 {"sequences", s.sequences}};
+  return j;
+}
+
+std::string eval_sources_text(const EvalResult& r) {
+  std::string t;
+  for (size_t i = 0; i < r.sources.size(); ++i)
+    t += fmt::format("{} {} val_loss {:.4f}", i ? "," : " |", r.sources[i].name, r.sources[i].loss);
+  return t;
 }
 
 TrainSummary train(const Config& config, const TrainOptions& opt) {
@@ -320,7 +381,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (was_data.is_object() && !was_data.empty() && was_data != now_data) {
       const std::string what = fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)",
                                            latest, was_data.dump(), now_data.dump());
-      if (was_data.value("train_sequences", nlohmann::json()) == now_data.value("train_sequences", nlohmann::json())) {
+      if (train_counts(was_data) == train_counts(now_data)) {
         if (rank0) spdlog::warn("{}: the validation data only; its losses before and after are not comparable", what);
       } else {
         KVS_CHECK(opt.allow_data_change,
@@ -377,12 +438,20 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                resolve_threads(tc.threads));
   // Past one epoch the data repeats (each epoch in another order: docs/DATA.md); say so once.
-  if (const uint64_t seqs = data->size(Split::Train); rank0 && seqs != UINT64_MAX) {
-    const double reads = static_cast<double>(tc.steps) * cfg.global_batch_sequences();
-    const std::string line = fmt::format("train.steps x the global batch reads {:.0f} sequences: {:.3g} epochs of the "
-                                         "training data's {} sequences",
-                                         reads, reads / static_cast<double>(seqs), seqs);
-    if (reads > static_cast<double>(seqs))
+  if (const double reads = static_cast<double>(tc.steps) * cfg.global_batch_sequences();
+      rank0 && data->size(Split::Train) != UINT64_MAX) {
+    std::string line = fmt::format("train.steps x the global batch reads {:.0f} sequences:", reads);
+    bool repeats = false;
+    const std::vector<Dataset::Use> uses = data->train_use(reads);
+    for (size_t i = 0; i < uses.size(); ++i) {
+      const Dataset::Use& u = uses[i];
+      const double epochs = u.reads / static_cast<double>(u.sequences);
+      repeats = repeats || epochs > 1;
+      line += u.source.empty() ? fmt::format(" {:.3g} epochs of the training data's {} sequences", epochs, u.sequences)
+                               : fmt::format("{} {:.0f} from {}, {:.3g} epochs of its {} sequences", i ? ";" : "",
+                                             u.reads, u.source, epochs, u.sequences);
+    }
+    if (repeats)
       spdlog::warn("{} (it repeats, each epoch in another order)", line);
     else
       spdlog::info("{}", line);
@@ -474,10 +543,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (!rank0 || !record) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
+    if (!r.sources.empty()) j["sources"] = eval_sources_json(r);
     metrics.write(j);
     progress.finish_line();
-    spdlog::info("eval @ step {}: val_loss {:.4f}, {} {:.2f}%", done, r.loss,
-                 data->accuracy_name() + " accuracy", 100 * r.accuracy);
+    spdlog::info("eval @ step {}: val_loss {:.4f}, {} {:.2f}%{}", done, r.loss,
+                 data->accuracy_name() + " accuracy", 100 * r.accuracy, eval_sources_text(r));
     last_eval_acc = r.accuracy;
     return r;
   };

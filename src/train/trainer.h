@@ -3,6 +3,7 @@
 // metrics.jsonl, the live progress line and atomic checkpoints.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,14 @@ struct EvalResult {
   double accuracy = 0;       // argmax hits / scored tokens
   int64_t scored_tokens = 0;
   int64_t sequences = 0;
+  // Blended data (Dataset::source_names): each source's part of the same
+  // sequences, in the sources' order; empty for a single source.
+  struct Source {
+    std::string name;
+    double loss = 0, accuracy = 0;
+    int64_t scored_tokens = 0, sequences = 0;
+  };
+  std::vector<Source> sources;
 };
 
 // Evaluates on the first `max_sequences` validation sequences (fewer if the split is smaller).
@@ -33,6 +42,12 @@ struct EvalResult {
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
                     PipelineRunner* pipe = nullptr, dist::Communicator* pp_comm = nullptr,
                     dist::Communicator* dp_comm = nullptr);
+
+// Blended data's per-source numbers: {"<name>": {"val_loss", "accuracy",
+// "scored_tokens", "sequences"}} for metrics.jsonl and `eval --json`, and
+// " | <name> val_loss x.xxxx, ..." for log lines ("" for a single source).
+nlohmann::json eval_sources_json(const EvalResult& r);
+std::string eval_sources_text(const EvalResult& r);
 
 struct TrainOptions {
   std::string run_dir;

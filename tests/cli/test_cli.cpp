@@ -520,3 +520,66 @@ TEST(Cli, TrainEvalForwardEndToEnd) {
   ASSERT_EQ(f.code, 0) << f.out;
   EXPECT_EQ(fs::file_size(dir + "/logits.npy"), 128u + 5 * 128 * 4);  // header + [5, vocab 128] float32
 }
+
+// Blended shards through the CLI: the epochs line counts each source, every
+// evaluation (metrics.jsonl, the log, `eval`) gives each source's numbers, the
+// checkpoint records the blend, and resuming with other weights is refused
+// unless told (the same index would read another source).
+TEST(Cli, BlendedShardsReportEachSourceAndGuardTheirWeights) {
+  const std::string dir = testing::TempDir() + "kvs_cli_blend";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/data/web");
+  fs::create_directories(dir + "/data/code");
+  kvs::write_shard(dir + "/data/web/000.bin", byte_tokens(6000), 2);
+  std::vector<uint32_t> code(3000);
+  for (size_t i = 0; i < code.size(); ++i) code[i] = 40 + i % 5;
+  kvs::write_shard(dir + "/data/code/000.bin", code, 2);
+  nlohmann::json j = tiny_shard_config(dir + "/data/web/*.bin");
+  j["data"]["shards"]["train"].push_back(dir + "/data/code/*.bin");
+  j["data"]["shards"]["weights"] = {3, 1};
+  j["train"]["eval_every"] = 1;
+  j["train"]["eval_sequences"] = 8;
+  std::ofstream(dir + "/lm.json") << j.dump();
+  const std::string train = "train --config " + dir + "/lm.json --run-dir " + dir + "/run";
+  Result r = run(train);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // 4 sequences read: 3 from web (149 windows of 32 after its 20% val), 1 from code (74).
+  EXPECT_NE(r.out.find("reads 4 sequences: 3 from web/*.bin, 0.0201 epochs of its 149 sequences; 1 from code/*.bin, "
+                       "0.0135 epochs of its 74 sequences"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("| web/*.bin val_loss "), std::string::npos) << r.out;
+  std::ifstream metrics(dir + "/run/metrics.jsonl");
+  int evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (m["type"] != "eval") continue;
+    ++evals;
+    const auto& web = m["sources"]["web/*.bin"];
+    const auto& cd = m["sources"]["code/*.bin"];
+    EXPECT_EQ(web["sequences"].get<int>() + cd["sequences"].get<int>(), 8) << line;
+    EXPECT_EQ(web["scored_tokens"].get<int>() + cd["scored_tokens"].get<int>(), m["scored_tokens"].get<int>());
+    const double mixed = (web["val_loss"].get<double>() * web["scored_tokens"].get<double>() +
+                          cd["val_loss"].get<double>() * cd["scored_tokens"].get<double>()) /
+                         m["scored_tokens"].get<double>();
+    EXPECT_NEAR(mixed, m["val_loss"].get<double>(), 1e-6) << line;
+  }
+  EXPECT_EQ(evals, 2);
+  const auto state = nlohmann::json::parse(
+      kvs::testing_util::slurp(dir + "/run/checkpoints/step_00000002/trainer_state.json"));
+  EXPECT_EQ(state["data"]["sources"],
+            nlohmann::json::parse(R"([{"share":0.75,"train_sequences":149},{"share":0.25,"train_sequences":74}])"))
+      << state;
+  Result e = run("eval --json --checkpoint " + dir + "/run");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const auto ej = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  EXPECT_EQ(ej["sources"].size(), 2u) << e.out;
+  // Other weights send the same index elsewhere: refused, then allowed when told.
+  r = run(train + " --quiet --resume --set train.steps=3 --set 'data.shards.weights=[1,1]'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000002: the data changed since this checkpoint"), std::string::npos) << r.out;
+  r = run(train + " --quiet --resume --set train.steps=3 --set 'data.shards.weights=[1,1]' --allow-data-change");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run(train + " --quiet --resume --set train.steps=4 --set 'data.shards.weights=[1,1]'");
+  EXPECT_EQ(r.code, 0) << r.out;  // the same weights as step 3's checkpoint
+}

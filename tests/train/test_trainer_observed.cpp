@@ -207,3 +207,62 @@ TEST(Evaluation, AccuracyIsTheArgmaxHitRateOverScoredPositions) {
   EXPECT_EQ(r.scored_tokens, scored);
   EXPECT_DOUBLE_EQ(r.accuracy, static_cast<double>(right) / scored);
 }
+
+// Blended data: evaluate() splits the same sequences by source. Each source's val_loss must be
+// the mean token loss of its own sequences (checked one sequence at a time), its accuracy and
+// counts its own; the sources weighted by their scored tokens give the total.
+TEST(Evaluation, BlendedDataGivesEachSourcesNumbersOverItsOwnSequences) {
+  const Config c = tiny(1);
+  const int T = c.train.seq_len, V = c.model.vocab_size, n = 11;
+  kvs::CpuEngine engine(c.model, 4, T);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(c.model);
+  std::vector<float> params(layout.total);
+  kvs::init_params(layout, c.model, 3, params.data());
+  engine.write_params(params.data());
+
+  // Source 1 holds sequences 1, 4, 7, 10, each one token repeated.
+  struct TwoSources : kvs::Dataset {
+    int T = 0, V = 0;
+    void get(kvs::Split, uint64_t i, int32_t* a, int32_t* b, float* m) const override {
+      std::mt19937 rng(static_cast<uint32_t>(i));
+      for (int t = 0; t < T; ++t) {
+        a[t] = source_of(kvs::Split::Val, i) ? 7 : 2 + static_cast<int32_t>(rng() % (V - 2));
+        b[t] = source_of(kvs::Split::Val, i) ? 7 : 2 + static_cast<int32_t>(rng() % (V - 2));
+        m[t] = (t + static_cast<int>(i)) % 3 == 0 ? 0.0f : 1.0f;
+      }
+    }
+    uint64_t size(kvs::Split) const override { return 100; }
+    std::string describe() const override { return "two"; }
+    std::vector<std::string> source_names() const override { return {"web", "code"}; }
+    size_t source_of(kvs::Split, uint64_t i) const override { return i % 3 == 1; }
+  } data;
+  data.T = T;
+  data.V = V;
+  double loss[2] = {0, 0}, scored[2] = {0, 0}, right[2] = {0, 0};
+  int64_t seqs[2] = {0, 0};
+  std::vector<int32_t> in(T), tg(T), am(T);
+  std::vector<float> mask(T), tl(T);
+  for (int i = 0; i < n; ++i) {
+    data.get(kvs::Split::Val, i, in.data(), tg.data(), mask.data());
+    engine.forward({1, T, in.data(), tg.data(), mask.data()}, tl.data(), am.data(), nullptr);
+    const size_t s = data.source_of(kvs::Split::Val, i);
+    ++seqs[s];
+    for (int t = 0; t < T; ++t)
+      if (mask[t] != 0.0f) loss[s] += tl[t], ++scored[s], right[s] += am[t] == tg[t];
+  }
+  const kvs::EvalResult r = kvs::evaluate(engine, data, 4, T, n);
+  ASSERT_EQ(r.sources.size(), 2u);
+  double weighted = 0;
+  for (size_t s = 0; s < 2; ++s) {
+    const kvs::EvalResult::Source& got = r.sources[s];
+    EXPECT_EQ(got.name, s ? "code" : "web");
+    EXPECT_EQ(got.sequences, seqs[s]);
+    EXPECT_EQ(got.scored_tokens, scored[s]);
+    EXPECT_NEAR(got.loss, loss[s] / scored[s], 1e-6 * loss[s] / scored[s]) << s;
+    EXPECT_DOUBLE_EQ(got.accuracy, right[s] / scored[s]) << s;
+    weighted += got.loss * got.scored_tokens;
+  }
+  EXPECT_EQ(seqs[1], 4);
+  EXPECT_NE(r.sources[0].loss, r.sources[1].loss);  // told apart
+  EXPECT_NEAR(weighted / r.scored_tokens, r.loss, 1e-9 * r.loss);
+}

@@ -103,6 +103,7 @@ void add_eval(CLI::App& app) {
       nlohmann::json j = {{"checkpoint", dir},       {"val_loss", r.loss},         {"accuracy", r.accuracy},
                           {"sequences", r.sequences}, {"scored_tokens", r.scored_tokens},
                           {"accuracy_kind", kind},    {"parallel", layout_json}};
+      if (!r.sources.empty()) j["sources"] = eval_sources_json(r);
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens", dir.c_str(), r.loss,
@@ -110,6 +111,10 @@ void add_eval(CLI::App& app) {
                   static_cast<long long>(r.sequences), static_cast<long long>(r.scored_tokens));
       if (world->size() > 1) std::printf(" | %d processes: %s", world->size(), layout.c_str());
       std::printf("\n");
+      for (const EvalResult::Source& src : r.sources)
+        std::printf("  %s: val_loss %.4f | accuracy %.2f%% | %lld sequences, %lld scored tokens\n", src.name.c_str(),
+                    src.loss, 100 * src.accuracy, static_cast<long long>(src.sequences),
+                    static_cast<long long>(src.scored_tokens));
     }
   });
 }

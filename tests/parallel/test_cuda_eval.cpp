@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
+#include "data/shards.h"
 #include "layout_runs.h"
 
 using namespace kvs::testing_util;
@@ -31,6 +32,46 @@ TEST(CudaEval, EveryLayoutGivesOneProcesssNumbers) {
         << what;
     EXPECT_EQ(got["scored_tokens"], one["scored_tokens"]) << what;
   }
+}
+
+// Blended shards: the per-source numbers come from the CUDA engine's per-token
+// losses, gathered over the context-parallel ranks (cp_gather_outputs): each
+// source's must match the CPU engine's on the same checkpoint, and one
+// process's in the cp and pp layouts.
+TEST(CudaEval, BlendedDataGivesEachSourcesNumbers) {
+  KVS_REQUIRE_GPU();
+  TmpDir tmp;
+  std::vector<uint32_t> web(2000), code(2000);
+  for (uint32_t i = 0; i < 2000; ++i) {
+    web[i] = 2 + (i * 7919u) % 30;  // hard to predict
+    code[i] = 2 + i % 5;            // easy
+  }
+  kvs::write_shard(tmp / "web.bin", web, 2);
+  kvs::write_shard(tmp / "code.bin", code, 2);
+  nlohmann::json c = tiny_cuda_config(true, 4);
+  c["data"] = {{"type", "shards"},
+               {"shards", {{"train", nlohmann::json::array({tmp / "web.bin", tmp / "code.bin"})},
+                           {"weights", {1, 1}},
+                           {"val_fraction", 0.1}}}};
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  spit(cfg, c.dump());
+  train(0, cfg, run, "--set train.steps=4");
+  const nlohmann::json one = eval_json(0, run), cpu = eval_json(0, run, "--device cpu");
+  ASSERT_EQ(one["sources"].size(), 2u) << one;
+  for (const auto& [what, got] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"cpu", cpu}, {"np 2 cp 2", eval_json(2, run, "--set parallel.cp=2")},
+           {"np 2 pp 2", eval_json(2, run, "--set parallel.pp=2")}}) {
+    for (const char* s : {"web.bin", "code.bin"}) {
+      const nlohmann::json &g = got["sources"][s], &w = one["sources"][s];
+      ASSERT_TRUE(g.is_object()) << what << ": " << got;
+      // bf16 against fp32 (the CPU engine), or bf16 summed in another order.
+      EXPECT_LT(rel(g["val_loss"].get<double>(), w["val_loss"].get<double>()), what == "cpu" ? 2e-2 : 1e-4)
+          << what << ", " << s;
+      EXPECT_EQ(g["scored_tokens"], w["scored_tokens"]) << what << ", " << s;
+      EXPECT_EQ(g["sequences"], w["sequences"]) << what << ", " << s;
+    }
+  }
+  EXPECT_GT(one["sources"]["web.bin"]["val_loss"].get<double>(), one["sources"]["code.bin"]["val_loss"].get<double>());
 }
 
 #endif  // KVS_CUDA

@@ -378,6 +378,23 @@ def cases():
         return ["train", "--config", cfg, "--run-dir", os.path.join(d, "run"), "--resume", "--set",
                 "train.steps=3"], ""
 
+    @case("shard-blend-weights", "data shards", "fewer weights than blended sources",
+          "D/c.json: data.shards.weights: 1 weight for 2 data.shards.train entries (one weight per entry: each entry "
+          "is a source)")
+    def _(b, d):
+        shard(d, "a.bin", list(range(2, 30)) * 20)
+        return ["train", "--config", shard_config(d, shards={"train": ["a.bin", "a.bin"], "weights": [1]}),
+                "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-blend-source-short", "data shards", "a blended source shorter than one sequence",
+          "data.shards.train[1]: 10 training tokens (after the validation split), fewer than one window of "
+          "train.seq_len + 1 = 17 tokens")
+    def _(b, d):
+        shard(d, "a.bin", list(range(2, 30)) * 20)
+        shard(d, "b.bin", list(range(2, 12)))
+        return ["train", "--config", shard_config(d, shards={"train": ["a.bin", "b.bin"], "weights": [3, 1]}),
+                "--run-dir", os.path.join(d, "run")], ""
+
     @case("shard-token-bytes", "data shards", "a token width other than 2 or 4",
           "D/train.bin: bad bytes per token 3 in the shard header (must be 2 or 4)")
     def _(b, d):
@@ -649,6 +666,8 @@ LINKS = {
     "cli-run-dir-held": "Train.RefusesARunDirectoryAnotherTrainerHolds",
     "cli-overwrite-run": "Train.RefusesToOverwriteARun",
     "shard-data-changed": "Cli.ResumeRefusesDataThatChangedUnderIt",
+    "shard-blend-weights": "BlendedDataset.ConfigRules",
+    "shard-blend-source-short": "BlendedDataset.ValidationFilesPerSource",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
     "shard-truncated": "DataShards.CorruptFilesNameThePath",
     "shard-version": "DataShards.CorruptFilesNameThePath",

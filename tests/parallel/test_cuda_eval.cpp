@@ -64,9 +64,11 @@ TEST(CudaEval, BlendedDataGivesEachSourcesNumbers) {
     for (const char* s : {"web.bin", "code.bin"}) {
       const nlohmann::json &g = got["sources"][s], &w = one["sources"][s];
       ASSERT_TRUE(g.is_object()) << what << ": " << got;
-      // bf16 against fp32 (the CPU engine), or bf16 summed in another order.
-      EXPECT_LT(rel(g["val_loss"].get<double>(), w["val_loss"].get<double>()), what == "cpu" ? 2e-2 : 1e-4)
-          << what << ", " << s;
+      // bf16 activations against fp32 (the CPU engine), or rounded in another order (cp's
+      // ring): on the host build 4.1e-5 and 5.9e-5 against the CPU, 9.9e-5 and 5.1e-5 with
+      // cp 2, 0 with pp 2, over these 8 sequences' 4 and 4. A source's tokens not gathered
+      // from the cp ranks gave 1.
+      EXPECT_LT(rel(g["val_loss"].get<double>(), w["val_loss"].get<double>()), 1e-3) << what << ", " << s;
       EXPECT_EQ(g["scored_tokens"], w["scored_tokens"]) << what << ", " << s;
       EXPECT_EQ(g["sequences"], w["sequences"]) << what << ", " << s;
     }

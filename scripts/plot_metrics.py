@@ -10,7 +10,9 @@ Each RUN_DIR is a directory written by `kvshift train --run-dir RUN_DIR`. Its
 holds the run's config. Unparsable lines (a crashed run's last line) are skipped.
 
 The figure has five panels, one line colour per run: training loss (moving
-average of K points over the raw curve when --smooth K > 1), validation loss,
+average of K points over the raw curve when --smooth K > 1), validation loss
+(with blended data, `data.shards.weights`, also each source's, thin, one line
+style per source, named in the panel),
 accuracy in % (induction accuracy for the induction task, next-token accuracy
 otherwise), learning rate, and gradient norm (log scale). The legend names each
 run by its config `name` (fallback: the directory name) plus "(KV shift)" or
@@ -228,6 +230,34 @@ def plot_eval_metric(ax, runs, colors, key, title, ylabel, scale=1.0):
                 ha="left", va="bottom", color="0.45", fontsize=7)
 
 
+def source_names(run):
+    """The blended sources the run's eval lines report (first seen first)."""
+    names = []
+    for record in run["eval"]:
+        sources = record.get("sources")
+        if isinstance(sources, dict):
+            names.extend(n for n in sources if n not in names)
+    return names
+
+
+def plot_source_losses(ax, runs, colors):
+    """Each blended source's validation loss: thin lines in the run's colour, a line style per source."""
+    styles = {}
+    for run, color in zip(runs, colors):
+        for name in source_names(run):
+            style = styles.setdefault(name, LINESTYLES[(len(styles) + 1) % len(LINESTYLES)])
+            records = [dict(r["sources"][name], step=r["step"]) for r in run["eval"]
+                       if isinstance(r.get("sources"), dict) and isinstance(r["sources"].get(name), dict)]
+            steps, values = series(records, "val_loss")
+            if len(steps):
+                ax.plot(steps, values, color=color, linewidth=0.9, linestyle=style, alpha=0.8,
+                        label="_source " + name)
+    if styles:
+        handles = [plt.Line2D([0], [0], color="0.3", linewidth=1.6)] + \
+            [plt.Line2D([0], [0], color="0.3", linewidth=0.9, linestyle=st) for st in styles.values()]
+        ax.legend(handles, ["all sources"] + list(styles), loc="upper right", fontsize=7, frameon=False)
+
+
 def plot_train_metric(ax, runs, colors, key, title, ylabel, log=False, vary_style=False):
     """A per-step training metric per run, optionally on a log y axis or with a line style per run."""
     drawn = False
@@ -292,6 +322,7 @@ def build_figure(runs, title, smooth):
     ax = axes.ravel()
     plot_train_loss(ax[0], runs, colors, smooth)
     plot_eval_metric(ax[1], runs, colors, "val_loss", "validation loss", "loss")
+    plot_source_losses(ax[1], runs, colors)
     acc_title, acc_axis = accuracy_labels(runs)
     plot_eval_metric(ax[2], runs, colors, "accuracy", acc_title, acc_axis, scale=100.0)
     plot_train_metric(ax[3], runs, colors, "lr", "learning rate", "lr", vary_style=True)

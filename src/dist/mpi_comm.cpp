@@ -10,6 +10,15 @@
 // collective it is in; peers answer from inside their own wait loops, so the
 // silent ones are the ranks that are dead or stuck outside MPI, and the error
 // names them (docs/RELIABILITY.md "Dead and slow ranks").
+//
+// A point-to-point send larger than the eager limit moves only while the
+// sending rank is inside MPI when the single-copy (CMA) path is off
+// (containers without ptrace, OMPI_MCA_btl_vader_single_copy_mechanism=none)
+// or between nodes: a pipeline stage that computes after its isend keeps the
+// next stage waiting. So while isends are pending, a progress thread tests
+// them every KVS_MPI_PROGRESS_US microseconds (default 100; 0: no thread).
+// MPI runs MPI_THREAD_SERIALIZED: every entry into MPI holds mpi_mutex(), and
+// the thread only try-locks it (a caller inside MPI progresses everything).
 #include "dist/mpi_comm.h"
 
 #include <mpi.h>
@@ -19,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -80,16 +90,103 @@ std::shared_ptr<MpiRuntime> runtime() {
 }
 
 class MpiComm;
-// Every live communicator, so a rank waiting in one answers peers' questions on all.
+// Every live communicator, so a rank waiting in one answers peers' questions
+// on all, and the progress thread finds the pending sends (under mpi_mutex()).
+// Never destroyed (nor is the mutex): the progress thread, joined by
+// SendProgress's destructor at exit, may still use them then.
 std::vector<MpiComm*>& live_comms() {
-  static std::vector<MpiComm*> v;
-  return v;
+  static auto* v = new std::vector<MpiComm*>;
+  return *v;
 }
+
+// Held by every call into MPI (recursive: split() calls barrier()).
+std::recursive_mutex& mpi_mutex() {
+  static auto* m = new std::recursive_mutex;
+  return *m;
+}
+using MpiLock = std::lock_guard<std::recursive_mutex>;
+
+bool progress_sends_of_live_comms();  // below MpiComm: true while a send is pending
+
+// The progress thread: sleeps until a send starts, then tests the pending
+// sends every interval until none is left.
+class SendProgress {
+ public:
+  static SendProgress& get() {
+    static SendProgress p;
+    return p;
+  }
+  // Whether MPI allows a second thread (MPI_THREAD_SERIALIZED) and the interval is not 0.
+  void enable(bool serialized) {
+    const char* v = std::getenv("KVS_MPI_PROGRESS_US");
+    long us = 100;
+    if (v) {
+      char* end = nullptr;
+      us = std::strtol(v, &end, 10);
+      KVS_CHECK(*v && end && *end == '\0' && us >= 0 && us <= 1000000,
+                "KVS_MPI_PROGRESS_US='{}' is not a number of microseconds in [0, 1000000]", v);
+    }
+    interval_ = std::chrono::microseconds(us);
+    enabled_ = serialized && us > 0;
+  }
+  // A send was started (called after MpiComm::isend released the MPI mutex).
+  void kick() {
+    if (!enabled_) return;
+    std::lock_guard<std::mutex> l(mu_);
+    ++generation_;
+    if (!thread_.joinable()) {
+      stop_ = false;
+      thread_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_one();
+  }
+  ~SendProgress() { stop(); }  // an exit() that skipped ~MpiRuntime
+  // Before MPI_Finalize.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      uint64_t seen;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (stop_) return;
+        seen = generation_;
+      }
+      bool pending = true;  // if MPI is busy, its caller progresses: look again later
+      {
+        std::unique_lock<std::recursive_mutex> m(mpi_mutex(), std::try_to_lock);
+        if (m.owns_lock()) pending = progress_sends_of_live_comms();
+      }
+      std::unique_lock<std::mutex> l(mu_);
+      if (pending)
+        cv_.wait_for(l, interval_, [&] { return stop_; });
+      else
+        cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+    }
+  }
+
+  bool enabled_ = false;
+  std::chrono::microseconds interval_{100};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 class MpiComm final : public Communicator {
  public:
   MpiComm(std::shared_ptr<MpiRuntime> rt, MPI_Comm comm, bool owned)
       : rt_(std::move(rt)), comm_(comm), owned_(owned), timeout_s_(timeout_from_env()) {
+    MpiLock lock(mpi_mutex());
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "Comm_size");
@@ -119,6 +216,7 @@ class MpiComm final : public Communicator {
     live_comms().push_back(this);
   }
   ~MpiComm() override {
+    MpiLock lock(mpi_mutex());
     auto& v = live_comms();
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
     if (query_req_ != MPI_REQUEST_NULL) {
@@ -133,6 +231,7 @@ class MpiComm final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    MpiLock lock(mpi_mutex());
     begin("all_reduce");
     agree(count);
     MPI_Request r;
@@ -141,6 +240,7 @@ class MpiComm final : public Communicator {
     if (op == ReduceOp::Average) scale(buf, count, t);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+    MpiLock lock(mpi_mutex());
     begin("reduce_scatter");
     agree(count);
     MPI_Request r;
@@ -150,6 +250,7 @@ class MpiComm final : public Communicator {
     if (op == ReduceOp::Average) scale(recv, count, t);
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    MpiLock lock(mpi_mutex());
     begin("all_gather");
     agree(count);
     MPI_Request r;
@@ -158,6 +259,7 @@ class MpiComm final : public Communicator {
     wait(r);
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
+    MpiLock lock(mpi_mutex());
     begin("broadcast");
     agree(count);
     check_root(root);
@@ -166,6 +268,7 @@ class MpiComm final : public Communicator {
     wait(r);
   }
   void broadcast_bytes(void* buf, size_t bytes, int root) override {
+    MpiLock lock(mpi_mutex());
     begin("broadcast_bytes");
     agree(bytes);
     check_root(root);
@@ -174,6 +277,7 @@ class MpiComm final : public Communicator {
     wait(r);
   }
   void barrier() override {
+    MpiLock lock(mpi_mutex());
     begin("barrier");
     MPI_Request r;
     check(MPI_Ibarrier(comm_, &r), "Ibarrier");
@@ -183,21 +287,44 @@ class MpiComm final : public Communicator {
   // silent peers named), but not counted among them: only some ranks take part.
   int isend(const void* buf, size_t count, DType t, int dest, int tag) override {
     KVS_CHECK(dest >= 0 && dest < size_ && dest != rank_, "isend: rank {} is not a peer among {} ranks", dest, size_);
-    MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Isend(buf, as_int(count), mpi_type(t), dest, tag, comm_, &r), "Isend");
-    const int id = next_request_++;
-    requests_[id] = r;
+    int id;
+    {
+      MpiLock lock(mpi_mutex());
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Isend(buf, as_int(count), mpi_type(t), dest, tag, comm_, &r), "Isend");
+      id = next_request_++;
+      requests_[id] = {r, MPI_SUCCESS};
+    }
+    SendProgress::get().kick();
     return id;
   }
   void wait(int request) override {
+    MpiLock lock(mpi_mutex());
     auto it = requests_.find(request);
     KVS_CHECK(it != requests_.end(), "wait: no pending request {}", request);
-    MPI_Request r = it->second;
+    const PendingSend p = it->second;
     requests_.erase(it);
     what_ = "send";
+    check(p.error, "Isend (tested by the progress thread)");
+    MPI_Request r = p.request;  // MPI_REQUEST_NULL once the progress thread saw it complete
     wait(r);
   }
+  // The progress thread's test of this communicator's pending sends (the
+  // caller holds mpi_mutex()); true while one is pending. A failed test is
+  // kept for wait() to report.
+  bool progress_sends() {
+    bool pending = false;
+    for (auto& [id, p] : requests_) {
+      if (p.request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      p.error = MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
+      if (p.error != MPI_SUCCESS) p.request = MPI_REQUEST_NULL;
+      pending = pending || (p.error == MPI_SUCCESS && !done);
+    }
+    return pending;
+  }
   void recv(void* buf, size_t count, DType t, int src, int tag) override {
+    MpiLock lock(mpi_mutex());
     KVS_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank {} is not a peer among {} ranks", src, size_);
     // A message longer than count is MPI_ERR_TRUNCATE: sizes cannot silently disagree.
     MPI_Request r = MPI_REQUEST_NULL;
@@ -207,6 +334,7 @@ class MpiComm final : public Communicator {
   }
   // Not a collective: only the peers take part (as isend and recv).
   void exchange(const std::vector<P2P>& ops, DType t) override {
+    MpiLock lock(mpi_mutex());
     std::vector<MPI_Request> rs(ops.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < ops.size(); ++i) {
       const P2P& o = ops[i];
@@ -222,6 +350,7 @@ class MpiComm final : public Communicator {
   }
   // Every rank of a ring takes part: counted like a collective.
   void send_recv(const void* send, int dest, void* recv, int src, size_t count, DType t) override {
+    MpiLock lock(mpi_mutex());
     KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv: rank {} or {} outside {} ranks", dest,
               src, size_);
     begin("send_recv");
@@ -232,6 +361,7 @@ class MpiComm final : public Communicator {
     wait(rs);
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
+    MpiLock lock(mpi_mutex());
     barrier();  // every rank is here (or the deadline names the missing one): MPI_Comm_split itself blocks
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
@@ -389,7 +519,11 @@ class MpiComm final : public Communicator {
   }
 
   static constexpr int kSendRecvTag = 17;
-  std::map<int, MPI_Request> requests_;  // isend's, until waited for
+  struct PendingSend {
+    MPI_Request request;
+    int error;  // of a test by the progress thread
+  };
+  std::map<int, PendingSend> requests_;  // isend's, until waited for
   int next_request_ = 0;
   std::shared_ptr<MpiRuntime> rt_;
   MPI_Comm comm_;
@@ -406,21 +540,34 @@ class MpiComm final : public Communicator {
   std::deque<std::array<int64_t, 2>> replies_;  // grows only when peers ask, i.e. when something is wrong
 };
 
+bool progress_sends_of_live_comms() {
+  bool pending = false;
+  for (MpiComm* c : live_comms()) pending = c->progress_sends() || pending;
+  return pending;
+}
+
 }  // namespace
 
 MpiRuntime::MpiRuntime() {
-  int inited = 0;
+  MpiLock lock(mpi_mutex());
+  int inited = 0, provided = 0;
   check(MPI_Initialized(&inited), "Initialized");
-  if (inited) return;
-  int provided = 0;
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "Init_thread");
-  owns_ = true;
-  check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "Comm_set_errhandler");
-  KVS_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI: the library gives thread level {}, need MPI_THREAD_FUNNELED",
-            provided);
+  if (inited) {
+    check(MPI_Query_thread(&provided), "Query_thread");
+  } else {
+    // SERIALIZED for the progress thread; FUNNELED (the caller's thread alone) is enough without it.
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "Init_thread");
+    owns_ = true;
+    check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "Comm_set_errhandler");
+    KVS_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI: the library gives thread level {}, need MPI_THREAD_FUNNELED",
+              provided);
+  }
+  SendProgress::get().enable(provided >= MPI_THREAD_SERIALIZED);
 }
 
 MpiRuntime::~MpiRuntime() {
+  SendProgress::get().stop();  // before MPI_Finalize: the thread calls into MPI
+  MpiLock lock(mpi_mutex());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owns_ && !finalized) MPI_Finalize();
@@ -431,6 +578,7 @@ std::unique_ptr<Communicator> make_mpi_world() { return std::make_unique<MpiComm
 double collective_wait_seconds() { return static_cast<double>(g_wait_ns.load()) * 1e-9; }
 
 void mpi_abort_if_running(int code) {
+  MpiLock lock(mpi_mutex());  // the progress thread's test, if one is running, ends first
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);

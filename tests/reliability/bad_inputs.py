@@ -609,6 +609,11 @@ def cases():
     def _(b, d):
         return ["dist-selftest"], f"env {MPI_ENV} KVS_COLLECTIVE_TIMEOUT_S=soon mpirun --oversubscribe -np 1"
 
+    @case("env-bad-progress", "launch", "an MPI progress interval that is not a number (mpirun)",
+          "KVS_MPI_PROGRESS_US='fast' is not a number of microseconds in [0, 1000000]")
+    def _(b, d):
+        return ["dist-selftest"], f"env {MPI_ENV} KVS_MPI_PROGRESS_US=fast mpirun --oversubscribe -np 1"
+
     @case("env-tp-not-dividing", "launch", "parallel.tp that does not divide the processes",
           "parallel.tp (2) must divide the number of processes (3): the world is dp x tp ranks")
     def _(b, d):

@@ -468,10 +468,13 @@ void validate(const Config& c, const std::string& origin) {
   if (m.kv_shift.window > 3)
     fail("{}: model.kv_shift.window: training supports windows 1 to 3 (the paper's), got {}", origin,
          m.kv_shift.window);
-  if (c.device == Device::Cuda && m.document_boundaries != DocumentBoundaries::None)
-    fail("{}: model.document_boundaries: \"{}\" needs device \"cpu\" for now (the CUDA kernels have no document "
-         "masks yet)",
+  if (c.device == Device::Cuda && m.document_boundaries == DocumentBoundaries::ShiftAndAttention)
+    fail("{}: model.document_boundaries: \"{}\" needs device \"cpu\" for now (the CUDA attention kernels have no "
+         "document masks yet; \"shift\" runs on CUDA)",
          origin, m.document_boundaries);
+  if (c.device == Device::Cuda && m.document_boundaries != DocumentBoundaries::None && c.parallel.cp > 1)
+    fail("{}: model.document_boundaries: \"{}\" with parallel.cp > 1 needs device \"cpu\" for now", origin,
+         m.document_boundaries);
   if (c.device == Device::Cuda) {
     const int d = m.head_dim();
     if (d != 16 && d != 32 && d != 64 && d != 128)

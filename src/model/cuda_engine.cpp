@@ -178,6 +178,7 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
   per_slot(&CudaPlan::tokens, N * sizeof(int32_t));
   per_slot(&CudaPlan::targets, N * sizeof(int32_t));
   per_slot(&CudaPlan::mask, N * f4);
+  if (m.document_boundaries != DocumentBoundaries::None) per_slot(&CudaPlan::doc, N * sizeof(int32_t));
   p.emb_uniq = take(N * sizeof(int32_t));
   p.emb_offsets = take((N + 1) * sizeof(int32_t));
   p.emb_positions = take(N * sizeof(int32_t));
@@ -265,9 +266,13 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
               "context parallelism: chunks of {} positions are shorter than the shift window {}",
               max_T_ / (2 * cp_.size), m_.kv_shift.window);
   }
-  KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None,
-            "device 'cuda': model.document_boundaries \"{}\" is not supported by the CUDA kernels (CPU only)",
+  KVS_CHECK(m_.document_boundaries != DocumentBoundaries::ShiftAndAttention,
+            "device 'cuda': model.document_boundaries \"{}\" needs document masks in attention, which the CUDA "
+            "kernels do not have yet (\"shift\" runs on CUDA; the masks on the CPU)",
             m_.document_boundaries);
+  KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None || cp_.size == 1,
+            "device 'cuda': model.document_boundaries \"{}\" with context parallelism (cp {}) is CPU only for now",
+            m_.document_boundaries, cp_.size);
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
@@ -394,6 +399,8 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   check(cudaMallocHost(&h_tokens_, (3 * N + 1) * sizeof(int32_t)), "cudaMallocHost");
   check(cudaMallocHost(&h_positions_, N * sizeof(int32_t)), "cudaMallocHost");
   check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
+  if (m_.document_boundaries != DocumentBoundaries::None)
+    check(cudaMallocHost(&h_docs_, N * sizeof(int32_t)), "cudaMallocHost");
   if (plan_.staged) check(cudaMallocHost(&h_stage_, N * d_.C * sizeof(uint16_t)), "cudaMallocHost");
   check(cudaStreamSynchronize(stream_), "engine set-up");
 }
@@ -407,6 +414,7 @@ void CudaEngine::release() {
   attn_.reset();
   if (h_tokens_) cudaFreeHost(h_tokens_);
   if (h_positions_) cudaFreeHost(h_positions_);
+  if (h_docs_) cudaFreeHost(h_docs_);
   if (h_sum_) cudaFreeHost(h_sum_);
   if (h_stage_) cudaFreeHost(h_stage_);
   if (base_) cudaFree(base_);
@@ -419,6 +427,7 @@ void CudaEngine::release() {
   if (stream_) cudaStreamDestroy(stream_);
   h_tokens_ = nullptr;
   h_positions_ = nullptr;
+  h_docs_ = nullptr;
   h_sum_ = nullptr;
   h_stage_ = nullptr;
   base_ = nullptr;
@@ -530,6 +539,26 @@ void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
   if (with_targets && !b.mask) cuda::fill_f32(at<float>(plan_.mask), 1.0f, N, stream_);
 }
 
+void CudaEngine::upload_documents(const Batch& b) {
+  if (m_.document_boundaries == DocumentBoundaries::None) return;
+  for (int i = 0; i < b.B; ++i) {
+    int start = 0;
+    for (int t = 0; t < b.T; ++t) {
+      const size_t at = static_cast<size_t>(i) * b.T + t;
+      if (b.inputs[at] == m_.bos_token_id) start = t;
+      h_docs_[at] = start;
+    }
+  }
+  // The stream is idle here (every public call ends synchronised): h_docs_ is free to refill.
+  check(cudaMemcpyAsync(at<int32_t>(plan_.doc), h_docs_, static_cast<size_t>(b.B) * b.T * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, stream_),
+        "upload document starts");
+}
+
+const int32_t* CudaEngine::shift_documents() const {
+  return m_.document_boundaries == DocumentBoundaries::None ? nullptr : at<int32_t>(plan_.doc);
+}
+
 CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
   const LayerOffsets& o = lo_[l];
   const float* master = at<float>(plan_.master);
@@ -606,10 +635,14 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   if (cp_.size > 1) {
     cp_attention_forward(x, c, B);  // per chunk, with the halos; ring attention
   } else {
-    cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_);
-    cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_);
+    const int32_t* doc = shift_documents();
+    const auto units = cuda::ShiftRopeWalk::kUnits;
+    cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_, {},
+                             cuda::ShiftRopeVector::k8, units, doc);
+    cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_, {},
+                             cuda::ShiftRopeVector::k8, units, doc);
     cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
-                             stream_);
+                             stream_, {}, cuda::ShiftRopeVector::k8, units, doc);
     attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
   }
   if (pass == LayerPass::RecomputeAttention) return;
@@ -800,7 +833,8 @@ void CudaEngine::backward_layer(int l, int B, int T) {
         }
       }
       cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
-                                stream_);
+                                stream_, {}, cuda::ShiftRopeVector::k8, cuda::ShiftRopeWalk::kUnits,
+                                shift_documents());
       if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
     };
     unshift(dqkv, dqhat, QD, x.qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
@@ -884,6 +918,7 @@ double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
   KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
   const Batch& lb = cp_rows(b);  // this rank's chunks under context parallelism
   upload_batch(lb, true);
+  upload_documents(lb);
   forward_to_logits(lb.B, lb.T);
   const int N = lb.B * lb.T;
   loss(N, true, static_cast<float>(grad_scale), false);
@@ -911,6 +946,7 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
     return cp_x_->sum(device_sum_losses(N));
   }
   upload_batch(b, b.targets != nullptr);
+  upload_documents(b);
   forward_to_logits(b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T, V = m_.vocab_size;
   if (logits) {

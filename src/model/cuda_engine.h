@@ -99,6 +99,8 @@ struct CudaPlan {
   size_t scratch_floats = 0, dscratch_doubles = 0;
   // batch inputs
   size_t tokens, targets, mask /* fp32 */, emb_uniq, emb_offsets, emb_positions, argmax;
+  // model.document_boundaries only: int32 [N], where each position's document starts (per slot)
+  size_t doc = 0;
   size_t ce_stats = 0;  // fp32 vocab-parallel loss statistics (tp > 1 only), VocabCeStats::floats(N)
   // Sequence parallelism (sp > 1) only: two [N, C] bf16 buffers for gathered or
   // not-yet-scattered rows, and fp32 [2 C] for one layer's norm-gain gradients
@@ -227,6 +229,10 @@ class CudaEngine : public Engine {
   void init(int device, AttentionImpl attention_backend);
   void release();
   void upload_batch(const Batch& b, bool with_targets);
+  // model.document_boundaries: the start of each position's document (a BOS,
+  // or position 0) into the slot's plan_.doc, as CpuEngine::find_documents.
+  void upload_documents(const Batch& b);
+  const int32_t* shift_documents() const;  // null without document boundaries
   // The masked loss (and dlogits over the logits when grad_scale is given,
   // argmax when asked) for the N rows of this micro-batch: the fused kernel,
   // or the vocab-parallel one with its all-reduces under tensor parallelism.
@@ -329,6 +335,7 @@ class CudaEngine : public Engine {
   size_t embed_off_ = 0, norm_off_ = 0, lm_head_off_ = 0;
   // Pinned host staging for batch uploads and result downloads.
   int32_t* h_tokens_ = nullptr;  // [3 * N_max + 1]: tokens, uniq, offsets
+  int32_t* h_docs_ = nullptr;    // [N_max]: document starts, staged (document boundaries only)
   int32_t* h_positions_ = nullptr;
   double* h_sum_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) only: exp_avg, then exp_avg_sq.

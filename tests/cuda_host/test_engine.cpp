@@ -39,14 +39,11 @@ class HostCudaEngineVsCpu : public ::testing::TestWithParam<Variant> {};
 // (of its norm, or of its batch rows' contributions where they cancel) and on
 // the gradient norm. B x T = 2 x 37: one partial attention tile, masked
 // positions (RandomBatch), every kernel's tail paths.
-TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
-  const Variant& v = GetParam();
-  const int B = 2, T = 37;
-  const ModelConfig m = model_of(v);
+// Both engines on one batch: logits, loss, every gradient tensor and the norm.
+void expect_engines_agree(const ModelConfig& m, const kvs::Batch& batch, int expected_shift_tensors) {
+  const int B = batch.B, T = batch.T;
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
   const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
-  const kvs::cuda_test::RandomBatch data(m, B, T, 11);
-  const kvs::Batch batch = data.batch();
   kvs::CpuEngine cpu(m, B, T);
   kvs::CudaEngine gpu(m, B, T);
   cpu.write_params(params.data());
@@ -79,7 +76,7 @@ TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
           << t.name << ": a zero gradient compares nothing";
     }
   }
-  EXPECT_EQ(shift_tensors, v.shift ? m.num_hidden_layers * (int{v.shift_q} + int{v.shift_k} + int{v.shift_v}) : 0);
+  EXPECT_EQ(shift_tensors, expected_shift_tensors);
   EXPECT_NEAR(gpu.grad_norm(), cpu.grad_norm(), 3e-2 * cpu.grad_norm());
   // It was the emulator and the host GEMM that computed this.
   const hostcuda::Stats after = hostcuda::stats();
@@ -88,8 +85,45 @@ TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
   EXPECT_GT(after.device_accesses - before.device_accesses, 100000u);
 }
 
+TEST_P(HostCudaEngineVsCpu, LogitsLossAndEveryGradient) {
+  const Variant& v = GetParam();
+  const ModelConfig m = model_of(v);
+  const kvs::cuda_test::RandomBatch data(m, 2, 37, 11);
+  expect_engines_agree(m, data.batch(),
+                       v.shift ? m.num_hidden_layers * (int{v.shift_q} + int{v.shift_k} + int{v.shift_v}) : 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVariants),
                          [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
+
+// Document boundaries ("shift", the shift restarting at each BOS): q, k and v
+// shifted with window 3, documents starting at BOS tokens planted 1 to 6 rows
+// apart, so every window straddles starts. The CPU engine is the oracle (its
+// kv_shift with doc_start is checked against PyTorch, tests/oracle); and the
+// documents must matter here: without them the CUDA engine's loss is off.
+TEST(HostCudaEngine, DocumentBoundariesOfTheShiftMatchTheCpuEngine) {
+  ModelConfig m = model_of(kVariants[3]);  // shift_window3_qkv
+  m.bos_token_id = 1;
+  m.document_boundaries = kvs::DocumentBoundaries::Shift;
+  kvs::cuda_test::RandomBatch data(m, 2, 37, 11);
+  for (int i = 0; i < data.B * data.T; ++i) {
+    if (data.inputs[i] == 1) data.inputs[i] = 2;
+    if (i % data.T != 0 && (i * 7) % 11 < 3) data.inputs[i] = 1;
+  }
+  expect_engines_agree(m, data.batch(), 3);
+  // The same batch read as one document by the CUDA engine: another loss.
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  ModelConfig one_doc = m;
+  one_doc.document_boundaries = kvs::DocumentBoundaries::None;
+  kvs::CpuEngine cpu(m, data.B, data.T);
+  kvs::CudaEngine gpu(one_doc, data.B, data.T);
+  cpu.write_params(params.data());
+  gpu.write_params(params.data());
+  const double with_docs = cpu.forward(data.batch(), nullptr, nullptr, nullptr);
+  const double without = gpu.forward(data.batch(), nullptr, nullptr, nullptr);
+  EXPECT_GT(std::fabs(with_docs - without), 3e-2 * std::fabs(with_docs)) << "the documents change nothing here";
+}
 
 // The evaluation's per-token outputs of both engines: each argmax names a largest logit of its
 // row (the value decides: bf16 logits tie more often), and the GPU's per-token losses follow the

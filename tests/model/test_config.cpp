@@ -544,11 +544,18 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"model.document_boundaries", "model.bos_token_id"}},
       {[](C& c) { c.model.bos_token_id = 128; }, {"model.bos_token_id", "128"}},
       {[](C& c) {
-         c.model.document_boundaries = DocumentBoundaries::Shift;
+         c.model.document_boundaries = DocumentBoundaries::ShiftAndAttention;
          c.model.bos_token_id = 1;
          c.device = Device::Cuda;
        },
-       {"model.document_boundaries", "device \"cpu\""}},
+       {"model.document_boundaries", "device \"cpu\"", "\"shift\" runs on CUDA"}},
+      {[](C& c) {
+         c.model.document_boundaries = DocumentBoundaries::Shift;
+         c.model.bos_token_id = 1;
+         c.device = Device::Cuda;
+         c.parallel.cp = 2;
+       },
+       {"model.document_boundaries", "parallel.cp > 1", "device \"cpu\""}},
       {[](C& c) { c.parallel.tp = 4; }, {"parallel.tp (4) must divide model.num_key_value_heads (2)"}},
       {[](C& c) { c.parallel.tp = 2; c.model.intermediate_size = 255; }, {"parallel.tp (2)", "intermediate_size (255)"}},
   };

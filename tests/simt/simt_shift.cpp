@@ -15,6 +15,10 @@
 // most W + 1 products of bf16-exact values), dcoef now including the halo rows.
 // shift_halo_add_kernel: dx rows T - W .. T - 1 get bf16(dx + dtail), bit for
 // bit, every other element untouched.
+// With documents (model.document_boundaries): doc starts at rows 0, a few
+// later rows per sequence, and with a halo some before the chunk (negative),
+// against the CPU ops' doc_start: y, dx, dcoef and dhalo with the tolerances
+// above (the unit kernels only: the walks take no documents).
 #include "gen_shift_rope.h"
 #include "kernels/cpu/ops.h"
 #include "simt_util.h"
@@ -29,7 +33,23 @@ struct Case {
   bool coef, rope;
   int in_pad, in_off, out_pad;
   bool halo = false;
+  bool docs = false;
 };
+
+// Where each position's document starts, [B][T]: a new document every 3 to
+// 9 rows from a seeded position (so a window's rows straddle starts), and with
+// a halo the first document of odd sequences begun before the chunk.
+std::vector<int32_t> doc_starts(const Case& c) {
+  std::vector<int32_t> doc((size_t)c.B * c.T);
+  for (int b = 0; b < c.B; ++b) {
+    int start = c.halo && b % 2 ? -1 - b % 3 : 0, next = 1 + (b * 5) % 4;
+    for (int t = 0; t < c.T; ++t) {
+      if (t == next) start = t, next = t + 3 + (t * 7 + b) % 7;
+      doc[(size_t)b * c.T + t] = start;
+    }
+  }
+  return doc;
+}
 
 bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   if (a.size() != b.size()) return false;
@@ -39,7 +59,9 @@ bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
 }
 
 // Whether the launcher would run a case's row walk (its walk_fits, and no halo).
-bool walks(const Case& c, int V) { return !c.halo && kc::walk_fits(c.D, c.rope, c.coef ? c.W : 0, V); }
+bool walks(const Case& c, int V) {
+  return !c.halo && !c.docs && kc::walk_fits(c.D, c.rope, c.coef ? c.W : 0, V);
+}
 
 // y and dx as the kernels wrote them (every element of the padded rows), for
 // comparing the unit and walk kernels bit for bit.
@@ -57,7 +79,9 @@ Outputs run(const Case& c) {
                           std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) + " W" +
                           std::to_string(W) + (c.rope ? " rope" : "") + (c.coef ? " coef" : "") + " pads " +
                           std::to_string(c.in_pad) + "/" + std::to_string(c.in_off) + "/" + std::to_string(c.out_pad) +
-                          (c.halo ? " halo" : "") + (Walk ? " walk" : "");
+                          (c.halo ? " halo" : "") + (c.docs ? " docs" : "") + (Walk ? " walk" : "");
+  const std::vector<int32_t> docv = c.docs ? doc_starts(c) : std::vector<int32_t>();
+  const int32_t* doc = c.docs ? docv.data() : nullptr;
   const auto xf = randu(N * in_ld, 1 + c.T * 7 + c.D, -1, 1);
   const auto coef = randu((size_t)c.H * (c.W + 1), 2, -0.5f, 1.0f, false);
   std::vector<float> cs((size_t)c.T * std::max(1, c.D / 2)), sn(cs.size());
@@ -76,7 +100,7 @@ Outputs run(const Case& c) {
   const std::vector<bf16> halob = b16(halof);
   std::vector<double> sh = x, want(N * HD);
   if (c.coef)
-    kvs::cpu::kv_shift_forward<double>(sh.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D, W, nullptr,
+    kvs::cpu::kv_shift_forward<double>(sh.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D, W, doc,
                                        halo ? halod.data() : nullptr);
   if (c.rope)
     kvs::cpu::rope_forward<double>(want.data(), sh.data(), csd.data(), snd.data(), c.B, c.T, c.H, c.D);
@@ -107,7 +131,7 @@ Outputs run(const Case& c) {
   } else {
     emu::launch(grid, kc::kThreads, [&] {
       kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D,
-                                       W, TT, halo ? halob.data() : nullptr, halo_ld);
+                                       W, TT, halo ? halob.data() : nullptr, halo_ld, c.coef ? doc : nullptr);
     });
   }
   std::vector<float> got(N * HD);
@@ -134,7 +158,7 @@ Outputs run(const Case& c) {
     ds = dy;
   if (c.coef)
     kvs::cpu::kv_shift_backward<double>(wdx.data(), wdc.data(), ds.data(), x.data(), coefd.data(), c.B, c.T, c.H, c.D,
-                                        W, nullptr, halo ? halod.data() : nullptr, halo ? wdh.data() : nullptr);
+                                        W, doc, halo ? halod.data() : nullptr, halo ? wdh.data() : nullptr);
   else
     wdx = ds;
   const std::vector<bf16> dyb = b16(dyf);
@@ -157,7 +181,7 @@ Outputs run(const Case& c) {
     emu::launch(grid, kc::kThreads, [&] {
       kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
                                         in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
-                                        halo_ld, halo ? dhalo.data() : nullptr, dh_ld);
+                                        halo_ld, halo ? dhalo.data() : nullptr, dh_ld, c.coef ? doc : nullptr);
     });
   }
   if (halo) {
@@ -266,6 +290,16 @@ void run_shift_rope() {
   for (const Case& c : halo_cases) {
     if (fits(c, 8)) run<8>(c);
     if (fits(c, 4)) run<4>(c);
+    run<1>(c);
+  }
+  // With documents: several tiles, W 1 to 3 and 8, RoPE or not, padded rows, with a halo too.
+  const Case doc_cases[] = {
+      {2, 37, 2, 64, 1, true, true, 24, 8, 8, false, true},  {3, 70, 3, 32, 3, true, true, 0, 0, 0, false, true},
+      {2, 40, 2, 16, 2, true, false, 0, 0, 8, false, true},  {2, 50, 1, 16, 8, true, true, 0, 0, 0, false, true},
+      {3, 37, 2, 64, 2, true, true, 24, 8, 8, true, true},   {4, 9, 2, 6, 3, true, false, 3, 1, 5, true, true},
+  };
+  for (const Case& c : doc_cases) {
+    if (fits(c, 8)) run<8>(c);
     run<1>(c);
   }
   halo_add(2, 5, 48, 2, 56, 64);

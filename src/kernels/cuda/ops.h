@@ -110,10 +110,13 @@ enum class ShiftRopeVector { k8, k4 };
 // halo; elsewhere kUnits). y and dx are the same bits either way; dcoef's
 // partials are grouped differently (last bits).
 enum class ShiftRopeWalk { kUnits, kRows };
+// doc (device, [B, T] int32, may be null): the row each position's document
+// starts at (model.document_boundaries; negative: before this chunk): rows
+// before it count as zero history, as kvs::cpu::kv_shift_forward's doc_start.
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream,
                         ShiftHalo halo = {}, ShiftRopeVector vector = ShiftRopeVector::k8,
-                        ShiftRopeWalk walk = ShiftRopeWalk::kUnits);
+                        ShiftRopeWalk walk = ShiftRopeWalk::kUnits, const int32_t* doc = nullptr);
 // The adjoint: ds = RoPE^T dy; dx_s = sum_w coef[h, w] ds_{s+W-w} (overwritten,
 // row stride ld_dx); dcoef (fp32 [H, W+1]) += sum_{b,t,d} ds_t * x_{t-W+w}
 // (via scratch; dcoef may be null; W <= 8 when dcoef is wanted). coef null:
@@ -122,7 +125,7 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
                          float* scratch, cudaStream_t stream, ShiftHalo halo = {},
                          ShiftRopeVector vector = ShiftRopeVector::k8,
-                         ShiftRopeWalk walk = ShiftRopeWalk::kUnits);
+                         ShiftRopeWalk walk = ShiftRopeWalk::kUnits, const int32_t* doc = nullptr);
 // The owner's side of a halo gradient: dx[b, T - W + j, c] += dtail[b, j, c]
 // (bf16 rows of stride ld_dx, fp32 rows of stride ld_tail; c < width), rounded once.
 void shift_halo_add(bf16* dx, int ld_dx, const float* dtail, int ld_tail, int B, int T, int width, int W,

@@ -33,10 +33,19 @@
 // 0 .. W - 1). shift_halo_add returns such a gradient to the rows it came
 // from (the chunk's last W rows).
 //
+// Documents (model.document_boundaries): with `doc` ([B][T] int32, the row
+// where each position's document starts, in the same row coordinates, so
+// negative when it began before a context-parallel chunk), the rows before
+// an output row's document are zero history: the forward skips them, and the
+// backward skips every term between two documents (dx, dcoef and dhalo), as
+// kvs::cpu::kv_shift_forward/backward do with doc_start. The row walks do
+// not take documents (the launchers use the unit kernels then).
+//
 // Aliasing: a thread reads rows other threads write, so y must not alias x
 // (nor dx alias dy) unless W == 0 (then every thread reads only the elements
 // it writes, before it writes them).
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -74,11 +83,12 @@ __device__ __forceinline__ void load_raw(float (&v)[V], const bf16* p, int ld, s
   }
 }
 
-// s = sum_{w=0..W} c[w] x_{t-W+w}, oldest first (the CPU's order);
+// s = sum_{w=0..W} c[w] x_{t-W+w}, oldest first (the CPU's order), over the
+// rows from lo on (t's document start; earlier rows are zero history);
 // c null: W = 0, s = x_t.
 template <int V>
 __device__ __forceinline__ void shifted(float (&s)[V], const bf16* p, int ld, size_t seq, int t, int T, int W,
-                                        const float* c, const bf16* halo, int ld_halo) {
+                                        const float* c, const bf16* halo, int ld_halo, int lo) {
   if (!c) {
     load_raw<V>(s, p, ld, seq, t, T, halo, ld_halo, W);
     return;
@@ -86,6 +96,7 @@ __device__ __forceinline__ void shifted(float (&s)[V], const bf16* p, int ld, si
 #pragma unroll
   for (int k = 0; k < V; ++k) s[k] = 0.0f;
   for (int w = 0; w <= W; ++w) {
+    if (t - W + w < lo) continue;  // before t's document: a zero term
     float v[V];
     load_raw<V>(v, p, ld, seq, t - W + w, T, halo, ld_halo, W);
     const float cw = c[w];
@@ -147,7 +158,8 @@ template <int V>
 __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, int ld_in,
                                                                       const float* coef, const float* cos,
                                                                       const float* sin, int T, int H, int D, int W,
-                                                                      int TT, const bf16* halo, int ld_halo) {
+                                                                      int TT, const bf16* halo, int ld_halo,
+                                                                      const int32_t* doc = nullptr) {
   const int t0 = blockIdx.x * TT, nt = min(TT, T - t0);
   const size_t seq = (size_t)blockIdx.z * T;  // first row of sequence b
   const int half = D / 2, units = cos ? half / V : D / V;  // units per row
@@ -158,15 +170,16 @@ __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, i
     const bf16* hx = halo ? halo + col : nullptr;
     for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
       const int j = (i % units) * V, t = t0 + i / units;
+      const int lo = doc ? doc[seq + t] : INT_MIN;
       bf16* yr = y + (seq + t) * ld_out + col;
       if (cos) {
         float s1[V], s2[V];
-        shifted<V>(s1, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
-        shifted<V>(s2, x + col + half + j, ld_in, seq, t, T, W, c, hx ? hx + half + j : nullptr, ld_halo);
+        shifted<V>(s1, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo, lo);
+        shifted<V>(s2, x + col + half + j, ld_in, seq, t, T, W, c, hx ? hx + half + j : nullptr, ld_halo, lo);
         rotate_store<V>(yr + j, half, s1, s2, cos + (size_t)t * half + j, sin + (size_t)t * half + j);
       } else {
         float s[V];
-        shifted<V>(s, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo);
+        shifted<V>(s, x + col + j, ld_in, seq, t, T, W, c, hx ? hx + j : nullptr, ld_halo, lo);
         store_bf16<V>(yr + j, s);
       }
     }
@@ -184,7 +197,7 @@ template <int V>
 __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
     bf16* dx, int ld_dx, float* partial, const bf16* dy, int ld_dy, const bf16* x, int ld_x, const float* coef,
     const float* cos, const float* sin, int T, int H, int D, int W, int TT, const bf16* halo, int ld_halo,
-    float* dhalo, int ld_dhalo) {
+    float* dhalo, int ld_dhalo, const int32_t* doc = nullptr) {
   __shared__ float red[32];
   const int t0 = blockIdx.x * TT, nt = min(TT, T - t0);
   const size_t seq = (size_t)blockIdx.z * T;
@@ -198,8 +211,11 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
     float acc[kMaxDcoefWindow + 1] = {};
     for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
       const int j = (i % units) * V, t = t0 + i / units;
+      const int lo = doc ? doc[seq + t] : INT_MIN;
       float a1[V] = {}, a2[V] = {}, s1[V], s2[V];  // s: ds_t, for the partials
       for (int w = W; w >= 0; --w) {  // position t + W - w, increasing
+        const int r = t + W - w;  // r = t at w = W: never another document
+        if (doc && r < T && doc[seq + r] > t) continue;  // t is before r's document
         float d1[V], d2[V];
         unrotated<V>(d1, d2, dyh + j, ld_dy, seq, t + W - w, T, half, j, cos, sin);
         if (w == W) {
@@ -220,6 +236,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
 #pragma unroll
         for (int w = 0; w <= kMaxDcoefWindow; ++w) {
           if (w > W) break;
+          if (t - W + w < lo) continue;  // before t's document: no term
           float x1[V], x2[V];
           load_raw<V>(x1, x + col + j, ld_x, seq, t - W + w, T, hx, ld_halo, W);
           float p = 0.0f;
@@ -242,6 +259,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
         float a1[V] = {}, a2[V] = {};
         for (int w = W; w >= 0; --w) {
           if (r + W - w < 0) continue;
+          if (doc && r + W - w < T && doc[seq + r + W - w] > r) continue;  // r is before that row's document
           float d1[V], d2[V];
           unrotated<V>(d1, d2, dyh + j, ld_dy, seq, r + W - w, T, half, j, cos, sin);
           const float cw = c ? c[w] : 1.0f;
@@ -489,7 +507,7 @@ int pick_width(ShiftRopeVector want, Fits fits) {
 
 void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const float* coef, const float* cos,
                         const float* sin, int B, int T, int H, int D, int W, cudaStream_t stream, ShiftHalo halo,
-                        ShiftRopeVector vector, ShiftRopeWalk walk) {
+                        ShiftRopeVector vector, ShiftRopeWalk walk, const int32_t* doc) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
   if (!coef) W = 0;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
@@ -501,7 +519,8 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
     return D % (2 * v) == 0 && ld_in % v == 0 && ld_out % v == 0 && bf(x) && bf(y) &&
            (!cos || (aligned16(cos) && aligned16(sin))) && (!hx || (halo.ld % v == 0 && bf(hx)));
   });
-  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx) {
+  if (!coef) doc = nullptr;  // no window: nothing crosses a document
+  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx && !doc) {
     const dim3 wgrid = walk_grid(T, H, D, cos != nullptr, V, B);
     auto launch = [&](auto kernel) {
       kernel<<<wgrid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D);
@@ -513,7 +532,7 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
     return;
   }
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld);
+    kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld, doc);
   };
   with_width(V, [&](auto v) { launch(shift_rope_forward_kernel<decltype(v)::value>); });
   KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_kernel", stream);
@@ -528,9 +547,9 @@ size_t shift_rope_backward_scratch_floats(int B, int T, int H, int D, int W) {
 void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int ld_dy, const bf16* x, int ld_x,
                          const float* coef, const float* cos, const float* sin, int B, int T, int H, int D, int W,
                          float* scratch, cudaStream_t stream, ShiftHalo halo, ShiftRopeVector vector,
-                         ShiftRopeWalk walk) {
+                         ShiftRopeWalk walk, const int32_t* doc) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
-  if (!coef) W = 0;
+  if (!coef) W = 0, doc = nullptr;
   const bf16* hx = W > 0 ? halo.rows : nullptr;
   float* dh = W > 0 ? halo.grad : nullptr;
   KVS_CHECK(!dh || T >= W, "shift_rope_backward: a halo gradient needs T >= W, got T = {}, W = {}", T, W);
@@ -550,7 +569,7 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
            (!partial || !hx || (halo.ld % v == 0 && bf(hx))) && (!dh || (halo.ld_grad % v == 0 && aligned16(dh)));
   });
   int nblk = (int)(grid.x * grid.z);  // the dcoef partials' blocks
-  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx && !dh) {
+  if (walk == ShiftRopeWalk::kRows && walk_fits(D, cos != nullptr, W, V) && !hx && !dh && !doc) {
     const dim3 wgrid = walk_grid(T, H, D, cos != nullptr, V, B);
     nblk = (int)(wgrid.x * wgrid.z);  // at most grid's: kWalkBlockRows >= tile_rows(D)
     auto launch = [&](auto kernel) {
@@ -563,7 +582,7 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
   } else {
     auto launch = [&](auto kernel) {
       kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT,
-                                            hx, halo.ld, dh, halo.ld_grad);
+                                            hx, halo.ld, dh, halo.ld_grad, doc);
     };
     with_width(V, [&](auto v) { launch(shift_rope_backward_kernel<decltype(v)::value>); });
     KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);

@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVar
 // shifted with window 3, documents starting at BOS tokens planted 1 to 6 rows
 // apart, so every window straddles starts. The CPU engine is the oracle (its
 // kv_shift with doc_start is checked against PyTorch, tests/oracle); and the
-// documents must matter here: without them the CUDA engine's loss is off.
+// documents must matter here: the CUDA engine without them is 0.41 off in
+// the logits (relative L2; the tolerance is 0.02), and with them ignored
+// (doc null) every shift gradient was 0.3 to 1.2 off.
 TEST(HostCudaEngine, DocumentBoundariesOfTheShiftMatchTheCpuEngine) {
   ModelConfig m = model_of(kVariants[3]);  // shift_window3_qkv
   m.bos_token_id = 1;
@@ -111,7 +113,7 @@ TEST(HostCudaEngine, DocumentBoundariesOfTheShiftMatchTheCpuEngine) {
     if (i % data.T != 0 && (i * 7) % 11 < 3) data.inputs[i] = 1;
   }
   expect_engines_agree(m, data.batch(), 3);
-  // The same batch read as one document by the CUDA engine: another loss.
+  // The same batch read as one document by the CUDA engine: other logits.
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
   const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
   ModelConfig one_doc = m;
@@ -120,9 +122,10 @@ TEST(HostCudaEngine, DocumentBoundariesOfTheShiftMatchTheCpuEngine) {
   kvs::CudaEngine gpu(one_doc, data.B, data.T);
   cpu.write_params(params.data());
   gpu.write_params(params.data());
-  const double with_docs = cpu.forward(data.batch(), nullptr, nullptr, nullptr);
-  const double without = gpu.forward(data.batch(), nullptr, nullptr, nullptr);
-  EXPECT_GT(std::fabs(with_docs - without), 3e-2 * std::fabs(with_docs)) << "the documents change nothing here";
+  std::vector<float> with_docs(static_cast<size_t>(data.B) * data.T * m.vocab_size), without(with_docs.size());
+  cpu.forward(data.batch(), nullptr, nullptr, with_docs.data());
+  gpu.forward(data.batch(), nullptr, nullptr, without.data());
+  EXPECT_GT(rel_l2(without.data(), with_docs.data(), with_docs.size()), 0.2) << "the documents change little here";
 }
 
 // The evaluation's per-token outputs of both engines: each argmax names a largest logit of its

@@ -104,14 +104,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVar
 // the logits (relative L2; the tolerance is 0.02), and with them ignored
 // (doc null) every shift gradient was 0.3 to 1.2 off.
 TEST(HostCudaEngine, DocumentBoundariesOfTheShiftMatchTheCpuEngine) {
-  ModelConfig m = model_of(kVariants[3]);  // shift_window3_qkv
-  m.bos_token_id = 1;
-  m.document_boundaries = kvs::DocumentBoundaries::Shift;
+  const ModelConfig m = kvs::testing_util::documents_model();
   kvs::cuda_test::RandomBatch data(m, 2, 37, 11);
-  for (int i = 0; i < data.B * data.T; ++i) {
-    if (data.inputs[i] == 1) data.inputs[i] = 2;
-    if (i % data.T != 0 && (i * 7) % 11 < 3) data.inputs[i] = 1;
-  }
+  kvs::testing_util::plant_documents(data.inputs, data.T);
   expect_engines_agree(m, data.batch(), 3);
   // The same batch read as one document by the CUDA engine: other logits.
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);

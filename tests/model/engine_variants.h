@@ -85,6 +85,23 @@ inline const EngineVariant kEngineVariants[] = {
     {"v_only_w2_mqa", 64, 4, 1, 1, true, false, 2, false, "free", "rope", 0, false, 0, false, true},
     {"k_only_gqa", 64, 4, 2, 1, true, false, 1, false, "free", "rope", 0, false, 0, true, false},
 };
+// Document boundaries ("shift": the shift restarts at each BOS, token 1) on
+// shift_window3_qkv (q, k and v shifted, window 3), and a batch's inputs with
+// BOS planted 1 to 6 rows apart (none at a sequence's first row, where a
+// document starts anyway), so every window straddles document starts.
+inline ModelConfig documents_model() {
+  ModelConfig m = model_of(kEngineVariants[3]);
+  m.bos_token_id = 1;
+  m.document_boundaries = DocumentBoundaries::Shift;
+  return m;
+}
+inline void plant_documents(std::vector<int32_t>& inputs, int T) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i] == 1) inputs[i] = 2;
+    if (i % T != 0 && (i * 7) % 11 < 3) inputs[i] = 1;
+  }
+}
+
 // Three layers (the last one is not recomputed) and the sigmoid gate (its
 // effective coefficients are reused, not recomputed): recomputation's check.
 inline const EngineVariant kRecomputeVariant{"recompute", 64, 4, 2, 3, true, false, 1, false, "sigmoid_gate", "rope"};

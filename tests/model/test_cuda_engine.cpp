@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -57,15 +59,21 @@ TEST(CudaEngine, TestConfigurationsAreValid) {
 // and a shift coefficient's also against its terms' root-sum-square
 // (gradient_error_scales): on the host build at B = 3, layer 1's v_shift of
 // shift_gqa_tied_d32 is 9.5% of its cancelled sum and 0.6% of those.
+// The last case: document boundaries ("shift") with BOS planted in the batch
+// (engine_variants.h's documents_model; tests/cuda_host has the control that
+// the documents matter there).
 TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
   KVS_REQUIRE_GPU();
   const int B = 3, T = 37;
-  for (const Variant& v : kVariants) {
-    SCOPED_TRACE(v.name);
-    const ModelConfig m = model_of(v);
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (const Variant& v : kVariants) models.push_back({v.name, model_of(v)});
+  models.push_back({"documents", kvs::testing_util::documents_model()});
+  for (const auto& [name, m] : models) {
+    SCOPED_TRACE(name);
     const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
     const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
-    const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+    kvs::cuda_test::RandomBatch data(m, B, T, 11);
+    if (m.document_boundaries != kvs::DocumentBoundaries::None) kvs::testing_util::plant_documents(data.inputs, T);
     const kvs::Batch batch = data.batch();
     kvs::CpuEngine cpu(m, B, T);
     kvs::CudaEngine gpu(m, B, T);

@@ -11,6 +11,8 @@
 // test's does from the kernels' own forward. Grids mirror launch_fwd/launch_bwd.
 // Also without the causal mask (ring attention's block of an earlier chunk:
 // the reference's queries at positions T .. 2T - 1 see every key), same tolerances.
+// And with document masks (kDocs, the cp.async kernels: each query sees the
+// keys of its own document only) against the CPU ops' doc_start, same tolerances.
 #include "gen_flash_attention_bwd.h"
 #include "gen_flash_attention_bwd_sm90.h"
 #include "gen_flash_attention_fwd.h"
@@ -38,13 +40,30 @@ double max_abs(const std::vector<double>& x) {
   return m;
 }
 
+// Document starts [B][T] for `run`'s masks: documents of 1 to 70 rows (a
+// start inside most 64-row tiles, and some tiles inside one document).
+std::vector<int32_t> document_starts(int B, int T, uint64_t seed) {
+  std::vector<int32_t> doc((size_t)B * T);
+  for (int b = 0; b < B; ++b) {
+    int start = 0, next = 1 + (int)((seed + 13 * b) % 40);
+    for (int t = 0; t < T; ++t) {
+      if (t == next) start = t, next = t + 1 + (t * 37 + b * 11) % 70;
+      doc[(size_t)b * T + t] = start;
+    }
+  }
+  return doc;
+}
+
 template <int D>
-void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale, bool causal = true) {
+void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale, bool causal = true,
+         bool docs = false) {
   static_assert(dkdv_smem_bytes<D, true>() <= emu::kDynBytes && dq_smem_bytes<D, true>() <= emu::kDynBytes);
   const std::string tag = "flash D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
                           " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
                           " layout=" + std::to_string(layout) + (qk_scale != 1.0f ? " peaked" : "") +
-                          (causal ? "" : " full");
+                          (causal ? "" : " full") + (docs ? " documents" : "");
+  const std::vector<int32_t> docv = docs ? document_starts(B, T, seed) : std::vector<int32_t>();
+  const int32_t* doc = docs ? docv.data() : nullptr;
   const int G = Hq / Hkv;
   const size_t N = (size_t)B * T, QD = (size_t)Hq * D, KD = (size_t)Hkv * D;
   const auto q = randn(N * QD, seed + 1, qk_scale), k = randn(N * KD, seed + 2, qk_scale), v = randn(N * KD, seed + 3),
@@ -86,10 +105,10 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       dod(dout.begin(), dout.end());
   std::vector<double> outr(N * QD, 0.0), att((size_t)B * Hq * T * T);
   const int qpos0 = causal ? 0 : T;  // non-causal: every query after every key
-  kvs::cpu::attention_forward<double>(outr.data(), att.data(), nullptr, qd.data(), kd.data(), vd.data(), B, T, T, Hq,
-                                      Hkv, D, qpos0, 0);
   std::vector<double> lser((size_t)B * Hq * T);
-  for (int b = 0; b < B; ++b)
+  kvs::cpu::attention_forward<double>(outr.data(), att.data(), docs ? lser.data() : nullptr, qd.data(), kd.data(),
+                                      vd.data(), B, T, T, Hq, Hkv, D, qpos0, 0, doc);
+  for (int b = 0; b < B && !docs; ++b)  // (with documents, the CPU op's lse)
     for (int h = 0; h < Hq; ++h)
       for (int t = 0; t < T; ++t) {
         const int last = causal ? t : T - 1;
@@ -116,10 +135,14 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   std::vector<bf16> sync_out;
   std::vector<float> sync_lse;
   for (const bool async : {false, true}) {
+    if (docs && !async) continue;  // documents: the cp.async kernels only
     std::fill(out.begin(), out.end(), poison_bf16());
     std::fill(lse.begin(), lse.end(), NAN);
     emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-      if (async)
+      if (docs)
+        fwd_kernel<D, true, true>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e,
+                                  causal, doc);
+      else if (async)
         fwd_kernel<D, true>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
       else
         fwd_kernel<D, false>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
@@ -129,7 +152,8 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     check(ftag, "out", outf, outr, 1e-2, 1e-2);
     expect(norm_close(outf, outr, 5e-3), ftag, "out norm");
     check(ftag, "lse", lse, lser, 1e-5, 2e-4);
-    if (!async) {
+    if (docs) {
+    } else if (!async) {
       sync_out = out, sync_lse = lse;
     } else {  // the same MMAs in the same order: the same bits
       expect(std::memcmp(out.data(), sync_out.data(), out.size() * sizeof(bf16)) == 0 &&
@@ -144,6 +168,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   // order) the mma.sync kernel's bits; on a GPU the tensor cores' internal
   // accumulation may differ, so the GPU test holds it to the tolerances only.
   if constexpr (D == 64 || D == 128) {
+    if (!docs) {
     static_assert(sm90_fwd_smem_bytes<D>() <= emu::kDynBytes);
     std::fill(out.begin(), out.end(), poison_bf16());
     std::fill(lse.begin(), lse.end(), NAN);
@@ -158,6 +183,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     expect(std::memcmp(out.data(), sync_out.data(), out.size() * sizeof(bf16)) == 0 &&
                std::memcmp(lse.data(), sync_lse.data(), lse.size() * sizeof(float)) == 0,
            ftag, "bit-identical to the mma.sync kernel under the emulator");
+    }
   }
 
   // Backward (flash_attention_backward, launch_bwd).
@@ -175,6 +201,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   std::vector<bf16> sync_grads;
   constexpr int kPaths = D == 64 || D == 128 ? 3 : 2;  // sync, cp.async + ldmatrix, sm90
   for (int path = 0; path < kPaths; ++path) {
+    if (docs && path != 1) continue;  // documents: the cp.async kernels only
     const bool async = path == 1;
     const std::string btag =
         tag + (path == 2 ? " bwd sm90 (wgmma)" : async ? " bwd cp.async+ldmatrix" : " bwd sync loads");
@@ -190,7 +217,10 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
           return;
         }
       }
-      if (async)
+      if (docs)
+        dkdv_kernel<D, true, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq,
+                                   G, scale, scale * kLog2e, causal, doc);
+      else if (async)
         dkdv_kernel<D, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
                              scale, scale * kLog2e, causal);
       else
@@ -205,7 +235,10 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
           return;
         }
       }
-      if (async)
+      if (docs)
+        dq_kernel<D, true, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
+                                 scale, scale * kLog2e, causal, doc);
+      else if (async)
         dq_kernel<D, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
                            scale * kLog2e, causal);
       else
@@ -241,7 +274,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     }
     if (path == 0)
       sync_grads = grads;
-    else
+    else if (!docs)
       expect(std::memcmp(grads.data(), sync_grads.data(), grads.size() * sizeof(bf16)) == 0, btag,
              "bit-identical to the sync loads");
   }
@@ -318,6 +351,11 @@ void run_flash_attention() {
   run<64>(1, 70, 4, 2, 1, 1080, 1.0f, false);
   run<128>(1, 130, 4, 1, 0, 1085, 1.0f, false);
   run<16>(2, 37, 4, 2, 0, 1090, 1.0f, false);
+  // With document masks: several tiles, GQA and MQA, every head dim, the three layouts.
+  run<64>(2, 130, 4, 2, 1, 1100, 1.0f, true, true);
+  run<128>(1, 130, 4, 1, 2, 1110, 1.0f, true, true);
+  run<32>(2, 70, 4, 4, 0, 1120, 1.0f, true, true);
+  run<16>(2, 130, 4, 2, 1, 1130, 1.0f, true, true);
   run_attention_merge();
 }
 

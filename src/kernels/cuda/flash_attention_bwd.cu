@@ -78,13 +78,15 @@ constexpr size_t dkdv_smem_bytes() {
          stages * 2 * dkdv_bq<D>() * sizeof(float);
 }
 
-template <int D, bool kAsync>
+// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                         const float* __restrict__ delta, const bf16* __restrict__ q,
                                                         int ld_q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
-                                                        float scale, float scale_log2, bool causal) {
+                                                        float scale, float scale_log2, bool causal,
+                                                        const int32_t* __restrict__ doc = nullptr) {
   constexpr int BKV = 16 * kWarps;  // keys per block
   constexpr int BQ = dkdv_bq<D>();  // query rows per step
   constexpr int LDS = row_stride<D>();
@@ -177,6 +179,17 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
       mma_b_rows<NQ, LDS, kAsync>(st, ka, sQ + kk * 16, lane);
     }
 
+    if constexpr (kDocs) {  // a key before its query's document: P = 0
+#pragma unroll
+      for (int j = 0; j < NQ; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qq = q0 + j * 8 + 2 * c + h;
+          const int lo = qq < T ? doc[static_cast<size_t>(b) * T + qq] : 0;
+          if (key[0] < lo) st[j][h] = -INFINITY;
+          if (key[1] < lo) st[j][2 + h] = -INFINITY;
+        }
+    }
     bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
 
     // dV += P^T dO (k = queries: dO's rows).
@@ -245,13 +258,15 @@ constexpr size_t dq_smem_bytes() {
   return static_cast<size_t>((2 + (kAsync ? 4 : 2)) * 64) * row_stride<D>() * sizeof(bf16);
 }
 
-template <int D, bool kAsync>
+// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                                                       const float* __restrict__ lse,
                                                       const float* __restrict__ delta, const bf16* __restrict__ q,
                                                       int ld_q, const bf16* __restrict__ k,
                                                       const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
-                                                      float scale, float scale_log2, bool causal) {
+                                                      float scale, float scale_log2, bool causal,
+                                                      const int32_t* __restrict__ doc = nullptr) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -292,6 +307,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
   bwd_row_stats(lse2, dlt, lse, delta, b, h, Hq, T, row);
+  int lo[2] = {0, 0};
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row);
 
   float dq_acc[ND][4];
 #pragma unroll
@@ -333,6 +350,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
       mma_b_rows<NK, LDS, kAsync>(dp, da, sV + kk * 16, lane);
     }
 
+    if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
     bwd_ds<NK>(s, dp, lse2, dlt, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     // dQ += dS K (k = keys: K's rows); scale at the end.
@@ -349,46 +367,63 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
 }
 
-template <int D, bool kAsync>
-void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
-                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, bool causal,
-                cudaStream_t stream) {
+template <int D, bool kAsync, bool kDocs>
+void launch_bwd_kernels(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
+                        const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                        bool causal, cudaStream_t stream, const int32_t* doc) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int G = Hq / Hkv;
 
   constexpr size_t kv_smem = dkdv_smem_bytes<D, kAsync>();
   if (kv_smem > 48 * 1024)
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kAsync, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kv_smem)));
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
-  dkdv_kernel<D, kAsync><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T,
-                                                                 Hq, G, scale, scale * kLog2e, causal);
+  dkdv_kernel<D, kAsync, kDocs><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv,
+                                                                        T, Hq, G, scale, scale * kLog2e, causal, doc);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
 
   constexpr size_t q_smem = dq_smem_bytes<D, kAsync>();
   if (q_smem > 48 * 1024)
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D, kAsync, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(q_smem)));
   const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
-  dq_kernel<D, kAsync><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G,
-                                                             scale, scale * kLog2e, causal);
+  dq_kernel<D, kAsync, kDocs><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq,
+                                                                    G, scale, scale * kLog2e, causal, doc);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
+}
+
+// Document masks (doc non-null) on the cp.async kernels only.
+template <int D, bool kAsync>
+void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
+                int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, bool causal,
+                cudaStream_t stream, const int32_t* doc) {
+  if constexpr (kAsync) {
+    if (doc)
+      return launch_bwd_kernels<D, true, true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv,
+                                               causal, stream, doc);
+  }
+  launch_bwd_kernels<D, kAsync, false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
+                                       stream, nullptr);
 }
 
 template <bool kAsync>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                 int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, int D, bool causal,
-                cudaStream_t stream) {
+                cudaStream_t stream, const int32_t* doc = nullptr) {
   switch (D) {
     case 16:
-      return launch_bwd<16, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+      return launch_bwd<16, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                    doc);
     case 32:
-      return launch_bwd<32, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+      return launch_bwd<32, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                    doc);
     case 64:
-      return launch_bwd<64, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+      return launch_bwd<64, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                    doc);
     default:
       return launch_bwd<128, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
-                                     stream);
+                                     stream, doc);
   }
 }
 
@@ -415,17 +450,21 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
 
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
-                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream) {
+                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream,
+                              const int32_t* doc) {
   flash::check_args("flash_attention_backward", {dq, dk, dv, dout, out, q, k, v}, {lse, scratch}, ld_q, ld_kv, B, T,
                     Hq, Hkv, D);
   if (B == 0 || T == 0) return;
+  KVS_CHECK(!doc || causal, "flash_attention_backward: document masks need the causal mask");
 
   float* delta = scratch;
   const size_t rows = static_cast<size_t>(B) * T * Hq;
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  if (loads == FlashLoads::kHopper && flash_hopper_available(D))
+  if (doc)  // the cp.async kernels alone take document masks
+    flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, doc);
+  else if (loads == FlashLoads::kHopper && flash_hopper_available(D))
     flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
   else if (loads != FlashLoads::kSync)
     flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);

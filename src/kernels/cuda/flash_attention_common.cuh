@@ -328,6 +328,31 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4
   }
 }
 
+// Document masks (model.document_boundaries "shift_and_attention"): a query
+// sees only the keys of its own document, from doc[query] (the row its
+// document starts at; the starts rise along a sequence) to itself. The
+// kernels take them as a template switch (kDocs; the cp.async kernels only),
+// so the kernels without documents are the same code as before. A masked
+// score becomes -inf before the softmax (forward) or before P is formed
+// again (backward), which makes its probability exactly 0.
+//
+// A warp's 16 rows x 8 NK keys from k0 (element e of s[j] is row e / 2's key
+// k0 + 8 j + 2 c + e % 2): -inf where the key lies before lo[row].
+template <int NK>
+__device__ __forceinline__ void mask_before_documents(float (&s)[NK][4], const int (&lo)[2], int k0, int c) {
+  if (k0 >= max(lo[0], lo[1])) return;
+#pragma unroll
+  for (int j = 0; j < NK; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (k0 + j * 8 + 2 * c + (e & 1) < lo[e >> 1]) s[j][e] = -INFINITY;
+}
+// The document start of each of a thread's two rows (0 past T: padding rows).
+__device__ __forceinline__ void document_starts(int (&lo)[2], const int32_t* doc, int b, int T, const int (&row)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lo[r] = row[r] < T ? doc[static_cast<size_t>(b) * T + row[r]] : 0;
+}
+
 // The forward's end for a warp's 16 rows (first_row the first): l summed over
 // the quad, out = O / l (bf16, rows >= T skipped), lse = scale m + log l.
 template <int ND>

@@ -32,12 +32,15 @@ namespace flash {
 // Without it (FlashLoads::kSync), every thread loads each tile through its
 // registers and waits for it: the first version, kept as the baseline that
 // bench-attention times beside it and as a fallback.
-template <int D, bool kAsync>
+//
+// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, int ld_q,
                                                        const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                        int ld_kv, int T, int Hq, int G, float scale,
-                                                       float scale_log2, bool causal) {
+                                                       float scale_log2, bool causal,
+                                                       const int32_t* __restrict__ doc = nullptr) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -83,6 +86,8 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   // m in raw (unscaled) score units, l a per-thread partial sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+  int lo[2] = {0, 0};
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row);
 
   // Keys [0, kv_end) can be seen by this tile (every key without the causal mask).
   const int kv_end = causal ? min(T, q0 + BQ) : T;
@@ -109,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) mma_b_rows<NK, LDS, kAsync>(s, qf[kk], sK + kk * 16, lane);
 
+    if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
     softmax_tile<NK, ND>(s, o, m, l, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     if constexpr (kAsync) {
@@ -135,10 +141,18 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
 
 template <int D, bool kAsync>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
-                int Hq, int Hkv, bool causal, cudaStream_t stream) {
+                int Hq, int Hkv, bool causal, cudaStream_t stream, const int32_t* doc) {
   constexpr int BQ = 16 * kWarps;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const dim3 grid(ceil_div(T, BQ), Hq, B);
+  if constexpr (kAsync) {
+    if (doc) {
+      fwd_kernel<D, true, true><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
+                                                               scale * kLog2e, causal, doc);
+      KVS_CUDA_LAUNCH_CHECK("flash_attention_forward (documents)", stream);
+      return;
+    }
+  }
   fwd_kernel<D, kAsync><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
                                                        scale * kLog2e, causal);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_forward", stream);
@@ -146,12 +160,12 @@ void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, c
 
 template <bool kAsync>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
-                int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
+                int Hq, int Hkv, int D, bool causal, cudaStream_t stream, const int32_t* doc = nullptr) {
   switch (D) {
-    case 16: return launch_fwd<16, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 32: return launch_fwd<32, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    case 64: return launch_fwd<64, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
-    default: return launch_fwd<128, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    case 16: return launch_fwd<16, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
+    case 32: return launch_fwd<32, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
+    case 64: return launch_fwd<64, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
+    default: return launch_fwd<128, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
   }
 }
 
@@ -186,9 +200,14 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const int32_t* doc) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
+  if (doc) {  // the cp.async kernels alone take document masks
+    KVS_CHECK(causal, "flash_attention_forward: document masks need the causal mask");
+    flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, doc);
+    return;
+  }
   if (loads == FlashLoads::kHopper && flash_hopper_available(D))
     flash::launch_fwd_sm90(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
   else if (loads != FlashLoads::kSync)

@@ -177,12 +177,18 @@ enum class FlashLoads { kAsync, kSync, kHopper };
 // True when this build has the sm_90a kernels (KVS_CUDA_ARCHS with 90a), the
 // current device is compute capability 9.0 and D is 64 or 128.
 bool flash_hopper_available(int D);
+// doc (device, [B, T] int32, may be null): document masks (model.document_boundaries
+// "shift_and_attention"): query t sees keys doc[b, t] .. t only (the row its
+// document starts at; non-decreasing along a sequence), as
+// kvs::cpu::attention_forward's doc_start. Causal only; they run on the
+// cp.async mma.sync kernels whatever `loads` says.
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const int32_t* doc = nullptr);
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
-                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream);
+                              int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream,
+                              const int32_t* doc = nullptr);
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, float* scratch, cudaStream_t stream);

@@ -468,9 +468,10 @@ void validate(const Config& c, const std::string& origin) {
   if (m.kv_shift.window > 3)
     fail("{}: model.kv_shift.window: training supports windows 1 to 3 (the paper's), got {}", origin,
          m.kv_shift.window);
-  if (c.device == Device::Cuda && m.document_boundaries == DocumentBoundaries::ShiftAndAttention)
-    fail("{}: model.document_boundaries: \"{}\" needs device \"cpu\" for now (the CUDA attention kernels have no "
-         "document masks yet; \"shift\" runs on CUDA)",
+  if (c.device == Device::Cuda && m.document_boundaries == DocumentBoundaries::ShiftAndAttention &&
+      c.train.attention_backend == AttentionImpl::Cudnn)
+    fail("{}: model.document_boundaries: \"{}\" masks attention with our flash kernels; train.attention_backend "
+         "\"cudnn\" has no document masks here",
          origin, m.document_boundaries);
   if (c.device == Device::Cuda && m.document_boundaries != DocumentBoundaries::None && c.parallel.cp > 1)
     fail("{}: model.document_boundaries: \"{}\" with parallel.cp > 1 needs device \"cpu\" for now", origin,

@@ -266,9 +266,9 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
               "context parallelism: chunks of {} positions are shorter than the shift window {}",
               max_T_ / (2 * cp_.size), m_.kv_shift.window);
   }
-  KVS_CHECK(m_.document_boundaries != DocumentBoundaries::ShiftAndAttention,
-            "device 'cuda': model.document_boundaries \"{}\" needs document masks in attention, which the CUDA "
-            "kernels do not have yet (\"shift\" runs on CUDA; the masks on the CPU)",
+  KVS_CHECK(m_.document_boundaries != DocumentBoundaries::ShiftAndAttention || attention_backend != AttentionImpl::Cudnn,
+            "device 'cuda': model.document_boundaries \"{}\" masks attention with our flash kernels; "
+            "train.attention_backend \"cudnn\" has no document masks here",
             m_.document_boundaries);
   KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None || cp_.size == 1,
             "device 'cuda': model.document_boundaries \"{}\" with context parallelism (cp {}) is CPU only for now",
@@ -559,6 +559,10 @@ const int32_t* CudaEngine::shift_documents() const {
   return m_.document_boundaries == DocumentBoundaries::None ? nullptr : at<int32_t>(plan_.doc);
 }
 
+const int32_t* CudaEngine::attention_documents() const {
+  return m_.document_boundaries == DocumentBoundaries::ShiftAndAttention ? at<int32_t>(plan_.doc) : nullptr;
+}
+
 CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
   const LayerOffsets& o = lo_[l];
   const float* master = at<float>(plan_.master);
@@ -643,7 +647,11 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
                              cuda::ShiftRopeVector::k8, units, doc);
     cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
                              stream_, {}, cuda::ShiftRopeVector::k8, units, doc);
-    attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
+    if (const int32_t* adoc = attention_documents())  // document masks: the cp.async flash kernels
+      cuda::flash_attention_forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, true,
+                                    cuda::FlashLoads::kAsync, stream_, adoc);
+    else
+      attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
   }
   if (pass == LayerPass::RecomputeAttention) return;
   {
@@ -815,8 +823,12 @@ void CudaEngine::backward_layer(int l, int B, int T) {
   if (cp_.size > 1) {
     cp_attention_backward(l, x, c, B);  // ring attention, then the shifts with the halos, into dqkv
   } else {
-    attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
-                    scratch, stream_);
+    if (const int32_t* adoc = attention_documents())
+      cuda::flash_attention_backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B,
+                                     T, Hq, Hkv, D, true, cuda::FlashLoads::kAsync, scratch, stream_, adoc);
+    else
+      attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
+                      scratch, stream_);
     // Through RoPE and the shifts into the fused projection's gradient. The
     // coefficient gradients go straight into the gradient tensor, or for the
     // sigmoid gate into dcoef and then through the gate.

@@ -232,7 +232,8 @@ class CudaEngine : public Engine {
   // model.document_boundaries: the start of each position's document (a BOS,
   // or position 0) into the slot's plan_.doc, as CpuEngine::find_documents.
   void upload_documents(const Batch& b);
-  const int32_t* shift_documents() const;  // null without document boundaries
+  const int32_t* shift_documents() const;      // null without document boundaries
+  const int32_t* attention_documents() const;  // null unless "shift_and_attention"
   // The masked loss (and dlogits over the logits when grad_scale is given,
   // argmax when asked) for the N rows of this micro-batch: the fused kernel,
   // or the vocab-parallel one with its all-reduces under tensor parallelism.

@@ -18,7 +18,8 @@
 // checked bit for bit. Under mpirun -np 4 (ctest cuda_host_mpi_np4) the
 // stages combine with context parallelism and with tensor + sequence
 // parallelism (HostCudaPipelineWithParallel). With document boundaries
-// ("shift"), every stage shifts within the documents (pp = 2 under MPI).
+// ("shift_and_attention"), every stage shifts and attends within the
+// documents (pp = 2 under MPI).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -228,16 +229,17 @@ TEST(HostCudaPipeline, FollowsOneProcessBitForBit) {
   expect_follows(one, config(false, 2, 2, "none"), *nccl, "pp2v2_nccl", 0.0);
 }
 
-// Document boundaries ("shift": the shift restarts at each BOS, here token 5,
-// which the induction data holds now and then): every stage takes the
-// micro-batch's document starts (a middle stage has no tokens of its own to
-// upload), so the pipeline gives one process's bits; and one process with
-// them differs from one without (the documents are in the data).
+// Document boundaries ("shift_and_attention": the shift restarts at each BOS,
+// here token 5, which the induction data holds now and then, and attention
+// sees the query's document only): every stage takes the micro-batch's
+// document starts (the last stage uploads no tokens of its own), so the
+// pipeline gives one process's bits; and one process with them differs from
+// one without (the documents are in the data).
 TEST(HostCudaPipeline, DocumentBoundariesFollowOneProcessBitForBit) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   kvs::Config c = config(false, 2, 1, "none");
   c.model.bos_token_id = 5;
-  c.model.document_boundaries = kvs::DocumentBoundaries::Shift;
+  c.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
   kvs::validate(c, "cuda-host-pipeline-docs");
   const Reference one = one_process(c);
   expect_follows(one, c, world(), "pp2_docs_mpi", 0.0);

@@ -85,14 +85,15 @@ inline const EngineVariant kEngineVariants[] = {
     {"v_only_w2_mqa", 64, 4, 1, 1, true, false, 2, false, "free", "rope", 0, false, 0, false, true},
     {"k_only_gqa", 64, 4, 2, 1, true, false, 1, false, "free", "rope", 0, false, 0, true, false},
 };
-// Document boundaries ("shift": the shift restarts at each BOS, token 1) on
+// Document boundaries ("shift": the shift restarts at each BOS, token 1;
+// "shift_and_attention": attention too sees only the query's document) on
 // shift_window3_qkv (q, k and v shifted, window 3), and a batch's inputs with
 // BOS planted 1 to 6 rows apart (none at a sequence's first row, where a
 // document starts anyway), so every window straddles document starts.
-inline ModelConfig documents_model() {
+inline ModelConfig documents_model(DocumentBoundaries mode = DocumentBoundaries::Shift) {
   ModelConfig m = model_of(kEngineVariants[3]);
   m.bos_token_id = 1;
-  m.document_boundaries = DocumentBoundaries::Shift;
+  m.document_boundaries = mode;
   return m;
 }
 inline void plant_documents(std::vector<int32_t>& inputs, int T) {

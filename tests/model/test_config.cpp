@@ -547,8 +547,9 @@ TEST(Config, ValidationRulesNameTheKey) {
          c.model.document_boundaries = DocumentBoundaries::ShiftAndAttention;
          c.model.bos_token_id = 1;
          c.device = Device::Cuda;
+         c.train.attention_backend = kvs::AttentionImpl::Cudnn;
        },
-       {"model.document_boundaries", "device \"cpu\"", "\"shift\" runs on CUDA"}},
+       {"model.document_boundaries", "\"cudnn\" has no document masks"}},
       {[](C& c) {
          c.model.document_boundaries = DocumentBoundaries::Shift;
          c.model.bos_token_id = 1;

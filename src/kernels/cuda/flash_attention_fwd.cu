@@ -154,7 +154,7 @@ void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, c
     }
   }
   fwd_kernel<D, kAsync><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                                       scale * kLog2e, causal);
+                                                       scale * kLog2e, causal, nullptr);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_forward", stream);
 }
 

@@ -130,8 +130,12 @@ Outputs run(const Case& c) {
     });
   } else {
     emu::launch(grid, kc::kThreads, [&] {
-      kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D,
-                                       W, TT, halo ? halob.data() : nullptr, halo_ld, c.coef ? doc : nullptr);
+      if (doc && c.coef)
+        kc::shift_rope_forward_kernel<V, true>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T,
+                                               c.H, c.D, W, TT, halo ? halob.data() : nullptr, halo_ld, doc);
+      else
+        kc::shift_rope_forward_kernel<V>(yb.data(), out_ld, xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H,
+                                         c.D, W, TT, halo ? halob.data() : nullptr, halo_ld, nullptr);
     });
   }
   std::vector<float> got(N * HD);
@@ -179,9 +183,15 @@ Outputs run(const Case& c) {
     });
   } else {
     emu::launch(grid, kc::kThreads, [&] {
-      kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
-                                        in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
-                                        halo_ld, halo ? dhalo.data() : nullptr, dh_ld, c.coef ? doc : nullptr);
+      if (doc && c.coef)
+        kc::shift_rope_backward_kernel<V, true>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld,
+                                                xb.data() + c.in_off, in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT,
+                                                halo ? halob.data() : nullptr, halo_ld, halo ? dhalo.data() : nullptr,
+                                                dh_ld, doc);
+      else
+        kc::shift_rope_backward_kernel<V>(dxb.data() + c.in_off, in_ld, pp, dyb.data(), out_ld, xb.data() + c.in_off,
+                                          in_ld, cp, cosp, sinp, c.T, c.H, c.D, W, TT, halo ? halob.data() : nullptr,
+                                          halo_ld, halo ? dhalo.data() : nullptr, dh_ld, nullptr);
     });
   }
   if (halo) {

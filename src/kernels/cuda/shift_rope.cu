@@ -38,8 +38,10 @@
 // negative when it began before a context-parallel chunk), the rows before
 // an output row's document are zero history: the forward skips them, and the
 // backward skips every term between two documents (dx, dcoef and dhalo), as
-// kvs::cpu::kv_shift_forward/backward do with doc_start. The row walks do
-// not take documents (the launchers use the unit kernels then).
+// kvs::cpu::kv_shift_forward/backward do with doc_start. A template switch
+// (kDocs) of the unit kernels, so that the kernels without documents are the
+// same code as before; the row walks take none (the launchers use the unit
+// kernels then).
 //
 // Aliasing: a thread reads rows other threads write, so y must not alias x
 // (nor dx alias dy) unless W == 0 (then every thread reads only the elements
@@ -154,7 +156,7 @@ __device__ __forceinline__ void rotate_store(bf16* p, int half, const float (&s1
 
 // Forward: per unit, the shifted s of its columns in fp32, rotated in fp32
 // (RoPE pairs i, i + D/2 with cos/sin of position t), written once in bf16.
-template <int V>
+template <int V, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, int ld_out, const bf16* x, int ld_in,
                                                                       const float* coef, const float* cos,
                                                                       const float* sin, int T, int H, int D, int W,
@@ -170,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, i
     const bf16* hx = halo ? halo + col : nullptr;
     for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
       const int j = (i % units) * V, t = t0 + i / units;
-      const int lo = doc ? doc[seq + t] : INT_MIN;
+      const int lo = kDocs ? doc[seq + t] : INT_MIN;
       bf16* yr = y + (seq + t) * ld_out + col;
       if (cos) {
         float s1[V], s2[V];
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_forward_kernel(bf16* y, i
 // units of the head; a block reduction per (head, w) gives the tile's value,
 // stored in partial[h][b, tile][w]. shift_dcoef_reduce_kernel sums the
 // (b, tile) partials in a fixed order.
-template <int V>
+template <int V, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
     bf16* dx, int ld_dx, float* partial, const bf16* dy, int ld_dy, const bf16* x, int ld_x, const float* coef,
     const float* cos, const float* sin, int T, int H, int D, int W, int TT, const bf16* halo, int ld_halo,
@@ -211,11 +213,11 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
     float acc[kMaxDcoefWindow + 1] = {};
     for (int i = threadIdx.x; i < nt * units; i += blockDim.x) {
       const int j = (i % units) * V, t = t0 + i / units;
-      const int lo = doc ? doc[seq + t] : INT_MIN;
+      const int lo = kDocs ? doc[seq + t] : INT_MIN;
       float a1[V] = {}, a2[V] = {}, s1[V], s2[V];  // s: ds_t, for the partials
       for (int w = W; w >= 0; --w) {  // position t + W - w, increasing
         const int r = t + W - w;  // r = t at w = W: never another document
-        if (doc && r < T && doc[seq + r] > t) continue;  // t is before r's document
+        if (kDocs && r < T && doc[seq + r] > t) continue;  // t is before r's document
         float d1[V], d2[V];
         unrotated<V>(d1, d2, dyh + j, ld_dy, seq, t + W - w, T, half, j, cos, sin);
         if (w == W) {
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
 #pragma unroll
         for (int w = 0; w <= kMaxDcoefWindow; ++w) {
           if (w > W) break;
-          if (t - W + w < lo) continue;  // before t's document: no term
+          if (kDocs && t - W + w < lo) continue;  // before t's document: no term
           float x1[V], x2[V];
           load_raw<V>(x1, x + col + j, ld_x, seq, t - W + w, T, hx, ld_halo, W);
           float p = 0.0f;
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) shift_rope_backward_kernel(
         float a1[V] = {}, a2[V] = {};
         for (int w = W; w >= 0; --w) {
           if (r + W - w < 0) continue;
-          if (doc && r + W - w < T && doc[seq + r + W - w] > r) continue;  // r is before that row's document
+          if (kDocs && r + W - w < T && doc[seq + r + W - w] > r) continue;  // r is before that row's document
           float d1[V], d2[V];
           unrotated<V>(d1, d2, dyh + j, ld_dy, seq, r + W - w, T, half, j, cos, sin);
           const float cw = c ? c[w] : 1.0f;
@@ -534,7 +536,12 @@ void shift_rope_forward(bf16* y, int ld_out, const bf16* x, int ld_in, const flo
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(y, ld_out, x, ld_in, coef, cos, sin, T, H, D, W, TT, hx, halo.ld, doc);
   };
-  with_width(V, [&](auto v) { launch(shift_rope_forward_kernel<decltype(v)::value>); });
+  with_width(V, [&](auto v) {
+    if (doc)
+      launch(shift_rope_forward_kernel<decltype(v)::value, true>);
+    else
+      launch(shift_rope_forward_kernel<decltype(v)::value>);
+  });
   KVS_CUDA_LAUNCH_CHECK("shift_rope_forward_kernel", stream);
 }
 
@@ -584,7 +591,12 @@ void shift_rope_backward(bf16* dx, int ld_dx, float* dcoef, const bf16* dy, int 
       kernel<<<grid, kThreads, 0, stream>>>(dx, ld_dx, partial, dy, ld_dy, x, ld_x, coef, cos, sin, T, H, D, W, TT,
                                             hx, halo.ld, dh, halo.ld_grad, doc);
     };
-    with_width(V, [&](auto v) { launch(shift_rope_backward_kernel<decltype(v)::value>); });
+    with_width(V, [&](auto v) {
+      if (doc)
+        launch(shift_rope_backward_kernel<decltype(v)::value, true>);
+      else
+        launch(shift_rope_backward_kernel<decltype(v)::value>);
+    });
     KVS_CUDA_LAUNCH_CHECK("shift_rope_backward_kernel", stream);
   }
   if (partial) {

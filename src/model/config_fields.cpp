@@ -162,28 +162,24 @@ void read_value(const json& v, const Where& w, std::string& out) {
   out = v.get<std::string>();
 }
 
+namespace {
+// An array whose items read as T, each named "<path>[i]" in messages.
+template <class T>
+void read_array(const json& v, const Where& w, const char* expected, std::vector<T>& out) {
+  if (!v.is_array()) type_error(w, expected, v);
+  std::vector<T> items(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
+  out = std::move(items);
+}
+}  // namespace
+
 void read_value(const json& v, const Where& w, std::vector<std::string>& out) {
-  if (!v.is_array()) type_error(w, "an array of strings", v);
-  std::vector<std::string> items(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
-  out = std::move(items);
+  read_array(v, w, "an array of strings", out);
 }
-
-void read_value(const json& v, const Where& w, std::vector<int>& out) {
-  if (!v.is_array()) type_error(w, "an array of integers", v);
-  std::vector<int> items(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
-  out = std::move(items);
-}
-
+void read_value(const json& v, const Where& w, std::vector<int>& out) { read_array(v, w, "an array of integers", out); }
 void read_value(const json& v, const Where& w, std::vector<double>& out) {
-  if (!v.is_array()) type_error(w, "an array of numbers", v);
-  std::vector<double> items(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    read_value(v[i], Where{w.origin, w.schema, fmt::format("{}[{}]", w.path, i)}, items[i]);
-  out = std::move(items);
+  read_array(v, w, "an array of numbers", out);
 }
 
 // ---------------------------------------------------------------------------

@@ -486,14 +486,7 @@ void CpuEngine::find_documents(Slot& s, const Batch& b) {
   if (m_.document_boundaries == DocumentBoundaries::None) return;
   // The first position of each position's document, over the whole sequences.
   int32_t* full = cp_.size > 1 ? s.cp_doc_full.data() : s.doc_start.data();
-  for (int i = 0; i < b.B; ++i) {
-    int start = 0;
-    for (int t = 0; t < b.T; ++t) {
-      const size_t at = static_cast<size_t>(i) * b.T + t;
-      if (b.inputs[at] == m_.bos_token_id) start = t;
-      full[at] = start;
-    }
-  }
+  find_document_starts(b, m_.bos_token_id, full);
   if (cp_.size == 1) return;
   // This rank's rows: attention takes positions, the shift each half's row
   // coordinates (negative: the document began in an earlier chunk).

@@ -541,14 +541,7 @@ void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
 
 void CudaEngine::upload_documents(const Batch& b) {
   if (m_.document_boundaries == DocumentBoundaries::None) return;
-  for (int i = 0; i < b.B; ++i) {
-    int start = 0;
-    for (int t = 0; t < b.T; ++t) {
-      const size_t at = static_cast<size_t>(i) * b.T + t;
-      if (b.inputs[at] == m_.bos_token_id) start = t;
-      h_docs_[at] = start;
-    }
-  }
+  find_document_starts(b, m_.bos_token_id, h_docs_);
   // The stream is idle here (every public call ends synchronised): h_docs_ is free to refill.
   check(cudaMemcpyAsync(at<int32_t>(plan_.doc), h_docs_, static_cast<size_t>(b.B) * b.T * sizeof(int32_t),
                         cudaMemcpyHostToDevice, stream_),

@@ -229,8 +229,7 @@ class CudaEngine : public Engine {
   void init(int device, AttentionImpl attention_backend);
   void release();
   void upload_batch(const Batch& b, bool with_targets);
-  // model.document_boundaries: the start of each position's document (a BOS,
-  // or position 0) into the slot's plan_.doc, as CpuEngine::find_documents.
+  // model.document_boundaries: find_document_starts into the slot's plan_.doc.
   void upload_documents(const Batch& b);
   const int32_t* shift_documents() const;      // null without document boundaries
   const int32_t* attention_documents() const;  // null unless "shift_and_attention"

@@ -27,6 +27,17 @@ double Engine::grad_sq_sum_range(size_t, size_t) { no_sharded_step(); }
 void Engine::adamw_step_range(const AdamWHyper&, size_t, size_t) { no_sharded_step(); }
 void Engine::keep_optimizer_range(size_t, size_t) { no_sharded_step(); }
 
+void find_document_starts(const Batch& b, int bos_token_id, int32_t* out) {
+  for (int i = 0; i < b.B; ++i) {
+    int start = 0;
+    for (int t = 0; t < b.T; ++t) {
+      const size_t at = static_cast<size_t>(i) * b.T + t;
+      if (b.inputs[at] == bos_token_id) start = t;
+      out[at] = start;
+    }
+  }
+}
+
 void validate_batch(const Batch& b, const ModelConfig& m, int max_batch, int max_seq_len) {
   KVS_CHECK(b.B >= 1 && b.B <= max_batch, "engine: batch of {} sequences, engine sized for {}", b.B, max_batch);
   KVS_CHECK(b.T >= 1 && b.T <= max_seq_len, "engine: sequence length {}, engine sized for {}", b.T, max_seq_len);

@@ -24,6 +24,10 @@ struct Batch {
   const float* mask = nullptr;       // [B, T], 1 = scored
 };
 
+// model.document_boundaries: where each position's document starts (the last
+// BOS at or before it, else 0), [B, T] into `out`; both engines take these.
+void find_document_starts(const Batch& b, int bos_token_id, int32_t* out);
+
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
   int64_t step = 1;         // 1-based, for bias correction

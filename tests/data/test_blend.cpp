@@ -3,13 +3,12 @@
 // the blended dataset's windows, validation size and names, and the config's
 // rules.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <set>
 
+#include "data_test_util.h"
 #include "data/blend_schedule.h"
 #include "data/blended_dataset.h"
 #include "data/shard_dataset.h"
@@ -17,29 +16,14 @@
 #include "model/config.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using namespace kvs;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  fs::path d = fs::path(testing::TempDir()) / ("kvs_blend_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using kvs::testing_util::get_seq;
+using kvs::testing_util::Seq;
 
-struct Seq {
-  std::vector<int32_t> in, tg;
-  std::vector<float> mask;
-  bool operator==(const Seq&) const = default;
-};
-
-Seq get_seq(const Dataset& ds, Split split, uint64_t index, int T) {
-  Seq s{std::vector<int32_t>(T), std::vector<int32_t>(T), std::vector<float>(T)};
-  ds.get(split, index, s.in.data(), s.tg.data(), s.mask.data());
-  return s;
-}
+std::string temp_dir(const std::string& name) { return kvs::testing_util::fresh_temp_dir("kvs_blend_", name); }
 
 // A shard of `n` tokens, each `base` + its position mod 97: every source's
 // windows are told apart by their first token's range.

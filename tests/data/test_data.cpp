@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "build_paths.h"
+#include "data_test_util.h"
 #include "test_util.h"
 #include <unistd.h>
 
@@ -39,23 +40,10 @@ InductionDataConfig small_cfg(int pool = 32) {
   return c;
 }
 
-std::string temp_dir(const std::string& name) {
-  fs::path d = fs::path(testing::TempDir()) / ("kvs_data_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using kvs::testing_util::get_seq;
+using kvs::testing_util::Seq;
 
-struct Seq {
-  std::vector<int32_t> in, tg;
-  std::vector<float> mask;
-};
-
-Seq get_seq(const Dataset& ds, Split split, uint64_t index, int T) {
-  Seq s{std::vector<int32_t>(T), std::vector<int32_t>(T), std::vector<float>(T)};
-  ds.get(split, index, s.in.data(), s.tg.data(), s.mask.data());
-  return s;
-}
+std::string temp_dir(const std::string& name) { return kvs::testing_util::fresh_temp_dir("kvs_data_", name); }
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::ofstream f(path, std::ios::binary);

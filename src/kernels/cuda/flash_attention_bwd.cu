@@ -110,7 +110,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
   const int wkey = warp * 16;  // first key of this warp inside the tile
   const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
 
-  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal);
+  // With documents, the query tiles from the first query whose document
+  // starts after this block's last key on are skipped.
+  const int q_end = kDocs ? first_query_after(doc, b, T, causal ? k0 : 0, k0 + BKV - 1) : -1;
+  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal, q_end);
   const int steps = qs.steps;
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   if constexpr (kAsync) {
@@ -293,11 +296,14 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   const bf16* kh = k + kv_off;
   const bf16* vh = v + kv_off;
-  if constexpr (kAsync) {  // Q, dO and key tile 0 in one group
+  // With documents, the key tiles wholly before the block's first row's
+  // document are skipped (as in the forward).
+  const int kt_begin = kDocs ? doc[static_cast<size_t>(b) * T + q0] / BK : 0;
+  if constexpr (kAsync) {  // Q, dO and key tile kt_begin in one group
     load_tile_async<BQ, D>(sQ, qh, ld_q, q0, T);
     load_tile_async<BQ, D>(sdO, doh, ld_o, q0, T);
-    load_tile_async<BK, D>(sKV_stages, kh, ld_kv, 0, T);
-    load_tile_async<BK, D>(sKV_stages + BK * LDS, vh, ld_kv, 0, T);
+    load_tile_async<BK, D>(sKV_stages, kh, ld_kv, kt_begin * BK, T);
+    load_tile_async<BK, D>(sKV_stages + BK * LDS, vh, ld_kv, kt_begin * BK, T);
     cp_async_commit();
   } else {
     load_tile<BQ, D>(sQ, qh, ld_q, q0, T);
@@ -315,9 +321,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   for (int n = 0; n < ND; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
 
   const int n_tiles = ((causal ? min(T, q0 + BQ) : T) + BK - 1) / BK;
-  for (int kt = 0; kt < n_tiles; ++kt) {
+  for (int kt = kt_begin; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
-    const int stage = kAsync ? kt & 1 : 0;
+    const int stage = kAsync ? (kt - kt_begin) & 1 : 0;
     bf16* sK = sKV_stages + stage * 2 * BK * LDS;
     bf16* sV = sK + BK * LDS;
     __syncthreads();  // everyone is done with key tile kt - 1 (the other stage, or this one without kAsync)

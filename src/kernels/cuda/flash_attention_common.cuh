@@ -347,6 +347,20 @@ __device__ __forceinline__ void mask_before_documents(float (&s)[NK][4], const i
     for (int e = 0; e < 4; ++e)
       if (k0 + j * 8 + 2 * c + (e & 1) < lo[e >> 1]) s[j][e] = -INFINITY;
 }
+// The first query in [first, T) whose document starts after key `last` (T if
+// none): the starts rise along a sequence, so no query from there on sees it.
+__device__ __forceinline__ int first_query_after(const int32_t* doc, int b, int T, int first, int last) {
+  const int32_t* d = doc + static_cast<size_t>(b) * T;
+  int lo = first, hi = T;  // the answer lies in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (d[mid] > last)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
 // The document start of each of a thread's two rows (0 past T: padding rows).
 __device__ __forceinline__ void document_starts(int (&lo)[2], const int32_t* doc, int b, int T, const int (&row)[2]) {
 #pragma unroll
@@ -395,7 +409,9 @@ __device__ __forceinline__ void bwd_row_stats(float (&lse2)[2], float (&dlt)[2],
 
 // dK/dV kernels: the steps of a block of keys from k0 of (b, KV head hk),
 // query head gi of the group (outer) and query tile of BQ rows (inner), from
-// the key tile on (causal: earlier queries cannot see these keys).
+// the key tile on (causal: earlier queries cannot see these keys) up to q_end
+// (T, or with documents the first query whose document starts after the
+// block's keys: no later one sees them).
 struct BwdKvSteps {
   const bf16 *q, *dout;
   const float *lse, *delta;
@@ -403,9 +419,10 @@ struct BwdKvSteps {
   size_t ld_o;  // dO is contiguous [B, T, Hq, D]
 
   __device__ BwdKvSteps(const bf16* q_, int ld_q_, const bf16* dout_, const float* lse_, const float* delta_, int T_,
-                        int Hq_, int G_, int D_, int b_, int hk_, int k0, int BQ_, bool causal)
+                        int Hq_, int G_, int D_, int b_, int hk_, int k0, int BQ_, bool causal, int q_end = -1)
       : q(q_), dout(dout_), lse(lse_), delta(delta_), ld_q(ld_q_), T(T_), Hq(Hq_), G(G_), D(D_), b(b_), hk(hk_),
-        BQ(BQ_), q_first(causal ? k0 : 0), q_tiles((T_ - q_first + BQ_ - 1) / BQ_), steps(G_ * q_tiles),
+        BQ(BQ_), q_first(causal ? k0 : 0), q_tiles(((q_end < 0 ? T_ : q_end) - q_first + BQ_ - 1) / BQ_),
+        steps(G_ * q_tiles),
         ld_o(static_cast<size_t>(Hq_) * D_) {}
   __device__ int q0(int step) const { return q_first + (step % q_tiles) * BQ; }
   // Column 0 of query head gi of the group in Q and in dO, row 0 of sequence b.

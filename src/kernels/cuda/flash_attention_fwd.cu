@@ -57,6 +57,9 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int q0 = qb * BQ;
   const int wrow = warp * 16;  // first row of this warp inside the tile
+  // With documents, the key tiles wholly before the block's first row's
+  // document (the earliest of the block's: the starts rise) are skipped.
+  const int kt_begin = kDocs ? doc[static_cast<size_t>(b) * T + q0] / BK : 0;
 
   const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
   const bf16* kh = k + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
     // Q -> registers through sV (free until the loop's first V tile, issued
     // after a __syncthreads), in flight together with the first K tile.
     load_tile_async<BQ, D>(sV, qh, ld_q, q0, T);
-    load_tile_async<BK, D>(sK, kh, ld_kv, 0, T);
+    load_tile_async<BK, D>(sK, kh, ld_kv, kt_begin * BK, T);
     cp_async_commit();
     cp_async_wait<0>();
   } else {
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   // Keys [0, kv_end) can be seen by this tile (every key without the causal mask).
   const int kv_end = causal ? min(T, q0 + BQ) : T;
   const int n_tiles = (kv_end + BK - 1) / BK;
-  for (int kt = 0; kt < n_tiles; ++kt) {
+  for (int kt = kt_begin; kt < n_tiles; ++kt) {
     const int k0 = kt * BK;
     if constexpr (kAsync) {
       // K tile kt was issued before (the prologue or the previous tile's P V).

@@ -609,7 +609,7 @@ if [ $build_rc -eq 0 ]; then
       # The host rehearsal: the CUDA kernels through their launchers on the host
       # shim (times read 0), tiny shapes, so the tables and their rows are checked.
       attn_bin="$bd"/kvshift_host
-      attn_args=(--batch 1 --heads 2 --kv-heads 1 --head-dim 16 --seq-len 64 --seq-len 130 --reps 1)
+      attn_args=(--batch 1 --heads 2 --kv-heads 1 --head-dim 16 --seq-len 64 --seq-len 130 --reps 1 --doc-len 32)
     fi
     timeout $(cap 300) "$attn_bin" bench-attention "${attn_args[@]}" >"$out/bench_attention.log" 2>&1
     sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
@@ -632,6 +632,11 @@ if [ $build_rc -eq 0 ]; then
     awk -F'|' '/^our flash attention: Hopper kernels/ {on = 1; next} on && /^ *$/ {exit}
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s  %s\n", "attention T=" $1 " wgmma/mma.sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
+      tee -a "$summary"
+    # And packed documents (document masks, their tiles skipped) against causal over the whole sequence.
+    awk -F'|' '/^our flash attention with document masks/ {on = 1; next} on && /^ *$/ {exit}
+      on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+        printf "%-44s  %s\n", "attention T=" $1 " docs/causal speed fwd, bwd", $4}' "$out/bench_attention.log" |
       tee -a "$summary"
     # And shift+RoPE: forward and backward GB/s over the copy's, per kernel variant (the target: >= 0.9).
     awk -F'|' '/^KV shift \+ RoPE/ {on = 1; next} on && /^ *$/ {exit}

@@ -10,7 +10,7 @@ compute-sanitizer that runs the tests it is given, and python3 from .venv-hf5 (c
 transformers, as on the GPU image) when present. Then it checks the summary row by row: the
 flags the script passes, the JSON and log lines it parses, the launchers (torchrun or its
 variables, mpirun), the loss-curve comparisons, the sanitizer's test filters (each names tests
-that exist), bench-attention's two tables (run by kvshift_host, the kernels on the host shim),
+that exist), bench-attention's tables (run by kvshift_host, the kernels on the host shim),
 the HF export of the run the script trained, and the logs bundled into $OUT.
 What it cannot show: anything on the GPU itself (the NCCL rows fail here with a one-line reason).
 Prints `N passed, N failed`; exit 1 on any failure.
@@ -155,7 +155,7 @@ def main():
               "profile difference: 10 ops with their calls", "\n".join(extra))
 
     # attention: bench-attention of the host-built engine (kvshift_host: the kernels on the host
-    # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the four tables parsed into rows.
+    # shim, times 0, no cuDNN, no Hopper kernels at head_dim 16) at T = 64 and 130, the five tables parsed into rows.
     for T in (64, 130):
         check(find(t, f"attention T={T} ours/cuDNN fwd+bwd") == "n/a", f"attention T={T} ours/cuDNN row",
               find(t, f"attention T={T} ours/cuDNN fwd+bwd"))
@@ -166,6 +166,8 @@ def main():
         check(find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd") == "n/a",
               f"attention T={T} wgmma row (n/a on the host at head_dim 16)",
               find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd"))
+        v = find(t, f"attention T={T} docs/causal speed fwd, bwd")
+        check(bool(re.match(r"\S+ \S+$", v or "")), f"attention T={T} document masks row (two ratios)", v)
         v = find(t, f"shift+RoPE T={T} f b/copy")
         check(bool(re.match(r"\S+ \S+(, \S+ \S+){3}$", v or "")),
               f"shift+RoPE T={T} row (four variants' forward and backward ratios)", v)

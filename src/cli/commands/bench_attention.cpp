@@ -4,12 +4,14 @@
 // the ratio ours/cuDNN of fwd+bwd throughput; our kernels' two tile-load
 // paths (FlashLoads: cp.async + ldmatrix, and through registers) and the
 // Hopper kernels (wgmma) beside the default ones, side by
-// side; then the KV shift + RoPE kernel
+// side; our kernels with document masks (packed documents of --doc-len
+// rows) against causal attention over the whole sequence; then the KV shift + RoPE kernel
 // against a device-to-device copy of the same bytes. Timed with CUDA events,
 // median over repetitions after two warm-ups. FLOPs follow FlashAttention's
 // convention: forward 4·B·Hq·T²·D / 2 (two matmuls, causal half), backward
 // 2.5x forward.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -163,6 +165,48 @@ BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps, cuda::Shif
   return {median(f), median(b), median(c)};
 }
 
+// Our mma.sync kernels with document masks (model.document_boundaries
+// "shift_and_attention"): sequences packed with documents of doc_len rows.
+// The starts are made and uploaded when T changes (in a warm-up repetition).
+class DocumentFlashBackend final : public cuda::AttentionBackend {
+ public:
+  DocumentFlashBackend(int max_B, int max_T, int doc_len) : doc_len_(doc_len) {
+    doc_ = static_cast<int32_t*>(buf_.alloc(static_cast<size_t>(max_B) * max_T * sizeof(int32_t)));
+  }
+  const char* name() const override { return "flash (mma.sync) with document masks"; }
+  void forward(cuda::bf16* out, float* lse, const cuda::bf16* q, int ld_q, const cuda::bf16* k, const cuda::bf16* v,
+               int ld_kv, int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) override {
+    starts(B, T);
+    cuda::flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, cuda::FlashLoads::kAsync,
+                                  stream, doc_);
+  }
+  void backward(cuda::bf16* dq, cuda::bf16* dk, cuda::bf16* dv, const cuda::bf16* dout, const cuda::bf16* out,
+                const float* lse, const cuda::bf16* q, int ld_q, const cuda::bf16* k, const cuda::bf16* v, int ld_kv,
+                int B, int T, int Hq, int Hkv, int D, float* scratch, cudaStream_t stream) override {
+    starts(B, T);
+    cuda::flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true,
+                                   cuda::FlashLoads::kAsync, scratch, stream, doc_);
+  }
+  size_t backward_scratch_floats(int B, int T, int Hq, int D) const override {
+    return cuda::flash_attention_backward_scratch_floats(B, T, Hq, D);
+  }
+
+ private:
+  void starts(int B, int T) {
+    if (B == B_ && T == T_) return;
+    std::vector<int32_t> h(static_cast<size_t>(B) * T);
+    for (size_t i = 0; i < h.size(); ++i) {
+      const int t = static_cast<int>(i % T);
+      h[i] = t / doc_len_ * doc_len_;
+    }
+    check(cudaMemcpy(doc_, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "upload document starts");
+    B_ = B, T_ = T;
+  }
+  Buffers buf_;
+  int32_t* doc_ = nullptr;
+  int doc_len_, B_ = 0, T_ = 0;
+};
+
 struct NamedBackend {
   const char* name;
   cuda::AttentionBackend& backend;
@@ -202,7 +246,7 @@ void add_bench_attention(CLI::App& app) {
       "bench-attention",
       "Forward/backward TFLOP/s of our flash attention beside cuDNN SDPA (causal, bf16), and shift+RoPE GB/s vs a copy");
   struct Args {
-    int batch = 4, heads = 16, kv_heads = 16, head_dim = 128, reps = 10;
+    int batch = 4, heads = 16, kv_heads = 16, head_dim = 128, reps = 10, doc_len = 1024;
     std::vector<int> seq_lens{1024, 2048, 4096, 8192};
     bool no_cudnn = false;
   };
@@ -214,6 +258,9 @@ void add_bench_attention(CLI::App& app) {
   cmd->add_option("--seq-len", a->seq_lens, "Sequence lengths to time (repeatable)")->capture_default_str();
   cmd->add_option("--reps", a->reps, "Timed repetitions per shape (median reported)")->capture_default_str();
   cmd->add_flag("--no-cudnn", a->no_cudnn, "Skip the cuDNN SDPA columns (printed as n/a)");
+  cmd->add_option("--doc-len", a->doc_len,
+                  "Rows per document in the document-mask table (model.document_boundaries \"shift_and_attention\")")
+      ->capture_default_str();
   cmd->callback([a]() {
 #ifdef KVS_CUDA
     std::string why;
@@ -221,6 +268,7 @@ void add_bench_attention(CLI::App& app) {
     KVS_CHECK(a->heads % a->kv_heads == 0, "bench-attention: --heads ({}) must be a multiple of --kv-heads ({})",
               a->heads, a->kv_heads);
     KVS_CHECK(a->reps >= 1, "bench-attention: --reps must be >= 1");
+    KVS_CHECK(a->doc_len >= 1, "bench-attention: --doc-len must be >= 1");
     KVS_CHECK(!a->seq_lens.empty(), "bench-attention: --seq-len: give at least one length");
     const int B = a->batch, Hq = a->heads, Hkv = a->kv_heads, D = a->head_dim;
     const bool with_cudnn = cuda::cudnn_available() && !a->no_cudnn;
@@ -294,6 +342,15 @@ void add_bench_attention(CLI::App& app) {
     if (!cuda::flash_hopper_available(D))
       std::printf("n/a: the Hopper kernels need a build with KVS_CUDA_ARCHS containing 90a, a compute capability "
                   "9.0 GPU and head_dim 64 or 128\n");
+    // Packed documents (model.document_boundaries "shift_and_attention") on
+    // the mma.sync kernels, whose tiles outside a block's documents are
+    // skipped, against causal attention over the whole sequence on the same
+    // kernels. Both columns' TF/s count the causal FLOPs.
+    DocumentFlashBackend docs(B, max_T, a->doc_len);
+    const std::string docs_title = "our flash attention with document masks (documents of " +
+                                   std::to_string(a->doc_len) + " rows) vs causal over the whole sequence (mma.sync):";
+    compare_flash_paths(docs_title.c_str(), {"docs", docs}, {"causal", flash}, "docs/causal speed fwd, bwd", B, Hq,
+                        Hkv, D, a->seq_lens, a->reps);
 
     // The KV shift + RoPE kernels are memory bound: their bytes moved per
     // second against cudaMemcpyAsync's on the same tensor. Forward reads x and

@@ -473,9 +473,6 @@ void validate(const Config& c, const std::string& origin) {
     fail("{}: model.document_boundaries: \"{}\" masks attention with our flash kernels; train.attention_backend "
          "\"cudnn\" has no document masks here",
          origin, m.document_boundaries);
-  if (c.device == Device::Cuda && m.document_boundaries != DocumentBoundaries::None && c.parallel.cp > 1)
-    fail("{}: model.document_boundaries: \"{}\" with parallel.cp > 1 needs device \"cpu\" for now", origin,
-         m.document_boundaries);
   if (c.device == Device::Cuda) {
     const int d = m.head_dim();
     if (d != 16 && d != 32 && d != 64 && d != 128)
@@ -535,9 +532,9 @@ void validate(const Config& c, const std::string& origin) {
   if (!p.layers_per_stage.empty() && p.pp == 1)
     fail("{}: parallel.layers_per_stage: needs pipeline parallelism (parallel.pp > 1)", origin);
   if (p.pp > 1) StageSplit::make(m, p.pp, p.virtual_stages, p.layers_per_stage, origin);  // a shape that does not split
-  if (c.device == Device::Cuda && p.cp > 1 && t.attention_backend != AttentionImpl::Flash)
+  if (c.device == Device::Cuda && p.cp > 1 && t.attention_backend == AttentionImpl::Cudnn)
     fail("{}: parallel.cp: device \"cuda\" runs ring attention on the flash kernels: needs train.attention_backend "
-         "\"flash\"",
+         "\"flash\" or \"flash-mma\"",
          origin);
 }
 

@@ -256,9 +256,9 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
             "engine: sequence parallelism needs micro-batch rows ({} x {}) divisible by tp ({})", max_B_, max_T_,
             tp_.size);
   if (cp_.size > 1) {
-    KVS_CHECK(attention_backend == AttentionImpl::Flash,
+    KVS_CHECK(attention_backend != AttentionImpl::Cudnn,
               "device 'cuda': context parallelism runs ring attention on the flash kernels (train.attention_backend "
-              "\"flash\"), got \"{}\"",
+              "\"flash\" or \"flash-mma\"), got \"{}\"",
               attention_backend);
     KVS_CHECK(max_T_ % (2 * cp_.size) == 0,
               "context parallelism: a sequence of {} positions does not split into 2 x {} chunks", max_T_, cp_.size);
@@ -270,9 +270,6 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
             "device 'cuda': model.document_boundaries \"{}\" masks attention with our flash kernels; "
             "train.attention_backend \"cudnn\" has no document masks here",
             m_.document_boundaries);
-  KVS_CHECK(m_.document_boundaries == DocumentBoundaries::None || cp_.size == 1,
-            "device 'cuda': model.document_boundaries \"{}\" with context parallelism (cp {}) is CPU only for now",
-            m_.document_boundaries, cp_.size);
   const int D = m_.head_dim();
   KVS_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
             "device 'cuda': head_dim {} (hidden_size / num_attention_heads) is not supported by the flash attention "
@@ -541,10 +538,24 @@ void CudaEngine::upload_batch(const Batch& b, bool with_targets) {
 
 void CudaEngine::upload_documents(const Batch& b) {
   if (m_.document_boundaries == DocumentBoundaries::None) return;
-  find_document_starts(b, m_.bos_token_id, h_docs_);
+  size_t rows = static_cast<size_t>(b.B) * b.T;
   // The stream is idle here (every public call ends synchronised): h_docs_ is free to refill.
-  check(cudaMemcpyAsync(at<int32_t>(plan_.doc), h_docs_, static_cast<size_t>(b.B) * b.T * sizeof(int32_t),
-                        cudaMemcpyHostToDevice, stream_),
+  if (cp_.size == 1) {
+    find_document_starts(b, m_.bos_token_id, h_docs_);
+  } else {
+    // This rank's rows (cp_rows' layout), each half in its own row
+    // coordinates: a document begun in an earlier chunk starts below 0. The
+    // shift reads them so (its halo rows are -W..-1), and ring attention
+    // tells the flash kernels where each key chunk lies in them.
+    const CpLayout& l = cp_layout_;
+    cp_doc_full_.resize(rows);
+    find_document_starts(b, m_.bos_token_id, cp_doc_full_.data());
+    l.take(cp_doc_full_.data(), h_docs_, 1);
+    rows = l.rows();
+    for (int h = 0; h < 2; ++h)
+      for (size_t i = h * rows / 2; i < (h + 1) * rows / 2; ++i) h_docs_[i] -= l.pos0(h);
+  }
+  check(cudaMemcpyAsync(at<int32_t>(plan_.doc), h_docs_, rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
         "upload document starts");
 }
 
@@ -640,9 +651,9 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
                              cuda::ShiftRopeVector::k8, units, doc);
     cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
                              stream_, {}, cuda::ShiftRopeVector::k8, units, doc);
-    if (const int32_t* adoc = attention_documents())  // document masks: the cp.async flash kernels
-      cuda::flash_attention_forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, true,
-                                    cuda::FlashLoads::kAsync, stream_, adoc);
+    if (const int32_t* adoc = attention_documents())  // document masks: the flash backends
+      attn_->forward_masked(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, true, {adoc, 0},
+                            stream_);
     else
       attn_->forward(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, stream_);
   }
@@ -817,8 +828,8 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     cp_attention_backward(l, x, c, B);  // ring attention, then the shifts with the halos, into dqkv
   } else {
     if (const int32_t* adoc = attention_documents())
-      cuda::flash_attention_backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B,
-                                     T, Hq, Hkv, D, true, cuda::FlashLoads::kAsync, scratch, stream_, adoc);
+      attn_->backward_masked(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq,
+                             Hkv, D, true, {adoc, 0}, scratch, stream_);
     else
       attn_->backward(dqhat, dkhat, dvhat, dattout, x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D,
                       scratch, stream_);
@@ -923,7 +934,7 @@ double CudaEngine::forward_backward(const Batch& b, double grad_scale) {
   KVS_CHECK(b.targets != nullptr, "engine: forward_backward needs targets");
   const Batch& lb = cp_rows(b);  // this rank's chunks under context parallelism
   upload_batch(lb, true);
-  upload_documents(lb);
+  upload_documents(b);
   forward_to_logits(lb.B, lb.T);
   const int N = lb.B * lb.T;
   loss(N, true, static_cast<float>(grad_scale), false);
@@ -940,6 +951,7 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
   if (cp_.size > 1) {
     const Batch& lb = cp_rows(b);
     upload_batch(lb, lb.targets != nullptr);
+    upload_documents(b);
     forward_to_logits(lb.B, lb.T);
     if (!lb.targets) {
       sync("forward");

@@ -229,7 +229,9 @@ class CudaEngine : public Engine {
   void init(int device, AttentionImpl attention_backend);
   void release();
   void upload_batch(const Batch& b, bool with_targets);
-  // model.document_boundaries: find_document_starts into the slot's plan_.doc.
+  // model.document_boundaries: find_document_starts into the slot's plan_.doc,
+  // for b's whole sequences (under context parallelism after cp_rows(b): this
+  // rank's rows, each half in its own row coordinates).
   void upload_documents(const Batch& b);
   const int32_t* shift_documents() const;      // null without document boundaries
   const int32_t* attention_documents() const;  // null unless "shift_and_attention"
@@ -295,6 +297,7 @@ class CudaEngine : public Engine {
   CpLayout cp_layout_;                    // the current micro-batch's rows (cp > 1)
   Batch cp_batch_{};
   std::vector<int32_t> cp_inputs_, cp_targets_;
+  std::vector<int32_t> cp_doc_full_;  // document starts of the whole sequences (upload_documents)
   std::vector<float> cp_mask_, cp_gather_;
   // Pipeline stages: the held layers (all of them without a part), each
   // layer's index among them (-1: not held) and the chunks (runs of

@@ -122,6 +122,7 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
   const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const bool shifted = c.q || c.k || c.v;
   if (shifted) cp_gather_halos(x, B);
+  const int32_t* sdoc = shift_documents();  // [2][B][Tc], each half's row coordinates (negative: an earlier chunk)
   for (int h = 0; h < 2; ++h) {
     // The chunk before this half's, on rank `owner` as its half `owner_half`.
     const int prev = l.chunk(h) - 1;
@@ -137,12 +138,14 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
     auto halo_of = [&](const float* coef, int col) {
       return cuda::ShiftHalo{coef && halo ? halo + col : nullptr, QKV, nullptr, 0};
     };
+    const auto units = cuda::ShiftRopeWalk::kUnits;
+    const auto v8 = cuda::ShiftRopeVector::k8;
     cuda::shift_rope_forward(x.qhat + h * half * QD, QD, in, QKV, c.q, cos, sin, B, Tc, Hq, D, c.q ? W : 0, stream_,
-                             halo_of(c.q, 0));
+                             halo_of(c.q, 0), v8, units, sdoc ? sdoc + h * half : nullptr);
     cuda::shift_rope_forward(x.khat + h * half * KD, KD, in + QD, QKV, c.k, cos, sin, B, Tc, Hkv, D, c.k ? W : 0,
-                             stream_, halo_of(c.k, QD));
+                             stream_, halo_of(c.k, QD), v8, units, sdoc ? sdoc + h * half : nullptr);
     cuda::shift_rope_forward(x.vhat + h * half * KD, KD, in + QD + KD, QKV, c.v, nullptr, nullptr, B, Tc, Hkv, D,
-                             c.v ? W : 0, stream_, halo_of(c.v, QD + KD));
+                             c.v ? W : 0, stream_, halo_of(c.v, QD + KD), v8, units, sdoc ? sdoc + h * half : nullptr);
   }
 
   // Ring attention: the block in hand is [k | v] of both halves of rank `origin`.
@@ -156,6 +159,7 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
   cuda::fill_f32(x.lse, -std::numeric_limits<float>::infinity(), 2 * half_lse, stream_);
   bf16* part = at<bf16>(p.cp_part);
   float* part_lse = at<float>(p.cp_part_lse);
+  const int32_t* doc = attention_documents();  // [2][B][Tc], each half's row coordinates
   for (int s = 0; s < P; ++s) {
     const int origin = (l.rank - s + P) % P;
     const bf16* rk = reinterpret_cast<const bf16*>(ring[0]);
@@ -164,8 +168,9 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
       for (int hk = 0; hk < 2; ++hk) {
         const int qc = l.chunk(hq), kc = hk == 0 ? origin : 2 * P - 1 - origin;
         if (kc > qc) continue;  // every key after every query
-        cuda::flash_attention_forward(part, part_lse, x.qhat + hq * half * QD, QD, rk + hk * half * KD,
-                                      rv + hk * half * KD, KD, B, Tc, Hq, Hkv, D, kc == qc, stream_);
+        const cuda::AttentionDocs docs{doc ? doc + hq * half : nullptr, (kc - qc) * Tc};
+        attn_->forward_masked(part, part_lse, x.qhat + hq * half * QD, QD, rk + hk * half * KD, rv + hk * half * KD,
+                              KD, B, Tc, Hq, Hkv, D, kc == qc, docs, stream_);
         cuda::attention_merge(acc + hq * half * QD, x.lse + hq * half_lse, part, part_lse, B, Tc, Hq, D, stream_);
       }
     if (s + 1 < P) {
@@ -207,6 +212,7 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
   bf16* part_dq = at<bf16>(p.cp_part);
   bf16* part_dk = at<bf16>(p.cp_dk);
   bf16* part_dv = at<bf16>(p.cp_dv);
+  const int32_t* doc = attention_documents();
   for (int s = 0; s < P; ++s) {
     const int origin = (l.rank - s + P) % P;
     const bf16* rk = reinterpret_cast<const bf16*>(ring[0]);
@@ -217,9 +223,10 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
       for (int hk = 0; hk < 2; ++hk) {
         const int qc = l.chunk(hq), kc = hk == 0 ? origin : 2 * P - 1 - origin;
         if (kc > qc) continue;
-        cuda::flash_attention_backward(part_dq, part_dk, part_dv, dattout + hq * half * QD, x.attout + hq * half * QD,
-                                       x.lse + hq * half_lse, x.qhat + hq * half * QD, QD, rk + hk * half * KD,
-                                       rv + hk * half * KD, KD, B, Tc, Hq, Hkv, D, kc == qc, scratch, stream_);
+        const cuda::AttentionDocs docs{doc ? doc + hq * half : nullptr, (kc - qc) * Tc};
+        attn_->backward_masked(part_dq, part_dk, part_dv, dattout + hq * half * QD, x.attout + hq * half * QD,
+                               x.lse + hq * half_lse, x.qhat + hq * half * QD, QD, rk + hk * half * KD,
+                               rv + hk * half * KD, KD, B, Tc, Hq, Hkv, D, kc == qc, docs, scratch, stream_);
         cuda::add_bf16_to_f32(dq_acc + hq * half * QD, part_dq, half * QD, stream_);
         cuda::add_bf16_to_f32(rdk + hk * half * KD, part_dk, half * KD, stream_);
         cuda::add_bf16_to_f32(rdv + hk * half * KD, part_dv, half * KD, stream_);
@@ -242,6 +249,7 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
   float* dtails = at<float>(p.cp_dtails);
   if (shifted) cuda::fill_f32(dtails, 0.0f, 2 * static_cast<size_t>(B) * W * QKV, stream_);
   float* dcoef = at<float>(p.dcoef);
+  const int32_t* sdoc = shift_documents();
   struct Part {
     bf16* dx;
     const bf16* dy;
@@ -273,7 +281,8 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
       const float* sin = rope && t.rotate ? at<float>(p.rope_sin) + at_pos : nullptr;
       cuda::shift_rope_backward(t.dx + h * half * QKV, QKV, dc, t.dy + h * half * t.ld_dy, t.ld_dy,
                                 x.qkv + h * half * QKV + t.col, QKV, t.coef, cos, sin, B, Tc, t.H, D, t.has ? W : 0,
-                                scratch, stream_, halo);
+                                scratch, stream_, halo, cuda::ShiftRopeVector::k8, cuda::ShiftRopeWalk::kUnits,
+                                sdoc ? sdoc + h * half : nullptr);
     }
     if (t.has && gated) cuda::shift_gate_backward(G + t.goff, dcoef, master + t.goff, t.H, stream_);
   }

@@ -123,7 +123,7 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
   slot_shape_[slot] = {B, T};
   const bool targets = c.head && lb.targets != nullptr;
   if (c.embedding || targets) upload_batch(lb, targets);
-  upload_documents(lb);  // every stage shifts
+  upload_documents(b);  // every stage shifts (b: whole sequences; cp_rows set this micro-batch's layout)
   bf16* in = chunk_input(p, chunk);
   if (c.embedding) {
     // The embedding's backward groups positions by token on the host: keep this slot's.

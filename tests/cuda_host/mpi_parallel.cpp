@@ -180,6 +180,25 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
   expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }
 
+// cp = 2 with document boundaries ("shift_and_attention"; bos token 5, which
+// induction data over the tokens 2 .. 9 holds about once in 8 positions): each
+// half's shift restarts at its documents, reading a halo row only when the
+// document began in the chunk before; ring attention's blocks of earlier
+// chunks mask the keys before each query's document (the key chunk at
+// (kc - qc) Tc in the query chunk's rows). Against one process with the same
+// documents, cp = 2's tolerance.
+TEST(HostCudaParallel, ContextParallelWithDocumentsFollowsOneProcess) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  kvs::Config c = config(true, 32, 1, false, 2, 2);
+  c.data.induction.token_hi = 10;
+  c.model.bos_token_id = 5;
+  c.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
+  kvs::validate(c, "cuda-host-parallel-docs");
+  expect_follows_one_process(c, world(), "cp2_docs_mpi", 5e-3);
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  expect_follows_one_process(c, *nccl, "cp2_docs_nccl", 5e-3);
+}
+
 // cp = 2 without recomputation against attention recomputation, which runs
 // each layer's shift and ring attention again (halo all-gather included)
 // before its backward: the same bits, so the backward's coefficient

@@ -98,7 +98,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, HostCudaEngineVsCpu, ::testing::ValuesIn(kVar
 
 // Document boundaries: "shift" (the shift restarting at each BOS) and
 // "shift_and_attention" (attention masked to the query's document too, on the
-// cp.async flash kernels), q, k and v shifted with window 3, documents
+// flash kernels: mma.sync at head_dim 16, the Hopper ones at 64), q, k and v
+// shifted with window 3 (at head_dim 64: shift_d64's window 1), documents
 // starting at BOS tokens planted 1 to 6 rows apart, so every window and
 // every attention tile straddles starts. The CPU engine is the oracle (its
 // kv_shift and attention with doc_start are checked against PyTorch,
@@ -131,6 +132,12 @@ TEST(HostCudaEngine, DocumentBoundariesMatchTheCpuEngine) {
     std::printf("[ documents ] one mode short: logits %.3g off\n", off);
     EXPECT_GT(off, 0.2) << "the mode changes little here";
   }
+  // At head_dim 64 the Hopper kernels run the masks (the shim is a 9.0 device).
+  const ModelConfig d64 = kvs::testing_util::documents_model(DB::ShiftAndAttention, kvs::testing_util::kEngineVariants[5]);
+  ASSERT_EQ(d64.head_dim(), 64);
+  kvs::cuda_test::RandomBatch data(d64, 2, 37, 12);
+  kvs::testing_util::plant_documents(data.inputs, data.T);
+  expect_engines_agree(d64, data.batch(), 2);  // one layer, k and v shifted
 }
 
 // The evaluation's per-token outputs of both engines: each argmax names a largest logit of its

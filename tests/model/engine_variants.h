@@ -90,8 +90,11 @@ inline const EngineVariant kEngineVariants[] = {
 // shift_window3_qkv (q, k and v shifted, window 3), and a batch's inputs with
 // BOS planted 1 to 6 rows apart (none at a sequence's first row, where a
 // document starts anyway), so every window straddles document starts.
-inline ModelConfig documents_model(DocumentBoundaries mode = DocumentBoundaries::Shift) {
-  ModelConfig m = model_of(kEngineVariants[3]);
+// (Another variant: shift_d64, head_dim 64, where a 9.0 GPU runs the Hopper
+// attention kernels.)
+inline ModelConfig documents_model(DocumentBoundaries mode = DocumentBoundaries::Shift,
+                                   const EngineVariant& v = kEngineVariants[3]) {
+  ModelConfig m = model_of(v);
   m.bos_token_id = 1;
   m.document_boundaries = mode;
   return m;

@@ -529,8 +529,8 @@ TEST(Config, ValidationRulesNameTheKey) {
        {"train.attention_backend", "needs device \"cuda\""}},
       {[](C& c) { c.train.attention_backend = AttentionImpl::FlashMma; },
        {"train.attention_backend", "\"flash-mma\" needs device \"cuda\""}},
-      {[](C& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::FlashMma; },
-       {"parallel.cp", "\"flash\""}},
+      {[](C& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::Cudnn; },
+       {"parallel.cp", "\"flash\" or \"flash-mma\""}},
       {[](C& c) { c.parallel.tp = 0; }, {"parallel.tp"}},
       {[](C& c) { c.train.schedule = LrSchedule::Wsd; }, {"train.decay_steps", "\"wsd\"", "got 0"}},
       {[](C& c) { c.train.schedule = LrSchedule::Wsd; c.train.decay_steps = c.train.steps - c.train.warmup_steps + 1; },
@@ -550,13 +550,6 @@ TEST(Config, ValidationRulesNameTheKey) {
          c.train.attention_backend = kvs::AttentionImpl::Cudnn;
        },
        {"model.document_boundaries", "\"cudnn\" has no document masks"}},
-      {[](C& c) {
-         c.model.document_boundaries = DocumentBoundaries::Shift;
-         c.model.bos_token_id = 1;
-         c.device = Device::Cuda;
-         c.parallel.cp = 2;
-       },
-       {"model.document_boundaries", "parallel.cp > 1", "device \"cpu\""}},
       {[](C& c) { c.parallel.tp = 4; }, {"parallel.tp (4) must divide model.num_key_value_heads (2)"}},
       {[](C& c) { c.parallel.tp = 2; c.model.intermediate_size = 255; }, {"parallel.tp (2)", "intermediate_size (255)"}},
   };
@@ -588,6 +581,13 @@ TEST(Config, ValidationEdgesThatPass) {
   });
   ok([](auto& c) { c.train.beta1 = 0; });
   ok([](auto& c) { c.device = Device::Cuda; });
+  ok([](auto& c) { c.device = Device::Cuda; c.parallel.cp = 2; c.train.attention_backend = AttentionImpl::FlashMma; });
+  ok([](auto& c) {  // document masks in ring attention
+    c.device = Device::Cuda;
+    c.parallel.cp = 2;
+    c.model.document_boundaries = DocumentBoundaries::ShiftAndAttention;
+    c.model.bos_token_id = 1;
+  });
   ok([](auto& c) { c.data.induction.pool_size = 117; });                               // = token_hi - token_lo
   ok([](auto& c) { c.data.induction.pad_token = 10; });                                // just below token_lo
   ok([](auto& c) { c.data.induction.token_hi = 100; c.data.induction.pad_token = 127; });  // above the range

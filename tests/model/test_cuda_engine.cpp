@@ -59,7 +59,8 @@ TEST(CudaEngine, TestConfigurationsAreValid) {
 // and a shift coefficient's also against its terms' root-sum-square
 // (gradient_error_scales): on the host build at B = 3, layer 1's v_shift of
 // shift_gqa_tied_d32 is 9.5% of its cancelled sum and 0.6% of those.
-// The last cases: document boundaries ("shift", "shift_and_attention") with BOS planted in the batch
+// The last cases: document boundaries ("shift", "shift_and_attention", and the
+// latter at head_dim 64) with BOS planted in the batch
 // (engine_variants.h's documents_model; tests/cuda_host has the control that
 // the documents matter there).
 TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
@@ -70,6 +71,9 @@ TEST(CudaEngine, MatchesTheCpuEngineOnLogitsLossAndEveryGradient) {
   models.push_back({"documents", kvs::testing_util::documents_model()});
   models.push_back({"documents_attention",
                     kvs::testing_util::documents_model(kvs::DocumentBoundaries::ShiftAndAttention)});
+  models.push_back({"documents_attention_d64",  // the Hopper kernels' masks on a 9.0 GPU
+                    kvs::testing_util::documents_model(kvs::DocumentBoundaries::ShiftAndAttention,
+                                                       kvs::testing_util::kEngineVariants[5])});
   for (const auto& [name, m] : models) {
     SCOPED_TRACE(name);
     const kvs::ParamLayout layout = kvs::ParamLayout::build(m);

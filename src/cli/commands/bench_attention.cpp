@@ -165,27 +165,26 @@ BandwidthTiming time_shift_rope(int B, int T, int H, int D, int reps, cuda::Shif
   return {median(f), median(b), median(c)};
 }
 
-// Our mma.sync kernels with document masks (model.document_boundaries
+// Our kernels (`loads`) with document masks (model.document_boundaries
 // "shift_and_attention"): sequences packed with documents of doc_len rows.
 // The starts are made and uploaded when T changes (in a warm-up repetition).
 class DocumentFlashBackend final : public cuda::AttentionBackend {
  public:
-  DocumentFlashBackend(int max_B, int max_T, int doc_len) : doc_len_(doc_len) {
+  DocumentFlashBackend(int max_B, int max_T, int doc_len, cuda::FlashLoads loads) : doc_len_(doc_len), loads_(loads) {
     doc_ = static_cast<int32_t*>(buf_.alloc(static_cast<size_t>(max_B) * max_T * sizeof(int32_t)));
   }
-  const char* name() const override { return "flash (mma.sync) with document masks"; }
+  const char* name() const override { return "flash with document masks"; }
   void forward(cuda::bf16* out, float* lse, const cuda::bf16* q, int ld_q, const cuda::bf16* k, const cuda::bf16* v,
                int ld_kv, int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) override {
     starts(B, T);
-    cuda::flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, cuda::FlashLoads::kAsync,
-                                  stream, doc_);
+    cuda::flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_, stream, {doc_, 0});
   }
   void backward(cuda::bf16* dq, cuda::bf16* dk, cuda::bf16* dv, const cuda::bf16* dout, const cuda::bf16* out,
                 const float* lse, const cuda::bf16* q, int ld_q, const cuda::bf16* k, const cuda::bf16* v, int ld_kv,
                 int B, int T, int Hq, int Hkv, int D, float* scratch, cudaStream_t stream) override {
     starts(B, T);
-    cuda::flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true,
-                                   cuda::FlashLoads::kAsync, scratch, stream, doc_);
+    cuda::flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_,
+                                   scratch, stream, {doc_, 0});
   }
   size_t backward_scratch_floats(int B, int T, int Hq, int D) const override {
     return cuda::flash_attention_backward_scratch_floats(B, T, Hq, D);
@@ -205,6 +204,7 @@ class DocumentFlashBackend final : public cuda::AttentionBackend {
   Buffers buf_;
   int32_t* doc_ = nullptr;
   int doc_len_, B_ = 0, T_ = 0;
+  cuda::FlashLoads loads_;
 };
 
 struct NamedBackend {
@@ -343,14 +343,18 @@ void add_bench_attention(CLI::App& app) {
       std::printf("n/a: the Hopper kernels need a build with KVS_CUDA_ARCHS containing 90a, a compute capability "
                   "9.0 GPU and head_dim 64 or 128\n");
     // Packed documents (model.document_boundaries "shift_and_attention") on
-    // the mma.sync kernels, whose tiles outside a block's documents are
-    // skipped, against causal attention over the whole sequence on the same
-    // kernels. Both columns' TF/s count the causal FLOPs.
-    DocumentFlashBackend docs(B, max_T, a->doc_len);
+    // the kernels "flash" runs here (the Hopper ones on a 9.0 GPU), whose
+    // tiles outside a block's documents are skipped, against causal attention
+    // over the whole sequence on the same kernels. Both columns' TF/s count
+    // the causal FLOPs.
+    const bool hopper = cuda::flash_hopper_available(D);
+    const cuda::FlashLoads loads = hopper ? cuda::FlashLoads::kHopper : cuda::FlashLoads::kAsync;
+    DocumentFlashBackend docs(B, max_T, a->doc_len, loads);
     const std::string docs_title = "our flash attention with document masks (documents of " +
-                                   std::to_string(a->doc_len) + " rows) vs causal over the whole sequence (mma.sync):";
-    compare_flash_paths(docs_title.c_str(), {"docs", docs}, {"causal", flash}, "docs/causal speed fwd, bwd", B, Hq,
-                        Hkv, D, a->seq_lens, a->reps);
+                                   std::to_string(a->doc_len) + " rows) vs causal over the whole sequence (" +
+                                   (hopper ? "wgmma" : "mma.sync") + "):";
+    compare_flash_paths(docs_title.c_str(), {"docs", docs}, {"causal", hopper ? flash_hopper : flash},
+                        "docs/causal speed fwd, bwd", B, Hq, Hkv, D, a->seq_lens, a->reps);
 
     // The KV shift + RoPE kernels are memory bound: their bytes moved per
     // second against cudaMemcpyAsync's on the same tensor. Forward reads x and

@@ -32,6 +32,17 @@ std::string cudnn_version_string() {
 #endif
 }
 
+void AttentionBackend::forward_masked(bf16*, float*, const bf16*, int, const bf16*, const bf16*, int, int, int, int,
+                                      int, int, bool, AttentionDocs, cudaStream_t) {
+  fail("attention backend {}: no ring-attention blocks or document masks (the flash backends have them)", name());
+}
+
+void AttentionBackend::backward_masked(bf16*, bf16*, bf16*, const bf16*, const bf16*, const float*, const bf16*, int,
+                                       const bf16*, const bf16*, int, int, int, int, int, int, bool, AttentionDocs,
+                                       float*, cudaStream_t) {
+  fail("attention backend {}: no ring-attention blocks or document masks (the flash backends have them)", name());
+}
+
 std::unique_ptr<AttentionBackend> make_attention_backend(AttentionImpl impl, int max_B, int max_T, int Hq,
                                                          int Hkv, int D, int ld_q, int ld_kv) {
   if (impl == AttentionImpl::Flash && flash_hopper_available(D)) {

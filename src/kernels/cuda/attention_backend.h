@@ -35,6 +35,15 @@ class AttentionBackend {
                         const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                         int Hkv, int D, float* scratch, cudaStream_t stream) = 0;
   virtual size_t backward_scratch_floats(int B, int T, int Hq, int D) const = 0;
+  // The forms beyond the contract above, on the flash backends only (others
+  // fail): ring attention's blocks (causal false: keys of an earlier chunk,
+  // every one visible; ops.h) and document masks (ops.h AttentionDocs).
+  virtual void forward_masked(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
+                              int B, int T, int Hq, int Hkv, int D, bool causal, AttentionDocs docs,
+                              cudaStream_t stream);
+  virtual void backward_masked(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
+                               int Hkv, int D, bool causal, AttentionDocs docs, float* scratch, cudaStream_t stream);
   // Device bytes the backend holds besides the caller's buffers (workspace).
   virtual size_t device_bytes() const { return 0; }
 };
@@ -60,6 +69,16 @@ class FlashAttentionBackend final : public AttentionBackend {
                 float* scratch, cudaStream_t stream) override {
     flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, true, loads_, scratch,
                              stream);
+  }
+  void forward_masked(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
+                      int T, int Hq, int Hkv, int D, bool causal, AttentionDocs docs, cudaStream_t stream) override {
+    flash_attention_forward(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, loads_, stream, docs);
+  }
+  void backward_masked(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                       const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
+                       int D, bool causal, AttentionDocs docs, float* scratch, cudaStream_t stream) override {
+    flash_attention_backward(dq, dk, dv, dout, out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, loads_,
+                             scratch, stream, docs);
   }
   size_t backward_scratch_floats(int B, int T, int Hq, int D) const override {
     return flash_attention_backward_scratch_floats(B, T, Hq, D);

@@ -78,7 +78,8 @@ constexpr size_t dkdv_smem_bytes() {
          stages * 2 * dkdv_bq<D>() * sizeof(float);
 }
 
-// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+// kDocs (with kAsync only): document masks (doc [B, T] and key_row0,
+// flash_attention_common.cuh).
 template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
                                                         int ld_q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
                                                         float scale, float scale_log2, bool causal,
-                                                        const int32_t* __restrict__ doc = nullptr) {
+                                                        const int32_t* __restrict__ doc = nullptr, int key_row0 = 0) {
   constexpr int BKV = 16 * kWarps;  // keys per block
   constexpr int BQ = dkdv_bq<D>();  // query rows per step
   constexpr int LDS = row_stride<D>();
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
 
   // With documents, the query tiles from the first query whose document
   // starts after this block's last key on are skipped.
-  const int q_end = kDocs ? first_query_after(doc, b, T, causal ? k0 : 0, k0 + BKV - 1) : -1;
+  const int q_end = kDocs ? first_query_after(doc, b, T, causal ? k0 : 0, k0 + BKV - 1, key_row0) : -1;
   const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal, q_end);
   const int steps = qs.steps;
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
@@ -182,17 +183,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(bf16* __restrict__ dk, b
       mma_b_rows<NQ, LDS, kAsync>(st, ka, sQ + kk * 16, lane);
     }
 
-    if constexpr (kDocs) {  // a key before its query's document: P = 0
-#pragma unroll
-      for (int j = 0; j < NQ; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int qq = q0 + j * 8 + 2 * c + h;
-          const int lo = qq < T ? doc[static_cast<size_t>(b) * T + qq] : 0;
-          if (key[0] < lo) st[j][h] = -INFINITY;
-          if (key[1] < lo) st[j][2 + h] = -INFINITY;
-        }
-    }
+    // A key before its query's document: P = 0.
+    if constexpr (kDocs) mask_before_documents_transposed<NQ>(st, doc, b, T, key_row0, key, q0, c);
     bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
 
     // dV += P^T dO (k = queries: dO's rows).
@@ -261,7 +253,8 @@ constexpr size_t dq_smem_bytes() {
   return static_cast<size_t>((2 + (kAsync ? 4 : 2)) * 64) * row_stride<D>() * sizeof(bf16);
 }
 
-// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+// kDocs (with kAsync only): document masks (doc [B, T] and key_row0,
+// flash_attention_common.cuh).
 template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                                                       const float* __restrict__ lse,
@@ -269,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
                                                       int ld_q, const bf16* __restrict__ k,
                                                       const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
                                                       float scale, float scale_log2, bool causal,
-                                                      const int32_t* __restrict__ doc = nullptr) {
+                                                      const int32_t* __restrict__ doc = nullptr, int key_row0 = 0) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -298,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   const bf16* vh = v + kv_off;
   // With documents, the key tiles wholly before the block's first row's
   // document are skipped (as in the forward).
-  const int kt_begin = kDocs ? doc[static_cast<size_t>(b) * T + q0] / BK : 0;
+  const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
   if constexpr (kAsync) {  // Q, dO and key tile kt_begin in one group
     load_tile_async<BQ, D>(sQ, qh, ld_q, q0, T);
     load_tile_async<BQ, D>(sdO, doh, ld_o, q0, T);
@@ -314,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
   bwd_row_stats(lse2, dlt, lse, delta, b, h, Hq, T, row);
   int lo[2] = {0, 0};
-  if constexpr (kDocs) document_starts(lo, doc, b, T, row);
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row, key_row0);
 
   float dq_acc[ND][4];
 #pragma unroll
@@ -376,7 +369,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* __restrict__ dq, con
 template <int D, bool kAsync, bool kDocs>
 void launch_bwd_kernels(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                         const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                        bool causal, cudaStream_t stream, const int32_t* doc) {
+                        bool causal, cudaStream_t stream, AttentionDocs docs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int G = Hq / Hkv;
 
@@ -386,7 +379,8 @@ void launch_bwd_kernels(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const fl
                                         static_cast<int>(kv_smem)));
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
   dkdv_kernel<D, kAsync, kDocs><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv,
-                                                                        T, Hq, G, scale, scale * kLog2e, causal, doc);
+                                                                        T, Hq, G, scale, scale * kLog2e, causal, docs.start,
+                                                                        docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
 
   constexpr size_t q_smem = dq_smem_bytes<D, kAsync>();
@@ -395,41 +389,42 @@ void launch_bwd_kernels(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const fl
                                         static_cast<int>(q_smem)));
   const dim3 q_grid(ceil_div(T, 16 * kWarps), Hq, B);
   dq_kernel<D, kAsync, kDocs><<<q_grid, kThreads, q_smem, stream>>>(dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq,
-                                                                    G, scale, scale * kLog2e, causal, doc);
+                                                                    G, scale, scale * kLog2e, causal, docs.start,
+                                                                    docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
 }
 
-// Document masks (doc non-null) on the cp.async kernels only.
+// Document masks (docs.start non-null) on the cp.async kernels only.
 template <int D, bool kAsync>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                 int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, bool causal,
-                cudaStream_t stream, const int32_t* doc) {
+                cudaStream_t stream, AttentionDocs docs) {
   if constexpr (kAsync) {
-    if (doc)
+    if (docs.start)
       return launch_bwd_kernels<D, true, true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv,
-                                               causal, stream, doc);
+                                               causal, stream, docs);
   }
   launch_bwd_kernels<D, kAsync, false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
-                                       stream, nullptr);
+                                       stream, {});
 }
 
 template <bool kAsync>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                 int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv, int D, bool causal,
-                cudaStream_t stream, const int32_t* doc = nullptr) {
+                cudaStream_t stream, AttentionDocs docs = {}) {
   switch (D) {
     case 16:
       return launch_bwd<16, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
-                                    doc);
+                                    docs);
     case 32:
       return launch_bwd<32, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
-                                    doc);
+                                    docs);
     case 64:
       return launch_bwd<64, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
-                                    doc);
+                                    docs);
     default:
       return launch_bwd<128, kAsync>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
-                                     stream, doc);
+                                     stream, docs);
   }
 }
 
@@ -457,23 +452,20 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream,
-                              const int32_t* doc) {
+                              AttentionDocs docs) {
   flash::check_args("flash_attention_backward", {dq, dk, dv, dout, out, q, k, v}, {lse, scratch}, ld_q, ld_kv, B, T,
                     Hq, Hkv, D);
   if (B == 0 || T == 0) return;
-  KVS_CHECK(!doc || causal, "flash_attention_backward: document masks need the causal mask");
 
   float* delta = scratch;
   const size_t rows = static_cast<size_t>(B) * T * Hq;
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  if (doc)  // the cp.async kernels alone take document masks
-    flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, doc);
-  else if (loads == FlashLoads::kHopper && flash_hopper_available(D))
-    flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
-  else if (loads != FlashLoads::kSync)
-    flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+  if (loads == FlashLoads::kHopper && flash_hopper_available(D))
+    flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
+  else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
+    flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else
     flash::launch_bwd<false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
 }

@@ -16,6 +16,9 @@
 // flash_attention_backward takes it for FlashLoads::kHopper when
 // flash_hopper_available(D) (sm_90a build, compute capability 9.0, D = 64 or
 // 128).
+// kDocs: document masks (doc [B, T] and key_row0, flash_attention_common.cuh),
+// with the mma.sync kernels' tile skipping (dkdv stops at the first query whose
+// document starts after its keys, dq starts at its first row's document).
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/ops.h"
@@ -32,7 +35,7 @@ constexpr size_t sm90_dq_smem_bytes() {  // Q, dO, 2 x (K, V); alignment slack
   return 6 * kSm90Rows * D * sizeof(bf16) + 1024;
 }
 
-template <int D>
+template <int D, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                              const bf16* __restrict__ dout,
                                                              const float* __restrict__ lse,
@@ -40,7 +43,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
                                                              const bf16* __restrict__ q, int ld_q,
                                                              const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                              int ld_kv, int T, int Hq, int G, float scale,
-                                                             float scale_log2, bool causal) {
+                                                             float scale_log2, bool causal,
+                                                             const int32_t* __restrict__ doc = nullptr,
+                                                             int key_row0 = 0) {
   constexpr int BKV = kSm90Rows, BQ = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NQ = BQ / 8;
 
@@ -58,7 +63,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
   const int wkey = warp * 16;
   const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
 
-  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal);
+  const int q_end = kDocs ? first_query_after(doc, b, T, causal ? k0 : 0, k0 + BKV - 1, key_row0) : -1;
+  const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal, q_end);
   const int steps = qs.steps;
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   load_tile_swizzled<D>(sK, k + kv_off, ld_kv, k0, T);
@@ -110,6 +116,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
     reg_fence(st);
     reg_fence(dpt);
 
+    // A key before its query's document: P = 0.
+    if constexpr (kDocs) mask_before_documents_transposed<NQ>(st, doc, b, T, key_row0, key, q0, c);
     bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
     bwd_ds_transposed<NQ>(dpt, st, sDelta, c);
 
@@ -141,14 +149,16 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
   store_rows<ND>(dv + kv_off, ld_kv, dv_acc, 1.f, 1.f, k0 + wkey, T, g, c);
 }
 
-template <int D>
+template <int D, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                                                            const float* __restrict__ lse,
                                                            const float* __restrict__ delta,
                                                            const bf16* __restrict__ q, int ld_q,
                                                            const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                            int ld_kv, int T, int Hq, int G, float scale,
-                                                           float scale_log2, bool causal) {
+                                                           float scale_log2, bool causal,
+                                                           const int32_t* __restrict__ doc = nullptr,
+                                                           int key_row0 = 0) {
   constexpr int BQ = kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NK = BK / 8;
 
@@ -169,22 +179,27 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
   const bf16* kh = k + kv_off;
   const bf16* vh = v + kv_off;
+  // With documents, the key tiles wholly before the block's first row's
+  // document are skipped (as in the forward).
+  const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
   load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
   load_tile_swizzled<D>(sdO, doh, ld_o, q0, T);
-  load_tile_swizzled<D>(sKV_stages, kh, ld_kv, 0, T);
-  load_tile_swizzled<D>(sKV_stages + TILE, vh, ld_kv, 0, T);
+  load_tile_swizzled<D>(sKV_stages, kh, ld_kv, kt_begin * BK, T);
+  load_tile_swizzled<D>(sKV_stages + TILE, vh, ld_kv, kt_begin * BK, T);
   cp_async_commit();
 
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
   bwd_row_stats(lse2, dlt, lse, delta, b, h, Hq, T, row);
+  int lo[2] = {0, 0};
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row, key_row0);
 
   float dq_acc[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
 
   const int n_tiles = ((causal ? min(T, q0 + BQ) : T) + BK - 1) / BK;
-  for (int kt = 0; kt < n_tiles; ++kt) {
-    const int k0 = kt * BK, stage = kt & 1;
+  for (int kt = kt_begin; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK, stage = (kt - kt_begin) & 1;
     const bf16* sK = sKV_stages + stage * 2 * TILE;
     const bf16* sV = sK + TILE;
     __syncthreads();  // everyone is done with key tile kt - 1 (the other stage)
@@ -208,6 +223,7 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
     reg_fence(s);
     reg_fence(dp);
 
+    if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
     bwd_ds<NK>(s, dp, lse2, dlt, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     // dQ += dS K (k = keys: K's rows); scale at the end.
@@ -226,32 +242,41 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
   store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
 }
 
-template <int D>
+template <int D, bool kDocs>
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                     bool causal, cudaStream_t stream) {
+                     bool causal, cudaStream_t stream, AttentionDocs docs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int G = Hq / Hkv;
   constexpr size_t kv_smem = sm90_dkdv_smem_bytes<D>(), q_smem = sm90_dq_smem_bytes<D>();
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_sm90_kernel<D, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kv_smem)));
-  dkdv_sm90_kernel<D><<<dim3(ceil_div(T, kSm90Rows), Hkv, B), kThreads, kv_smem, stream>>>(
-      dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+  dkdv_sm90_kernel<D, kDocs><<<dim3(ceil_div(T, kSm90Rows), Hkv, B), kThreads, kv_smem, stream>>>(
+      dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal, docs.start,
+      docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_sm90_kernel<D, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(q_smem)));
-  dq_sm90_kernel<D><<<dim3(ceil_div(T, kSm90Rows), Hq, B), kThreads, q_smem, stream>>>(
-      dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+  dq_sm90_kernel<D, kDocs><<<dim3(ceil_div(T, kSm90Rows), Hq, B), kThreads, q_smem, stream>>>(
+      dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal, docs.start, docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
 }
 
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                     int D, bool causal, cudaStream_t stream) {
+                     int D, bool causal, cudaStream_t stream, AttentionDocs docs) {
+  auto run = [&]<int kD>() {
+    if (docs.start)
+      launch_bwd_sm90<kD, true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                docs);
+    else
+      launch_bwd_sm90<kD, false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                 {});
+  };
   if (D == 64)
-    launch_bwd_sm90<64>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    run.template operator()<64>();
   else
-    launch_bwd_sm90<128>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    run.template operator()<128>();
 }
 
 }  // namespace flash

@@ -33,6 +33,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"  // AttentionDocs
 
 namespace kvs::cuda::flash {
 
@@ -331,13 +332,21 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4
 // Document masks (model.document_boundaries "shift_and_attention"): a query
 // sees only the keys of its own document, from doc[query] (the row its
 // document starts at; the starts rise along a sequence) to itself. The
-// kernels take them as a template switch (kDocs; the cp.async kernels only),
-// so the kernels without documents are the same code as before. A masked
-// score becomes -inf before the softmax (forward) or before P is formed
-// again (backward), which makes its probability exactly 0.
+// kernels take them as a template switch (kDocs), so the kernels without
+// documents are the same code as before. A masked score becomes -inf before
+// the softmax (forward) or before P is formed again (backward), which makes
+// its probability exactly 0.
+//
+// doc counts rows in the queries' coordinates; key j is row key_row0 + j
+// there. On one GPU key_row0 = 0. In ring attention (context parallelism) a
+// block attends one chunk's queries to another's keys, and key_row0 is how
+// far the key chunk starts from the query chunk ((kc - qc) Tc, <= 0): so
+// query t sees key j iff key_row0 + j >= doc[t], and a query whose document
+// starts after the key chunk sees none of it (its lse is -inf, its output 0).
 //
 // A warp's 16 rows x 8 NK keys from k0 (element e of s[j] is row e / 2's key
-// k0 + 8 j + 2 c + e % 2): -inf where the key lies before lo[row].
+// k0 + 8 j + 2 c + e % 2): -inf where the key lies before lo[row] (lo in key
+// rows: document_starts).
 template <int NK>
 __device__ __forceinline__ void mask_before_documents(float (&s)[NK][4], const int (&lo)[2], int k0, int c) {
   if (k0 >= max(lo[0], lo[1])) return;
@@ -347,24 +356,51 @@ __device__ __forceinline__ void mask_before_documents(float (&s)[NK][4], const i
     for (int e = 0; e < 4; ++e)
       if (k0 + j * 8 + 2 * c + (e & 1) < lo[e >> 1]) s[j][e] = -INFINITY;
 }
-// The first query in [first, T) whose document starts after key `last` (T if
-// none): the starts rise along a sequence, so no query from there on sees it.
-__device__ __forceinline__ int first_query_after(const int32_t* doc, int b, int T, int first, int last) {
+// The dK/dV kernels' form, on a warp's transposed scores (16 keys x 8 NQ
+// queries from q0; element e of st[j] is key key[e / 2], query q0 + 8 j + 2 c
+// + e % 2): -inf where the key lies before its query's document.
+template <int NQ>
+__device__ __forceinline__ void mask_before_documents_transposed(float (&st)[NQ][4], const int32_t* doc, int b, int T,
+                                                                 int key_row0, const int (&key)[2], int q0, int c) {
+#pragma unroll
+  for (int j = 0; j < NQ; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qq = q0 + j * 8 + 2 * c + h;
+      const int lo = qq < T ? doc[static_cast<size_t>(b) * T + qq] - key_row0 : 0;
+      if (key[0] < lo) st[j][h] = -INFINITY;
+      if (key[1] < lo) st[j][2 + h] = -INFINITY;
+    }
+}
+// The first query in [first, T) whose document starts after key `last` (a
+// key row: T if none): the starts rise along a sequence, so no query from
+// there on sees it.
+__device__ __forceinline__ int first_query_after(const int32_t* doc, int b, int T, int first, int last, int key_row0) {
   const int32_t* d = doc + static_cast<size_t>(b) * T;
+  const int after = key_row0 + last;  // in doc's coordinates
   int lo = first, hi = T;  // the answer lies in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (d[mid] > last)
+    if (d[mid] > after)
       hi = mid;
     else
       lo = mid + 1;
   }
   return lo;
 }
-// The document start of each of a thread's two rows (0 past T: padding rows).
-__device__ __forceinline__ void document_starts(int (&lo)[2], const int32_t* doc, int b, int T, const int (&row)[2]) {
+// The first key tile (of BK keys) that query row q0 (a block's first row: the
+// earliest document start of the block's rows) can see; past the last tile
+// when its document starts after every key.
+template <int BK>
+__device__ __forceinline__ int first_key_tile(const int32_t* doc, int b, int T, int q0, int key_row0) {
+  return max(0, doc[static_cast<size_t>(b) * T + q0] - key_row0) / BK;
+}
+// The document start of each of a thread's two rows as a key row (0 past T:
+// padding rows).
+__device__ __forceinline__ void document_starts(int (&lo)[2], const int32_t* doc, int b, int T, const int (&row)[2],
+                                                int key_row0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) lo[r] = row[r] < T ? doc[static_cast<size_t>(b) * T + row[r]] : 0;
+  for (int r = 0; r < 2; ++r) lo[r] = row[r] < T ? doc[static_cast<size_t>(b) * T + row[r]] - key_row0 : 0;
 }
 
 // The forward's end for a warp's 16 rows (first_row the first): l summed over
@@ -422,8 +458,11 @@ struct BwdKvSteps {
                         int Hq_, int G_, int D_, int b_, int hk_, int k0, int BQ_, bool causal, int q_end = -1)
       : q(q_), dout(dout_), lse(lse_), delta(delta_), ld_q(ld_q_), T(T_), Hq(Hq_), G(G_), D(D_), b(b_), hk(hk_),
         BQ(BQ_), q_first(causal ? k0 : 0), q_tiles(((q_end < 0 ? T_ : q_end) - q_first + BQ_ - 1) / BQ_),
-        steps(G_ * q_tiles),
-        ld_o(static_cast<size_t>(Hq_) * D_) {}
+        steps(G_ * q_tiles), ld_o(static_cast<size_t>(Hq_) * D_) {
+    // No query sees these keys (ring attention with documents): no steps,
+    // and q_tiles stays a valid divisor for the prologue's step 0.
+    if (q_tiles < 1) q_tiles = 1;
+  }
   __device__ int q0(int step) const { return q_first + (step % q_tiles) * BQ; }
   // Column 0 of query head gi of the group in Q and in dO, row 0 of sequence b.
   __device__ const bf16* q_head(int gi) const {
@@ -500,10 +539,10 @@ __device__ __forceinline__ void bwd_ds(float (&s)[NK][4], const float (&dp)[NK][
 
 // The Hopper kernels (flash_attention_{fwd,bwd}_sm90.cu), D = 64 or 128.
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
-                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream);
+                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs);
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                     int D, bool causal, cudaStream_t stream);
+                     int D, bool causal, cudaStream_t stream, AttentionDocs docs);
 
 // Host side: the launchers' argument checks. The vectorised tile loads read 16
 // bytes at a time, so every bf16 tensor's base pointer must be 16-byte aligned

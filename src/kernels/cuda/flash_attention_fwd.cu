@@ -33,14 +33,15 @@ namespace flash {
 // registers and waits for it: the first version, kept as the baseline that
 // bench-attention times beside it and as a fallback.
 //
-// kDocs (with kAsync only): document masks (doc [B, T], flash_attention_common.cuh).
+// kDocs (with kAsync only): document masks (doc [B, T] and key_row0,
+// flash_attention_common.cuh).
 template <int D, bool kAsync, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, int ld_q,
                                                        const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                        int ld_kv, int T, int Hq, int G, float scale,
                                                        float scale_log2, bool causal,
-                                                       const int32_t* __restrict__ doc = nullptr) {
+                                                       const int32_t* __restrict__ doc = nullptr, int key_row0 = 0) {
   constexpr int BQ = 16 * kWarps;  // query rows per block
   constexpr int BK = 64;           // keys per K/V tile
   constexpr int LDS = row_stride<D>();
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   const int wrow = warp * 16;  // first row of this warp inside the tile
   // With documents, the key tiles wholly before the block's first row's
   // document (the earliest of the block's: the starts rise) are skipped.
-  const int kt_begin = kDocs ? doc[static_cast<size_t>(b) * T + q0] / BK : 0;
+  const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
 
   const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
   const bf16* kh = k + static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
   int lo[2] = {0, 0};
-  if constexpr (kDocs) document_starts(lo, doc, b, T, row);
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row, key_row0);
 
   // Keys [0, kv_end) can be seen by this tile (every key without the causal mask).
   const int kv_end = causal ? min(T, q0 + BQ) : T;
@@ -144,31 +145,31 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ out, f
 
 template <int D, bool kAsync>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
-                int Hq, int Hkv, bool causal, cudaStream_t stream, const int32_t* doc) {
+                int Hq, int Hkv, bool causal, cudaStream_t stream, AttentionDocs docs) {
   constexpr int BQ = 16 * kWarps;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const dim3 grid(ceil_div(T, BQ), Hq, B);
   if constexpr (kAsync) {
-    if (doc) {
+    if (docs.start) {
       fwd_kernel<D, true, true><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                                               scale * kLog2e, causal, doc);
+                                                               scale * kLog2e, causal, docs.start, docs.key_row0);
       KVS_CUDA_LAUNCH_CHECK("flash_attention_forward (documents)", stream);
       return;
     }
   }
   fwd_kernel<D, kAsync><<<grid, kThreads, 0, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                                       scale * kLog2e, causal, nullptr);
+                                                       scale * kLog2e, causal, nullptr, 0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_forward", stream);
 }
 
 template <bool kAsync>
 void launch_fwd(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,
-                int Hq, int Hkv, int D, bool causal, cudaStream_t stream, const int32_t* doc = nullptr) {
+                int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs = {}) {
   switch (D) {
-    case 16: return launch_fwd<16, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
-    case 32: return launch_fwd<32, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
-    case 64: return launch_fwd<64, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
-    default: return launch_fwd<128, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, doc);
+    case 16: return launch_fwd<16, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
+    case 32: return launch_fwd<32, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
+    case 64: return launch_fwd<64, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
+    default: return launch_fwd<128, kAsync>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
   }
 }
 
@@ -203,18 +204,13 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
-                             cudaStream_t stream, const int32_t* doc) {
+                             cudaStream_t stream, AttentionDocs docs) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
-  if (doc) {  // the cp.async kernels alone take document masks
-    KVS_CHECK(causal, "flash_attention_forward: document masks need the causal mask");
-    flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, doc);
-    return;
-  }
   if (loads == FlashLoads::kHopper && flash_hopper_available(D))
-    flash::launch_fwd_sm90(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
-  else if (loads != FlashLoads::kSync)
-    flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
+    flash::launch_fwd_sm90(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
+  else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
+    flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else
     flash::launch_fwd<false>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream);
 }

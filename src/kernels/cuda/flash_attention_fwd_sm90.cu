@@ -16,6 +16,8 @@
 // Built for sm_90a only (KVS_CUDA_SM90A, -DKVS_CUDA_ARCHS containing 90a);
 // flash_attention_forward takes it for FlashLoads::kHopper when
 // flash_hopper_available says so, and head_dim 64 or 128.
+// kDocs: document masks (doc [B, T] and key_row0, flash_attention_common.cuh),
+// with the mma.sync kernel's tile skipping.
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/ops.h"
@@ -28,12 +30,14 @@ constexpr size_t sm90_fwd_smem_bytes() {
   return 5 * kSm90Rows * D * sizeof(bf16) + 1024;  // Q, 2 K, 2 V; + alignment slack
 }
 
-template <int D>
+template <int D, bool kDocs = false>
 __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                             const bf16* __restrict__ q, int ld_q,
                                                             const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                             int ld_kv, int T, int Hq, int G, float scale,
-                                                            float scale_log2, bool causal) {
+                                                            float scale_log2, bool causal,
+                                                            const int32_t* __restrict__ doc = nullptr,
+                                                            int key_row0 = 0) {
   constexpr int BQ = kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8;   // n-blocks of O
   constexpr int NK = BK / 8;  // n-blocks of S
@@ -54,9 +58,12 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
 
   const int kv_end = causal ? min(T, q0 + BQ) : T;
   const int n_tiles = (kv_end + BK - 1) / BK;
+  // With documents, the key tiles wholly before the block's first row's
+  // document are skipped (the mma.sync kernel's rule).
+  const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
   load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
-  load_tile_swizzled<D>(sK, kh, ld_kv, 0, T);
-  load_tile_swizzled<D>(sV, vh, ld_kv, 0, T);
+  load_tile_swizzled<D>(sK, kh, ld_kv, kt_begin * BK, T);
+  load_tile_swizzled<D>(sV, vh, ld_kv, kt_begin * BK, T);
   cp_async_commit();
 
   float o[ND][4];
@@ -64,9 +71,11 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+  int lo[2] = {0, 0};
+  if constexpr (kDocs) document_starts(lo, doc, b, T, row, key_row0);
 
-  for (int kt = 0; kt < n_tiles; ++kt) {
-    const int k0 = kt * BK, st = kt & 1;
+  for (int kt = kt_begin; kt < n_tiles; ++kt) {
+    const int k0 = kt * BK, st = (kt - kt_begin) & 1;
     bf16* sKt = sK + st * TILE;
     bf16* sVt = sV + st * TILE;
     if (kt + 1 < n_tiles) {  // the other stage: its last readers finished at the previous tile's end barrier
@@ -88,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
     wgmma_wait<0>();
     reg_fence(s);
 
+    if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
     softmax_tile<NK, ND>(s, o, m, l, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
     // O += P V: k-steps of 16 keys (rows 16 kk of V's tile); n runs along V's rows (trans-b).
@@ -101,29 +111,39 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
     reg_fence(o);
     __syncthreads();  // everyone is done with stage st before the next tile's loads overwrite it
   }
+  // A block whose queries see none of the keys (ring attention with
+  // documents) never entered the loop: its prologue's copies still land.
+  if constexpr (kDocs) cp_async_wait<0>();
 
   finish_rows<ND>(out, lse, o, m, l, row, b, h, Hq, T, q0 + wrow, g, c, scale);
 }
 
-template <int D>
+template <int D, bool kDocs>
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
-                     int T, int Hq, int Hkv, bool causal, cudaStream_t stream) {
+                     int T, int Hq, int Hkv, bool causal, cudaStream_t stream, AttentionDocs docs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const dim3 grid(ceil_div(T, kSm90Rows), Hq, B);
   constexpr size_t smem = sm90_fwd_smem_bytes<D>();
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(fwd_sm90_kernel<D, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
-  fwd_sm90_kernel<D><<<grid, kThreads, smem, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
-                                                       scale * kLog2e, causal);
-  KVS_CUDA_LAUNCH_CHECK("flash_attention_forward (sm90)", stream);
+  fwd_sm90_kernel<D, kDocs><<<grid, kThreads, smem, stream>>>(out, lse, q, ld_q, k, v, ld_kv, T, Hq, Hq / Hkv, scale,
+                                                              scale * kLog2e, causal, docs.start, docs.key_row0);
+  KVS_CUDA_LAUNCH_CHECK(kDocs ? "flash_attention_forward (sm90, documents)" : "flash_attention_forward (sm90)",
+                        stream);
 }
 
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
-                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream) {
+                     int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs) {
+  auto run = [&]<int kD>() {
+    if (docs.start)
+      launch_fwd_sm90<kD, true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
+    else
+      launch_fwd_sm90<kD, false>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, {});
+  };
   if (D == 64)
-    launch_fwd_sm90<64>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    run.template operator()<64>();
   else
-    launch_fwd_sm90<128>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream);
+    run.template operator()<128>();
 }
 
 }  // namespace flash

@@ -177,18 +177,27 @@ enum class FlashLoads { kAsync, kSync, kHopper };
 // True when this build has the sm_90a kernels (KVS_CUDA_ARCHS with 90a), the
 // current device is compute capability 9.0 and D is 64 or 128.
 bool flash_hopper_available(int D);
-// doc (device, [B, T] int32, may be null): document masks (model.document_boundaries
-// "shift_and_attention"): query t sees keys doc[b, t] .. t only (the row its
-// document starts at; non-decreasing along a sequence), as
-// kvs::cpu::attention_forward's doc_start. Causal only; they run on the
-// cp.async mma.sync kernels whatever `loads` says.
+// Document masks (model.document_boundaries "shift_and_attention"): start
+// (device, [B, T] int32; null: none) holds the row each query's document
+// starts at (non-decreasing along a sequence), in the queries' row
+// coordinates, where key j is row key_row0 + j. Query t sees key j iff
+// key_row0 + j >= start[b, t] (and, causal, j <= t), as
+// kvs::cpu::attention_forward's doc_start. On one GPU key_row0 = 0; ring
+// attention's block of an earlier chunk passes how far that chunk starts
+// before the queries' ((kc - qc) Tc): a query whose document starts after
+// the block's keys sees none of them (lse -inf, out 0; its backward wants the
+// merged, finite lse). kSync runs them as kAsync.
+struct AttentionDocs {
+  const int32_t* start = nullptr;
+  int key_row0 = 0;
+};
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv,
                              int B, int T, int Hq, int Hkv, int D, bool causal, FlashLoads loads,
-                             cudaStream_t stream, const int32_t* doc = nullptr);
+                             cudaStream_t stream, AttentionDocs docs = {});
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, FlashLoads loads, float* scratch, cudaStream_t stream,
-                              const int32_t* doc = nullptr);
+                              AttentionDocs docs = {});
 void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
                               const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq,
                               int Hkv, int D, bool causal, float* scratch, cudaStream_t stream);

@@ -460,8 +460,10 @@ struct BwdKvSteps {
         BQ(BQ_), q_first(causal ? k0 : 0), q_tiles(((q_end < 0 ? T_ : q_end) - q_first + BQ_ - 1) / BQ_),
         steps(G_ * q_tiles), ld_o(static_cast<size_t>(Hq_) * D_) {
     // No query sees these keys (ring attention with documents): no steps,
-    // and q_tiles stays a valid divisor for the prologue's step 0.
-    if (q_tiles < 1) q_tiles = 1;
+    // and q_tiles stays a valid divisor for the prologue's step 0. (q_end < 0:
+    // no documents, q_tiles >= 1 already; the kernels without them keep
+    // their code.)
+    if (q_end >= 0 && q_tiles < 1) q_tiles = 1;
   }
   __device__ int q0(int step) const { return q_first + (step % q_tiles) * BQ; }
   // Column 0 of query head gi of the group in Q and in dO, row 0 of sequence b.

@@ -199,6 +199,26 @@ TEST(HostCudaParallel, ContextParallelWithDocumentsFollowsOneProcess) {
   expect_follows_one_process(c, *nccl, "cp2_docs_nccl", 5e-3);
 }
 
+// 4 ranks as dp = 2 x cp = 2 (rank = dp_rank * 2 + cp_rank): each replica's
+// two ranks hold chunks r and 3 - r of its micro-batches, and ZeRO-1 sums the
+// gradients over all four ranks (grad_comm: dp x cp) into each rank's shard.
+// Against one process, cp = 2's tolerance, over MPI (ZeRO-1 staged through
+// the host) and the shim's NCCL (ZeRO-1's reductions on the communicator's
+// stream, the ring after the engine's stream is drained), with document
+// boundaries on the NCCL run.
+TEST(HostCudaParallelFourRanks, ContextAndDataParallelFollowOneProcess) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const kvs::Config c = config(true, 32, 1, false, 2, 2);
+  expect_follows_one_process(c, world(), "dp2cp2_mpi", 5e-3);
+  kvs::Config docs = c;
+  docs.data.induction.token_hi = 10;
+  docs.model.bos_token_id = 5;
+  docs.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
+  kvs::validate(docs, "cuda-host-parallel-docs");
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  expect_follows_one_process(docs, *nccl, "dp2cp2_docs_nccl", 5e-3);
+}
+
 // cp = 2 without recomputation against attention recomputation, which runs
 // each layer's shift and ring attention again (halo all-gather included)
 // before its backward: the same bits, so the backward's coefficient

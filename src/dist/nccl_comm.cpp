@@ -260,6 +260,26 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
       });
     });
   }
+  void send_recv_async(const void* send, int dest, void* recv, int src, size_t bytes) override {
+    KVS_CHECK(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv_async: rank {} or {} outside {} ranks",
+              dest, src, size_);
+    KVS_CHECK(bytes % 4 == 0 && !is_host(send) && !is_host(recv),
+              "send_recv_async: device buffers of whole fp32 words ({} bytes)", bytes);
+    if (bytes == 0) return;
+    enqueue("send/receive (context-parallel ring)", [&] {
+      ncclResult_t e = ncclGroupStart();
+      if (e != ncclSuccess) return e;
+      e = ncclSend(send, bytes / 4, ncclFloat32, dest, comm_, stream_);
+      if (e == ncclSuccess || e == ncclInProgress) e = ncclRecv(recv, bytes / 4, ncclFloat32, src, comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      return e == ncclSuccess || e == ncclInProgress ? end : e;
+    });
+  }
+  void record_done(void* cuda_event) override {
+    usable("record_done");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(cuda_event), stream_), "cudaEventRecord");
+  }
   void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) override {
     if (count == 0) return;
     enqueue("all-reduce (tensor parallel)", [&] {

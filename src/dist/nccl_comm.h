@@ -54,6 +54,13 @@ class AsyncDeviceCollectives {
   virtual void reduce_sum_async(const std::vector<Piece>& pieces) = 0;
   // Each piece from its root to every rank (ncclBroadcast in place), one NCCL group.
   virtual void broadcast_async(const std::vector<Piece>& pieces) = 0;
+  // The ring step of context parallelism (send to dest, receive from src:
+  // one NCCL group) on the communicator's stream, not waited for: order it
+  // after the writer with stream_wait, and the reader after record_done's event.
+  virtual void send_recv_async(const void* send, int dest, void* recv, int src, size_t bytes) = 0;
+  // Records `cuda_event` (a cudaEvent_t) on the communicator's stream: it
+  // completes once everything enqueued so far has.
+  virtual void record_done(void* cuda_event) = 0;
   // Blocks until everything enqueued has finished; a kvs::Error after the timeout.
   virtual void synchronize() = 0;
   // In-place all-reduce of a device buffer enqueued on the CALLER's stream

@@ -164,6 +164,8 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
     const int origin = (l.rank - s + P) % P;
     const bf16* rk = reinterpret_cast<const bf16*>(ring[0]);
     const bf16* rv = rk + kv;
+    // The next step's block travels while this one's attention runs.
+    if (s + 1 < P) cp_x_->start_pass_on(ring[0], ring[1], kv_bytes);
     for (int hq = 0; hq < 2; ++hq)
       for (int hk = 0; hk < 2; ++hk) {
         const int qc = l.chunk(hq), kc = hk == 0 ? origin : 2 * P - 1 - origin;
@@ -174,7 +176,7 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
         cuda::attention_merge(acc + hq * half * QD, x.lse + hq * half_lse, part, part_lse, B, Tc, Hq, D, stream_);
       }
     if (s + 1 < P) {
-      cp_x_->pass_on(ring[0], ring[1], kv_bytes);
+      cp_x_->finish_pass_on();
       std::swap(ring[0], ring[1]);
     }
   }
@@ -219,6 +221,9 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
     const bf16* rv = rk + kv;
     float* rdk = reinterpret_cast<float*>(ring[0] + 2 * kv * sizeof(bf16));
     float* rdv = rdk + kv;
+    // The next step's K̂ and V̂ travel while this step's blocks run (their
+    // gradients below only after them).
+    if (s + 1 < P) cp_x_->start_pass_on(ring[0], ring[1], 2 * kv * sizeof(bf16));
     for (int hq = 0; hq < 2; ++hq)
       for (int hk = 0; hk < 2; ++hk) {
         const int qc = l.chunk(hq), kc = hk == 0 ? origin : 2 * P - 1 - origin;
@@ -231,7 +236,9 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
         cuda::add_bf16_to_f32(rdk + hk * half * KD, part_dk, half * KD, stream_);
         cuda::add_bf16_to_f32(rdv + hk * half * KD, part_dv, half * KD, stream_);
       }
-    cp_x_->pass_on(ring[0], ring[1], p.cp_ring_bytes);  // after P steps every block is home with its dK̂, dV̂
+    cp_x_->finish_pass_on();
+    // The block's dK̂, dV̂ on to the next rank: after P steps each is home.
+    cp_x_->pass_on(ring[0] + 2 * kv * sizeof(bf16), ring[1] + 2 * kv * sizeof(bf16), 2 * kv * sizeof(float));
     std::swap(ring[0], ring[1]);
   }
   const float* rdk = reinterpret_cast<const float*>(ring[0] + 2 * kv * sizeof(bf16));

@@ -8,8 +8,11 @@
 //     send/recv runs on the communicator's own stream and has finished when
 //     the call returns;
 //   - any host backend (MPI): through pinned host buffers.
-// Synchronous either way: simple, and slower than an overlapped ring, which
-// the CUDA engine does not have yet. Compiled only with -DKVS_CUDA=ON.
+// The exception is the overlapped ring step (start_pass_on, finish_pass_on):
+// on NCCL the send/recv is ordered after the engine's work so far by an
+// event and runs on the communicator's stream while the engine computes; the
+// engine's stream waits for it at finish_pass_on. The host path runs it
+// whole in start_pass_on. Compiled only with -DKVS_CUDA=ON.
 #pragma once
 #ifdef KVS_CUDA
 #include <cuda_runtime_api.h>
@@ -19,6 +22,9 @@
 #include "parallel/context_parallel.h"
 
 namespace kvs {
+namespace dist {
+class AsyncDeviceCollectives;
+}
 
 class CudaCpExchange {
  public:
@@ -33,17 +39,26 @@ class CudaCpExchange {
   void all_gather(const void* send, void* recv, size_t bytes);
   // The ring step: send to rank + 1, receive from rank - 1 (device buffers, bytes each).
   void pass_on(const void* send, void* recv, size_t bytes);
+  // The same step overlapped with the engine's next kernels: started after
+  // everything enqueued on the engine's stream so far; until finish_pass_on
+  // (which makes the engine's stream wait for it) those kernels may read
+  // `send` but not write it, and must not touch `recv`. One at a time.
+  void start_pass_on(const void* send, void* recv, size_t bytes);
+  void finish_pass_on();
   // A host value summed over the group.
   double sum(double local);
 
  private:
-  void drain();
+  void drain();  // the engine's stream idle (with NCCL's error watch when it may wait for NCCL)
   void down(const void* dev, size_t bytes);  // dev -> the pinned send half
   void up(void* dev, size_t bytes);          // the pinned receive half -> dev
   ContextParallel cp_;
   cudaStream_t stream_;
   size_t max_bytes_;
   bool device_ = false;          // the communicator takes device memory
+  dist::AsyncDeviceCollectives* async_ = nullptr;  // the NCCL communicator's stream ops (device_ only)
+  cudaEvent_t written_ = nullptr, passed_ = nullptr;  // start_pass_on's two ends (async_ only)
+  bool passing_ = false;
   char* pinned_ = nullptr;       // host path: [max_bytes] send, then [max_bytes] receive
 };
 

@@ -59,8 +59,12 @@ struct Allocation {
 };
 
 struct Shadow {
-  uint64_t w, r;         // epoch (stream << 44 | seq) of the last writer / reader; 0: none
-  uint32_t wblk, rblk;   // and its block (1 + linear index) when it was a kernel, else 0
+  uint64_t w, r, r2;           // epoch (stream << 44 | seq) of the last writer / reader; 0: none
+  uint32_t wblk, rblk, r2blk;  // and its block (1 + linear index) when it was a kernel, else 0
+  // r2: the last reader on another stream than r's, so that a write checks
+  // both (a send on a communicator's stream, then the engine's
+  // read-modify-write of the same bytes: the engine's read alone would hide
+  // the send).
 };
 
 // The reservation, set up on first use.
@@ -240,12 +244,18 @@ void check_access(uintptr_t a, size_t n, bool write) {
     if (blk && s.w == me && s.wblk != blk) block_race(*r, a, write, "wrote", s.wblk, blk);
     if (write) {
       if (!ordered_after(*r, s.r)) race(*r, a, write, "read", s.r);
+      if (!ordered_after(*r, s.r2)) race(*r, a, write, "read", s.r2);
       if (blk && s.r == me && s.rblk != blk) block_race(*r, a, write, "read", s.rblk, blk);
+      if (blk && s.r2 == me && s.r2blk != blk) block_race(*r, a, write, "read", s.r2blk, blk);
       s.w = me;
       s.wblk = blk;
-    } else {
+    } else if (s.r == 0 || s.r >> kStreamShift == me >> kStreamShift || ordered_after(*r, s.r)) {
+      // (a reader ordered after the last one covers it: a later write ordered after this one is after both)
       s.r = me;
       s.rblk = blk;
+    } else {
+      s.r2 = me;
+      s.r2blk = blk;
     }
   }
 }

@@ -161,6 +161,18 @@ TEST(HostCudaContracts, AccessesFromTwoStreamsWithoutAnEventAreARace) {
   e = cudaDeviceSynchronize();
   EXPECT_HAS(text(e), "writes byte 0");
   EXPECT_HAS(text(e), "read with no event");
+  // Write after read, where the writer's own stream read the bytes in between
+  // (a send on a communicator's stream, then the engine's read-modify-write):
+  // the other stream's read still races with the write.
+  DeviceFloats out2(1);
+  planted::sum(out.p, d.p, 256, s2.s);
+  planted::sum(out2.p, d.p, 256, s1.s);
+  planted::fill(d.p, 256, 3.0f, s1.s);
+  e = cudaDeviceSynchronize();
+  EXPECT_HAS(text(e), "kernel fill_kernel");
+  EXPECT_HAS(text(e), "writes byte 0");
+  EXPECT_HAS(text(e), "which kernel sum_kernel");
+  EXPECT_HAS(text(e), "on stream #" + std::to_string(hostcuda::stream_index(s2.s, nullptr)) + " read with no event");
   // Ordered by an event: no race, and the reader sees the writer's values.
   cudaEvent_t ev;
   ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);

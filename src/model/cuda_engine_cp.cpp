@@ -18,7 +18,8 @@
 //     row's), dq adds up in fp32, and dK̂/dV̂ ride along with their block in
 //     fp32 until it is home after a full turn;
 //   - loss and token counts: the sum of the token losses over the group.
-// Every transfer drains the engine's stream first (parallel/cuda_cp_exchange.h).
+// Every transfer drains the engine's stream first (parallel/cuda_cp_exchange.h),
+// except the ring's K̂/V̂ steps on NCCL, which travel while the step's blocks run.
 #ifdef KVS_CUDA
 #include <cuda_runtime.h>
 

@@ -133,7 +133,8 @@ TEST(HostCudaEngine, DocumentBoundariesMatchTheCpuEngine) {
     EXPECT_GT(off, 0.2) << "the mode changes little here";
   }
   // At head_dim 64 the Hopper kernels run the masks (the shim is a 9.0 device).
-  const ModelConfig d64 = kvs::testing_util::documents_model(DB::ShiftAndAttention, kvs::testing_util::kEngineVariants[5]);
+  const ModelConfig d64 =
+      kvs::testing_util::documents_model(DB::ShiftAndAttention, kvs::testing_util::kEngineVariants[5]);
   ASSERT_EQ(d64.head_dim(), 64);
   kvs::cuda_test::RandomBatch data(d64, 2, 37, 12);
   kvs::testing_util::plant_documents(data.inputs, data.T);

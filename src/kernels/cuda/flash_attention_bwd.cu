@@ -379,8 +379,8 @@ void launch_bwd_kernels(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const fl
                                         static_cast<int>(kv_smem)));
   const dim3 kv_grid(ceil_div(T, 64), Hkv, B);
   dkdv_kernel<D, kAsync, kDocs><<<kv_grid, kThreads, kv_smem, stream>>>(dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv,
-                                                                        T, Hq, G, scale, scale * kLog2e, causal, docs.start,
-                                                                        docs.key_row0);
+                                                                        T, Hq, G, scale, scale * kLog2e, causal,
+                                                                        docs.start, docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
 
   constexpr size_t q_smem = dq_smem_bytes<D, kAsync>();

@@ -69,6 +69,16 @@ kvs::Config config(bool shift, int vocab, int tp, bool sequence_parallel = false
   return c;
 }
 
+// Document boundaries ("shift_and_attention") starting at token 5, which
+// induction data over the tokens 2 .. 9 holds about once in 8 positions.
+kvs::Config with_documents(kvs::Config c) {
+  c.data.induction.token_hi = 10;
+  c.model.bos_token_id = 5;
+  c.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
+  kvs::validate(c, "cuda-host-parallel-docs");
+  return c;
+}
+
 std::string own_dir(const std::string& name) { return kvs::testing_util::own_run_dir("kvs_cuda_host_mpi_", name); }
 std::string shared_dir(const std::string& name) { return kvs::testing_util::shared_run_dir("kvs_cuda_host_mpi_", name); }
 
@@ -180,8 +190,7 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
   expect_follows_one_process(c, *nccl, "cp2_nccl", 5e-3);
 }
 
-// cp = 2 with document boundaries ("shift_and_attention"; bos token 5, which
-// induction data over the tokens 2 .. 9 holds about once in 8 positions): each
+// cp = 2 with document boundaries (with_documents): each
 // half's shift restarts at its documents, reading a halo row only when the
 // document began in the chunk before; ring attention's blocks of earlier
 // chunks mask the keys before each query's document (the key chunk at
@@ -189,11 +198,7 @@ TEST(HostCudaParallel, ContextParallelFollowsOneProcess) {
 // documents, cp = 2's tolerance.
 TEST(HostCudaParallel, ContextParallelWithDocumentsFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  kvs::Config c = config(true, 32, 1, false, 2, 2);
-  c.data.induction.token_hi = 10;
-  c.model.bos_token_id = 5;
-  c.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
-  kvs::validate(c, "cuda-host-parallel-docs");
+  const kvs::Config c = with_documents(config(true, 32, 1, false, 2, 2));
   expect_follows_one_process(c, world(), "cp2_docs_mpi", 5e-3);
   auto nccl = kvs::testing_util::shim_nccl_world();
   expect_follows_one_process(c, *nccl, "cp2_docs_nccl", 5e-3);
@@ -210,13 +215,8 @@ TEST(HostCudaParallelFourRanks, ContextAndDataParallelFollowOneProcess) {
   if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   const kvs::Config c = config(true, 32, 1, false, 2, 2);
   expect_follows_one_process(c, world(), "dp2cp2_mpi", 5e-3);
-  kvs::Config docs = c;
-  docs.data.induction.token_hi = 10;
-  docs.model.bos_token_id = 5;
-  docs.model.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
-  kvs::validate(docs, "cuda-host-parallel-docs");
   auto nccl = kvs::testing_util::shim_nccl_world();
-  expect_follows_one_process(docs, *nccl, "dp2cp2_docs_nccl", 5e-3);
+  expect_follows_one_process(with_documents(c), *nccl, "dp2cp2_docs_nccl", 5e-3);
 }
 
 // cp = 2 without recomputation against attention recomputation, which runs

@@ -4,6 +4,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,9 +17,20 @@
 
 namespace kvs::testing_util {
 
-// A run directory of this rank alone: <tmp>/<prefix><name>_rank<r>, emptied.
+// <tmp>/job<pid of rank 0>_: one mpirun's directories apart from another's
+// (ctest -j runs the np2 and np4 jobs of one binary at once).
+inline std::string job_dir_prefix() {
+  static const std::string prefix = [] {
+    int64_t pid = world().rank() == 0 ? static_cast<int64_t>(::getpid()) : 0;
+    world().broadcast_bytes(&pid, sizeof(pid), 0);
+    return testing::TempDir() + "job" + std::to_string(pid) + "_";
+  }();
+  return prefix;
+}
+
+// A run directory of this rank alone: <job>/<prefix><name>_rank<r>, emptied.
 inline std::string own_run_dir(const std::string& prefix, const std::string& name) {
-  const std::string d = testing::TempDir() + prefix + name + "_rank" + std::to_string(world().rank());
+  const std::string d = job_dir_prefix() + prefix + name + "_rank" + std::to_string(world().rank());
   std::filesystem::remove_all(d);
   return d;
 }
@@ -24,7 +38,7 @@ inline std::string own_run_dir(const std::string& prefix, const std::string& nam
 // A run directory shared by the ranks (rank 0 writes it), emptied by rank 0
 // before any rank goes on.
 inline std::string shared_run_dir(const std::string& prefix, const std::string& name) {
-  const std::string d = testing::TempDir() + prefix + name;
+  const std::string d = job_dir_prefix() + prefix + name;
   if (world().rank() == 0) std::filesystem::remove_all(d);
   world().barrier();
   return d;

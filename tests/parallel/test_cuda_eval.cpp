@@ -76,4 +76,29 @@ TEST(CudaEval, BlendedDataGivesEachSourcesNumbers) {
   EXPECT_GT(one["sources"]["web.bin"]["val_loss"].get<double>(), one["sources"]["code.bin"]["val_loss"].get<double>());
 }
 
+// Document masks ("shift_and_attention"; token 5 starts a document, about
+// one position in 8 of induction data over the tokens 2 .. 9) under context
+// parallelism: `eval` on 2 ranks with cp 2 (each rank's chunk rows take their
+// starts from the whole sequences; ring blocks of earlier chunks mask the keys
+// before each query's document) gives one process's numbers and the CPU
+// engine's (whose masks are checked against PyTorch).
+TEST(CudaEval, DocumentMasksUnderContextParallelism) {
+  KVS_REQUIRE_GPU();
+  TmpDir tmp;
+  nlohmann::json c = tiny_cuda_config(true, 4);
+  c["data"]["induction"]["token_hi"] = 10;
+  c["model"]["bos_token_id"] = 5;
+  c["model"]["document_boundaries"] = "shift_and_attention";
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  spit(cfg, c.dump());
+  train(0, cfg, run, "--set train.steps=4");
+  const nlohmann::json one = eval_json(0, run);
+  ASSERT_GT(one["scored_tokens"].get<int>(), 0);
+  for (const auto& [what, got] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"cpu", eval_json(0, run, "--device cpu")}, {"np 2 cp 2", eval_json(2, run, "--set parallel.cp=2")}}) {
+    EXPECT_LT(rel(got["val_loss"].get<double>(), one["val_loss"].get<double>()), 1e-3) << what;
+    EXPECT_EQ(got["scored_tokens"], one["scored_tokens"]) << what;
+  }
+}
+
 #endif  // KVS_CUDA

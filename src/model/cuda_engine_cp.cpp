@@ -141,12 +141,13 @@ void CudaEngine::cp_attention_forward(const CudaLayerActs& x, const LayerCoefs& 
     };
     const auto units = cuda::ShiftRopeWalk::kUnits;
     const auto v8 = cuda::ShiftRopeVector::k8;
+    const int32_t* hdoc = sdoc ? sdoc + h * half : nullptr;  // this half's starts
     cuda::shift_rope_forward(x.qhat + h * half * QD, QD, in, QKV, c.q, cos, sin, B, Tc, Hq, D, c.q ? W : 0, stream_,
-                             halo_of(c.q, 0), v8, units, sdoc ? sdoc + h * half : nullptr);
+                             halo_of(c.q, 0), v8, units, hdoc);
     cuda::shift_rope_forward(x.khat + h * half * KD, KD, in + QD, QKV, c.k, cos, sin, B, Tc, Hkv, D, c.k ? W : 0,
-                             stream_, halo_of(c.k, QD), v8, units, sdoc ? sdoc + h * half : nullptr);
+                             stream_, halo_of(c.k, QD), v8, units, hdoc);
     cuda::shift_rope_forward(x.vhat + h * half * KD, KD, in + QD + KD, QKV, c.v, nullptr, nullptr, B, Tc, Hkv, D,
-                             c.v ? W : 0, stream_, halo_of(c.v, QD + KD), v8, units, sdoc ? sdoc + h * half : nullptr);
+                             c.v ? W : 0, stream_, halo_of(c.v, QD + KD), v8, units, hdoc);
   }
 
   // Ring attention: the block in hand is [k | v] of both halves of rank `origin`.

@@ -283,15 +283,17 @@ __device__ __forceinline__ void store_rows(bf16* dst, size_t ld, const float (&a
 // The forward's online softmax over one tile of BK = 8 NK keys starting at k0,
 // for a warp's 16 rows (first_row = the first; row[r] the thread's rows g and
 // g + 8): the causal mask (and keys past T) where a key can exceed a row,
-// i.e. on the diagonal tile; per row, the new max over the quad, O and l
-// rescaled by exp(scale (m_old - m_new)), and S replaced by P = exp(scale
+// i.e. on the diagonal tile; per row, the new max over the quad, l rescaled
+// by alpha = exp(scale (m_old - m_new)), and S replaced by P = exp(scale
 // (S - m)). m is in raw (unscaled) score units, l a per-thread partial sum.
+// O's rescale by alpha is rescale_rows, kept apart so that a kernel can run it
+// after a product still accumulating into O (the Hopper forward's overlap).
 // Element e of s[j] is row row[e / 2], key k0 + 8 j + 2 c + e % 2 (the C
 // layout of mma.m16n8k16 and of wgmma alike).
-template <int NK, int ND>
-__device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4], float (&m)[2], float (&l)[2],
-                                             const int (&row)[2], int k0, int first_row, int c, bool causal, int T,
-                                             float scale_log2) {
+template <int NK>
+__device__ __forceinline__ void softmax_scores(float (&s)[NK][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               const int (&row)[2], int k0, int first_row, int c, bool causal, int T,
+                                               float scale_log2) {
   constexpr int BK = 8 * NK;
   if ((causal && k0 + BK - 1 > first_row) || k0 + BK > T) {
 #pragma unroll
@@ -312,14 +314,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4
     // A row with no visible key yet keeps mx = -inf; offset 0 then makes
     // every exp2 below exp2(-inf) = 0 instead of NaN.
     const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
-    const float alpha = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
+    alpha[r] = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
     m[r] = mx;
-    l[r] *= alpha;
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      o[n][2 * r] *= alpha;
-      o[n][2 * r + 1] *= alpha;
-    }
+    l[r] *= alpha[r];
 #pragma unroll
     for (int j = 0; j < NK; ++j) {
       s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -offset));
@@ -327,6 +324,28 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4
       l[r] += s[j][2 * r] + s[j][2 * r + 1];
     }
   }
+}
+
+// O's rows times softmax_scores' alpha (row g: elements 0, 1; row g + 8: 2, 3).
+template <int ND>
+__device__ __forceinline__ void rescale_rows(float (&o)[ND][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < ND; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
+
+// softmax_scores, then O rescaled at once (the kernels without overlap).
+template <int NK, int ND>
+__device__ __forceinline__ void softmax_tile(float (&s)[NK][4], float (&o)[ND][4], float (&m)[2], float (&l)[2],
+                                             const int (&row)[2], int k0, int first_row, int c, bool causal, int T,
+                                             float scale_log2) {
+  float alpha[2];
+  softmax_scores<NK>(s, m, l, alpha, row, k0, first_row, c, causal, T, scale_log2);
+  rescale_rows<ND>(o, alpha);
 }
 
 // Document masks (model.document_boundaries "shift_and_attention"): a query

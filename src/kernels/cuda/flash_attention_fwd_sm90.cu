@@ -9,8 +9,9 @@
 // One block = one warpgroup (4 warps) and 64 query rows of one (batch, query
 // head); the warps own 16 rows each, as in the mma.sync kernel, so the
 // softmax is the same code on the same register layout. K/V tiles (64 keys)
-// travel by cp.async, double-buffered: tile kt + 1 is in flight while tile
-// kt is computed. Tiles are stored in wgmma's 128-byte-swizzled layout
+// travel by cp.async, double-buffered, one tile ahead; a tile's P V product
+// overlaps the next tile's softmax (FlashAttention-3's intra-warpgroup
+// pipelining; the loop's comment). Tiles are stored in wgmma's 128-byte-swizzled layout
 // (wgmma.cuh), written by cp.async to their swizzled addresses. Shared memory
 // at D = 128: Q 16 KB + K 2 x 16 KB + V 2 x 16 KB = 80 KB (2 blocks per SM).
 // Built for sm_90a only (KVS_CUDA_SM90A, -DKVS_CUDA_ARCHS containing 90a);
@@ -63,7 +64,6 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
   const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
   load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
   load_tile_swizzled<D>(sK, kh, ld_kv, kt_begin * BK, T);
-  load_tile_swizzled<D>(sV, vh, ld_kv, kt_begin * BK, T);
   cp_async_commit();
 
   float o[ND][4];
@@ -74,46 +74,64 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
   int lo[2] = {0, 0};
   if constexpr (kDocs) document_starts(lo, doc, b, T, row, key_row0);
 
+  // Tile kt's P V runs on the tensor cores while tile kt + 1's softmax runs
+  // (FlashAttention-3's intra-warpgroup overlap): iteration kt issues S = Q
+  // K_kt^T, then O += P_{kt-1} V_{kt-1}, waits for S only, computes P_kt, and
+  // only then waits for the P V product and rescales O. O sees the same
+  // operations in the same order as without the overlap (O + P V, then times
+  // alpha), so the bits are the mma.sync kernel's under the emulator.
+  // Loads: iteration kt's group brings K_{kt+1} (stage st ^ 1) and V_kt
+  // (stage st), each one iteration ahead of its product.
+  uint32_t pa[BK / 16][4];  // P of the previous tile, bf16 A fragments
   for (int kt = kt_begin; kt < n_tiles; ++kt) {
     const int k0 = kt * BK, st = (kt - kt_begin) & 1;
-    bf16* sKt = sK + st * TILE;
-    bf16* sVt = sV + st * TILE;
-    if (kt + 1 < n_tiles) {  // the other stage: its last readers finished at the previous tile's end barrier
-      load_tile_swizzled<D>(sK + (st ^ 1) * TILE, kh, ld_kv, k0 + BK, T);
-      load_tile_swizzled<D>(sV + (st ^ 1) * TILE, vh, ld_kv, k0 + BK, T);
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's group (and Q's) has landed
-    } else {
-      cp_async_wait<0>();
-    }
+    const bool pv = kt > kt_begin;  // a previous tile's P V to issue
+    // The stages written here had their last readers in the previous
+    // iteration, which ended with a barrier after its products were done.
+    if (kt + 1 < n_tiles) load_tile_swizzled<D>(sK + (st ^ 1) * TILE, kh, ld_kv, k0 + BK, T);
+    load_tile_swizzled<D>(sV + st * TILE, vh, ld_kv, k0, T);
+    cp_async_commit();
+    cp_async_wait<1>();   // K_kt (and Q) and V_{kt-1} have landed
     fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();      // every thread's copies of tile kt are in
+    __syncthreads();      // every thread's copies are in
 
-    // S = Q K^T: 64 rows x 64 keys, k-steps of 16 over D.
+    // S = Q K^T: 64 rows x 64 keys, k-steps of 16 over D. Then the previous
+    // tile's O += P V: k-steps of 16 keys (rows 16 kk of V's tile); n runs
+    // along V's rows (trans-b).
     float s[NK][4];
-    wgmma_fence();
-    wgmma_rows_by_rows<D>(s, sQ, sKt);
+    wgmma_fence();  // o was rescaled, pa written: registers the wgmmas read
+    wgmma_rows_by_rows<D>(s, sQ, sK + st * TILE);
     wgmma_commit();
-    wgmma_wait<0>();
+    if (pv) {
+      wgmma_regs_by_rows<D>(o, pa, sV + (st ^ 1) * TILE);
+      wgmma_commit();
+      wgmma_wait<1>();  // S is done; P V may still run
+    } else {
+      wgmma_wait<0>();
+    }
     reg_fence(s);
 
+    float alpha[2];
     if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
-    softmax_tile<NK, ND>(s, o, m, l, row, k0, q0 + wrow, c, causal, T, scale_log2);
+    softmax_scores<NK>(s, m, l, alpha, row, k0, q0 + wrow, c, causal, T, scale_log2);
 
-    // O += P V: k-steps of 16 keys (rows 16 kk of V's tile); n runs along V's rows (trans-b).
-    uint32_t pa[BK / 16][4];
+    wgmma_wait<0>();  // P V done: o and pa are free
+    reg_fence(o);
+    rescale_rows<ND>(o, alpha);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) a_from_c(pa[kk], s[2 * kk], s[2 * kk + 1]);
-    wgmma_fence();  // o was rescaled, pa written: registers the wgmma reads
-    wgmma_regs_by_rows<D>(o, pa, sVt);
+    __syncthreads();  // everyone is done with K_kt and V_{kt-1} before the next loads overwrite them
+  }
+  cp_async_wait<0>();  // the last tile's V (or, with no tile, the prologue's copies)
+  if (n_tiles > kt_begin) {
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    wgmma_regs_by_rows<D>(o, pa, sV + ((n_tiles - 1 - kt_begin) & 1) * TILE);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
-    __syncthreads();  // everyone is done with stage st before the next tile's loads overwrite it
   }
-  // A block whose queries see none of the keys (ring attention with
-  // documents) never entered the loop: its prologue's copies still land.
-  if constexpr (kDocs) cp_async_wait<0>();
 
   finish_rows<ND>(out, lse, o, m, l, row, b, h, Hq, T, q0 + wrow, g, c, scale);
 }

@@ -99,10 +99,13 @@ __global__ void __launch_bounds__(kThreads) fwd_sm90_kernel(bf16* __restrict__ o
     // tile's O += P V: k-steps of 16 keys (rows 16 kk of V's tile); n runs
     // along V's rows (trans-b).
     float s[NK][4];
-    wgmma_fence();  // o was rescaled, pa written: registers the wgmmas read
+    wgmma_fence();  // s was last written by the softmax
     wgmma_rows_by_rows<D>(s, sQ, sK + st * TILE);
     wgmma_commit();
     if (pv) {
+      // o was rescaled and pa written; fenced here, on the branch (with one
+      // fence for both wgmmas ptxas injected its own here, C7519).
+      wgmma_fence();
       wgmma_regs_by_rows<D>(o, pa, sV + (st ^ 1) * TILE);
       wgmma_commit();
       wgmma_wait<1>();  // S is done; P V may still run

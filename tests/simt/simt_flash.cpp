@@ -173,20 +173,28 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   emu::g_ldmatrix_matrices = emu::g_ldmatrix_conflicts = 0;
   std::vector<bf16> first_out;
   std::vector<float> first_lse;
-  constexpr int kPaths = D == 64 || D == 128 ? 3 : 2;  // sync, cp.async + ldmatrix, sm90
+  // sync, cp.async + ldmatrix, sm90 with 1, 2 and 3 warpgroups per block
+  // (launch_fwd_sm90's groups: blocks of 64 groups rows, 128 groups threads).
+  constexpr int kPaths = D == 64 || D == 128 ? 5 : 2;
   for (int path = 0; path < kPaths; ++path) {
     if (docs && path == 0) continue;
     std::fill(out.begin(), out.end(), poison_bf16());
     std::fill(lse.begin(), lse.end(), NAN);
-    emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-      if constexpr (kPaths == 3) {
-        static_assert(sm90_fwd_smem_bytes<D>() <= emu::kDynBytes);
-        if (path == 2 && docs)
-          return fwd_sm90_kernel<D, true>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
-                                          scale * kLog2e, causal, kdoc, key_row0);
-        if (path == 2)
-          return fwd_sm90_kernel<D>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e,
-                                    causal);
+    const int groups = path >= 2 ? path - 1 : 1;
+    const unsigned blocks = (unsigned)((T + 64 * groups - 1) / (64 * groups));
+    emu::launch({path >= 2 ? blocks : nqt, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {
+      if constexpr (kPaths == 5) {
+        static_assert(sm90_fwd_smem_bytes<D, 3>() <= emu::kDynBytes);
+        auto sm90 = [&]<int kGroups>() {
+          if (docs)
+            return fwd_sm90_kernel<D, true, kGroups>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                                                     scale * kLog2e, causal, kdoc, key_row0);
+          return fwd_sm90_kernel<D, false, kGroups>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale,
+                                                    scale * kLog2e, causal);
+        };
+        if (path == 2) return sm90.template operator()<1>();
+        if (path == 3) return sm90.template operator()<2>();
+        if (path == 4) return sm90.template operator()<3>();
       }
       if (docs)
         fwd_kernel<D, true, true>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e,
@@ -196,8 +204,9 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       else
         fwd_kernel<D, false>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
     });
-    const std::string ftag =
-        tag + (path == 2 ? " fwd sm90 (wgmma)" : path == 1 ? " fwd cp.async+ldmatrix" : " fwd sync loads");
+    const std::string ftag = tag + (path >= 2 ? " fwd sm90 (wgmma, " + std::to_string(groups) + " warpgroups)"
+                                    : path == 1 ? " fwd cp.async+ldmatrix"
+                                                : " fwd sync loads");
     const std::vector<float> outf = f32(out);
     check(ftag, "out", outf, outr, 1e-2, 1e-2);
     expect(norm_close(outf, outr, 5e-3), ftag, "out norm");

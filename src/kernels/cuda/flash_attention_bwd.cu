@@ -462,7 +462,7 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  if (loads == FlashLoads::kHopper && flash_hopper_available(D))
+  if (flash_loads_hopper(loads) && flash_hopper_available(D))
     flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
     flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);

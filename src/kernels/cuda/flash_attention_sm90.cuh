@@ -30,14 +30,15 @@ __device__ __forceinline__ int swizzled(int r, int chunk) {
 __device__ __forceinline__ int sm90_kstep_offset(int kk) { return (kk / 4) * (kSm90Rows * 64) + (kk % 4) * 16; }
 
 // Rows [r0, r0 + 64) of a [T, D] slice (row stride ld) into a swizzled tile
-// by cp.async; rows >= T zero-filled. All 128 threads call it.
-template <int D>
+// by cp.async; rows >= T zero-filled. All kLoaders threads of the block call it.
+template <int D, int kLoaders = kThreads>
 __device__ __forceinline__ void load_tile_swizzled(bf16* s, const bf16* src, size_t ld, int r0, int T) {
   constexpr int kChunksPerRow = D / 8, kChunks = kSm90Rows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "whole rounds of chunks");
+  constexpr int kRounds = (kChunks + kLoaders - 1) / kLoaders;
 #pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+  for (int it = 0; it < kRounds; ++it) {
+    const int i = it * kLoaders + static_cast<int>(threadIdx.x);
+    if (kChunks % kLoaders != 0 && i >= kChunks) break;  // the last round of an uneven split
     const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
     const bool in = r0 + r < T;  // outside: no bytes read, from a valid address all the same
     cp_async_16(s + swizzled(r, chunk), src + static_cast<size_t>(in ? r0 + r : 0) * ld + chunk * 8, in ? 16 : 0);

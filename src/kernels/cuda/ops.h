@@ -173,7 +173,15 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 // (flash_attention_{fwd,bwd}_sm90.cu: every product on wgmma, tiles in its
 // swizzled layout; deterministic, but not kAsync's bits on a GPU: another
 // accumulation order) where flash_hopper_available(D), else as kAsync.
-enum class FlashLoads { kAsync, kSync, kHopper };
+// kHopperGroups2/3: kHopper with a forward of 2 or 3 warpgroups per block
+// (128 or 192 query rows sharing every K/V tile, the same bits; no
+// documents), bench-attention's comparison until a GPU has measured them;
+// their backward is kHopper's.
+enum class FlashLoads { kAsync, kSync, kHopper, kHopperGroups2, kHopperGroups3 };
+// kHopper or one of its forward variants.
+inline bool flash_loads_hopper(FlashLoads loads) {
+  return loads == FlashLoads::kHopper || loads == FlashLoads::kHopperGroups2 || loads == FlashLoads::kHopperGroups3;
+}
 // True when this build has the sm_90a kernels (KVS_CUDA_ARCHS with 90a), the
 // current device is compute capability 9.0 and D is 64 or 128.
 bool flash_hopper_available(int D);

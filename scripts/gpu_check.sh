@@ -633,6 +633,13 @@ if [ $build_rc -eq 0 ]; then
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
         printf "%-44s  %s\n", "attention T=" $1 " wgmma/mma.sync speed fwd, bwd", $4}' "$out/bench_attention.log" |
       tee -a "$summary"
+    # And the Hopper kernels with 2 and 3 warpgroups per block (forward; 2 in the backward) against "flash" (1).
+    for wg in 2 3; do
+      awk -F'|' -v wg=$wg '$0 ~ "^our Hopper kernels: " wg " warpgroups" {on = 1; next} on && /^ *$/ {exit}
+        on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);
+          printf "%-44s  %s\n", "attention T=" $1 " wg" wg "/wg1 speed fwd, bwd", $4}' "$out/bench_attention.log" |
+        tee -a "$summary"
+    done
     # And packed documents (document masks, their tiles skipped) against causal over the whole sequence.
     awk -F'|' '/^our flash attention with document masks/ {on = 1; next} on && /^ *$/ {exit}
       on && $1 ~ /^ *[0-9]+ *$/ {gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $4);

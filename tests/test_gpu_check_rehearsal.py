@@ -166,6 +166,10 @@ def main():
         check(find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd") == "n/a",
               f"attention T={T} wgmma row (n/a on the host at head_dim 16)",
               find(t, f"attention T={T} wgmma/mma.sync speed fwd, bwd"))
+        for wg in (2, 3):
+            check(find(t, f"attention T={T} wg{wg}/wg1 speed fwd, bwd") == "n/a",
+                  f"attention T={T} wg{wg} row (n/a on the host at head_dim 16)",
+                  find(t, f"attention T={T} wg{wg}/wg1 speed fwd, bwd"))
         v = find(t, f"attention T={T} docs/causal speed fwd, bwd")
         check(bool(re.match(r"\S+ \S+$", v or "")), f"attention T={T} document masks row (two ratios)", v)
         v = find(t, f"shift+RoPE T={T} f b/copy")

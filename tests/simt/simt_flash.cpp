@@ -288,25 +288,35 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
   // And at D = 64 and 128 the Hopper kernels (dkdv_sm90_kernel,
   // dq_sm90_kernel, launch_bwd_sm90's grids), held to the same tolerances and,
   // under the emulator, to the mma.sync kernels' bits (the same k-steps of 16
-  // in the same order). Documents: the sync loads have none.
+  // in the same order); path 3 with 2 warpgroups per block (launch_bwd_sm90's
+  // groups: blocks of 128 rows, 256 threads). Documents: the sync loads have
+  // none.
+  constexpr int kBwdPaths = kPaths == 5 ? 4 : 2;
   std::vector<bf16> first_grads;
-  for (int path = 0; path < kPaths; ++path) {
+  for (int path = 0; path < kBwdPaths; ++path) {
     if (docs && path == 0) continue;
     const bool async = path == 1;
-    const std::string btag =
-        tag + (path == 2 ? " bwd sm90 (wgmma)" : async ? " bwd cp.async+ldmatrix" : " bwd sync loads");
+    const int groups = path >= 2 ? path - 1 : 1;
+    const std::string btag = tag + (path >= 2 ? " bwd sm90 (wgmma, " + std::to_string(groups) + " warpgroups)"
+                                    : async   ? " bwd cp.async+ldmatrix"
+                                              : " bwd sync loads");
     std::fill(dQb.begin(), dQb.end(), poison_bf16());  // the fused layout's dk, dv too
     std::fill(dKb.begin(), dKb.end(), poison_bf16());  // (both empty in the fused layout)
     std::fill(dVb.begin(), dVb.end(), poison_bf16());
-    emu::launch({(unsigned)((T + 63) / 64), (unsigned)Hkv, (unsigned)B}, kThreads, [&] {
-      if constexpr (kPaths == 3) {
-        static_assert(sm90_dkdv_smem_bytes<D>() <= emu::kDynBytes && sm90_dq_smem_bytes<D>() <= emu::kDynBytes);
-        if (path == 2 && docs)
-          return dkdv_sm90_kernel<D, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv,
-                                           T, Hq, G, scale, scale * kLog2e, causal, kdoc, key_row0);
-        if (path == 2)
-          return dkdv_sm90_kernel<D>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T,
-                                     Hq, G, scale, scale * kLog2e, causal);
+    const unsigned blocks = (unsigned)((T + 64 * groups - 1) / (64 * groups));
+    emu::launch({blocks, (unsigned)Hkv, (unsigned)B}, groups * kThreads, [&] {
+      if constexpr (kBwdPaths == 4) {
+        static_assert(sm90_dkdv_smem_bytes<D, 2>() <= emu::kDynBytes && sm90_dq_smem_bytes<D, 2>() <= emu::kDynBytes);
+        auto sm90 = [&]<int kGroups>() {
+          if (docs)
+            return dkdv_sm90_kernel<D, true, kGroups>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp,
+                                                      vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal, kdoc,
+                                                      key_row0);
+          return dkdv_sm90_kernel<D, false, kGroups>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp,
+                                                     vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+        };
+        if (path == 2) return sm90.template operator()<1>();
+        if (path == 3) return sm90.template operator()<2>();
       }
       if (docs)
         dkdv_kernel<D, true, true>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq,
@@ -318,14 +328,17 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
         dkdv_kernel<D, false>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
                               scale, scale * kLog2e, causal);
     });
-    emu::launch({nqt, (unsigned)Hq, (unsigned)B}, kThreads, [&] {
-      if constexpr (kPaths == 3) {
-        if (path == 2 && docs)
-          return dq_sm90_kernel<D, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq,
-                                         G, scale, scale * kLog2e, causal, kdoc, key_row0);
-        if (path == 2)
-          return dq_sm90_kernel<D>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
-                                   scale, scale * kLog2e, causal);
+    emu::launch({path >= 2 ? blocks : nqt, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {
+      if constexpr (kBwdPaths == 4) {
+        auto sm90 = [&]<int kGroups>() {
+          if (docs)
+            return dq_sm90_kernel<D, true, kGroups>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp,
+                                                    ld_kv, T, Hq, G, scale, scale * kLog2e, causal, kdoc, key_row0);
+          return dq_sm90_kernel<D, false, kGroups>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp,
+                                                   ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
+        };
+        if (path == 2) return sm90.template operator()<1>();
+        if (path == 3) return sm90.template operator()<2>();
       }
       if (docs)
         dq_kernel<D, true, true>(dqp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,

@@ -342,6 +342,19 @@ void add_bench_attention(CLI::App& app) {
     if (!cuda::flash_hopper_available(D))
       std::printf("n/a: the Hopper kernels need a build with KVS_CUDA_ARCHS containing 90a, a compute capability "
                   "9.0 GPU and head_dim 64 or 128\n");
+    // The Hopper kernels with 2 and 3 warpgroups per block in the forward (128
+    // and 192 query rows sharing each K/V tile) and 2 in the backward (128
+    // keys or queries sharing the streamed tiles), against the ones "flash"
+    // runs (1 warpgroup, 64 rows).
+    cuda::FlashAttentionBackend flash_hopper2(cuda::FlashLoads::kHopperGroups2);
+    cuda::FlashAttentionBackend flash_hopper3(cuda::FlashLoads::kHopperGroups3);
+    for (const auto& [wide, name] : {std::pair{&flash_hopper2, "wg2"}, std::pair{&flash_hopper3, "wg3"}}) {
+      const std::string title = std::string("our Hopper kernels: ") + name[2] +
+                                " warpgroups per block in the forward, 2 in the backward, vs 1 (\"flash\"):";
+      const std::string label = std::string(name) + "/wg1 speed fwd, bwd";
+      compare_flash_paths(title.c_str(), {name, *wide}, {"wg1", flash_hopper}, label.c_str(), B, Hq, Hkv, D,
+                          a->seq_lens, a->reps, cuda::flash_hopper_available(D));
+    }
     // Packed documents (model.document_boundaries "shift_and_attention") on
     // the kernels "flash" runs here (the Hopper ones on a 9.0 GPU), whose
     // tiles outside a block's documents are skipped, against causal attention

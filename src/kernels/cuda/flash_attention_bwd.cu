@@ -463,7 +463,8 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
   if (flash_loads_hopper(loads) && flash_hopper_available(D))
-    flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
+    flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs,
+                           loads == FlashLoads::kHopper ? 1 : 2);
   else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
     flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else

@@ -26,17 +26,25 @@
 namespace kvs::cuda {
 namespace flash {
 
-template <int D>
-constexpr size_t sm90_dkdv_smem_bytes() {  // K, V, 2 x (Q, dO); 2 x (lse, delta) of 64 rows; alignment slack
-  return 6 * kSm90Rows * D * sizeof(bf16) + 4 * kSm90Rows * sizeof(float) + 1024;
+template <int D, int kGroups = 1>
+constexpr size_t sm90_dkdv_smem_bytes() {  // kGroups x (K, V), 2 x (Q, dO); 2 x (lse, delta) of 64 rows; slack
+  return (2 * kGroups + 4) * kSm90Rows * D * sizeof(bf16) + 4 * kSm90Rows * sizeof(float) + 1024;
 }
-template <int D>
-constexpr size_t sm90_dq_smem_bytes() {  // Q, dO, 2 x (K, V); alignment slack
-  return 6 * kSm90Rows * D * sizeof(bf16) + 1024;
+template <int D, int kGroups = 1>
+constexpr size_t sm90_dq_smem_bytes() {  // kGroups x (Q, dO), 2 x (K, V); alignment slack
+  return (2 * kGroups + 4) * kSm90Rows * D * sizeof(bf16) + 1024;
 }
 
-template <int D, bool kDocs = false>
-__global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
+// kGroups warpgroups per block (1: what "flash" runs; 2: FlashLoads::
+// kHopperGroups2/3, bench-attention's comparison), each with its own 64 rows
+// (keys in dkdv, queries in dq) and the same streamed tiles, loaded once for
+// all of them. As in the forward, every warpgroup runs all of the block's
+// steps without a branch around its wgmmas; a step none of its rows takes
+// part in is masked whole (P = 0, so dS = 0: the sums gain only zeros), and
+// every row gets the one-warpgroup kernel's bits. At 255 (dkdv) and 219 (dq)
+// registers, 3 warpgroups would not fit one SM's registers.
+template <int D, bool kDocs = false, int kGroups = 1>
+__global__ void __launch_bounds__(kGroups* kThreads) dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                              const bf16* __restrict__ dout,
                                                              const float* __restrict__ lse,
                                                              const float* __restrict__ delta,
@@ -46,31 +54,38 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
                                                              float scale_log2, bool causal,
                                                              const int32_t* __restrict__ doc = nullptr,
                                                              int key_row0 = 0) {
-  constexpr int BKV = kSm90Rows, BQ = kSm90Rows, TILE = kSm90Rows * D;
+  constexpr int BKV = kGroups * kSm90Rows, BQ = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NQ = BQ / 8;
+  constexpr int kLoaders = kGroups * kThreads;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  bf16* sK = sm90_tiles(smem_raw);
-  bf16* sV = sK + TILE;
-  bf16* sQ_stages = sV + TILE;                 // 2 x [64][D]
+  bf16* sKs = sm90_tiles(smem_raw);            // kGroups x [64][D]
+  bf16* sVs = sKs + kGroups * TILE;            // kGroups x [64][D]
+  bf16* sQ_stages = sVs + kGroups * TILE;      // 2 x [64][D]
   bf16* sdO_stages = sQ_stages + 2 * TILE;     // 2 x [64][D]
   float* sLse_stages = reinterpret_cast<float*>(sdO_stages + 2 * TILE);  // 2 x 64: lse * log2(e); +inf past T
   float* sDelta_stages = sLse_stages + 2 * BQ;                           // 2 x 64
 
   const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int k0 = kb * BKV;
+  const int wg = threadIdx.x / kThreads, warp = (threadIdx.x / 32) % kWarps, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int k0 = kb * BKV, wk0 = k0 + wg * kSm90Rows;  // the block's and the warpgroup's first key
   const int wkey = warp * 16;
-  const int key[2] = {k0 + wkey + g, k0 + wkey + g + 8};
+  const int key[2] = {wk0 + wkey + g, wk0 + wkey + g + 8};
+  const bf16* sK = sKs + wg * TILE;
+  const bf16* sV = sVs + wg * TILE;
 
   const int q_end = kDocs ? first_query_after(doc, b, T, causal ? k0 : 0, k0 + BKV - 1, key_row0) : -1;
   const BwdKvSteps qs(q, ld_q, dout, lse, delta, T, Hq, G, D, b, hk, k0, BQ, causal, q_end);
   const int steps = qs.steps;
   const size_t kv_off = static_cast<size_t>(b) * T * ld_kv + static_cast<size_t>(hk) * D;
-  load_tile_swizzled<D>(sK, k + kv_off, ld_kv, k0, T);
-  load_tile_swizzled<D>(sV, v + kv_off, ld_kv, k0, T);
-  load_tile_swizzled<D>(sQ_stages, qs.q_head(0), ld_q, qs.q_first, T);
-  load_tile_swizzled<D>(sdO_stages, qs.do_head(0), qs.ld_o, qs.q_first, T);
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    load_tile_swizzled<D, kLoaders>(sKs + i * TILE, k + kv_off, ld_kv, k0 + i * kSm90Rows, T);
+    load_tile_swizzled<D, kLoaders>(sVs + i * TILE, v + kv_off, ld_kv, k0 + i * kSm90Rows, T);
+  }
+  load_tile_swizzled<D, kLoaders>(sQ_stages, qs.q_head(0), ld_q, qs.q_first, T);
+  load_tile_swizzled<D, kLoaders>(sdO_stages, qs.do_head(0), qs.ld_o, qs.q_first, T);
   cp_async_commit();
   if (threadIdx.x < BQ) {
     sLse_stages[threadIdx.x] = qs.lse2_of(0, threadIdx.x);
@@ -94,8 +109,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
     __syncthreads();  // everyone is done with the previous step (the other stage)
     if (step + 1 < steps) {  // the next step into the other stage while this one computes
       const int nq0 = qs.q0(step + 1);
-      load_tile_swizzled<D>(sQ_stages + (stage ^ 1) * TILE, qs.q_head((step + 1) / qs.q_tiles), ld_q, nq0, T);
-      load_tile_swizzled<D>(sdO_stages + (stage ^ 1) * TILE, qs.do_head((step + 1) / qs.q_tiles), qs.ld_o, nq0, T);
+      load_tile_swizzled<D, kLoaders>(sQ_stages + (stage ^ 1) * TILE, qs.q_head((step + 1) / qs.q_tiles), ld_q, nq0,
+                                      T);
+      load_tile_swizzled<D, kLoaders>(sdO_stages + (stage ^ 1) * TILE, qs.do_head((step + 1) / qs.q_tiles), qs.ld_o,
+                                      nq0, T);
       if (threadIdx.x < BQ) {
         next_lse = qs.lse2_of(step + 1, threadIdx.x);
         next_delta = qs.delta_of(step + 1, threadIdx.x);
@@ -118,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
 
     // A key before its query's document: P = 0.
     if constexpr (kDocs) mask_before_documents_transposed<NQ>(st, doc, b, T, key_row0, key, q0, c);
-    bwd_p_transposed<NQ>(st, sLse, causal && k0 + wkey + 15 > q0, key, q0, c, scale_log2);
+    bwd_p_transposed<NQ>(st, sLse, causal && wk0 + wkey + 15 > q0, key, q0, c, scale_log2);
     bwd_ds_transposed<NQ>(dpt, st, sDelta, c);
 
     // dV += P^T dO and dK += dS^T Q (k = queries: dO's and Q's rows); scale on dK at the end.
@@ -145,12 +162,12 @@ __global__ void __launch_bounds__(kThreads) dkdv_sm90_kernel(bf16* __restrict__ 
   }
   cp_async_wait<0>();  // the last (empty) group
 
-  store_rows<ND>(dk + kv_off, ld_kv, dk_acc, scale, scale, k0 + wkey, T, g, c);
-  store_rows<ND>(dv + kv_off, ld_kv, dv_acc, 1.f, 1.f, k0 + wkey, T, g, c);
+  store_rows<ND>(dk + kv_off, ld_kv, dk_acc, scale, scale, wk0 + wkey, T, g, c);
+  store_rows<ND>(dv + kv_off, ld_kv, dv_acc, 1.f, 1.f, wk0 + wkey, T, g, c);
 }
 
-template <int D, bool kDocs = false>
-__global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+template <int D, bool kDocs = false, int kGroups = 1>
+__global__ void __launch_bounds__(kGroups* kThreads) dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                                                            const float* __restrict__ lse,
                                                            const float* __restrict__ delta,
                                                            const bf16* __restrict__ q, int ld_q,
@@ -159,19 +176,23 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
                                                            float scale_log2, bool causal,
                                                            const int32_t* __restrict__ doc = nullptr,
                                                            int key_row0 = 0) {
-  constexpr int BQ = kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
+  constexpr int BQ = kGroups * kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NK = BK / 8;
+  constexpr int kLoaders = kGroups * kThreads;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  bf16* sQ = sm90_tiles(smem_raw);
-  bf16* sdO = sQ + TILE;
-  bf16* sKV_stages = sdO + TILE;  // per stage: K [64][D], then V [64][D]
+  bf16* sQs = sm90_tiles(smem_raw);        // kGroups x [64][D]
+  bf16* sdOs = sQs + kGroups * TILE;       // kGroups x [64][D]
+  bf16* sKV_stages = sdOs + kGroups * TILE;  // per stage: K [64][D], then V [64][D]
 
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // heaviest first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / G;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int q0 = qb * BQ, wrow = warp * 16;
-  const int row[2] = {q0 + wrow + g, q0 + wrow + g + 8};
+  const int wg = threadIdx.x / kThreads, warp = (threadIdx.x / 32) % kWarps, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int q0 = qb * BQ, wq0 = q0 + wg * kSm90Rows, wrow = warp * 16;  // wq0: the warpgroup's first row
+  const int row[2] = {wq0 + wrow + g, wq0 + wrow + g + 8};
+  const bf16* sQ = sQs + wg * TILE;
+  const bf16* sdO = sdOs + wg * TILE;
 
   const size_t ld_o = static_cast<size_t>(Hq) * D;
   const bf16* qh = q + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
@@ -182,10 +203,13 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
   // With documents, the key tiles wholly before the block's first row's
   // document are skipped (as in the forward).
   const int kt_begin = kDocs ? first_key_tile<BK>(doc, b, T, q0, key_row0) : 0;
-  load_tile_swizzled<D>(sQ, qh, ld_q, q0, T);
-  load_tile_swizzled<D>(sdO, doh, ld_o, q0, T);
-  load_tile_swizzled<D>(sKV_stages, kh, ld_kv, kt_begin * BK, T);
-  load_tile_swizzled<D>(sKV_stages + TILE, vh, ld_kv, kt_begin * BK, T);
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    load_tile_swizzled<D, kLoaders>(sQs + i * TILE, qh, ld_q, q0 + i * kSm90Rows, T);
+    load_tile_swizzled<D, kLoaders>(sdOs + i * TILE, doh, ld_o, q0 + i * kSm90Rows, T);
+  }
+  load_tile_swizzled<D, kLoaders>(sKV_stages, kh, ld_kv, kt_begin * BK, T);
+  load_tile_swizzled<D, kLoaders>(sKV_stages + TILE, vh, ld_kv, kt_begin * BK, T);
   cp_async_commit();
 
   float lse2[2], dlt[2];  // lse * log2(e) (+inf past T: P = 0) and delta of the thread's rows
@@ -205,8 +229,8 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
     __syncthreads();  // everyone is done with key tile kt - 1 (the other stage)
     if (kt + 1 < n_tiles) {
       bf16* nK = sKV_stages + (stage ^ 1) * 2 * TILE;
-      load_tile_swizzled<D>(nK, kh, ld_kv, k0 + BK, T);
-      load_tile_swizzled<D>(nK + TILE, vh, ld_kv, k0 + BK, T);
+      load_tile_swizzled<D, kLoaders>(nK, kh, ld_kv, k0 + BK, T);
+      load_tile_swizzled<D, kLoaders>(nK + TILE, vh, ld_kv, k0 + BK, T);
     }
     cp_async_commit();  // possibly empty: the wait below always leaves the newest group in flight
     cp_async_wait<1>();
@@ -224,7 +248,7 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
     reg_fence(dp);
 
     if constexpr (kDocs) mask_before_documents<NK>(s, lo, k0, c);
-    bwd_ds<NK>(s, dp, lse2, dlt, row, k0, q0 + wrow, c, causal, T, scale_log2);
+    bwd_ds<NK>(s, dp, lse2, dlt, row, k0, wq0 + wrow, c, causal, T, scale_log2);
 
     // dQ += dS K (k = keys: K's rows); scale at the end.
     uint32_t dsa[BK / 16][4];
@@ -239,39 +263,45 @@ __global__ void __launch_bounds__(kThreads) dq_sm90_kernel(bf16* __restrict__ dq
   cp_async_wait<0>();  // the last (empty) group
 
   bf16* dqh = dq + static_cast<size_t>(b) * T * ld_q + static_cast<size_t>(h) * D;
-  store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, q0 + wrow, T, g, c);
+  store_rows<ND>(dqh, ld_q, dq_acc, scale, scale, wq0 + wrow, T, g, c);
 }
 
-template <int D, bool kDocs>
+template <int D, bool kDocs, int kGroups>
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
                      bool causal, cudaStream_t stream, AttentionDocs docs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  const int G = Hq / Hkv;
-  constexpr size_t kv_smem = sm90_dkdv_smem_bytes<D>(), q_smem = sm90_dq_smem_bytes<D>();
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv_sm90_kernel<D, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kv_smem)));
-  dkdv_sm90_kernel<D, kDocs><<<dim3(ceil_div(T, kSm90Rows), Hkv, B), kThreads, kv_smem, stream>>>(
+  const int G = Hq / Hkv, rows = kGroups * kSm90Rows;
+  constexpr size_t kv_smem = sm90_dkdv_smem_bytes<D, kGroups>(), q_smem = sm90_dq_smem_bytes<D, kGroups>();
+  constexpr auto dkdv = dkdv_sm90_kernel<D, kDocs, kGroups>;
+  constexpr auto dqk = dq_sm90_kernel<D, kDocs, kGroups>;
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kv_smem)));
+  dkdv<<<dim3(ceil_div(T, rows), Hkv, B), kGroups * kThreads, kv_smem, stream>>>(
       dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal, docs.start,
       docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dK, dV)", stream);
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(dq_sm90_kernel<D, kDocs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(q_smem)));
-  dq_sm90_kernel<D, kDocs><<<dim3(ceil_div(T, kSm90Rows), Hq, B), kThreads, q_smem, stream>>>(
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(q_smem)));
+  dqk<<<dim3(ceil_div(T, rows), Hq, B), kGroups * kThreads, q_smem, stream>>>(
       dq, dout, lse, delta, q, ld_q, k, v, ld_kv, T, Hq, G, scale, scale * kLog2e, causal, docs.start, docs.key_row0);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (dQ)", stream);
 }
 
+// groups 1 ("flash"), with or without documents; 2 (bench-attention's
+// comparison) without.
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                     int D, bool causal, cudaStream_t stream, AttentionDocs docs) {
+                     int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups) {
+  KVS_CHECK(groups == 1 || !docs.start, "flash_attention_backward: {} warpgroups per block take no documents", groups);
   auto run = [&]<int kD>() {
     if (docs.start)
-      launch_bwd_sm90<kD, true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
-                                docs);
+      launch_bwd_sm90<kD, true, 1>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
+                                   docs);
+    else if (groups == 2)
+      launch_bwd_sm90<kD, false, 2>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
+                                    stream, {});
     else
-      launch_bwd_sm90<kD, false>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
-                                 {});
+      launch_bwd_sm90<kD, false, 1>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal,
+                                    stream, {});
   };
   if (D == 64)
     run.template operator()<64>();

@@ -558,13 +558,14 @@ __device__ __forceinline__ void bwd_ds(float (&s)[NK][4], const float (&dp)[NK][
     }
 }
 
-// The Hopper kernels (flash_attention_{fwd,bwd}_sm90.cu), D = 64 or 128; the
-// forward with `groups` warpgroups per block (FlashLoads::kHopperGroups2/3).
+// The Hopper kernels (flash_attention_{fwd,bwd}_sm90.cu), D = 64 or 128, with
+// `groups` warpgroups per block (FlashLoads::kHopperGroups2/3; the backward
+// takes 1 or 2).
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
                      int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups);
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
-                     int D, bool causal, cudaStream_t stream, AttentionDocs docs);
+                     int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups);
 
 // Host side: the launchers' argument checks. The vectorised tile loads read 16
 // bytes at a time, so every bf16 tensor's base pointer must be 16-byte aligned

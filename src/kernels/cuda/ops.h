@@ -173,10 +173,11 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 // (flash_attention_{fwd,bwd}_sm90.cu: every product on wgmma, tiles in its
 // swizzled layout; deterministic, but not kAsync's bits on a GPU: another
 // accumulation order) where flash_hopper_available(D), else as kAsync.
-// kHopperGroups2/3: kHopper with a forward of 2 or 3 warpgroups per block
-// (128 or 192 query rows sharing every K/V tile, the same bits; no
-// documents), bench-attention's comparison until a GPU has measured them;
-// their backward is kHopper's.
+// kHopperGroups2/3: the Hopper kernels with 2 or 3 warpgroups per block in
+// the forward (128 or 192 query rows sharing every K/V tile) and 2 in the
+// backward (128 keys sharing the Q/dO tiles in dK/dV, 128 queries sharing
+// the K/V tiles in dQ; 3 would not fit an SM's registers), the same bits; no
+// documents. bench-attention's comparison until a GPU has measured them.
 enum class FlashLoads { kAsync, kSync, kHopper, kHopperGroups2, kHopperGroups3 };
 // kHopper or one of its forward variants.
 inline bool flash_loads_hopper(FlashLoads loads) {

@@ -204,7 +204,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       else
         fwd_kernel<D, false>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
     });
-    const std::string ftag = tag + (path >= 2 ? " fwd sm90 (wgmma, " + std::to_string(groups) + " warpgroups)"
+    const std::string ftag = tag + (path >= 2 ? " fwd sm90 (wgmma, " + std::to_string(groups) + (groups > 1 ? " warpgroups)" : " warpgroup)")
                                     : path == 1 ? " fwd cp.async+ldmatrix"
                                                 : " fwd sync loads");
     const std::vector<float> outf = f32(out);
@@ -297,7 +297,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     if (docs && path == 0) continue;
     const bool async = path == 1;
     const int groups = path >= 2 ? path - 1 : 1;
-    const std::string btag = tag + (path >= 2 ? " bwd sm90 (wgmma, " + std::to_string(groups) + " warpgroups)"
+    const std::string btag = tag + (path >= 2 ? " bwd sm90 (wgmma, " + std::to_string(groups) + (groups > 1 ? " warpgroups)" : " warpgroup)")
                                     : async   ? " bwd cp.async+ldmatrix"
                                               : " bwd sync loads");
     std::fill(dQb.begin(), dQb.end(), poison_bf16());  // the fused layout's dk, dv too

@@ -19,6 +19,8 @@
 // kDocs: document masks (doc [B, T] and key_row0, flash_attention_common.cuh),
 // with the mma.sync kernels' tile skipping (dkdv stops at the first query whose
 // document starts after its keys, dq starts at its first row's document).
+#include <type_traits>
+
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/ops.h"
@@ -292,7 +294,8 @@ void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
                      int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups) {
   KVS_CHECK(groups == 1 || !docs.start, "flash_attention_backward: {} warpgroups per block take no documents", groups);
-  auto run = [&]<int kD>() {
+  auto run = [&](auto d) {  // d: std::integral_constant<int, D> (nvcc compiles C++17 here)
+    constexpr int kD = decltype(d)::value;
     if (docs.start)
       launch_bwd_sm90<kD, true, 1>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream,
                                    docs);
@@ -304,9 +307,9 @@ void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float
                                     stream, {});
   };
   if (D == 64)
-    run.template operator()<64>();
+    run(std::integral_constant<int, 64>{});
   else
-    run.template operator()<128>();
+    run(std::integral_constant<int, 128>{});
 }
 
 }  // namespace flash

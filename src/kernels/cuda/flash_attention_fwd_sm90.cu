@@ -19,6 +19,8 @@
 // flash_hopper_available says so, and head_dim 64 or 128.
 // kDocs: document masks (doc [B, T] and key_row0, flash_attention_common.cuh),
 // with the mma.sync kernel's tile skipping.
+#include <type_traits>
+
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/ops.h"
@@ -171,7 +173,8 @@ void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16*
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
                      int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups) {
   KVS_CHECK(groups == 1 || !docs.start, "flash_attention_forward: {} warpgroups per block take no documents", groups);
-  auto run = [&]<int kD>() {
+  auto run = [&](auto d) {  // d: std::integral_constant<int, D> (nvcc compiles C++17 here)
+    constexpr int kD = decltype(d)::value;
     if (docs.start)
       launch_fwd_sm90<kD, true, 1>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, docs);
     else if (groups == 2)
@@ -182,9 +185,9 @@ void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16*
       launch_fwd_sm90<kD, false, 1>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, causal, stream, {});
   };
   if (D == 64)
-    run.template operator()<64>();
+    run(std::integral_constant<int, 64>{});
   else
-    run.template operator()<128>();
+    run(std::integral_constant<int, 128>{});
 }
 
 }  // namespace flash

@@ -227,6 +227,50 @@ TEST(CudaAttention, ForwardAndBackwardAreDeterministic) {
 // (KVS_CUDA_SM90A) and the GPU is compute capability 9.0, for head_dim 64 and
 // 128: a GPU run that silently fell back to the mma.sync kernels would
 // otherwise go unnoticed (Forward/BackwardMatchesCpu check them wherever they are there).
+// The Hopper kernels with 2 and 3 warpgroups per block (FlashLoads::
+// kHopperGroups2/3: the same products per row in the same order, the tiles a
+// warpgroup does not see masked whole) give the one-warpgroup kernels' bits,
+// forward and backward, through their launchers (grids of 128 and 192 rows,
+// 256 and 384 threads, their shared memory). Also in the host build's ctest.
+TEST(CudaHopperBlocks, WiderBlocksGiveTheOneWarpgroupBits) {
+  KVS_REQUIRE_GPU();
+  int seed = 1500;
+  for (const Shape s : {Shape{2, 130, 4, 2, 64}, Shape{1, 257, 2, 2, 128}, Shape{2, 37, 4, 1, 64}}) {
+    if (!kc::flash_hopper_available(s.D)) GTEST_SKIP() << "no Hopper kernels on this build and GPU";
+    SCOPED_TRACE(describe(s, Layout::kFused));
+    const Problem p = make_problem(s, seed++);
+    DeviceBuffer<bf16> out(s.rows() * s.qd()), dout(to_bf16(p.dout));
+    DeviceBuffer<float> lse(s.lse_size());
+    DeviceBuffer<float> scratch(kc::flash_attention_backward_scratch_floats(s.B, s.T, s.Hq, s.D));
+    std::vector<bf16> first_out, first_dqkv;
+    std::vector<float> first_lse;
+    for (const kc::FlashLoads loads :
+         {kc::FlashLoads::kHopper, kc::FlashLoads::kHopperGroups2, kc::FlashLoads::kHopperGroups3}) {
+      SCOPED_TRACE(kc::FlashAttentionBackend(loads).name());
+      DeviceQKV d = upload_qkv(p, Layout::kFused);  // NaN-poisoned gradients
+      out.poison();
+      lse.poison();
+      kc::flash_attention_forward(out.get(), lse.get(), d.q, d.ld_q, d.k, d.v, d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D,
+                                  true, loads, nullptr);
+      kc::flash_attention_backward(d.dq, d.dk, d.dv, dout.get(), out.get(), lse.get(), d.q, d.ld_q, d.k, d.v,
+                                   d.ld_kv, s.B, s.T, s.Hq, s.Hkv, s.D, true, loads, scratch.get(), nullptr);
+      const std::vector<bf16> got_out = out.download(), got_dqkv = d.dqb->download();
+      const std::vector<float> got_lse = lse.download();
+      if (first_out.empty()) {  // the one-warpgroup kernels against the CPU, as in expect_*_matches
+        EXPECT_TRUE(norm_close(to_f32(got_out), p.out, 5e-3)) << "out";
+        EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-5, 2e-4)) << "lse";
+        EXPECT_TRUE(norm_close(download_strided(d.dk, s.rows(), s.kd(), d.ld_kv, nullptr), p.dk, 1e-2)) << "dk";
+        first_out = got_out, first_lse = got_lse, first_dqkv = got_dqkv;
+        continue;
+      }
+      EXPECT_EQ(0, std::memcmp(first_out.data(), got_out.data(), got_out.size() * sizeof(bf16))) << "out bits";
+      EXPECT_EQ(0, std::memcmp(first_lse.data(), got_lse.data(), got_lse.size() * sizeof(float))) << "lse bits";
+      EXPECT_EQ(0, std::memcmp(first_dqkv.data(), got_dqkv.data(), got_dqkv.size() * sizeof(bf16)))
+          << "dq/dk/dv bits";
+    }
+  }
+}
+
 TEST(CudaAttention, HopperKernelsAreThereOnAn90aBuildAndA90Gpu) {
   KVS_REQUIRE_GPU();
   int dev = 0, major = 0, minor = 0;

@@ -3,7 +3,8 @@
 // gradients are bit-identical run to run) with every product on the
 // warpgroup MMA (wgmma.cuh), their elementwise steps shared through
 // flash_attention_common.cuh (bwd_p_transposed, bwd_ds_transposed, bwd_ds).
-// One block = one warpgroup: its 4 warps own 16 rows each (keys in dkdv,
+// One block = one warpgroup as "flash" runs them (2 for bench-attention's
+// comparison: the kernels' comment): its 4 warps own 16 rows each (keys in dkdv,
 // queries in dq), as in the mma.sync kernels, so every register layout and
 // elementwise step is theirs. Tiles of 64 rows in wgmma's 128-byte-swizzled
 // layout (wgmma.cuh), by cp.async, the streamed operand double-buffered.
@@ -46,16 +47,12 @@ constexpr size_t sm90_dq_smem_bytes() {  // kGroups x (Q, dO), 2 x (K, V); align
 // every row gets the one-warpgroup kernel's bits. At 255 (dkdv) and 219 (dq)
 // registers, 3 warpgroups would not fit one SM's registers.
 template <int D, bool kDocs = false, int kGroups = 1>
-__global__ void __launch_bounds__(kGroups* kThreads) dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
-                                                             const bf16* __restrict__ dout,
-                                                             const float* __restrict__ lse,
-                                                             const float* __restrict__ delta,
-                                                             const bf16* __restrict__ q, int ld_q,
-                                                             const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                                             int ld_kv, int T, int Hq, int G, float scale,
-                                                             float scale_log2, bool causal,
-                                                             const int32_t* __restrict__ doc = nullptr,
-                                                             int key_row0 = 0) {
+__global__ void __launch_bounds__(kGroups* kThreads)
+    dkdv_sm90_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
+                     const float* __restrict__ lse, const float* __restrict__ delta, const bf16* __restrict__ q,
+                     int ld_q, const bf16* __restrict__ k, const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G,
+                     float scale, float scale_log2, bool causal, const int32_t* __restrict__ doc = nullptr,
+                     int key_row0 = 0) {
   constexpr int BKV = kGroups * kSm90Rows, BQ = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NQ = BQ / 8;
   constexpr int kLoaders = kGroups * kThreads;
@@ -169,15 +166,11 @@ __global__ void __launch_bounds__(kGroups* kThreads) dkdv_sm90_kernel(bf16* __re
 }
 
 template <int D, bool kDocs = false, int kGroups = 1>
-__global__ void __launch_bounds__(kGroups* kThreads) dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
-                                                           const float* __restrict__ lse,
-                                                           const float* __restrict__ delta,
-                                                           const bf16* __restrict__ q, int ld_q,
-                                                           const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                                           int ld_kv, int T, int Hq, int G, float scale,
-                                                           float scale_log2, bool causal,
-                                                           const int32_t* __restrict__ doc = nullptr,
-                                                           int key_row0 = 0) {
+__global__ void __launch_bounds__(kGroups* kThreads)
+    dq_sm90_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                   const float* __restrict__ delta, const bf16* __restrict__ q, int ld_q, const bf16* __restrict__ k,
+                   const bf16* __restrict__ v, int ld_kv, int T, int Hq, int G, float scale, float scale_log2,
+                   bool causal, const int32_t* __restrict__ doc = nullptr, int key_row0 = 0) {
   constexpr int BQ = kGroups * kSm90Rows, BK = kSm90Rows, TILE = kSm90Rows * D;
   constexpr int ND = D / 8, NK = BK / 8;
   constexpr int kLoaders = kGroups * kThreads;

@@ -7,13 +7,15 @@
 //  - O += P V: wgmma m64nDk16, P from the S registers as they are (bf16), V
 //    from shared memory (MN-major, "trans-b").
 // One block = one warpgroup (4 warps) and 64 query rows of one (batch, query
-// head); the warps own 16 rows each, as in the mma.sync kernel, so the
-// softmax is the same code on the same register layout. K/V tiles (64 keys)
-// travel by cp.async, double-buffered, one tile ahead; a tile's P V product
-// overlaps the next tile's softmax (FlashAttention-3's intra-warpgroup
-// pipelining; the loop's comment). Tiles are stored in wgmma's 128-byte-swizzled layout
-// (wgmma.cuh), written by cp.async to their swizzled addresses. Shared memory
-// at D = 128: Q 16 KB + K 2 x 16 KB + V 2 x 16 KB = 80 KB (2 blocks per SM).
+// head) as "flash" runs it (kGroups warpgroups of 64 rows each for
+// bench-attention's comparison: the kernel's comment); the warps own 16 rows
+// each, as in the mma.sync kernel, so the softmax is the same code on the
+// same register layout. K/V tiles (64 keys) travel by cp.async,
+// double-buffered, one tile ahead; a tile's P V product overlaps the next
+// tile's softmax (FlashAttention-3's intra-warpgroup pipelining; the loop's
+// comment). Tiles are stored in wgmma's 128-byte-swizzled layout (wgmma.cuh),
+// written by cp.async to their swizzled addresses. Shared memory at D = 128:
+// Q 16 KB + K 2 x 16 KB + V 2 x 16 KB = 80 KB (2 blocks per SM).
 // Built for sm_90a only (KVS_CUDA_SM90A, -DKVS_CUDA_ARCHS containing 90a);
 // flash_attention_forward takes it for FlashLoads::kHopper when
 // flash_hopper_available says so, and head_dim 64 or 128.

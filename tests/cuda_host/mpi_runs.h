@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
@@ -17,13 +18,30 @@
 
 namespace kvs::testing_util {
 
+// Removes, when the process exits, every entry of <tmp> whose name starts with
+// the job's prefix: on rank 0 only (main's last collective has seen every rank
+// finish its tests by then), and only if every test passed here, so that a
+// failure's run directories stay to be read.
+struct JobDirCleanup {
+  std::string dir, stem;  // <tmp>/ and job<pid>_
+  bool rank0 = false;
+  ~JobDirCleanup() {
+    if (!rank0 || !testing::UnitTest::GetInstance()->Passed()) return;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().filename().string().rfind(stem, 0) == 0) std::filesystem::remove_all(e.path(), ec);
+  }
+};
+
 // <tmp>/job<pid of rank 0>_: one mpirun's directories apart from another's
-// (ctest -j runs the np2 and np4 jobs of one binary at once).
+// (ctest -j runs the np2 and np4 jobs of one binary at once); removed at exit
+// when the tests passed (JobDirCleanup).
 inline std::string job_dir_prefix() {
   static const std::string prefix = [] {
     int64_t pid = world().rank() == 0 ? static_cast<int64_t>(::getpid()) : 0;
     world().broadcast_bytes(&pid, sizeof(pid), 0);
-    return testing::TempDir() + "job" + std::to_string(pid) + "_";
+    static JobDirCleanup cleanup{testing::TempDir(), "job" + std::to_string(pid) + "_", world().rank() == 0};
+    return cleanup.dir + cleanup.stem;
   }();
   return prefix;
 }

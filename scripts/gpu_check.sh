@@ -276,10 +276,10 @@ if [ $build_rc -eq 0 ] && want sanitize; then
       esac
     }
     row "memcheck: kernels" "$(CUDA_LAUNCH_BLOCKING=1 sanitize memcheck \
-      'CudaAdamW*:CudaConvert*:CudaCrossEntropy*:CudaEmbedding*:CudaMatmul*:CudaReduce*:CudaRmsNorm*:CudaShiftRope*:CudaSwiGLU*:CudaAttention*' \
+      'CudaAdamW*:CudaConvert*:CudaCrossEntropy*:CudaEmbedding*:CudaMatmul*:CudaReduce*:CudaRmsNorm*:CudaShiftRope*:CudaSwiGLU*:CudaAttention*:CudaHopperBlocks*' \
       memcheck_kernels.log)"
     row "memcheck: engine" "$(KVS_CUDA_SYNC=1 sanitize memcheck 'CudaEngine*' memcheck_engine.log)"
-    row "racecheck: attention" "$(sanitize racecheck 'CudaAttention*' racecheck_attention.log)"
+    row "racecheck: attention" "$(sanitize racecheck 'CudaAttention*:CudaHopperBlocks*' racecheck_attention.log)"
     row "sanitizer time" "$(($(date +%s) - ts)) s"
   fi
 fi

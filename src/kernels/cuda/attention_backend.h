@@ -58,8 +58,8 @@ class FlashAttentionBackend final : public AttentionBackend {
   const char* name() const override {
     return loads_ == FlashLoads::kAsync            ? "flash (mma.sync)"
            : loads_ == FlashLoads::kSync           ? "flash (mma.sync, sync loads)"
-           : loads_ == FlashLoads::kHopperGroups2 ? "flash (wgmma, forward of 2 warpgroups per block)"
-           : loads_ == FlashLoads::kHopperGroups3 ? "flash (wgmma, forward of 3 warpgroups per block)"
+           : loads_ == FlashLoads::kHopperGroups2 ? "flash (wgmma, 2 warpgroups per block)"
+           : loads_ == FlashLoads::kHopperGroups3 ? "flash (wgmma, 3 warpgroups per block forward, 2 backward)"
                                                    : "flash (wgmma)";
   }
   void forward(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T,

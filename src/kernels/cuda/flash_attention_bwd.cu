@@ -462,9 +462,9 @@ void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
   flash::delta_kernel<<<ceil_div(rows, flash::kWarps), flash::kThreads, 0, stream>>>(delta, dout, out, T, Hq, D, rows);
   KVS_CUDA_LAUNCH_CHECK("flash_attention_backward (delta)", stream);
 
-  if (flash_loads_hopper(loads) && flash_hopper_available(D))
+  if (const int groups = flash::hopper_groups(loads, true); groups > 0 && flash_hopper_available(D))
     flash::launch_bwd_sm90(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs,
-                           loads == FlashLoads::kHopper ? 1 : 2);
+                           groups);
   else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
     flash::launch_bwd<true>(dq, dk, dv, dout, lse, delta, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else

@@ -286,6 +286,7 @@ void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                      const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B, int T, int Hq, int Hkv,
                      int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups) {
+  KVS_CHECK(groups == 1 || groups == 2, "flash_attention_backward: {} warpgroups per block (1 or 2)", groups);
   KVS_CHECK(groups == 1 || !docs.start, "flash_attention_backward: {} warpgroups per block take no documents", groups);
   auto run = [&](auto d) {  // d: std::integral_constant<int, D> (nvcc compiles C++17 here)
     constexpr int kD = decltype(d)::value;

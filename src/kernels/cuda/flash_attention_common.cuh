@@ -558,9 +558,20 @@ __device__ __forceinline__ void bwd_ds(float (&s)[NK][4], const float (&dp)[NK][
     }
 }
 
+// Warpgroups per block of the Hopper kernels `loads` selects (0: not the
+// Hopper kernels): kHopper 1, kHopperGroups2 2, kHopperGroups3 3 in the
+// forward and 2 in the backward (ops.h).
+inline int hopper_groups(FlashLoads loads, bool backward) {
+  switch (loads) {
+    case FlashLoads::kHopper: return 1;
+    case FlashLoads::kHopperGroups2: return 2;
+    case FlashLoads::kHopperGroups3: return backward ? 2 : 3;  // launch_bwd_sm90 refuses 3
+    default: return 0;
+  }
+}
+
 // The Hopper kernels (flash_attention_{fwd,bwd}_sm90.cu), D = 64 or 128, with
-// `groups` warpgroups per block (FlashLoads::kHopperGroups2/3; the backward
-// takes 1 or 2).
+// `groups` warpgroups per block (hopper_groups).
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
                      int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups);
 void launch_bwd_sm90(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,

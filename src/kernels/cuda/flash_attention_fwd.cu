@@ -207,10 +207,8 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
                              cudaStream_t stream, AttentionDocs docs) {
   flash::check_args("flash_attention_forward", {out, q, k, v}, {lse}, ld_q, ld_kv, B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
-  if (flash_loads_hopper(loads) && flash_hopper_available(D)) {
-    const int groups = loads == FlashLoads::kHopperGroups3 ? 3 : loads == FlashLoads::kHopperGroups2 ? 2 : 1;
+  if (const int groups = flash::hopper_groups(loads, false); groups > 0 && flash_hopper_available(D))
     flash::launch_fwd_sm90(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs, groups);
-  }
   else if (loads != FlashLoads::kSync || docs.start)  // documents: the cp.async kernels
     flash::launch_fwd<true>(out, lse, q, ld_q, k, v, ld_kv, B, T, Hq, Hkv, D, causal, stream, docs);
   else

@@ -174,6 +174,7 @@ void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16*
 // comparison) without.
 void launch_fwd_sm90(bf16* out, float* lse, const bf16* q, int ld_q, const bf16* k, const bf16* v, int ld_kv, int B,
                      int T, int Hq, int Hkv, int D, bool causal, cudaStream_t stream, AttentionDocs docs, int groups) {
+  KVS_CHECK(groups >= 1 && groups <= 3, "flash_attention_forward: {} warpgroups per block (1 to 3)", groups);
   KVS_CHECK(groups == 1 || !docs.start, "flash_attention_forward: {} warpgroups per block take no documents", groups);
   auto run = [&](auto d) {  // d: std::integral_constant<int, D> (nvcc compiles C++17 here)
     constexpr int kD = decltype(d)::value;

@@ -179,10 +179,6 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, int ld_q, con
 // the K/V tiles in dQ; 3 would not fit an SM's registers), the same bits; no
 // documents. bench-attention's comparison until a GPU has measured them.
 enum class FlashLoads { kAsync, kSync, kHopper, kHopperGroups2, kHopperGroups3 };
-// kHopper or one of its forward variants.
-inline bool flash_loads_hopper(FlashLoads loads) {
-  return loads == FlashLoads::kHopper || loads == FlashLoads::kHopperGroups2 || loads == FlashLoads::kHopperGroups3;
-}
 // True when this build has the sm_90a kernels (KVS_CUDA_ARCHS with 90a), the
 // current device is compute capability 9.0 and D is 64 or 128.
 bool flash_hopper_available(int D);

@@ -76,6 +76,11 @@ std::vector<int32_t> document_starts(int B, int T, uint64_t seed) {
   return doc;
 }
 
+// A Hopper path's name in the failure lines: "sm90 (wgmma, 2 warpgroups)".
+std::string wgmma_path(int groups) {
+  return "sm90 (wgmma, " + std::to_string(groups) + (groups > 1 ? " warpgroups)" : " warpgroup)");
+}
+
 template <int D>
 void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scale, bool causal = true,
          bool docs = false) {
@@ -182,7 +187,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     std::fill(lse.begin(), lse.end(), NAN);
     const int groups = path >= 2 ? path - 1 : 1;
     const unsigned blocks = (unsigned)((T + 64 * groups - 1) / (64 * groups));
-    emu::launch({path >= 2 ? blocks : nqt, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {
+    emu::launch({blocks, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {  // blocks = nqt at 1 warpgroup
       if constexpr (kPaths == 5) {
         static_assert(sm90_fwd_smem_bytes<D, 3>() <= emu::kDynBytes);
         auto sm90 = [&]<int kGroups>() {
@@ -204,9 +209,8 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
       else
         fwd_kernel<D, false>(out.data(), lse.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G, scale, scale * kLog2e, causal);
     });
-    const std::string ftag = tag + (path >= 2 ? " fwd sm90 (wgmma, " + std::to_string(groups) + (groups > 1 ? " warpgroups)" : " warpgroup)")
-                                    : path == 1 ? " fwd cp.async+ldmatrix"
-                                                : " fwd sync loads");
+    const std::string ftag =
+        tag + " fwd " + (path >= 2 ? wgmma_path(groups) : path == 1 ? "cp.async+ldmatrix" : "sync loads");
     const std::vector<float> outf = f32(out);
     check(ftag, "out", outf, outr, 1e-2, 1e-2);
     expect(norm_close(outf, outr, 5e-3), ftag, "out norm");
@@ -297,9 +301,8 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
     if (docs && path == 0) continue;
     const bool async = path == 1;
     const int groups = path >= 2 ? path - 1 : 1;
-    const std::string btag = tag + (path >= 2 ? " bwd sm90 (wgmma, " + std::to_string(groups) + (groups > 1 ? " warpgroups)" : " warpgroup)")
-                                    : async   ? " bwd cp.async+ldmatrix"
-                                              : " bwd sync loads");
+    const std::string btag =
+        tag + " bwd " + (path >= 2 ? wgmma_path(groups) : async ? "cp.async+ldmatrix" : "sync loads");
     std::fill(dQb.begin(), dQb.end(), poison_bf16());  // the fused layout's dk, dv too
     std::fill(dKb.begin(), dKb.end(), poison_bf16());  // (both empty in the fused layout)
     std::fill(dVb.begin(), dVb.end(), poison_bf16());
@@ -328,7 +331,7 @@ void run(int B, int T, int Hq, int Hkv, int layout, uint64_t seed, float qk_scal
         dkdv_kernel<D, false>(dkp, dvp, doutb.data(), lsef.data(), delta.data(), qp, ld_q, kp, vp, ld_kv, T, Hq, G,
                               scale, scale * kLog2e, causal);
     });
-    emu::launch({path >= 2 ? blocks : nqt, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {
+    emu::launch({blocks, (unsigned)Hq, (unsigned)B}, groups * kThreads, [&] {
       if constexpr (kBwdPaths == 4) {
         auto sm90 = [&]<int kGroups>() {
           if (docs)

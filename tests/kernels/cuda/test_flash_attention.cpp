@@ -223,10 +223,6 @@ TEST(CudaAttention, ForwardAndBackwardAreDeterministic) {
   }
 }
 
-// The Hopper kernels are there exactly when the build has sm_90a code
-// (KVS_CUDA_SM90A) and the GPU is compute capability 9.0, for head_dim 64 and
-// 128: a GPU run that silently fell back to the mma.sync kernels would
-// otherwise go unnoticed (Forward/BackwardMatchesCpu check them wherever they are there).
 // The Hopper kernels with 2 and 3 warpgroups per block (FlashLoads::
 // kHopperGroups2/3: the same products per row in the same order, the tiles a
 // warpgroup does not see masked whole) give the one-warpgroup kernels' bits,
@@ -259,7 +255,9 @@ TEST(CudaHopperBlocks, WiderBlocksGiveTheOneWarpgroupBits) {
       if (first_out.empty()) {  // the one-warpgroup kernels against the CPU, as in expect_*_matches
         EXPECT_TRUE(norm_close(to_f32(got_out), p.out, 5e-3)) << "out";
         EXPECT_TRUE(all_close(got_lse, to_float(p.lse), 1e-5, 2e-4)) << "lse";
+        EXPECT_TRUE(norm_close(download_strided(d.dq, s.rows(), s.qd(), d.ld_q, nullptr), p.dq, 1e-2)) << "dq";
         EXPECT_TRUE(norm_close(download_strided(d.dk, s.rows(), s.kd(), d.ld_kv, nullptr), p.dk, 1e-2)) << "dk";
+        EXPECT_TRUE(norm_close(download_strided(d.dv, s.rows(), s.kd(), d.ld_kv, nullptr), p.dv, 1e-2)) << "dv";
         first_out = got_out, first_lse = got_lse, first_dqkv = got_dqkv;
         continue;
       }
@@ -271,6 +269,10 @@ TEST(CudaHopperBlocks, WiderBlocksGiveTheOneWarpgroupBits) {
   }
 }
 
+// The Hopper kernels are there exactly when the build has sm_90a code
+// (KVS_CUDA_SM90A) and the GPU is compute capability 9.0, for head_dim 64 and
+// 128: a GPU run that silently fell back to the mma.sync kernels would
+// otherwise go unnoticed (Forward/BackwardMatchesCpu check them wherever they are there).
 TEST(CudaAttention, HopperKernelsAreThereOnAn90aBuildAndA90Gpu) {
   KVS_REQUIRE_GPU();
   int dev = 0, major = 0, minor = 0;

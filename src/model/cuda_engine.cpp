@@ -282,6 +282,8 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   check(cudaStreamCreateWithPriority(&zero_stream_, cudaStreamNonBlocking, least_priority), "cudaStreamCreate");
   check(cudaEventCreateWithFlags(&zero_after_, cudaEventDisableTiming), "cudaEventCreate");
   check(cudaEventCreateWithFlags(&zero_done_, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaStreamCreateWithPriority(&opt_stream_, cudaStreamNonBlocking, greatest_priority), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&opt_after_, cudaEventDisableTiming), "cudaEventCreate");
   // This rank's heads: under tensor parallelism a slice of whole GQA groups.
   attn_ = cuda::make_attention_backend(attention_backend, max_B_, max_T_, d_.Hq, d_.Hkv, D, d_.QD(), d_.KD());
   KVS_CHECK(stages_.slots >= 1, "engine: {} activation slots", stages_.slots);
@@ -391,6 +393,7 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
                         cudaMemcpyHostToDevice, stream_),
         "upload AdamW chunks");
   chunk_table_ = chunks;  // kept for ZeRO-1's clipped tables
+  plan_optimizer_ranges();
 
   const size_t N = static_cast<size_t>(max_B_) * max_T_;
   check(cudaMallocHost(&h_tokens_, (3 * N + 1) * sizeof(int32_t)), "cudaMallocHost");
@@ -405,7 +408,9 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
 CudaEngine::~CudaEngine() { release(); }
 
 void CudaEngine::release() {
-  if (zero_stream_) cudaStreamSynchronize(zero_stream_);  // a memset still queued writes the memory freed below
+  // A memset or an update still queued writes the memory freed below.
+  if (zero_stream_) cudaStreamSynchronize(zero_stream_);
+  if (opt_stream_) cudaStreamSynchronize(opt_stream_);
   linear_.reset();
   mm_.reset();
   attn_.reset();
@@ -418,9 +423,12 @@ void CudaEngine::release() {
   if (moments_) cudaFree(moments_);
   for (cudaEvent_t ev : events_)
     if (ev) cudaEventDestroy(ev);
-  for (cudaEvent_t ev : {zero_after_, zero_done_})
+  for (cudaEvent_t ev : opt_events_)
+    if (ev) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : {zero_after_, zero_done_, opt_after_})
     if (ev) cudaEventDestroy(ev);
   if (zero_stream_) cudaStreamDestroy(zero_stream_);
+  if (opt_stream_) cudaStreamDestroy(opt_stream_);
   if (stream_) cudaStreamDestroy(stream_);
   h_tokens_ = nullptr;
   h_positions_ = nullptr;
@@ -434,6 +442,11 @@ void CudaEngine::release() {
   zero_after_ = zero_done_ = nullptr;
   zero_stream_ = nullptr;
   zero_pending_ = false;
+  opt_events_.clear();
+  opt_ranges_.clear();
+  opt_after_ = nullptr;
+  opt_stream_ = nullptr;
+  opt_joined_ = 0;
   stream_ = nullptr;
 }
 
@@ -442,6 +455,7 @@ void CudaEngine::release() {
 void CudaEngine::read_params_range(size_t begin, size_t n, float* host) const {
   KVS_CHECK(begin + n <= layout_.total, "read_params_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
+  join_optimizer();
   check(cudaMemcpyAsync(host, at<float>(plan_.master) + begin, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "read params");
   sync("read params");
@@ -449,12 +463,14 @@ void CudaEngine::read_params_range(size_t begin, size_t n, float* host) const {
 void CudaEngine::write_params_range(size_t begin, size_t n, const float* host) {
   KVS_CHECK(begin + n <= layout_.total, "write_params_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
+  join_optimizer();
   check(cudaMemcpyAsync(at<float>(plan_.master) + begin, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
         "write params");
   cuda::f32_to_bf16(at<bf16>(plan_.params16) + begin, at<float>(plan_.master) + begin, n, stream_);
   sync("write params");
 }
 void CudaEngine::read_grads(float* host) const {
+  join_optimizer();
   join_zeroing();
   check(cudaMemcpyAsync(host, at<float>(plan_.grads), layout_.total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "read grads");
@@ -464,6 +480,7 @@ void CudaEngine::read_grads(float* host) const {
 void CudaEngine::read_optimizer_range(size_t begin, size_t n, float* m, float* v) const {
   KVS_CHECK(begin + n <= layout_.total, "read_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
+  join_optimizer();
   if (m) std::fill(m, m + n, 0.0f);
   if (v) std::fill(v, v + n, 0.0f);
   const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
@@ -480,6 +497,7 @@ void CudaEngine::read_optimizer_range(size_t begin, size_t n, float* m, float* v
 void CudaEngine::write_optimizer_range(size_t begin, size_t n, const float* m, const float* v) {
   KVS_CHECK(begin + n <= layout_.total, "write_optimizer_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
+  join_optimizer();
   ensure_moments();
   const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
   if (!h.n) return;
@@ -500,6 +518,8 @@ void CudaEngine::write_optimizer_range(size_t begin, size_t n, const float* m, c
 void CudaEngine::zero_grad() {
   check(cudaEventRecord(zero_after_, stream_), "cudaEventRecord");  // after whatever read the gradients
   check(cudaStreamWaitEvent(zero_stream_, zero_after_, 0), "cudaStreamWaitEvent");
+  if (optimizer_in_flight())  // the update reads the gradients too
+    check(cudaStreamWaitEvent(zero_stream_, opt_events_.back(), 0), "cudaStreamWaitEvent");
   check(cudaMemsetAsync(at<float>(plan_.grads), 0, layout_.total * sizeof(float), zero_stream_), "zero grads");
   check(cudaEventRecord(zero_done_, zero_stream_), "cudaEventRecord");
   zero_pending_ = true;
@@ -511,9 +531,21 @@ void CudaEngine::join_zeroing() const {
   zero_pending_ = false;
 }
 
+// Their users run on other streams: the memset and an update in flight are done on return.
 float* CudaEngine::flat_grads() {
-  if (zero_pending_) sync("flat grads");  // their users run on other streams: the memset is done on return
+  if (zero_pending_ || optimizer_in_flight()) {
+    join_optimizer();
+    sync("flat grads");
+  }
   return at<float>(plan_.grads);
+}
+
+float* CudaEngine::flat_params() {
+  if (optimizer_in_flight()) {
+    join_optimizer();
+    sync("flat params");
+  }
+  return at<float>(plan_.master);
 }
 
 // ---------------------------------------------------------------- batch
@@ -618,6 +650,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   const LayerOffsets& o = lo_[l];
   const int li = local_of_[l];  // among the held layers
   KVS_CHECK(li >= 0, "CUDA engine: layer {} is not held by this pipeline stage", l);
+  join_optimizer(o.ln1);  // this layer's parameters updated (an overlapped AdamW)
   const CudaLayerActs x = p.layer(base_, li);
   // The forward computes the effective (gated) coefficients; recomputation reuses them.
   const LayerCoefs c = layer_coefs(l, pass == LayerPass::Forward);
@@ -683,6 +716,7 @@ void CudaEngine::forward_to_logits(int B, int T) {
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
   const float* master = at<float>(p.master);
+  join_optimizer(embed_off_);
   // Vocab-parallel embedding: each token's row lives on one rank, the others
   // write zeros; the sum over the group (sequence parallel: its rows of it).
   if (region_->sequence_parallel()) {
@@ -695,6 +729,7 @@ void CudaEngine::forward_to_logits(int B, int T) {
     region_->exit_forward(at<bf16>(p.resid), static_cast<size_t>(N) * C);
   }
   for (int l = 0; l < m_.num_hidden_layers; ++l) forward_layer(l, B, T);
+  join_optimizer();  // the final norm and the LM head
   const int L = m_.num_hidden_layers;
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
   const bf16* mid = p.layer(base_, L - 1).res_mid;
@@ -709,6 +744,7 @@ void CudaEngine::forward_to_logits(int B, int T) {
 // ---------------------------------------------------------------- backward
 
 void CudaEngine::backward_from_dlogits(int B, int T) {
+  join_optimizer();
   join_zeroing();
   const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
@@ -769,6 +805,7 @@ void CudaEngine::embedding_backward(int N) {
 
 void CudaEngine::backward_layer(int l, int B, int T) {
   ProfileRange range("backward layer", l);
+  join_optimizer();
   join_zeroing();
   const int N = B * T, C = d_.C, F = d_.F, Nl = static_cast<int>(region_->local_rows(N));
   const int Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
@@ -995,6 +1032,7 @@ double CudaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax,
 }
 
 double CudaEngine::grad_norm() {
+  join_optimizer();
   join_zeroing();
   cuda::sum_squares_f32(at<double>(plan_.dsum), at<float>(plan_.grads), layout_.total, at<double>(plan_.dscratch),
                         stream_);
@@ -1003,13 +1041,18 @@ double CudaEngine::grad_norm() {
   return std::sqrt(*h_sum_);
 }
 
-void CudaEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layout_.total); }
+void CudaEngine::adamw_step(const AdamWHyper& hp) { adamw_update(hp, 0, layout_.total, overlap_optimizer_); }
 
 void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
+  adamw_update(hp, begin, end, false);
+}
+
+void CudaEngine::adamw_update(const AdamWHyper& hp, size_t begin, size_t end, bool overlap) {
   ProfileRange range("optimizer");
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
   if (begin == end) return;
+  join_optimizer();
   ensure_moments();
   join_zeroing();
   // The whole model uses the constructor's table; a shard, the same chunks
@@ -1043,6 +1086,10 @@ void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(hp.beta1, static_cast<double>(hp.step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step)));
   a.grad_scale = static_cast<float>(hp.grad_scale);
+  if (overlap && begin == 0 && end == layout_.total) {
+    launch_overlapped_adamw(a);  // returns with the update in flight
+    return;
+  }
   // The kernel indexes the moments by flat element i like every other buffer;
   // ours start at opt_begin_, so it gets pointers shifted back by opt_begin_
   // (only elements of the table, all inside [opt_begin_, opt_end_), are touched).
@@ -1051,10 +1098,62 @@ void CudaEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end
   sync("AdamW step");
 }
 
+// The whole model's update (the moments of [0, total) held), range by range
+// in the forward's order, each range's event after it; no wait here.
+void CudaEngine::launch_overlapped_adamw(const cuda::AdamWArgs& a) {
+  check(cudaEventRecord(opt_after_, stream_), "cudaEventRecord");  // after the gradients and their norm
+  check(cudaStreamWaitEvent(opt_stream_, opt_after_, 0), "cudaStreamWaitEvent");
+  cuda::profile::start(opt_stream_);  // a profile times the update, not the wait before it
+  const cuda::AdamWChunk* table = at<cuda::AdamWChunk>(plan_.chunks);
+  for (size_t i = 0; i < opt_ranges_.size(); ++i) {
+    const OptRange& r = opt_ranges_[i];
+    cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads), exp_avg_base(),
+                     exp_avg_sq_base(), table + r.chunk0, r.chunk1 - r.chunk0, a, opt_stream_);
+    check(cudaEventRecord(opt_events_[i], opt_stream_), "cudaEventRecord");
+  }
+  opt_joined_ = -1;
+}
+
+void CudaEngine::plan_optimizer_ranges() {
+  // The layout holds the embedding (if held), the held layers in order, each
+  // from its input_layernorm on, then the head (params.cpp): the forward's order.
+  std::vector<size_t> ends;
+  for (int l = 0; l < m_.num_hidden_layers; ++l)
+    if (local_of_[l] >= 0 && lo_[l].ln1 > 0) ends.push_back(lo_[l].ln1);
+  if (part_.head && norm_off_ > 0) ends.push_back(norm_off_);
+  ends.push_back(layout_.total);
+  KVS_CHECK(std::is_sorted(ends.begin(), ends.end()), "CUDA engine: the parameter layout is not in forward order");
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  size_t c = 0;
+  for (size_t end : ends) {
+    const size_t c0 = c;
+    while (c < chunk_table_.size() && chunk_table_[c].end <= end) ++c;
+    KVS_CHECK(c == chunk_table_.size() || chunk_table_[c].begin >= end,
+              "CUDA engine: an AdamW chunk crosses the optimizer range boundary {}", end);
+    opt_ranges_.push_back({end, static_cast<int>(c0), static_cast<int>(c)});
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    opt_events_.push_back(ev);
+  }
+  opt_joined_ = static_cast<int>(opt_ranges_.size()) - 1;  // nothing in flight
+}
+
+void CudaEngine::join_optimizer(size_t offset) const {
+  if (!optimizer_in_flight()) return;
+  // The range holding `offset`: the first whose end is past it.
+  const auto it = std::upper_bound(opt_ranges_.begin(), opt_ranges_.end(), offset,
+                                   [](size_t x, const OptRange& r) { return x < r.end; });
+  const int i = std::min(static_cast<int>(it - opt_ranges_.begin()), static_cast<int>(opt_ranges_.size()) - 1);
+  if (i <= opt_joined_) return;
+  check(cudaStreamWaitEvent(stream_, opt_events_[i], 0), "cudaStreamWaitEvent");
+  opt_joined_ = i;
+}
+
 double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
   KVS_CHECK(begin <= end && end <= layout_.total, "grad_sq_sum_range: [{}, {}) outside {} floats", begin, end,
             layout_.total);
   if (begin == end) return 0.0;
+  join_optimizer();
   join_zeroing();
   cuda::sum_squares_f32(at<double>(plan_.dsum), at<float>(plan_.grads) + begin, end - begin,
                         at<double>(plan_.dscratch), stream_);
@@ -1067,6 +1166,7 @@ double CudaEngine::grad_sq_sum_range(size_t begin, size_t end) {
 void CudaEngine::keep_optimizer_range(size_t begin, size_t end) {
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  join_optimizer();
   if (!moments_ready_) {  // nothing held yet (all zeros): the shard is allocated on first use
     opt_begin_ = begin;
     opt_end_ = end;
@@ -1117,9 +1217,13 @@ void CudaEngine::ensure_moments() {
   moments_ready_ = true;
 }
 
-void CudaEngine::reserve_optimizer_state() { ensure_moments(); }
+void CudaEngine::reserve_optimizer_state() {
+  join_optimizer();
+  ensure_moments();
+}
 
 void CudaEngine::flat_params_written() {
+  join_optimizer();
   cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
   sync("refresh bf16 parameters");
 }

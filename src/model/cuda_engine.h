@@ -172,6 +172,11 @@ class CudaEngine : public Engine {
   void write_optimizer_range(size_t begin, size_t n, const float* exp_avg, const float* exp_avg_sq) override;
 
   void zero_grad() override;
+  // train.overlap_optimizer (default on): adamw_step returns with the update
+  // still running on a stream of its own, and the next forward waits for each
+  // layer's parameters just before it uses them (docs/CUDA.md "The step on the GPU").
+  void set_overlap_optimizer(bool on) override { overlap_optimizer_ = on; }
+  cudaStream_t stream() const { return stream_; }  // the engine's stream (tests)
   double forward_backward(const Batch& b, double grad_scale) override;
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;
   // One decoder layer of the current micro-batch, as CpuEngine::forward_layer /
@@ -186,7 +191,7 @@ class CudaEngine : public Engine {
   // pointers; every call returns with the engine's stream idle.
   bool supports_sharded_step() const override { return true; }
   bool flat_on_device() const override { return true; }
-  float* flat_params() override { return at<float>(plan_.master); }
+  float* flat_params() override;
   float* flat_grads() override;
   void flat_params_written() override;
   double grad_sq_sum_range(size_t begin, size_t end) override;
@@ -225,6 +230,22 @@ class CudaEngine : public Engine {
   // touches them after join_zeroing, which orders the engine's stream after
   // the memset (sync joins too, so every public call still ends idle).
   void join_zeroing() const;
+  // An overlapped AdamW (adamw_step) runs on opt_stream_ in layout order, one
+  // launch per range of opt_ranges_ (the parameters before the first held
+  // layer, each held layer's, the head's), each followed by its event.
+  // join_optimizer(offset) orders the engine's stream after the update of the
+  // range holding parameter `offset` (and so of every range before it): the
+  // forward calls it before it first reads a range. join_optimizer() waits for
+  // all of it: every other public call that touches the parameters, moments
+  // or gradients calls it first (zero_grad orders its memset after it).
+  void join_optimizer(size_t offset) const;
+  void join_optimizer() const { join_optimizer(layout_.total - 1); }
+  bool optimizer_in_flight() const { return opt_joined_ + 1 < static_cast<int>(opt_ranges_.size()); }
+  // The overlap's ranges and their AdamW chunks (after the chunk table is built).
+  void plan_optimizer_ranges();
+  void launch_overlapped_adamw(const cuda::AdamWArgs& a);
+  // adamw_step (overlap: train.overlap_optimizer) and adamw_step_range (never overlapped).
+  void adamw_update(const AdamWHyper& hp, size_t begin, size_t end, bool overlap);
   // The constructor's work, and what undoes it (also after a partial init).
   void init(int device, AttentionImpl attention_backend);
   void release();
@@ -325,6 +346,19 @@ class CudaEngine : public Engine {
   cudaStream_t zero_stream_ = nullptr;
   cudaEvent_t zero_after_ = nullptr, zero_done_ = nullptr;  // the memset's start (on stream_) and end
   mutable bool zero_pending_ = false;
+  // The overlapped optimizer (join_optimizer): opt_stream_ has the highest
+  // priority, since the forward waits for it; opt_after_ starts the update
+  // after the gradients (on stream_).
+  bool overlap_optimizer_ = true;
+  cudaStream_t opt_stream_ = nullptr;
+  cudaEvent_t opt_after_ = nullptr;
+  struct OptRange {
+    size_t end;          // the range is [previous range's end, end) of the layout
+    int chunk0, chunk1;  // its entries [chunk0, chunk1) of the AdamW chunk table
+  };
+  std::vector<OptRange> opt_ranges_;
+  std::vector<cudaEvent_t> opt_events_;  // [range]: recorded on opt_stream_ after its update
+  mutable int opt_joined_ = 0;           // ranges [0, opt_joined_] are ordered before stream_'s next work
   std::unique_ptr<cuda::Matmul> mm_;
   std::unique_ptr<CudaTpRegion> region_;        // the TP group's sums (no-ops at tp = 1)
   std::unique_ptr<CudaParallelLinear> linear_;  // column/row-parallel GEMMs through mm_ and region_

@@ -126,6 +126,7 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
   upload_documents(b);  // every stage shifts (b: whole sequences; cp_rows set this micro-batch's layout)
   bf16* in = chunk_input(p, chunk);
   if (c.embedding) {
+    join_optimizer(embed_off_);
     // The embedding's backward groups positions by token on the host: keep this slot's.
     slot_tokens_[slot].assign(lb.inputs, lb.inputs + N);
     // Vocab-parallel: the sum over the group (sequence parallel: its rows of it).
@@ -156,6 +157,7 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
     }
     return 0.0;
   }
+  join_optimizer();  // the final norm and the LM head
   cuda::residual_rmsnorm_forward(out, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj), master + norm_off_,
                                  Nl, C, eps, stream_);
   {
@@ -188,6 +190,7 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
   const StageChunk& c = chunks_.at(chunk);
   const auto [B, T] = slot_shape_[slot];  // this rank's rows (its chunks under context parallelism)
   KVS_CHECK(B > 0, "engine: stage_backward of slot {} before its forward", slot);
+  join_optimizer();
   join_zeroing();  // the head's gradients below are written before backward_layer's join
   // Other micro-batches ran since this one's forward: its chunks' layout again.
   if (cp_.size > 1) cp_layout_ = CpLayout(cp_, B, T * cp_.size);

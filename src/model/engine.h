@@ -73,6 +73,10 @@ class Engine {
   virtual void read_grads(float* host) const = 0;
 
   virtual void zero_grad() = 0;
+  // train.overlap_optimizer: may adamw_step return with the update still
+  // running, to overlap the next forward (the CUDA engine; the CPU engine
+  // runs its step in order and ignores it). The same bits either way.
+  virtual void set_overlap_optimizer(bool on) { (void)on; }
   // Forward and backward of one micro-batch. Adds grad_scale * d(sum of masked
   // token losses)/d(params) to the gradients; returns the sum of masked losses.
   virtual double forward_backward(const Batch& b, double grad_scale) = 0;

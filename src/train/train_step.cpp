@@ -89,6 +89,7 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
   replica_sequences_ = cfg.global_batch_sequences() / groups_.dp;
   engine_ = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp_,
                         tc.attention_backend, cp, pipe_ ? &part_ : nullptr, pipe_ ? pipe_->slots() : 1);
+  engine_->set_overlap_optimizer(tc.overlap_optimizer);
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
   io_ = std::make_unique<FullModelIO>(cfg.model, engine_->layout(), tp_, groups_.dp_rank == 0 && groups_.cp_rank == 0,
                                       pipe_ ? groups_.pp_comm : nullptr, pipe_ ? &part_ : nullptr);

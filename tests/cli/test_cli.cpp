@@ -486,7 +486,8 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   EXPECT_NE(bad.out.find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos) << bad.out;
   Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
   EXPECT_NE(both.code, 0);
-  EXPECT_NE(both.out.find("--compare-gemm and --compare-shift are separate runs"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("--compare-gemm, --compare-shift and --compare-overlap are separate runs"), std::string::npos)
+      << both.out;
 }
 
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {

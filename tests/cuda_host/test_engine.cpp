@@ -294,6 +294,48 @@ TEST(HostCudaEngine, MomentsAreAllocatedForTheKeptRangeOnly) {
   EXPECT_EQ(hostcuda::device_bytes_in_use(), fresh_bytes);
 }
 
+// The overlapped AdamW (train.overlap_optimizer, CudaEngine::join_optimizer)
+// in the shim's queue, where an operation runs only when something waits for
+// it: adamw_step leaves its four updates (the embedding's, each of the two
+// layers', the head's) in flight; the first layer's forward waits for the
+// embedding's and its own only; a parameter read for all. The update in
+// order leaves nothing. (The same bits either way: test_cuda_engine.cpp.)
+TEST(HostCudaEngine, TheOverlappedUpdateIsWaitedForRangeByRange) {
+  const ModelConfig m = model_of(kVariants[1]);  // 2 layers
+  ASSERT_EQ(m.num_hidden_layers, 2);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  const int B = 2, T = 16;
+  const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+  kvs::CudaEngine e(m, B, T);
+  e.write_params(params.data());
+  kvs::AdamWHyper h;
+  h.lr = 1e-3;
+  auto step = [&] {
+    e.zero_grad();
+    e.forward_backward(data.batch(), 1.0 / (B * T));
+    e.grad_norm();
+    ++h.step;
+    e.adamw_step(h);
+  };
+  ASSERT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u);
+  step();
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 4u) << "adamw_step waited for its update";
+  e.forward_layer(0, B, T);
+  ASSERT_EQ(cudaStreamSynchronize(e.stream()), cudaSuccess);
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 2u) << "layer 0's forward: the embedding's and layer 0's update";
+  std::vector<float> p(layout.total);
+  e.read_params(p.data());
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u) << "a parameter read waits for the whole update";
+  step();
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 4u);
+  e.forward_backward(data.batch(), 1.0 / (B * T));  // the next step's forward waits for all of it
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u);
+  e.set_overlap_optimizer(false);
+  step();
+  EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u) << "the update in order";
+}
+
 // The ranged copies (a checkpoint moves a tensor or a window at a time): the
 // bf16 weights follow a piecewise write, and the moments the kept range.
 TEST(HostCudaEngine, RangedHostCopiesAreTheWholeOnesPieceByPiece) {

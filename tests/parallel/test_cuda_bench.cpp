@@ -61,4 +61,37 @@ TEST(CudaBench, TrainAndBenchReportMfuAgainstThePeak) {
   EXPECT_EQ(lines, 3);
 }
 
+// --compare-overlap: train.overlap_optimizer off and on in one run. The
+// update's bits do not depend on it, so both runs give every step's loss and
+// gradient norm bit for bit (a step reading a layer's weights before its
+// update moves them); the text names both and prints the ratio. On the CPU it
+// is a one-line error.
+TEST(CudaBench, CompareOverlapTimesAdamWInOrderAndOverlappedWithTheSameLosses) {
+  KVS_REQUIRE_GPU();
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, tiny_cuda_config(true, 4).dump());
+  const auto j = run_kvshift("bench --json --warmup 1 --steps 2 --compare-overlap --config " + cfg);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto arr = nlohmann::json::parse(j.out.substr(j.out.find('[')));
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_FALSE(arr[0]["overlap_optimizer"].get<bool>());
+  EXPECT_TRUE(arr[1]["overlap_optimizer"].get<bool>());
+  ASSERT_EQ(arr[0]["losses"].size(), 3u);
+  EXPECT_EQ(arr[1]["losses"], arr[0]["losses"]);
+  EXPECT_EQ(arr[1]["grad_norms"], arr[0]["grad_norms"]);
+  EXPECT_NE(arr[0]["losses"][0], arr[0]["losses"][2]) << "the steps changed nothing";
+  const auto t = run_kvshift("bench --warmup 0 --steps 1 --compare-overlap --config " + cfg);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find(", AdamW after the step\n"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find(", AdamW overlapping the next forward\n"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("AdamW overlapping the next forward: "), std::string::npos) << t.out;
+  const auto cpu = run_kvshift("bench --device cpu --compare-overlap --config " + cfg);
+  EXPECT_NE(cpu.code, 0);
+  EXPECT_NE(cpu.out.find("bench: --compare-overlap times the CUDA engine's overlapped AdamW; this run's device is "
+                         "cpu"),
+            std::string::npos)
+      << cpu.out;
+}
+
 #endif  // KVS_CUDA

@@ -311,7 +311,8 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false, compare_shift = false, compare_gemm = false, recalibrate = false, profile = false;
+    bool json = false, compare_shift = false, compare_gemm = false, compare_overlap = false, recalibrate = false,
+         profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -325,6 +326,9 @@ void add_bench(CLI::App& app) {
                 "CPU: time the config's steps on OpenBLAS and on oneDNN GEMMs, alternating step by step on one "
                 "engine, and print the step-time ratio (the default library is chosen per CPU; "
                 "KVS_CPU_GEMM=openblas|onednn overrides it)");
+  cmd->add_flag("--compare-overlap", a->compare_overlap,
+                "CUDA: time the config with train.overlap_optimizer off and on in the same run (AdamW after the "
+                "step, or overlapping the next forward) and print the step-time ratio");
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
                 "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
@@ -334,7 +338,8 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json,
-                "Print one JSON object (a list with --compare-shift or --compare-gemm) instead of text; it also "
+                "Print one JSON object (a list with --compare-shift, --compare-gemm or --compare-overlap) instead of "
+                "text; it also "
                 "holds every step's loss and gradient norm (\"losses\", \"grad_norms\"), which follow one "
                 "process's in any parallel layout");
   cmd->callback([a]() {
@@ -344,7 +349,11 @@ void add_bench(CLI::App& app) {
       validate(cfg, a->config + " with --device " + a->device);
     }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
-    KVS_CHECK(!(a->compare_gemm && a->compare_shift), "bench: --compare-gemm and --compare-shift are separate runs");
+    KVS_CHECK(a->compare_gemm + a->compare_shift + a->compare_overlap <= 1,
+              "bench: --compare-gemm, --compare-shift and --compare-overlap are separate runs");
+    KVS_CHECK(!a->compare_overlap || cfg.device == Device::Cuda,
+              "bench: --compare-overlap times the CUDA engine's overlapped AdamW; this run's device is {}",
+              to_string(cfg.device));
     KVS_CHECK(!a->compare_gemm || cfg.device == Device::Cpu,
               "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}",
               to_string(cfg.device));
@@ -365,6 +374,11 @@ void add_bench(CLI::App& app) {
       Config off = cfg, on = cfg;
       off.model.kv_shift.enabled = false;
       on.model.kv_shift.enabled = true;
+      runs = {off, on};
+    } else if (a->compare_overlap) {
+      Config off = cfg, on = cfg;
+      off.train.overlap_optimizer = false;
+      on.train.overlap_optimizer = true;
       runs = {off, on};
     } else {
       runs = {cfg};
@@ -406,7 +420,7 @@ void add_bench(CLI::App& app) {
     // Each result's config and GEMM library.
     auto run_config = [&](size_t i) -> const Config& { return runs[a->compare_gemm ? 0 : i]; };
     auto run_gemm = [&](size_t i) { return a->compare_gemm ? gemms[i] : default_gemm; };
-    const bool compared = a->compare_shift || a->compare_gemm;
+    const bool compared = a->compare_shift || a->compare_gemm || a->compare_overlap;
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
     // so on a shared machine the like-for-like figure is the fastest step's.
@@ -421,6 +435,7 @@ void add_bench(CLI::App& app) {
                             {"device", run_config(i).device},
                             {"threads", threads},
                             {"kv_shift", run_config(i).model.kv_shift.enabled},
+                            {"overlap_optimizer", run_config(i).train.overlap_optimizer},
                             {"processes", r.processes},
                             {"parallel", r.layout_json},
                             {"tokens_per_step", r.tokens},
@@ -479,13 +494,17 @@ void add_bench(CLI::App& app) {
     for (size_t i = 0; i < res.size(); ++i) {
       const BenchResult& r = res[i];
       const std::string device(to_string(run_config(i).device));
+      const char* adamw = run_config(i).device != Device::Cuda        ? ""
+                          : run_config(i).train.overlap_optimizer ? ", AdamW overlapping the next forward"
+                                                                  : ", AdamW after the step";
       if (r.processes == 1)
-        std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n", a->config.c_str(),
-                    device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
+        std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n", a->config.c_str(),
+                    device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(),
+                    adamw);
       else
-        std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s\n",
-                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(),
-                    threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str());
+        std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n",
+                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), threads, B, T, accum,
+                    describe_kv_shift(run_config(i).model.kv_shift).c_str(), adamw);
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
                   r.max_ms, a->steps, r.tok_s);
       if (r.processes > 1) std::printf(" (%.0f per process)", r.tok_s / r.processes);
@@ -512,6 +531,9 @@ void add_bench(CLI::App& app) {
     if (a->compare_shift)
       std::printf("KV shifting step-time overhead: %+.2f%% (median %.2f vs %.2f ms)\n",
                   100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);
+    if (a->compare_overlap)
+      std::printf("AdamW overlapping the next forward: %.3fx the tokens/s (median %.2f vs %.2f ms after the step)\n",
+                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
     if (a->compare_gemm)
       std::printf(
           "oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",

@@ -75,13 +75,17 @@ void mark(const std::string& name, cudaStream_t stream, double flops) {
   s.marks.push_back({name, stream, flops, record(stream)});
 }
 
+void start(cudaStream_t stream) {
+  if (g_on) state().marks.push_back({std::string(), stream, 0.0, record(stream)});
+}
+
 std::vector<OpStat> sum_marks(const std::vector<Mark>& marks, std::vector<std::pair<const void*, int>>& start,
                               const std::function<double(int, int)>& elapsed_ms) {
   kvs::profile::OpTable table;
   for (const Mark& m : marks) {
     auto it = std::find_if(start.begin(), start.end(), [&](const auto& p) { return p.first == m.stream; });
     if (it == start.end()) it = start.insert(start.end(), {m.stream, -1});
-    if (it->second >= 0) table.add(m.name, elapsed_ms(it->second, m.id) / 1000.0, m.flops);
+    if (it->second >= 0 && !m.name.empty()) table.add(m.name, elapsed_ms(it->second, m.id) / 1000.0, m.flops);
     it->second = m.id;
   }
   return table.take();

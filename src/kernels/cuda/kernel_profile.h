@@ -34,6 +34,9 @@ bool enabled();
 // operations, 0 when not counted).
 void mark(const char* name, cudaStream_t stream, double flops = 0);
 void mark(const std::string& name, cudaStream_t stream, double flops = 0);
+// Restarts `stream`'s clock here, timing nothing: what the stream waited for
+// before this point (another stream's work) counts toward no op.
+void start(cudaStream_t stream);
 // Forgets what was timed; each stream's last mark stays the start of its next op.
 void restart();
 // Waits for every marked op and returns the sums per op name since the last
@@ -41,7 +44,8 @@ void restart();
 std::vector<OpStat> take();
 
 // The arithmetic of take(), for tests: marks in the order they were enqueued,
-// each with its stream and an id for `elapsed_ms(from_id, to_id)`; `start[s]`
+// each with its stream and an id for `elapsed_ms(from_id, to_id)` (an empty
+// name: start(), which only restarts the stream's clock); `start[s]`
 // is stream s's starting mark id (-1: none yet, the stream's first mark only
 // starts its clock; updated to each stream's last mark).
 struct Mark {

@@ -91,6 +91,9 @@ cudaError_t sync_stream(cudaStream_t s);
 // without ordering the host after them (a copy whose DMA may still be in flight).
 cudaError_t run_stream(cudaStream_t s);
 cudaError_t sync_device();
+// How many queued operations, not yet run, have `label_part` in their label
+// (tests: what a call left in flight, and what a synchronisation ran).
+size_t queued_ops(const std::string& label_part);
 
 // ---------------------------------------------------------------- kernels (kernels.cpp)
 struct LaunchInfo {

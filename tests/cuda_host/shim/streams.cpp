@@ -183,6 +183,12 @@ uint64_t enqueue(cudaStream_t handle, std::string label, std::function<void()> b
   return s.seq;
 }
 
+size_t queued_ops(const std::string& label_part) {
+  size_t n = 0;
+  for (const Op& op : g_queue) n += op.label.find(label_part) != std::string::npos;
+  return n;
+}
+
 cudaError_t run_readers_of(const void* p, size_t n) {
   const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + n;
   std::vector<uint64_t> target;

@@ -58,6 +58,29 @@ TEST(CudaKernelProfile, EachStreamsOpsAreTimedFromItsPreviousMark) {
   EXPECT_DOUBLE_EQ(m2["k2"].seconds, ((16.0 - 7.0) + (22.0 - 11.0)) / 1000);
 }
 
+// start() (an empty name) restarts a stream's clock without timing
+// anything: the overlapped AdamW's stream waits a whole forward and backward
+// for the gradients, and that wait is no op's time.
+TEST(CudaKernelProfile, AStartMarkRestartsItsStreamsClockOnly) {
+  int a = 0, b = 0;
+  const std::vector<double> at_ms = {0.0, 1.0, 3.0, 40.0, 42.0, 45.0, 50.0};
+  const std::vector<kp::Mark> marks = {
+      {"fwd", &a, 0, 0},   // starts a's clock
+      {"adamw", &b, 0, 1},  // starts b's clock
+      {"bwd", &a, 0, 2},   // 3 ms
+      {"", &b, 0, 3},      // b waited for the backward: restart at 40
+      {"adamw", &b, 0, 4},  // 2 ms, not 41
+      {"", &b, 0, 5},      // two starts in a row: the later one counts
+      {"adamw", &b, 0, 6},  // 5 ms
+  };
+  std::vector<std::pair<const void*, int>> start;
+  auto m = by_name(kp::sum_marks(marks, start, [&](int from, int to) { return at_ms[to] - at_ms[from]; }));
+  ASSERT_EQ(m.size(), 2u) << "a start mark is no op";
+  EXPECT_DOUBLE_EQ(m["adamw"].seconds, (2.0 + 5.0) / 1000);
+  EXPECT_EQ(m["adamw"].calls, 2);
+  EXPECT_DOUBLE_EQ(m["bwd"].seconds, 3.0 / 1000);
+}
+
 size_t count_prefix(const std::map<std::string, kp::OpStat>& m, const std::string& prefix, long* calls) {
   size_t names = 0;
   *calls = 0;

@@ -196,10 +196,11 @@ TEST(CudaEngine, ZeroGradOverlapsTheForwardAndIsJoinedBeforeTheGradients) {
 
 // train.overlap_optimizer: adamw_step returns with the update still running
 // on a stream of its own, and the next forward waits for each layer's
-// parameters just before it reads them (CudaEngine::join_optimizer). Three
-// steps, with an evaluation forward, a parameter read and a moments read and
-// write right after an update, give the losses, parameters and moments of the
-// update in order bit for bit.
+// parameters just before it reads them (CudaEngine::join_optimizer). Four
+// steps give the losses, parameters and moments of the update in order bit
+// for bit: one followed by the next step at once (zero_grad's memset after
+// the update, which reads the gradients), then an evaluation forward, a
+// parameter read, and a moments read and write, each right after an update.
 // (On the host build the shim also stops any access to the parameters,
 // moments or gradients unordered with the update: a race on a GPU.)
 TEST(CudaEngine, OverlappedAdamWGivesTheBitsOfTheUpdateInOrder) {
@@ -213,21 +214,21 @@ TEST(CudaEngine, OverlappedAdamWGivesTheBitsOfTheUpdateInOrder) {
   in_order.set_overlap_optimizer(false);
   kvs::CudaEngine* engines[2] = {&in_order, &overlapped};
   std::vector<double> losses[2];
-  std::vector<float> after_step2[2], moments[2][2];
+  std::vector<float> after_step3[2], moments[2][2];
   for (int k = 0; k < 2; ++k) {
     kvs::CudaEngine& e = *engines[k];
     e.write_params(params.data());
-    for (int step = 1; step <= 3; ++step) {
+    for (int step = 1; step <= 4; ++step) {
       e.zero_grad();
       losses[k].push_back(e.forward_backward(data.batch(), 1.0 / (B * T)));
       const double gn = e.grad_norm();
       e.adamw_step({1e-2, 0.9, 0.95, 1e-8, 0.1, step, gn > 1.0 ? 1.0 / gn : 1.0});
-      if (step == 1) {  // an evaluation right after the update
+      if (step == 2) {  // an evaluation right after the update
         losses[k].push_back(e.forward(data.batch(), nullptr, nullptr, nullptr));
-      } else if (step == 2) {
-        after_step2[k].resize(layout.total);
-        e.read_params(after_step2[k].data());
-      } else {
+      } else if (step == 3) {
+        after_step3[k].resize(layout.total);
+        e.read_params(after_step3[k].data());
+      } else if (step == 4) {
         std::vector<float> mo(layout.total), v(layout.total);
         e.read_optimizer_state(mo.data(), v.data());
         e.write_optimizer_state(mo.data(), v.data());
@@ -239,14 +240,14 @@ TEST(CudaEngine, OverlappedAdamWGivesTheBitsOfTheUpdateInOrder) {
   }
   ASSERT_EQ(losses[1].size(), losses[0].size());
   for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_EQ(losses[1][i], losses[0][i]) << "loss " << i;
-  EXPECT_TRUE(after_step2[1] == after_step2[0]) << "the parameters read right after step 2's update";
-  EXPECT_FALSE(after_step2[0] == params) << "the updates changed nothing";
+  EXPECT_TRUE(after_step3[1] == after_step3[0]) << "the parameters read right after step 3's update";
+  EXPECT_FALSE(after_step3[0] == params) << "the updates changed nothing";
   std::vector<float> final_params[2];
   for (int k = 0; k < 2; ++k) {
     final_params[k].resize(layout.total);
     engines[k]->read_params(final_params[k].data());
   }
-  EXPECT_TRUE(final_params[1] == final_params[0]) << "the parameters after 3 steps";
+  EXPECT_TRUE(final_params[1] == final_params[0]) << "the parameters after 4 steps";
   EXPECT_TRUE(moments[1][0] == moments[0][0]) << "exp_avg";
   EXPECT_TRUE(moments[1][1] == moments[0][1]) << "exp_avg_sq";
 }

@@ -222,7 +222,8 @@ class CudaEngine : public Engine {
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);
   }
-  // Waits for the stream (every public call ends idle); bounded by the NCCL
+  // Waits for the stream (every public call ends with it idle; only an
+  // overlapped AdamW may still run on opt_stream_); bounded by the NCCL
   // timeout when tensor-parallel all-reduces may be on it (CudaTpRegion::wait).
   void sync(const char* what) const;
   // zero_grad's memset runs on zero_stream_ (lowest priority), overlapping

@@ -613,12 +613,17 @@ if [ $build_rc -eq 0 ]; then
       tee -a "$summary"
     attn_args=(--batch 4 --heads 16 --kv-heads 16 --head-dim 128 --seq-len 1024 --seq-len 2048)
     [ $quick -eq 1 ] || attn_args+=(--seq-len 4096 --seq-len 8192)
-    attn_bin="$bd"/kvshift
+    attn_bin="$bd"/kvshift gemm_host_args=()
     if [ "$dev" = cpu ] && [ -x "$bd"/kvshift_host ]; then
       # The host rehearsal: the CUDA kernels through their launchers on the host
       # shim (times read 0), tiny shapes, so the tables and their rows are checked.
       attn_bin="$bd"/kvshift_host
       attn_args=(--batch 1 --heads 2 --kv-heads 1 --head-dim 16 --seq-len 64 --seq-len 130 --reps 1 --doc-len 32)
+      # bench-gemm at a toy size: the 1.5B GEMMs would take minutes on the host GEMM.
+      gemm_host_args=(--set model.hidden_size=64 --set model.num_attention_heads=4 --set model.num_key_value_heads=4
+        --set model.intermediate_size=128 --set model.num_hidden_layers=1
+        --set model.vocab_size=256 --set train.micro_batch_size=1 --set train.seq_len=32
+        --set model.max_position_embeddings=32 --algos 2 --reps 1)
     fi
     timeout $(cap 300) "$attn_bin" bench-attention "${attn_args[@]}" >"$out/bench_attention.log" 2>&1
     sed 's/^/  /' "$out/bench_attention.log" | tee -a "$summary"
@@ -660,6 +665,14 @@ if [ $build_rc -eq 0 ]; then
         for (i = 4; i <= 7; ++i) {x = $i; gsub(/^ +| +$/, "", x); gsub(/ +/, " ", x); r = r (i > 4 ? ", " : "") x}
         printf "%-44s  %s\n", "shift+RoPE T=" $1 " f b/copy: 8w, 4w, 8w rows, 4w rows", r}' \
       "$out/bench_attention.log" | tee -a "$summary"
+    # The 1.5B step's GEMMs with each of cuBLASLt's first 8 heuristic algorithms: is the first one (the engine's)
+    # the fastest? One row: a micro-batch's GEMMs with the first against with the best (the table in its log).
+    timeout $(cap 120) "$attn_bin" bench-gemm --config configs/paper/1.5B-kvshift.json \
+      --set train.micro_batch_size=4 --set train.seq_len=2048 ${gemm_host_args[@]+"${gemm_host_args[@]}"} \
+      >"$out/bench_gemm.log" 2>&1
+    sed 's/^/  /' "$out/bench_gemm.log" | tee -a "$summary"
+    sed -n 's/^a micro-batch.s GEMMs .*: \([0-9.]*x\)$/\1/p' "$out/bench_gemm.log" |
+      awk '{printf "%-44s  %s\n", "1.5B GEMMs: heuristic first / best algorithm", $1}' | tee -a "$summary"
   fi
   want launch && launch_rows
   want dp && { dp_rows; cudnn_rows; }

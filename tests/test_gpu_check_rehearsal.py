@@ -176,6 +176,10 @@ def main():
         check(bool(re.match(r"\S+ \S+(, \S+ \S+){3}$", v or "")),
               f"shift+RoPE T={T} row (four variants' forward and backward ratios)", v)
 
+    # bench-gemm of kvshift_host at a toy size (times 0, one heuristic algorithm on the host): its summary row.
+    check(find(t, "1.5B GEMMs: heuristic first / best algorithm") == "1.000x", "bench-gemm row",
+          find(t, "1.5B GEMMs: heuristic first / best algorithm"))
+
     # launch: NCCL needs a GPU (here the run stops at choosing one: any other error, such as a
     # mistyped flag in gpu_check.sh, fails); the training run and its checkpoint on the CPU.
     for label in ("NCCL world of 1", "NCCL 2 ranks"):

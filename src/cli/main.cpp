@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   kvs::cli::add_inspect(app);
   kvs::cli::add_generate(app);
   kvs::cli::add_bench_attention(app);
+  kvs::cli::add_bench_gemm(app);
   kvs::cli::add_tokenizer(app);
   kvs::cli::add_data(app);
   kvs::cli::add_dist_check(app);

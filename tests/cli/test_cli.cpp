@@ -498,6 +498,10 @@ TEST(Cli, CudaWithoutAGpuIsOneLineError) {
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(count_lines(r.out), 1) << r.out;
   EXPECT_NE(r.out.find("device 'cuda'"), std::string::npos) << r.out;
+  Result g = run("bench-gemm --config " + src("configs/toy/induction-1l-kvshift.json"));
+  EXPECT_NE(g.code, 0);
+  EXPECT_EQ(count_lines(g.out), 1) << g.out;
+  EXPECT_NE(g.out.find("bench-gemm: "), std::string::npos) << g.out;
 }
 
 TEST(Cli, TrainEvalForwardEndToEnd) {

@@ -94,4 +94,22 @@ TEST(CudaBench, CompareOverlapTimesAdamWInOrderAndOverlappedWithTheSameLosses) {
       << cpu.out;
 }
 
+// bench-gemm: every projection's three GEMMs under bench --profile's names,
+// each with the algorithms the heuristic offers, and the micro-batch's total.
+TEST(CudaBench, BenchGemmTimesEveryGemmOfAMicroBatch) {
+  KVS_REQUIRE_GPU();
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  spit(cfg, tiny_cuda_config(true, 4).dump());
+  const auto r = run_kvshift("bench-gemm --algos 2 --reps 1 --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* proj : {"qkv proj", "o proj", "gate,up proj", "down proj", "lm head"})
+    for (const char* pass : {" fwd ", " bwd dinp ", " bwd dW "})
+      EXPECT_NE(r.out.find(std::string("\n") + proj + pass), std::string::npos) << proj << pass << "\n" << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(a micro-batch's GEMMs .*: [0-9.]+x\n)"))) << r.out;
+  const auto bad = run_kvshift("bench-gemm --algos 0 --config " + cfg);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("bench-gemm: --algos and --reps must be >= 1"), std::string::npos) << bad.out;
+}
+
 #endif  // KVS_CUDA

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/device.h"
@@ -64,6 +65,31 @@ uint32_t pointer_alignment(const void* p) {
   uint32_t align = 256;
   while (align > 1 && a % align != 0) align /= 2;
   return align;
+}
+
+// One line naming a GEMM, for every error message.
+void name_gemm(char* out, size_t size, bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldd,
+               bool d_fp32) {
+  snprintf(out, size, "gemm(%c%c, m=%d n=%d k=%d, lda=%d ldb=%d ldd=%d, D %s)", trans_a ? 'T' : 'N',
+           trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16");
+}
+
+// The checks every GEMM gets, and the empty ones done here: false when there
+// is nothing left for cuBLASLt (m or n is 0; k is 0: D = beta D).
+bool nonempty(const char* shape, int m, int n, int k, float beta, void* D, int ldd, bool d_fp32,
+              cudaStream_t stream) {
+  if (m < 0 || n < 0 || k < 0) fail("cuBLASLt: negative dimension in {}", shape);
+  if (m == 0 || n == 0) return false;
+  if (ldd < m) fail("cuBLASLt: leading dimension of D below its {} rows in {}", m, shape);
+  if (k > 0) return true;
+  const size_t d_elem = d_fp32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  if (beta == 0.0f) {  // empty sum: D = beta * D (A and B are not read)
+    const cudaError_t e = cudaMemset2DAsync(D, size_t(ldd) * d_elem, 0, size_t(m) * d_elem, size_t(n), stream);
+    if (e != cudaSuccess) fail("cudaMemset2DAsync failed ({}) for {}", cudaGetErrorString(e), shape);
+  } else if (beta != 1.0f) {
+    fail("cuBLASLt: k = 0 with beta {} is not supported in {}", beta, shape);
+  }
+  return false;
 }
 
 }  // namespace
@@ -102,99 +128,139 @@ void Matmul::backward_weight(float* dW, const __nv_bfloat16* dout, int ld_dout, 
   if (profile::enabled()) profile::mark(kvs::profile::gemm_name("bwd dW", OC, C, N), stream, 2.0 * OC * C * N);
 }
 
-void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
-                  const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd, bool d_fp32, cudaStream_t stream) {
-  // One line naming the GEMM, for every error message below.
-  char shape[200];
-  snprintf(shape, sizeof shape, "gemm(%c%c, m=%d n=%d k=%d, lda=%d ldb=%d ldd=%d, D %s)", trans_a ? 'T' : 'N',
-           trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16");
-
-  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  if (m < 0 || n < 0 || k < 0) fail("cuBLASLt: negative dimension in {}", shape);
-  if (m == 0 || n == 0) return;
-  if (ldd < m) fail("cuBLASLt: leading dimension of D below its {} rows in {}", m, shape);
-  const size_t d_elem = d_fp32 ? sizeof(float) : sizeof(__nv_bfloat16);
-  if (k == 0) {  // empty sum: D = beta * D (A and B are not read)
-    if (beta == 0.0f) {
-      const cudaError_t e = cudaMemset2DAsync(D, size_t(ldd) * d_elem, 0, size_t(m) * d_elem, size_t(n), stream);
-      if (e != cudaSuccess) fail("cudaMemset2DAsync failed ({}) for {}", cudaGetErrorString(e), shape);
-    } else if (beta != 1.0f) {
-      fail("cuBLASLt: k = 0 with beta {} is not supported in {}", beta, shape);
-    }
-    return;
-  }
-  if (lda < a_rows || ldb < b_rows)
-    fail("cuBLASLt: leading dimension below the stored rows (A {} x {}, B {} x {}) in {}", a_rows, a_cols, b_rows,
-         b_cols, shape);
-
-  // Descriptors live on the stack (the *Init functions fill caller-owned
-  // storage), so a call allocates nothing.
+// One GEMM's problem in cuBLASLt's terms: the descriptors (stack storage, so
+// that a call allocates nothing), the pointers' alignments and a line naming
+// it for error messages. Empty (m, n or k zero) problems are handled by
+// gemm() before one is built.
+struct Matmul::Problem {
   cublasLtMatmulDescOpaque_t op_storage;
   cublasLtMatrixLayoutOpaque_t a_storage, b_storage, d_storage;
   cublasLtMatmulDesc_t op = &op_storage;
   cublasLtMatrixLayout_t a_desc = &a_storage, b_desc = &b_storage, d_desc = &d_storage;
-  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  check_lt(cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit", shape);
-  const int32_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
-           "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
-  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
-           "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
-  check_lt(cublasLtMatrixLayoutInit(a_desc, CUDA_R_16BF, uint64_t(a_rows), uint64_t(a_cols), int64_t(lda)),
-           "cublasLtMatrixLayoutInit(A)", shape);
-  check_lt(cublasLtMatrixLayoutInit(b_desc, CUDA_R_16BF, uint64_t(b_rows), uint64_t(b_cols), int64_t(ldb)),
-           "cublasLtMatrixLayoutInit(B)", shape);
-  check_lt(cublasLtMatrixLayoutInit(d_desc, d_type, uint64_t(m), uint64_t(n), int64_t(ldd)),
-           "cublasLtMatrixLayoutInit(D)", shape);
+  uint32_t align_a = 0, align_b = 0, align_d = 0;  // capped at kCachedAlignment
+  bool d_fp32 = false;
+  char shape[200];
+};
 
-  // The algorithm, cached per shape and alignment (16 bytes and more count as 16).
-  const uint32_t align_a = std::min(pointer_alignment(A), kCachedAlignment),
-                 align_b = std::min(pointer_alignment(B), kCachedAlignment),
-                 align_d = std::min(pointer_alignment(D), kCachedAlignment);
-  auto query = [&](uint32_t al_a, uint32_t al_b, uint32_t al_d) {
-    cublasLtMatmulPreferenceOpaque_t pref_storage;
-    cublasLtMatmulPreference_t pref = &pref_storage;
-    check_lt(cublasLtMatmulPreferenceInit(pref), "cublasLtMatmulPreferenceInit", shape);
-    const uint64_t ws = workspace_bytes_;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shape);
-    const uint32_t schemes = d_fp32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) |
+void Matmul::describe(Problem& p, bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
+                      const __nv_bfloat16* B, int ldb, const void* D, int ldd, bool d_fp32) {
+  const char* shape = p.shape;
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (lda < a_rows || ldb < b_rows)
+    fail("cuBLASLt: leading dimension below the stored rows (A {} x {}, B {} x {}) in {}", a_rows, a_cols, b_rows,
+         b_cols, shape);
+  p.d_fp32 = d_fp32;
+  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  check_lt(cublasLtMatmulDescInit(p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit", shape);
+  const int32_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+           "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+           "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
+  check_lt(cublasLtMatrixLayoutInit(p.a_desc, CUDA_R_16BF, uint64_t(a_rows), uint64_t(a_cols), int64_t(lda)),
+           "cublasLtMatrixLayoutInit(A)", shape);
+  check_lt(cublasLtMatrixLayoutInit(p.b_desc, CUDA_R_16BF, uint64_t(b_rows), uint64_t(b_cols), int64_t(ldb)),
+           "cublasLtMatrixLayoutInit(B)", shape);
+  check_lt(cublasLtMatrixLayoutInit(p.d_desc, d_type, uint64_t(m), uint64_t(n), int64_t(ldd)),
+           "cublasLtMatrixLayoutInit(D)", shape);
+  p.align_a = std::min(pointer_alignment(A), kCachedAlignment);
+  p.align_b = std::min(pointer_alignment(B), kCachedAlignment);
+  p.align_d = std::min(pointer_alignment(D), kCachedAlignment);
+}
+
+// The heuristic's first `count` algorithms for the problem, best first (at least one, or a one-line error).
+std::vector<cublasLtMatmulHeuristicResult_t> Matmul::heuristics(const Problem& p, int count) {
+  const char* shape = p.shape;
+  cublasLtMatmulPreferenceOpaque_t pref_storage;
+  cublasLtMatmulPreference_t pref = &pref_storage;
+  check_lt(cublasLtMatmulPreferenceInit(pref), "cublasLtMatmulPreferenceInit", shape);
+  const uint64_t ws = workspace_bytes_;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+           "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shape);
+  const uint32_t schemes = p.d_fp32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) |
                                           uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)
                                     : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                                  sizeof schemes),
-             "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)", shape);
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    const uint32_t align_val[4] = {al_a, al_b, al_d, al_d};  // C is D
-    for (int i = 0; i < 4; ++i)
-      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align_val[i], sizeof align_val[i]),
-               "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", shape);
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, op, a_desc, b_desc, d_desc, d_desc, pref, 1, &result, &found),
-             "cublasLtMatmulAlgoGetHeuristic", shape);
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-      fail("cuBLASLt cublasLtMatmulAlgoGetHeuristic found no algorithm for {} (alignment A {} B {} D {} bytes)",
-           shape, al_a, al_b, al_d);
-    return result;
-  };
-  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, align_a, align_b, align_d};
-  auto it = algos_.find(key);
-  if (it == algos_.end()) it = algos_.emplace(key, query(align_a, align_b, align_d)).first;
-  const cublasLtMatmulHeuristicResult_t* choice = &it->second;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                sizeof schemes),
+           "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)", shape);
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  const uint32_t align_val[4] = {p.align_a, p.align_b, p.align_d, p.align_d};  // C is D
+  for (int i = 0; i < 4; ++i)
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align_val[i], sizeof align_val[i]),
+             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", shape);
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a_desc, p.b_desc, p.d_desc, p.d_desc, pref, count,
+                                          results.data(), &found),
+           "cublasLtMatmulAlgoGetHeuristic", shape);
+  results.resize(static_cast<size_t>(std::max(found, 0)));
+  if (results.empty() || results[0].state != CUBLAS_STATUS_SUCCESS)
+    fail("cuBLASLt cublasLtMatmulAlgoGetHeuristic found no algorithm for {} (alignment A {} B {} D {} bytes)", shape,
+         p.align_a, p.align_b, p.align_d);
+  return results;
+}
 
+void Matmul::run(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A, const __nv_bfloat16* B,
+                 float beta, void* D, cudaStream_t stream) {
   const float alpha = 1.0f;
-  check_lt(cublasLtMatmul(handle_, op, &alpha, A, a_desc, B, b_desc, &beta, D, d_desc, D, d_desc, &choice->algo,
+  check_lt(cublasLtMatmul(handle_, p.op, &alpha, A, p.a_desc, B, p.b_desc, &beta, D, p.d_desc, D, p.d_desc, &algo,
                           workspace_, workspace_bytes_, stream),
-           "cublasLtMatmul", shape);
+           "cublasLtMatmul", p.shape);
   if (sync_after_launch()) {  // KVS_CUDA_SYNC=1: a fault inside the GEMM is reported here, with its shape
     const cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) fail("cuBLASLt cublasLtMatmul {} failed while running (KVS_CUDA_SYNC=1): {}", shape,
+    if (err != cudaSuccess) fail("cuBLASLt cublasLtMatmul {} failed while running (KVS_CUDA_SYNC=1): {}", p.shape,
                                  cudaGetErrorString(err));
   }
+}
+
+void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
+                  const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd, bool d_fp32, cudaStream_t stream) {
+  Problem p;
+  name_gemm(p.shape, sizeof p.shape, trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32);
+  if (!nonempty(p.shape, m, n, k, beta, D, ldd, d_fp32, stream)) return;
+  describe(p, trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, d_fp32);
+  // The algorithm, cached per shape and alignment (16 bytes and more count as 16).
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, p.align_a, p.align_b, p.align_d};
+  auto it = algos_.find(key);
+  if (it == algos_.end()) it = algos_.emplace(key, heuristics(p, 1)[0]).first;
+  run(p, it->second.algo, A, B, beta, D, stream);
+}
+
+std::vector<Matmul::AlgoTime> Matmul::time_algorithms(bool trans_a, bool trans_b, int m, int n, int k,
+                                                      const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
+                                                      int ldb, float beta, void* D, int ldd, bool d_fp32,
+                                                      int max_algos, int reps, cudaStream_t stream) {
+  Problem p;
+  name_gemm(p.shape, sizeof p.shape, trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32);
+  if (m <= 0 || n <= 0 || k <= 0 || ldd < m) fail("cuBLASLt: time_algorithms needs a nonempty problem, got {}", p.shape);
+  KVS_CHECK(max_algos >= 1 && reps >= 1, "cuBLASLt: time_algorithms needs max_algos and reps >= 1");
+  describe(p, trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, d_fp32);
+  std::vector<AlgoTime> out;
+  cudaEvent_t ev[2];
+  for (cudaEvent_t& e : ev)
+    if (cudaEventCreate(&e) != cudaSuccess) fail("cudaEventCreate failed in time_algorithms");
+  const auto results = heuristics(p, max_algos);
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
+    run(p, results[r].algo, A, B, beta, D, stream);  // untimed: the first call's set-up
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+      cudaEventRecord(ev[0], stream);
+      run(p, results[r].algo, A, B, beta, D, stream);
+      cudaEventRecord(ev[1], stream);
+      float t = 0.0f;
+      if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
+        fail("cuBLASLt: timing {} failed", p.shape);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    out.push_back({static_cast<int>(r), ms[ms.size() / 2], results[r].workspaceSize});
+  }
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  return out;
 }
 
 }  // namespace kvs::cuda

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 namespace kvs::cuda {
 
@@ -38,7 +39,27 @@ class Matmul {
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
             int ldb, float beta, void* D, int ldd, bool d_fp32, cudaStream_t stream);
 
+  // `bench-gemm`: gemm()'s problem run with each of the heuristic's first
+  // `max_algos` algorithms (gemm() runs rank 0), each timed with CUDA events
+  // as the median of `reps` runs after one untimed run. D is overwritten
+  // (beta as given, so an accumulating D grows). Waits for the stream.
+  struct AlgoTime {
+    int rank;          // the heuristic's order
+    double ms;         // median
+    size_t workspace;  // bytes the algorithm asks for
+  };
+  std::vector<AlgoTime> time_algorithms(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A,
+                                        int lda, const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd,
+                                        bool d_fp32, int max_algos, int reps, cudaStream_t stream);
+
  private:
+  struct Problem;
+  void describe(Problem& p, bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
+                const __nv_bfloat16* B, int ldb, const void* D, int ldd, bool d_fp32);
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Problem& p, int count);
+  void run(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A, const __nv_bfloat16* B,
+           float beta, void* D, cudaStream_t stream);
+
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -157,6 +157,49 @@ TEST(CudaMatmulDeterminism, SameBitsTwice) {
   }
 }
 
+// bench-gemm's Matmul::time_algorithms: the heuristic's algorithms in its
+// order (rank 0 first, the one gemm() runs), each a median time; with rank 0
+// last (max_algos 1) the product is gemm()'s bit for bit. An accumulating D
+// (beta 1) grows by 1 + reps products per algorithm, as the contract says.
+TEST(CudaMatmulAlgorithms, TimedAlgorithmsRunTheSameProduct) {
+  KVS_REQUIRE_GPU();
+  const int N = 96, C = 128, OC = 160;
+  const FVec inp = random_bf16_values(size_t(N) * C, 43), W = random_bf16_values(size_t(OC) * C, 44);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_W(to_bf16(W)), d_out(size_t(N) * OC), d_ref(size_t(N) * OC);
+  kc::Matmul mm;
+  mm.forward(d_ref.get(), OC, d_inp.get(), C, d_W.get(), N, C, OC, nullptr);
+  const auto many = mm.time_algorithms(true, false, OC, N, C, d_W.get(), C, d_inp.get(), C, 0.0f, d_out.get(), OC,
+                                       false, 4, 3, nullptr);
+  ASSERT_GE(many.size(), 1u);
+  ASSERT_LE(many.size(), 4u);
+  for (size_t i = 0; i < many.size(); ++i) {
+    EXPECT_EQ(many[i].rank, static_cast<int>(i)) << "the heuristic's order";
+    EXPECT_GE(many[i].ms, 0.0);
+  }
+  d_out.poison();
+  const auto one = mm.time_algorithms(true, false, OC, N, C, d_W.get(), C, d_inp.get(), C, 0.0f, d_out.get(), OC,
+                                      false, 1, 2, nullptr);
+  ASSERT_EQ(one.size(), 1u);
+  std::vector<uint16_t> out_bits, ref_bits;
+  for (bf16 x : d_out.download()) out_bits.push_back(bits(x));
+  for (bf16 x : d_ref.download()) ref_bits.push_back(bits(x));
+  EXPECT_TRUE(out_bits == ref_bits) << "rank 0 is the algorithm gemm() runs";
+  // dW += dout^T inp with beta 1: 1 untimed + 2 timed runs from zero give 3 x one product.
+  DeviceBuffer<float> d_dW(size_t(OC) * C), d_dW1(size_t(OC) * C);
+  d_dW.zero();
+  d_dW1.zero();
+  mm.backward_weight(d_dW1.get(), d_ref.get(), OC, d_inp.get(), C, N, C, OC, nullptr);
+  mm.time_algorithms(false, true, C, OC, N, d_inp.get(), C, d_ref.get(), OC, 1.0f, d_dW.get(), C, true, 1, 2, nullptr);
+  const FVec dW = d_dW.download(), dW1 = d_dW1.download();
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < dW.size(); ++i) {
+    err = std::max(err, std::fabs(dW[i] - 3.0 * dW1[i]));
+    mag = std::max(mag, std::fabs(3.0 * dW1[i]));
+  }
+  EXPECT_LE(err, 1e-5 * mag);
+  EXPECT_GT(mag, 0.0);
+}
+
 // Pointers that are only 2-byte aligned (a column offset of 1) get algorithms
 // chosen for that alignment (cached apart from the 16-byte ones) and must
 // still be right; the aligned call after them must not reuse their choice.

@@ -14,7 +14,10 @@
 #                        then   --only launch,dp,pp,sanitize,hf
 #                      (H100, 2026-11-27: 218 s, then the bench section about
 #                      300 s, 340 s with both 1.5B configs profiled since:
-#                      KVS_CHECK_BUDGET=400 for it; then launch,dp,pp 40 s)
+#                      KVS_CHECK_BUDGET=400 for it; then launch,dp,pp 40 s;
+#                      since 2026-11-29 the bench section also times the 1.5B
+#                      step with AdamW in order and overlapped, about 40 s more:
+#                      its last row, flash-mma, is the one a budget cuts)
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the next call at once).

@@ -744,8 +744,7 @@ void CudaEngine::forward_to_logits(int B, int T) {
 // ---------------------------------------------------------------- backward
 
 void CudaEngine::backward_from_dlogits(int B, int T) {
-  join_optimizer();
-  join_zeroing();
+  join_zeroing();  // (the forward before it has waited for any update in flight)
   const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);

@@ -248,16 +248,16 @@ std::vector<Matmul::AlgoTime> Matmul::time_algorithms(bool trans_a, bool trans_b
     run(p, results[r].algo, A, B, beta, D, stream);  // untimed: the first call's set-up
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) {
-      cudaEventRecord(ev[0], stream);
-      run(p, results[r].algo, A, B, beta, D, stream);
-      cudaEventRecord(ev[1], stream);
       float t = 0.0f;
-      if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
+      if (cudaEventRecord(ev[0], stream) != cudaSuccess) fail("cuBLASLt: timing {} failed", p.shape);
+      run(p, results[r].algo, A, B, beta, D, stream);
+      if (cudaEventRecord(ev[1], stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
+          cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
         fail("cuBLASLt: timing {} failed", p.shape);
       ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
-    out.push_back({static_cast<int>(r), ms[ms.size() / 2], results[r].workspaceSize});
+    out.push_back({static_cast<int>(r), ms[ms.size() / 2]});
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
   return out;

@@ -44,9 +44,8 @@ class Matmul {
   // as the median of `reps` runs after one untimed run. D is overwritten
   // (beta as given, so an accumulating D grows). Waits for the stream.
   struct AlgoTime {
-    int rank;          // the heuristic's order
-    double ms;         // median
-    size_t workspace;  // bytes the algorithm asks for
+    int rank;   // the heuristic's order
+    double ms;  // median
   };
   std::vector<AlgoTime> time_algorithms(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A,
                                         int lda, const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd,

@@ -248,7 +248,8 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     if (pieces.empty()) return;
     enqueue("reduce (ZeRO-1 gradients)", [&] {
       return grouped(pieces, [&](const Piece& p) {
-        return ncclReduce(p.buf, p.buf, p.count, ncclFloat32, ncclSum, p.root, comm_, stream_);
+        return ncclReduce(p.buf, p.buf, p.count, p.t == Elem::BF16 ? ncclBfloat16 : ncclFloat32, ncclSum, p.root,
+                          comm_, stream_);
       });
     });
   }
@@ -256,7 +257,8 @@ class Nccl final : public Communicator, public AsyncDeviceCollectives {
     if (pieces.empty()) return;
     enqueue("broadcast (ZeRO-1 parameters)", [&] {
       return grouped(pieces, [&](const Piece& p) {
-        return ncclBroadcast(p.buf, p.buf, p.count, ncclFloat32, p.root, comm_, stream_);
+        return ncclBroadcast(p.buf, p.buf, p.count, p.t == Elem::BF16 ? ncclBfloat16 : ncclFloat32, p.root, comm_,
+                             stream_);
       });
     });
   }

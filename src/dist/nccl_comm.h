@@ -42,10 +42,12 @@ using ShareId = std::function<std::string(const std::string& id_on_rank0)>;
 // checked once). The NCCL communicator is the only implementation.
 class AsyncDeviceCollectives {
  public:
+  enum class Elem { F32, BF16 };
   struct Piece {
-    float* buf;    // device, fp32, in place
-    size_t count;  // elements
+    void* buf;     // device, in place
+    size_t count;  // elements of type t
     int root;
+    Elem t = Elem::F32;
   };
   virtual ~AsyncDeviceCollectives() = default;
   // Later ops wait for `cuda_event` (a cudaEvent_t recorded on another stream).
@@ -67,7 +69,6 @@ class AsyncDeviceCollectives {
   // (a cudaStream_t), not the communicator's: tensor parallelism's
   // activation all-reduces, ordered with the engine's kernels without a host
   // wait. bf16 is summed by NCCL (ncclBfloat16), as Megatron does.
-  enum class Elem { F32, BF16 };
   virtual void all_reduce_on_stream(void* buf, size_t count, Elem t, ReduceOp op, void* cuda_stream) = 0;
   // Sequence parallelism's edges, on the caller's stream like all_reduce_on_stream:
   // recv [size x count] = every rank's send [count], in rank order ...

@@ -116,6 +116,7 @@ const Fields<TrainConfig>& train_fields() {
       {"recompute", &T::recompute},
       {"attention_backend", &T::attention_backend},
       {"overlap_optimizer", &T::overlap_optimizer, kOmitIfDefault},
+      {"shard_master", &T::shard_master, kOmitIfDefault},
       {"keep_checkpoints", &T::keep_checkpoints, at_least(0, "0 keeps every checkpoint"), kOmitIfDefault},
       {"async_checkpoint", &T::async_checkpoint, kOmitIfDefault},
       {"checkpoint_buffer_gb", &T::checkpoint_buffer_gb,

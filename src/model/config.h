@@ -156,6 +156,7 @@ struct TrainConfig {
   Recompute recompute = Recompute::None;                   // CUDA activation recomputation
   AttentionImpl attention_backend = AttentionImpl::Flash;  // CUDA attention: Flash (ours) or Cudnn (cuDNN fused SDPA)
   bool overlap_optimizer = true;  // CUDA: AdamW overlaps the next forward (Engine::set_overlap_optimizer)
+  bool shard_master = true;  // ZeRO-1 shards the fp32 master weights too (CUDA; Engine::keep_master_range)
   int keep_checkpoints = 0;        // newest step directories kept; 0 = all
   bool async_checkpoint = false;  // write checkpoints from a background thread
   // Host memory (GB) world rank 0 may hold for checkpoint tensors not yet

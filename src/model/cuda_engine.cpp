@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "core/op_stat.h"
 #include "core/profile_range.h"
-#include "core/safetensors.h"  // bf16_to_f32
+#include "core/safetensors.h"  // bf16_to_f32, f32_to_bf16
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernel_profile.h"
@@ -71,7 +71,6 @@ CudaPlan CudaPlan::build(const ModelConfig& m, const LocalDims& d, int tp, const
     return at;
   };
   const size_t h2 = sizeof(bf16), f4 = sizeof(float);
-  p.master = take(P * f4);
   p.grads = take(P * f4);
   p.params16 = take(P * h2);
 
@@ -295,16 +294,22 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
   void* base = nullptr;
   if (cudaMalloc(&base, plan_.total) != cudaSuccess) {
     fail("device 'cuda': cannot allocate the {:.2f} GiB this model needs at micro-batch {} x {} ({:.2f} GiB free; "
-         "the AdamW moments come on top: {:.2f} GiB, divided by the data-parallel ranks under ZeRO-1): lower "
-         "train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or \"full\")",
+         "the fp32 master weights and AdamW moments come on top: {:.2f} GiB, divided by the data-parallel ranks "
+         "under ZeRO-1): lower train.micro_batch_size or train.seq_len, or set train.recompute (\"attention\" or "
+         "\"full\")",
          plan_.total / 1073741824.0, max_B_, max_T_, free_gib_after_failed_malloc(),
-         2.0 * layout_.total * sizeof(float) / 1073741824.0);
+         3.0 * layout_.total * sizeof(float) / 1073741824.0);
   }
   base_ = static_cast<char*>(base);
   moments_ = nullptr;
   moments_ready_ = false;
   opt_begin_ = 0;
   opt_end_ = layout_.total;
+  master_ = nullptr;  // on first use too (ensure_master), after a keep_master_range if ZeRO-1 shards it
+  master_ready_ = false;
+  master_sharded_ = false;
+  master_begin_ = 0;
+  master_end_ = layout_.total;
   check(cudaMemsetAsync(base_, 0, plan_.total, stream_), "cudaMemset");
   mm_ = std::make_unique<cuda::Matmul>();
   {
@@ -421,6 +426,8 @@ void CudaEngine::release() {
   if (h_stage_) cudaFreeHost(h_stage_);
   if (base_) cudaFree(base_);
   if (moments_) cudaFree(moments_);
+  if (master_) cudaFree(master_);
+  if (fp32_buf_) cudaFree(fp32_buf_);
   for (cudaEvent_t ev : events_)
     if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : opt_events_)
@@ -438,6 +445,10 @@ void CudaEngine::release() {
   base_ = nullptr;
   moments_ = nullptr;
   moments_ready_ = false;
+  master_ = nullptr;
+  master_ready_ = false;
+  fp32_buf_ = nullptr;
+  fp32_held_.clear();
   events_.clear();
   zero_after_ = zero_done_ = nullptr;
   zero_stream_ = nullptr;
@@ -456,18 +467,65 @@ void CudaEngine::read_params_range(size_t begin, size_t n, float* host) const {
   KVS_CHECK(begin + n <= layout_.total, "read_params_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
   join_optimizer();
-  check(cudaMemcpyAsync(host, at<float>(plan_.master) + begin, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-        "read params");
+  ensure_master();
+  if (!master_sharded_) {
+    check(cudaMemcpyAsync(host, master_ + begin, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "read params");
+    sync("read params");
+    return;
+  }
+  // Sharded: the master's part, then the fp32 copies' (the same values where both hold them).
+  const HeldPart h = held_part(begin, n, master_begin_, master_end_);
+  size_t held = h.n;
+  if (h.n)
+    check(cudaMemcpyAsync(host + h.at, master_base() + begin + h.at, h.n * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "read params");
+  for (const Fp32Held& t : fp32_held_) {
+    const HeldPart c = held_part(begin, n, t.offset, t.offset + t.n);
+    if (!c.n) continue;
+    check(cudaMemcpyAsync(host + c.at, fp32_buf_ + t.at + (begin + c.at - t.offset), c.n * sizeof(float),
+                          cudaMemcpyDeviceToHost, stream_),
+          "read params");
+    held += c.n - held_part(begin + c.at, c.n, master_begin_, master_end_).n;
+  }
   sync("read params");
+  KVS_CHECK(held == n,
+            "read_params_range: [{}, {}) is not all held here: with the fp32 master sharded (train.shard_master) this "
+            "rank keeps [{}, {}) and the tensors read in fp32; ZeRO-1 gathers the rest from their owners",
+            begin, begin + n, master_begin_, master_end_);
 }
 void CudaEngine::write_params_range(size_t begin, size_t n, const float* host) {
   KVS_CHECK(begin + n <= layout_.total, "write_params_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);
   join_optimizer();
-  check(cudaMemcpyAsync(at<float>(plan_.master) + begin, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+  ensure_master();
+  if (!master_sharded_) {
+    check(cudaMemcpyAsync(master_ + begin, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "write params");
+    cuda::f32_to_bf16(at<bf16>(plan_.params16) + begin, master_ + begin, n, stream_);
+    sync("write params");
+    return;
+  }
+  // Sharded: the bf16 copy of all of it (rounded on the host, as
+  // stage_upload does: the same round-to-nearest-even as f32_to_bf16 on the
+  // device; no device buffer of the whole), the master's part and the fp32 copies' parts.
+  std::vector<uint16_t> bits(n);
+  for (size_t i = 0; i < n; ++i) bits[i] = f32_to_bf16(host[i]);
+  check(cudaMemcpyAsync(at<bf16>(plan_.params16) + begin, bits.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                        stream_),
         "write params");
-  cuda::f32_to_bf16(at<bf16>(plan_.params16) + begin, at<float>(plan_.master) + begin, n, stream_);
-  sync("write params");
+  const HeldPart h = held_part(begin, n, master_begin_, master_end_);
+  if (h.n)
+    check(cudaMemcpyAsync(master_base() + begin + h.at, host + h.at, h.n * sizeof(float), cudaMemcpyHostToDevice,
+                          stream_),
+          "write params");
+  for (const Fp32Held& t : fp32_held_) {
+    const HeldPart c = held_part(begin, n, t.offset, t.offset + t.n);
+    if (c.n)
+      check(cudaMemcpyAsync(fp32_buf_ + t.at + (begin + c.at - t.offset), host + c.at, c.n * sizeof(float),
+                            cudaMemcpyHostToDevice, stream_),
+            "write params");
+  }
+  sync("write params");  // before `bits` goes: a pageable copy may still read it
 }
 void CudaEngine::read_grads(float* host) const {
   join_optimizer();
@@ -541,11 +599,29 @@ float* CudaEngine::flat_grads() {
 }
 
 float* CudaEngine::flat_params() {
+  KVS_CHECK(!master_sharded_, "internal error: flat_params() with the fp32 master sharded (use flat_params16)");
   if (optimizer_in_flight()) {
     join_optimizer();
     sync("flat params");
   }
-  return at<float>(plan_.master);
+  ensure_master();
+  sync("flat params");  // a first allocation's memset
+  return master_;
+}
+
+uint16_t* CudaEngine::flat_params16() {
+  if (optimizer_in_flight()) {
+    join_optimizer();
+    sync("flat params16");
+  }
+  return reinterpret_cast<uint16_t*>(at<bf16>(plan_.params16));
+}
+
+std::vector<Engine::Fp32Copy> CudaEngine::fp32_copies() {
+  KVS_CHECK(master_sharded_, "internal error: fp32_copies() with the fp32 master whole (keep_master_range first)");
+  std::vector<Fp32Copy> out;
+  for (const Fp32Held& t : fp32_held_) out.push_back({t.offset, t.n, fp32_buf_ + t.at});
+  return out;
 }
 
 // ---------------------------------------------------------------- batch
@@ -601,14 +677,13 @@ const int32_t* CudaEngine::attention_documents() const {
 
 CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
   const LayerOffsets& o = lo_[l];
-  const float* master = at<float>(plan_.master);
   const int Hq = d_.Hq, Hkv = d_.Hkv;
   const size_t W1 = static_cast<size_t>(m_.kv_shift.window) + 1;
   LayerCoefs c{nullptr, nullptr, nullptr};
   if (!m_.kv_shift.sigmoid_gate()) {
-    if (o.has_q_shift) c.q = master + o.q_shift;
-    if (o.has_k_shift) c.k = master + o.k_shift;
-    if (o.has_v_shift) c.v = master + o.v_shift;
+    if (o.has_q_shift) c.q = fp32_param(o.q_shift);
+    if (o.has_k_shift) c.k = fp32_param(o.k_shift);
+    if (o.has_v_shift) c.v = fp32_param(o.v_shift);
     return c;
   }
   float* eff = at<float>(plan_.coef + local_of_[l] * plan_.coef_stride);
@@ -616,15 +691,15 @@ CudaEngine::LayerCoefs CudaEngine::layer_coefs(int l, bool compute) {
   float* ek = eff + Hq * W1;
   float* ev = eff + (Hq + Hkv) * W1;
   if (o.has_q_shift) {
-    if (compute) cuda::shift_gate_forward(eq, master + o.q_shift, Hq, stream_);
+    if (compute) cuda::shift_gate_forward(eq, fp32_param(o.q_shift), Hq, stream_);
     c.q = eq;
   }
   if (o.has_k_shift) {
-    if (compute) cuda::shift_gate_forward(ek, master + o.k_shift, Hkv, stream_);
+    if (compute) cuda::shift_gate_forward(ek, fp32_param(o.k_shift), Hkv, stream_);
     c.k = ek;
   }
   if (o.has_v_shift) {
-    if (compute) cuda::shift_gate_forward(ev, master + o.v_shift, Hkv, stream_);
+    if (compute) cuda::shift_gate_forward(ev, fp32_param(o.v_shift), Hkv, stream_);
     c.v = ev;
   }
   return c;
@@ -642,7 +717,6 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const float* cos = rope ? at<float>(p.rope_cos) : nullptr;
   const float* sin = rope ? at<float>(p.rope_sin) : nullptr;
@@ -662,10 +736,10 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     // first layer (a pipeline stage's) starts from its stored input too.
     const bool chunk_start = li == 0 || part_.layers[li - 1] != l - 1;
     if (chunk_start || pass == LayerPass::RecomputeLayer) {
-      cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, master + o.ln1, Nl, C, eps, stream_);
+      cuda::residual_rmsnorm_forward(nullptr, x.ln1, x.rstd1, x.resid, nullptr, fp32_param(o.ln1), Nl, C, eps, stream_);
     } else {
       const bf16* prev_mid = p.layer(base_, li - 1).res_mid;
-      cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, master + o.ln1, Nl, C, eps, stream_);
+      cuda::residual_rmsnorm_forward(x.resid, x.ln1, x.rstd1, prev_mid, proj, fp32_param(o.ln1), Nl, C, eps, stream_);
     }
     {
       const kvs::profile::GemmLabel gemm_label("qkv proj");
@@ -695,7 +769,7 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     const kvs::profile::GemmLabel gemm_label("o proj");
     linear_->row_forward(proj, x.attout, QD, P16 + o.wo, N, QD, C);
   }
-  cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, master + o.ln2, Nl, C, eps, stream_);
+  cuda::residual_rmsnorm_forward(x.res_mid, x.ln2, x.rstd2, x.resid, proj, fp32_param(o.ln2), Nl, C, eps, stream_);
   {
     const kvs::profile::GemmLabel gemm_label("gate,up proj");
     linear_->column_forward(x.gate_up, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
@@ -715,7 +789,6 @@ void CudaEngine::forward_to_logits(int B, int T) {
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   join_optimizer(embed_off_);
   // Vocab-parallel embedding: each token's row lives on one rank, the others
   // write zeros; the sum over the group (sequence parallel: its rows of it).
@@ -734,7 +807,7 @@ void CudaEngine::forward_to_logits(int B, int T) {
   bf16* last = at<bf16>(p.resid + L * p.resid_stride);
   const bf16* mid = p.layer(base_, L - 1).res_mid;
   cuda::residual_rmsnorm_forward(last, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj),
-                                 master + norm_off_, Nl, C, eps, stream_);
+                                 fp32_param(norm_off_), Nl, C, eps, stream_);
   {
     const kvs::profile::GemmLabel gemm_label("lm head");
     linear_->column_forward(at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_, N, C, V);
@@ -748,7 +821,6 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   float* G = at<float>(p.grads);
   bf16* dresid = at<bf16>(p.dresid);
   bf16* dln = at<bf16>(p.dln);
@@ -761,7 +833,7 @@ void CudaEngine::backward_from_dlogits(int B, int T) {
   }
   const int L = m_.num_hidden_layers;
   cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, at<bf16>(p.resid + L * p.resid_stride),
-                         master + norm_off_, at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
+                         fp32_param(norm_off_), at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
   sum_norm_grads({norm_off_});
   grads_final(0);  // final norm and (untied) LM head
   for (int l = L - 1; l >= 0; --l) backward_layer(l, B, T);
@@ -822,7 +894,6 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     forward_layer(l, B, T, LayerPass::RecomputeAttention);
   }
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   float* G = at<float>(p.grads);
   const bool rope = m_.position_encoding == PositionEncoding::Rope;
   const bool gated = m_.kv_shift.sigmoid_gate();
@@ -847,7 +918,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     const kvs::profile::GemmLabel gemm_label("gate,up proj");
     linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
   }
-  cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, master + o.ln2, x.rstd2, Nl, C, scratch,
+  cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, fp32_param(o.ln2), x.rstd2, Nl, C, scratch,
                          stream_);
 
   // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
@@ -887,7 +958,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
       cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
                                 stream_, {}, cuda::ShiftRopeVector::k8, cuda::ShiftRopeWalk::kUnits,
                                 shift_documents());
-      if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, master + goff, H, stream_);
+      if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, fp32_param(goff), H, stream_);
     };
     unshift(dqkv, dqhat, QD, x.qkv, c.q, o.has_q_shift, o.q_shift, cos, sin, Hq);
     unshift(dqkv + QD, dkhat, KD, x.qkv + QD, c.k, o.has_k_shift, o.k_shift, cos, sin, Hkv);
@@ -897,7 +968,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     const kvs::profile::GemmLabel gemm_label("qkv proj");
     linear_->column_backward(dln, G + o.wqkv, dqkv, QKV, x.ln1, C, P16 + o.wqkv, N, C, QKV);
   }
-  cuda::rmsnorm_backward(dresid, norm_grad(o.ln1, 1), dln, dresid, x.resid, master + o.ln1, x.rstd1, Nl, C, scratch,
+  cuda::rmsnorm_backward(dresid, norm_grad(o.ln1, 1), dln, dresid, x.resid, fp32_param(o.ln1), x.rstd1, Nl, C, scratch,
                          stream_);
   sum_norm_grads({o.ln2, o.ln1});
   grads_final(L - l);  // every weight gradient of layer l is written
@@ -1050,9 +1121,13 @@ void CudaEngine::adamw_update(const AdamWHyper& hp, size_t begin, size_t end, bo
   ProfileRange range("optimizer");
   KVS_CHECK(begin <= end && begin >= opt_begin_ && end <= opt_end_,
             "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  KVS_CHECK(begin >= master_begin_ && end <= master_end_,
+            "adamw_step_range: [{}, {}) outside the fp32 master held, [{}, {})", begin, end, master_begin_,
+            master_end_);
   if (begin == end) return;
   join_optimizer();
   ensure_moments();
+  ensure_master();
   join_zeroing();
   // The whole model uses the constructor's table; a shard, the same chunks
   // clipped to it (uploaded once: a rank's shard does not change).
@@ -1085,15 +1160,24 @@ void CudaEngine::adamw_update(const AdamWHyper& hp, size_t begin, size_t end, bo
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(hp.beta1, static_cast<double>(hp.step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step)));
   a.grad_scale = static_cast<float>(hp.grad_scale);
-  if (overlap && begin == 0 && end == layout_.total) {
+  if (overlap && begin == 0 && end == layout_.total && !master_sharded_) {
     launch_overlapped_adamw(a);  // returns with the update in flight
     return;
   }
   // The kernel indexes the moments by flat element i like every other buffer;
   // ours start at opt_begin_, so it gets pointers shifted back by opt_begin_
   // (only elements of the table, all inside [opt_begin_, opt_end_), are touched).
-  cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads),
-                   exp_avg_base() - opt_begin_, exp_avg_sq_base() - opt_begin_, table, count, a, stream_);
+  // The same for a sharded master.
+  cuda::adamw_step(master_base(), at<bf16>(plan_.params16), at<float>(plan_.grads), exp_avg_base() - opt_begin_,
+                   exp_avg_sq_base() - opt_begin_, table, count, a, stream_);
+  // A sharded master: the kernels read the updated fp32 tensors from their copies.
+  for (const Fp32Held& t : fp32_held_) {
+    const HeldPart c = held_part(t.offset, t.n, begin, end);
+    if (c.n)
+      check(cudaMemcpyAsync(fp32_buf_ + t.at + c.at, master_base() + t.offset + c.at, c.n * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream_),
+            "refresh fp32 copies");
+  }
   sync("AdamW step");
 }
 
@@ -1106,7 +1190,7 @@ void CudaEngine::launch_overlapped_adamw(const cuda::AdamWArgs& a) {
   const cuda::AdamWChunk* table = at<cuda::AdamWChunk>(plan_.chunks);
   for (size_t i = 0; i < opt_ranges_.size(); ++i) {
     const OptRange& r = opt_ranges_[i];
-    cuda::adamw_step(at<float>(plan_.master), at<bf16>(plan_.params16), at<float>(plan_.grads), exp_avg_base(),
+    cuda::adamw_step(master_, at<bf16>(plan_.params16), at<float>(plan_.grads), exp_avg_base(),
                      exp_avg_sq_base(), table + r.chunk0, r.chunk1 - r.chunk0, a, opt_stream_);
     check(cudaEventRecord(opt_events_[i], opt_stream_), "cudaEventRecord");
   }
@@ -1223,8 +1307,90 @@ void CudaEngine::reserve_optimizer_state() {
 
 void CudaEngine::flat_params_written() {
   join_optimizer();
-  cuda::f32_to_bf16(at<bf16>(plan_.params16), at<float>(plan_.master), layout_.total, stream_);
+  if (master_sharded_) return;  // the gather wrote the bf16 copy and the fp32 copies themselves
+  ensure_master();
+  cuda::f32_to_bf16(at<bf16>(plan_.params16), master_, layout_.total, stream_);
   sync("refresh bf16 parameters");
+}
+
+void CudaEngine::ensure_master() const {
+  if (master_ready_) return;
+  const size_t n = master_end_ - master_begin_;
+  if (n > 0) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) {
+      fail("device 'cuda': cannot allocate the {:.2f} GiB of fp32 master weights for {} parameters beside the "
+           "{:.2f} GiB of gradients, bf16 weights and activations at micro-batch {} x {} ({:.2f} GiB free): shard "
+           "them over data-parallel ranks (ZeRO-1 with train.shard_master), lower train.micro_batch_size or "
+           "train.seq_len, or set train.recompute",
+           1.0 * n * sizeof(float) / 1073741824.0, n, plan_.total / 1073741824.0, max_B_, max_T_,
+           free_gib_after_failed_malloc());
+    }
+    master_ = static_cast<float*>(p);
+    check(cudaMemsetAsync(master_, 0, n * sizeof(float), stream_), "cudaMemset (fp32 master)");
+  }
+  master_ready_ = true;
+}
+
+const float* CudaEngine::fp32_param(size_t offset) const {
+  if (!master_sharded_) {
+    ensure_master();
+    return master_ + offset;
+  }
+  const auto it = std::lower_bound(fp32_held_.begin(), fp32_held_.end(), offset,
+                                   [](const Fp32Held& t, size_t x) { return t.offset < x; });
+  KVS_CHECK(it != fp32_held_.end() && it->offset == offset,
+            "internal error: the parameter at {} is read in fp32 but has no fp32 copy", offset);
+  return fp32_buf_ + it->at;
+}
+
+void CudaEngine::keep_master_range(size_t begin, size_t end) {
+  KVS_CHECK(begin <= end && end <= layout_.total, "keep_master_range: [{}, {}) outside the {} parameters", begin, end,
+            layout_.total);
+  if (master_sharded_) {
+    KVS_CHECK(begin == master_begin_ && end == master_end_,
+              "keep_master_range: the fp32 master is already sharded to [{}, {}), not [{}, {})", master_begin_,
+              master_end_, begin, end);
+    return;
+  }
+  join_optimizer();
+  // The tensors the kernels read in fp32 (fp32_param), packed in layout order.
+  std::vector<Fp32Held> held;
+  size_t packed = 0;
+  for (const ParamTensor& t : layout_.tensors)
+    if (t.kind == ParamKind::Norm || t.kind == ParamKind::Shift) {
+      held.push_back({t.offset, t.numel, packed});
+      packed += t.numel;
+    }
+  const size_t n = end - begin;
+  float* copies = nullptr;
+  float* shard = nullptr;
+  if (packed > 0) check(cudaMalloc(&copies, packed * sizeof(float)), "cudaMalloc (fp32 copies)");
+  if (n > 0 && cudaMalloc(&shard, n * sizeof(float)) != cudaSuccess) {
+    if (copies) cudaFree(copies);
+    fail("device 'cuda': cannot allocate the {:.2f} GiB of this rank's fp32 master shard ({:.2f} GiB free)",
+         1.0 * n * sizeof(float) / 1073741824.0, free_gib_after_failed_malloc());
+  }
+  if (master_ready_ && master_) {  // written already: keep its values (the whole master existed until now)
+    if (n)
+      check(cudaMemcpyAsync(shard, master_ + begin, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+            "keep master");
+    for (const Fp32Held& t : held)
+      check(cudaMemcpyAsync(copies + t.at, master_ + t.offset, t.n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+            "keep master");
+  } else {  // never written: zeros, as a whole master starts
+    if (n) check(cudaMemsetAsync(shard, 0, n * sizeof(float), stream_), "cudaMemset (fp32 master)");
+    if (packed) check(cudaMemsetAsync(copies, 0, packed * sizeof(float), stream_), "cudaMemset (fp32 copies)");
+  }
+  sync("keep master range");
+  if (master_) check(cudaFree(master_), "cudaFree (fp32 master)");
+  master_ = shard;
+  master_ready_ = true;
+  master_sharded_ = true;
+  master_begin_ = begin;
+  master_end_ = end;
+  fp32_buf_ = copies;
+  fp32_held_ = std::move(held);
 }
 
 }  // namespace kvs

@@ -7,14 +7,17 @@
 //   accumulation over micro-batches adds in fp32, as Megatron's main grads);
 // - a bf16 copy of every parameter, refreshed by the AdamW kernel, feeds the
 //   matmuls and the embedding; the tiny tensors (RMSNorm gains, shift
-//   coefficients) are read in fp32 from the master copy;
+//   coefficients) are read in fp32 from the master copy (fp32_param), or,
+//   with the master sharded over ZeRO-1's ranks (keep_master_range), from
+//   whole fp32 copies of them that every rank keeps;
 // - activations and activation gradients in bf16; RMSNorm rstd, attention
 //   log-sum-exp and token losses in fp32.
-// Memory: one cudaMalloc in the constructor holds parameters, gradients,
-// activations and workspaces (CudaPlan), a second one, on first use, the AdamW
-// moments of the range this rank steps (ZeRO-1's keep_optimizer_range, called
-// before, narrows it to a shard, so the full moments never exist beside the
-// rest on such a rank); the step loop allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
+// Memory: one cudaMalloc in the constructor holds the bf16 parameters,
+// gradients, activations and workspaces (CudaPlan); on first use, one holds
+// the fp32 master weights and one the AdamW moments, each of the range this
+// rank keeps (ZeRO-1's keep_master_range and keep_optimizer_range, called
+// before, narrow them to a shard, so neither exists whole on such a rank);
+// the step loop allocates nothing. Under tensor parallelism (docs/PARALLEL.md) the engine
 // holds its rank's slice (LocalDims) and all-reduces as CpuEngine does, with
 // the vocab-parallel loss of kernels/cuda/vocab_parallel_ce.h; with sequence
 // parallelism (tp.sequence_parallel) the residual stream, the norms and their
@@ -72,9 +75,9 @@ struct CudaStages {
 // l is the layer's index among the held ones (all of them for the whole model).
 struct CudaPlan {
   size_t total = 0;  // bytes
-  // parameters (fp32 unless noted), each [layout.total]; the moments are a
-  // separate allocation (CudaEngine::moments_)
-  size_t master, grads, params16 /* bf16 */;
+  // parameters, each [layout.total]; the fp32 master and the moments are
+  // separate allocations (CudaEngine::master_, moments_)
+  size_t grads /* fp32 */, params16 /* bf16 */;
   // forward activations (bf16 unless noted), per layer
   size_t resid, res_mid, ln1, ln2, qkv, qhat, khat, vhat, attout, gate_up, h;
   size_t rstd1, rstd2, lse;  // fp32
@@ -192,6 +195,12 @@ class CudaEngine : public Engine {
   bool supports_sharded_step() const override { return true; }
   bool flat_on_device() const override { return true; }
   float* flat_params() override;
+  // The fp32 master sharded too (train.shard_master; engine.h).
+  bool supports_sharded_master() const override { return true; }
+  bool master_sharded() const override { return master_sharded_; }
+  void keep_master_range(size_t begin, size_t end) override;
+  uint16_t* flat_params16() override;
+  std::vector<Fp32Copy> fp32_copies() override;
   float* flat_grads() override;
   void flat_params_written() override;
   double grad_sq_sum_range(size_t begin, size_t end) override;
@@ -308,6 +317,13 @@ class CudaEngine : public Engine {
   // Allocates and zeroes the moments of [opt_begin_, opt_end_) if not yet done;
   // a one-line error with their size when they do not fit.
   void ensure_moments();
+  // Allocates and zeroes the fp32 master of [master_begin_, master_end_) if not yet done.
+  void ensure_master() const;
+  // The master of element i (valid for master_begin_ <= i < master_end_, after ensure_master).
+  float* master_base() const { return master_ - master_begin_; }
+  // A tensor the kernels read in fp32 (a norm gain or shift coefficients),
+  // by its layout offset: from the master, or its copy when the master is sharded.
+  const float* fp32_param(size_t offset) const;
   // The moments of element i (valid for opt_begin_ <= i < opt_end_, after ensure_moments).
   float* exp_avg_base() const { return moments_; }
   float* exp_avg_sq_base() const { return moments_ + (opt_end_ - opt_begin_); }
@@ -381,6 +397,18 @@ class CudaEngine : public Engine {
   // shard is set first (keep_optimizer_range) never holds the full moments.
   float* moments_ = nullptr;
   bool moments_ready_ = false;
+  // The fp32 master of [master_begin_, master_end_) (all of it unless
+  // sharded), allocated on first use like the moments. Sharded: fp32_buf_
+  // packs whole copies of the tensors read in fp32, fp32_held_ in layout order.
+  mutable float* master_ = nullptr;
+  mutable bool master_ready_ = false;
+  bool master_sharded_ = false;
+  size_t master_begin_ = 0, master_end_ = 0;
+  struct Fp32Held {
+    size_t offset, n, at;  // the tensor in the layout; its copy at fp32_buf_ + at
+  };
+  std::vector<Fp32Held> fp32_held_;
+  float* fp32_buf_ = nullptr;
   size_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<cuda::AdamWChunk> chunk_table_;  // host copy of plan_.chunks
   size_t range_begin_ = 0, range_end_ = 0;     // what plan_.range_chunks holds

@@ -196,7 +196,6 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
   const bool gated = m_.kv_shift.sigmoid_gate();
   const LayerOffsets& o = lo_[l_index];
   float* G = at<float>(p.grads);
-  const float* master = at<float>(p.master);
   float* scratch = at<float>(p.scratch);
   const bf16* dattout = at<bf16>(p.dattout);
   bf16* dqhat = at<bf16>(p.dqhat);
@@ -293,7 +292,7 @@ void CudaEngine::cp_attention_backward(int l_index, const CudaLayerActs& x, cons
                                 scratch, stream_, halo, cuda::ShiftRopeVector::k8, cuda::ShiftRopeWalk::kUnits,
                                 sdoc ? sdoc + h * half : nullptr);
     }
-    if (t.has && gated) cuda::shift_gate_backward(G + t.goff, dcoef, master + t.goff, t.H, stream_);
+    if (t.has && gated) cuda::shift_gate_backward(G + t.goff, dcoef, fp32_param(t.goff), t.H, stream_);
   }
   if (!shifted) return;
   // The halo gradients back to their owners: every rank's, and this rank adds

@@ -119,7 +119,6 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
   const float eps = static_cast<float>(m_.rms_norm_eps);
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   slot_shape_[slot] = {B, T};
   const bool targets = c.head && lb.targets != nullptr;
   if (c.embedding || targets) upload_batch(lb, targets);
@@ -149,7 +148,7 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
     // The last layer's residual add, which the next layer would fuse into its
     // norm: the same kernel, its normalised output discarded.
     cuda::residual_rmsnorm_forward(out, at<bf16>(p.dln), at<float>(p.stage_rstd), mid, at<bf16>(p.proj),
-                                   master + lo_[part_.layers[c.last]].ln1, Nl, C, eps, stream_);
+                                   fp32_param(lo_[part_.layers[c.last]].ln1), Nl, C, eps, stream_);
     if (output) {
       stage_download(output, out, static_cast<size_t>(Nl) * C);
     } else {
@@ -158,7 +157,7 @@ double CudaEngine::stage_forward(int slot, int chunk, const Batch& b, const floa
     return 0.0;
   }
   join_optimizer();  // the final norm and the LM head
-  cuda::residual_rmsnorm_forward(out, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj), master + norm_off_,
+  cuda::residual_rmsnorm_forward(out, at<bf16>(p.lnf), at<float>(p.rstdf), mid, at<bf16>(p.proj), fp32_param(norm_off_),
                                  Nl, C, eps, stream_);
   {
     const kvs::profile::GemmLabel gemm_label("lm head");
@@ -197,7 +196,6 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
   const int N = B * T, C = d_.C, V = d_.V, Nl = static_cast<int>(region_->local_rows(N));
   const CudaPlan& p = plan_;
   const bf16* P16 = at<bf16>(p.params16);
-  const float* master = at<float>(p.master);
   float* G = at<float>(p.grads);
   bf16* dresid = at<bf16>(p.dresid);
   if (c.head) {
@@ -208,7 +206,7 @@ void CudaEngine::stage_backward(int slot, int chunk, const float* doutput, float
       linear_->column_backward(dln, G + lm_head_off_, at<bf16>(p.logits), V, at<bf16>(p.lnf), C, P16 + lm_head_off_,
                                N, C, V);
     }
-    cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, chunk_output(p, chunk), master + norm_off_,
+    cuda::rmsnorm_backward(dresid, norm_grad(norm_off_, 0), dln, nullptr, chunk_output(p, chunk), fp32_param(norm_off_),
                            at<float>(p.rstdf), Nl, C, at<float>(p.scratch), stream_);
     sum_norm_grads({norm_off_});
   } else if (doutput) {

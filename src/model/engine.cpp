@@ -27,6 +27,16 @@ double Engine::grad_sq_sum_range(size_t, size_t) { no_sharded_step(); }
 void Engine::adamw_step_range(const AdamWHyper&, size_t, size_t) { no_sharded_step(); }
 void Engine::keep_optimizer_range(size_t, size_t) { no_sharded_step(); }
 
+namespace {
+[[noreturn]] void no_sharded_master() {
+  fail("this engine has no separate fp32 master to shard (train.shard_master: the CUDA engine)");
+}
+}  // namespace
+
+void Engine::keep_master_range(size_t, size_t) { no_sharded_master(); }
+uint16_t* Engine::flat_params16() { no_sharded_master(); }
+std::vector<Engine::Fp32Copy> Engine::fp32_copies() { no_sharded_master(); }
+
 void find_document_starts(const Batch& b, int bos_token_id, int32_t* out) {
   for (int i = 0; i < b.B; ++i) {
     int start = 0;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/params.h"
@@ -156,6 +157,34 @@ class Engine {
   // on first use, after keep_optimizer_range): called once the range is set,
   // so that a model whose moments do not fit fails before the first step.
   virtual void reserve_optimizer_state() {}
+
+  // ZeRO-1 with the fp32 master weights sharded too (train.shard_master,
+  // docs/PARALLEL.md), for engines that compute from a separate low-precision
+  // copy (the CUDA engine's bf16 weights; the CPU engine computes with its
+  // fp32 weights, has no such copy and returns false). After
+  // keep_master_range the engine holds the fp32 master of [begin, end) only,
+  // plus whole copies of the tensors its kernels read in fp32 (fp32_copies:
+  // norm gains, shift coefficients); the low-precision copy stays whole.
+  // Call it before the parameters are first written, so that the whole master
+  // never exists. Then write_params_range writes everything (the master's
+  // part of it only where held), read_params_range reads only what is held (a
+  // kvs::Error otherwise: Zero1::gather_params_range gathers the rest),
+  // adamw_step_range stays inside [begin, end) and refreshes the fp32 copies'
+  // part of it, and ZeRO-1 gathers flat_params16() and the fp32 copies from
+  // their owners instead of flat_params(). The defaults throw.
+  virtual bool supports_sharded_master() const { return false; }
+  virtual bool master_sharded() const { return false; }
+  virtual void keep_master_range(size_t begin, size_t end);
+  // The bf16 copy of the flat parameters (uint16 bits, [layout.total]), in
+  // the engine's memory (GPU memory for the CUDA engine).
+  virtual uint16_t* flat_params16();
+  // The tensors kept whole in fp32 beside a sharded master, in layout order,
+  // packed in one buffer (data, in the engine's memory) in that order.
+  struct Fp32Copy {
+    size_t offset = 0, n = 0;  // the tensor in the layout
+    float* data = nullptr;
+  };
+  virtual std::vector<Fp32Copy> fp32_copies();
 
   // Overlapped gradient reduction (docs/PARALLEL.md, "Overlap"). While a hook
   // is set, every backward calls it as soon as the gradients of a contiguous

@@ -23,9 +23,9 @@ StagedFlatSync::StagedFlatSync(Engine& engine, dist::Communicator& comm, const S
 
 void StagedFlatSync::reduce_grads() {
   float* g = engine_.flat_grads();
-  to_host_(padded_.data(), g, total_);
+  to_host_(padded_.data(), g, total_ * sizeof(float));
   reduce_scatter_padded();
-  from_host_(g + begin_, piece_.data(), end_ - begin_);
+  from_host_(g + begin_, piece_.data(), (end_ - begin_) * sizeof(float));
 }
 
 void StagedFlatSync::reduce_scatter_padded() {
@@ -60,17 +60,57 @@ void StagedFlatSync::all_gather_padded() {
 void StagedFlatSync::all_gather_params() {
   float* params = engine_.flat_params();
   std::fill(piece_.begin(), piece_.end(), 0.0f);
-  to_host_(piece_.data(), params + begin_, end_ - begin_);
+  to_host_(piece_.data(), params + begin_, (end_ - begin_) * sizeof(float));
   all_gather_padded();
-  from_host_(params, padded_.data(), total_);
+  from_host_(params, padded_.data(), total_ * sizeof(float));
   engine_.flat_params_written();
+}
+
+void StagedFlatSync::all_gather_params16() {
+  uint16_t* p16 = engine_.flat_params16();
+  bits_.resize(total_);
+  to_host_(bits_.data() + begin_, p16 + begin_, (end_ - begin_) * sizeof(uint16_t));
+  std::fill(piece_.begin(), piece_.end(), 0.0f);
+  for (size_t i = begin_; i < end_; ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits_[i]) << 16;
+    std::memcpy(&piece_[i - begin_], &u, sizeof(u));
+  }
+  all_gather_padded();
+  for (size_t i = 0; i < total_; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &padded_[i], sizeof(u));
+    bits_[i] = static_cast<uint16_t>(u >> 16);
+  }
+  from_host_(p16, bits_.data(), total_ * sizeof(uint16_t));
+  // The fp32 copies: each owner's run of them (one per rank) broadcast from it.
+  const std::vector<Engine::Fp32Copy> copies = engine_.fp32_copies();
+  const size_t packed =
+      copies.empty() ? 0 : static_cast<size_t>(copies.back().data + copies.back().n - copies.front().data);
+  copies_.resize(packed);
+  if (packed) to_host_(copies_.data(), copies.front().data, packed * sizeof(float));
+  for (int r = 0; r < comm_.size(); ++r) {
+    const auto [first, last] = owned_packed_run(copies, S_, r);
+    for (size_t at = first; at < last; at += dist::kHostPieceFloats)
+      comm_.broadcast(copies_.data() + at, std::min(dist::kHostPieceFloats, last - at), dist::DType::F32, r);
+  }
+  if (packed) from_host_(copies.front().data, copies_.data(), packed * sizeof(float));
+  engine_.flat_params_written();
+}
+
+std::pair<size_t, size_t> owned_packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t S, int r) {
+  // How many packed values lie before layout offset x.
+  auto before = [&](size_t x) {
+    size_t n = 0;
+    for (const Engine::Fp32Copy& c : copies) n += std::min(c.n, x > c.offset ? x - c.offset : 0);
+    return n;
+  };
+  const size_t lo = static_cast<size_t>(r) * S;
+  return {before(lo), before(lo + S)};
 }
 
 std::unique_ptr<FlatSync> make_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard) {
   if (engine.flat_on_device()) return make_device_flat_sync(engine, comm, shard);
-  const StagedFlatSync::Copy host = [](float* dst, const float* src, size_t n) {
-    std::memcpy(dst, src, n * sizeof(float));
-  };
+  const StagedFlatSync::Copy host = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
   return std::make_unique<StagedFlatSync>(engine, comm, shard, host, host);
 }
 

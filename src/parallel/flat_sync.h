@@ -8,8 +8,10 @@
 //   - DirectNccl (zero1_device.cpp): in place on GPU buffers, each layer's
 //     gradients reduced as soon as its backward ends.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "dist/comm.h"
@@ -30,12 +32,20 @@ class FlatSync {
   // Every shard of the engine's fp32 parameters from its owner, then the
   // engine's derived copies refreshed (Engine::flat_params_written).
   virtual void all_gather_params() = 0;
+  // The fp32 master sharded (Engine::keep_master_range): every shard of the
+  // engine's bf16 copy and every part of its fp32 copies from its owner.
+  virtual void all_gather_params16() = 0;
 };
+
+// Where rank r's part of the packed fp32 copies (Engine::fp32_copies, in
+// layout order) is: one run [first, second) of the packed values, since the
+// shards are contiguous layout ranges of S floats.
+std::pair<size_t, size_t> owned_packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t S, int r);
 
 class StagedFlatSync final : public FlatSync {
  public:
-  // copy(dst, src, n): between the engine's memory and host memory.
-  using Copy = std::function<void(float* dst, const float* src, size_t n)>;
+  // copy(dst, src, bytes): between the engine's memory and host memory.
+  using Copy = std::function<void(void* dst, const void* src, size_t bytes)>;
   // A shard of more than `max_count` floats moves in pieces of at most
   // min(max_count, kHostPieceFloats) each: MPI counts are ints, and a shard
   // of the paper's 19B at tp 4 x dp 2 is 2.4e9 floats.
@@ -45,6 +55,8 @@ class StagedFlatSync final : public FlatSync {
 
   void reduce_grads() override;
   void all_gather_params() override;
+  // The bf16 shards ride the fp32 host collectives (bf16 -> fp32 -> bf16 is exact).
+  void all_gather_params16() override;
 
  private:
   // padded_ (dp*S) summed into piece_ (S); piece_ gathered into padded_: whole, or in pieces.
@@ -57,6 +69,8 @@ class StagedFlatSync final : public FlatSync {
   Copy to_host_, from_host_;
   std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step; the padding stays zero
   std::vector<float> staging_;         // dp pieces, when the shard moves in pieces
+  std::vector<uint16_t> bits_;         // the bf16 copy (sharded master only)
+  std::vector<float> copies_;          // the packed fp32 copies (sharded master only)
 };
 
 // The engine's kind: StagedFlatSync with memcpy for host buffers, else make_device_flat_sync.

@@ -54,7 +54,7 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
   // enqueues the kernels: the comm stream waits for the event, then reduces.
   void grads_ready(size_t begin, size_t end, void* cuda_event) override {
     async_.stream_wait(cuda_event);
-    async_.reduce_sum_async(owner_pieces(engine_.flat_grads(), begin, end));
+    async_.reduce_sum_async(owner_pieces(engine_.flat_grads(), Elem::F32, begin, end));
     announced_ += end - begin;
   }
   void reduce_grads() override {
@@ -63,23 +63,39 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
       armed_ = false;
       KVS_CHECK(announced_ == total_, "ZeRO-1 overlap: the backward announced {} of {} gradients", announced_, total_);
     } else {
-      async_.reduce_sum_async(owner_pieces(engine_.flat_grads(), 0, total_));  // the engine's stream is idle
+      async_.reduce_sum_async(owner_pieces(engine_.flat_grads(), Elem::F32, 0, total_));  // the engine's stream is idle
     }
     async_.synchronize();  // the optimizer (and the norm) read the sums
   }
   void all_gather_params() override {
-    async_.broadcast_async(owner_pieces(engine_.flat_params(), 0, total_));
+    async_.broadcast_async(owner_pieces(engine_.flat_params(), Elem::F32, 0, total_));
+    async_.synchronize();
+    engine_.flat_params_written();
+  }
+  // The sharded master: the bf16 shards (2 bytes a parameter, not 4) and the
+  // fp32 copies' runs, one NCCL group.
+  void all_gather_params16() override {
+    std::vector<Piece> pieces = owner_pieces(engine_.flat_params16(), Elem::BF16, 0, total_);
+    const std::vector<Engine::Fp32Copy> copies = engine_.fp32_copies();
+    for (int r = 0; r < comm_.size(); ++r) {
+      const auto [first, last] = owned_packed_run(copies, S_, r);
+      if (first < last) pieces.push_back({copies.front().data + first, last - first, r, Elem::F32});
+    }
+    async_.broadcast_async(pieces);
     async_.synchronize();
     engine_.flat_params_written();
   }
 
  private:
-  // [begin, end) cut at shard boundaries, each piece with its owner as root.
-  std::vector<dist::AsyncDeviceCollectives::Piece> owner_pieces(float* buf, size_t begin, size_t end) const {
-    std::vector<dist::AsyncDeviceCollectives::Piece> out;
+  using Piece = dist::AsyncDeviceCollectives::Piece;
+  using Elem = dist::AsyncDeviceCollectives::Elem;
+  // [begin, end) of `buf` (elements of type t) cut at shard boundaries, each piece with its owner as root.
+  std::vector<Piece> owner_pieces(void* buf, Elem t, size_t begin, size_t end) const {
+    const size_t bytes = t == Elem::BF16 ? 2 : 4;
+    std::vector<Piece> out;
     for (size_t lo = begin; lo < end;) {
       const size_t r = lo / S_, hi = std::min(end, (r + 1) * S_);
-      out.push_back({buf + lo, hi - lo, static_cast<int>(r)});
+      out.push_back({static_cast<char*>(buf) + lo * bytes, hi - lo, static_cast<int>(r), t});
       lo = hi;
     }
     return out;
@@ -103,8 +119,8 @@ std::unique_ptr<FlatSync> make_device_flat_sync(Engine& engine, dist::Communicat
     // the engine's non-blocking stream does not wait for the legacy stream:
     // wait for the device after every host-to-device copy.
     auto copy = [](cudaMemcpyKind kind, const char* what) {
-      return [kind, what](float* dst, const float* src, size_t n) {
-        check(cudaMemcpy(dst, src, n * sizeof(float), kind), what);
+      return [kind, what](void* dst, const void* src, size_t bytes) {
+        check(cudaMemcpy(dst, src, bytes, kind), what);
         if (kind == cudaMemcpyHostToDevice) check(cudaDeviceSynchronize(), what);
       };
     };

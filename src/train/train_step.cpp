@@ -90,6 +90,7 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
   engine_ = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp_,
                         tc.attention_backend, cp, pipe_ ? &part_ : nullptr, pipe_ ? pipe_->slots() : 1);
   engine_->set_overlap_optimizer(tc.overlap_optimizer);
+  shard_master_ = tc.shard_master;
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
   io_ = std::make_unique<FullModelIO>(cfg.model, engine_->layout(), tp_, groups_.dp_rank == 0 && groups_.cp_rank == 0,
                                       pipe_ ? groups_.pp_comm : nullptr, pipe_ ? &part_ : nullptr);
@@ -124,7 +125,7 @@ nlohmann::json TrainStep::layout_json() const {
 
 void TrainStep::shard_optimizer() {
   if (groups_.grad_comm->size() > 1 && !zero1_)
-    zero1_ = std::make_unique<Zero1>(*engine_, *groups_.grad_comm, tp_, pipe_norm_);
+    zero1_ = std::make_unique<Zero1>(*engine_, *groups_.grad_comm, tp_, pipe_norm_, shard_master_);
 }
 
 TrainStep::Gradients TrainStep::compute_gradients(const Batch& replica, double grad_scale) {

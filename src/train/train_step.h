@@ -71,8 +71,10 @@ class TrainStep {
   int gpu() const { return gpu_; }
 
   // With more than one replica (dp x cp ranks), ZeRO-1: from here on the
-  // engine keeps only its shard's moments. Call once the weights are written
-  // and before any moment is (a resumed run then reads only its shard's).
+  // engine keeps only its shard's moments, and with train.shard_master its
+  // shard's fp32 master (CUDA engine). Call before the weights and moments
+  // are written (so that neither exists whole; a resumed run then reads only
+  // its shard's moments).
   void shard_optimizer();
 
   struct Gradients {
@@ -98,6 +100,7 @@ class TrainStep {
   std::unique_ptr<FullModelIO> io_;
   std::unique_ptr<Zero1> zero1_;
   int micro_batch_ = 1, replica_sequences_ = 1, virtual_stages_ = 1, processes_ = 1;
+  bool shard_master_ = true;  // train.shard_master
   double peak_tflops_ = 0;
   int gpu_ = -1;
 };

@@ -335,6 +335,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Recorded in every checkpoint: what reads its ids later must use the same tokenizer.
   const std::string tokenizer_sha = cfg.data.tokenizer.empty() ? "" : tokenizer_sha256(cfg.data.tokenizer);
 
+  // ZeRO-1: from here on the engine keeps the moments of its shard only, and
+  // with train.shard_master its fp32 master's (set before any are written or
+  // allocated: neither exists whole on the device), and a resumed rank reads
+  // only its shard's moments.
+  train_step.shard_optimizer();
+  Zero1* const zero1 = train_step.zero1();
+
   // Fresh start or resume (from the newest checkpoint that verifies).
   int64_t step = 0;
   std::optional<OpenedCheckpoint> resumed;  // its moments are read once ZeRO-1 has set this rank's shard
@@ -406,11 +413,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }
   }
-  // ZeRO-1: from here on the engine keeps the moments of its shard only (set
-  // before any are written or allocated: the full ones never exist on the
-  // device), and a resumed rank reads only those.
-  train_step.shard_optimizer();
-  Zero1* const zero1 = train_step.zero1();
   if (resumed) {
     const size_t held_begin = zero1 ? zero1->shard().begin : 0, held_end = zero1 ? zero1->shard().end : local_floats;
     std::vector<float> exp_avg_sq(std::min(kWindowFloats, held_end - held_begin));
@@ -506,14 +508,21 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // no rank holds a copy of its slice, nor of its replica's moments.
     std::vector<float> tensor;
     try {
-      if (io.gathers())  // the other replicas have nothing to add but their ZeRO-1 shards below
-        io.gather_full(
-            [&](const ParamTensor& l) {
-              tensor.resize(l.numel);
-              engine->read_params_range(l.offset, l.numel, tensor.data());
-              return tensor.data();
-            },
-            "", keep);
+      // The other replicas have nothing to add but their ZeRO-1 shards: of
+      // the moments below, and of the fp32 master when it is sharded.
+      const bool master_shards = zero1 && zero1->master_sharded();
+      auto params = [&](const ParamTensor& l) {
+        tensor.resize(l.numel);
+        if (master_shards)  // a collective over the replicas, like the moments'
+          zero1->gather_params_range(l.offset, l.numel, tensor.data());
+        else
+          engine->read_params_range(l.offset, l.numel, tensor.data());
+        return static_cast<const float*>(tensor.data());
+      };
+      if (io.gathers())
+        io.gather_full(params, "", keep);
+      else if (master_shards)  // the same collectives, in the order the gathering replica's rank asks
+        for (const ParamTensor* l : io.owned_local()) params(*l);
       for (const bool second : {false, true}) {  // exp_avg, then exp_avg_sq
         auto moments = [&](const ParamTensor& l) {
           tensor.resize(l.numel);

@@ -28,6 +28,8 @@
 #include "dist/nccl_comm.h"
 #include "hostcuda.h"
 #include "model/config.h"
+#include "model/params.h"
+#include "parallel/zero1.h"
 #include "mpi_runs.h"
 #include "parallel/dist_test_util.h"
 #include "parallel/mpi_world.h"
@@ -275,6 +277,53 @@ TEST(HostCudaParallel, DataParallelCheckpointResumes) {
           << "step " << 3 + i << " resumed in one process: " << one.losses[i] << " vs " << full.losses[2 + i];
   }
   world().barrier();
+}
+
+// train.shard_master (on by default: each rank keeps the fp32 master of its
+// ZeRO-1 shard, and the bf16 copy is gathered) against the whole master at
+// dp = 2, over both paths (MPI: the bf16 copy staged through the host; the
+// NCCL shim: broadcast as bf16, with the fp32 copies of the norm gains and
+// shift coefficients): the same losses, evaluation and checkpoint bytes, bit
+// for bit; and each rank's device memory peaks lower by exactly the master
+// it does not keep, less its fp32 copies (the whole master never exists).
+TEST(HostCudaParallel, ShardedMasterGivesTheWholeMastersBitsInLessMemory) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  kvs::Config c = config(true, 32, 1);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(c.model, 0, 1);
+  size_t copies = 0;
+  for (const kvs::ParamTensor& t : layout.tensors)
+    if (t.kind == kvs::ParamKind::Norm || t.kind == kvs::ParamKind::Shift) copies += t.numel;
+  const kvs::ShardRange shard = kvs::shard_range(layout.total, 2, world().rank());
+  for (const bool nccl : {false, true}) {
+    const std::string what = std::string("dp2_master_") + (nccl ? "nccl" : "mpi");
+    SCOPED_TRACE(what);
+    std::map<bool, kvs::TrainSummary> runs;
+    std::map<bool, size_t> peak;
+    for (const bool sharded : {false, true}) {
+      // A communicator per run: the NCCL one keeps the device buffer it stages host collectives through.
+      std::unique_ptr<kvs::dist::Communicator> own = nccl ? kvs::testing_util::shim_nccl_world() : nullptr;
+      c.train.shard_master = sharded;
+      hostcuda::reset_device_bytes_peak();
+      const size_t before = hostcuda::device_bytes_in_use();
+      runs[sharded] = kvs::train(c, {shared_dir(what + (sharded ? "_sharded" : "_whole")), false, true,
+                                     own ? own.get() : &world()});
+      peak[sharded] = hostcuda::device_bytes_peak() - before;
+    }
+    ASSERT_EQ(runs[true].losses.size(), 5u);
+    EXPECT_EQ(runs[true].losses, runs[false].losses);
+    EXPECT_EQ(runs[true].final_eval.loss, runs[false].final_eval.loss);
+    EXPECT_EQ(peak[false] - peak[true], sizeof(float) * (layout.total - (shard.end - shard.begin) - copies))
+        << "peak device bytes, whole master " << peak[false] << ", sharded " << peak[true];
+    if (world().rank() == 0) {
+      for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+        const std::string a = runs[false].last_checkpoint, b = runs[true].last_checkpoint;
+        ASSERT_FALSE(a.empty());
+        ASSERT_FALSE(b.empty());
+        EXPECT_TRUE(kvs::testing_util::slurp(a + "/" + file) == kvs::testing_util::slurp(b + "/" + file)) << file;
+      }
+    }
+    world().barrier();
+  }
 }
 
 // Non-finite gradients on rank 1 only (its micro-batch of step 3) under ZeRO-1 over

@@ -79,7 +79,7 @@ TEST(FlatSync, ReducesIntoTheShardAndGathersEveryShard) {
     CpuEngine e(m, 1, 4);
     const size_t total = e.layout().total;
     const ShardRange shard = shard_range(total, dp, r);
-    const StagedFlatSync::Copy copy = [](float* dst, const float* src, size_t n) { std::copy_n(src, n, dst); };
+    const StagedFlatSync::Copy copy = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
     std::unique_ptr<FlatSync> sync = std::make_unique<StagedFlatSync>(e, world(), shard, copy, copy, max_count);
     float* g = e.host_grads();
     for (size_t i = 0; i < total; ++i) g[i] = static_cast<float>((r + 1) * (i % 97));

@@ -122,33 +122,121 @@ TEST(CudaZero1, EngineKeepsOnlyItsShard) {
 // Zero1 with the single-process communicator takes the host-staged path
 // (device buffers -> pinned host -> collective -> device) and refreshes the
 // bf16 copy: the same steps and losses as the plain CUDA engine, bit for bit.
+// With the fp32 master sharded (train.shard_master; here one shard of all of
+// it) the bf16 copy and the fp32 copies ride the collectives instead, and
+// the steps are the same bits too.
 TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
   KVS_REQUIRE_GPU();
-  const kvs::Config c = validated(tiny_cuda_config(true, 1), "cuda-zero1");
-  kvs::CudaEngine plain(c.model, 2, 16), zeroed(c.model, 2, 16);
-  std::vector<float> init(plain.layout().total);
-  kvs::init_params(plain.layout(), c.model, 11, init.data());
-  plain.write_params(init.data());
-  zeroed.write_params(init.data());
-  auto comm = kvs::dist::make_single_process();
-  kvs::Zero1 z(zeroed, *comm);
-  const TinyBatch d = tiny_batch(3);
-  for (int step = 1; step <= 3; ++step) {
-    plain.zero_grad();
-    zeroed.zero_grad();
-    const double la = plain.forward_backward(d.batch(), 1.0 / 32);
-    z.overlap_next_backward();  // a no-op on the staged path
-    const double lb = zeroed.forward_backward(d.batch(), 1.0 / 32);
-    EXPECT_EQ(la, lb) << "step " << step;
-    EXPECT_EQ(z.reduce_gradients(), plain.grad_norm()) << "step " << step;
-    const kvs::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.9};
-    plain.adamw_step(h);
-    z.step(h);
-    ASSERT_EQ(params_of(plain), params_of(zeroed)) << "step " << step;
+  for (const bool shard_master : {false, true}) {
+    SCOPED_TRACE(shard_master ? "master sharded" : "master whole");
+    const kvs::Config c = validated(tiny_cuda_config(true, 1), "cuda-zero1");
+    kvs::CudaEngine plain(c.model, 2, 16), zeroed(c.model, 2, 16);
+    std::vector<float> init(plain.layout().total);
+    kvs::init_params(plain.layout(), c.model, 11, init.data());
+    plain.write_params(init.data());
+    zeroed.write_params(init.data());
+    auto comm = kvs::dist::make_single_process();
+    kvs::Zero1 z(zeroed, *comm, {}, {}, shard_master);
+    EXPECT_EQ(z.master_sharded(), shard_master);
+    const TinyBatch d = tiny_batch(3);
+    for (int step = 1; step <= 3; ++step) {
+      plain.zero_grad();
+      zeroed.zero_grad();
+      const double la = plain.forward_backward(d.batch(), 1.0 / 32);
+      z.overlap_next_backward();  // a no-op on the staged path
+      const double lb = zeroed.forward_backward(d.batch(), 1.0 / 32);
+      EXPECT_EQ(la, lb) << "step " << step;
+      EXPECT_EQ(z.reduce_gradients(), plain.grad_norm()) << "step " << step;
+      const kvs::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.9};
+      plain.adamw_step(h);
+      z.step(h);
+      ASSERT_EQ(params_of(plain), params_of(zeroed)) << "step " << step;
+    }
+    std::vector<float> m(plain.layout().total), v(m.size()), p(m.size());
+    z.gather_optimizer_range(0, m.size(), m.data(), v.data());
+    EXPECT_EQ(moments_of(plain), std::make_pair(m, v));
+    z.gather_params_range(0, p.size(), p.data());
+    EXPECT_EQ(params_of(plain), p);
+    // A fourth forward reads what the last gather left: the bf16 copy and the fp32 copies.
+    EXPECT_EQ(plain.forward(d.batch(), nullptr, nullptr, nullptr), zeroed.forward(d.batch(), nullptr, nullptr, nullptr));
   }
-  std::vector<float> m(plain.layout().total), v(m.size());
-  z.gather_optimizer_range(0, m.size(), m.data(), v.data());
-  EXPECT_EQ(moments_of(plain), std::make_pair(m, v));
+}
+
+// train.shard_master on one engine: keep_master_range, before the weights
+// are written or after, keeps the master of its shard and whole fp32 copies
+// of exactly the norm gains and shift coefficients (packed in layout order);
+// a read of anything else is an error, and so is an update outside the
+// shard; the forward (bf16 copy, fp32 copies) gives the whole engine's loss;
+// and the shard's update is the whole engine's, bit for bit, its fp32 copies
+// refreshed.
+TEST(CudaZero1, ShardedMasterKeepsItsShardAndWholeFp32Tensors) {
+  KVS_REQUIRE_GPU();
+  const kvs::Config c = validated(tiny_cuda_config(true, 1), "cuda-zero1");
+  kvs::CudaEngine whole(c.model, 2, 16), before(c.model, 2, 16), after(c.model, 2, 16);
+  const kvs::ParamLayout& layout = whole.layout();
+  const size_t n = layout.total;
+  std::vector<float> init(n);
+  kvs::init_params(layout, c.model, 9, init.data());
+  const auto s = kvs::shard_range(n, 3, 1);
+  before.keep_master_range(s.begin, s.end);
+  for (kvs::CudaEngine* e : {&whole, &before, &after}) e->write_params(init.data());
+  after.keep_master_range(s.begin, s.end);
+  std::vector<const kvs::ParamTensor*> fp32, outside;
+  for (const kvs::ParamTensor& t : layout.tensors) {
+    if (t.kind == kvs::ParamKind::Norm || t.kind == kvs::ParamKind::Shift) fp32.push_back(&t);
+    else if (t.offset + t.numel <= s.begin || t.offset >= s.end) outside.push_back(&t);
+  }
+  ASSERT_GE(fp32.size(), 7u);  // 2 layers' norms and k/v shifts, the final norm
+  ASSERT_FALSE(outside.empty());
+  const TinyBatch d = tiny_batch(4);
+  const double loss = whole.forward(d.batch(), nullptr, nullptr, nullptr);
+  for (kvs::CudaEngine* e : {&before, &after}) {
+    SCOPED_TRACE(e == &before ? "sharded before the writes" : "sharded after them");
+    EXPECT_TRUE(e->master_sharded());
+    const std::vector<kvs::Engine::Fp32Copy> copies = e->fp32_copies();
+    ASSERT_EQ(copies.size(), fp32.size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      EXPECT_EQ(copies[i].offset, fp32[i]->offset);
+      EXPECT_EQ(copies[i].n, fp32[i]->numel);
+      if (i) {
+        EXPECT_EQ(copies[i].data, copies[i - 1].data + copies[i - 1].n) << "not packed";
+      }
+      std::vector<float> got(copies[i].n);
+      e->read_params_range(copies[i].offset, copies[i].n, got.data());
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), init.begin() + copies[i].offset)) << copies[i].offset;
+    }
+    std::vector<float> shard(s.end - s.begin);
+    e->read_params_range(s.begin, shard.size(), shard.data());
+    EXPECT_TRUE(std::equal(shard.begin(), shard.end(), init.begin() + s.begin));
+    std::vector<float> other(outside.front()->numel);
+    EXPECT_KVS_ERROR(e->read_params_range(outside.front()->offset, other.size(), other.data()), "is not all held here");
+    EXPECT_KVS_ERROR(e->adamw_step_range({}, 0, n), "outside the fp32 master held");
+    EXPECT_EQ(e->forward(d.batch(), nullptr, nullptr, nullptr), loss);
+  }
+  // One step: the shard's update is the whole engine's; the fp32 copies in the shard follow it.
+  for (kvs::CudaEngine* e : {&whole, &before}) {
+    e->zero_grad();
+    e->forward_backward(d.batch(), 1.0 / 32);
+  }
+  const kvs::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 1, 1.0};
+  whole.adamw_step(h);
+  before.adamw_step_range(h, s.begin, s.end);
+  const std::vector<float> want = params_of(whole);
+  std::vector<float> shard(s.end - s.begin);
+  before.read_params_range(s.begin, shard.size(), shard.data());
+  EXPECT_TRUE(std::equal(shard.begin(), shard.end(), want.begin() + s.begin));
+  size_t refreshed = 0;
+  for (const kvs::Engine::Fp32Copy& t : before.fp32_copies()) {
+    std::vector<float> got(t.n);
+    ASSERT_EQ(cudaMemcpy(got.data(), t.data, t.n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < t.n; ++i) {
+      const size_t at = t.offset + i;
+      const bool held = at >= s.begin && at < s.end;
+      ASSERT_EQ(got[i], held ? want[at] : init[at]) << "element " << at << (held ? " (in the shard)" : "");
+      refreshed += held && want[at] != init[at];
+    }
+  }
+  EXPECT_GT(refreshed, 0u) << "no fp32 copy in the shard changed: the test checks nothing";
 }
 
 // The overlap hook: ranges in backward order (tail, layers L-1..0,

@@ -122,9 +122,9 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
                                    const std::vector<cpu::GemmLibrary>& gemms) {
   const int T = cfg.train.seq_len, GB = cfg.global_batch_sequences();
   TrainStep step(cfg, world);
+  step.shard_optimizer();  // ZeRO-1 before the weights are written: the whole fp32 master never exists
   write_params_in_windows(step.engine(),
                           [&](size_t at, size_t n, float* w) { step.io().init_local(cfg.train.seed, at, n, w); });
-  step.shard_optimizer();
   step.engine().reserve_optimizer_state();
   // Sequence g of the global batch holds the same tokens in every layout; this replica's are its share.
   const int LB = step.replica_sequences();

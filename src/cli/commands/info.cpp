@@ -93,9 +93,10 @@ void add_info(CLI::App& app) {
     }
     // The CUDA engine's device memory on TP rank 0 (the largest slice), from
     // the same plan its constructor allocates (host arithmetic, no GPU): the
-    // one arena (fp32 master + fp32 grads + bf16 copy, activations for the
-    // micro-batch, workspaces), the two fp32 moments before ZeRO-1 shards them
-    // over dp, and the 32 MiB cuBLASLt workspace. CUDA builds only.
+    // one arena (fp32 grads + bf16 copy, activations for the micro-batch,
+    // workspaces), the fp32 master (its own allocation; 10 B per parameter
+    // with the arena's weights and grads), the two fp32 moments before ZeRO-1
+    // shards them over dp, and the 32 MiB cuBLASLt workspace. CUDA builds only.
     nlohmann::json cuda_mem = nullptr;
 #ifdef KVS_CUDA
     {
@@ -107,14 +108,15 @@ void add_info(CLI::App& app) {
           CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, layout, B, T, cfg.train.recompute, sp_rows, cp);
       const double P = static_cast<double>(layout.total);
       const double arena = static_cast<double>(plan.total), weights = 10.0 * P, moments = 8.0 * P;
+      const double in_arena = 6.0 * P;  // fp32 grads + bf16 copy; the master (4 B) is allocated apart
       const double cublas = 32.0 * 1024 * 1024;
       cuda_mem = {{"engine", "cuda-bf16"},
                   {"tp", tp},
                   {"recompute", cfg.train.recompute},
                   {"weights_and_grads", weights},
-                  {"activations_and_workspaces", arena - weights + cublas},
+                  {"activations_and_workspaces", arena - in_arena + cublas},
                   {"optimizer_unsharded", moments},
-                  {"total_unsharded", arena + cublas + moments},
+                  {"total_unsharded", arena - in_arena + weights + cublas + moments},
                   {"not_counted", kCudaNotCounted}};
       // Under pipeline parallelism each stage's engine: its part's
       // parameters and a plan with its schedule's activation slots.
@@ -136,9 +138,9 @@ void add_info(CLI::App& app) {
           cuda_stages.push_back({{"stage", r},
                                  {"slots", st.slots},
                                  {"weights_and_grads", sw},
-                                 {"activations_and_workspaces", sa - sw + cublas},
+                                 {"activations_and_workspaces", sa - 6.0 * sP + cublas},
                                  {"optimizer_unsharded", 8.0 * sP},
-                                 {"total_unsharded", sa + cublas + 8.0 * sP}});
+                                 {"total_unsharded", sa + 4.0 * sP + cublas + 8.0 * sP}});
         }
       }
       cuda_mem["pipeline_stages"] = cuda_stages;

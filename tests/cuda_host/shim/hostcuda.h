@@ -47,6 +47,9 @@ bool pinned_free(void* p);
 bool is_pinned(const void* p, size_t n = 1);
 size_t device_bytes_in_use();
 size_t device_bytes_total();
+// The most device_bytes_in_use has been since the last reset (or the start).
+size_t device_bytes_peak();
+void reset_device_bytes_peak();
 // While one exists, device memory is host-accessible (the shim running an operation).
 struct DeviceOpen {
   DeviceOpen();

@@ -75,6 +75,7 @@ Shadow* g_shadow = nullptr;        // per arena granule
 std::vector<Allocation> g_allocs(1);
 std::set<uint32_t> g_live;  // indices of the live allocations
 size_t g_in_use = 0;
+size_t g_peak = 0;  // the most g_in_use since reset_device_bytes_peak
 // Pages opened for an operation's out-of-bounds access (closed with the rest).
 constexpr int kMaxOpened = 4096;
 uintptr_t g_opened[kMaxOpened];
@@ -347,6 +348,7 @@ void* device_malloc(size_t bytes) {
     protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
   }
   g_in_use += bytes;
+  g_peak = std::max(g_peak, g_in_use);
   return reinterpret_cast<void*>(al.base);
 }
 
@@ -430,6 +432,8 @@ bool is_pinned(const void* p, size_t n) {
 }
 
 size_t device_bytes_in_use() { return g_in_use; }
+size_t device_bytes_peak() { return g_peak; }
+void reset_device_bytes_peak() { g_peak = g_in_use; }
 size_t device_bytes_total() { return kCapacity; }
 
 }  // namespace hostcuda

@@ -389,6 +389,23 @@ d = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
 print("%d logged losses, max rel diff %.2e vs one process, final loss %.4f" % (len(b), d, a[max(a)]))
 PY
 }
+same_run() {  # runs A and B: "identical: ..." when their losses and last checkpoints' tensors are the same bits
+  python3 - "$1" "$2" <<'PY'
+import json, os, sys
+def losses(d):
+    return [j["loss"] for j in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if j["type"] == "train"]
+def ckpt(d, name):
+    root = os.path.join(d, "checkpoints")
+    return open(os.path.join(root, open(os.path.join(root, "latest")).read().strip(), name), "rb").read()
+a, b = sys.argv[1:3]
+la, lb = losses(a), losses(b)
+files = [f for f in ("model.safetensors", "optimizer.safetensors") if ckpt(a, f) != ckpt(b, f)]
+if la == lb and not files:
+    print("identical: %d logged losses and the checkpoint" % len(la))
+else:
+    print("FAILED: %s" % ("losses differ" if la != lb else "checkpoint differs: " + ", ".join(files)))
+PY
+}
 dp_rows() {
   local ngpu log
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -402,6 +419,17 @@ dp_rows() {
     row "train $dev, 2 MPI ranks on 1 GPU (staged)" "$(curve_diff "$out/dp2-mpi" "$out/dp1")"
   else
     row "train $dev, 2 MPI ranks on 1 GPU (staged)" "FAILED: $(why "$log")"
+  fi
+  # train.shard_master (on by default: each rank keeps its shard of the fp32
+  # master, the bf16 weights are gathered) off: the same losses and checkpoint, bit for bit.
+  log=$out/dp2_mpi_whole_master.log
+  if [ -f "$out/dp2-mpi/metrics.jsonl" ] &&
+      dp_train "$out/dp2-mpi-whole" "parallel.tp=1 train.shard_master=false" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_env[@]}" timeout $(cap 300) "$mpirun_bin" --oversubscribe \
+        --bind-to none -np 2 >"$log" 2>&1; then
+    row "train $dev, 2 MPI ranks: fp32 master whole vs sharded" "$(same_run "$out/dp2-mpi-whole" "$out/dp2-mpi")"
+  else
+    row "train $dev, 2 MPI ranks: fp32 master whole vs sharded" "FAILED: $(why "$log")"
   fi
   # Tensor parallelism with the CUDA kernels: tp=2, then dp=2 x tp=2, as MPI
   # ranks sharing the GPU (activations all-reduced through the host).

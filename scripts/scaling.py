@@ -176,8 +176,8 @@ def shift_rope_backward_scratch_floats(b, t, h, d, w):
 def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, stage=None):
     """Bytes of the CUDA engine's activations and workspaces on one GPU, by group.
 
-    At sp off and cp 1 this is CudaPlan::build's arena without the parameters (fp32 master, fp32
-    gradients, bf16 copy), plus the cuBLASLt workspace: kvshift info's
+    At sp off and cp 1 this is CudaPlan::build's arena without the parameters (fp32 gradients, bf16
+    copy; the fp32 master is allocated apart), plus the cuBLASLt workspace: kvshift info's
     memory_bytes_cuda.activations_and_workspaces, to the byte. The CUDA engine has neither SP nor CP
     yet; for them this assumes the CPU engine's layouts (docs/scaling.md):
     - SP: the residual stream (layer inputs, res_mid, the RMSNorm outputs and rstd, the final norm,
@@ -281,8 +281,9 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, sta
 def state_bytes(p_gpu, grad_bytes, master, shards):
     """Parameters, gradients and optimizer state of one GPU: bf16 copy, gradients, and either
     the fp32 master with the two fp32 AdamW moments sharded over `shards` ranks (master "sharded",
-    Megatron's distributed optimizer) or the fp32 master on every GPU and only the moments sharded
-    (master "replicated": kvshift's engines today)."""
+    Megatron's distributed optimizer, and kvshift's CUDA engine with train.shard_master) or the fp32
+    master on every GPU and only the moments sharded (master "replicated": train.shard_master false,
+    or the CPU engine)."""
     if master == "sharded":
         return (BF16 + grad_bytes) * p_gpu + 12 * p_gpu / shards
     return (BF16 + grad_bytes + FP32) * p_gpu + 8 * p_gpu / shards
@@ -685,8 +686,8 @@ def parse_args(argv):
     p.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32",
                    help="dtype of the reduced gradients (kvshift's engines accumulate fp32)")
     p.add_argument("--master", choices=["sharded", "replicated"], default="sharded",
-                   help="fp32 master weights sharded by ZeRO-1 with the moments (default) or on every GPU "
-                        "(kvshift's engines today)")
+                   help="fp32 master weights sharded by ZeRO-1 with the moments (default; the CUDA engine's "
+                        "train.shard_master) or on every GPU (train.shard_master false)")
     p.add_argument("--mfu", type=float, default=0.45, help="achieved MFU assumed for the compute (default 0.45)")
     p.add_argument("--peak-tflops", type=float, default=989, help="peak dense bf16 TFLOP/s (H100 SXM: 989)")
     p.add_argument("--nvlink-gbs", type=float, default=900, help="NVLink GB/s per GPU within a node (default 900)")

@@ -197,6 +197,10 @@ def main():
                   "train cpu, tp=2 + sequence parallel", "train cpu, cp=2", "train cpu, pp=2 1F1B",
                   "train cpu, pp=2 x v2 tied recompute"):
         check(loss_diff_ok(find(t, label)), f"{label} row", find(t, label))
+    # train.shard_master off against on (the CPU engine keeps its weights whole either way).
+    check(re.match(r"identical: \d+ logged losses and the checkpoint$", find(t, "train cpu, 2 MPI ranks: fp32 master whole "
+                                                                          "vs sharded") or "") is not None,
+          "whole vs sharded fp32 master row", find(t, "train cpu, 2 MPI ranks: fp32 master whole vs sharded"))
     for label in ("train cpu, NCCL dp=2", "train cpu, NCCL pp=2"):
         check((find(t, label) or "").startswith("not run: needs 2 GPUs"), f"{label} row", find(t, label))
     check((find(t, "train cpu, attention cudnn") or "").startswith("n/a: device cpu"), "cuDNN row")

@@ -429,7 +429,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
     spdlog::info("parallel layout: {}, backend {}{}{}", train_step.layout(), comm->backend(),
-                 zero1 ? ", ZeRO-1 optimizer shards" : "",
+                 !zero1                    ? ""
+                 : zero1->master_sharded() ? ", ZeRO-1 optimizer shards (fp32 master sharded too)"
+                                           : ", ZeRO-1 optimizer shards",
                  groups.tp > 1 ? fmt::format(", vocabulary padded to {}", padded_vocab(cfg.model, groups.tp)) : "");
   }
 

@@ -248,11 +248,13 @@ TEST(HostCudaEngine, RecomputationGivesBitIdenticalGradients) {
 
 namespace {
 
-// ZeRO-1 on the device: the AdamW moments are allocated on first use, for the
-// range kept by then, so a rank that keeps a shard never holds the full
-// moments (they used to be allocated in the constructor and freed by
-// keep_optimizer_range: the peak was weights + activations + all moments).
-// The shim counts every byte allocated.
+// ZeRO-1 on the device: the AdamW moments and the fp32 master are allocated
+// on first use, for the range kept by then, so a rank that keeps a shard
+// never holds the full moments (they used to be allocated in the constructor
+// and freed by keep_optimizer_range: the peak was weights + activations + all
+// moments), nor with keep_master_range the full master (beside it, whole fp32
+// copies of the norm gains and shift coefficients). The shim counts every
+// byte allocated.
 TEST(HostCudaEngine, MomentsAreAllocatedForTheKeptRangeOnly) {
   const ModelConfig m = model_of(kVariants[1]);
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
@@ -262,17 +264,37 @@ TEST(HostCudaEngine, MomentsAreAllocatedForTheKeptRangeOnly) {
   const size_t before = hostcuda::device_bytes_in_use();
   kvs::CudaEngine sharded(m, 2, 16);
   const size_t engine_bytes = hostcuda::device_bytes_in_use() - before;
-  const size_t begin = n / 3, end = 2 * n / 3;
+  const size_t begin = n / 3, end = 2 * n / 3, master = n * sizeof(float);
   sharded.keep_optimizer_range(begin, end);
   EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes) << "keep_optimizer_range allocated";
   sharded.write_params(params.data());
+  EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes + master) << "the master, at the first write";
   sharded.zero_grad();
   sharded.forward_backward(data.batch(), 1.0 / 32);
   kvs::AdamWHyper h;
   h.step = 1;
   sharded.adamw_step_range(h, begin, end);
-  EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes + 2 * (end - begin) * sizeof(float));
+  EXPECT_EQ(hostcuda::device_bytes_in_use() - before, engine_bytes + master + 2 * (end - begin) * sizeof(float));
   EXPECT_LT(engine_bytes + 2 * (end - begin) * sizeof(float), engine_bytes + moments);
+
+  // The master sharded too, before the first write: its shard and the fp32 copies only.
+  size_t copies = 0;
+  for (const kvs::ParamTensor& t : layout.tensors)
+    if (t.kind == kvs::ParamKind::Norm || t.kind == kvs::ParamKind::Shift) copies += t.numel;
+  ASSERT_GT(copies, 0u);
+  const size_t before_master = hostcuda::device_bytes_in_use();
+  {
+    kvs::CudaEngine both(m, 2, 16);
+    both.keep_optimizer_range(begin, end);
+    both.keep_master_range(begin, end);
+    const size_t kept = engine_bytes + (end - begin + copies) * sizeof(float);
+    EXPECT_EQ(hostcuda::device_bytes_in_use() - before_master, kept);
+    both.write_params(params.data());
+    both.zero_grad();
+    both.forward_backward(data.batch(), 1.0 / 32);
+    both.adamw_step_range(h, begin, end);
+    EXPECT_EQ(hostcuda::device_bytes_in_use() - before_master, kept + 2 * (end - begin) * sizeof(float));
+  }
 
   // Without a shard: all of them, on the first step or when reserved.
   const size_t before_whole = hostcuda::device_bytes_in_use();

@@ -212,7 +212,8 @@ void add_info(CLI::App& app) {
       std::printf("memory (CUDA bf16 engine, one GPU of tp %d, micro-batch %d x %d, recompute %s):\n",
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());
       std::printf("  fp32 master + fp32 grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB, "
-                  "AdamW %.3f GiB (before ZeRO-1 shards it over dp), total %.3f GiB\n",
+                  "AdamW %.3f GiB, total %.3f GiB (before ZeRO-1 shards the AdamW moments, and with "
+                  "train.shard_master the fp32 master, over dp)\n",
                   cuda_mem["weights_and_grads"].get<double>() / GiB,
                   cuda_mem["activations_and_workspaces"].get<double>() / GiB,
                   cuda_mem["optimizer_unsharded"].get<double>() / GiB, cuda_mem["total_unsharded"].get<double>() / GiB);

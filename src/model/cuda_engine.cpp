@@ -23,6 +23,7 @@
 #include "core/op_stat.h"
 #include "core/profile_range.h"
 #include "core/safetensors.h"  // bf16_to_f32, f32_to_bf16
+#include "dist/nccl_comm.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernel_profile.h"
@@ -413,9 +414,12 @@ void CudaEngine::init(int device, AttentionImpl attention_backend) {
 CudaEngine::~CudaEngine() { release(); }
 
 void CudaEngine::release() {
-  // A memset or an update still queued writes the memory freed below.
+  // A memset or an update still queued writes the memory freed below; so
+  // does a ZeRO-1 gather on its communicator's stream.
   if (zero_stream_) cudaStreamSynchronize(zero_stream_);
   if (opt_stream_) cudaStreamSynchronize(opt_stream_);
+  if (gather_watch_ && optimizer_in_flight()) cudaEventSynchronize(opt_events_.back());
+  gather_watch_ = nullptr;
   linear_.reset();
   mm_.reset();
   attn_.reset();
@@ -615,6 +619,24 @@ uint16_t* CudaEngine::flat_params16() {
     sync("flat params16");
   }
   return reinterpret_cast<uint16_t*>(at<bf16>(plan_.params16));
+}
+
+Engine::ParamArrival CudaEngine::param_arrival() {
+  join_optimizer();
+  sync("param arrival");
+  ParamArrival a;
+  for (size_t i = 0; i < opt_ranges_.size(); ++i) {
+    a.ends.push_back(opt_ranges_[i].end);
+    a.events.push_back(opt_events_[i]);
+  }
+  return a;
+}
+
+void CudaEngine::params_arriving(dist::AsyncDeviceCollectives* watch) {
+  KVS_CHECK(!optimizer_in_flight() && watch, "internal error: params_arriving with {}",
+            watch ? "an update or a gather in flight" : "nothing to watch it by");
+  opt_joined_ = -1;  // every range's event is pending
+  gather_watch_ = watch;
 }
 
 std::vector<Engine::Fp32Copy> CudaEngine::fp32_copies() {
@@ -976,6 +998,11 @@ void CudaEngine::backward_layer(int l, int B, int T) {
 
 void CudaEngine::sync(const char* what) const {
   join_zeroing();
+  if (gather_watch_) {  // the stream may be waiting for ZeRO-1's gather: bounded by its communicator's timeout
+    gather_watch_->wait_for_stream(stream_, what);
+    if (!optimizer_in_flight()) gather_watch_ = nullptr;  // every range joined, and the stream is idle
+    return;
+  }
   region_->wait(what);
 }
 

@@ -201,6 +201,9 @@ class CudaEngine : public Engine {
   void keep_master_range(size_t begin, size_t end) override;
   uint16_t* flat_params16() override;
   std::vector<Fp32Copy> fp32_copies() override;
+  // The gather's ranges and events are the overlapped AdamW's (opt_ranges_, opt_events_).
+  ParamArrival param_arrival() override;
+  void params_arriving(dist::AsyncDeviceCollectives* watch) override;
   float* flat_grads() override;
   void flat_params_written() override;
   double grad_sq_sum_range(size_t begin, size_t end) override;
@@ -248,6 +251,8 @@ class CudaEngine : public Engine {
   // forward calls it before it first reads a range. join_optimizer() waits for
   // all of it: every other public call that touches the parameters, moments
   // or gradients calls it first (zero_grad orders its memset after it).
+  // ZeRO-1's overlapped gather (params_arriving) uses the same ranges and
+  // events, recorded on its communicator's stream instead.
   void join_optimizer(size_t offset) const;
   void join_optimizer() const { join_optimizer(layout_.total - 1); }
   bool optimizer_in_flight() const { return opt_joined_ + 1 < static_cast<int>(opt_ranges_.size()); }
@@ -374,8 +379,11 @@ class CudaEngine : public Engine {
     int chunk0, chunk1;  // its entries [chunk0, chunk1) of the AdamW chunk table
   };
   std::vector<OptRange> opt_ranges_;
-  std::vector<cudaEvent_t> opt_events_;  // [range]: recorded on opt_stream_ after its update
+  std::vector<cudaEvent_t> opt_events_;  // [range]: recorded after its update (or ZeRO-1's gather of it)
   mutable int opt_joined_ = 0;           // ranges [0, opt_joined_] are ordered before stream_'s next work
+  // ZeRO-1's gather in flight (params_arriving): sync() polls through it,
+  // until every range is joined and the stream is idle.
+  mutable dist::AsyncDeviceCollectives* gather_watch_ = nullptr;
   std::unique_ptr<cuda::Matmul> mm_;
   std::unique_ptr<CudaTpRegion> region_;        // the TP group's sums (no-ops at tp = 1)
   std::unique_ptr<CudaParallelLinear> linear_;  // column/row-parallel GEMMs through mm_ and region_

@@ -17,6 +17,10 @@
 
 namespace kvs {
 
+namespace dist {
+class AsyncDeviceCollectives;
+}
+
 // One micro-batch of B sequences of T tokens (host memory).
 struct Batch {
   int B = 0, T = 0;
@@ -185,6 +189,21 @@ class Engine {
     float* data = nullptr;
   };
   virtual std::vector<Fp32Copy> fp32_copies();
+  // ZeRO-1's gather overlapping the next forward (the CUDA engine, under
+  // NCCL): the layout cut into ranges in the forward's order (range i ends at
+  // ends[i]), one event (a cudaEvent_t) each. The caller enqueues each range's
+  // gather on its communicator's stream and records the range's event after
+  // it, then calls params_arriving(watch): the engine waits for range i's
+  // event just before it first reads range i, and for all of them before
+  // anything else touches the parameters; while any is pending its host
+  // waits go through `watch` (a peer that died ends in an error after the
+  // communicator's timeout, not a hang). Empty: the engine cannot.
+  struct ParamArrival {
+    std::vector<size_t> ends;
+    std::vector<void*> events;
+  };
+  virtual ParamArrival param_arrival() { return {}; }
+  virtual void params_arriving(dist::AsyncDeviceCollectives* watch) { (void)watch; }
 
   // Overlapped gradient reduction (docs/PARALLEL.md, "Overlap"). While a hook
   // is set, every backward calls it as soon as the gradients of a contiguous

@@ -89,7 +89,7 @@ void StagedFlatSync::all_gather_params16() {
   copies_.resize(packed);
   if (packed) to_host_(copies_.data(), copies.front().data, packed * sizeof(float));
   for (int r = 0; r < comm_.size(); ++r) {
-    const auto [first, last] = owned_packed_run(copies, S_, r);
+    const auto [first, last] = packed_run(copies, static_cast<size_t>(r) * S_, static_cast<size_t>(r + 1) * S_);
     for (size_t at = first; at < last; at += dist::kHostPieceFloats)
       comm_.broadcast(copies_.data() + at, std::min(dist::kHostPieceFloats, last - at), dist::DType::F32, r);
   }
@@ -97,15 +97,14 @@ void StagedFlatSync::all_gather_params16() {
   engine_.flat_params_written();
 }
 
-std::pair<size_t, size_t> owned_packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t S, int r) {
+std::pair<size_t, size_t> packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t lo, size_t hi) {
   // How many packed values lie before layout offset x.
   auto before = [&](size_t x) {
     size_t n = 0;
     for (const Engine::Fp32Copy& c : copies) n += std::min(c.n, x > c.offset ? x - c.offset : 0);
     return n;
   };
-  const size_t lo = static_cast<size_t>(r) * S;
-  return {before(lo), before(lo + S)};
+  return {before(lo), before(hi)};
 }
 
 std::unique_ptr<FlatSync> make_flat_sync(Engine& engine, dist::Communicator& comm, const ShardRange& shard) {

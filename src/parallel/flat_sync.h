@@ -37,10 +37,10 @@ class FlatSync {
   virtual void all_gather_params16() = 0;
 };
 
-// Where rank r's part of the packed fp32 copies (Engine::fp32_copies, in
-// layout order) is: one run [first, second) of the packed values, since the
-// shards are contiguous layout ranges of S floats.
-std::pair<size_t, size_t> owned_packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t S, int r);
+// Where the packed fp32 copies (Engine::fp32_copies, in layout order) hold
+// the values of layout range [lo, hi): one run [first, second) of the packed
+// values (a shard, or a shard's part of a range, is a contiguous layout range).
+std::pair<size_t, size_t> packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t lo, size_t hi);
 
 class StagedFlatSync final : public FlatSync {
  public:

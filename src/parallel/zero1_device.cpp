@@ -73,17 +73,32 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
     engine_.flat_params_written();
   }
   // The sharded master: the bf16 shards (2 bytes a parameter, not 4) and the
-  // fp32 copies' runs, one NCCL group.
+  // fp32 copies' parts, from their owners, overlapping the next forward: one
+  // NCCL group per range of the engine's forward order (Engine::param_arrival),
+  // its event after it, and no wait here; the forward waits for each range
+  // just before it reads it.
   void all_gather_params16() override {
-    std::vector<Piece> pieces = owner_pieces(engine_.flat_params16(), Elem::BF16, 0, total_);
+    uint16_t* p16 = engine_.flat_params16();
     const std::vector<Engine::Fp32Copy> copies = engine_.fp32_copies();
-    for (int r = 0; r < comm_.size(); ++r) {
-      const auto [first, last] = owned_packed_run(copies, S_, r);
-      if (first < last) pieces.push_back({copies.front().data + first, last - first, r, Elem::F32});
+    const Engine::ParamArrival arrival = engine_.param_arrival();
+    const std::vector<size_t> ends = arrival.ends.empty() ? std::vector<size_t>{total_} : arrival.ends;
+    for (size_t i = 0, lo = 0; i < ends.size(); lo = ends[i++]) {
+      std::vector<Piece> pieces = owner_pieces(p16, Elem::BF16, lo, ends[i]);
+      for (int r = 0; r < comm_.size(); ++r) {
+        const size_t a = std::max(lo, static_cast<size_t>(r) * S_);
+        const size_t b = std::min(ends[i], static_cast<size_t>(r + 1) * S_);
+        const auto [first, last] = a < b ? packed_run(copies, a, b) : std::pair<size_t, size_t>{0, 0};
+        if (first < last) pieces.push_back({copies.front().data + first, last - first, r, Elem::F32});
+      }
+      async_.broadcast_async(pieces);
+      if (!arrival.events.empty()) async_.record_done(arrival.events[i]);
     }
-    async_.broadcast_async(pieces);
-    async_.synchronize();
-    engine_.flat_params_written();
+    if (arrival.events.empty()) {
+      async_.synchronize();
+      engine_.flat_params_written();
+      return;
+    }
+    engine_.params_arriving(&async_);
   }
 
  private:

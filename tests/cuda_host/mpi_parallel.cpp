@@ -28,11 +28,12 @@
 #include "dist/nccl_comm.h"
 #include "hostcuda.h"
 #include "model/config.h"
+#include "model/cuda_engine.h"
 #include "model/params.h"
-#include "parallel/zero1.h"
 #include "mpi_runs.h"
 #include "parallel/dist_test_util.h"
 #include "parallel/mpi_world.h"
+#include "parallel/zero1.h"
 #include "train/nonfinite_gradient_run.h"
 #include "train/trainer.h"
 
@@ -324,6 +325,86 @@ TEST(HostCudaParallel, ShardedMasterGivesTheWholeMastersBitsInLessMemory) {
     }
     world().barrier();
   }
+}
+
+// ZeRO-1's gather of the bf16 copy over NCCL (the shim's) overlaps the next
+// forward (DirectNccl::all_gather_params16, Engine::params_arriving), seen in
+// the shim's queue, where an operation runs only when something waits for
+// it: Zero1::step leaves the broadcasts of every range of the forward's
+// order (the embedding, each of the 2 layers, the head: one bf16 piece per
+// owner of a part of the range, one fp32 piece per owner of a part of the
+// fp32 copies in it) in flight; layer 0's forward waits for the embedding's
+// and its own only; a parameter read, or the next step's forward, for all of
+// them. (Its bits: the sharded-master test above, whose NCCL runs overlap.)
+TEST(HostCudaParallel, ShardedGatherIsWaitedForRangeByRange) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  auto nccl = kvs::testing_util::shim_nccl_world();
+  const kvs::Config c = config(true, 32, 1);
+  ASSERT_EQ(c.model.num_hidden_layers, 2);
+  const int B = 2, T = 16;
+  kvs::CudaEngine e(c.model, B, T);
+  kvs::Zero1 z(e, *nccl, {}, {}, true);
+  ASSERT_TRUE(z.master_sharded());
+  std::vector<float> init(e.layout().total);
+  kvs::init_params(e.layout(), c.model, 5, init.data());
+  e.write_params(init.data());
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = 2 + (i * 7 + world().rank()) % 30;
+    targets[i] = 2 + (i * 5 + 1) % 30;
+  }
+  std::vector<float> mask(B * T, 1.0f);
+  const kvs::Batch b{B, T, tokens.data(), targets.data(), mask.data()};
+  kvs::AdamWHyper h;
+  h.lr = 1e-3;
+  auto step = [&] {
+    e.zero_grad();
+    z.overlap_next_backward();
+    e.forward_backward(b, 1.0 / (2 * B * T));
+    z.reduce_gradients();
+    ++h.step;
+    z.step(h);
+  };
+  // The broadcasts of range i: a piece per owner of a part of it, bf16, and of the fp32 copies in it.
+  const kvs::Engine::ParamArrival arrival = e.param_arrival();
+  ASSERT_EQ(arrival.ends.size(), 4u);
+  const std::vector<kvs::Engine::Fp32Copy> copies = e.fp32_copies();
+  const size_t total = e.layout().total;
+  auto pieces = [&](size_t i) {
+    const size_t lo = i ? arrival.ends[i - 1] : 0, hi = arrival.ends[i];
+    size_t n = 0;
+    for (int r = 0; r < 2; ++r) {
+      const kvs::ShardRange s = kvs::shard_range(total, 2, r);
+      const size_t from = std::max(lo, s.begin), to = std::min(hi, s.end);
+      if (from >= to) continue;
+      ++n;
+      for (const kvs::Engine::Fp32Copy& t : copies)
+        if (t.offset < to && t.offset + t.n > from) {
+          ++n;
+          break;
+        }
+    }
+    return n;
+  };
+  const size_t all = pieces(0) + pieces(1) + pieces(2) + pieces(3);
+  ASSERT_EQ(hostcuda::queued_ops("ncclBroadcast"), 0u);
+  step();
+  EXPECT_EQ(hostcuda::queued_ops("ncclBroadcast"), all) << "Zero1::step waited for its gather";
+  e.forward_layer(0, B, T);
+  ASSERT_EQ(cudaStreamSynchronize(e.stream()), cudaSuccess);
+  EXPECT_EQ(hostcuda::queued_ops("ncclBroadcast"), pieces(2) + pieces(3))
+      << "layer 0's forward: the embedding's and layer 0's ranges";
+  EXPECT_GT(pieces(2) + pieces(3), 0u);
+  const kvs::ShardRange own = z.shard();
+  std::vector<float> p(own.end - own.begin);
+  e.read_params_range(own.begin, p.size(), p.data());
+  EXPECT_EQ(hostcuda::queued_ops("ncclBroadcast"), 0u) << "a parameter read waits for the whole gather";
+  step();
+  EXPECT_EQ(hostcuda::queued_ops("ncclBroadcast"), all);
+  e.zero_grad();
+  e.forward_backward(b, 1.0 / (2 * B * T));  // the next step's forward waits for all of it
+  EXPECT_EQ(hostcuda::queued_ops("ncclBroadcast"), 0u);
+  world().barrier();
 }
 
 // Non-finite gradients on rank 1 only (its micro-batch of step 3) under ZeRO-1 over

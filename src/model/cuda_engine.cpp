@@ -940,8 +940,8 @@ void CudaEngine::backward_layer(int l, int B, int T) {
     const kvs::profile::GemmLabel gemm_label("gate,up proj");
     linear_->column_backward(dln, G + o.wgu, dgu, 2 * F, x.ln2, C, P16 + o.wgu, N, C, 2 * F);
   }
-  cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, fp32_param(o.ln2), x.rstd2, Nl, C, scratch,
-                         stream_);
+  cuda::rmsnorm_backward(dresid, norm_grad(o.ln2, 0), dln, dresid, x.res_mid, fp32_param(o.ln2), x.rstd2, Nl, C,
+                         scratch, stream_);
 
   // Attention: res_mid = resid_l + o_proj(attout); dresid is d res_mid.
   bf16* dattout = at<bf16>(p.dattout);

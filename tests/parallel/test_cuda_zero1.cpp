@@ -158,7 +158,8 @@ TEST(CudaZero1, StagedZero1OverOneRankEqualsThePlainStep) {
     z.gather_params_range(0, p.size(), p.data());
     EXPECT_EQ(params_of(plain), p);
     // A fourth forward reads what the last gather left: the bf16 copy and the fp32 copies.
-    EXPECT_EQ(plain.forward(d.batch(), nullptr, nullptr, nullptr), zeroed.forward(d.batch(), nullptr, nullptr, nullptr));
+    EXPECT_EQ(plain.forward(d.batch(), nullptr, nullptr, nullptr),
+              zeroed.forward(d.batch(), nullptr, nullptr, nullptr));
   }
 }
 

@@ -604,12 +604,11 @@ float* CudaEngine::flat_grads() {
 
 float* CudaEngine::flat_params() {
   KVS_CHECK(!master_sharded_, "internal error: flat_params() with the fp32 master sharded (use flat_params16)");
-  if (optimizer_in_flight()) {
+  if (optimizer_in_flight() || !master_ready_) {  // an update in flight, or a first allocation's memset
     join_optimizer();
+    ensure_master();
     sync("flat params");
   }
-  ensure_master();
-  sync("flat params");  // a first allocation's memset
   return master_;
 }
 
@@ -1333,8 +1332,8 @@ void CudaEngine::reserve_optimizer_state() {
 }
 
 void CudaEngine::flat_params_written() {
+  KVS_CHECK(!master_sharded_, "internal error: flat_params_written() with the fp32 master sharded");
   join_optimizer();
-  if (master_sharded_) return;  // the gather wrote the bf16 copy and the fp32 copies themselves
   ensure_master();
   cuda::f32_to_bf16(at<bf16>(plan_.params16), master_, layout_.total, stream_);
   sync("refresh bf16 parameters");

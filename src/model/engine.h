@@ -197,7 +197,8 @@ class Engine {
   // event just before it first reads range i, and for all of them before
   // anything else touches the parameters; while any is pending its host
   // waits go through `watch` (a peer that died ends in an error after the
-  // communicator's timeout, not a hang). Empty: the engine cannot.
+  // communicator's timeout, not a hang). The defaults: none (the CUDA engine
+  // implements them; ZeRO-1's NCCL path, the only caller, needs them).
   struct ParamArrival {
     std::vector<size_t> ends;
     std::vector<void*> events;

@@ -94,7 +94,6 @@ void StagedFlatSync::all_gather_params16() {
       comm_.broadcast(copies_.data() + at, std::min(dist::kHostPieceFloats, last - at), dist::DType::F32, r);
   }
   if (packed) from_host_(copies.front().data, copies_.data(), packed * sizeof(float));
-  engine_.flat_params_written();
 }
 
 std::pair<size_t, size_t> packed_run(const std::vector<Engine::Fp32Copy>& copies, size_t lo, size_t hi) {

@@ -33,7 +33,8 @@ class FlatSync {
   // engine's derived copies refreshed (Engine::flat_params_written).
   virtual void all_gather_params() = 0;
   // The fp32 master sharded (Engine::keep_master_range): every shard of the
-  // engine's bf16 copy and every part of its fp32 copies from its owner.
+  // engine's bf16 copy and every part of its fp32 copies from its owner
+  // (nothing derived from them to refresh).
   virtual void all_gather_params16() = 0;
 };
 

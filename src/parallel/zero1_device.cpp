@@ -81,7 +81,9 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
     uint16_t* p16 = engine_.flat_params16();
     const std::vector<Engine::Fp32Copy> copies = engine_.fp32_copies();
     const Engine::ParamArrival arrival = engine_.param_arrival();
-    const std::vector<size_t> ends = arrival.ends.empty() ? std::vector<size_t>{total_} : arrival.ends;
+    const std::vector<size_t>& ends = arrival.ends;
+    KVS_CHECK(!ends.empty() && ends.size() == arrival.events.size() && ends.back() == total_,
+              "internal error: ZeRO-1's gather needs the engine's forward ranges and their events");
     for (size_t i = 0, lo = 0; i < ends.size(); lo = ends[i++]) {
       std::vector<Piece> pieces = owner_pieces(p16, Elem::BF16, lo, ends[i]);
       for (int r = 0; r < comm_.size(); ++r) {
@@ -91,12 +93,7 @@ class DirectNccl final : public FlatSync, public Engine::GradReadyHook {
         if (first < last) pieces.push_back({copies.front().data + first, last - first, r, Elem::F32});
       }
       async_.broadcast_async(pieces);
-      if (!arrival.events.empty()) async_.record_done(arrival.events[i]);
-    }
-    if (arrival.events.empty()) {
-      async_.synchronize();
-      engine_.flat_params_written();
-      return;
+      async_.record_done(arrival.events[i]);
     }
     engine_.params_arriving(&async_);
   }

@@ -107,16 +107,16 @@ void add_info(CLI::App& app) {
       const CudaPlan plan =
           CudaPlan::build(m, LocalDims::of(m, 0, tp), tp, layout, B, T, cfg.train.recompute, sp_rows, cp);
       const double P = static_cast<double>(layout.total);
-      const double arena = static_cast<double>(plan.total), weights = 10.0 * P, moments = 8.0 * P;
-      const double in_arena = 6.0 * P;  // fp32 grads + bf16 copy; the master (4 B) is allocated apart
+      // The arena holds the fp32 grads and the bf16 copy (6 B); the fp32 master (4 B) is allocated apart.
+      const double arena = static_cast<double>(plan.total), weights = 10.0 * P, master = 4.0 * P, moments = 8.0 * P;
       const double cublas = 32.0 * 1024 * 1024;
       cuda_mem = {{"engine", "cuda-bf16"},
                   {"tp", tp},
                   {"recompute", cfg.train.recompute},
                   {"weights_and_grads", weights},
-                  {"activations_and_workspaces", arena - in_arena + cublas},
+                  {"activations_and_workspaces", arena - (weights - master) + cublas},
                   {"optimizer_unsharded", moments},
-                  {"total_unsharded", arena - in_arena + weights + cublas + moments},
+                  {"total_unsharded", arena + master + cublas + moments},
                   {"not_counted", kCudaNotCounted}};
       // Under pipeline parallelism each stage's engine: its part's
       // parameters and a plan with its schedule's activation slots.

@@ -313,8 +313,14 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NK][4], float (&m)[2],
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // A row with no visible key yet keeps mx = -inf; offset 0 then makes
     // every exp2 below exp2(-inf) = 0 instead of NaN.
-    const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
-    alpha[r] = exp2f(m[r] * scale_log2 - offset);  // m = -inf: 0
+    // Both products are rounded (__fmul_rn, never contracted): a row whose
+    // max did not move gets alpha = exp2(0) = 1 exactly. nvcc contracted
+    // m * scale_log2 - offset into one fma, whose result is the product's
+    // rounding error: alpha = 1 + 1 ulp moved l's last bit on such tiles (the
+    // masked tiles of the wider Hopper blocks, which then missed the
+    // one-warpgroup kernel's lse bits on an H200).
+    const float offset = mx == -INFINITY ? 0.f : __fmul_rn(mx, scale_log2);
+    alpha[r] = exp2f(__fmul_rn(m[r], scale_log2) - offset);  // m = -inf: 0
     m[r] = mx;
     l[r] *= alpha[r];
 #pragma unroll

@@ -117,9 +117,10 @@ inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::a
 
 // Every step from `from` on, and every evaluation, agree within `tol` (relative): the loss and
 // the gradient norm of each step, the loss of each evaluation. Its accuracy may differ by a
-// token or two where logits nearly tie (2% of the 8 x 16 scored tokens).
+// token or two where logits nearly tie (2% of the 8 x 16 scored tokens). `late_norm_tol`
+// (0: the default below) bounds the gradient norm after step 5.
 inline double expect_close(const Curve& got, const Curve& want, int from, const std::string& what,
-                           double tol = 1e-5) {
+                           double tol = 1e-5, double late_norm_tol = 0) {
   double worst = 0, worst_norm = 0;
   int compared = 0;
   for (const auto& [step, loss] : want.train) {
@@ -137,8 +138,9 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
     // summation-order rounding of near-zero gradients into parameter differences (mpi_zero1.cpp),
     // and by steps 16-20 the norms of cp/sp runs differ by up to 3.4e-6 while their losses agree
     // to 2e-8. The first 5 steps are held to `tol`, the later ones to 2e-5 at least: a gradient
-    // summed where it should be averaged, or a part of it left out, is far beyond either.
-    const double norm_tol = step <= 5 ? tol : std::max(tol, 2e-5);
+    // summed where it should be averaged, or a part of it left out, is far beyond either. The
+    // bf16 CUDA runs drift further (their tests pass late_norm_tol, with the measurements).
+    const double norm_tol = step <= 5 ? tol : late_norm_tol > 0 ? late_norm_tol : std::max(tol, 2e-5);
     worst_norm = std::max(worst_norm, rel(got_norm, norm));
     EXPECT_LT(rel(got_norm, norm), norm_tol) << what << " gradient norm at step " << step << ": " << got_norm
                                              << " vs " << norm;

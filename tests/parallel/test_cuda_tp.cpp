@@ -165,6 +165,10 @@ TEST(CudaTensorParallel, EmbeddingVocabSliceGathersOwnRowsAndZeros) {
 // they are summed. 5e-3 relative over 20 steps: on the host build tp = 2 is
 // within 4.7e-4 (vanilla), and a planted missing all-reduce of a column-
 // parallel input gradient is 1e-2 off at step 2 (lr: tiny_cuda_config).
+// The gradient norm drifts further than the loss (test_cuda_zero1.cpp): on an
+// H200 (2026-11-29) the losses agreed within 5.1e-4, the norms of steps 15-20
+// within 7.2e-3 (vanilla; shifted 1.1e-3); on the host build 5.9e-4 and 7.5e-3
+// (shifted 1.6e-3). After step 5 the norm is held to 2e-2.
 TEST(CudaTensorParallel, MpiRanksOnOneGpuFollowTheSingleProcessCurve) {
   KVS_REQUIRE_GPU();
   for (bool shift : {true, false}) {
@@ -177,9 +181,9 @@ TEST(CudaTensorParallel, MpiRanksOnOneGpuFollowTheSingleProcessCurve) {
     ASSERT_EQ(ref.train.size(), 20u);
     const std::string what = shift ? "shifted" : "vanilla";
     train(2, cfg, tmp / "tp2", "--set parallel.tp=2");
-    expect_close(read_metrics(tmp / "tp2"), ref, 1, what + " cuda tp=2 (mpi)", 5e-3);
+    expect_close(read_metrics(tmp / "tp2"), ref, 1, what + " cuda tp=2 (mpi)", 5e-3, 2e-2);
     train(4, cfg, tmp / "dp2tp2", "--set parallel.tp=2");
-    expect_close(read_metrics(tmp / "dp2tp2"), ref, 1, what + " cuda dp=2 x tp=2 (mpi)", 5e-3);
+    expect_close(read_metrics(tmp / "dp2tp2"), ref, 1, what + " cuda dp=2 x tp=2 (mpi)", 5e-3, 2e-2);
   }
 }
 

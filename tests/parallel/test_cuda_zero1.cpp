@@ -285,6 +285,14 @@ TEST(CudaZero1, BackwardAnnouncesEveryGradientOnce) {
 // 4e-8); a wrong reduction or a stale bf16 copy moves the loss by more within
 // a few steps: on the host build, dp = 2 agrees within 2.1e-4 and a
 // planted missing gradient sum is 7e-3 off at step 2 (lr: tiny_cuda_config).
+// The gradient norm drifts about ten times further than the loss once Adam
+// has amplified the rounding: on an H200 (2026-11-29) the losses agreed
+// within 3.1e-4 and the norms of steps 1-14 within 2e-3, those of steps
+// 15-20 differed by up to 3.7e-3 (host build: losses 2.1e-4, norms 1.2e-3).
+// After step 5 the norm is held to kLateNorm (a gradient summed where it is
+// averaged is 100% off).
+constexpr double kLateNorm = 1e-2;
+
 TEST(CudaZero1, TwoMpiRanksOnOneGpuFollowTheSingleProcessCurve) {
   KVS_REQUIRE_GPU();
   for (bool shift : {true, false}) {
@@ -296,7 +304,7 @@ TEST(CudaZero1, TwoMpiRanksOnOneGpuFollowTheSingleProcessCurve) {
     ASSERT_EQ(ref.train.size(), 20u);
     train(2, cfg, tmp / "dp2");
     expect_close(read_metrics(tmp / "dp2"), ref, 1, std::string(shift ? "shifted" : "vanilla") + " cuda dp=2 (mpi)",
-                 2e-3);
+                 2e-3, kLateNorm);
   }
 }
 
@@ -329,7 +337,8 @@ TEST(CudaZero1, TwoNcclRanksOnTwoGpusFollowTheSingleProcessCurve) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   }
   EXPECT_NE(out.find("parallel layout: dp 2, tp 1, backend nccl, ZeRO-1"), std::string::npos) << out;
-  expect_close(read_metrics(tmp / "dp2"), read_metrics(tmp / "dp1"), 1, "shifted cuda dp=2 (nccl, overlap)", 2e-3);
+  expect_close(read_metrics(tmp / "dp2"), read_metrics(tmp / "dp1"), 1, "shifted cuda dp=2 (nccl, overlap)", 2e-3,
+               kLateNorm);
 }
 
 // No GPU needed: the configurations above are valid, and dp > 1 on device

@@ -47,6 +47,17 @@ using cuda::bf16;
 
 constexpr cuda::ErrorCheck check{"CUDA engine"};
 
+// The shift+RoPE kernels the layers run (ops.h; each falls back to the unit
+// kernels where a row walk does not fit: windows over 1, documents). On an
+// H200 (bench-attention, B 4, 16 heads of 128, 2026-11-29) the row walks
+// beat the 8-wide unit kernels at every T from 1k to 8k: forward 0.73-0.90
+// of copy bandwidth against 0.59-0.72, backward 0.58-0.76 against 0.34-0.47;
+// the forward 8-wide walk was best at 3 of the 4 lengths, the backward 4-wide
+// at all 4 (tied at 8k). y and dx are the same bits in every variant.
+constexpr auto kShiftWalk = cuda::ShiftRopeWalk::kRows;
+constexpr auto kShiftForwardVector = cuda::ShiftRopeVector::k8;
+constexpr auto kShiftBackwardVector = cuda::ShiftRopeVector::k4;
+
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
@@ -772,13 +783,13 @@ void CudaEngine::forward_layer(int l, int B, int T, LayerPass pass) {
     cp_attention_forward(x, c, B);  // per chunk, with the halos; ring attention
   } else {
     const int32_t* doc = shift_documents();
-    const auto units = cuda::ShiftRopeWalk::kUnits;
-    cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_, {},
-                             cuda::ShiftRopeVector::k8, units, doc);
-    cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_, {},
-                             cuda::ShiftRopeVector::k8, units, doc);
+    const auto vec = kShiftForwardVector;
+    cuda::shift_rope_forward(x.qhat, QD, x.qkv, QKV, c.q, cos, sin, B, T, Hq, D, c.q ? W : 0, stream_, {}, vec,
+                             kShiftWalk, doc);
+    cuda::shift_rope_forward(x.khat, KD, x.qkv + QD, QKV, c.k, cos, sin, B, T, Hkv, D, c.k ? W : 0, stream_, {}, vec,
+                             kShiftWalk, doc);
     cuda::shift_rope_forward(x.vhat, KD, x.qkv + QD + KD, QKV, c.v, nullptr, nullptr, B, T, Hkv, D, c.v ? W : 0,
-                             stream_, {}, cuda::ShiftRopeVector::k8, units, doc);
+                             stream_, {}, vec, kShiftWalk, doc);
     if (const int32_t* adoc = attention_documents())  // document masks: the flash backends
       attn_->forward_masked(x.attout, x.lse, x.qhat, QD, x.khat, x.vhat, KD, B, T, Hq, Hkv, D, true, {adoc, 0},
                             stream_);
@@ -977,7 +988,7 @@ void CudaEngine::backward_layer(int l, int B, int T) {
         }
       }
       cuda::shift_rope_backward(dx, QKV, dc, dy, ld_dy, in, QKV, coef, rc, rs, B, T, H, D, has ? W : 0, scratch,
-                                stream_, {}, cuda::ShiftRopeVector::k8, cuda::ShiftRopeWalk::kUnits,
+                                stream_, {}, kShiftBackwardVector, kShiftWalk,
                                 shift_documents());
       if (has && gated) cuda::shift_gate_backward(G + goff, dcoef, fp32_param(goff), H, stream_);
     };

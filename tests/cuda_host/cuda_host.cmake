@@ -63,8 +63,9 @@ target_include_directories(kvs_cuda_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DI
 # KVS_CUDA as in kvs_lib; no KVS_CUDNN (the cuDNN backend is out of scope: "cudnn" is refused).
 # KVS_CUDA_SM90A: the host build has the Hopper forward (its kernel under the emulator; the shim is a 9.0 device).
 target_compile_definitions(kvs_cuda_host PRIVATE KVS_CUDA=1 KVS_CUDA_SM90A=1)
-# (-Wno-restrict: GCC 12's false positive on std::string concatenation.)
-target_compile_options(kvs_cuda_host PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-restrict)
+# (-Wno-restrict: GCC 12's false positive on std::string concatenation;
+# -Wno-psabi: as for kvs_lib, the CPU kernels' 64-byte vectors without AVX-512.)
+target_compile_options(kvs_cuda_host PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-restrict -Wno-psabi)
 # The same OpenMP flag as kvs_lib: the engine includes the CPU ops' inline functions.
 target_link_libraries(kvs_cuda_host PUBLIC OpenMP::OpenMP_CXX spdlog::spdlog nlohmann_json::nlohmann_json MPI::MPI_CXX)
 # The kernels as tests/simt translates them (no FMA contraction), plus every

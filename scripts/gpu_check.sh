@@ -17,7 +17,9 @@
 #                      KVS_CHECK_BUDGET=400 for it; then launch,dp,pp 40 s;
 #                      since 2026-11-29 the bench section also times the 1.5B
 #                      step with AdamW in order and overlapped, about 40 s more:
-#                      its last row, flash-mma, is the one a budget cuts)
+#                      430 s on an H200 that day, and its last row, flash-mma,
+#                      was cut; since then the timed GEMM algorithms' row,
+#                      before the profile, adds about 45 s more)
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the next call at once).
@@ -597,16 +599,23 @@ if "profile" in runs[0]:
             print("  %-52s %+9.3f %6.0f %6.0f" % (o["op"], o["ms_per_step"], o["calls_per_step"],
                                                  o["calls_per_step_without"]))
     sys.exit(0)
-# Two runs: --compare-shift (vanilla, kvshift) or --compare-overlap (AdamW after the step, overlapped).
-overlap = len(runs) == 2 and runs[0]["kv_shift"] == runs[1]["kv_shift"]
+# Two runs: --compare-shift (vanilla, kvshift), --compare-overlap (AdamW after the step, overlapped) or
+# --compare-gemm-timing (cuBLASLt's first algorithms, the timed fastest).
+timing = len(runs) == 2 and runs[0].get("time_gemm_algorithms") != runs[1].get("time_gemm_algorithms")
+overlap = len(runs) == 2 and runs[0]["kv_shift"] == runs[1]["kv_shift"] and not timing
 for r in runs:
-    what = ("AdamW overlapped" if r["overlap_optimizer"] else "AdamW after") if overlap else (
-        "kvshift" if r["kv_shift"] else "vanilla")
+    what = ("GEMMs timed" if r["time_gemm_algorithms"] else "GEMMs cuBLASLt's first") if timing else (
+        ("AdamW overlapped" if r["overlap_optimizer"] else "AdamW after") if overlap else (
+            "kvshift" if r["kv_shift"] else "vanilla"))
     print("%-44s %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%%  %7.0f MiB  %.1f ms/step" % (
         "%s %s" % (label, what), r["tokens_per_s"], r["model_tflops_per_s"], 100 * r.get("mfu", 0),
         r["peak_rss_mib"], r["median_ms_per_step"]))
 ms = [r["median_ms_per_step"] for r in runs]
-if overlap:
+if timing:
+    if runs[1].get("gemm_timing"):
+        print("  " + runs[1]["gemm_timing"])
+    print("%-44s %.3fx" % (label + " timed GEMM speed-up", ms[0] / ms[1]))
+elif overlap:
     print("%-44s %.3fx" % (label + " overlap speed-up", ms[0] / ms[1]))
 elif len(runs) == 2:
     print("%-44s %+.1f%%" % (label + " shift overhead", 100 * (ms[1] / ms[0] - 1)))
@@ -626,12 +635,17 @@ if [ $build_rc -eq 0 ]; then
     if [ $quick -eq 0 ]; then
       bench "paper 1.5B (4x2048)" --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
-      # AdamW after the step against AdamW overlapping the next forward (train.overlap_optimizer, the default).
-      bench "paper 1.5B (4x2048)" --compare-overlap --config configs/paper/1.5B-kvshift.json \
+      # cuBLASLt's first algorithm for every GEMM against the fastest of its candidates
+      # (train.time_gemm_algorithms: chosen after the first warm-up step).
+      bench "paper 1.5B (4x2048)" --compare-gemm-timing --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
       # Both configs profiled, so the ops that make KV shifting's overhead are named (target: <= 1%).
       bench "paper 1.5B (4x2048) per-op profile" --profile --compare-shift --config configs/paper/1.5B-kvshift.json \
         --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 3
+      # AdamW after the step against AdamW overlapping the next forward (train.overlap_optimizer, the default;
+      # 1.005x on the H200, 2026-11-29).
+      bench "paper 1.5B (4x2048)" --compare-overlap --config configs/paper/1.5B-kvshift.json \
+        --set train.micro_batch_size=4 --set train.grad_accum_steps=1 --warmup 2 --steps 5
       # The same on the mma.sync attention kernels (train.attention_backend "flash-mma"; the rows above run
       # "flash": the Hopper kernels on a 9.0 GPU with an sm_90a build): the Hopper kernels' gain per step.
       bench "paper 1.5B (4x2048) flash-mma" --compare-shift --config configs/paper/1.5B-kvshift.json \

@@ -117,6 +117,7 @@ const Fields<TrainConfig>& train_fields() {
       {"attention_backend", &T::attention_backend},
       {"overlap_optimizer", &T::overlap_optimizer, kOmitIfDefault},
       {"shard_master", &T::shard_master, kOmitIfDefault},
+      {"time_gemm_algorithms", &T::time_gemm_algorithms, kOmitIfDefault},
       {"keep_checkpoints", &T::keep_checkpoints, at_least(0, "0 keeps every checkpoint"), kOmitIfDefault},
       {"async_checkpoint", &T::async_checkpoint, kOmitIfDefault},
       {"checkpoint_buffer_gb", &T::checkpoint_buffer_gb,

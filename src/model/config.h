@@ -157,6 +157,10 @@ struct TrainConfig {
   AttentionImpl attention_backend = AttentionImpl::Flash;  // CUDA attention: Flash (ours) or Cudnn (cuDNN fused SDPA)
   bool overlap_optimizer = true;  // CUDA: AdamW overlaps the next forward (Engine::set_overlap_optimizer)
   bool shard_master = true;  // ZeRO-1 shards the fp32 master weights too (CUDA; Engine::keep_master_range)
+  // CUDA: time cuBLASLt's candidate algorithms for each GEMM shape after the
+  // first step and keep the fastest (Engine::set_time_gemm_algorithms); runs
+  // are then not bit-reproducible. Off: cuBLASLt's first, in every run.
+  bool time_gemm_algorithms = false;
   int keep_checkpoints = 0;        // newest step directories kept; 0 = all
   bool async_checkpoint = false;  // write checkpoints from a background thread
   // Host memory (GB) world rank 0 may hold for checkpoint tensors not yet

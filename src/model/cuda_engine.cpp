@@ -598,6 +598,34 @@ void CudaEngine::zero_grad() {
   zero_pending_ = true;
 }
 
+void CudaEngine::set_time_gemm_algorithms(bool on) { mm_->set_timed_algorithms(on); }
+
+// The candidates run on the Matmul's own stream and scratch; the engine's
+// work (an update or a ZeRO-1 gather still in flight) is waited for first,
+// so they are timed on an otherwise idle GPU.
+std::string CudaEngine::time_gemm_algorithms() {
+  if (!mm_->has_new_shapes()) return {};  // the usual case: every step after the first
+  join_optimizer();
+  sync("timing GEMM algorithms");
+  const cuda::Matmul::TimingReport r = mm_->time_new_shapes();
+  std::string line;
+  if (!r.chosen.empty()) {
+    int other = 0, candidates = 0;
+    double first = 0, best = 0;
+    for (const cuda::Matmul::TimedChoice& c : r.chosen) {
+      other += c.rank != 0;
+      candidates = std::max(candidates, c.candidates);
+      first += c.first_ms;
+      best += c.best_ms;
+    }
+    line = fmt::format("GEMM algorithms timed for {} shapes (up to {} candidates each): {} run another than "
+                       "cuBLASLt's first, their medians summed {:.2f} ms -> {:.2f} ms ({:.3f}x)",
+                       r.chosen.size(), candidates, other, first, best, best > 0 ? first / best : 1.0);
+  }
+  if (!r.skipped.empty()) line += (line.empty() ? "" : "; ") + r.skipped;
+  return line;
+}
+
 void CudaEngine::join_zeroing() const {
   if (!zero_pending_) return;
   check(cudaStreamWaitEvent(stream_, zero_done_, 0), "cudaStreamWaitEvent");

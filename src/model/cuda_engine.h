@@ -179,6 +179,9 @@ class CudaEngine : public Engine {
   // still running on a stream of its own, and the next forward waits for each
   // layer's parameters just before it uses them (docs/CUDA.md "The step on the GPU").
   void set_overlap_optimizer(bool on) override { overlap_optimizer_ = on; }
+  // cuda::Matmul::set_timed_algorithms / time_new_shapes, after every stream is done.
+  void set_time_gemm_algorithms(bool on) override;
+  std::string time_gemm_algorithms() override;
   cudaStream_t stream() const { return stream_; }  // the engine's stream (tests)
   double forward_backward(const Batch& b, double grad_scale) override;
   double forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) override;

@@ -82,6 +82,13 @@ class Engine {
   // running, to overlap the next forward (the CUDA engine; the CPU engine
   // runs its step in order and ignores it). The same bits either way.
   virtual void set_overlap_optimizer(bool on) { (void)on; }
+  // train.time_gemm_algorithms (the CUDA engine; others ignore it): the GEMM
+  // shapes met from here on are remembered, and time_gemm_algorithms() times
+  // cuBLASLt's candidates for them and keeps each one's fastest. Returns a
+  // line saying what it chose ("" when nothing was timed). Call it where no
+  // collective in flight waits for another process's later calls (between steps).
+  virtual void set_time_gemm_algorithms(bool on) { (void)on; }
+  virtual std::string time_gemm_algorithms() { return {}; }
   // Forward and backward of one micro-batch. Adds grad_scale * d(sum of masked
   // token losses)/d(params) to the gradients; returns the sum of masked losses.
   virtual double forward_backward(const Batch& b, double grad_scale) = 0;

@@ -90,6 +90,8 @@ TrainStep::TrainStep(const Config& cfg, dist::Communicator& world) {
   engine_ = make_engine(cfg.model, tc.micro_batch_size, tc.seq_len, cfg.device, tc.recompute, tp_,
                         tc.attention_backend, cp, pipe_ ? &part_ : nullptr, pipe_ ? pipe_->slots() : 1);
   engine_->set_overlap_optimizer(tc.overlap_optimizer);
+  engine_->set_time_gemm_algorithms(tc.time_gemm_algorithms);
+  time_gemms_ = tc.time_gemm_algorithms;
   shard_master_ = tc.shard_master;
   // Checkpoints hold full tensors; this moves them in and out of the rank's slice and stage.
   io_ = std::make_unique<FullModelIO>(cfg.model, engine_->layout(), tp_, groups_.dp_rank == 0 && groups_.cp_rank == 0,
@@ -165,6 +167,8 @@ void TrainStep::optimizer_step(const AdamWHyper& hp) {
     zero1_->step(hp);
   else
     engine_->adamw_step(hp);
+  if (time_gemms_)
+    if (std::string line = engine_->time_gemm_algorithms(); !line.empty()) gemm_timing_ = std::move(line);
 }
 
 }  // namespace kvs

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "dist/comm.h"
 #include "model/config.h"
@@ -88,7 +89,11 @@ class TrainStep {
   // rank's shard). Both results are the same on every rank.
   Gradients compute_gradients(const Batch& replica, double grad_scale);
   // AdamW on the summed gradients (ZeRO-1: on each shard, then every rank gets every parameter).
+  // With train.time_gemm_algorithms, then the GEMM shapes met since the last
+  // step are timed (Engine::time_gemm_algorithms; every rank at the same step).
   void optimizer_step(const AdamWHyper& hp);
+  // What the last timing chose, once ("" otherwise): the trainer and bench print it.
+  std::string take_gemm_timing() { return std::exchange(gemm_timing_, {}); }
 
  private:
   ParallelGroups groups_;
@@ -101,6 +106,8 @@ class TrainStep {
   std::unique_ptr<Zero1> zero1_;
   int micro_batch_ = 1, replica_sequences_ = 1, virtual_stages_ = 1, processes_ = 1;
   bool shard_master_ = true;  // train.shard_master
+  bool time_gemms_ = false;   // train.time_gemm_algorithms
+  std::string gemm_timing_;
   double peak_tflops_ = 0;
   int gpu_ = -1;
 };

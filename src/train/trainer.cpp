@@ -598,6 +598,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
     if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
     train_step.optimizer_step(hp);
+    if (const std::string timing = train_step.take_gemm_timing(); rank0 && !timing.empty()) {
+      progress.finish_line();
+      spdlog::info("{}", timing);
+    }
 
     const int64_t done = step + 1;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

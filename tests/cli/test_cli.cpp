@@ -486,8 +486,20 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   EXPECT_NE(bad.out.find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos) << bad.out;
   Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
   EXPECT_NE(both.code, 0);
-  EXPECT_NE(both.out.find("--compare-gemm, --compare-shift and --compare-overlap are separate runs"), std::string::npos)
+  EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-timing, --compare-shift and --compare-overlap are separate "
+                          "runs"),
+            std::string::npos)
       << both.out;
+  // The timed GEMM algorithms are cuBLASLt's, chosen after a first step.
+  Result timing = run("bench --compare-gemm-timing --config " + cfg);
+  EXPECT_NE(timing.code, 0);
+  EXPECT_EQ(count_lines(timing.out), 1) << timing.out;
+  EXPECT_NE(timing.out.find("--compare-gemm-timing times cuBLASLt's algorithms; this run's device is cpu"),
+            std::string::npos)
+      << timing.out;
+  Result cold = run("bench --warmup 0 --steps 1 --set train.time_gemm_algorithms=true --config " + cfg);
+  EXPECT_NE(cold.code, 0);
+  EXPECT_NE(cold.out.find("--warmup must be at least 1"), std::string::npos) << cold.out;
 }
 
 TEST(Cli, CudaWithoutAGpuIsOneLineError) {

@@ -367,3 +367,51 @@ TEST(HostCudaEngine, RangedHostCopiesAreTheWholeOnesPieceByPiece) {
 }
 
 }  // namespace
+
+namespace {
+
+// train.time_gemm_algorithms on the host build, whose cuBLASLt offers three
+// algorithms per shape that all compute the same product: the engine times
+// every shape of its first step once, after the update has been waited for,
+// and the steps after it give the untimed engine's bits (so the timing wrote
+// none of the engine's buffers and every GEMM still runs).
+TEST(HostCudaEngine, TimedGemmAlgorithmsAreChosenOnceAndChangeNoResult) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  const int B = 2, T = 16;
+  const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+  kvs::CudaEngine timed(m, B, T), plain(m, B, T);
+  timed.set_time_gemm_algorithms(true);
+  std::vector<double> losses[2];
+  std::vector<float> params_after[2];
+  int i = 0;
+  for (kvs::CudaEngine* e : {&timed, &plain}) {
+    e->write_params(params.data());
+    kvs::AdamWHyper h;
+    h.lr = 1e-3;
+    for (int step = 1; step <= 3; ++step) {
+      e->zero_grad();
+      losses[i].push_back(e->forward_backward(data.batch(), 1.0 / (B * T)));
+      e->grad_norm();
+      h.step = step;
+      e->adamw_step(h);
+      const std::string line = e->time_gemm_algorithms();
+      if (e == &plain || step > 1) {
+        EXPECT_EQ(line, "") << "step " << step << (e == &plain ? " (untimed engine)" : "");
+        continue;
+      }
+      // Layer GEMMs (qkv, o, gate/up, down: forward, input and weight gradients) and the head's.
+      EXPECT_NE(line.find("GEMM algorithms timed for "), std::string::npos) << line;
+      EXPECT_NE(line.find("up to 3 candidates each"), std::string::npos) << line;
+      EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u) << "the update was waited for before the timing";
+    }
+    params_after[i].resize(layout.total);
+    e->read_params(params_after[i].data());
+    ++i;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_TRUE(params_after[0] == params_after[1]);
+}
+
+}  // namespace

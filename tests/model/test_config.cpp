@@ -703,6 +703,7 @@ TEST(Config, ToJsonRoundTrips) {
   c.train.attention_backend = AttentionImpl::Cudnn;
   c.train.overlap_optimizer = false;
   c.train.shard_master = false;
+  c.train.time_gemm_algorithms = true;
   c.device = Device::Cuda;
   c.model.kv_shift.shift_v = false;
   c.model.kv_shift.shift_q = true;
@@ -720,12 +721,14 @@ TEST(Config, ToJsonRoundTrips) {
   EXPECT_TRUE(kvs::config_from_json(json::parse(j.dump()), "mem") == c);  // through text, doubles exact
   // Every key is written.
   for (const char* k : {"name", "device", "model", "train", "data", "parallel"}) EXPECT_TRUE(j.contains(k)) << k;
-  EXPECT_EQ(j["train"].size(), 23u);
+  EXPECT_EQ(j["train"].size(), 24u);
   EXPECT_EQ(j["train"]["overlap_optimizer"], false);
   EXPECT_EQ(j["train"]["shard_master"], false);
+  EXPECT_EQ(j["train"]["time_gemm_algorithms"], true);
   // Left out while they hold their defaults (true), so that older readers keep working.
   EXPECT_FALSE(kvs::to_json(base_config())["train"].contains("overlap_optimizer"));
   EXPECT_FALSE(kvs::to_json(base_config())["train"].contains("shard_master"));
+  EXPECT_FALSE(kvs::to_json(base_config())["train"].contains("time_gemm_algorithms"));  // false
   EXPECT_EQ(j["model"].size(), 13u);
   EXPECT_EQ(j["model"]["position_encoding"], "none");
   EXPECT_EQ(j["model"]["kv_shift"].size(), 6u);

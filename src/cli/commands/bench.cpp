@@ -65,6 +65,7 @@ struct BenchResult {
   // Every step's loss and gradient norm (warm-up included), the same on every rank: the step is
   // the training step, so they follow one process's in any parallel layout.
   std::vector<double> losses, grad_norms;
+  std::string gemm_timing;  // train.time_gemm_algorithms: what the timing after the first step chose
 };
 
 // --profile: the CPU engine's ops are timed from the first timed step on.
@@ -173,8 +174,10 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
   if (const auto after = read_cpu_times(); times_before && after) steal = steal_fraction(*times_before, *after);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
+  const std::string gemm_timing = step.take_gemm_timing();
   for (int v = 0; v < variants; ++v) {
     BenchResult& r = res[v];
+    r.gemm_timing = gemm_timing;
     r.steps = steps;
     r.steal = steal;
     std::sort(ms[v].begin(), ms[v].end());
@@ -311,8 +314,8 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false, compare_shift = false, compare_gemm = false, compare_overlap = false, recalibrate = false,
-         profile = false;
+    bool json = false, compare_shift = false, compare_gemm = false, compare_overlap = false,
+         compare_gemm_timing = false, recalibrate = false, profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -329,6 +332,10 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--compare-overlap", a->compare_overlap,
                 "CUDA: time the config with train.overlap_optimizer off and on in the same run (AdamW after the "
                 "step, or overlapping the next forward) and print the step-time ratio");
+  cmd->add_flag("--compare-gemm-timing", a->compare_gemm_timing,
+                "CUDA: time the config with cuBLASLt's first algorithm for every GEMM and with the fastest of its "
+                "candidates (train.time_gemm_algorithms: timed after the first warm-up step) in the same run and "
+                "print the step-time ratio");
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the timed steps: on the CPU each op's wall time (GEMMs by shape, attention, "
                 "shift+RoPE, norms, SwiGLU, cross-entropy, AdamW, grad norm) against the calibrated SGEMM peak; on "
@@ -338,8 +345,7 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--recalibrate", a->recalibrate,
                 "Measure the fp32 SGEMM peak again instead of reading it from the cache (CPU)");
   cmd->add_flag("--json", a->json,
-                "Print one JSON object (a list with --compare-shift, --compare-gemm or --compare-overlap) instead of "
-                "text; it also "
+                "Print one JSON object (a list with any --compare-*) instead of text; it also "
                 "holds every step's loss and gradient norm (\"losses\", \"grad_norms\"), which follow one "
                 "process's in any parallel layout");
   cmd->callback([a]() {
@@ -349,8 +355,13 @@ void add_bench(CLI::App& app) {
       validate(cfg, a->config + " with --device " + a->device);
     }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
-    KVS_CHECK(a->compare_gemm + a->compare_shift + a->compare_overlap <= 1,
-              "bench: --compare-gemm, --compare-shift and --compare-overlap are separate runs");
+    KVS_CHECK(a->compare_gemm + a->compare_shift + a->compare_overlap + a->compare_gemm_timing <= 1,
+              "bench: --compare-gemm, --compare-gemm-timing, --compare-shift and --compare-overlap are separate runs");
+    KVS_CHECK(!a->compare_gemm_timing || cfg.device == Device::Cuda,
+              "bench: --compare-gemm-timing times cuBLASLt's algorithms; this run's device is {}",
+              to_string(cfg.device));
+    KVS_CHECK(!(a->compare_gemm_timing || cfg.train.time_gemm_algorithms) || a->warmup >= 1,
+              "bench: timed GEMM algorithms are chosen after the first step: --warmup must be at least 1");
     KVS_CHECK(!a->compare_overlap || cfg.device == Device::Cuda,
               "bench: --compare-overlap times the CUDA engine's overlapped AdamW; this run's device is {}",
               to_string(cfg.device));
@@ -379,6 +390,11 @@ void add_bench(CLI::App& app) {
       Config off = cfg, on = cfg;
       off.train.overlap_optimizer = false;
       on.train.overlap_optimizer = true;
+      runs = {off, on};
+    } else if (a->compare_gemm_timing) {
+      Config off = cfg, on = cfg;
+      off.train.time_gemm_algorithms = false;
+      on.train.time_gemm_algorithms = true;
       runs = {off, on};
     } else {
       runs = {cfg};
@@ -420,7 +436,7 @@ void add_bench(CLI::App& app) {
     // Each result's config and GEMM library.
     auto run_config = [&](size_t i) -> const Config& { return runs[a->compare_gemm ? 0 : i]; };
     auto run_gemm = [&](size_t i) { return a->compare_gemm ? gemms[i] : default_gemm; };
-    const bool compared = a->compare_shift || a->compare_gemm || a->compare_overlap;
+    const bool compared = a->compare_shift || a->compare_gemm || a->compare_overlap || a->compare_gemm_timing;
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
     // so on a shared machine the like-for-like figure is the fastest step's.
@@ -436,6 +452,7 @@ void add_bench(CLI::App& app) {
                             {"threads", threads},
                             {"kv_shift", run_config(i).model.kv_shift.enabled},
                             {"overlap_optimizer", run_config(i).train.overlap_optimizer},
+                            {"time_gemm_algorithms", run_config(i).train.time_gemm_algorithms},
                             {"processes", r.processes},
                             {"parallel", r.layout_json},
                             {"tokens_per_step", r.tokens},
@@ -466,6 +483,7 @@ void add_bench(CLI::App& app) {
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")},
                               {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
+        if (!r.gemm_timing.empty()) j["gemm_timing"] = r.gemm_timing;
         j["losses"] = r.losses;
         j["grad_norms"] = r.grad_norms;
         if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops(r), profile_peak_key);
@@ -494,17 +512,20 @@ void add_bench(CLI::App& app) {
     for (size_t i = 0; i < res.size(); ++i) {
       const BenchResult& r = res[i];
       const std::string device(to_string(run_config(i).device));
-      const char* adamw = run_config(i).device != Device::Cuda        ? ""
-                          : run_config(i).train.overlap_optimizer ? ", AdamW overlapping the next forward"
-                                                                  : ", AdamW after the step";
+      // The CUDA step's settings: where AdamW runs, whether the GEMM algorithms are timed.
+      std::string cuda_step = run_config(i).device != Device::Cuda        ? ""
+                              : run_config(i).train.overlap_optimizer ? ", AdamW overlapping the next forward"
+                                                                      : ", AdamW after the step";
+      if (run_config(i).device == Device::Cuda && run_config(i).train.time_gemm_algorithms)
+        cuda_step += ", GEMM algorithms timed";
       if (r.processes == 1)
         std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n", a->config.c_str(),
                     device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(),
-                    adamw);
+                    cuda_step.c_str());
       else
         std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n",
                     a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), threads, B, T, accum,
-                    describe_kv_shift(run_config(i).model.kv_shift).c_str(), adamw);
+                    describe_kv_shift(run_config(i).model.kv_shift).c_str(), cuda_step.c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
                   r.max_ms, a->steps, r.tok_s);
       if (r.processes > 1) std::printf(" (%.0f per process)", r.tok_s / r.processes);
@@ -520,6 +541,7 @@ void add_bench(CLI::App& app) {
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
+      if (!r.gemm_timing.empty()) std::printf("%s\n", r.gemm_timing.c_str());
       if (a->profile) print_profile(r, profile_peak_gflops(r));
       if (peak_fraction(r) > 1.0)
         std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
@@ -533,6 +555,9 @@ void add_bench(CLI::App& app) {
                   100.0 * (res[1].median_ms / res[0].median_ms - 1.0), res[1].median_ms, res[0].median_ms);
     if (a->compare_overlap)
       std::printf("AdamW overlapping the next forward: %.3fx the tokens/s (median %.2f vs %.2f ms after the step)\n",
+                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
+    if (a->compare_gemm_timing)
+      std::printf("Timed GEMM algorithms: %.3fx the tokens/s (median %.2f vs %.2f ms with cuBLASLt's first)\n",
                   res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
     if (a->compare_gemm)
       std::printf(

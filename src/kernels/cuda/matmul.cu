@@ -225,7 +225,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bf
   // The algorithm, cached per shape and alignment (16 bytes and more count as 16).
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, p.align_a, p.align_b, p.align_d};
   auto it = algos_.find(key);
-  if (it == algos_.end()) it = algos_.emplace(key, heuristics(p, 1)[0]).first;
+  if (it == algos_.end()) {
+    it = algos_.emplace(key, heuristics(p, 1)[0]).first;
+    if (timed_) untimed_.emplace_back(key, beta);  // timed by the next time_new_shapes()
+  }
   run(p, it->second.algo, A, B, beta, D, stream);
 }
 
@@ -238,11 +241,17 @@ std::vector<Matmul::AlgoTime> Matmul::time_algorithms(bool trans_a, bool trans_b
   if (m <= 0 || n <= 0 || k <= 0 || ldd < m) fail("cuBLASLt: time_algorithms needs a nonempty problem, got {}", p.shape);
   KVS_CHECK(max_algos >= 1 && reps >= 1, "cuBLASLt: time_algorithms needs max_algos and reps >= 1");
   describe(p, trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, d_fp32);
+  return time_results(p, heuristics(p, max_algos), A, B, beta, D, reps, stream);
+}
+
+std::vector<Matmul::AlgoTime> Matmul::time_results(const Problem& p,
+                                                   const std::vector<cublasLtMatmulHeuristicResult_t>& results,
+                                                   const __nv_bfloat16* A, const __nv_bfloat16* B, float beta,
+                                                   void* D, int reps, cudaStream_t stream) {
   std::vector<AlgoTime> out;
   cudaEvent_t ev[2];
   for (cudaEvent_t& e : ev)
-    if (cudaEventCreate(&e) != cudaSuccess) fail("cudaEventCreate failed in time_algorithms");
-  const auto results = heuristics(p, max_algos);
+    if (cudaEventCreate(&e) != cudaSuccess) fail("cudaEventCreate failed while timing {}", p.shape);
   for (size_t r = 0; r < results.size(); ++r) {
     if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
     run(p, results[r].algo, A, B, beta, D, stream);  // untimed: the first call's set-up
@@ -261,6 +270,77 @@ std::vector<Matmul::AlgoTime> Matmul::time_algorithms(bool trans_a, bool trans_b
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
   return out;
+}
+
+Matmul::TimingReport Matmul::time_new_shapes(int max_algos, int reps) {
+  TimingReport report;
+  if (untimed_.empty()) return report;
+  KVS_CHECK(max_algos >= 1 && reps >= 1, "cuBLASLt: time_new_shapes needs max_algos and reps >= 1");
+  // One scratch buffer holds the largest A, B and D of the shapes (stored
+  // column-major: ld x (cols - 1) + rows elements), each part 256-byte aligned.
+  auto stored = [](int rows, int cols, int ld) { return size_t(ld) * size_t(cols - 1) + size_t(rows); };
+  auto round256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  size_t a_bytes = 0, b_bytes = 0, d_bytes = 0;
+  for (const auto& [key, beta] : untimed_) {
+    const auto& [ta, tb, m, n, k, lda, ldb, ldd, fp32, al_a, al_b, al_d] = key;
+    a_bytes = std::max(a_bytes, stored(ta ? k : m, ta ? m : k, lda) * sizeof(__nv_bfloat16));
+    b_bytes = std::max(b_bytes, stored(tb ? n : k, tb ? k : n, ldb) * sizeof(__nv_bfloat16));
+    d_bytes = std::max(d_bytes, stored(m, n, ldd) * (fp32 ? sizeof(float) : sizeof(__nv_bfloat16)));
+  }
+  // 256 more bytes per part: a pointer is placed at its shape's alignment.
+  const size_t a_at = 0, b_at = round256(a_bytes) + 256, d_at = b_at + round256(b_bytes) + 256;
+  const size_t total = d_at + round256(d_bytes) + 256;
+  struct Scratch {  // the stream and buffer, released on every way out
+    cudaStream_t stream = nullptr;
+    char* buf = nullptr;
+    ~Scratch() {
+      if (stream) cudaStreamSynchronize(stream);
+      if (buf) cudaFree(buf);
+      if (stream) cudaStreamDestroy(stream);
+    }
+  } scratch;
+  if (cudaStreamCreateWithFlags(&scratch.stream, cudaStreamNonBlocking) != cudaSuccess)
+    fail("cudaStreamCreate failed while timing GEMM algorithms");
+  cudaStream_t stream = scratch.stream;
+  if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch.buf), total); e != cudaSuccess) {
+    cudaGetLastError();  // clear it: the run goes on with the heuristic's first
+    report.skipped = fmt::format("{} GEMM shapes kept the heuristic's first algorithm: no {:.0f} MiB of GPU memory "
+                                 "to time them in ({})",
+                                 untimed_.size(), total / 1048576.0, cudaGetErrorString(e));
+    untimed_.clear();
+    return report;
+  }
+  char* buf = scratch.buf;
+  // Inputs of 0.0115 (bf16 0x3c3c): the values do not change which algorithm is fastest.
+  if (cudaMemsetAsync(buf, 0x3c, d_at, stream) != cudaSuccess ||
+      cudaMemsetAsync(buf + d_at, 0, total - d_at, stream) != cudaSuccess)
+    fail("cudaMemsetAsync failed while timing GEMM algorithms");
+  // Alignment al (a power of two, 16 meaning 16 or more): base + al is aligned to exactly al below 16.
+  auto place = [buf](size_t at, uint32_t al) { return buf + at + (al < kCachedAlignment ? al : 0); };
+  for (const auto& [key, beta] : untimed_) {
+    const auto& [ta, tb, m, n, k, lda, ldb, ldd, fp32, al_a, al_b, al_d] = key;
+    const auto* A = reinterpret_cast<const __nv_bfloat16*>(place(a_at, al_a));
+    const auto* B = reinterpret_cast<const __nv_bfloat16*>(place(b_at, al_b));
+    void* D = place(d_at, al_d);
+    Problem p;
+    name_gemm(p.shape, sizeof p.shape, ta, tb, m, n, k, lda, ldb, ldd, fp32);
+    describe(p, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, fp32);
+    KVS_CHECK(p.align_a == al_a && p.align_b == al_b && p.align_d == al_d,
+              "cuBLASLt: the scratch operands of {} do not have its alignments", p.shape);
+    const auto results = heuristics(p, max_algos);
+    const auto times = time_results(p, results, A, B, beta, D, reps, stream);
+    if (times.empty()) continue;  // nothing ran: the first algorithm stays
+    const AlgoTime* best = &times[0];
+    for (const AlgoTime& t : times)
+      if (t.ms < best->ms) best = &t;
+    algos_[key] = results[static_cast<size_t>(best->rank)];
+    TimedChoice c{p.shape, static_cast<int>(times.size()), best->rank, times[0].rank == 0 ? times[0].ms : 0.0,
+                  best->ms};
+    timed_choices_.push_back(c);
+    report.chosen.push_back(c);
+  }
+  untimed_.clear();
+  return report;
 }
 
 }  // namespace kvs::cuda

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -51,6 +52,34 @@ class Matmul {
                                         int lda, const __nv_bfloat16* B, int ldb, float beta, void* D, int ldd,
                                         bool d_fp32, int max_algos, int reps, cudaStream_t stream);
 
+  // train.time_gemm_algorithms. On: every shape gemm() meets runs the
+  // heuristic's first algorithm as before and is remembered; then
+  // time_new_shapes(), called when no GEMM of this Matmul is in flight (they
+  // share its workspace) and nothing in flight waits for another process,
+  // times the heuristic's first
+  // `max_algos` algorithms for each remembered shape on scratch operands of
+  // its own (the same dimensions, leading dimensions, alignments and beta; on
+  // a stream of its own, so the callers' buffers are not touched) and keeps
+  // the fastest for every later call. Which is fastest depends on the timing,
+  // so two runs may choose differently and sum in a different order.
+  void set_timed_algorithms(bool on) { timed_ = on; }
+  struct TimedChoice {
+    std::string shape;              // the GEMM, as error messages name it
+    int candidates = 0, rank = 0;   // algorithms timed; the chosen one's place in the heuristic's order
+    double first_ms = 0, best_ms = 0;  // medians of the heuristic's first and of the chosen one
+  };
+  // Times the shapes met since the last call (none: returns at once). Scratch
+  // it cannot allocate leaves those shapes on the heuristic's first and says so
+  // in the result. `reps` timed runs each after one untimed.
+  struct TimingReport {
+    std::vector<TimedChoice> chosen;  // this call's shapes
+    std::string skipped;              // why shapes were left on the heuristic's first ("" if none)
+  };
+  TimingReport time_new_shapes(int max_algos = 8, int reps = 5);
+  bool has_new_shapes() const { return !untimed_.empty(); }
+  // Every choice made so far, in the order the shapes were timed.
+  const std::vector<TimedChoice>& timed_choices() const { return timed_choices_; }
+
  private:
   struct Problem;
   void describe(Problem& p, bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
@@ -58,6 +87,10 @@ class Matmul {
   std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Problem& p, int count);
   void run(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A, const __nv_bfloat16* B,
            float beta, void* D, cudaStream_t stream);
+  // Each successful result's median of `reps` timed runs (after one untimed), in the results' order.
+  std::vector<AlgoTime> time_results(const Problem& p, const std::vector<cublasLtMatmulHeuristicResult_t>& results,
+                                     const __nv_bfloat16* A, const __nv_bfloat16* B, float beta, void* D, int reps,
+                                     cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
@@ -66,6 +99,11 @@ class Matmul {
   // bytes capped at 16) -> heuristic result
   using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
   std::map<Key, cublasLtMatmulHeuristicResult_t> algos_;
+  // set_timed_algorithms: shapes met and not yet timed (with the beta of
+  // their first call), and the choices made.
+  bool timed_ = false;
+  std::vector<std::pair<Key, float>> untimed_;
+  std::vector<TimedChoice> timed_choices_;
 };
 
 }  // namespace kvs::cuda

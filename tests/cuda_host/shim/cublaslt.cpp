@@ -53,7 +53,11 @@ struct Pref {
 struct Algo {
   uint32_t magic;
   uint32_t align[4];
+  uint32_t index;  // the heuristic's order: every one computes the same product here
 };
+// Algorithms the heuristic offers per problem: more than one, so code that
+// chooses among them (Matmul's timed algorithms, bench-gemm) runs its loop.
+constexpr int kAlgorithms = 3;
 static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
 static_assert(sizeof(Pref) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
@@ -265,13 +269,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   for (uint32_t al : p->align)
     if (al == 0 || (al & (al - 1)) != 0)
       return refuse(CUBLAS_STATUS_INVALID_VALUE, "a minimum alignment of " + std::to_string(al) + " bytes");
-  std::memset(results, 0, sizeof *results);
-  Algo algo{kAlgoMagic, {p->align[0], p->align[1], p->align[2], p->align[3]}};
-  std::memcpy(&results->algo, &algo, sizeof algo);
-  results->workspaceSize = 0;
-  results->state = CUBLAS_STATUS_SUCCESS;
-  results->wavesCount = 1.0f;
-  *found = 1;
+  const int n = std::min(requested, kAlgorithms);
+  for (int i = 0; i < n; ++i) {
+    std::memset(&results[i], 0, sizeof results[i]);
+    Algo algo{kAlgoMagic, {p->align[0], p->align[1], p->align[2], p->align[3]}, static_cast<uint32_t>(i)};
+    std::memcpy(&results[i].algo, &algo, sizeof algo);
+    results[i].workspaceSize = 0;
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].wavesCount = 1.0f;
+  }
+  *found = n;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -289,7 +296,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (const cublasStatus_t st = check_problem(op, la, lb, lc, ld)) return st;
   Algo algo{};
   if (algo_p) std::memcpy(&algo, algo_p, sizeof algo);
-  if (algo.magic != kAlgoMagic)
+  if (algo.magic != kAlgoMagic || algo.index >= static_cast<uint32_t>(kAlgorithms))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "host GEMM: the algorithm is not one cublasLtMatmulAlgoGetHeuristic gave");
   if (!alpha_p || !beta_p || is_device_address(alpha_p) || is_device_address(beta_p))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "host GEMM: alpha and beta must be host floats (the default pointer mode)");

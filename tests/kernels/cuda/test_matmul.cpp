@@ -200,6 +200,74 @@ TEST(CudaMatmulAlgorithms, TimedAlgorithmsRunTheSameProduct) {
   EXPECT_GT(mag, 0.0);
 }
 
+// train.time_gemm_algorithms: a timed Matmul runs the heuristic's first
+// algorithm on a shape's first calls and remembers the shape; time_new_shapes
+// then times each remembered shape's candidates on scratch operands of its own
+// and keeps the fastest. The callers' buffers are untouched by the timing (an
+// accumulating dW is not added to again), every shape is timed once, and the
+// calls after it still compute the products (the same bits where the
+// algorithms agree, as on the host build; within the tests' bounds on a GPU).
+TEST(CudaMatmulAlgorithms, TimedShapesKeepTheCallersBuffersAndTheirProducts) {
+  KVS_REQUIRE_GPU();
+  const int N = 96, C = 128, OC = 160;
+  const FVec inp = random_bf16_values(size_t(N) * C, 45), W = random_bf16_values(size_t(OC) * C, 46),
+             dout = random_bf16_values(size_t(N) * OC, 47);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp)), d_W(to_bf16(W)), d_dout(to_bf16(dout)), out_t(size_t(N) * OC),
+      out_p(size_t(N) * OC);
+  DeviceBuffer<float> dW_t(size_t(OC) * C), dW_p(size_t(OC) * C);
+  dW_t.zero();
+  dW_p.zero();
+  kc::Matmul timed, plain;
+  timed.set_timed_algorithms(true);
+  auto run = [&](kc::Matmul& mm, DeviceBuffer<bf16>& out, DeviceBuffer<float>& dW) {
+    mm.forward(out.get(), OC, d_inp.get(), C, d_W.get(), N, C, OC, nullptr);
+    mm.backward_weight(dW.get(), d_dout.get(), OC, d_inp.get(), C, N, C, OC, nullptr);  // dW += dout^T inp
+  };
+  run(timed, out_t, dW_t);
+  run(plain, out_p, dW_p);
+  EXPECT_FALSE(plain.has_new_shapes());
+  ASSERT_TRUE(timed.has_new_shapes());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<bf16> out_before = out_t.download();
+  const FVec dW_before = dW_t.download();
+  const kc::Matmul::TimingReport report = timed.time_new_shapes(4, 2);
+  EXPECT_EQ(report.skipped, "");
+  ASSERT_EQ(report.chosen.size(), 2u) << "the forward's shape and the weight gradient's";
+  for (const kc::Matmul::TimedChoice& c : report.chosen) {
+    EXPECT_GE(c.candidates, 1);
+    EXPECT_LE(c.candidates, 4);
+    EXPECT_GE(c.rank, 0);
+    EXPECT_LT(c.rank, c.candidates);
+    EXPECT_LE(c.best_ms, c.first_ms) << c.shape;
+  }
+  EXPECT_FALSE(timed.has_new_shapes());
+  EXPECT_EQ(timed.time_new_shapes(4, 2).chosen.size(), 0u) << "a shape is timed once";
+  EXPECT_EQ(timed.timed_choices().size(), 2u);
+  std::vector<uint16_t> a, b;
+  for (bf16 x : out_t.download()) a.push_back(bits(x));
+  for (bf16 x : out_before) b.push_back(bits(x));
+  EXPECT_TRUE(a == b) << "the timing wrote the caller's output";
+  EXPECT_TRUE(dW_t.download() == dW_before) << "the timing added to the caller's weight gradient";
+  // Again with the chosen algorithms: dW now holds two products.
+  run(timed, out_t, dW_t);
+  run(plain, out_p, dW_p);
+  const FVec ot = to_f32(out_t.download()), op = to_f32(out_p.download());
+  const FVec gt = dW_t.download(), gp = dW_p.download();
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < ot.size(); ++i) {
+    err = std::max(err, std::fabs(double(ot[i]) - op[i]));
+    mag = std::max(mag, std::fabs(double(op[i])));
+  }
+  EXPECT_LE(err, 1.0 / 128 * mag) << "forward: one bf16 rounding apart at most";
+  err = mag = 0;
+  for (size_t i = 0; i < gt.size(); ++i) {
+    err = std::max(err, std::fabs(double(gt[i]) - gp[i]));
+    mag = std::max(mag, std::fabs(double(gp[i])));
+  }
+  EXPECT_LE(err, 1e-5 * mag) << "weight gradient";
+  EXPECT_GT(mag, 0.0);
+}
+
 // Pointers that are only 2-byte aligned (a column offset of 1) get algorithms
 // chosen for that alignment (cached apart from the 16-byte ones) and must
 // still be right; the aligned call after them must not reuse their choice.

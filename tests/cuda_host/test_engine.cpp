@@ -372,9 +372,9 @@ namespace {
 
 // train.time_gemm_algorithms on the host build, whose cuBLASLt offers three
 // algorithms per shape that all compute the same product: the engine times
-// every shape of its first step once, after the update has been waited for,
-// and the steps after it give the untimed engine's bits (so the timing wrote
-// none of the engine's buffers and every GEMM still runs).
+// every shape of its first step once, and the steps after it give the
+// untimed engine's bits (so the timing wrote none of the engine's buffers
+// and every GEMM still runs).
 TEST(HostCudaEngine, TimedGemmAlgorithmsAreChosenOnceAndChangeNoResult) {
   const ModelConfig m = model_of(kVariants[1]);
   const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
@@ -404,7 +404,6 @@ TEST(HostCudaEngine, TimedGemmAlgorithmsAreChosenOnceAndChangeNoResult) {
       // Layer GEMMs (qkv, o, gate/up, down: forward, input and weight gradients) and the head's.
       EXPECT_NE(line.find("GEMM algorithms timed for "), std::string::npos) << line;
       EXPECT_NE(line.find("up to 3 candidates each"), std::string::npos) << line;
-      EXPECT_EQ(hostcuda::queued_ops("adamw_kernel"), 0u) << "the update was waited for before the timing";
     }
     params_after[i].resize(layout.total);
     e->read_params(params_after[i].data());

@@ -618,8 +618,8 @@ std::string CudaEngine::time_gemm_algorithms() {
       first += c.first_ms;
       best += c.best_ms;
     }
-    line = fmt::format("GEMM algorithms timed for {} shapes (up to {} candidates each): {} run another than "
-                       "cuBLASLt's first, their medians summed {:.2f} ms -> {:.2f} ms ({:.3f}x)",
+    line = fmt::format("GEMM algorithms timed for {} shapes (up to {} candidates each): {} of them take another "
+                       "than cuBLASLt's first; their medians summed {:.2f} ms -> {:.2f} ms ({:.3f}x)",
                        r.chosen.size(), candidates, other, first, best, best > 0 ? first / best : 1.0);
   }
   if (!r.skipped.empty()) line += (line.empty() ? "" : "; ") + r.skipped;

@@ -56,12 +56,12 @@ class Matmul {
   // heuristic's first algorithm as before and is remembered; then
   // time_new_shapes(), called when no GEMM of this Matmul is in flight (they
   // share its workspace) and nothing in flight waits for another process,
-  // times the heuristic's first
-  // `max_algos` algorithms for each remembered shape on scratch operands of
-  // its own (the same dimensions, leading dimensions, alignments and beta; on
-  // a stream of its own, so the callers' buffers are not touched) and keeps
-  // the fastest for every later call. Which is fastest depends on the timing,
-  // so two runs may choose differently and sum in a different order.
+  // times the heuristic's first `max_algos` algorithms for each remembered
+  // shape on scratch operands of its own (the same dimensions, leading
+  // dimensions, alignments and beta; on a stream of its own, so the callers'
+  // buffers are not touched) and keeps the fastest for every later call.
+  // Which is fastest depends on the timing, so two runs may choose
+  // differently and sum in a different order.
   void set_timed_algorithms(bool on) { timed_ = on; }
   struct TimedChoice {
     std::string shape;              // the GEMM, as error messages name it

@@ -19,7 +19,10 @@
 #                      step with AdamW in order and overlapped, about 40 s more:
 #                      430 s on an H200 that day, and its last row, flash-mma,
 #                      was cut; since then the timed GEMM algorithms' row,
-#                      before the profile, adds about 45 s more)
+#                      before the profile, adds about 45 s more. The H200 run
+#                      of 2026-11-29 fit 797 s of its 900: build,cuda,attention
+#                      at KVS_CHECK_BUDGET=270 (259 s), dp,launch,pp at 190
+#                      (48 s), bench at 430; sanitize and hf did not fit)
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the next call at once).

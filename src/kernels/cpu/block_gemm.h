@@ -72,6 +72,16 @@ template <class T> inline Vec<T> load(const T* p) {
   return v;
 }
 template <class T> inline void store(T* p, Vec<T> v) { std::memcpy(p, &v, sizeof v); }
+// alpha times a sum, rounded before anything is added to it. GCC contracts
+// c + acc * alpha into one fma in some tile instantiations and not in others
+// (found with 32-byte vectors: a double dK element's bits depended on the
+// tile its key fell in); the empty asm makes the product a value of its own,
+// as the partial-panel path's store of it does.
+template <class T> inline Vec<T> scaled(Vec<T> acc, T alpha) {
+  Vec<T> v = acc * alpha;
+  asm("" : "+v"(v));
+  return v;
+}
 
 // R rows x one panel of C; only the first nc (<= kPanel) columns are written.
 template <int R, bool Accumulate, class T>
@@ -97,7 +107,7 @@ inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp
     if (nc == P) {
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) {
-        const Vec<T> v = acc[r][j] * alpha;
+        const Vec<T> v = scaled(acc[r][j], alpha);
         store(c + j * W, Accumulate ? load(c + j * W) + v : v);
       }
     } else {

@@ -48,12 +48,13 @@ using cuda::bf16;
 constexpr cuda::ErrorCheck check{"CUDA engine"};
 
 // The shift+RoPE kernels the layers run (ops.h; each falls back to the unit
-// kernels where a row walk does not fit: windows over 1, documents). On an
-// H200 (bench-attention, B 4, 16 heads of 128, 2026-11-29) the row walks
-// beat the 8-wide unit kernels at every T from 1k to 8k: forward 0.73-0.90
-// of copy bandwidth against 0.59-0.72, backward 0.58-0.76 against 0.34-0.47;
-// the forward 8-wide walk was best at 3 of the 4 lengths, the backward 4-wide
-// at all 4 (tied at 8k). y and dx are the same bits in every variant.
+// kernels where a row walk does not fit: windows over 1, documents,
+// context-parallel halos). On an H200 (bench-attention, B 4, 16 heads of
+// 128, 2026-11-29) the row walks beat the 8-wide unit kernels at every T
+// from 1k to 8k: forward 0.73-0.90 of copy bandwidth against 0.59-0.72,
+// backward 0.58-0.76 against 0.34-0.47; the forward 8-wide walk was best at
+// 3 of the 4 lengths, the backward 4-wide at all 4 (tied at 8k). y and dx
+// are the same bits in every variant.
 constexpr auto kShiftWalk = cuda::ShiftRopeWalk::kRows;
 constexpr auto kShiftForwardVector = cuda::ShiftRopeVector::k8;
 constexpr auto kShiftBackwardVector = cuda::ShiftRopeVector::k4;

@@ -334,10 +334,8 @@ Matmul::TimingReport Matmul::time_new_shapes(int max_algos, int reps) {
     for (const AlgoTime& t : times)
       if (t.ms < best->ms) best = &t;
     algos_[key] = results[static_cast<size_t>(best->rank)];
-    TimedChoice c{p.shape, static_cast<int>(times.size()), best->rank, times[0].rank == 0 ? times[0].ms : 0.0,
-                  best->ms};
-    timed_choices_.push_back(c);
-    report.chosen.push_back(c);
+    report.chosen.push_back({p.shape, static_cast<int>(times.size()), best->rank,
+                             times[0].rank == 0 ? times[0].ms : 0.0, best->ms});
   }
   untimed_.clear();
   return report;

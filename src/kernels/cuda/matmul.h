@@ -77,8 +77,6 @@ class Matmul {
   };
   TimingReport time_new_shapes(int max_algos = 8, int reps = 5);
   bool has_new_shapes() const { return !untimed_.empty(); }
-  // Every choice made so far, in the order the shapes were timed.
-  const std::vector<TimedChoice>& timed_choices() const { return timed_choices_; }
 
  private:
   struct Problem;
@@ -99,11 +97,9 @@ class Matmul {
   // bytes capped at 16) -> heuristic result
   using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
   std::map<Key, cublasLtMatmulHeuristicResult_t> algos_;
-  // set_timed_algorithms: shapes met and not yet timed (with the beta of
-  // their first call), and the choices made.
+  // set_timed_algorithms: shapes met and not yet timed (with the beta of their first call).
   bool timed_ = false;
   std::vector<std::pair<Key, float>> untimed_;
-  std::vector<TimedChoice> timed_choices_;
 };
 
 }  // namespace kvs::cuda

@@ -242,7 +242,6 @@ TEST(CudaMatmulAlgorithms, TimedShapesKeepTheCallersBuffersAndTheirProducts) {
   }
   EXPECT_FALSE(timed.has_new_shapes());
   EXPECT_EQ(timed.time_new_shapes(4, 2).chosen.size(), 0u) << "a shape is timed once";
-  EXPECT_EQ(timed.timed_choices().size(), 2u);
   std::vector<uint16_t> a, b;
   for (bf16 x : out_t.download()) a.push_back(bits(x));
   for (bf16 x : out_before) b.push_back(bits(x));

@@ -269,6 +269,22 @@ TEST(HostCudaContracts, HostCodeDereferencingDeviceMemoryDies) {
       "host code accessed device memory at .* \\(byte 12 of allocation #[0-9]+ \\(64 bytes, live\\)\\)");
 }
 
+// An operation opens what it touches only while it runs: after the
+// synchronisation the same memory faults again on the host.
+TEST(HostCudaContracts, MemoryAnOperationTouchedIsClosedAgainAfterIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        float* p = nullptr;
+        cudaMalloc(&p, 64);
+        cudaMemset(p, 0, 64);
+        cudaDeviceSynchronize();
+        volatile float x = p[3];
+        (void)x;
+      },
+      "host code accessed device memory at .* \\(byte 12 of allocation #[0-9]+ \\(64 bytes, live\\)\\)");
+}
+
 TEST(HostCudaContracts, LaunchesAreCheckedAsTheDriverChecksThem) {
   Stream s;
   DeviceFloats d(64), out(1);

@@ -7,11 +7,17 @@
 // Allocations are page aligned with a free page after each, addresses are never
 // reused (so a stale pointer always finds its freed allocation), and new memory
 // is filled with 0xFF (NaN in fp32 and bf16, -1 in integers) as a GPU gives no
-// zeros. The range is PROT_NONE except the live allocations while the shim runs
-// an operation, so host code that dereferences a device pointer faults, and
-// the SIGSEGV handler says which allocation it touched. An operation's access
+// zeros. The range is PROT_NONE except, while the shim runs operations, the
+// live allocations they touch, so host code that dereferences a device
+// pointer faults, and the SIGSEGV handler says which allocation it touched.
+// An allocation is opened by the first checked access of an operation to it
+// and closed with the rest when the batch of operations ends: opening every
+// live allocation at each synchronisation cost mprotect calls over all of
+// device memory (a test that copied a model's parameters 7 at a time spent
+// 108 of its 114 s in the kernel). An access the checks did not see (library
+// code) faults and the handler opens what it touched. An operation's access
 // outside every live allocation is reported by its check first; the handler
-// then opens that page until the operation ends, so that the faulty access
+// then opens that page until the operations end, so that the faulty access
 // completes harmlessly and the error reaches the synchronisation.
 //
 // Every access of an operation goes through check_access: the kernels'
@@ -32,7 +38,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -56,6 +61,7 @@ struct Allocation {
   size_t bytes = 0;
   size_t pages = 0;
   bool live = false;
+  bool open = false;  // host-accessible until the running batch of operations ends
 };
 
 struct Shadow {
@@ -73,13 +79,16 @@ size_t g_next = 0;  // bytes of the arena handed out (allocations and their guar
 uint32_t* g_page_owner = nullptr;  // per arena page: allocation index, 0 = none
 Shadow* g_shadow = nullptr;        // per arena granule
 std::vector<Allocation> g_allocs(1);
-std::set<uint32_t> g_live;  // indices of the live allocations
 size_t g_in_use = 0;
 size_t g_peak = 0;  // the most g_in_use since reset_device_bytes_peak
 // Pages opened for an operation's out-of-bounds access (closed with the rest).
 constexpr int kMaxOpened = 4096;
 uintptr_t g_opened[kMaxOpened];
 int g_num_opened = 0;
+// Allocations opened for the running operations (fixed, so the signal handler may add to it).
+constexpr int kMaxOpenAllocs = 1 << 16;
+uint32_t g_open_allocs[kMaxOpenAllocs];
+int g_num_open_allocs = 0;
 int g_open = 0;
 std::map<uintptr_t, size_t> g_pinned;
 std::unordered_map<uint64_t, std::string> g_labels;  // epoch -> label of operations that ran
@@ -105,13 +114,31 @@ void protect(uintptr_t lo, size_t bytes, int prot) {
   if (bytes && mprotect(reinterpret_cast<void*>(lo), bytes, prot) != 0) die("mprotect failed");
 }
 
+const Allocation* owner_of(uintptr_t a);
+
+// Opens allocation `id` until the running operations end; false when too many are open.
+bool open_allocation(uint32_t id) {
+  Allocation& al = g_allocs[id];
+  if (al.open) return true;
+  if (g_num_open_allocs == kMaxOpenAllocs) return false;
+  protect(al.base, al.pages * kPage, PROT_READ | PROT_WRITE);
+  al.open = true;
+  g_open_allocs[g_num_open_allocs++] = id;
+  return true;
+}
+
 // Host code touching device memory: what a GPU build would fault on (or
 // silently read garbage through a stale mapping). Fatal, as on the GPU.
 void on_segv(int sig, siginfo_t* info, void* ctx) {
   const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
   if (g_res_lo && a - g_res_lo < kGap + kArena && g_running && g_num_opened < kMaxOpened) {
-    // An operation's access outside the live allocations: already reported
+    // An access to a live allocation that no check opened (library code):
+    // open all of it. One outside the live allocations: already reported
     // by check_access; let it complete.
+    const Allocation* al = owner_of(a);
+    if (al && al->live && !al->open && a < al->base + al->bytes &&
+        open_allocation(static_cast<uint32_t>(al - g_allocs.data())))
+      return;
     const uintptr_t page = a & ~(kPage - 1);
     if (mprotect(reinterpret_cast<void*>(page), kPage, PROT_READ | PROT_WRITE) == 0) {
       g_opened[g_num_opened++] = page;
@@ -230,6 +257,7 @@ void check_access(uintptr_t a, size_t n, bool write) {
                      (al && !al->live ? " (use after free)" : " (out of bounds)"));
     return;
   }
+  if (!al->open && !open_allocation(static_cast<uint32_t>(index_of(al)))) die("too many allocations open at once");
   count_accesses(1);
   if (g_block && misaligned(a, n))
     op_violation(cudaErrorMisalignedAddress, *r->label + (write ? " writes " : " reads ") + std::to_string(n) +
@@ -337,15 +365,12 @@ void* device_malloc(size_t bytes) {
   al.live = true;
   g_allocs.push_back(al);
   const auto id = static_cast<uint32_t>(g_allocs.size() - 1);
-  g_live.insert(id);
   for (size_t p = 0; p < pages; ++p) g_page_owner[g_next / kPage + p] = id;
   g_next += (pages + 1) * kPage;  // and a guard page
-  if (!launch_only()) {
+  if (!launch_only()) {  // (opened again by the first access of an operation)
     protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
     std::memset(reinterpret_cast<void*>(al.base), 0xFF, std::min(bytes, kCapacity));  // (min: for -Wstringop-overflow)
-    if (g_open == 0) protect(al.base, pages * kPage, PROT_NONE);
-  } else if (g_open > 0) {
-    protect(al.base, pages * kPage, PROT_READ | PROT_WRITE);
+    protect(al.base, pages * kPage, PROT_NONE);
   }
   g_in_use += bytes;
   g_peak = std::max(g_peak, g_in_use);
@@ -361,7 +386,7 @@ cudaError_t device_free(void* p) {
   Allocation& al = g_allocs[index_of(found)];
   if (!al.live) return fail(cudaErrorInvalidValue, "cudaFree of " + describe(a) + ": freed twice");
   al.live = false;
-  g_live.erase(static_cast<uint32_t>(index_of(&al)));
+  if (al.open) protect(al.base, al.pages * kPage, PROT_NONE);  // (closed again with the others: harmless)
   g_in_use -= al.bytes;
   // Give the memory back; the pages stay reserved (and owned) for the checks.
   madvise(p, al.pages * kPage, MADV_DONTNEED);
@@ -395,12 +420,16 @@ bool device_range_ok(const void* p, size_t n, std::string* why) {
 
 DeviceOpen::DeviceOpen() {
   init();
-  if (g_open++ > 0) return;
-  for (uint32_t id : g_live) protect(g_allocs[id].base, g_allocs[id].pages * kPage, PROT_READ | PROT_WRITE);
+  ++g_open;
 }
 DeviceOpen::~DeviceOpen() {
   if (--g_open > 0) return;
-  for (uint32_t id : g_live) protect(g_allocs[id].base, g_allocs[id].pages * kPage, PROT_NONE);
+  for (int i = 0; i < g_num_open_allocs; ++i) {
+    Allocation& al = g_allocs[g_open_allocs[i]];
+    protect(al.base, al.pages * kPage, PROT_NONE);
+    al.open = false;
+  }
+  g_num_open_allocs = 0;
   for (int i = 0; i < g_num_opened; ++i) protect(g_opened[i], kPage, PROT_NONE);
   g_num_opened = 0;
 }

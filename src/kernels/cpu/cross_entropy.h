@@ -58,7 +58,7 @@ void cross_entropy_forward_backward(T* losses, T* dlogits, int32_t* argmax, cons
     T* dx = dlogits ? dlogits + (size_t)n * V : nullptr;
     for (int v0 = 0; v0 < V; v0 += kChunk) {
       const int nv = std::min(kChunk, V - v0);
-      for (int j = 0; j < nv; ++j) e[j] = detail::exp_fast(x[v0 + j] - mx);  // read before dx is written
+      detail::exp_shifted(e, x + v0, nv, mx);  // read before dx is written
       sum += detail::row_sum<T, double>(e, nv);
       if (dx)
         for (int j = 0; j < nv; ++j) dx[v0 + j] = e[j];

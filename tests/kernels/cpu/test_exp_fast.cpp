@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -50,6 +51,32 @@ TEST(OpsExp, ShiftedSumOverRowsOfAnyLength) {
       ref += r[s];
     }
     EXPECT_NEAR(sum, ref, 1e-6 * (1 + ref)) << "n = " << n;
+  }
+}
+
+// The eight-lane loop (cross-entropy's rows) gives the scalar exp of every element, tail included.
+TEST(OpsExp, ShiftedRowIsTheScalarExpOfEveryElement) {
+  for (int n = 0; n <= 40; ++n) {
+    std::vector<float> x(n), out(n, -1.0f);
+    for (int s = 0; s < n; ++s) x[s] = 0.7f * (float)((s * 5) % 17) - 6.0f;
+    kvs::cpu::detail::exp_shifted(out.data(), x.data(), n, 0.25f);
+    for (int s = 0; s < n; ++s)
+      ASSERT_EQ(out[s], kvs::cpu::detail::exp_fast(x[s] - 0.25f)) << "n = " << n << ", s = " << s;
+  }
+}
+
+// Sixteen lanes as one f32x16 (AVX-512 builds) or two f32x8 (the others): the
+// same values and the same sum, bit for bit, so a softmax row does not depend
+// on the machine's vector width.
+TEST(OpsExp, ShiftedSumHasTheSameBitsInOneOrTwoRegisters) {
+  std::vector<float> x(300);
+  for (size_t s = 0; s < x.size(); ++s) x[s] = 3.0f * std::sin(0.37f * (float)s) + 0.01f * (float)s;
+  for (int n = 0; n <= (int)x.size(); ++n) {
+    std::vector<float> one(x.begin(), x.begin() + n), two = one;
+    const float sum1 = kvs::cpu::detail::exp_shifted_sum_lanes<true>(one.data(), n, 1.5f);
+    const float sum2 = kvs::cpu::detail::exp_shifted_sum_lanes<false>(two.data(), n, 1.5f);
+    ASSERT_EQ(std::bit_cast<uint32_t>(sum1), std::bit_cast<uint32_t>(sum2)) << "n = " << n;
+    ASSERT_EQ(one, two) << "n = " << n;
   }
 }
 

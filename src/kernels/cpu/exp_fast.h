@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/row_reduce.h"
+
 namespace kvs::cpu::detail {
 
 // The steps shared by the scalar exp_fast and its eight-lane twin (V = float
@@ -40,12 +42,15 @@ inline float exp_fast(float x) {
 }
 inline double exp_fast(double x) { return std::exp(x); }
 
-// Eight or sixteen floats as one value (GCC/Clang vector extensions: one AVX
-// register, two SSE ones; one AVX-512 register, two AVX ones). GCC (12,
-// default -ftrapping-math) does not vectorise a loop that calls the scalar
-// exp_fast on a computed argument: it turns its selects into branches around
-// the arithmetic. The same steps on f32x8/f32x16 are vector instructions
-// whatever the optimiser decides.
+// Four, eight or sixteen floats as one value (GCC/Clang vector extensions:
+// one SSE, AVX or AVX-512 register; a wider one than the target has is
+// lowered poorly, see exp_shifted_sum). GCC (12, default -ftrapping-math)
+// does not vectorise a loop that calls the scalar exp_fast on a computed
+// argument: it turns its selects into branches around the arithmetic. The
+// same steps on these types are vector instructions whatever the optimiser
+// decides.
+using f32x4 = float __attribute__((vector_size(16)));
+using i32x4 = int32_t __attribute__((vector_size(16)));
 using f32x8 = float __attribute__((vector_size(32)));
 using i32x8 = int32_t __attribute__((vector_size(32)));
 using f32x16 = float __attribute__((vector_size(64)));
@@ -74,6 +79,7 @@ template <class V, class I> inline V exp_fast_lanes(V x) {
   const V scale = (V)((__builtin_convertvector(n, I) + 127) << 23);  // 2^n, bits reinterpreted
   return x < lo ? V{} : p * scale;
 }
+inline f32x4 exp_fast(f32x4 x) { return exp_fast_lanes<f32x4, i32x4>(x); }
 inline f32x8 exp_fast(f32x8 x) { return exp_fast_lanes<f32x8, i32x8>(x); }
 inline f32x16 exp_fast(f32x16 x) { return exp_fast_lanes<f32x16, i32x16>(x); }
 
@@ -88,37 +94,24 @@ inline void exp_shifted(double* out, const double* x, int n, double shift) {
   for (int j = 0; j < n; ++j) out[j] = std::exp(x[j] - shift);
 }
 
-// r[s] = exp(r[s] - shift) for s < n; returns their sum (float: sixteen
+// r[s] = exp(r[s] - shift) for s < n; returns their sum (float: kLanes = 16
 // lanes, then eight, then the tail one by one: a fixed order for a given n).
-// The sixteen lanes are one f32x16 where the build has AVX-512 and two f32x8
-// (lanes 0-7 and 8-15, each the same sums in the same order) otherwise: GCC
-// 12 lowers a 64-byte vector for an AVX2 target through the stack, with the
-// selects lane by lane (this loop took 4.4 ns per element on a Zen 3 core
-// that way, 0.7 with two f32x8). Both forms are compiled everywhere and
-// tested for the same bits; kOneRegister picks one.
-template <bool kOneRegister> inline float exp_shifted_sum_lanes(float* r, int n, float shift) {
-  float sum = 0;
+// The sixteen lanes are row_reduce.h's Lanes, in registers of B bytes: one
+// f32x16 with AVX-512, two f32x8 with AVX2 (as one f32x16 there GCC 12 went
+// through the stack lane by lane: 4.4 ns per element on a Zen 3 core, 0.7 as
+// two). Every lane does the same work whatever B is (tested bit for bit).
+template <int B = kRegBytes> inline float exp_shifted_sum(float* r, int n, float shift) {
+  Lanes<float, B> acc{};
   int s = 0;
-  if constexpr (kOneRegister) {
-    f32x16 acc16{};
-    for (; s + 16 <= n; s += 16) {
-      const f32x16 e = exp_fast(load16(r + s) - shift);
-      store16(r + s, e);
-      acc16 += e;
-    }
-    for (int j = 0; j < 16; ++j) sum += acc16[j];
-  } else {
-    f32x8 lo{}, hi{};
-    for (; s + 16 <= n; s += 16) {
-      const f32x8 a = exp_fast(load8(r + s) - shift), b = exp_fast(load8(r + s + 8) - shift);
-      store8(r + s, a);
-      store8(r + s + 8, b);
-      lo += a;
-      hi += b;
-    }
-    for (int j = 0; j < 8; ++j) sum += lo[j];
-    for (int j = 0; j < 8; ++j) sum += hi[j];
+  for (; s + kLanes <= n; s += kLanes) {
+    Lanes<float, B> e = load_lanes<B>(r + s);
+#pragma GCC unroll 4
+    for (int i = 0; i < e.kRegs; ++i) e.r[i] = exp_fast(e.r[i] - shift);
+    store_lanes(r + s, e);
+    acc += e;
   }
+  float sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += acc[j];
   if (s + 8 <= n) {
     const f32x8 e = exp_fast(load8(r + s) - shift);
     store8(r + s, e);
@@ -128,12 +121,6 @@ template <bool kOneRegister> inline float exp_shifted_sum_lanes(float* r, int n,
   for (; s < n; ++s) sum += r[s] = exp_fast(r[s] - shift);
   return sum;
 }
-#if defined(__AVX512F__)
-inline constexpr bool kExpOneRegister = true;
-#else
-inline constexpr bool kExpOneRegister = false;
-#endif
-inline float exp_shifted_sum(float* r, int n, float shift) { return exp_shifted_sum_lanes<kExpOneRegister>(r, n, shift); }
 inline double exp_shifted_sum(double* r, int n, double shift) {
   double sum = 0;
   for (int s = 0; s < n; ++s) sum += r[s] = std::exp(r[s] - shift);

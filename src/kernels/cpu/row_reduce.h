@@ -43,10 +43,12 @@ KVS_ROW_REDUCE_REG(double, 32);
 KVS_ROW_REDUCE_REG(double, 64);
 #undef KVS_ROW_REDUCE_REG
 
-template <class T> struct Lanes {
-  static constexpr int kPerReg = kRegBytes / (int)sizeof(T);
+// kLanes lanes of T in registers of B bytes (the build's by default; tests
+// instantiate the other widths to check that the bits do not depend on it).
+template <class T, int B = kRegBytes> struct Lanes {
+  static constexpr int kPerReg = B / (int)sizeof(T);
   static constexpr int kRegs = kLanes / kPerReg;
-  using Reg = typename RegOf<T, kRegBytes>::type;
+  using Reg = typename RegOf<T, B>::type;
   Reg r[kRegs];
 
   T operator[](int j) const { return r[j / kPerReg][j % kPerReg]; }
@@ -62,67 +64,71 @@ template <class T> struct Lanes {
   }
 };
 
-template <class T> Lanes<T> splat_lanes(T x) {
-  Lanes<T> v;
+template <int B = kRegBytes, class T> Lanes<T, B> splat_lanes(T x) {
+  Lanes<T, B> v;
 #pragma GCC unroll 8
-  for (int i = 0; i < Lanes<T>::kRegs; ++i) v.r[i] = typename Lanes<T>::Reg{} + x;
+  for (int i = 0; i < v.kRegs; ++i) v.r[i] = typename Lanes<T, B>::Reg{} + x;
   return v;
 }
 // Lane by lane: x where part < x, else part (NaN in x is skipped, as std::max(part, x) does).
-template <class T> Lanes<T> max_lanes(Lanes<T> part, const Lanes<T>& x) {
+template <class T, int B> Lanes<T, B> max_lanes(Lanes<T, B> part, const Lanes<T, B>& x) {
 #pragma GCC unroll 8
-  for (int i = 0; i < Lanes<T>::kRegs; ++i) part.r[i] = part.r[i] < x.r[i] ? x.r[i] : part.r[i];
+  for (int i = 0; i < part.kRegs; ++i) part.r[i] = part.r[i] < x.r[i] ? x.r[i] : part.r[i];
   return part;
 }
 
-template <class T> Lanes<T> load_lanes(const T* p) {
-  Lanes<T> v;
+template <int B = kRegBytes, class T> Lanes<T, B> load_lanes(const T* p) {
+  Lanes<T, B> v;
 #pragma GCC unroll 8
-  for (int i = 0; i < Lanes<T>::kRegs; ++i) std::memcpy(&v.r[i], p + i * Lanes<T>::kPerReg, sizeof v.r[i]);
+  for (int i = 0; i < v.kRegs; ++i) std::memcpy(&v.r[i], p + i * v.kPerReg, sizeof v.r[i]);
   return v;
 }
-// kLanes values of T as Acc (float to double: exact), one register of Acc at a time.
-template <class Acc, class T> Lanes<Acc> load_lanes_as(const T* p) {
-  if constexpr (std::is_same_v<Acc, T>) {
-    return load_lanes(p);
-  } else {
-    constexpr int kPer = Lanes<Acc>::kPerReg;
-    using Narrow = typename RegOf<T, kPer * (int)sizeof(T)>::type;
-    Lanes<Acc> v;
+template <class T, int B> void store_lanes(T* p, const Lanes<T, B>& v) {
 #pragma GCC unroll 8
-    for (int i = 0; i < Lanes<Acc>::kRegs; ++i) {
+  for (int i = 0; i < v.kRegs; ++i) std::memcpy(p + i * v.kPerReg, &v.r[i], sizeof v.r[i]);
+}
+// kLanes values of T as Acc (float to double: exact), one register of Acc at a time.
+template <class Acc, int B = kRegBytes, class T> Lanes<Acc, B> load_lanes_as(const T* p) {
+  if constexpr (std::is_same_v<Acc, T>) {
+    return load_lanes<B>(p);
+  } else {
+    constexpr int kPer = Lanes<Acc, B>::kPerReg;
+    using Narrow = typename RegOf<T, kPer * (int)sizeof(T)>::type;
+    Lanes<Acc, B> v;
+#pragma GCC unroll 8
+    for (int i = 0; i < v.kRegs; ++i) {
       Narrow n;
       std::memcpy(&n, p + i * kPer, sizeof n);
-      v.r[i] = __builtin_convertvector(n, typename Lanes<Acc>::Reg);
+      v.r[i] = __builtin_convertvector(n, typename Lanes<Acc, B>::Reg);
     }
     return v;
   }
 }
 
-template <class T> T row_max(const T* r, int n) {
-  Lanes<T> part = splat_lanes(r[0]);
+template <class T, int B = kRegBytes> T row_max(const T* r, int n) {
+  Lanes<T, B> part = splat_lanes<B>(r[0]);
   int s = 0;
-  for (; s + kLanes <= n; s += kLanes) part = max_lanes(part, load_lanes(r + s));
+  for (; s + kLanes <= n; s += kLanes) part = max_lanes(part, load_lanes<B>(r + s));
   T m = part[0];
   for (int j = 1; j < kLanes; ++j) m = std::max(m, part[j]);
   for (; s < n; ++s) m = std::max(m, r[s]);
   return m;
 }
 
-template <class T, class Acc = T> Acc row_sum(const T* r, int n) {
-  Lanes<Acc> part{};
+template <class T, class Acc = T, int B = kRegBytes> Acc row_sum(const T* r, int n) {
+  Lanes<Acc, B> part{};
   int s = 0;
-  for (; s + kLanes <= n; s += kLanes) part += load_lanes_as<Acc>(r + s);
+  for (; s + kLanes <= n; s += kLanes) part += load_lanes_as<Acc, B>(r + s);
   Acc sum = 0;
   for (int j = 0; j < kLanes; ++j) sum += part[j];
   for (; s < n; ++s) sum += r[s];
   return sum;
 }
 
-template <class T> T row_dot(const T* a, const T* b, int n) {
-  Lanes<T> part{};
+template <class T, int B = kRegBytes> T row_dot(const T* a, const T* b, int n) {
+  Lanes<T, B> part{};
   int s = 0;
-  for (; s + kLanes <= n; s += kLanes) part += load_lanes(a + s) * load_lanes(b + s);
+  for (; s + kLanes <= n; s += kLanes) part += load_lanes<B>(a + s) * load_lanes<B>(b + s);
   T sum = 0;
   for (int j = 0; j < kLanes; ++j) sum += part[j];
   for (; s < n; ++s) sum += a[s] * b[s];
@@ -131,10 +137,10 @@ template <class T> T row_dot(const T* a, const T* b, int n) {
 
 // a . b with every product and partial sum in Acc (double for float rows):
 // the same precision as a sequential double loop, kLanes times shorter chains.
-template <class Acc, class T> Acc row_dot_wide(const T* a, const T* b, size_t n) {
-  Lanes<Acc> part{};
+template <class Acc, class T, int B = kRegBytes> Acc row_dot_wide(const T* a, const T* b, size_t n) {
+  Lanes<Acc, B> part{};
   size_t s = 0;
-  for (; s + kLanes <= n; s += kLanes) part += load_lanes_as<Acc>(a + s) * load_lanes_as<Acc>(b + s);
+  for (; s + kLanes <= n; s += kLanes) part += load_lanes_as<Acc, B>(a + s) * load_lanes_as<Acc, B>(b + s);
   Acc sum = 0;
   for (int j = 0; j < kLanes; ++j) sum += part[j];
   for (; s < n; ++s) sum += static_cast<Acc>(a[s]) * static_cast<Acc>(b[s]);

@@ -65,18 +65,21 @@ TEST(OpsExp, ShiftedRowIsTheScalarExpOfEveryElement) {
   }
 }
 
-// Sixteen lanes as one f32x16 (AVX-512 builds) or two f32x8 (the others): the
-// same values and the same sum, bit for bit, so a softmax row does not depend
-// on the machine's vector width.
-TEST(OpsExp, ShiftedSumHasTheSameBitsInOneOrTwoRegisters) {
+// The sixteen lanes in registers of 64 (AVX-512 builds), 32 (AVX) or 16
+// bytes: the same values and the same sum, bit for bit, so a softmax row does
+// not depend on the machine's vector width.
+TEST(OpsExp, ShiftedSumHasTheSameBitsInAnyRegisterWidth) {
   std::vector<float> x(300);
   for (size_t s = 0; s < x.size(); ++s) x[s] = 3.0f * std::sin(0.37f * (float)s) + 0.01f * (float)s;
   for (int n = 0; n <= (int)x.size(); ++n) {
-    std::vector<float> one(x.begin(), x.begin() + n), two = one;
-    const float sum1 = kvs::cpu::detail::exp_shifted_sum_lanes<true>(one.data(), n, 1.5f);
-    const float sum2 = kvs::cpu::detail::exp_shifted_sum_lanes<false>(two.data(), n, 1.5f);
-    ASSERT_EQ(std::bit_cast<uint32_t>(sum1), std::bit_cast<uint32_t>(sum2)) << "n = " << n;
-    ASSERT_EQ(one, two) << "n = " << n;
+    std::vector<float> r64(x.begin(), x.begin() + n), r32 = r64, r16 = r64;
+    const float s64 = kvs::cpu::detail::exp_shifted_sum<64>(r64.data(), n, 1.5f);
+    const float s32 = kvs::cpu::detail::exp_shifted_sum<32>(r32.data(), n, 1.5f);
+    const float s16 = kvs::cpu::detail::exp_shifted_sum<16>(r16.data(), n, 1.5f);
+    ASSERT_EQ(std::bit_cast<uint32_t>(s64), std::bit_cast<uint32_t>(s32)) << "n = " << n;
+    ASSERT_EQ(std::bit_cast<uint32_t>(s64), std::bit_cast<uint32_t>(s16)) << "n = " << n;
+    ASSERT_EQ(r64, r32) << "n = " << n;
+    ASSERT_EQ(r64, r16) << "n = " << n;
   }
 }
 

@@ -62,12 +62,6 @@ inline f32x8 load8(const float* p) {
   return v;
 }
 inline void store8(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
-inline f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
 
 // exp_fast lane by lane: the same operations in the same order.
 template <class V, class I> inline V exp_fast_lanes(V x) {
@@ -112,13 +106,8 @@ template <int B = kRegBytes> inline float exp_shifted_sum(float* r, int n, float
   }
   float sum = 0;
   for (int j = 0; j < kLanes; ++j) sum += acc[j];
-  if (s + 8 <= n) {
-    const f32x8 e = exp_fast(load8(r + s) - shift);
-    store8(r + s, e);
-    for (int j = 0; j < 8; ++j) sum += e[j];
-    s += 8;
-  }
-  for (; s < n; ++s) sum += r[s] = exp_fast(r[s] - shift);
+  exp_shifted(r + s, r + s, n - s, shift);  // the last n % 16: eight lanes, then one by one
+  for (; s < n; ++s) sum += r[s];
   return sum;
 }
 inline double exp_shifted_sum(double* r, int n, double shift) {

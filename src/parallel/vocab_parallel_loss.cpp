@@ -56,12 +56,17 @@ void vocab_parallel_cross_entropy(float* losses, float* dlogits, int32_t* argmax
     const double m = mask ? mask[n] : 1.0;
     const int t = targets[n] - d.v_begin;
     sums[N + n] = m != 0.0 && t >= 0 && t < valid ? static_cast<double>(x[t]) : 0.0;  // read before dx is written
+    // exp eight lanes at a time (exp_shifted: the scalar exp_fast's bits),
+    // into dx or a chunk on the stack, summed one by one in double as before.
     double s = 0.0;
     const float mx = static_cast<float>(row_max[n]);
-    for (int v = 0; v < valid; ++v) {
-      const float e = cpu::detail::exp_fast(x[v] - mx);
-      s += e;
-      if (dx) dx[v] = e;
+    constexpr int kChunk = 256;
+    float chunk[kChunk];
+    for (int v0 = 0; v0 < valid; v0 += kChunk) {
+      const int nv = std::min(kChunk, valid - v0);
+      float* e = dx ? dx + v0 : chunk;
+      cpu::detail::exp_shifted(e, x + v0, nv, mx);
+      for (int v = 0; v < nv; ++v) s += e[v];
     }
     if (dx)
       for (int v = valid; v < V; ++v) dx[v] = 0.0f;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/draw_distinct.h"
 
 namespace kvs {
 namespace {
@@ -21,24 +22,11 @@ const uint64_t kValSalt = hash_name("kvshift/data/induction/val");
 // paper's script does; after this many attempts the last one is returned as is.
 constexpr int kMaxAttempts = 16;
 
-// `pool_size` distinct ids of [lo, hi): a partial Fisher-Yates shuffle of the
-// range whose swapped entries live in a hash map, so memory is O(pool_size).
+// `pool_size` distinct ids of [lo, hi), in draw order.
 std::vector<int32_t> draw_pool(int lo, int hi, int pool_size, CounterRng& rng) {
-  const uint64_t range = static_cast<uint64_t>(hi - lo);
-  std::unordered_map<uint64_t, uint64_t> swapped;
-  swapped.reserve(static_cast<size_t>(pool_size) * 2);
-  auto at = [&](uint64_t i) {
-    auto it = swapped.find(i);
-    return it == swapped.end() ? i : it->second;
-  };
-  std::vector<int32_t> pool(pool_size);
-  for (int k = 0; k < pool_size; ++k) {
-    const uint64_t j = k + rng.next_below(range - k);
-    const uint64_t vj = at(j), vk = at(k);
-    swapped[j] = vk;
-    swapped[k] = vj;
-    pool[k] = static_cast<int32_t>(lo + vj);
-  }
+  const std::vector<uint64_t> drawn = draw_distinct(static_cast<uint64_t>(hi - lo), pool_size, rng);
+  std::vector<int32_t> pool(drawn.size());
+  for (size_t k = 0; k < drawn.size(); ++k) pool[k] = static_cast<int32_t>(lo + drawn[k]);
   return pool;
 }
 

@@ -3,10 +3,10 @@
 
 #include <fmt/format.h>
 
-#include <unordered_map>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/draw_distinct.h"
 
 namespace kvs {
 namespace {
@@ -14,26 +14,6 @@ namespace {
 const uint64_t kTableSalt = hash_name("kvshift/data/ngram/table");
 const uint64_t kTrainSalt = hash_name("kvshift/data/ngram/train");
 const uint64_t kValSalt = hash_name("kvshift/data/ngram/val");
-
-// `n` distinct values of [0, range): a partial Fisher-Yates shuffle whose
-// swapped entries live in a hash map, so memory is O(n).
-std::vector<uint64_t> draw_distinct(uint64_t range, int n, CounterRng& rng) {
-  std::unordered_map<uint64_t, uint64_t> swapped;
-  swapped.reserve(static_cast<size_t>(n) * 2);
-  auto at = [&](uint64_t i) {
-    auto it = swapped.find(i);
-    return it == swapped.end() ? i : it->second;
-  };
-  std::vector<uint64_t> out(n);
-  for (int k = 0; k < n; ++k) {
-    const uint64_t j = k + rng.next_below(range - k);
-    const uint64_t vj = at(j), vk = at(k);
-    swapped[j] = vk;
-    swapped[k] = vj;
-    out[k] = vj;
-  }
-  return out;
-}
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <regex>
 #include <string>
@@ -160,6 +161,29 @@ inline double expect_close(const Curve& got, const Curve& want, int from, const 
   std::printf("[ %s ] max relative difference over %d steps: loss %.3g, gradient norm %.3g\n", what.c_str(),
               compared, worst, worst_norm);
   return worst;
+}
+
+// A parallel layout of `kvshift train`: np processes and the --set flags that make it.
+struct TrainLayout {
+  int np;
+  std::string flags, name;
+};
+
+// Every layout trains `cfg` for its 20 steps and follows one process's curve
+// (expect_close from step 1, within tol).
+inline void expect_layouts_follow_single_process(const nlohmann::json& cfg, std::initializer_list<TrainLayout> layouts,
+                                                 const std::string& what, double tol) {
+  TmpDir tmp;
+  const std::string file = tmp / "c.json";
+  spit(file, cfg.dump());
+  train(0, file, tmp / "single");
+  const Curve ref = read_metrics(tmp / "single");
+  ASSERT_EQ(ref.train.size(), 20u);
+  for (const TrainLayout& l : layouts) {
+    const std::string dir = tmp / ("run" + std::to_string(&l - layouts.begin()));
+    train(l.np, file, dir, l.flags);
+    expect_close(read_metrics(dir), ref, 1, what + " " + l.name, tol);
+  }
 }
 
 // ZeRO-1's shard update against the unsharded step, on any engine: four steps

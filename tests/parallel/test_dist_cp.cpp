@@ -18,10 +18,7 @@ namespace {
 
 constexpr double kTol = 1e-6;
 
-struct Layout {
-  int np;
-  std::string flags, name;
-};
+using Layout = TrainLayout;
 
 const Layout kSp2{2, "--set parallel.tp=2 --set parallel.sequence_parallel=true", "tp2+sp"};
 const Layout kDp2Sp2{4, "--set parallel.tp=2 --set parallel.sequence_parallel=true", "dp2 x tp2+sp"};
@@ -33,17 +30,7 @@ const Layout kCp2Tp2Sp{4, "--set parallel.cp=2 --set parallel.tp=2 --set paralle
 
 // Every layout in `layouts` against one process, on the config `cfg`.
 void follow_single(const nlohmann::json& cfg, std::initializer_list<Layout> layouts, const std::string& what) {
-  TmpDir tmp;
-  const std::string file = tmp / "c.json";
-  spit(file, cfg.dump());
-  train(0, file, tmp / "single");
-  const Curve ref = read_metrics(tmp / "single");
-  ASSERT_EQ(ref.train.size(), 20u);
-  for (const Layout& l : layouts) {
-    const std::string dir = tmp / ("run" + std::to_string(&l - layouts.begin()));
-    train(l.np, file, dir, l.flags);
-    expect_close(read_metrics(dir), ref, 1, what + " " + l.name, kTol);
-  }
+  expect_layouts_follow_single_process(cfg, layouts, what, kTol);
 }
 
 nlohmann::json with_documents(nlohmann::json c) {

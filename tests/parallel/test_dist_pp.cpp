@@ -31,10 +31,7 @@ nlohmann::json pp_config(bool shift, bool tied) {
   return c;
 }
 
-struct Layout {
-  int np;
-  std::string flags, name;
-};
+using Layout = TrainLayout;
 const Layout kPp2{2, "--set parallel.pp=2", "pp2"};
 const Layout kPp4{4, "--set parallel.pp=4", "pp4"};
 const Layout kPp2v2{2, "--set parallel.pp=2 --set parallel.virtual_stages=2", "pp2 interleaved v2"};
@@ -43,18 +40,9 @@ const Layout kPp2Tp2{4, "--set parallel.pp=2 --set parallel.tp=2", "pp2 x tp2"};
 const Layout kPp2Cp2{4, "--set parallel.pp=2 --set parallel.cp=2", "pp2 x cp2"};
 const Layout kUneven{2, "--set parallel.pp=2 --set 'parallel.layers_per_stage=[3,1]'", "pp2 layers 3+1"};
 
+// Every layout in `layouts` against one process, on the config `cfg`.
 void follow_single(const nlohmann::json& cfg, std::initializer_list<Layout> layouts, const std::string& what) {
-  TmpDir tmp;
-  const std::string file = tmp / "c.json";
-  spit(file, cfg.dump());
-  train(0, file, tmp / "single");
-  const Curve ref = read_metrics(tmp / "single");
-  ASSERT_EQ(ref.train.size(), 20u);
-  for (const Layout& l : layouts) {
-    const std::string dir = tmp / ("run" + std::to_string(&l - layouts.begin()));
-    train(l.np, file, dir, l.flags);
-    expect_close(read_metrics(dir), ref, 1, what + " " + l.name, kTol);
-  }
+  expect_layouts_follow_single_process(cfg, layouts, what, kTol);
 }
 
 std::string ops_string(const std::vector<kvs::PipeOp>& ops) {

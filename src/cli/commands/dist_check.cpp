@@ -1,4 +1,4 @@
-// `kvshift dist-check` (hidden): detects the launch, runs the bootstrap among
+// `kvshift dist-check`: detects the launch, runs the bootstrap among
 // the ranks and prints one line per rank, so that tests and first runs on a
 // cluster can check a launch before training. With --nccl (CUDA builds) it
 // also builds the NCCL communicator and checks an all-reduce.
@@ -47,7 +47,6 @@ void check_nccl(const dist::LaunchInfo& l, const dist::BootstrapOptions& o, cons
 
 void add_dist_check(CLI::App& app) {
   auto* cmd = app.add_subcommand("dist-check", "Check a multi-process launch: bootstrap (and NCCL) among the ranks");
-  cmd->group("");  // hidden: for tests and cluster bring-up
   struct Args {
     double timeout = 0;
     bool nccl = false;

@@ -55,7 +55,9 @@ std::vector<std::string> read_input_list(const std::string& list_file) {
     if (nl == std::string::npos) nl = text.size();
     std::string line = text.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty() && line[0] != '#') out.push_back(line);
+    // Blank lines (whitespace only) and comments are skipped; a path keeps its spaces.
+    const bool blank = line.find_first_not_of(" \t") == std::string::npos;
+    if (!blank && line[0] != '#') out.push_back(line);
     pos = nl + 1;
   }
   KVS_CHECK(!out.empty(), "{}: the input list names no files", list_file);

@@ -431,9 +431,9 @@ TEST(DataPrepare, JsonlGivesWhatTheSameDocumentsAsTextGive) {
 
 TEST(DataPrepareSplit, InputList) {
   TmpDir tmp;
-  spit(tmp / "list.txt", "# the corpus\na.txt\n\n/abs/b.txt\r\n  c d.txt\n");
+  spit(tmp / "list.txt", "# the corpus\na.txt\n\n \t \n/abs/b.txt\r\n  c d.txt\n");
   EXPECT_EQ(read_input_list(tmp / "list.txt"), (std::vector<std::string>{"a.txt", "/abs/b.txt", "  c d.txt"}));
-  spit(tmp / "empty.txt", "# nothing\n\n");
+  spit(tmp / "empty.txt", "# nothing\n\n   \n");
   EXPECT_KVS_ERROR(read_input_list(tmp / "empty.txt"), tmp / "empty.txt", "names no files");
   EXPECT_KVS_ERROR(read_input_list(tmp / "missing.txt"), tmp / "missing.txt", "cannot read");
 }

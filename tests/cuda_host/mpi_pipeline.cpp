@@ -8,7 +8,8 @@
 //   - NCCL (the shim's, over MPI): the engine's own bf16 device buffers go
 //     through ncclSend/ncclRecv, each send grouped with the next receive;
 //     under ctest a send waits for its receive, as on GPUs
-//     (KVS_SHIM_NCCL_RENDEZVOUS), and the interleaved schedule is refused there.
+//     (KVS_SHIM_NCCL_RENDEZVOUS); the interleaved schedule runs there too, in
+//     the device path's plan of rounds (pipeline_rounds).
 // A stage boundary changes no bits of the math (cuda_engine_stage.cpp) and
 // every gradient is accumulated over the micro-batches in the same order as
 // in one process, except the tied embedding: one process adds the LM head's

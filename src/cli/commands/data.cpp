@@ -27,7 +27,7 @@ void add_data_prepare(CLI::App& parent) {
   cmd->add_option("--val-fraction", a->o.val_fraction,
                   "Fraction of documents held out for validation: every (1/F)-th document, in input order")
       ->capture_default_str();
-  cmd->add_option("--threads", a->o.threads, "Encoding threads (0 = every core); the output does not depend on it")
+  cmd->add_option("--threads", a->o.threads, "Encoding threads (0 = every core this process may use: its CPU affinity, capped by a cgroup CPU quota); the output does not depend on it")
       ->capture_default_str();
   cmd->add_option("--doc-split", a->o.split.mode,
                   "What a document is: file (each file), blank-lines (paragraphs between empty lines) or lines "

@@ -178,8 +178,10 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, sta
 
     At sp off and cp 1 this is CudaPlan::build's arena without the parameters (fp32 gradients, bf16
     copy; the fp32 master is allocated apart), plus the cuBLASLt workspace: kvshift info's
-    memory_bytes_cuda.activations_and_workspaces, to the byte. The CUDA engine has neither SP nor CP
-    yet; for them this assumes the CPU engine's layouts (docs/scaling.md):
+    memory_bytes_cuda.activations_and_workspaces, to the byte. With SP or CP this models the CPU
+    engine's layouts (docs/scaling.md); the CUDA engine's own plan for them, which kvshift info reports,
+    differs by a few buffers (1.5B, micro-batch 2 x 1024, tp 1-4, cp 1-4, every recompute mode: from
+    1.9% under it to 1.1% over it on 2026-11-30):
     - SP: the residual stream (layer inputs, res_mid, the RMSNorm outputs and rstd, the final norm,
       dresid, dln) holds N/tp rows, plus two [N, C] buffers for the gathered or not-yet-scattered
       rows and the norm gains' fp32 gradients [2L+1, C] (ActivationPlan's sp_full, sp_full2, norm_grads);

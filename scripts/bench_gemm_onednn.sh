@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# OpenBLAS sgemm against oneDNN's dnnl_sgemm (Debian's libdnnl-dev, not a
-# dependency of kvshift: install it to run this) at lm-small's step shapes, the
+# OpenBLAS sgemm against oneDNN's dnnl_sgemm (Debian's libdnnl-dev, which
+# scripts/setup.sh installs: the engine's GEMMs on Intel CPUs with AVX-512
+# since 2026-11-29) at lm-small's step shapes, the
 # two alternated in one process: eight buffer sets in turn, medians of 48, and
 # the sum weighted by each shape's calls per step. Also whether each library
 # gives the same bits with 1 thread and with the given threads (kvshift's

@@ -9,7 +9,7 @@ fraction of the machine's fp32 SGEMM peak calibrated on the same threads.
   /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 3 --threads 1 --threads 2 \\
       --config configs/toy/lm-small-kvshift.json --core default --core onednn --core Cooperlake \\
       --core SkylakeX --core Haswell --core Zen
-  /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 12 --threads 2 --core default \
+  /usr/bin/python3 scripts/bench_cpu_scaling.py --rounds 12 --threads 2 --core default \\
       --config configs/toy/lm-small-kvshift.json --kvshift /tmp/kvshift-before --kvshift build/kvshift
 
 Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). An

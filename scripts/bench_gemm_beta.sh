@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # OpenBLAS sgemm with beta = 0 against a memset of C and beta = 1, at the
-# toy models' projection shapes, side by side in one run (why
-# kernels/cpu/matmul.h zeroes C itself; docs/PERFORMANCE.md). Eight buffer
-# sets in turn, so C is as cold as in a step; best, p25 and median of 48.
+# toy models' projection shapes (gate and up as two products, as before the
+# CPU engine fused them), side by side in one run (why
+# kernels/cpu/gemm_library.cpp zeroes C itself on OpenBLAS;
+# docs/PERFORMANCE.md). Eight buffer sets in turn, so C is as cold as in a
+# step; best, p25 and median of 48.
 # OpenBLAS picks its kernels from the CPU model here, not from the features
 # as kvshift does: set OPENBLAS_CORETYPE to the family `kvshift bench` names.
 #   OPENBLAS_CORETYPE=Zen bash scripts/bench_gemm_beta.sh [threads...]   (default: 1 2)

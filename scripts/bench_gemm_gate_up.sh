@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The lead for fusing the MLP's gate and up projections into one [2F, C]
-# weight on the CPU engine (the CUDA engine reads them from one fused
-# projection already): oneDNN's dnnl_sgemm at lm-small's shapes (N = 2048
-# tokens, C = 256, F = 688), the two products against the one fused product,
+# The measurement behind fusing the MLP's gate and up projections into one
+# [2F, C] weight on the CPU engine (model/cpu_block.cpp now runs them as one
+# product, as the CUDA engine does): oneDNN's dnnl_sgemm at lm-small's shapes
+# (N = 2048 tokens, C = 256, F = 688), the two products against the one fused product,
 # alternated in one process, forward, dinp and dW, medians of 40.
 #   bash scripts/bench_gemm_gate_up.sh [threads...]   (default: 1 2)
 set -euo pipefail

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # OpenBLAS sgemm against oneDNN's dnnl_sgemm (Debian's libdnnl-dev, which
 # scripts/setup.sh installs: the engine's GEMMs on Intel CPUs with AVX-512
-# since 2026-11-29) at lm-small's step shapes, the
+# since 2026-11-29) at lm-small's step shapes (gate and up as two products
+# each way, as the CPU engine ran them before fusing them), the
 # two alternated in one process: eight buffer sets in turn, medians of 48, and
 # the sum weighted by each shape's calls per step. Also whether each library
 # gives the same bits with 1 thread and with the given threads (kvshift's
-# results do not depend on the thread count; docs/PERFORMANCE.md).
+# runs are bit-reproducible only for a fixed library, kernel family and
+# thread count: OpenBLAS's products can differ between 1 and 2 threads;
+# docs/KERNELS.md).
 # OpenBLAS picks its kernels from the CPU model here, not from the features as
 # kvshift does: set OPENBLAS_CORETYPE to the family `kvshift bench` names.
 #   OPENBLAS_CORETYPE=SkylakeX bash scripts/bench_gemm_onednn.sh [threads...]   (default: 1 2)
@@ -42,7 +45,8 @@ static void threads(int n) {
 }
 int main(int argc, char** argv) {
   const int T = argc > 1 ? std::atoi(argv[1]) : 1;
-  // lm-small (configs/toy/lm-small-kvshift.json): 2048 tokens a step, out = inp W^T and its backward (matmul.h).
+  // lm-small (configs/toy/lm-small-kvshift.json): 2048 tokens a step, out = inp W^T and its backward (matmul.h);
+  // gate and up as two products each, as before the CPU engine fused them (bench_gemm_gate_up.sh).
   const Shape shapes[] = {
       {"gate,up fwd", 0, 1, 2048, 688, 256, 8}, {"gate,up dinp", 0, 0, 2048, 256, 688, 8},
       {"gate,up dW", 1, 0, 688, 256, 2048, 8},  {"down fwd", 0, 1, 2048, 256, 688, 4},

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host memory of a checkpoint save and of a resume, per rank (docs/PARALLEL.md "Checkpoints").
 
-Runs `kvshift train` under mpirun on lm-small widened to 53M parameters (hidden 512, 8 layers,
+Runs `kvshift train` under mpirun on lm-small widened to 56M parameters (hidden 512, 8 layers,
 vocabulary 32000, generated n-gram data; a 641 MB checkpoint), samples every rank's resident
 memory (VmRSS) every 10 ms, and prints per rank: its RSS when the save started (the first
 checkpoints/.tmp-* directory), the peak while it was written, and the peak of the whole run.

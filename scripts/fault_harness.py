@@ -12,7 +12,7 @@ loss curve with an uninterrupted run of the same layout, bit for bit:
   sigterm        SIGTERM (or SIGUSR1 to mpirun): checkpoint, exit 75, resume
   sigterm-twice  two SIGTERMs during a save: exit at once, `latest` untouched
   disk-full      a file-size limit (ulimit -f) while saving: one-line error, `latest` untouched
-  flip-byte      one byte of the newest checkpoint flipped: resume falls back to the previous one
+  flip-byte      one bit of the newest checkpoint's model file flipped: resume falls back to the previous one
   truncate       the newest checkpoint's optimizer file truncated: the same
   no-latest      checkpoints/latest deleted: resume finds the newest step directory
 

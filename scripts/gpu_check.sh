@@ -4,7 +4,7 @@
 # run scripts/gpu_deps_fetch.sh on a networked machine first, carry .deps/
 # along, and this script unpacks it when the build dependencies are missing.
 #   usage: scripts/gpu_check.sh [--quick] [--only SECTIONS]
-#     --quick          toy benchmarks only
+#     --quick          toy benchmarks only (no 1.5B rows; attention at T = 1024, 2048)
 #     --only a,b,...   run only these sections, in this order of priority:
 #                      build cuda sanitize bench attention launch dp pp hf ctest
 #                      (default: all). A lent machine gives one command at most
@@ -30,7 +30,8 @@
 # KVS_CHECK_BUILD, KVS_CHECK_DEVICE, KVS_CHECK_STEPS: the host rehearsal's settings (below).
 # Logs: build-gpu/check/ (KVS_CHECK_LOGS overrides); the table is appended to
 # its summary.txt. With $OUT set (the device tool), summary.txt and a
-# logs.tar.gz of the *.log / *.jsonl files are copied there at the end.
+# logs.tar.gz of the *.log, *.jsonl and *.txt files (each under 4 MB) are
+# copied there at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0

@@ -13,9 +13,10 @@ The figure has five panels, one line colour per run: training loss (moving
 average of K points over the raw curve when --smooth K > 1), validation loss
 (with blended data, `data.shards.weights`, also each source's, thin, one line
 style per source, named in the panel),
-accuracy in % (induction accuracy for the induction task, next-token accuracy
-otherwise), learning rate, and gradient norm (log scale). The legend names each
-run by its config `name` (fallback: the directory name) plus "(KV shift)" or
+accuracy in % (titled induction accuracy for the induction task, next-token
+accuracy otherwise; for ngram and hopk runs the value is the task's accuracy on
+its scored positions), learning rate, and gradient norm (log scale). The
+legend names each run by its config `name` (fallback: the directory name) plus "(KV shift)" or
 "(vanilla)". Panels without data say so. The PNG is written atomically (a
 temporary file renamed into place) and its path printed.
 
@@ -111,7 +112,7 @@ def run_label(run_dir, config):
 
 
 def data_type(config):
-    """Return the run's data.type ('induction', 'tokens', ...) or None if unknown."""
+    """Return the run's data.type ('induction', 'ngram', 'hopk', 'shards') or None if unknown."""
     data = config.get("data")
     return data.get("type") if isinstance(data, dict) else None
 

@@ -3,13 +3,17 @@
 
     /usr/bin/python3 scripts/results.py --experiments runs/experiments --out docs/RESULTS.md
 
-For every sweep directory present (one with a sweep.json; fig1a and fig1b
-first, then the others alphabetically) it writes a section with the setup
-(spec name, description, base config, grid, seeds, steps), the accuracy plot
-(docs/results/<name>.png, drawn by scripts/plot_sweep.py), the results table
-(mean +- std over seeds, steps to 90%) and, for the sweeps that reproduce a
-paper figure (fig1a, fig1a-long, fig1b, fig3, fig8, hopk), one sentence per
-paper claim saying whether the runs support it, computed from the numbers. Errors are one line,
+For every sweep directory present (one with a sweep.json; in the order fig1a,
+fig1a-long, fig1b, fig3, fig8, hopk, lm-text, then the others alphabetically)
+it writes a section with the setup (spec name, description, base config, grid,
+seeds, steps), the plot of accuracy, or of validation loss for fig8 and
+lm-text (docs/results/<name>.png, drawn by scripts/plot_sweep.py; fig1b and
+hopk get a second plot), the results table (mean +- std over seeds, steps to
+90%; final validation losses for fig8 and lm-text), the learned shift
+coefficients of the finished KV shifting cells (`kvshift inspect`, the
+paper's Table 4) and, for the sweeps that reproduce a paper claim (fig1a,
+fig1a-long, fig1b, fig3, fig8, hopk, lm-text), one sentence per paper claim
+saying whether the runs support it, computed from the numbers. Errors are one line,
 `results: error: ...`, exit code 1.
 """
 

@@ -12,13 +12,14 @@ parallelism (SP), context parallelism (CP) and pipeline parallelism (PP).
         [--p2p-dtype bf16|fp32] [--all] ...
     scripts/scaling.py --config configs/paper/19B-kvshift.json --recommend [--gpus 8,16,64,256,1024] ...
 
-Without --cp, --sp and --pp: the DP/ZeRO-1 x TP table, every tp in 1, 2, 4, 8
-that the model and --gpus allow (or --tp), each with plain DP and ZeRO-1. With
---cp, --sp or --pp: the layout search, every dp x pp x cp x tp (x virtual
-stages, x SP on/off where tp > 1) with ZeRO-1 over each stage's dp x cp, the
-communication of each per layer, and the ones that fit in --gpu-mem-gib sorted
-by predicted step time (--all: the others too). --recommend: the full search
-for each GPU count, the fastest layout with and without pipeline parallelism.
+Without --cp, --sp, --pp and --virtual-stages: the DP/ZeRO-1 x TP table, every
+tp in 1, 2, 4, 8 that the model and --gpus allow (or --tp), each with plain DP
+and ZeRO-1. With --cp, --sp, --pp or --virtual-stages: the layout search, every
+dp x pp x cp x tp (x virtual stages, x SP on/off where tp > 1) with ZeRO-1
+over each stage's dp x cp, the communication of each per layer, and the ones
+that fit in --gpu-mem-gib sorted by predicted step time (--all: the others
+too). --recommend: the full search for each GPU count, the fastest layout with
+and without pipeline parallelism.
 The model, its assumptions and worked examples are in docs/scaling.md.
 Standard library only, so it runs before anything is built. Errors are one
 line, `scaling: error: ...`, exit 1.
@@ -30,7 +31,8 @@ import json
 import math
 import sys
 
-# The config keys this tool reads, with kvshift's defaults (docs/CONFIG.md).
+# The config keys this tool reads, with kvshift's defaults (docs/CONFIG.md), except
+# train.micro_batch_size and seq_len: kvshift's are 8 and 128, these 1 and 1024 are the tool's own.
 MODEL_DEFAULTS = {"tie_word_embeddings": False, "kv_shift": {}}
 KV_SHIFT_DEFAULTS = {"enabled": True, "window": 1, "shift_k": True, "shift_v": True, "shift_q": False}
 TRAIN_DEFAULTS = {"micro_batch_size": 1, "grad_accum_steps": 1, "seq_len": 1024, "recompute": "none"}

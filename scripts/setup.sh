@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of kvshift from Debian's packages.
+# Installs every build and test dependency of kvshift: Debian's packages, then
+# (from PyPI) the Hugging Face tests' Python venvs and the cuDNN frontend's headers.
 # Idempotent: packages already present are skipped; safe to run repeatedly.
 set -euo pipefail
 

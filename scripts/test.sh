@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds, runs every test
-# (GoogleTest unit/integration tests and the PyTorch oracle) through CTest.
+# (GoogleTest unit/integration tests, the MPI tests, the PyTorch oracle, the
+# Hugging Face, script, reliability and text-pipeline tests; with CUDA also
+# the host-side CUDA tests: SIMT emulator, host-built engine) through CTest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

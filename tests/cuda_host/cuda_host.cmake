@@ -111,7 +111,7 @@ if(KVS_HOST_MPI_SOURCES)
             OMPI_MCA_btl_vader_single_copy_mechanism=none KVS_SHIM_NCCL_RENDEZVOUS=1
             ${KVS_MPIRUN} --oversubscribe --bind-to none -np 2 $<TARGET_FILE:kvshift_cuda_host_mpi>)
   set_tests_properties(cuda_host_mpi_np2 PROPERTIES TIMEOUT 300)
-  # Pipeline stages combined with cp or tp + SP, and dp x cp, need 2 x 2 ranks (the other tests skip at 4).
+  # Pipeline stages combined with dp, cp or tp + SP, and dp x cp, need 2 x 2 ranks (the other tests skip at 4).
   add_test(NAME cuda_host_mpi_np4
     COMMAND ${CMAKE_COMMAND} -E env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
             OMPI_MCA_btl_vader_single_copy_mechanism=none KVS_SHIM_NCCL_RENDEZVOUS=1

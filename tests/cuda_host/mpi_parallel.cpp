@@ -1,7 +1,7 @@
-// The host-built CUDA engine under mpirun -np 2 (tests/cuda_host): data
-// parallelism (ZeRO-1 on the engine's device buffers), tensor parallelism,
-// tensor + sequence parallelism and context parallelism, each over both of
-// the engine's communication paths, against one process:
+// The host-built CUDA engine under mpirun -np 2 (tests/cuda_host; -np 4 for
+// dp x cp): data parallelism (ZeRO-1 on the engine's device buffers), tensor
+// parallelism, tensor + sequence parallelism and context parallelism, each
+// over both of the engine's communication paths, against one process:
 //   - MPI: the communicator takes host memory, so ZeRO-1 stages the device
 //     buffers through the host (StagedFlatSync) and the tensor-parallel
 //     all-reduces drain the stream and go through pinned memory;
@@ -154,8 +154,8 @@ TEST(HostCudaParallel, DataParallelFollowsOneProcess) {
   expect_follows_one_process(c, *nccl, "dp2_nccl", 2e-3);
 }
 
-// tp = 2: each rank holds half the heads, FFN columns and vocabulary (200:
-// both ranks hold real vocabulary and padding columns).
+// tp = 2: each rank holds half the heads, FFN columns and vocabulary (200,
+// padded to 256: rank 0 holds 128 real columns, rank 1 72 and 56 padding).
 TEST(HostCudaParallel, TensorParallelFollowsOneProcess) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const kvs::Config c = config(true, 200, 2);

@@ -17,10 +17,10 @@
 // sums each stage's total, so its fp32 rounding may differ (kTiedTol, 1e-5
 // relative, allows for that; these runs measured 0). The untied runs are
 // checked bit for bit. Under mpirun -np 4 (ctest cuda_host_mpi_np4) the
-// stages combine with context parallelism and with tensor + sequence
-// parallelism (HostCudaPipelineWithParallel). With document boundaries
-// ("shift_and_attention"), every stage shifts and attends within the
-// documents (pp = 2 under MPI).
+// stages combine with context parallelism, with tensor + sequence
+// parallelism and with data parallelism (HostCudaPipelineWithParallel).
+// With document boundaries ("shift_and_attention"), every stage shifts and
+// attends within the documents (pp = 2 under MPI).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -211,9 +211,9 @@ void expect_follows(const Reference& one, const kvs::Config& c, kvs::dist::Commu
 
 // Untied, the same bits as one process: 1F1B at pp = 2 (layers 0-1 with the
 // embedding on rank 0, layers 2-3 with the head on rank 1) over both paths,
-// with attention recomputation; the interleaved schedule (rank 0 holds layers
-// 0 and 2, rank 1 layers 1 and 3: a micro-batch crosses the ranks three
-// times) over both paths, with full recomputation on one (every layer
+// and with attention recomputation over MPI; the interleaved schedule (rank 0
+// holds layers 0 and 2, rank 1 layers 1 and 3: a micro-batch crosses the
+// ranks three times) over both paths, with full recomputation on one (every layer
 // recomputed before its backward since the slots' other micro-batches ran in
 // between). ctest runs this with KVS_SHIM_NCCL_RENDEZVOUS, so the shim's NCCL
 // sends wait for their receives, as large NCCL sends do: the interleaved

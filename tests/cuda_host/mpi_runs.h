@@ -46,7 +46,7 @@ inline std::string job_dir_prefix() {
   return prefix;
 }
 
-// A run directory of this rank alone: <job>/<prefix><name>_rank<r>, emptied.
+// A run directory of this rank alone: <job><prefix><name>_rank<r>, emptied.
 inline std::string own_run_dir(const std::string& prefix, const std::string& name) {
   const std::string d = job_dir_prefix() + prefix + name + "_rank" + std::to_string(world().rank());
   std::filesystem::remove_all(d);

@@ -1,5 +1,5 @@
 // The engine's host side at the paper's 1.5B scale (configs/paper/1.5B-kvshift.json,
-// micro-batch 4 x 2048), in the shim's launch-only mode: every launch, cuBLASLt
+// micro-batches 4 x 2048 and 8 x 2048), in the shim's launch-only mode: every launch, cuBLASLt
 // call and copy of a training step, an evaluation and the optimizer is
 // checked as it is issued (grid and block limits, shared memory, GEMM
 // layouts, leading dimensions, alignments and ranges inside the plan's

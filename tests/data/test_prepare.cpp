@@ -517,9 +517,6 @@ TEST(DataPrepareConfig, TokenizerKey) {
       << r.out;
 }
 
-// Shards whose manifest records another tokenizer than data.tokenizer (one
-// retrained in place with --force, or another directory) are refused when the
-// data is opened, naming the manifest; hand-made shards without one are not checked.
 // Glob order is stream order only while the names have six digits.
 TEST(DataPrepare, AMillionthShardIsAnErrorNotAnOutOfOrderName) {
   EXPECT_EQ(shard_file_name("train", 0, 100), "train_000000.bin");
@@ -528,6 +525,9 @@ TEST(DataPrepare, AMillionthShardIsAnErrorNotAnOutOfOrderName) {
                    "raise --shard-tokens");
 }
 
+// Shards whose manifest records another tokenizer than data.tokenizer (one
+// retrained in place with --force, or another directory) are refused when the
+// data is opened, naming the manifest; hand-made shards without one are not checked.
 TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
   TmpDir tmp;
   fs::copy(shared_tokenizer_dir(), tmp / "tok");

@@ -18,8 +18,8 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
     equals the argmax of a full forward at every step and `kvshift generate`, beam search with the cache equals beam
     search without it, a left-padded batch equals its rows alone (transformers); a left-padded row's logits,
     full and cached, equal the row alone (both modes);
-  - bf16 exports: exact against `kvshift forward` of their own (rounded) weights when computed
-    in fp32, within bf16 rounding when computed in bf16;
+  - bf16 exports: equal (1e-5) to `kvshift forward` of their own (rounded) weights when computed
+    in fp32, within bf16 rounding (2e-2) when computed in bf16;
   - RoPE: the modeling file's inverse frequencies equal transformers' own (default and llama3);
     a Llama saved by the running transformers line (theta 500000; Llama 3 RoPE), in that line's
     config dialect, imports with logits equal to transformers' (and with --kv-shift-init identity,

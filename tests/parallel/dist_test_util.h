@@ -1,5 +1,7 @@
-// Shared by the multi-process tests (test_dist_dp.cpp, test_dist_tp.cpp): mpirun
-// command lines, a tiny config, metrics.jsonl curves and their comparison.
+// Shared by the multi-process tests (tests/parallel/test_dist_*.cpp and
+// test_cuda_*.cpp, tests/dist/test_dead_ranks.cpp, tests/cuda_host/mpi_*.cpp):
+// mpirun command lines, tiny configs, metrics.jsonl curves and their
+// comparison, and the ZeRO-1 shard check.
 #pragma once
 #include <gtest/gtest.h>
 

@@ -115,10 +115,6 @@ TEST(ContextParallelEngine, EngineMatchesOneProcess) {
     expect_cp_matches_one_process(v, data, 1.0 / 40);
 }
 
-// Only the first position of each chunk but the first is scored: every
-// position's own signal is then the loss at a chunk start, whose K̂/V̂ mix the
-// previous chunk's last raw rows. The gradient that reaches those rows
-// travels back through the halo to the rank that owns them.
 // A batch shorter than the engine's sequence length whose chunks are shorter
 // than the window (an eval or a CLI forward) is a one-line error: each chunk
 // but the first would read its halo from before the previous chunk.
@@ -141,6 +137,10 @@ TEST(ContextParallelEngine, ChunksShorterThanTheWindowAreAnError) {
     EXPECT_NE(msg.find(part_of), std::string::npos) << "missing '" << part_of << "' in: '" << msg << "'";
 }
 
+// Only the first position of each chunk but the first is scored: every
+// position's own signal is then the loss at a chunk start, whose K̂/V̂ mix the
+// previous chunk's last raw rows. The gradient that reaches those rows
+// travels back through the halo to the rank that owns them.
 TEST(ContextParallelEngine, HaloGradientReachesThePreviousChunk) {
   Data data = data_of(40);
   const int cp = world().size(), Tc = kT / (2 * cp);

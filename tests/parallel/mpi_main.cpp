@@ -1,4 +1,5 @@
-// main() of kvshift_mpi_tests: GoogleTest on every rank of the MPI world.
+// main() of kvshift_mpi_tests (and of kvshift_cuda_host_mpi): GoogleTest on
+// every rank of the MPI world.
 // Only rank 0 prints the test results (KVS_TEST_EVERY_RANK=1: every rank,
 // for a failure on another rank, which rank 0 may only see as a hang); the
 // exit code is non-zero on every rank if any rank failed a test.

@@ -1,9 +1,9 @@
 // Throughput on the CUDA engine: `kvshift bench --device cuda` in parallel
 // layouts (under mpirun, ranks sharing one GPU with the MPI backend, as
 // test_cuda_tp.cpp's runs: every layout's steps follow one process's and rank
-// 0 alone reports; bench_layouts.h), and MFU in bench, metrics.jsonl and the
+// 0 alone reports; layout_runs.h), and MFU in bench, metrics.jsonl and the
 // progress line. Skipped without a GPU; runs on the host-built engine in CI;
-// not yet run on a GPU.
+// run on an H200 (2026-11-29, docs/CUDA.md).
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

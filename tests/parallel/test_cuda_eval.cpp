@@ -1,7 +1,7 @@
 // `kvshift eval --device cuda` under mpirun (ranks sharing one GPU, MPI
 // backend): each layout reads its part of the checkpoint and gives one
 // process's numbers (layout_runs.h). Skipped without a GPU; runs on the
-// host-built engine in CI; not yet run on a GPU.
+// host-built engine in CI; run on an H200 (2026-11-29, docs/CUDA.md).
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

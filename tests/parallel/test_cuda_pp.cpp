@@ -5,8 +5,9 @@
 // path) or copied between the engines' own device buffers (what NCCL moves).
 // Then `mpirun -np 2` with device cuda on one GPU (MPI backend: activations
 // staged through pinned host memory), 1F1B and interleaved, follows the
-// single-process CUDA loss curve. Skipped without a GPU; not yet run on one
-// (tests/cuda_host/mpi_pipeline.cpp runs the same engine on the host).
+// single-process CUDA loss curve. Skipped without a GPU; run on an H100 and
+// an H200 (docs/CUDA.md). tests/cuda_host/mpi_pipeline.cpp runs the same
+// engine on the host.
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

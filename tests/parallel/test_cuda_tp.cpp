@@ -4,7 +4,7 @@
 // vocab-slice embedding gathers its own rows and zeros; then `mpirun -np 2`
 // with tp = 2 on one GPU (MPI backend, activations staged through the host)
 // follows the single-process CUDA loss curve, and dp 2 x tp 2 on 4 ranks too.
-// Skipped without a GPU; not yet run on one.
+// Skipped without a GPU; run on an H100 and an H200 (docs/CUDA.md).
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

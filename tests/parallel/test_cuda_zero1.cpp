@@ -5,7 +5,8 @@
 // hook announces every gradient exactly once without changing a bit.
 // Then `mpirun -np 2` with device cuda on one GPU (MPI backend, CUDA buffers
 // staged through the host) follows the single-process CUDA loss curve.
-// Skipped without a GPU; not yet run on one.
+// Skipped without a GPU; run on an H100 and an H200 (docs/CUDA.md), all
+// but the two-GPU test.
 #ifdef KVS_CUDA
 #include <gtest/gtest.h>
 

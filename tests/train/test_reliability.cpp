@@ -194,7 +194,8 @@ TEST(Retention, KeepsTheNewestN) {
   c.train.keep_checkpoints = 2;
   kvs::train(c, {tmp / "run", false, true});
   EXPECT_EQ(step_dirs(tmp / "run/checkpoints"), (std::set<std::string>{"step_00000008", "step_00000010"}));
-  // The one `latest` names survives even when it is not among the newest.
+  // A save points `latest` at its own step before pruning: the step `latest`
+  // named before (8) goes like any other, and keep 1 leaves the new one alone.
   const std::string root = tmp / "run/checkpoints";
   spit(root + "/latest", "step_00000008\n");
   kvs::CheckpointWriter w(root, 1, false);

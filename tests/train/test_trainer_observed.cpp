@@ -71,9 +71,10 @@ std::map<std::string, std::vector<float>> tensors(const std::string& dir, bool o
 
 }  // namespace
 
-// Linear warmup over 4 steps to 1e-2, then cosine to 1e-3 at step 10, written out here rather
-// than through learning_rate(): the logged lr of every step, and the first step's update, which
-// for Adam is lr * g / (|g| + eps) per parameter (m-hat = g, v-hat = g^2 after one step).
+// Linear warmup over 4 steps to 1e-2, then cosine towards 1e-3 (reached one step past step 10),
+// written out here rather than through learning_rate(): the logged lr of every step, and the first
+// step's update, which for Adam is lr * g / (|g| + eps) per parameter (m-hat = g, v-hat = g^2
+// after one step).
 TEST(OptimizerWiring, TheScheduledLearningRateIsLoggedAndApplied) {
   const Config c = tiny(10);
   const auto lines = train_lines(run(c, "schedule"));
@@ -108,7 +109,8 @@ TEST(OptimizerWiring, TheScheduledLearningRateIsLoggedAndApplied) {
 }
 
 // "wsd" through a config file's keys: warmup over 4 steps to 1e-2, the stable lr through step 6,
-// then the last 4 steps (7 ... 10 done) in 1-sqrt to 1e-3 at step 10, written out here.
+// then the last 4 steps (7 ... 10 done) in 1-sqrt towards 1e-3 (reached one step past step 10),
+// written out here.
 TEST(OptimizerWiring, TheWarmupStableDecayScheduleIsLogged) {
   Config c = tiny(10);
   c.train.schedule = kvs::LrSchedule::Wsd;

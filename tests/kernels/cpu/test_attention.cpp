@@ -143,8 +143,7 @@ std::string shape_name(const testing::TestParamInfo<AttnShape>& i) {
   return fmt::format("B{}T{}Hq{}Hkv{}D{}", s.B, s.T, s.Hq, s.Hkv, s.D);
 }
 
-// D = 4..8 run the generic path, 32/64 the specialised ones; T = 34 and 70 cross
-// the 32-key tiles, T = 70 also the 64-row forward blocks; T = 150 and 200 make
+// D from 4 to 64; T = 70 crosses the 64-row blocks (kQB); T = 150 and 200 make
 // three and four blocks (the folded pairs with and without a middle block).
 INSTANTIATE_TEST_SUITE_P(OpsShapes, OpsAttention,
                          testing::Values(AttnShape{2, 5, 2, 2, 4}, AttnShape{1, 6, 2, 2, 8}, AttnShape{2, 7, 4, 2, 6},

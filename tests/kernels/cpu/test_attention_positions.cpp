@@ -225,8 +225,8 @@ TEST(OpsAttentionPositionsRows, OverwriteWritesABlockThatSeesNoKey) {
 
 std::string pos_name(const testing::TestParamInfo<PosShape>& i) { return i.param.name; }
 
-// D = 4..8 run the generic path, 32 a specialised one; Tk = 36 and 75 cross the
-// 32-key tiles, Tq = 70 the 64-row forward blocks.
+// D from 4 to 32; Tq = 70 crosses the 64-row blocks and Tk = 75 the 64-key
+// blocks (kQB). (No 32-key tiles any more, whatever a shape's name says.)
 INSTANTIATE_TEST_SUITE_P(
     OpsShapes, OpsAttentionPositions,
     testing::Values(PosShape{"decode_one_query", 2, 1, 9, 4, 2, 4, 8, 0},

@@ -33,7 +33,7 @@ import sys
 
 # The config keys this tool reads, with kvshift's defaults (docs/CONFIG.md), except
 # train.micro_batch_size and seq_len: kvshift's are 8 and 128, these 1 and 1024 are the tool's own.
-MODEL_DEFAULTS = {"tie_word_embeddings": False, "kv_shift": {}}
+MODEL_DEFAULTS = {"tie_word_embeddings": False, "document_boundaries": "none", "kv_shift": {}}
 KV_SHIFT_DEFAULTS = {"enabled": True, "window": 1, "shift_k": True, "shift_v": True, "shift_q": False}
 TRAIN_DEFAULTS = {"micro_batch_size": 1, "grad_accum_steps": 1, "seq_len": 1024, "recompute": "none"}
 BF16, FP32 = 2, 4
@@ -178,34 +178,36 @@ def shift_rope_backward_scratch_floats(b, t, h, d, w):
 def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, stage=None):
     """Bytes of the CUDA engine's activations and workspaces on one GPU, by group.
 
-    At sp off and cp 1 this is CudaPlan::build's arena without the parameters (fp32 gradients, bf16
-    copy; the fp32 master is allocated apart), plus the cuBLASLt workspace: kvshift info's
-    memory_bytes_cuda.activations_and_workspaces, to the byte. With SP or CP this models the CPU
-    engine's layouts (docs/scaling.md); the CUDA engine's own plan for them, which kvshift info reports,
-    differs by a few buffers (1.5B, micro-batch 2 x 1024, tp 1-4, cp 1-4, every recompute mode: from
-    1.9% under it to 1.1% over it on 2026-11-30):
+    CudaPlan::build (src/model/cuda_engine.cpp) written again buffer by buffer: its arena without the
+    parameters (fp32 gradients, bf16 copy; the fp32 master is allocated apart), plus the cuBLASLt
+    workspace, which is kvshift info's memory_bytes_cuda.activations_and_workspaces (and, per
+    pipeline stage, its pipeline_stages entry) to the byte, in every layout (tests/test_scaling.py):
     - SP: the residual stream (layer inputs, res_mid, the RMSNorm outputs and rstd, the final norm,
-      dresid, dln) holds N/tp rows, plus two [N, C] buffers for the gathered or not-yet-scattered
-      rows and the norm gains' fp32 gradients [2L+1, C] (ActivationPlan's sp_full, sp_full2, norm_grads);
+      the attention and FFN output projections' result, dresid, dln) holds N/tp rows, plus two [N, C]
+      buffers for the gathered or not-yet-scattered rows and one layer's two norm gains' fp32
+      gradients [2, C] (sp_full, sp_full2, norm_grads);
     - CP: every per-token buffer holds the rank's B*T/cp rows (flash attention: no T x T term), plus
       the ring: the K/V block in hand and the one arriving, each [rows, 2 KD] bf16 with its dK/dV
-      fp32 accumulators, an fp32 [rows, QD] accumulator for the merged output (and dq), a block's
-      log-sum-exp, and the halo (W raw rows per chunk of every rank, and its gradient).
+      fp32 accumulators, an fp32 [rows, QD] accumulator for the merged output (and dq), one
+      chunk's partial output, log-sum-exp, dK and dV, and the halo (W rows of every q/k/v column per
+      chunk: the rank's own tails, every rank's halos, and their fp32 gradients).
     Groups: residual_stream (divided by tp under SP), per_token (the other buffers with one row per
     token), sp_buffers, cp_ring, workspace (kernel scratch, batch inputs, shift coefficients, RoPE
     tables, AdamW chunk tables, cuBLASLt); total.
 
     `stage` (pipeline parallelism; None: the whole model) is one rank's part: {"layers": its layers,
-    "head": whether it holds the final norm and LM head, "slots": micro-batches its schedule keeps in
-    flight, "tensors": its TP-local tensor sizes}. As the CPU engine does (one activation slot per
-    micro-batch in flight, each sized for all of the rank's chunks), what a layer keeps for its
-    backward is held once per slot; the rest (one layer's recomputed buffers, the backward's
-    buffers, the logits, the workspaces) once, plus one [rows, C] buffer for the output it sends.
+    "runs": its runs of consecutive layers (its virtual stages), "head": whether it holds the final
+    norm and LM head, "slots": micro-batches its schedule keeps in flight, "tensors": its TP-local
+    tensor sizes}. As CudaPlan does, what a micro-batch keeps from its forward to its backward (the
+    layer inputs, one more per run, the kept activations, the logits, the batch) is held once per
+    slot; the rest (the recomputed layers' buffers, the backward's, the workspaces) once, plus the
+    received gradient and rstd of a staged rank.
     """
     L, C = m["num_hidden_layers"], m["hidden_size"]
-    head, slots, tensors = True, 1, None
+    head, slots, tensors, runs, staged = True, 1, None, 1, False
     if stage is not None:
         L, head, slots, tensors = stage["layers"], stage["head"], stage["slots"], stage["tensors"]
+        runs, staged = stage["runs"], True
     D = C // m["num_attention_heads"]
     Hq, Hkv, F = m["num_attention_heads"] // tp, m["num_key_value_heads"] // tp, m["intermediate_size"] // tp
     V = padded_vocab(m, tp) // tp
@@ -214,69 +216,90 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, sta
     W1 = W + 1
     B, T = micro_batch, seq_len
     N = B * T // cp  # this rank's rows (CP: two chunks of T / 2cp of every sequence)
-    Tl = T // cp     # positions per sequence on this rank
     Nl = N // tp if sp else N  # the residual stream's rows under SP
-    A = L * slots if recompute == "none" else 1  # layers of attention outputs kept
-    R = 1 if recompute == "full" else L * slots  # layers of the other activations kept
+    A = L if recompute == "none" else 1  # layers of attention outputs kept
+    R = 1 if recompute == "full" else L  # layers of the other activations kept
+    attn_kept, rest_kept = recompute == "none", recompute != "full"
     h2, f4 = BF16, FP32
     g = {"residual_stream": 0, "per_token": 0, "sp_buffers": 0, "cp_ring": 0, "workspace": 0}
 
     def take(group, nbytes):
         g[group] += align256(nbytes)
 
-    res = align256(Nl * C * h2)
-    rstd = align256(Nl * f4)
-    take("residual_stream", (L * slots + 1) * res)  # layer inputs: always kept
-    take("residual_stream", 3 * R * res)           # res_mid, ln1, ln2
-    take("residual_stream", 2 * R * rstd)          # rstd1, rstd2
-    if head:
-        take("residual_stream", Nl * C * h2)       # lnf
-        take("residual_stream", Nl * f4)           # rstdf
-    take("residual_stream", Nl * C * h2)           # dresid
-    take("residual_stream", Nl * C * h2)           # dln
-    take("per_token", R * align256(N * (QD + 2 * KD) * h2))  # qkv
-    take("per_token", 2 * A * align256(N * QD * h2))          # qhat, attout
-    take("per_token", 2 * A * align256(N * KD * h2))          # khat, vhat
-    take("per_token", R * align256(N * 2 * F * h2))           # gate_up
-    take("per_token", R * align256(N * F * h2))               # h
-    take("per_token", A * align256(B * Hq * Tl * f4))          # lse
-    for nbytes in ((N * V * h2, N * f4) if head else ()) + (N * C * h2,  # logits, losses, proj
-                   N * F * h2, N * 2 * F * h2, N * QD * h2, N * QD * h2, N * KD * h2, N * KD * h2,
-                   N * (QD + 2 * KD) * h2):                   # dh, dgate_up, dattout, dqhat, dkhat, dvhat, dqkv
-        take("per_token", nbytes)
+    def per_slot(group, nbytes):
+        g[group] += slots * align256(nbytes)
+
+    def kept_group(group, count, stride, kept):
+        (per_slot if kept else take)(group, count * stride)
+
+    res, rstd = align256(Nl * C * h2), align256(Nl * f4)
+    per_slot("residual_stream", (L + runs) * res)  # layer inputs: always kept
+    for _ in range(3):  # res_mid, ln1, ln2
+        kept_group("residual_stream", R, res, rest_kept)
+    kept_group("per_token", R, align256(N * (QD + 2 * KD) * h2), rest_kept)  # qkv
+    kept_group("per_token", A, align256(N * QD * h2), attn_kept)             # qhat
+    kept_group("per_token", A, align256(N * KD * h2), attn_kept)             # khat
+    kept_group("per_token", A, align256(N * KD * h2), attn_kept)             # vhat
+    kept_group("per_token", A, align256(N * QD * h2), attn_kept)             # attout
+    kept_group("per_token", R, align256(N * 2 * F * h2), rest_kept)          # gate_up
+    kept_group("per_token", R, align256(N * F * h2), rest_kept)              # h
+    kept_group("residual_stream", R, rstd, rest_kept)                        # rstd1
+    kept_group("residual_stream", R, rstd, rest_kept)                        # rstd2
+    kept_group("per_token", A, align256(B * Hq * (T // cp) * f4), attn_kept)  # lse
+    per_slot("residual_stream", head * Nl * C * h2)  # lnf
+    per_slot("residual_stream", head * Nl * f4)      # rstdf
+    per_slot("per_token", head * N * V * h2)         # logits
+    per_slot("per_token", head * N * f4)             # losses
+    take("residual_stream", Nl * C * h2 if staged else 0)  # dstage: the gradient a staged rank receives
+    take("residual_stream", Nl * f4 if staged else 0)      # stage_rstd
+    take("residual_stream", Nl * C * h2)                   # proj: an output projection's result
+    coef = align256((Hq + 2 * Hkv) * W1 * f4)
+    take("workspace", L * coef)                      # shift coefficients
+    take("workspace", T * D // 2 * f4)               # RoPE cos
+    take("workspace", T * D // 2 * f4)               # RoPE sin
+    take("residual_stream", Nl * C * h2)             # dresid
+    take("residual_stream", Nl * C * h2)             # dln
     if sp:
-        take("sp_buffers", N * C * h2)
-        take("sp_buffers", N * C * h2)
-        take("sp_buffers", (2 * L + head) * C * f4)
+        take("sp_buffers", N * C * h2)               # sp_full
+        take("sp_buffers", N * C * h2)               # sp_full2
+        take("sp_buffers", 2 * C * f4)               # norm_grads: one layer's two gains
     if cp > 1:
-        sk, sv, sq = shift_flags(m)
-        halo_width = KD * (sk + sv) + QD * sq
-        take("cp_ring", 2 * N * 2 * KD * (h2 + f4))          # K/V + dK/dV: the block in hand and the next
-        take("cp_ring", N * QD * f4)                         # merged output (forward), dq (backward)
-        take("cp_ring", B * Hq * Tl * f4)                    # one block's log-sum-exp
-        take("cp_ring", 2 * cp * 2 * B * W * halo_width * h2)  # halo rows of every rank, and their gradient
-    # Once: shift coefficients, RoPE tables, kernel scratch, reductions, batch inputs, AdamW chunk tables.
-    coef = (Hq + 2 * Hkv) * W1 * f4
-    take("workspace", L * align256(coef))
-    take("workspace", T * D // 2 * f4)
-    take("workspace", T * D // 2 * f4)
-    take("workspace", coef)  # dcoef
-    b2, t2 = (2 * B, T // (2 * cp)) if cp > 1 else (B, T)  # shift+RoPE runs per chunk under CP
-    scratch = max(rmsnorm_backward_scratch_floats(Nl, C), shift_rope_backward_scratch_floats(b2, t2, Hq, D, W),
-                  shift_rope_backward_scratch_floats(b2, t2, Hkv, D, W), B * Hq * Tl, 1)
+        Tc, Rh, QKV = T // (2 * cp), 2 * B * W, QD + 2 * KD
+        kv = 2 * B * Tc * KD                         # one of k, v, dk, dv: both chunks
+        take("cp_ring", Rh * QKV * h2)               # tails
+        take("cp_ring", cp * Rh * QKV * h2)          # halos of every rank
+        take("cp_ring", Rh * QKV * f4)               # dtails
+        take("cp_ring", cp * Rh * QKV * f4)          # dhalos
+        take("cp_ring", 2 * kv * h2 + 2 * kv * f4)   # the K/V block in hand, with its dK/dV
+        take("cp_ring", 2 * kv * h2 + 2 * kv * f4)   # and the one arriving
+        take("cp_ring", N * QD * f4)                 # merged output (forward), dq (backward)
+        take("cp_ring", B * Tc * QD * h2)            # one chunk's partial output
+        take("cp_ring", B * Hq * Tc * f4)            # and its log-sum-exp
+        take("cp_ring", B * Tc * KD * h2)            # dK
+        take("cp_ring", B * Tc * KD * h2)            # dV
+    for nbytes in (N * F * h2, N * 2 * F * h2, N * QD * h2, N * QD * h2, N * KD * h2, N * KD * h2,
+                   N * (QD + 2 * KD) * h2):          # dh, dgate_up, dattout, dqhat, dkhat, dvhat, dqkv
+        take("per_token", nbytes)
+    take("workspace", (Hq + 2 * Hkv) * W1 * f4)     # dcoef
+    # Kernel scratch: the largest of the RMSNorm, shift+RoPE and attention backwards' (sized by
+    # CudaPlan for all N rows and the whole sequence, whatever SP and CP).
+    scratch = max(rmsnorm_backward_scratch_floats(N, C), shift_rope_backward_scratch_floats(B, T, Hq, D, W),
+                  shift_rope_backward_scratch_floats(B, T, Hkv, D, W), B * Hq * T, 1)
     take("workspace", scratch * f4)
     take("workspace", 1024 * 8)  # fp64 reduction scratch (kSumBlocks doubles)
     take("workspace", 8)
-    for nbytes in (N * 4, N * 4, N * f4, N * 4, (N + 1) * 4, N * 4, N * 4):  # tokens ... argmax
+    for nbytes in (N * 4, N * 4, N * f4) + ((N * 4,) if m["document_boundaries"] != "none" else ()):
+        per_slot("workspace", nbytes)  # tokens, targets, mask (and document starts)
+    for nbytes in (N * 4, (N + 1) * 4, N * 4, N * 4):  # embedding's unique ids, offsets, positions; argmax
         take("workspace", nbytes)
-    if tp > 1 and head:
+    if tp > 1:
         take("workspace", 6 * N * f4)  # vocab-parallel loss statistics
     tensors = tensors if tensors is not None else local_tensors(m, tp)
     chunks = sum(math.ceil(n / (1 << 16)) for n in tensors)
     take("workspace", chunks * 24)  # AdamWChunk {u64, u64, u32}: 24 bytes
     take("workspace", chunks * 24)
-    P = sum(tensors)  # the parameters' own slices are aligned too: the rest counts here
-    g["workspace"] += 2 * (align256(P * f4) - P * f4) + align256(P * h2) - P * h2
+    P = sum(tensors)  # the fp32 gradients and bf16 copy are aligned too: the padding counts here
+    g["workspace"] += align256(P * f4) - P * f4 + align256(P * h2) - P * h2
     g["workspace"] += CUBLAS_WORKSPACE
     g["total"] = sum(g.values())
     return g
@@ -614,7 +637,8 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
             slots = micro_batches_in_flight(pp, v, r, micro_steps)
             chunks_held = chunk_passes_in_flight(pp, v, r, micro_steps)
             act_r = cuda_activations(m, tp, mb, seq, recompute, sp, cp,
-                                     {"layers": Ls, "head": r == pp - 1, "slots": slots, "tensors": tensors[r]})
+                                     {"layers": Ls, "runs": v, "head": r == pp - 1, "slots": slots,
+                                      "tensors": tensors[r]})
         per_stage.append({"stage": r, "params": params[r], "state_bytes": st_r, "activation_bytes": act_r,
                           "micro_batches_in_flight": slots, "chunk_passes_in_flight": chunks_held,
                           "memory_gib": (st_r + act_r["total"]) / 2**30})

@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from fractions import Fraction
 
 from checks import Tally  # tests/checks.py
@@ -128,6 +129,7 @@ def main():
               "error: %s" % part, err)
 
     check_cuda_plan(a.kvshift)
+    check_cuda_plan_layouts(a.kvshift)
     check_sequence_parallel(a.kvshift)
     check_context_parallel(a.kvshift)
     check_layout_search()
@@ -194,20 +196,76 @@ def check_cuda_plan(kvshift):
           "19B tp 4: 4,753,791,168 parameters per GPU by hand")
 
 
+def check_cuda_plan_layouts(kvshift):
+    """Every layout the search takes (dp x pp x cp x tp, SP on and off, virtual stages): the
+    tool's activations and workspaces per GPU, per pipeline stage, equal the CUDA engine's plan that
+    kvshift info reports for that layout (memory_bytes_cuda, its pipeline_stages), to the byte. The
+    1.5B config with documents and a shift window of 2 (the halo's rows, the batch's document starts),
+    micro-batch 2 x 1000 tokens (no multiple of the 256-byte alignment), on 8 GPUs; 19B at tp 4 on 16
+    GPUs, full recompute."""
+    with open(os.path.join(PAPER, "1.5B-kvshift.json")) as f:
+        cfg = json.load(f)
+    cfg["model"].update({"document_boundaries": "shift", "bos_token_id": 1})
+    cfg["model"]["kv_shift"]["window"] = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = os.path.join(tmp, "1.5B-documents-window2.json")
+        with open(docs, "w") as f:
+            json.dump(cfg, f)
+        for path, gpus, extra, rc in ((docs, 8, [], "attention"),
+                                      (os.path.join(PAPER, "19B-kvshift.json"), 16, ["--tp", "4"], "full")):
+            j = tool_json("--config", path, "--gpus", str(gpus), "--micro-batch", "2", "--global-batch", "16",
+                          "--seq-len", "1000",
+                          "--cp", "all", "--sp", "both", "--pp", "all", "--virtual-stages", "all", "--recompute", rc, *extra)
+            agree, kinds = [], set()
+            for x in j["rows"]:
+                mem = info(kvshift, path, "parallel.tp=%d" % x["tp"], "parallel.cp=%d" % x["cp"],
+                           "parallel.pp=%d" % x["pp"], "parallel.virtual_stages=%d" % x["v"],
+                           "parallel.sequence_parallel=%s" % str(x["sp"]).lower(), "train.recompute=" + rc,
+                           "train.micro_batch_size=2", "train.seq_len=1000",
+                           "train.grad_accum_steps=%d" % x["micro_batches_per_gpu"])["memory_bytes_cuda"]
+                if mem is None:
+                    print("skip  %s: kvshift built without CUDA (no memory_bytes_cuda)" % path)
+                    return
+                if x["pp"] == 1:
+                    pairs = [(x["activation_bytes"]["total"], mem["activations_and_workspaces"])]
+                else:
+                    pairs = [(st["activation_bytes"]["total"], en["activations_and_workspaces"])
+                             for st, en in zip(x["stages"], mem["pipeline_stages"])]
+                    pairs.append((len(x["stages"]), len(mem["pipeline_stages"])))
+                ok = all(a == b for a, b in pairs)
+                agree.append(ok)
+                kinds.add((x["pp"] > 1, x["v"] > 1, x["cp"] > 1, x["sp"]))
+                if not ok:
+                    print("      %s: the tool %s, kvshift info %s" % (x["layout"], [a for a, _ in pairs],
+                                                                     [int(b) for _, b in pairs]))
+            check(all(agree) and len(kinds) == 12,
+                  "%s, recompute %s: %d layouts (with and without pp, virtual stages, cp, SP: all 12 kinds), every GPU's activations "
+                  "= kvshift info's CUDA plan" % (os.path.basename(path), rc, len(agree)))
+
+
 def sp_split_counts(N, tp, L, C):
-    """What SP changes in one rank's activations, by buffer (both engines' plans): the residual stream
-    (layer inputs (L+1), res_mid, ln1, ln2 (L each), lnf, dresid, dln: (4L+4) x C values per row, and
-    rstd1, rstd2 (L each), rstdf: 2L+1 fp32 values per row) keeps N/tp of its N rows; two [N, C]
-    buffers for the gathered rows and the norm gains' gradients [2L+1, C] are added.
+    """What SP changes in one rank's activations, by buffer, in the CPU engine's plan: the residual
+    stream (layer inputs (L+1), res_mid, ln1, ln2 (L each), lnf, dresid, dln: (4L+4) x C values per
+    row, and rstd1, rstd2 (L each), rstdf: 2L+1 fp32 values per row) keeps N/tp of its N rows; two
+    [N, C] buffers for the gathered rows and the norm gains' gradients [2L+1, C] are added.
     Returns (rows saved x values, added [N, C] values, added norm-gradient values): (bf16, fp32) pairs."""
     saved = N - N // tp
     return (saved * (4 * L + 4) * C, saved * (2 * L + 1)), 2 * N * C, (2 * L + 1) * C
 
 
+def sp_saving_cuda(N, tp, L, C):
+    """SP's saving in the CUDA engine's plan (CudaPlan::build), bytes: the same residual stream plus
+    the output projections' result (proj), (4L+5) x C bf16 values per row, and 2L+1 fp32 rstd, keep
+    N/tp of the N rows; two [N, C] bf16 buffers for the gathered rows and one layer's two norm gains'
+    fp32 gradients [2, C] are added."""
+    saved = N - N // tp
+    return 2 * saved * (4 * L + 5) * C + 4 * saved * (2 * L + 1) - 2 * 2 * N * C - 4 * 2 * C
+
+
 def check_sequence_parallel(kvshift):
     """SP on 19B at tp 4 (micro-batch 1 x 12288): the saving by hand, in the CPU engine's plan
     (kvshift info's activations_per_rank, fp32) and in the tool's CUDA plan (bf16 values, fp32 rstd
-    and norm gradients); the same buffers in both."""
+    and norm gradients; the CUDA plan's own projection buffer and one layer's norm gradients)."""
     cfg = os.path.join(PAPER, "19B-kvshift.json")
     for cp in (1, 2):
         N = 12288 // cp
@@ -221,9 +279,10 @@ def check_sequence_parallel(kvshift):
         j = tool_json("--config", cfg, "--gpus", str(4 * cp), "--tp", "4", "--cp", str(cp), "--global-batch", "1",
                       "--seq-len", "12288")
         off, on = search_row(j, 1, cp, 4, False), search_row(j, 1, cp, 4, True)
-        want = 2 * rows_bf16 + 4 * rows_f32 - 2 * gathered - 4 * norm_grads
+        want = sp_saving_cuda(N, 4, L19, C19)
         got = off["activation_bytes"]["total"] - on["activation_bytes"]["total"]
-        check(got == want, "cp %d: the tool's SP saving = the same buffers in bf16 (rstd, norm grads fp32): %.2f GiB"
+        check(got == want, "cp %d: the tool's SP saving = (N - N/4) rows x ((4L+5) C bf16 + (2L+1) fp32) - 2 N C bf16 "
+              "- 2 C fp32: %.2f GiB"
               % (cp, want / 2**30), "%d vs %d" % (got, want))
         check(on["activation_bytes"]["residual_stream"] * 4 == off["activation_bytes"]["residual_stream"] and
               on["activation_bytes"]["per_token"] == off["activation_bytes"]["per_token"],
@@ -257,11 +316,14 @@ def check_context_parallel(kvshift):
     per_token = [x["activation_bytes"]["residual_stream"] + x["activation_bytes"]["per_token"] for x in tool_rows]
     check(per_token[0] == 2 * per_token[1], "the tool: CP 2 halves the per-token activations (%.2f -> %.2f GiB)"
           % (per_token[0] / 2**30, per_token[1] / 2**30))
-    # The ring at cp 2 (N = 6144 rows, K/V 128 wide each): the block in hand and the next, K/V bf16 +
-    # dK/dV fp32; the merged output / dq fp32 [N, 1536]; one block's lse [12 heads, 6144]; the halo:
-    # 1 row per chunk, 2 chunks, of k and v (256 values) from each of 2 ranks, and its gradient, bf16.
-    N = 6144
-    want = 2 * N * 2 * 128 * 6 + N * 1536 * 4 + Hq * N * 4 + 2 * 2 * 2 * 1 * 256 * 2
+    # The ring at cp 2 (N = 6144 rows in two chunks of Tc = 3072, K/V 128 wide each): the block in
+    # hand and the next, K/V bf16 + dK/dV fp32; the merged output / dq fp32 [N, 1536]; one chunk's
+    # partial output [Tc, 1536] bf16, its lse [12 heads, Tc] and its dK, dV [Tc, 128] bf16; the halo:
+    # 1 row per chunk, 2 chunks, of all 1792 q/k/v columns: the rank's tails and both ranks' halos,
+    # bf16, and their gradients, fp32.
+    N, Tc, QKV = 6144, 3072, 1536 + 2 * 128
+    want = (2 * N * 2 * 128 * 6 + N * 1536 * 4 + Tc * 1536 * 2 + Hq * Tc * 4 + 2 * Tc * 128 * 2 +
+            (1 + 2) * 2 * QKV * (2 + 4))
     check(tool_rows[1]["activation_bytes"]["cp_ring"] == want and tool_rows[0]["activation_bytes"]["cp_ring"] == 0,
           "cp 2: the ring's buffers, %d bytes by hand" % want, str(tool_rows[1]["activation_bytes"]["cp_ring"]))
 
@@ -299,8 +361,7 @@ def check_layout_search():
               for x in j["rows"]), "every layout: step = compute + TP + CP + DP; overlap never slower")
 
     # Memory: the same state (6 B + 12 B / 64 per parameter), SP saves the residual stream's 3/4.
-    (rows_bf16, rows_f32), gathered, norm_grads = sp_split_counts(16384, 4, L19, C19)
-    saved = 2 * rows_bf16 + 4 * rows_f32 - 2 * gathered - 4 * norm_grads
+    saved = sp_saving_cuda(16384, 4, L19, C19)
     check(close(sp["state_bytes"], 6 * P + 12 * P / 64) and close(nosp["state_bytes"], sp["state_bytes"]),
           "state: bf16 params + fp32 grads + (fp32 master + moments) / 64")
     check(close((nosp["memory_gib"] - sp["memory_gib"]) * 2**30, saved) and not nosp["fits"] and sp["fits"],
@@ -536,22 +597,22 @@ def check_pipeline(kvshift):
     parts = [sum(sc.stage_tensors(tied, 4, 4, 1, r)) for r in range(4)]
     check(sum(parts) == sum(sc.local_tensors(tied, 4)) + 12032 * C19 and parts[3] == parts[0] + C19,
           "tied embeddings: the last stage holds its own copy of the embedding (12032 x 6144 at tp 4)")
+    # What one more micro-batch in flight costs (CudaPlan's per-slot buffers): over 4 stages the
+    # model's, plus on each stage after the first the input it receives and its copy of the batch
+    # (tokens, targets, mask). kvshift info's own stage plans: check_cuda_plan_layouts.
+    res, batch = align(12288 // 4 * C19 * 2), 3 * align(12288 * 4)
     for rc in ("none", "attention", "full"):
         def kept(layers, head, tensors):
             one, two = (sc.cuda_activations(m19, 4, 1, 12288, rc, True, 1,
-                                            {"layers": layers, "head": head, "slots": k, "tensors": tensors})
+                                            {"layers": layers, "runs": 1, "head": head, "slots": k, "tensors": tensors})
                         for k in (1, 2))
             return two["total"] - one["total"]
         whole = kept(48, True, sc.local_tensors(m19, 4))
         parts = [kept(12, r == 3, sc.stage_tensors(m19, 4, 4, 1, r)) for r in range(4)]
-        check(sum(parts) == whole and (rc != "full" or whole == 48 * align(12288 // 4 * C19 * 2)),
-              "recompute %s: a micro-batch's kept activations over 4 stages sum to the model's (%.2f GiB)"
-              % (rc, whole / 2**30))
-    # The whole model as one stage is the CUDA plan (the test above checks that against kvshift info).
-    check(sc.cuda_activations(m19, 4, 1, 12288, "none", False, 1,
-                              {"layers": 48, "head": True, "slots": 1, "tensors": sc.local_tensors(m19, 4)})["total"]
-          == sc.cuda_activations(m19, 4, 1, 12288, "none", False, 1)["total"],
-          "one stage holding the whole model for one micro-batch is CudaPlan::build's arena")
+        head = res + align(12288 // 4 * 4) + align(12288 * 12032 * 2) + align(12288 * 4)  # lnf, rstdf, logits, losses
+        check(sum(parts) == whole + 3 * (res + batch) and (rc != "full" or whole == 49 * res + head + batch),
+              "recompute %s: a micro-batch's buffers over 4 stages sum to the model's, plus 3 received inputs "
+              "and batches (%.2f GiB)" % (rc, whole / 2**30))
 
     # 6. 19B on 240 GPUs, dp 15 x pp 4 x tp 4: 16 micro-batches per replica; by hand.
     j = tool_json("--config", cfg, "--gpus", "240", "--pp", "4", "--cp", "1", "--tp", "4", "--sp", "off")

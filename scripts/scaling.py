@@ -200,8 +200,9 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, sta
     norm and LM head, "slots": micro-batches its schedule keeps in flight, "tensors": its TP-local
     tensor sizes}. As CudaPlan does, what a micro-batch keeps from its forward to its backward (the
     layer inputs, one more per run, the kept activations, the logits, the batch) is held once per
-    slot; the rest (the recomputed layers' buffers, the backward's, the workspaces) once, plus the
-    received gradient and rstd of a staged rank.
+    slot; the rest (the recomputed layers' buffers, the backward's, the workspaces) once, plus a
+    staged rank's input gradient for the previous stage and the discarded rstd of a chunk's last
+    residual add.
     """
     L, C = m["num_hidden_layers"], m["hidden_size"]
     head, slots, tensors, runs, staged = True, 1, None, 1, False
@@ -250,8 +251,8 @@ def cuda_activations(m, tp, micro_batch, seq_len, recompute, sp=False, cp=1, sta
     per_slot("residual_stream", head * Nl * f4)      # rstdf
     per_slot("per_token", head * N * V * h2)         # logits
     per_slot("per_token", head * N * f4)             # losses
-    take("residual_stream", Nl * C * h2 if staged else 0)  # dstage: the gradient a staged rank receives
-    take("residual_stream", Nl * f4 if staged else 0)      # stage_rstd
+    take("residual_stream", Nl * C * h2 if staged else 0)  # dstage: the input gradient for the previous stage
+    take("residual_stream", Nl * f4 if staged else 0)      # stage_rstd: a chunk's last residual add's, discarded
     take("residual_stream", Nl * C * h2)                   # proj: an output projection's result
     coef = align256((Hq + 2 * Hkv) * W1 * f4)
     take("workspace", L * coef)                      # shift coefficients

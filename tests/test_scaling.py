@@ -5,9 +5,10 @@
 
 Where the tool and `kvshift info --json` model the same thing they must agree:
 parameter counts and FLOPs per token (the C++ formulas), the CUDA engine's
-activation plan at cp 1 without SP (memory_bytes_cuda, to the byte), and what
-sequence and context parallelism change in one rank's activations (the CPU
-engine's plan, activations_per_rank). Its per-GPU bytes must equal the ring
+activation plan (memory_bytes_cuda, to the byte: every layout with and without
+SP, CP and pipeline stages, each stage's), and what sequence and context
+parallelism change in one rank's activations (the CPU engine's plan,
+activations_per_rank; the CUDA plan's SP saving by hand). Its per-GPU bytes must equal the ring
 formulas worked out here by hand for the paper's 19B config on 240 GPUs, and
 SP's collectives, the CP ring and halo, the dp x cp gradient reduction, the
 memory and the fit decision for 19B at 32k tokens on 256 GPUs (the worked

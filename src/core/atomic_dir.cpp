@@ -72,17 +72,34 @@ void abandon_atomic_dir(const std::string& tmp) {
   fs::remove_all(tmp, ec);
 }
 
+namespace {
+
+// `inner` is `outer` or lies below it (both made absolute, links resolved).
+bool path_within(const std::string& inner, const std::string& outer) {
+  auto normal = [](const std::string& s) {
+    std::error_code ec;
+    fs::path q = fs::weakly_canonical(fs::absolute(s), ec);
+    return q.filename().empty() ? q.parent_path() : q;  // "dir/" -> "dir"
+  };
+  const fs::path p = normal(inner), o = normal(outer);
+  auto i = p.begin();
+  for (auto j = o.begin(); j != o.end(); ++j, ++i)
+    if (i == p.end() || *i != *j) return false;
+  return true;
+}
+
+}  // namespace
+
 void check_output_holds_no_input(const std::string& out, const std::vector<std::string>& inputs,
                                  const std::string& flag) {
-  std::error_code ec;
-  const fs::path o = fs::weakly_canonical(fs::absolute(out), ec);
-  for (const std::string& in : inputs) {
-    const fs::path p = fs::weakly_canonical(fs::absolute(in), ec);
-    auto i = p.begin();
-    bool within = true;
-    for (auto j = o.begin(); j != o.end() && within; ++j, ++i) within = i != p.end() && *i == *j;
-    KVS_CHECK(!within, "{}: {} must not be (or contain) the input {}", out, flag, in);
-  }
+  for (const std::string& in : inputs)
+    KVS_CHECK(!path_within(in, out), "{}: {} must not be (or contain) the input {}", out, flag, in);
+}
+
+void check_output_file_apart_from_inputs(const std::string& out, const std::vector<std::string>& inputs,
+                                         const std::string& flag) {
+  for (const std::string& in : inputs)
+    KVS_CHECK(!path_within(out, in), "{}: {} must not be (or lie inside) the input {}", out, flag, in);
 }
 
 }  // namespace kvs

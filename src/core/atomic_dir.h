@@ -21,5 +21,10 @@ void abandon_atomic_dir(const std::string& tmp);
 // names `flag` and the input.
 void check_output_holds_no_input(const std::string& out, const std::vector<std::string>& inputs,
                                  const std::string& flag = "--out");
+// Refuses an output file that is one of the inputs or lies inside an input
+// directory (`forward --out` into the checkpoint it reads would replace its
+// weights). The error names `flag` and the input.
+void check_output_file_apart_from_inputs(const std::string& out, const std::vector<std::string>& inputs,
+                                         const std::string& flag = "--out");
 
 }  // namespace kvs

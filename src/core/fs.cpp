@@ -115,6 +115,10 @@ std::string read_file(const std::string& path) {
 
 void make_dirs(const std::string& path) {
   std::error_code ec;
+  // A dangling link (scratch storage not mounted) would otherwise read "File exists".
+  if (std::filesystem::is_symlink(path, ec) && !std::filesystem::exists(path, ec))
+    fail("{}: cannot create directory: it is a symbolic link to {}, which does not exist", path,
+         std::filesystem::read_symlink(path, ec).string());
   std::filesystem::create_directories(path, ec);
   if (ec) fail("{}: cannot create directory: {}", path, ec.message());
   if (!std::filesystem::is_directory(path, ec)) fail("{}: cannot create directory: not a directory", path);

@@ -200,6 +200,12 @@ void convert_to_f32(DType d, const uint8_t* p, size_t n, float* out, const std::
 
 }  // namespace
 
+void check_finite_values(const std::vector<float>& v, const std::string& file, const std::string& name,
+                         const char* why) {
+  for (size_t i = 0; i < v.size(); ++i)
+    KVS_CHECK(std::isfinite(v[i]), "{}: tensor '{}' element {} is {} ({})", file, name, i, v[i], why);
+}
+
 std::vector<float> tensor_to_f32(const StTensor& t) {
   check_bytes(t);
   std::vector<float> out(t.bytes.size() / dtype_size(t.dtype));

@@ -38,6 +38,9 @@ float bf16_to_f32(uint16_t h);   // exact: upper 16 bits of fp32
 float f16_to_f32(uint16_t h);    // exact IEEE half incl. subnormals, inf, NaN
 // Converts F32/F64/BF16/F16 data to fp32 (throws for integer dtypes).
 std::vector<float> tensor_to_f32(const StTensor& t);
+// Throws "<file>: tensor '<name>' element <i> is nan (<why>)" at the first NaN or infinity.
+void check_finite_values(const std::vector<float>& v, const std::string& file, const std::string& name,
+                         const char* why);
 std::vector<int32_t> tensor_to_i32(const StTensor& t);  // from I32/I64/U16/U8 (range-checked)
 
 // Writes atomically (temp file in the same directory, fsync, rename). Tensors are

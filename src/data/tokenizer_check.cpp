@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "core/sha256.h"
 #include "tokenizer/tokenizer_meta.h"
 
@@ -31,29 +32,37 @@ std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_s
   return p.string();
 }
 
+namespace {
+
+// "bytes" or "sentencepiece (sha256 0123456789ab...)": what a manifest or a
+// tokenizer directory says the ids mean (an older manifest without "type":
+// no sha256 is the byte tokenizer's).
+std::string tokenizer_identity(const std::string& type, const std::string& sha256) {
+  if (type == "bytes" || (type.empty() && sha256.empty())) return "bytes";
+  return fmt::format("{} (sha256 {}...)", type.empty() ? "sentencepiece" : type, sha256.substr(0, 12));
+}
+
+}  // namespace
+
 void check_shards_tokenizer(const std::vector<std::string>& shard_files, const std::string& tokenizer_dir) {
   namespace fs = std::filesystem;
-  const std::string want = read_tokenizer_meta(tokenizer_dir).sha256;
-  if (want.empty()) return;  // a bytes tokenizer: nothing to compare
+  const TokenizerMeta meta = read_tokenizer_meta(tokenizer_dir);
+  const std::string want = tokenizer_identity(meta.type, meta.sha256);
   std::set<std::string> dirs;
   for (const std::string& f : shard_files) dirs.insert(fs::path(f).parent_path().lexically_normal().string());
   for (const std::string& d : dirs) {
     const std::string manifest = (fs::path(d) / "manifest.json").string();
     if (!fs::exists(manifest)) continue;
-    nlohmann::json m;
-    try {
-      m = nlohmann::json::parse(read_file(manifest));
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: not valid JSON: {}", manifest, e.what());
-    }
+    const nlohmann::json m = read_json_file(manifest);
     const auto tok = m.find("tokenizer");
     if (tok == m.end() || !tok->is_object() || !tok->contains("sha256") || !(*tok)["sha256"].is_string()) continue;
-    const std::string have = (*tok)["sha256"];
-    if (have.empty() || have == want) continue;
-    fail("{}: the shards were made with another tokenizer (sha256 {}..., {}) than data.tokenizer {} (sha256 {}...): "
-         "run `kvshift data prepare` again with it, or point data.tokenizer at the one they were made with",
-         manifest, have.substr(0, 12), tok->value("dir", std::string("directory not recorded")), tokenizer_dir,
-         want.substr(0, 12));
+    const auto type = tok->find("type");
+    const std::string have =
+        tokenizer_identity(type != tok->end() && type->is_string() ? type->get<std::string>() : "", (*tok)["sha256"]);
+    if (have == want) continue;
+    fail("{}: the shards were made with another tokenizer ({}, {}) than data.tokenizer {} ({}): run `kvshift data "
+         "prepare` again with it, or point data.tokenizer at the one they were made with",
+         manifest, have, tok->value("dir", std::string("directory not recorded")), tokenizer_dir, want);
   }
 }
 

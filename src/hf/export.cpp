@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "hf/hf_config.h"
 #include "hf/shard_plan.h"
 #include "hf/sp_model.h"
@@ -25,23 +26,23 @@ namespace {
 
 void write_json(const std::string& path, const json& j) { atomic_write_file(path, j.dump(2) + "\n"); }
 
-json read_json(const std::string& path) {
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
-  }
-}
+json read_json(const std::string& path) { return read_json_file(path); }
 
 // The tokenizer directory to export: --tokenizer, else run_config.data.tokenizer
-// (as written there: absolute, or relative to the current directory). "" with
+// (as written there: absolute, or relative to the current directory), else the
+// checkpoint's own tokenizer/ (import-hf's). "" with
 // `why` set when there is none to export.
-std::string find_tokenizer_dir(const ExportOptions& o, const json& run_config, std::string& why) {
+std::string find_tokenizer_dir(const ExportOptions& o, const std::string& checkpoint_dir, const json& run_config,
+                               const std::string& run_config_error, std::string& why) {
   std::string dir = o.tokenizer, origin = "--tokenizer";
   if (dir.empty()) {
+    KVS_CHECK(run_config_error.empty(), "{} (it names the tokenizer to export; fix it or pass --tokenizer DIR)",
+              run_config_error);
     const json* d = run_config.is_object() && run_config.contains("data") ? &run_config["data"] : nullptr;
     if (!d || !d->is_object() || !d->contains("tokenizer") || !(*d)["tokenizer"].is_string()) {
-      why = "the run config names none and --tokenizer is not given";
+      if (fs::exists(checkpoint_dir + "/tokenizer/kvshift_tokenizer.json"))  // import-hf's copy
+        return checkpoint_dir + "/tokenizer";
+      why = "the run config names none, the checkpoint has no tokenizer/ and --tokenizer is not given";
       return "";
     }
     dir = (*d)["tokenizer"].get<std::string>();
@@ -137,9 +138,7 @@ std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
     for (const auto& s : ck.data.model)
       if (s.name == t.name) st = &s;
     const std::vector<float> v = tensor_to_f32(*st);
-    for (size_t i = 0; i < v.size(); ++i)
-      KVS_CHECK(std::isfinite(v[i]), "{}: tensor '{}' element {} is {} (refusing to export a broken model)", file,
-                t.name, i, v[i]);
+    check_finite_values(v, file, t.name, "refusing to export a broken model");
     out.push_back(bf16 ? make_bf16_tensor(t.name, t.shape, v.data()) : make_f32_tensor(t.name, t.shape, v.data()));
   }
   return out;
@@ -175,7 +174,7 @@ std::string export_hf(const ExportOptions& o) {
   const std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
 
   std::string no_tok_reason;
-  const std::string tok_dir = find_tokenizer_dir(o, ck.data.run_config, no_tok_reason);
+  const std::string tok_dir = find_tokenizer_dir(o, ck.dir, ck.data.run_config, ck.data.run_config_error, no_tok_reason);
   TokenizerInfo tok;
   if (!tok_dir.empty()) {
     check_checkpoint_tokenizer(ck.data.trainer_state, o.checkpoint, tok_dir);

@@ -1,5 +1,8 @@
 #include "hf/hf_config.h"
 
+#include <cstdint>
+#include <type_traits>
+
 #include "core/error.h"
 #include "hf/rope_keys.h"
 
@@ -55,11 +58,22 @@ json generation_config(const SpecialIds& ids) {
 
 namespace {
 
+// An integer JSON value that fits an int (nlohmann's get<int> would wrap 2^32 + 8 to 8).
+int int_value(const json& v, const char* key, const std::string& origin) {
+  KVS_CHECK(v.is_number_integer(), "{}: {}: expected an integer, got {}", origin, key, v.dump());
+  KVS_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX),
+            "{}: {}: {} is out of range", origin, key, v.dump());
+  const int64_t x = v.get<int64_t>();
+  KVS_CHECK(x >= INT32_MIN && x <= INT32_MAX, "{}: {}: {} is out of range", origin, key, v.dump());
+  return static_cast<int>(x);
+}
+
 // Typed access with a one-line error naming the file and key.
 template <class T>
 T get_or(const json& j, const char* key, T dflt, const std::string& origin) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
+  if constexpr (std::is_same_v<T, int>) return int_value(*it, key, origin);
   try {
     return it->get<T>();
   } catch (const json::exception&) {
@@ -69,7 +83,7 @@ T get_or(const json& j, const char* key, T dflt, const std::string& origin) {
 
 int required_int(const json& j, const char* key, const std::string& origin) {
   KVS_CHECK(j.contains(key) && j[key].is_number_integer(), "{}: missing or non-integer key '{}'", origin, key);
-  return j[key].get<int>();
+  return int_value(j[key], key, origin);
 }
 
 }  // namespace

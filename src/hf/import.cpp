@@ -6,10 +6,13 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
+#include "hf/sp_model.h"
 #include "hf/staged_dir.h"
 #include "model/params.h"
+#include "tokenizer/tokenizer_meta.h"
 
 namespace kvs::hf {
 
@@ -20,11 +23,7 @@ namespace {
 
 json read_json(const std::string& path) {
   KVS_CHECK(fs::exists(path), "{}: missing (not a Hugging Face model directory?)", path);
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
-  }
+  return read_json_file(path);
 }
 
 struct Located {
@@ -126,6 +125,7 @@ std::string import_hf(const ImportOptions& o) {
     KVS_CHECK(w.tensor.shape == t.shape, "{}: tensor '{}' has shape {}, expected {} from config.json", w.file, t.name,
               shape_str(w.tensor.shape), shape_str(t.shape));
     const std::vector<float> v = tensor_to_f32(w.tensor);
+    check_finite_values(v, w.file, t.name, "refusing to import a broken model");
     std::copy(v.begin(), v.end(), dst);
     weights.erase(it);
   }
@@ -137,16 +137,28 @@ std::string import_hf(const ImportOptions& o) {
   StagedDir out(o.out, o.force, {o.model});
   atomic_write_file(out.file("config.json"), model_to_hf_json(m).dump(2) + "\n");
   write_safetensors(out.file("model.safetensors"), tensors);
+  // The tokenizer as a kvshift tokenizer directory (its kvshift_tokenizer.json
+  // too), so generate, data prepare and export-hf take it as `tokenizer train`'s.
   const bool tok = fs::exists(o.model + "/tokenizer.model");
   if (tok) {
+    const std::string model_path = o.model + "/tokenizer.model", bytes = read_file(model_path);
+    static const char* const kModelTypes[] = {"", "unigram", "bpe", "word", "char"};
+    const int type = read_sentencepiece_model(model_path).model_type;
+    TokenizerMeta meta =
+        sentencepiece_meta(bytes, type >= 1 && type <= 4 ? kModelTypes[type] : std::to_string(type), model_path);
+    KVS_CHECK(meta.vocab_size <= m.vocab_size, "{}: {} pieces, more than the model's vocab_size {}", model_path,
+              meta.vocab_size, m.vocab_size);
+    meta.trainer = {{"imported_from", fs::absolute(model_path).lexically_normal().string()}};
     make_dirs(out.file("tokenizer"));
-    fs::copy_file(o.model + "/tokenizer.model", out.file("tokenizer/tokenizer.model"));
+    atomic_write_file(out.file("tokenizer/tokenizer.model"), bytes);
+    atomic_write_file(out.file(std::string("tokenizer/") + kTokenizerMetaFile),
+                      tokenizer_meta_json(meta).dump(2) + "\n");
   }
   out.commit();
   return fmt::format("imported {} -> {}: {} tensors, KV shift {}{}{}", o.model, o.out, tensors.size(),
                      describe_kv_shift(m.kv_shift),
                      init == "none" ? "" : fmt::format(" (new, {} init)", init),
-                     tok ? ", tokenizer.model copied to tokenizer/" : "");
+                     tok ? ", tokenizer in tokenizer/" : "");
 }
 
 }  // namespace kvs::hf

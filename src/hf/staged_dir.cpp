@@ -18,7 +18,8 @@ StagedDir::StagedDir(std::string final_path, bool force, const std::vector<std::
   KVS_CHECK(!final_.empty(), "--out: empty path");
   check_output_holds_no_input(final_, inputs);
   std::error_code ec;
-  const fs::path out = fs::weakly_canonical(fs::absolute(final_), ec);
+  fs::path out = fs::weakly_canonical(fs::absolute(final_), ec);
+  if (out.filename().empty()) out = out.parent_path();  // "out/" names "out", not a file inside it
   if (fs::exists(out, ec)) {
     KVS_CHECK(fs::is_directory(out, ec), "{}: exists and is not a directory", final_);
     KVS_CHECK(force || fs::is_empty(out, ec), "{}: exists and is not empty (use --force to replace it)", final_);

@@ -299,6 +299,9 @@ void validate_data(const DataConfig& d, const ModelConfig& m, const TrainConfig&
       if (in.pad_token >= in.token_lo && in.pad_token < in.token_hi)
         fail("{}: data.induction.pad_token: {} lies inside the sequence tokens [token_lo, token_hi) = [{}, {})",
              origin, in.pad_token, in.token_lo, in.token_hi);
+      if (t.seq_len < 3)
+        fail("{}: train.seq_len: the induction task needs >= 3 positions (A B ... A -> B), got {}", origin,
+             t.seq_len);
       return;
     }
     case DatasetType::Ngram: {
@@ -399,6 +402,8 @@ json parse_text(const std::string& text, const std::string& origin) {
     const size_t nl = pos == 0 ? std::string::npos : text.rfind('\n', pos - 1);
     const size_t col = nl == std::string::npos ? pos + 1 : pos - nl;
     fail("{}: invalid JSON at line {}, column {}: {}", origin, line, col, what);
+  } catch (const json::exception& e) {  // a number out of range ("1e400"): no position given
+    fail("{}: invalid JSON: {}", origin, one_line_error_text(e));
   }
 }
 

@@ -1,9 +1,13 @@
 #include "tokenizer/tokenizer_meta.h"
 
+#include <sentencepiece_processor.h>
+
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
+#include "core/sha256.h"
 
 namespace kvs {
 namespace {
@@ -28,12 +32,7 @@ TokenizerMeta read_tokenizer_meta(const std::string& dir) {
             dir);
   KVS_CHECK(std::filesystem::exists(file), "{}: missing; a tokenizer directory is made by `kvshift tokenizer train`",
             file);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(file));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", file, one_line_error_text(e));
-  }
+  const nlohmann::json j = read_json_file(file);
   KVS_CHECK(j.is_object(), "{}: must be a JSON object", file);
   TokenizerMeta m;
   m.type = str_key(j, file, "type");
@@ -63,6 +62,23 @@ nlohmann::json tokenizer_meta_json(const TokenizerMeta& m) {
                       {"pad_id", m.pad_id}, {"sha256", m.sha256}};
   if (!m.trainer.is_null()) j["trainer"] = m.trainer;
   return j;
+}
+
+TokenizerMeta sentencepiece_meta(const std::string& model_bytes, const std::string& model_type,
+                                 const std::string& origin) {
+  sentencepiece::SentencePieceProcessor sp;
+  const auto st = sp.LoadFromSerializedProto(model_bytes);
+  KVS_CHECK(st.ok(), "{}: not a sentencepiece model: {}", origin, st.ToString());
+  TokenizerMeta m;
+  m.type = "sentencepiece";
+  m.model_type = model_type;
+  m.vocab_size = sp.GetPieceSize();
+  m.bos_id = sp.bos_id();
+  m.eos_id = sp.eos_id();
+  m.unk_id = sp.unk_id();
+  m.pad_id = sp.pad_id();
+  m.sha256 = sha256_hex(model_bytes);
+  return m;
 }
 
 }  // namespace kvs

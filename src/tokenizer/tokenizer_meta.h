@@ -25,5 +25,10 @@ struct TokenizerMeta {
 // Reads DIR/kvshift_tokenizer.json; throws kvs::Error naming the file (and key).
 TokenizerMeta read_tokenizer_meta(const std::string& dir);
 nlohmann::json tokenizer_meta_json(const TokenizerMeta& m);
+// The meta of a sentencepiece model (tokenizer.model's bytes): its piece count,
+// special ids and sha256, as `tokenizer train` and `import-hf` write them.
+// Throws naming `origin` if the bytes are no sentencepiece model.
+TokenizerMeta sentencepiece_meta(const std::string& model_bytes, const std::string& model_type,
+                                 const std::string& origin);
 
 }  // namespace kvs

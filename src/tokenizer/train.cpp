@@ -11,7 +11,6 @@
 #include "core/atomic_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
-#include "core/sha256.h"
 #include "data/text_input.h"
 #include "tokenizer/tokenizer_meta.h"
 
@@ -164,15 +163,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   std::string vocab;  // piece \t score, one per id: for people, not read back
   for (int id = 0; id < sp.GetPieceSize(); ++id) vocab += fmt::format("{}\t{}\n", sp.IdToPiece(id), sp.GetScore(id));
 
-  TokenizerMeta m;
-  m.type = "sentencepiece";
-  m.model_type = "bpe";
-  m.vocab_size = sp.GetPieceSize();
-  m.bos_id = sp.bos_id();
-  m.eos_id = sp.eos_id();
-  m.unk_id = sp.unk_id();
-  m.pad_id = sp.pad_id();
-  m.sha256 = sha256_hex(model);
+  TokenizerMeta m = sentencepiece_meta(model, "bpe", "tokenizer train");
   nlohmann::json trainer = nlohmann::json::object();
   for (const auto& [k, v] : args)
     if (k != "num_threads" && k != "minloglevel") trainer[k] = v;

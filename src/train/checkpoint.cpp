@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "train/checkpoint_manifest.h"
 
 namespace kvs {
@@ -47,25 +48,6 @@ bool parse_step_name(const std::string& s, int64_t* step) {
   if (checkpoint_dir_name(v) != s) return false;
   *step = v;
   return true;
-}
-
-void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::string text;
-  try {
-    text = j.dump(2) + "\n";
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: cannot write: {}", path, one_line_error_text(e));
-  }
-  atomic_write_file(path, text);
-}
-
-nlohmann::json read_json_file(const std::string& path) {
-  std::string text = read_file(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
-  }
 }
 
 bool exists_file(const std::string& path) {
@@ -266,7 +248,13 @@ CheckpointFiles open_checkpoint(const std::string& dir, bool with_optimizer) {
   f.model.emplace(join(dir, kModel));
   if (with_optimizer && exists_file(join(dir, kOptimizer))) f.optimizer.emplace(join(dir, kOptimizer));
   if (exists_file(join(dir, kTrainerState))) f.trainer_state = read_json_file(join(dir, kTrainerState));
-  if (exists_file(join(dir, kRunConfig))) f.run_config = read_json_file(join(dir, kRunConfig));
+  if (exists_file(join(dir, kRunConfig))) {
+    try {
+      f.run_config = read_json_file(join(dir, kRunConfig));
+    } catch (const Error& e) {
+      f.run_config_error = e.what();
+    }
+  }
   // After parsing: a file that does not parse gets its reader's more precise
   // message; the manifest catches what parses but changed (a flipped bit).
   f.verified = verify_manifest(dir, {kConfig, kModel}, with_optimizer ? std::vector<std::string>{}
@@ -283,8 +271,18 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   if (f.optimizer) d.optimizer = f.optimizer->read_all();
   d.trainer_state = std::move(f.trainer_state);
   d.run_config = std::move(f.run_config);
+  d.run_config_error = std::move(f.run_config_error);
   d.verified = f.verified;
   return d;
+}
+
+void check_checkpoint_root_writable(const std::string& root) {
+  make_dirs(root);
+  const std::string probe = join(root, fmt::format("{}write-check-{}", kTmpPrefix, ::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot write checkpoints there: {}", root, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {

@@ -31,6 +31,7 @@ struct CheckpointData {
   std::vector<StTensor> optimizer;        // optimizer.safetensors (written only if non-empty)
   nlohmann::json trainer_state;           // trainer_state.json (written only if non-null)
   nlohmann::json run_config;              // run_config.json (written only if non-null)
+  std::string run_config_error;           // loaded: why run_config.json did not parse (CheckpointFiles)
   bool verified = false;                  // loaded: every file matched manifest.json
   // A streamed save: `model` and `optimizer` hold the tensors' headers only,
   // and their bytes come from `stream`, model tensors first, in order.
@@ -43,6 +44,12 @@ std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 // `keep_last` step directories (0 = keep all) and deletes older ones only after
 // the new one is complete.
 std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointData& data, int keep_last = 0);
+
+// Creates `root` and checks that a file can be written in it: the trainer calls
+// it before its first step, so a checkpoint directory that cannot be written
+// (a dangling link to unmounted scratch, a file in its place, no permission)
+// stops the run at once, not at its first save.
+void check_checkpoint_root_writable(const std::string& root);
 
 // Path of the newest complete checkpoint under `root` per its `latest` file, or
 // "" if there is none. Throws if `latest` names a missing directory.
@@ -63,8 +70,13 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer = tru
 // optimizer.safetensors left open for reading tensors (or slices of them) one
 // at a time. The trainer loads each rank's slice this way (FullModelIO), so no
 // rank holds the whole model in host memory.
+// run_config.json is a copy for reference that may be edited (outside the
+// manifest): one that does not parse leaves run_config null and says why in
+// run_config_error, for the readers that need it (eval without --config,
+// export's tokenizer, resume's checks); the others never fail on it.
 struct CheckpointFiles {
   nlohmann::json hf_config, trainer_state, run_config;  // as in CheckpointData
+  std::string run_config_error;                          // "" when run_config.json is absent or parses
   std::optional<SafetensorsReader> model, optimizer;    // model always; optimizer when the file exists
   bool verified = false;
 };

@@ -8,6 +8,7 @@
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 
 namespace kvs {
 namespace {
@@ -36,12 +37,7 @@ ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::st
   const std::string path = join(dir, kManifestFile);
   std::error_code ec;
   if (!fs::exists(path, ec)) return ManifestStatus::Absent;
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, one_line_error_text(e));
-  }
+  const nlohmann::json m = read_json_file(path);
   KVS_CHECK(m.is_object() && m.value("format", "") == kFormat && m.contains("files") && m["files"].is_object(),
             "{}: not a kvshift checkpoint manifest (expected \"format\": \"{}\" and a \"files\" object)", path,
             kFormat);

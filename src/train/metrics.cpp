@@ -1,5 +1,9 @@
 #include "train/metrics.h"
 
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,11 +21,13 @@ void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded()) continue;  // a line cut by a crash
-      if (j.contains("step") && j["step"].get<int64_t>() > keep_through_step) continue;
+      if (j.is_object() && j.contains("step") && j["step"].is_number() && j["step"].get<double>() > keep_through_step)
+        continue;
       kept += line + "\n";
     }
     atomic_write_file(path, kept);
   }
+  path_ = path;
   f_ = std::fopen(path.c_str(), "a");
   KVS_CHECK(f_ != nullptr, "{}: cannot open for appending", path);
 }
@@ -33,8 +39,11 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::write(const nlohmann::json& line) {
   if (!f_) return;
   const std::string s = line.dump() + "\n";
-  std::fwrite(s.data(), 1, s.size(), f_);
-  std::fflush(f_);
+  // A full disk loses metrics lines, not the run (its checkpoint saves fail loudly): say so once.
+  if ((std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0) && !write_failed_) {
+    write_failed_ = true;
+    spdlog::warn("metrics: cannot write {}: {}; later lines may be lost", path_, std::strerror(errno));
+  }
 }
 
 }  // namespace kvs

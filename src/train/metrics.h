@@ -15,10 +15,13 @@ class MetricsWriter {
   // it resumes from), rewriting the file atomically.
   void open(const std::string& path, int64_t keep_through_step = -1);
   ~MetricsWriter();
+  // A failed write (a full disk) warns once and goes on.
   void write(const nlohmann::json& line);
 
  private:
   std::FILE* f_ = nullptr;
+  std::string path_;
+  bool write_failed_ = false;
 };
 
 }  // namespace kvs

@@ -322,6 +322,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (rank0) run_dir_lock.emplace(opt.run_dir);
   if (!opt.resume) check_fresh_run_directory(opt.run_dir);
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
+  const RemovedIfLeftEmpty created_ckpt_root(ckpt_root);  // before created_dir looks at the run directory
+  if (rank0) check_checkpoint_root_writable(ckpt_root);   // now, not at the first save after hours of training
 
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
   // The groups, this rank's part of the model and its engine (docs/PARALLEL.md).
@@ -370,6 +372,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // The data positions are sequence indices: another window length or data
     // source would map them onto other tokens.
     const nlohmann::json& was = ck.files.run_config;
+    if (!ck.files.run_config_error.empty() && rank0)
+      spdlog::warn("{}: train.seq_len and the data settings are not compared with the checkpoint's",
+                   ck.files.run_config_error);
     if (was.is_object() && was.contains("train") && was["train"].contains("seq_len"))
       KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
                 "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
@@ -379,6 +384,19 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       KVS_CHECK(was["data"]["type"] == type,
                 "{}: data.type changed (checkpoint {}, config {}); the data stream would not line up", latest,
                 was["data"]["type"].dump(), type.dump());
+      // A generated task's settings (token ranges, pool, 3-gram table, k) decide
+      // what each sequence index holds, as the shards' contents do below.
+      const std::string task = type.get<std::string>();
+      const nlohmann::json now_task = to_json(cfg)["data"].value(task, nlohmann::json());
+      if (task != "shards" && was["data"].contains(task) && was["data"][task] != now_task) {
+        const std::string what = fmt::format("{}: data.{}.{} (checkpoint vs config)", latest, task,
+                                             json_difference(was["data"][task], now_task));
+        KVS_CHECK(opt.allow_data_change,
+                  "{}; its data position would map onto other sequences: restore the checkpoint's setting, or "
+                  "pass --allow-data-change to go on with this one",
+                  what);
+        if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+      }
     }
     // Shards added to (or gone from) the train globs, or another val split,
     // map every later index onto other windows (and old val text into

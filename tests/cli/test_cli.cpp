@@ -600,3 +600,104 @@ TEST(Cli, BlendedShardsReportEachSourceAndGuardTheirWeights) {
   r = run(train + " --quiet --resume --set train.steps=4 --set 'data.shards.weights=[1,1]'");
   EXPECT_EQ(r.code, 0) << r.out;  // the same weights as step 3's checkpoint
 }
+
+namespace {
+
+// A 3-step induction run with a checkpoint at each step: its directory.
+std::string tiny_run(const std::string& name) {
+  const std::string dir = testing::TempDir() + name;
+  fs::remove_all(dir);
+  const Result r = run("train --quiet --config " + src("configs/toy/induction-1l-kvshift.json") +
+                       " --set train.steps=3 --set train.eval_every=0 --set train.checkpoint_every=1 --run-dir " + dir);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir;
+}
+
+// A [1, 4] batch for `backward`: inputs, targets, mask (safetensors).
+std::string write_batch(const std::string& path, const std::array<int32_t, 4>& targets,
+                        const std::array<float, 4>& mask) {
+  const std::array<int32_t, 4> inputs = {11, 12, 13, 12};
+  std::string header = R"({"inputs":{"dtype":"I32","shape":[1,4],"data_offsets":[0,16]},)"
+                       R"("targets":{"dtype":"I32","shape":[1,4],"data_offsets":[16,32]},)"
+                       R"("mask":{"dtype":"F32","shape":[1,4],"data_offsets":[32,48]}})";
+  const uint64_t n = header.size();
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(inputs.data()), 16);
+  bytes.append(reinterpret_cast<const char*>(targets.data()), 16);
+  bytes.append(reinterpret_cast<const char*>(mask.data()), 16);
+  kvs::testing_util::spit(path, bytes);
+  return path;
+}
+
+}  // namespace
+
+// `forward` and `backward` write their one output file; never over an input
+// (the checkpoint's weights, the batch), and they leave the input as it was.
+TEST(Cli, ForwardAndBackwardNeverWriteOverTheirInputs) {
+  const std::string dir = tiny_run("kvs_cli_out_over_input"), step = dir + "/checkpoints/step_00000003";
+  const std::string weights = kvs::testing_util::slurp(step + "/model.safetensors");
+  const std::string tokens = write_temp("over_input_tokens.txt", "11 12 13");
+  for (const std::string& out : {step + "/model.safetensors", step + "/", step + "/new.npy"}) {
+    SCOPED_TRACE(out);
+    const Result r = run("forward --checkpoint " + dir + " --tokens " + tokens + " --out " + out);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("--out must not be (or lie inside) the input"), std::string::npos) << r.out;
+  }
+  const std::string batch = write_batch(dir + "/batch.st", {12, 13, 12, 13}, {1, 1, 1, 1});
+  const std::string batch_bytes = kvs::testing_util::slurp(batch);
+  Result r = run("backward --checkpoint " + step + " --batch " + batch + " --out " + batch);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(batch + ": --out must not be (or lie inside) the input " + batch), std::string::npos) << r.out;
+  r = run("backward --checkpoint " + step + " --batch " + batch + " --out " + step + "/model.safetensors");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(kvs::testing_util::slurp(step + "/model.safetensors"), weights);
+  EXPECT_EQ(kvs::testing_util::slurp(batch), batch_bytes);
+  EXPECT_FALSE(fs::exists(step + "/new.npy"));
+}
+
+// An unscored position's target may be anything (PyTorch's ignore_index -100):
+// the loss and gradients are those with any valid id there.
+TEST(Cli, BackwardIgnoresTheTargetsOfUnscoredPositions) {
+  const std::string dir = tiny_run("kvs_cli_masked_targets"), step = dir + "/checkpoints/step_00000003";
+  const std::string a = write_batch(dir + "/a.st", {12, 13, 0, 13}, {1, 1, 0, 1});
+  const std::string b = write_batch(dir + "/b.st", {12, 13, -100, 13}, {1, 1, 0, 1});
+  ASSERT_EQ(run("backward --checkpoint " + step + " --batch " + a + " --out " + dir + "/ga.st").code, 0);
+  const Result r = run("backward --checkpoint " + step + " --batch " + b + " --out " + dir + "/gb.st");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/ga.st"), kvs::testing_util::slurp(dir + "/gb.st"));
+  // Scored, the same id is an error naming the batch and the position.
+  const std::string c = write_batch(dir + "/c.st", {12, 13, -100, 13}, {1, 1, 0.5f, 1});
+  const Result bad = run("backward --checkpoint " + step + " --batch " + c + " --out " + dir + "/gc.st");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find(c + ": target token -100 at [0, 2] is outside [0, vocab_size 128)"), std::string::npos)
+      << bad.out;
+}
+
+// Without `latest` (a crash between a save's two renames, or removed by hand)
+// the readers take the newest step directory, as --resume does, and say so;
+// a broken run_config.json (a copy for reference, outside the manifest) stops
+// only the commands that read it.
+TEST(Cli, CheckpointReadersWithoutLatestOrWithABrokenRunConfig) {
+  const std::string dir = tiny_run("kvs_cli_readers");
+  fs::remove(dir + "/checkpoints/latest");
+  for (const std::string& where : {dir, dir + "/checkpoints"}) {
+    SCOPED_TRACE(where);
+    const Result r = run("eval --json --checkpoint " + where);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("latest is missing: reading the newest step directory, " + dir +
+                         "/checkpoints/step_00000003"),
+              std::string::npos)
+        << r.out;
+  }
+  const std::string step = dir + "/checkpoints/step_00000003";
+  kvs::testing_util::spit(step + "/run_config.json", "{bad");
+  const std::string tokens = write_temp("readers_tokens.txt", "11 12 13");
+  EXPECT_EQ(run("inspect --checkpoint " + step).code, 0);
+  EXPECT_EQ(run("forward --checkpoint " + step + " --tokens " + tokens + " --out " + dir + "/l.npy").code, 0);
+  Result r = run("eval --checkpoint " + step);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(step + "/run_config.json: invalid JSON"), std::string::npos) << r.out;
+  r = run("eval --checkpoint " + step + " --config " + src("configs/toy/induction-1l-kvshift.json"));
+  EXPECT_EQ(r.code, 0) << r.out;
+}

@@ -550,7 +550,7 @@ TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
   auto m = nlohmann::json::parse(slurp(tmp / "shards/manifest.json"));
   m["tokenizer"]["sha256"] = std::string(64, 'a');
   spit(tmp / "shards/manifest.json", m.dump(2));
-  EXPECT_KVS_ERROR(open(), tmp / "shards/manifest.json", "made with another tokenizer (sha256 aaaaaaaaaaaa...",
+  EXPECT_KVS_ERROR(open(), tmp / "shards/manifest.json", "made with another tokenizer (sentencepiece (sha256 aaaaaaaaaaaa...)",
                    "than data.tokenizer " + (tmp / "tok"), "kvshift data prepare");
   fs::remove(tmp / "shards/manifest.json");
   EXPECT_NO_THROW(open());

@@ -35,6 +35,7 @@ Prints one line per check and `N passed, N failed[, N skipped]` (a group this mo
 counted skip line); exits 1 on any failure.
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -613,6 +614,21 @@ def tokenizer_case(t, binary, work, vanilla):
         and tc["bos_token"] == sp.id_to_piece(sp.bos_id()) and cfg["bos_token_id"] == sp.bos_id() \
         and cfg["eos_token_id"] == sp.eos_id() and os.path.exists(os.path.join(out, "special_tokens_map.json"))
     t.record("tokenizer", "tokenizer files and special ids", ok)
+    # import-hf keeps it as a kvshift tokenizer directory: generate decodes with it and export-hf exports it again.
+    back, again = os.path.join(d, "imported"), os.path.join(d, "hf_again")
+    shutil.rmtree(back, ignore_errors=True)
+    run([binary, "import-hf", "--model", out, "--out", back])
+    meta = json.load(open(os.path.join(back, "tokenizer", "kvshift_tokenizer.json")))
+    g = run([binary, "generate", "--checkpoint", back, "--prompt", "the cat", "--max-new-tokens", "2", "--json"],
+            check=False)
+    r = export(binary, back, again)
+    ok = meta["type"] == "sentencepiece" and meta["vocab_size"] == sp.get_piece_size() and \
+        meta["bos_id"] == sp.bos_id() and meta["sha256"] == hashlib.sha256(
+            open(os.path.join(out, "tokenizer.model"), "rb").read()).hexdigest() and g.returncode == 0 and \
+        open(os.path.join(again, "tokenizer.model"), "rb").read() == open(os.path.join(out, "tokenizer.model"),
+                                                                          "rb").read()
+    t.record("tokenizer", "import-hf keeps it: generate and export-hf use the imported tokenizer/", ok,
+             "" if ok else (g.stderr + r.stderr)[-100:])
     # The tokenizer named by a run config (data.tokenizer), without --tokenizer.
     ck2 = os.path.join(d, "ckpt_with_run_config")
     shutil.copytree(ckpt, ck2)

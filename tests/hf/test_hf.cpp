@@ -218,6 +218,12 @@ TEST(HfStagedDir, AllOrNothing) {
   EXPECT_FALSE(std::filesystem::exists(out + "/a.txt"));
   EXPECT_EQ(kvs::testing_util::slurp(out + "/b.txt"), "b");
   EXPECT_KVS_ERROR(kvs::hf::StagedDir(tmp.str(), true, {out}), "must not be");
+  {  // "new/" names the directory new, which does not exist yet
+    kvs::hf::StagedDir d(tmp / "new/", false, {});
+    kvs::testing_util::spit(d.file("c.txt"), "c");
+    d.commit();
+  }
+  EXPECT_EQ(kvs::testing_util::slurp(tmp / "new/c.txt"), "c");
 }
 
 TEST(HfSentencepiece, ReadsPiecesAndSpecsFromWireFormat) {

@@ -102,6 +102,27 @@ def safetensors_bytes(header_obj, payload=b""):
     return struct.pack("<Q", len(h)) + h + payload
 
 
+def llama_tensors(nan_in=None, nan_at=0):
+    """model.safetensors of HF_LLAMA (fp32, 0.01 everywhere), element nan_at of tensor nan_in NaN."""
+    h, f, v = 16, 32, 32
+    shapes = [("model.embed_tokens.weight", [v, h]), ("model.layers.0.input_layernorm.weight", [h])]
+    shapes += [("model.layers.0.self_attn.%s_proj.weight" % p, [h, h]) for p in "qkvo"]
+    shapes += [("model.layers.0.post_attention_layernorm.weight", [h]), ("model.layers.0.mlp.gate_proj.weight", [f, h]),
+               ("model.layers.0.mlp.up_proj.weight", [f, h]), ("model.layers.0.mlp.down_proj.weight", [h, f]),
+               ("model.norm.weight", [h]), ("lm_head.weight", [v, h])]
+    header, payload = {}, b""
+    for name, shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        vals = [0.01] * n
+        if name == nan_in:
+            vals[nan_at] = float("nan")
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(payload), len(payload) + 4 * n]}
+        payload += struct.pack("<%df" % n, *vals)
+    return safetensors_bytes(header, payload)
+
+
 # (id, area, what is wrong, setup(binary, d) -> (args, env prefix), the error line)
 def cases():
     C = []
@@ -182,6 +203,16 @@ def cases():
           "read: '\"lr\": N'")
     def _(b, d):
         return ["train", "--config", config(d, json.dumps(tiny()).replace('"lr": 0.01', '"lr": NaN'))], ""
+
+    @case("config-number-overflow", "config", "a number beyond double's range",
+          "D/c.json: invalid JSON: number overflow parsing '1e400'")
+    def _(b, d):
+        return ["train", "--config", config(d, json.dumps(tiny()).replace('"lr": 0.01', '"lr": 1e400'))], ""
+
+    @case("config-induction-too-short", "config", "an induction task with sequences too short to score anything",
+          "D/c.json: train.seq_len: the induction task needs >= 3 positions (A B ... A -> B), got 2")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(seq_len=2))], ""
 
     # ---- command line ----
     @case("cli-bad-override", "CLI", "an override without '='",
@@ -322,6 +353,50 @@ def cases():
         batch = write(d, "b.safetensors", safetensors_bytes(header, i32 + struct.pack("<8i", *([3] * 8)) + f32), "wb")
         return ["backward", "--checkpoint", trained(b, d), "--batch", batch, "--out", os.path.join(d, "g.st")], ""
 
+    @case("cli-forward-out-into-checkpoint", "CLI", "forward --out into the checkpoint it reads",
+          "D/run/checkpoints/step_00000002/model.safetensors: --out must not be (or lie inside) the input "
+          "D/run/checkpoints/step_00000002")
+    def _(b, d):
+        step = os.path.join(trained(b, d), "step_00000002")
+        return ["forward", "--checkpoint", step, "--tokens", write(d, "ids.txt", "3 4 5"), "--out",
+                os.path.join(step, "model.safetensors")], ""
+
+    @case("cli-backward-inf-mask", "CLI", "backward on a batch whose mask holds an infinity",
+          "D/b.safetensors: mask value inf at [0, 1] is not a finite weight >= 0")
+    def _(b, d):
+        mask = [1.0] * 8
+        mask[1] = float("inf")
+        header = {"inputs": {"dtype": "I32", "shape": [2, 4], "data_offsets": [0, 32]},
+                  "targets": {"dtype": "I32", "shape": [2, 4], "data_offsets": [32, 64]},
+                  "mask": {"dtype": "F32", "shape": [2, 4], "data_offsets": [64, 96]}}
+        payload = struct.pack("<8i", *([3] * 8)) * 2 + struct.pack("<8f", *mask)
+        batch = write(d, "b.safetensors", safetensors_bytes(header, payload), "wb")
+        return ["backward", "--checkpoint", trained(b, d), "--batch", batch, "--out", os.path.join(d, "g.st")], ""
+
+    @case("cli-checkpoint-dir-dangling", "CLI", "checkpoints/ links to storage that is not there (before step 1)",
+          "D/run/checkpoints: cannot create directory: it is a symbolic link to D/scratch/ck, which does not exist")
+    def _(b, d):
+        os.makedirs(os.path.join(d, "run"))
+        os.symlink(os.path.join(d, "scratch", "ck"), os.path.join(d, "run", "checkpoints"))
+        return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("cli-resume-task-changed", "CLI", "--resume with another generated task (the induction pool)",
+          "D/run/checkpoints/step_00000002: data.induction.pool_size: 8 vs 9 (checkpoint vs config); its data "
+          "position would map onto other sequences: restore the checkpoint's setting, or pass --allow-data-change "
+          "to go on with this one")
+    def _(b, d):
+        trained(b, d)
+        c = tiny(steps=4)
+        c["data"]["induction"]["pool_size"] = 9
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-eval-run-config-bad", "CLI", "eval without --config of a checkpoint whose run_config.json was broken",
+          "D/run/checkpoints/step_00000002/run_config.json: invalid JSON: parse error at line 1, column 2: syntax "
+          "error while parsing object key - invalid literal; last read: '{b'; expected string literal; pass --config")
+    def _(b, d):
+        write(os.path.join(trained(b, d), "step_00000002"), "run_config.json", "{bad")
+        return ["eval", "--checkpoint", os.path.join(d, "run")], ""
+
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
     def _(b, d):
@@ -426,6 +501,18 @@ def cases():
         tokenizer_dir(d, {"type": "bytes", "model_type": "", "vocab_size": 256, "bos_id": -1, "eos_id": -1,
                           "unk_id": -1, "pad_id": -1, "sha256": ""})
         return ["train", "--config", shard_config(d, tokenizer="tok"), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-other-kind", "tokenizer", "byte-level data.tokenizer for shards a sentencepiece one made",
+          "D/manifest.json: the shards were made with another tokenizer (sentencepiece (sha256 0123456789ab...), "
+          "directory not recorded) than data.tokenizer D/tok (bytes): run `kvshift data prepare` again with it, or "
+          "point data.tokenizer at the one they were made with")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        write(d, "manifest.json", json.dumps({"tokenizer": {"type": "sentencepiece", "sha256": "0123456789ab" * 5}}))
+        tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
+        c = json.loads(open(shard_config(d, tokenizer="tok")).read())
+        c["model"]["vocab_size"] = 256
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
 
     @case("tokenizer-bad-json", "tokenizer", "kvshift_tokenizer.json is not JSON",
           "data.tokenizer: D/tok/kvshift_tokenizer.json: invalid JSON: parse error at line 1, column 1: syntax "
@@ -584,6 +671,19 @@ def cases():
         return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"), "--window",
                 "2"], ""
 
+    @case("hf-nan-weight", "HF import", "a weight that is NaN",
+          "D/hf/model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' element 5 is nan (refusing to import a "
+          "broken model)")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, HF_LLAMA, llama_tensors("model.layers.0.mlp.up_proj.weight", 5)),
+                "--out", os.path.join(d, "out")], ""
+
+    @case("hf-int-out-of-range", "HF import", "a config integer beyond 32 bits (it would wrap to a small one)",
+          "D/hf/config.json: num_hidden_layers: 4294967297 is out of range")
+    def _(b, d):
+        return ["import-hf", "--model", hf_dir(d, dict(HF_LLAMA, num_hidden_layers=2**32 + 1), llama_tensors()),
+                "--out", os.path.join(d, "out")], ""
+
     @case("hf-negative-seed", "HF import", "a negative --seed (an unsigned seed would wrap around)",
           "import-hf: --seed: must be a non-negative integer, got '-5' (kvshift import-hf --help lists its options)")
     def _(b, d):
@@ -650,6 +750,9 @@ def cases():
 # GoogleTests that check the same error at the library level (the catalogue
 # checks what the user sees); docs/RELIABILITY.md links them.
 LINKS = {
+    "cli-forward-out-into-checkpoint": "Cli.ForwardAndBackwardNeverWriteOverTheirInputs",
+    "cli-backward-inf-mask": "Cli.BackwardIgnoresTheTargetsOfUnscoredPositions",
+    "cli-eval-run-config-bad": "Cli.CheckpointReadersWithoutLatestOrWithABrokenRunConfig",
     "config-missing": "Cli.MissingConfigIsOneLineError, Config.LoadConfigFileErrors",
     "env-bench-tp-one-process": "DistBench.LayoutTheWorldCannotHoldIsOneError",
     "env-one-process-subcommand": "LaunchWorld.OneProcessSubcommandsRefuseSeveralRanks",

@@ -448,3 +448,33 @@ TEST(StepWatch, ReportsSlowStepsInMetrics) {
   EXPECT_EQ(lines[2]["step"], 12);
   EXPECT_EQ(lines[2]["step_time_s"], 1.7);
 }
+
+// Resuming drops the lines past the checkpoint's step and a line cut by a
+// crash, and keeps the others as they were: a hand-added note, a "step" that
+// is no number (it used to stop the resume with nlohmann's type error).
+TEST(MetricsWriter, ResumeDropsLaterStepsAndKeepsForeignLines) {
+  TmpDir tmp;
+  const std::string path = tmp / "metrics.jsonl";
+  kvs::testing_util::spit(path, R"({"type":"train","step":1})"
+                                "\n"
+                                R"({"type":"train","step":"x"})"
+                                "\n"
+                                R"({"note":"by hand"})"
+                                "\n"
+                                R"({"type":"train","step":3})"
+                                "\n"
+                                R"({"type":"tra)");
+  {
+    kvs::MetricsWriter m;
+    m.open(path, 2);
+    m.write({{"type", "train"}, {"step", 3}});
+  }
+  EXPECT_EQ(kvs::testing_util::slurp(path), R"({"type":"train","step":1})"
+                                            "\n"
+                                            R"({"type":"train","step":"x"})"
+                                            "\n"
+                                            R"({"note":"by hand"})"
+                                            "\n"
+                                            R"({"step":3,"type":"train"})"
+                                            "\n");
+}

@@ -1,5 +1,7 @@
 // Helpers shared by the subcommands that read a checkpoint.
 #pragma once
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -13,11 +15,19 @@
 namespace kvs::cli {
 
 // --checkpoint as eval and inspect take it: a step_* dir, a checkpoints/ dir
-// (its `latest`) or a run dir (its checkpoints/latest).
+// (its `latest`) or a run dir (its checkpoints/latest). Without `latest` (a
+// crash between the two renames of a save, or removed by hand): the newest
+// step directory, with a warning, as --resume does.
 inline std::string resolve_checkpoint_dir(std::string dir) {
-  if (std::filesystem::exists(dir + "/checkpoints/latest")) dir += "/checkpoints";
-  if (std::filesystem::exists(dir + "/latest")) dir = latest_checkpoint(dir);
-  return dir;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir + "/model.safetensors", ec)) return dir;  // a step directory
+  if (fs::is_directory(dir + "/checkpoints", ec)) dir += "/checkpoints";
+  if (fs::exists(dir + "/latest", ec)) return latest_checkpoint(dir);
+  const auto steps = list_checkpoints(dir);
+  if (steps.empty()) return dir;  // the reader says what is missing
+  spdlog::warn("{}/latest is missing: reading the newest step directory, {}", dir, steps.front().second);
+  return steps.front().second;
 }
 
 // The value of a --device flag.

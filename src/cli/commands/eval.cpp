@@ -45,6 +45,7 @@ void add_eval(CLI::App& app) {
     if (!a->config.empty()) {
       cfg = load_config(a->config, a->sets);
     } else {
+      KVS_CHECK(ck.files.run_config_error.empty(), "{}; pass --config", ck.files.run_config_error);
       KVS_CHECK(!ck.files.run_config.is_null(), "{}: no run_config.json; pass --config", dir);
       nlohmann::json j = ck.files.run_config;
       for (const auto& s : a->sets) apply_override(j, s, dir + "/run_config.json");

@@ -1,10 +1,12 @@
 // `forward` and `backward`: the model as a function, for checks by other tools
 // (the PyTorch oracle test, Hugging Face export checks).
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
+#include "core/atomic_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/npy.h"
@@ -58,7 +60,9 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--out", a->out, "Output .npy file")->required();
   cmd->add_option("--device", a->device, "cpu or cuda");
   cmd->callback([a]() {
-    LoadedCheckpoint ck = read_checkpoint(resolve_checkpoint_dir(a->checkpoint));
+    const std::string dir = resolve_checkpoint_dir(a->checkpoint);
+    check_output_file_apart_from_inputs(a->out, {dir, a->tokens});
+    LoadedCheckpoint ck = read_checkpoint(dir);
     std::vector<int32_t> ids = read_token_file(a->tokens);
     const int T = static_cast<int>(ids.size());
     check_length(a->tokens, T, ck.model);
@@ -85,7 +89,9 @@ void add_backward(CLI::App& app) {
   cmd->add_option("--out", a->out, "Output safetensors: logits, loss, grad.<param name>")->required();
   cmd->add_option("--device", a->device, "cpu or cuda");
   cmd->callback([a]() {
-    LoadedCheckpoint ck = read_checkpoint(resolve_checkpoint_dir(a->checkpoint));
+    const std::string dir = resolve_checkpoint_dir(a->checkpoint);
+    check_output_file_apart_from_inputs(a->out, {dir, a->batch});
+    LoadedCheckpoint ck = read_checkpoint(dir);
     std::vector<int32_t> inputs, targets;
     std::vector<float> mask;
     std::vector<int64_t> shape;
@@ -101,7 +107,14 @@ void add_backward(CLI::App& app) {
     const int B = static_cast<int>(shape[0]), T = static_cast<int>(shape[1]), V = ck.model.vocab_size;
     check_length(a->batch, T, ck.model);
     check_ids(a->batch, "input", inputs, T, ck.model);
-    check_ids(a->batch, "target", targets, T, ck.model, &mask);  // unscored positions' targets are not read
+    for (size_t i = 0; i < n; ++i)
+      KVS_CHECK(std::isfinite(mask[i]) && mask[i] >= 0, "{}: mask value {} at [{}, {}] is not a finite weight >= 0",
+                a->batch, mask[i], i / T, i % T);
+    check_ids(a->batch, "target", targets, T, ck.model, &mask);
+    // Unscored positions' targets may be anything (-100, as PyTorch's ignore_index):
+    // the loss does not read them, and the engines take ids in range.
+    for (size_t i = 0; i < n; ++i)
+      if (mask[i] == 0.0f) targets[i] = 0;
     double scored = 0;
     for (float m : mask) scored += m;
     KVS_CHECK(scored > 0, "{}: the mask scores no token", a->batch);

@@ -22,6 +22,7 @@
 #include "model/generator.h"
 #include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_meta.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -65,14 +66,17 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// --tokenizer, else the run config's data.tokenizer, else bytes for a
-// 256-token model; nullptr when there is none (ids in, ids out).
+// --tokenizer, else the run config's data.tokenizer, else the checkpoint's own
+// tokenizer/ (import-hf's), else bytes for a 256-token model; nullptr when
+// there is none (ids in, ids out).
 std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
   if (!a.tokenizer.empty()) {
     KVS_CHECK(std::filesystem::is_directory(a.tokenizer), "--tokenizer {}: no such directory", a.tokenizer);
     check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, a.tokenizer);
     return load_tokenizer(a.tokenizer);
   }
+  KVS_CHECK(ck.data.run_config_error.empty(), "{} (it names the tokenizer); fix it or pass --tokenizer DIR",
+            ck.data.run_config_error);
   const nlohmann::json& rc = ck.data.run_config;
   if (rc.is_object() && rc.contains("data") && rc["data"].is_object() && rc["data"].contains("tokenizer")) {
     const auto& t = rc["data"]["tokenizer"];
@@ -83,6 +87,11 @@ std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint&
               ck.dir, dir, std::filesystem::current_path().string());
     check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, dir);
     return load_tokenizer(dir);
+  }
+  const std::string own = ck.dir + "/tokenizer";
+  if (std::filesystem::exists(own + "/" + kTokenizerMetaFile)) {
+    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, own);
+    return load_tokenizer(own);
   }
   if (ck.model.vocab_size == 256) return make_byte_tokenizer();
   return nullptr;

@@ -36,8 +36,9 @@ void add_train(CLI::App& app) {
                   "model must match the config's")
       ->excludes("--resume");
   cmd->add_flag("--allow-data-change", a->allow_data_change,
-                "With --resume: go on although the training data's sequence count changed since the checkpoint (shards "
-                "added or removed, another val split); the step's data position then maps onto other sequences")
+                "With --resume: go on although the training data changed since the checkpoint (its sequence count: "
+                "shards added or removed, another val split; a generated task's settings); the step's data position "
+                "then maps onto other sequences")
       ->needs("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {

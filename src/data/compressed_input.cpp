@@ -45,7 +45,9 @@ std::string gunzip(const std::string& in, const std::string& path) {
     if (rc == Z_OK) continue;
     if (rc == Z_BUF_ERROR && z.avail_in == 0)
       fail("{}: truncated gzip data (it ends after {} compressed bytes)", path, in.size());
-    fail("{}: not valid gzip data ({}) at compressed byte {}", path, z.msg ? z.msg : "zlib error", z.total_in);
+    // The offset in the file (total_in restarts at each member's inflateReset).
+    fail("{}: not valid gzip data ({}) at compressed byte {}", path, z.msg ? z.msg : "zlib error",
+         in.size() - z.avail_in);
   }
 }
 #endif

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -463,7 +465,16 @@ void apply_override(json& j, const std::string& assignment, const std::string& o
       fail("{}: override '{}': unknown key '{}'{}", origin, assignment, path, schema().suggestion(k, sofar, ps->keys));
   }
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;  // not JSON: take it as a string (e.g. device=cuda)
+  if (value.is_discarded()) {
+    // Numbers as a shell user writes them but JSON does not (.001, 1., +1, 1e-3 with a
+    // leading +) are numbers; anything else not JSON is a string (e.g. device=cuda).
+    char* end = nullptr;
+    const double x = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+    const bool number = !text.empty() && end && *end == '\0' && std::isfinite(x) &&
+                        text.find_first_of("xXnN") == std::string::npos;  // not hex floats, inf or nan
+    const bool integral = text.find_first_of(".eE") == std::string::npos && std::fabs(x) < 9e18;
+    value = !number ? json(text) : integral ? json(static_cast<int64_t>(std::strtoll(text.c_str(), nullptr, 10))) : json(x);
+  }
   (*cur)[parts.back()] = std::move(value);
 }
 

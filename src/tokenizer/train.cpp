@@ -67,7 +67,9 @@ std::vector<std::string_view> split_sentences(std::string_view text) {
 
 TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   KVS_CHECK(!o.inputs.empty(), "tokenizer train: no --input files");
-  KVS_CHECK(o.vocab_size >= 261, "--vocab-size {} is too small: byte fallback alone needs 256 + 3 special pieces",
+  KVS_CHECK(o.vocab_size >= 261,
+            "--vocab-size {} is too small: the least is 261 (256 byte-fallback pieces, 3 special pieces and the text's "
+            "own characters)",
             o.vocab_size);
   KVS_CHECK(o.max_sentences > 0, "--max-sentences must be positive (got {})", o.max_sentences);
   // sentencepiece's own range (its error names no flag).

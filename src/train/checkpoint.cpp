@@ -238,7 +238,8 @@ std::string latest_checkpoint(const std::string& root) {
 
 CheckpointFiles open_checkpoint(const std::string& dir, bool with_optimizer) {
   std::error_code ec;
-  KVS_CHECK(fs::is_directory(dir, ec), "{}: checkpoint directory does not exist", dir);
+  KVS_CHECK(fs::is_directory(dir, ec), "{}: {}", dir,
+            fs::exists(dir, ec) ? "a file, not a checkpoint directory" : "checkpoint directory does not exist");
   for (const char* req : {kConfig, kModel})
     KVS_CHECK(exists_file(join(dir, req)), "{}: missing {} (not a kvshift checkpoint?)", dir, req);
   CheckpointFiles f;

@@ -361,7 +361,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     write_params_in_windows(*engine,
                             [&](size_t at, size_t n, float* w) { io.read_local(*ck.files.model, "", at, n, w); });
     const auto& ts = ck.files.trainer_state;
-    KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer(), "{}/trainer_state.json: missing 'step'", latest);
+    KVS_CHECK(ts.contains("step") && ts["step"].is_number_integer() && ts["step"].get<int64_t>() >= 0,
+              "{}/trainer_state.json: 'step' must be a non-negative integer, got {}", latest,
+              ts.contains("step") ? ts["step"].dump() : "none");
     step = ts["step"].get<int64_t>();
     KVS_CHECK(ts.value("global_batch_sequences", -1) == cfg.global_batch_sequences(),
               "{}: the global batch changed (checkpoint {} sequences, config {}); data positions would not line up",
@@ -586,6 +588,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const double peak_tflops = train_step.device_peak_tflops();
   const int64_t inf_gradient_step = inf_gradient_fault_step();
   const auto t_start = std::chrono::steady_clock::now();
+  const int64_t first_step = step;  // 0, or where a resume starts
   double smoothed_step_s = 0;  // the progress line shows an EMA: one step's rate is too noisy to read
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -609,9 +612,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     const double gnorm = g.norm;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       progress.finish_line();
-      fail("step {}: {} is {} — stopping; the last checkpoint ({}) is intact", step + 1,
-           std::isfinite(loss) ? "gradient norm" : "loss", std::isfinite(loss) ? gnorm : loss,
-           latest_checkpoint(ckpt_root).empty() ? "none" : latest_checkpoint(ckpt_root));
+      const std::string last = latest_checkpoint(ckpt_root);
+      fail("step {}: {} is {} — stopping; {}", step + 1, std::isfinite(loss) ? "gradient norm" : "loss",
+           std::isfinite(loss) ? gnorm : loss,
+           last.empty() ? "no checkpoint was saved yet" : fmt::format("the last checkpoint ({}) is intact", last));
     }
     AdamWHyper hp{lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, step + 1, 1.0};
     if (tc.grad_clip > 0 && gnorm > tc.grad_clip) hp.grad_scale = tc.grad_clip / (gnorm + 1e-6);
@@ -667,7 +671,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (summary.losses.empty() && summary.final_eval.sequences == 0 && summary.stopped_by.empty())
     summary.final_eval = run_eval(step, /*record=*/false);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (rank0) spdlog::info("done: {} steps in {}", step, format_duration(total_s));
+  if (rank0) {
+    if (first_step == 0)
+      spdlog::info("done: {} steps in {}", step, format_duration(total_s));
+    else
+      spdlog::info("done: step {}, {} steps in {} since the resume at step {}", step, step - first_step,
+                   format_duration(total_s), first_step);
+  }
   return summary;
 }
 

@@ -29,7 +29,8 @@ using Result = kvs::testing_util::CommandResult;
 using kvs::testing_util::run_kvshift;
 
 // Trains one step of a 2-layer, 2-KV-head model and returns the run dir.
-std::string train_tiny(const std::string& run_dir, bool shift, const char* parametrization = "free") {
+std::string train_tiny(const std::string& run_dir, bool shift, const char* parametrization = "free",
+                       bool shift_q = false) {
   nlohmann::json j = {
       {"name", "inspect"},
       {"model",
@@ -40,7 +41,7 @@ std::string train_tiny(const std::string& run_dir, bool shift, const char* param
         {"num_key_value_heads", 2},
         {"vocab_size", 32},
         {"max_position_embeddings", 16},
-        {"kv_shift", {{"enabled", shift}, {"parametrization", parametrization}}}}},
+        {"kv_shift", {{"enabled", shift}, {"parametrization", parametrization}, {"shift_q", shift_q}}}}},
       {"data", {{"type", "induction"}, {"induction", {{"token_lo", 2}, {"token_hi", 32}, {"pool_size", 8}}}}},
       {"train",
        {{"seq_len", 16},
@@ -139,6 +140,26 @@ TEST(Inspect, SigmoidGateReportsEffectiveCoefficients) {
   for (const char* kind : {"k_shift", "v_shift"})
     for (const auto& layer : j[kind])
       for (const auto& head : layer) EXPECT_NEAR(head[0].get<double>() + head[1].get<double>(), 1.0, 1e-6) << kind;
+}
+
+// QKV shifting (shift_q): the query heads' coefficients are reported beside a and b.
+TEST(Inspect, QkvShiftReportsTheQueryCoefficients) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp / "run", true, "free", /*shift_q=*/true);
+  const std::string step = kvs::latest_checkpoint(run + "/checkpoints");
+  std::vector<float> want;
+  for (const auto& t : kvs::read_safetensors(step + "/model.safetensors"))
+    if (t.name == "model.layers.1.self_attn.q_shift") want = kvs::tensor_to_f32(t);
+  ASSERT_EQ(want.size(), 4u);  // [2 query heads, window 1 + 1]
+  Result r = run_kvshift("inspect --json --checkpoint " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["q_shift"].size(), 2u);
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 2; ++c) EXPECT_EQ(j["q_shift"][1][h][c].get<double>(), want[h * 2 + c]);
+  EXPECT_TRUE(j["sums"].contains("q_shift"));
+  r = run_kvshift("inspect --checkpoint " + run);
+  EXPECT_NE(r.out.find("q_shift (query heads):"), std::string::npos) << r.out;
 }
 
 TEST(Inspect, VanillaCheckpointHasNoShiftParameters) {

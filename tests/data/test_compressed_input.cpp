@@ -74,6 +74,11 @@ TEST(CompressedInput, DecompressesToThePlainBytes) {
   EXPECT_KVS_ERROR(read_input_bytes(tmp / "cut.gz"), tmp / "cut.gz", "truncated gzip data");
   spit(tmp / "bad.gz", "this is not gzip at all");
   EXPECT_KVS_ERROR(read_input_bytes(tmp / "bad.gz"), tmp / "bad.gz", "not valid gzip data");
+  // Garbage after a whole member: the offset is the file's, not the second member's (about 2 bytes in).
+  const std::string member = gzip(text.substr(0, 1000));
+  spit(tmp / "tail.gz", member + "garbage");
+  EXPECT_KVS_ERROR(read_input_bytes(tmp / "tail.gz"), tmp / "tail.gz", "not valid gzip data",
+                   "at compressed byte " + std::to_string(member.size() + 2));
   ++checked;
 #endif
 #ifdef KVS_HAVE_ZSTD

@@ -662,6 +662,23 @@ TEST(Config, BadOverridesError) {
   expect_error([&] { kvs::config_from_json(j, kOrigin); }, {"train.lr: expected a number, got string \"fast\""});
 }
 
+// Numbers as a shell user writes them but JSON does not are numbers; words,
+// hex floats, inf and nan stay strings (and fail where a number belongs).
+TEST(Config, OverrideValuesInShellNumberForms) {
+  json j = base_json();
+  for (const auto& [text, want] : {std::pair{".001", json(0.001)}, {"1.", json(1.0)}, {"+3", json(3)},
+                                   {"+2e-4", json(2e-4)}, {"-.5", json(-0.5)}, {"0x10", json("0x10")},
+                                   {"inf", json("inf")}, {"nan", json("nan")}, {"1e", json("1e")}}) {
+    SCOPED_TRACE(text);
+    kvs::apply_override(j, std::string("train.lr=") + text, kOrigin);
+    EXPECT_EQ(j["train"]["lr"], want);
+    EXPECT_EQ(j["train"]["lr"].is_number_integer(), want.is_number_integer());
+  }
+  kvs::apply_override(j, "train.steps=+7", kOrigin);
+  j["train"]["lr"] = 0.01;
+  EXPECT_EQ(kvs::config_from_json(j, kOrigin).train.steps, 7);
+}
+
 TEST(Config, LoadConfigAppliesOverridesAndValidates) {
   auto p = write_temp("ok.json", base_json().dump(2));
   auto c = kvs::load_config(p, {"train.lr=5e-4", "model.kv_shift.enabled=false"});

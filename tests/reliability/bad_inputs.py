@@ -397,6 +397,14 @@ def cases():
         write(os.path.join(trained(b, d), "step_00000002"), "run_config.json", "{bad")
         return ["eval", "--checkpoint", os.path.join(d, "run")], ""
 
+    @case("cli-name-escapes-runs", "CLI", "a config name that would put the default run directory outside runs/",
+          "D/c.json: name '../x' cannot name a directory under runs/ (no '/', '.' or '..'): change it or pass "
+          "--run-dir")
+    def _(b, d):
+        c = tiny()
+        c["name"] = "../x"
+        return ["train", "--config", config(d, c)], ""
+
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
     def _(b, d):
@@ -553,6 +561,14 @@ def cases():
         corpus = write(d, "corpus.txt", "some text\n")
         tok = tokenizer_dir(d, None)
         return ["data", "prepare", "--tokenizer", tok, "--input", corpus, "--out", tok, "--force"], ""
+
+    @case("prepare-empty-delimiter", "data", "data prepare --doc-delimiter '' (it used to be ignored: one document)",
+          "--doc-delimiter: empty (to split documents at empty lines: --doc-split blank-lines)")
+    def _(b, d):
+        corpus = write(d, "corpus.txt", "some text\n\nmore\n")
+        tok = tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
+        return ["data", "prepare", "--tokenizer", tok, "--input", corpus, "--out", os.path.join(d, "out"),
+                "--doc-delimiter", ""], ""
 
     # ---- checkpoints ----
     @case("checkpoint-flipped-byte", "checkpoints", "a flipped bit in the weights (eval)",

@@ -33,7 +33,7 @@ void add_data_prepare(CLI::App& parent) {
                   "What a document is: file (each file), blank-lines (paragraphs between empty lines) or lines "
                   "(each line)")
       ->capture_default_str();
-  cmd->add_option("--doc-delimiter", a->o.split.delimiter,
+  auto* delimiter = cmd->add_option("--doc-delimiter", a->o.split.delimiter,
                   "Documents are separated by lines equal to this text (e.g. '<|endoftext|>'); overrides --doc-split");
   cmd->add_flag("--jsonl", a->jsonl,
                 "Inputs are JSON Lines (as Hugging Face datasets export them): every line is a JSON object and one "
@@ -46,9 +46,11 @@ void add_data_prepare(CLI::App& parent) {
   cmd->add_flag("--quiet", a->quiet, "No progress line");
   // Hidden, for tests: simulate a crash (no clean-up) after this many shards.
   cmd->add_option("--crash-after-shards", a->o.crash_after_shards)->group("");
-  cmd->callback([a]() {
+  cmd->callback([a, delimiter]() {
     PrepareOptions o = a->o;
     o.progress = !a->quiet;
+    KVS_CHECK(delimiter->count() == 0 || !o.split.delimiter.empty(),
+              "--doc-delimiter: empty (to split documents at empty lines: --doc-split blank-lines)");
     KVS_CHECK(a->jsonl || a->text_key == "text", "--text-key: names a field of JSON Lines input: needs --jsonl");
     KVS_CHECK(!a->jsonl || !a->text_key.empty(), "--text-key: must name a field");
     if (a->jsonl) o.split.jsonl_key = a->text_key;

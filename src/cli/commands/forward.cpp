@@ -96,9 +96,13 @@ void add_backward(CLI::App& app) {
     std::vector<float> mask;
     std::vector<int64_t> shape;
     for (const auto& t : read_safetensors(a->batch)) {
-      if (t.name == "inputs") inputs = tensor_to_i32(t), shape = t.shape;
-      if (t.name == "targets") targets = tensor_to_i32(t);
-      if (t.name == "mask") mask = tensor_to_f32(t);
+      try {
+        if (t.name == "inputs") inputs = tensor_to_i32(t), shape = t.shape;
+        if (t.name == "targets") targets = tensor_to_i32(t);
+        if (t.name == "mask") mask = tensor_to_f32(t);
+      } catch (const Error& e) {  // a dtype the tensor cannot take: name the file
+        fail("{}: {}", a->batch, e.what());
+      }
     }
     KVS_CHECK(shape.size() == 2, "{}: needs 'inputs' of shape [B, T]", a->batch);
     const size_t n = inputs.size();

@@ -40,14 +40,15 @@ struct Stats {
 
 std::string column_label(int c, int window) { return c == window ? "t" : "t-" + std::to_string(window - c); }
 
-// The coefficients of `kind` ("k_shift"/"v_shift") for every layer, or empty if
-// the checkpoint has none of them. Shapes are checked against the config. For
+// The coefficients of `kind` ("k_shift"/"v_shift" over the KV heads, "q_shift"
+// over the query heads) for every layer, or empty if the checkpoint has none of them. Shapes are checked against the config. For
 // the "sigmoid_gate" parametrisation the stored tensor holds the gate logit g
 // (column 1); what the model uses, and what is reported, is [1 - s, s] with
 // s = sigmoid(g), as the engines compute it.
 Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const StTensor*>& by_name,
                  const std::string& kind) {
-  const int L = ck.model.num_hidden_layers, H = ck.model.num_key_value_heads;
+  const int L = ck.model.num_hidden_layers;
+  const int H = kind == "q_shift" ? ck.model.num_attention_heads : ck.model.num_key_value_heads;
   Coefs out;
   for (int l = 0; l < L; ++l) {
     const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + kind;
@@ -58,8 +59,8 @@ Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const S
     }
     const StTensor& t = *it->second;
     KVS_CHECK(t.shape.size() == 2 && t.shape[0] == H && t.shape[1] >= 2,
-              "{}/model.safetensors: tensor '{}' has {} dims, expected [num_key_value_heads={}, window+1]", ck.dir,
-              name, t.shape.size(), H);
+              "{}/model.safetensors: tensor '{}' has {} dims, expected [{}={}, window+1]", ck.dir, name,
+              t.shape.size(), kind == "q_shift" ? "num_attention_heads" : "num_key_value_heads", H);
     const std::vector<float> v = tensor_to_f32(t);
     const int64_t cols = t.shape[1];
     std::vector<std::vector<double>> heads(H);
@@ -135,7 +136,8 @@ void add_inspect(CLI::App& app) {
     for (const auto& t : ck.data.model) by_name[t.name] = &t;
     const Coefs k = read_shift(ck, by_name, "k_shift");
     const Coefs v = read_shift(ck, by_name, "v_shift");
-    if (k.empty() && v.empty()) {
+    const Coefs q = read_shift(ck, by_name, "q_shift");  // model.kv_shift.shift_q
+    if (k.empty() && v.empty() && q.empty()) {
       const char* msg = "kv_shift disabled: no shift parameters";
       if (a->json)
         std::printf("%s\n", nlohmann::json({{"checkpoint", dir}, {"kv_shift", false}, {"message", msg}}).dump().c_str());
@@ -143,10 +145,12 @@ void add_inspect(CLI::App& app) {
         std::printf("%s: %s\n", dir.c_str(), msg);
       return;
     }
-    const int window = static_cast<int>((k.empty() ? v : k)[0][0].size()) - 1;
-    if (!k.empty() && !v.empty())
-      KVS_CHECK(k[0][0].size() == v[0][0].size(), "{}/model.safetensors: k_shift has {} columns, v_shift {}", dir,
-                k[0][0].size(), v[0][0].size());
+    const Coefs& first = !k.empty() ? k : !v.empty() ? v : q;
+    const int window = static_cast<int>(first[0][0].size()) - 1;
+    for (const auto& [name, c] : {std::pair{"v_shift", &v}, std::pair{"q_shift", &q}})
+      KVS_CHECK(c->empty() || (*c)[0][0].size() == first[0][0].size(),
+                "{}/model.safetensors: {} has {} columns, the other shifts {}", dir, name, (*c)[0][0].size(),
+                first[0][0].size());
     std::vector<std::string> columns;
     for (int c = 0; c <= window; ++c) columns.push_back(column_label(c, window));
     const int L = ck.model.num_hidden_layers, H = ck.model.num_key_value_heads;
@@ -171,10 +175,12 @@ void add_inspect(CLI::App& app) {
                           {"num_key_value_heads", H},
                           {"columns", columns},
                           {"k_shift", k.empty() ? nlohmann::json(nullptr) : shift_json(k)},
-                          {"v_shift", v.empty() ? nlohmann::json(nullptr) : shift_json(v)}};
+                          {"v_shift", v.empty() ? nlohmann::json(nullptr) : shift_json(v)},
+                          {"q_shift", q.empty() ? nlohmann::json(nullptr) : shift_json(q)}};
       nlohmann::json sums = nlohmann::json::object();
       if (!k.empty()) sums["k_shift"] = column_sums(k).json();
       if (!v.empty()) sums["v_shift"] = column_sums(v).json();
+      if (!q.empty()) sums["q_shift"] = column_sums(q).json();
       j["sums"] = sums;
       if (table4)
         j["table4"] = {{"a_cur_gt_a_prev", {{"b_cur_gt_b_prev", n[0][0]}, {"b_cur_le_b_prev", n[0][1]}}},
@@ -192,6 +198,7 @@ void add_inspect(CLI::App& app) {
     else std::printf("k_shift: not shifted\n");
     if (!v.empty()) print_shift("v_shift (b):", v, window);
     else std::printf("v_shift: not shifted\n");
+    if (!q.empty()) print_shift("q_shift (query heads):", q, window);
     const char* sum_label = window == 1 ? "cur + prev" : "sum of all columns";
     if (!k.empty()) {
       const Stats s = column_sums(k);

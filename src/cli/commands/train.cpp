@@ -51,6 +51,10 @@ void add_train(CLI::App& app) {
     std::string run_dir = a->run_dir;
     if (run_dir.empty()) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
+      // runs/<name> is one directory under runs/: a name with '/' or "..", or an absolute one, is a path.
+      KVS_CHECK(stem != "." && stem != ".." && stem.find('/') == std::string::npos,
+                "{}: name '{}' cannot name a directory under runs/ (no '/', '.' or '..'): change it or pass --run-dir",
+                config, stem);
       run_dir = "runs/" + stem;
     }
     // dp x tp = the number of processes the launcher started (docs/PARALLEL.md,

@@ -119,6 +119,8 @@ void make_dirs(const std::string& path) {
   if (std::filesystem::is_symlink(path, ec) && !std::filesystem::exists(path, ec))
     fail("{}: cannot create directory: it is a symbolic link to {}, which does not exist", path,
          std::filesystem::read_symlink(path, ec).string());
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))
+    fail("{}: cannot create directory: a file of that name is in the way", path);
   std::filesystem::create_directories(path, ec);
   if (ec) fail("{}: cannot create directory: {}", path, ec.message());
   if (!std::filesystem::is_directory(path, ec)) fail("{}: cannot create directory: not a directory", path);

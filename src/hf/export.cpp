@@ -174,7 +174,8 @@ std::string export_hf(const ExportOptions& o) {
   const std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
 
   std::string no_tok_reason;
-  const std::string tok_dir = find_tokenizer_dir(o, ck.dir, ck.data.run_config, ck.data.run_config_error, no_tok_reason);
+  const std::string tok_dir =
+      find_tokenizer_dir(o, ck.dir, ck.data.run_config, ck.data.run_config_error, no_tok_reason);
   TokenizerInfo tok;
   if (!tok_dir.empty()) {
     check_checkpoint_tokenizer(ck.data.trainer_state, o.checkpoint, tok_dir);

@@ -473,7 +473,12 @@ void apply_override(json& j, const std::string& assignment, const std::string& o
     const bool number = !text.empty() && end && *end == '\0' && std::isfinite(x) &&
                         text.find_first_of("xXnN") == std::string::npos;  // not hex floats, inf or nan
     const bool integral = text.find_first_of(".eE") == std::string::npos && std::fabs(x) < 9e18;
-    value = !number ? json(text) : integral ? json(static_cast<int64_t>(std::strtoll(text.c_str(), nullptr, 10))) : json(x);
+    if (!number)
+      value = text;
+    else if (integral)
+      value = static_cast<int64_t>(std::strtoll(text.c_str(), nullptr, 10));
+    else
+      value = x;
   }
   (*cur)[parts.back()] = std::move(value);
 }

@@ -561,6 +561,10 @@ TEST(Fs, ErrorsNameThePath) {
   kvs::make_dirs(dir / "a/b/c");  // already there: fine
   kvs::atomic_write_file(dir / "file", "x");
   EXPECT_KVS_ERROR(kvs::make_dirs(dir / "file/sub"), dir / "file/sub", "cannot create directory");
+  EXPECT_KVS_ERROR(kvs::make_dirs(dir / "file"), dir / "file", "a file of that name is in the way");
+  fs::create_directory_symlink(dir / "unmounted/scratch", dir / "link");  // a link to nothing
+  EXPECT_KVS_ERROR(kvs::make_dirs(dir / "link"), dir / "link", "a symbolic link to " + (dir / "unmounted/scratch"),
+                   "which does not exist");
   kvs::fsync_path(dir.str());
   kvs::fsync_path(dir / "file");
 }

@@ -41,10 +41,11 @@ struct Stats {
 std::string column_label(int c, int window) { return c == window ? "t" : "t-" + std::to_string(window - c); }
 
 // The coefficients of `kind` ("k_shift"/"v_shift" over the KV heads, "q_shift"
-// over the query heads) for every layer, or empty if the checkpoint has none of them. Shapes are checked against the config. For
-// the "sigmoid_gate" parametrisation the stored tensor holds the gate logit g
-// (column 1); what the model uses, and what is reported, is [1 - s, s] with
-// s = sigmoid(g), as the engines compute it.
+// over the query heads) for every layer, or empty if the checkpoint has none of
+// them. Shapes are checked against the config. For the "sigmoid_gate"
+// parametrisation the stored tensor holds the gate logit g (column 1); what the
+// model uses, and what is reported, is [1 - s, s] with s = sigmoid(g), as the
+// engines compute it.
 Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const StTensor*>& by_name,
                  const std::string& kind) {
   const int L = ck.model.num_hidden_layers;

@@ -26,7 +26,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 
 import numpy as np
 
@@ -119,11 +118,15 @@ def load(sweep_dir, x_axis):
         finished = status == "finished" if status is not None else (steps is not None and last_train == steps)
         g = groups.setdefault(label, [])
         if not evals:
-            g.append({"seed": seed, "evals": [], "finished": False})
+            g.append({"seed": seed, "evals": [], "finished": False, "final": False, "steps": steps})
             continue
         if x_axis == "tokens" and tokens_per_step is None:
             raise PlotError("%s: config.json lacks the batch shape needed for --x tokens" % run_dir)
-        g.append({"seed": seed, "evals": evals, "finished": finished,
+        # "final": the run finished and its last evaluation is at its last step; only such seeds give
+        # final numbers (an interrupted seed's last eval is from an earlier step, as is a finished
+        # seed's whose final eval line was cut).
+        g.append({"seed": seed, "evals": evals, "finished": finished, "steps": steps,
+                  "final": finished and steps is not None and evals[-1]["step"] == steps,
                   "scale": tokens_per_step if x_axis == "tokens" else 1})
     return name, groups
 
@@ -152,7 +155,7 @@ def table(groups):
             "|---|---|---|---|---|---|"]
     rows = [r.replace("%%", "%") for r in rows]
     for label, seeds in groups.items():
-        with_data = [s for s in seeds if s["evals"]]
+        with_data = [s for s in seeds if s["final"]]  # final numbers: the seeds with an eval at their last step
         n_fin = sum(s["finished"] for s in seeds)
         accs = [s["evals"][-1].get("accuracy") for s in with_data]
         losses = [s["evals"][-1].get("val_loss") for s in with_data]
@@ -168,7 +171,7 @@ def table(groups):
         else:
             mean_reach = DASH
         seeds_txt = "%d" % len(with_data)
-        if n_fin != len(seeds):
+        if n_fin != len(seeds) or len(with_data) != len(seeds):
             seeds_txt += " (%d/%d finished)" % (n_fin, len(seeds))
         rows.append("| %s | %s | %s | %s | %s | %s |" % (
             label, seeds_txt,
@@ -188,6 +191,7 @@ def plot(name, groups, metric, x_axis, band, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+    import plot_metrics  # scripts/plot_metrics.py: its save_atomically
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     colors = plt.get_cmap("tab10")
@@ -235,22 +239,12 @@ def plot(name, groups, metric, x_axis, band, out):
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=9, title=band_txt, title_fontsize=8)
     fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(out))
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".plot_sweep.", suffix=".png", dir=d)
-    except OSError as e:
+        plot_metrics.save_atomically(fig, out)  # a temp file renamed into place, with the umask's permissions
+    except plot_metrics.PlotError as e:
+        raise PlotError(str(e))
+    finally:
         plt.close(fig)
-        raise PlotError("%s: cannot write: %s" % (out, e.strerror or e))
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    plt.close(fig)
 
 
 def main(argv):

@@ -68,7 +68,7 @@ class LabelStats:
         self.label = label
         # A seed whose last evaluation has no accuracy (null: NaN, a diverged run) is a seed without data,
         # so that acc is a number whenever n > 0.
-        with_data = [s for s in seeds if s["evals"] and isinstance(s["evals"][-1].get("accuracy"), (int, float))]
+        with_data = [s for s in seeds if s["final"] and isinstance(s["evals"][-1].get("accuracy"), (int, float))]
         self.n = len(with_data)
         self.n_seeds = len(seeds)
         self.finished = sum(s["finished"] for s in seeds)
@@ -212,8 +212,16 @@ def plot_fig1b(sizes, out):
 
 
 def final_by_seed(seeds, key):
-    """seed -> the last eval's `key`, for the seeds that have one."""
-    return {s["seed"]: s["evals"][-1][key] for s in seeds if s["evals"] and s["evals"][-1].get(key) is not None}
+    """seed -> the final eval's `key`, for the seeds that have one (plot_sweep.load's "final")."""
+    return {s["seed"]: s["evals"][-1][key] for s in seeds if s["final"] and s["evals"][-1].get(key) is not None}
+
+
+def not_final_reason(s):
+    """Why a seed gives no final numbers (plot_sweep.load's "final" is false)."""
+    if not s["evals"]:
+        return "no metrics.jsonl or no evaluation in it"
+    last = "last evaluation at step %d of %s" % (s["evals"][-1]["step"], s["steps"] if s["steps"] else "?")
+    return last if s["finished"] else "not finished, " + last
 
 
 def final_values(seeds, key):
@@ -448,10 +456,12 @@ def fig1a_long_claim(stats):
 
 
 def inspect_section(sweep_dir, cells, kvshift):
-    """Markdown lines: Table 4 counts summed over the finished KV shifting cells, per label."""
+    """Markdown lines: Table 4 counts summed over the finished KV shifting cells, per label; a line
+    saying why when they could not be read (no binary, a cell whose inspect failed)."""
     if not kvshift or not os.access(kvshift, os.X_OK):
-        return []
-    per_label = {}
+        return ["(Learned shift coefficients not read: `%s` is not an executable kvshift; pass --kvshift.)"
+                % (kvshift or "?"), ""]
+    per_label, failed = {}, []
     for c in cells:
         if c.get("status") != "finished":
             continue
@@ -459,10 +469,13 @@ def inspect_section(sweep_dir, cells, kvshift):
         try:
             out = subprocess.run([kvshift, "inspect", "--json", "--checkpoint", run_dir],
                                  capture_output=True, text=True, timeout=60)
-            j = json.loads(out.stdout) if out.returncode == 0 else None
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            j = None
-        if not j or not j.get("kv_shift") or not j.get("table4"):
+            if out.returncode != 0:
+                raise ValueError((out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1])
+            j = json.loads(out.stdout)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            failed.append("`%s` seed %d: %s" % (c["label"], c["seed"], str(e)[:200]))
+            continue
+        if not j.get("kv_shift") or not j.get("table4"):
             continue
         t = j["table4"]
         d = per_label.setdefault(c["label"], {"n": [0, 0, 0, 0], "a": [], "b": [], "seeds": 0})
@@ -474,9 +487,11 @@ def inspect_section(sweep_dir, cells, kvshift):
         for key, dst in (("k_shift", d["a"]), ("v_shift", d["b"])):
             for layer in j[key]:
                 dst += [sum(h) for h in layer]
+    note = ["(`kvshift inspect` failed, so these cells are left out of the coefficients: %s.)"
+            % "; ".join(failed), ""] if failed else []
     if not per_label:
-        return []
-    L = ["Learned shift coefficients (`kvshift inspect`, the paper's Table 4 and section 4.6), summed over the "
+        return note
+    L = note + ["Learned shift coefficients (`kvshift inspect`, the paper's Table 4 and section 4.6), summed over the "
          "finished seeds' final checkpoints; a = k_shift, b = v_shift, cur = weight of position t, prev = of t-1:", "",
          "| label | seeds | (layer, KV head) pairs | a_cur > a_prev, b_cur > b_prev | a_cur > a_prev, b_cur ≤ b_prev "
          "| a_cur ≤ a_prev, b_cur > b_prev | a_cur ≤ a_prev, b_cur ≤ b_prev | a_cur + a_prev min / mean / max "
@@ -566,8 +581,12 @@ def section(sweep_dir, png_dir, out_dir, kvshift):
     unfinished = [c for c in cells if c.get("status") != "finished"]
     if unfinished:
         labels = sorted({c["label"] for c in unfinished}, key=lambda l: list(groups).index(l) if l in groups else 0)
-        L.append("- **incomplete**: %d of %d cells not finished (labels: %s); numbers below are over the seeds "
-                 "with data." % (len(unfinished), len(cells), ", ".join(labels)))
+        L.append("- **incomplete**: %d of %d cells not finished (labels: %s); final numbers below are over the "
+                 "seeds with an evaluation at their last step." % (len(unfinished), len(cells), ", ".join(labels)))
+    left_out = ["`%s` seed %d (%s)" % (label, s["seed"], not_final_reason(s))
+                for label, seeds in groups.items() for s in seeds if not s["final"]]
+    if left_out:
+        L.append("- **not in the final numbers**: %s." % "; ".join(left_out))
     L.append("")
 
     try:
@@ -660,8 +679,18 @@ def main(argv):
             if n not in found:
                 sections.append((n, text, {}))
         sections.sort(key=lambda x: (ORDER.index(x[0]) if x[0] in ORDER else len(ORDER), x[0]))
+    kept = [n for n, _, st in sections if st == {}]  # --update: sections from the previous page
     by_name = {n: st for n, _, st in sections}
-    if "fig1a-long" in by_name and "fig1a" in by_name:
+    LONG_CLAIM = "Paper claim (section 3.2, Figure 1a) with the longer budget"
+    if "fig1a-long" in by_name and "fig1a" in by_name and ("fig1a" in kept or "fig1a-long" in kept):
+        # The claim compares two sweeps; with one of them kept from the old page it cannot be checked
+        # (and a kept one was checked against the other's old numbers).
+        note = ("The longer-budget claim (*2-layer vanilla learns induction but more slowly than 1-layer KV "
+                "shifting*) compares with fig1a's kvshift-1l: it is checked when both sweeps are under "
+                "--experiments.\n")
+        sections = [(n, "\n".join(l for l in t.split("\n") if not l.startswith(LONG_CLAIM)).rstrip("\n") + "\n\n"
+                     + note if n == "fig1a-long" else t, st) for n, t, st in sections]
+    elif "fig1a-long" in by_name and "fig1a" in by_name:
         v2, kv1 = by_name["fig1a-long"].get("vanilla-2l"), by_name["fig1a"].get("kvshift-1l")
         if v2 and kv1 and v2.n and kv1.n:
             k = sum(r is not None for r in v2.reach)
@@ -672,7 +701,7 @@ def main(argv):
                 word = "**partly supported** (%d of %d seeds reach 90%%, all later than kvshift-1l)" % (k, v2.n)
             else:
                 word = verdict(False)
-            claim = ("Paper claim (section 3.2, Figure 1a) with the longer budget: *2-layer vanilla learns induction "
+            claim = (LONG_CLAIM + ": *2-layer vanilla learns induction "
                      "(≥ 90%%) but more slowly than 1-layer KV shifting*: %s — vanilla-2l ends at %s after %s steps, "
                      "%s (per seed: %s), vs fig1a's kvshift-1l %s.\n" % (
                          word, v2.acc_txt(), v2.max_steps, v2.speed_txt(),
@@ -684,8 +713,9 @@ def main(argv):
          "Generated by `scripts/results.py` from the sweeps under `%s` — do not edit by hand. Regenerate with:" %
          rel(os.path.abspath(args.experiments), ROOT), "",
          "```sh",
-         "/usr/bin/python3 scripts/results.py --experiments %s --out %s" % (
-             rel(os.path.abspath(args.experiments), ROOT), rel(os.path.abspath(args.out), ROOT)),
+         "/usr/bin/python3 scripts/results.py --experiments %s --out %s%s" % (
+             rel(os.path.abspath(args.experiments), ROOT), rel(os.path.abspath(args.out), ROOT),
+             " --update" if kept else ""),
          "```", "",
          "(`/usr/bin/python3 scripts/reproduce.py` runs every experiment that is missing and then this; see",
          "docs/EXPERIMENTS.md)%s." % ("; the provenance lines below were given with `--note`" if args.note else ""),
@@ -694,6 +724,9 @@ def main(argv):
              datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), head or "unknown",
              " (with uncommitted changes)" if dirty else ""),
          "- sweeps: %s" % ", ".join(n for n, _, _ in sections)]
+    if kept:
+        L.append("- kept from the previous page (`--update`; their runs are not under `%s`): %s" % (
+            rel(os.path.abspath(args.experiments), ROOT), ", ".join(kept)))
     L += ["- " + n for n in args.note]
     L.append("")
     text = "\n".join(L) + "\n" + "\n".join(t for _, t, _ in sections)

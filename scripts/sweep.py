@@ -195,6 +195,7 @@ class Cell:
         intended = dict(self.overrides)
         self.steps = intended.get("train.steps", steps if found else DEFAULT_STEPS)
         self.intended = intended
+        self.base_dir = os.path.dirname(os.path.abspath(spec["base_path"]))  # where kvshift resolves relative paths
         # Filled in by inspect() and run():
         self.state = None      # finished | start | resume | restart | stale
         self.reason = ""
@@ -279,9 +280,14 @@ class Cell:
             return
         # The run must have been made with the spec's overrides (train.steps may grow).
         for key, want in self.intended.items():
-            if key in ("train.steps", "train.threads") or key.startswith("data.shards."):
-                continue  # steps may grow; threads do not matter; shard paths are made absolute
+            if key == "train.steps" or key.startswith("data.shards."):
+                continue  # steps may grow; shard paths (globs) are made absolute
+            if key == "train.threads":
+                continue  # the sweep's own (cores / jobs); a resumed cell keeps its first (command())
             have, found = _get_path(cfg, key)
+            if key == "data.tokenizer" and isinstance(want, str) and want:
+                # kvshift records it made absolute (relative paths are the base config's directory's).
+                want = os.path.normpath(os.path.join(self.base_dir, want))
             if not found or not _same_value(have, want):
                 self.state = "stale"
                 self.reason = ("its config.json has %s=%s but the spec says %s; delete %s to rerun it"
@@ -433,10 +439,13 @@ def main(argv):
         print("  stale: %s: %s" % (c.name, c.reason))
 
     def command(c):
-        # The run name and the thread count first, so that the spec's own values win.
+        # The run name and the thread count first, so that the spec's own values win. A run is
+        # bit-identical only at one thread count (docs/ARCHITECTURE.md): a resumed cell keeps the
+        # count it started with, whatever --jobs is now.
+        started, _ = _get_path(c.read_config() or {}, "train.threads") if c.state == "resume" else (None, False)
         cmd = [kvshift, "train", "--config", spec["base_path"],
                "--set", "name=%s" % json.dumps("%s-%s-seed%d" % (spec["name"], c.label, c.seed)),
-               "--set", "train.threads=%d" % threads]
+               "--set", "train.threads=%d" % (started if isinstance(started, int) and started > 0 else threads)]
         cmd += c.set_args() + ["--run-dir", c.run_dir, "--quiet"]
         if c.state == "resume":
             cmd.append("--resume")
@@ -448,7 +457,10 @@ def main(argv):
             print("    " + " ".join(_shell_quote(a) for a in command(c)))
         return 1 if stale else 0
 
-    os.makedirs(out_root, exist_ok=True)
+    try:
+        os.makedirs(out_root, exist_ok=True)
+    except OSError as e:
+        raise SweepError("%s: cannot create the sweep's directory: %s" % (out_root, e.strerror or e))
     lock = open(os.path.join(out_root, ".sweep.lock"), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -310,6 +310,10 @@ def main():
     check(p.returncode == 0 and "## smoke" in text and "an older section, kept" in text
           and text.index("## fig8") < text.index("## smoke") and "sweeps: fig8, smoke" in text,
           "results.py --update refreshes smoke, keeps fig8 in its place", show(p))
+    check("- kept from the previous page (`--update`" in text and ": fig8" in text
+          and "--out %s --update" % os.path.relpath(page, ROOT) in text,
+          "results.py --update: the header names the kept sections and its command has --update",
+          next((l for l in text.splitlines() if "kept from" in l), text[:600]))
     p = run([RESULTS, "--experiments", out2, "--out", page, "--kvshift", a.kvshift])
     text = open(page).read() if os.path.isfile(page) else ""
     check(p.returncode == 0 and "older section" not in text, "without --update the page is rebuilt from the runs",
@@ -455,7 +459,7 @@ def main():
     import results  # noqa: E402
 
     def seed(n, **last):
-        return {"seed": n, "evals": [dict(step=10, **last)], "finished": True}
+        return {"seed": n, "evals": [dict(step=10, **last)], "finished": True, "final": True, "steps": 10}
     lm = results.lm_text_claims({"kvshift": [seed(1, val_loss=5.00), seed(3, val_loss=5.20)],
                                  "vanilla": [seed(1, val_loss=5.05), seed(2, val_loss=4.00),
                                              seed(3, val_loss=5.25)]})
@@ -473,6 +477,41 @@ def main():
         fig1a = ["TypeError: %s" % e]
     check(fig1a == ["Claims not evaluated: no data for kvshift-1l."],
           "results fig1a: a null final accuracy (a diverged run) is no data", str(fig1a))
+
+    # 12. Final numbers come only from seeds with an evaluation at their last step: an interrupted
+    #     seed (last eval earlier), a finished seed whose final eval line was cut, and a run directory
+    #     gone from a finished sweep are named, not averaged in.
+    part = os.path.join(work, "partial", "toy")
+    cells = []
+    for s_, (status, evals, cut) in {1: ("finished", [(50, 0.5), (100, 0.9)], False),
+                                     2: ("interrupted", [(50, 0.1)], False),
+                                     3: ("finished", [(50, 0.2), (100, 0.95)], True),
+                                     4: ("finished", None, False)}.items():
+        cells.append({"label": "kvshift", "seed": s_, "status": status, "steps": 100})
+        if evals is None:
+            continue  # the run directory is gone
+        d = os.path.join(part, "kvshift", "seed%d" % s_)
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({"train": {"steps": 100, "micro_batch_size": 1, "grad_accum_steps": 1, "seq_len": 8}}, f)
+        lines = [json.dumps({"type": "train", "step": st, "loss": 1.0}) for st, _ in evals if status == "finished"]
+        lines += [json.dumps({"type": "eval", "step": st, "accuracy": acc, "val_loss": 1 - acc}) for st, acc in evals]
+        text = "\n".join(lines) + "\n"
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write(text[:len(text) - len(lines[-1]) // 2 - 1] if cut else text)
+    with open(os.path.join(part, "sweep.json"), "w") as f:
+        json.dump({"name": "toy", "seeds": [1, 2, 3, 4], "cells": cells}, f)
+    partial_page = os.path.join(work, "partial", "R.md")
+    p = run([RESULTS, "--experiments", os.path.dirname(part), "--out", partial_page, "--kvshift", a.kvshift])
+    text = open(partial_page).read() if os.path.isfile(partial_page) else ""
+    row = next((l for l in text.splitlines() if l.startswith("| kvshift |")), "")
+    check(p.returncode == 0 and "| 1 (2/4 finished) | 90.0% ± 0.0 |" in row,
+          "results: the final accuracy is seed 1's alone (the others have no eval at step 100)", row or show(p))
+    left = next((l for l in text.splitlines() if "not in the final numbers" in l), "")
+    check("`kvshift` seed 2 (not finished, last evaluation at step 50 of 100)" in left
+          and "`kvshift` seed 3 (last evaluation at step 50 of 100)" in left
+          and "`kvshift` seed 4 (no metrics.jsonl or no evaluation in it)" in left,
+          "results: the interrupted seed, the cut final line and the missing run are named", left or text[-400:])
 
     return TALLY.finish()
 

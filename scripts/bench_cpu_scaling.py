@@ -81,7 +81,7 @@ def default_threads():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--config", action="append", required=True, help="kvshift config (repeatable)")
     p.add_argument("--threads", type=int, action="append", help="thread count (repeatable; default 1, 2, 4, .. all)")
     p.add_argument("--core", action="append",
@@ -97,6 +97,10 @@ def main(argv=None):
     p.add_argument("--recalibrate", action="store_true", help="measure the SGEMM peaks again in the first round")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds: must be at least 1, got %d" % args.rounds)
+    if args.threads and min(args.threads) < 1:
+        p.error("--threads: must be at least 1, got %d" % min(args.threads))
     threads = args.threads or default_threads()
     cores = args.core or [None]
     binaries = args.kvshift or [os.path.join("build", "kvshift")]

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -96,14 +97,20 @@ std::optional<double> cgroup_cpu_quota(const std::string& proc_cgroup, const std
   return smallest_along(mount, v2_path, v2_limit);
 }
 
-CpuBudget cpu_budget(int affinity_cpus, std::optional<double> quota) {
-  CpuBudget b{std::max(1, affinity_cpus), affinity_cpus, quota};
-  if (quota) b.threads = std::clamp(static_cast<int>(std::ceil(*quota - 1e-9)), 1, b.threads);
+CpuBudget cpu_budget(int affinity_cpus, std::optional<double> quota, int local_ranks, int online_cpus) {
+  local_ranks = std::max(1, local_ranks);
+  CpuBudget b{std::max(1, affinity_cpus), affinity_cpus, quota, local_ranks, online_cpus};
+  if (quota) b.threads = std::clamp(static_cast<int>(std::ceil(*quota / local_ranks - 1e-9)), 1, b.threads);
+  if (local_ranks > 1 && online_cpus > 0) b.threads = std::clamp(online_cpus / local_ranks, 1, b.threads);
   return b;
 }
 
 std::string CpuBudget::note() const {
-  if (!quota || threads >= affinity_cpus) return {};
+  if (threads >= affinity_cpus) return {};
+  if (local_ranks > 1 && (!quota || threads < static_cast<int>(std::ceil(*quota - 1e-9))))
+    return fmt::format("{} threads: {} ranks share this node's {} CPUs, and this one may run on {} (set "
+                       "train.threads to override)",
+                       threads, local_ranks, online_cpus, affinity_cpus);
   return fmt::format("{} threads: the cgroup CPU quota of {:.2f} CPUs caps the {} CPUs this process may run on "
                      "(set train.threads to override)",
                      threads, *quota, affinity_cpus);
@@ -118,9 +125,20 @@ std::string CpuBudget::oversubscribed(int requested) const {
                      requested, threads, why, threads);
 }
 
+// Processes the launcher started on this node (OpenMPI, torchrun, MPICH's hydra), 1 without one.
+int launcher_local_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var); v && *v) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  return 1;
+}
+
 const CpuBudget& process_cpu_budget() {
-  static const CpuBudget b = cpu_budget(omp_get_num_procs(), cgroup_cpu_quota(read_small("/proc/self/cgroup"),
-                                                                               "/sys/fs/cgroup"));
+  static const CpuBudget b =
+      cpu_budget(omp_get_num_procs(), cgroup_cpu_quota(read_small("/proc/self/cgroup"), "/sys/fs/cgroup"),
+                 launcher_local_ranks(), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   return b;
 }
 

@@ -24,6 +24,8 @@ struct CpuBudget {
   int threads;                  // what "all cores" (threads = 0) means: >= 1
   int affinity_cpus;            // omp_get_num_procs(): the CPUs of the affinity mask
   std::optional<double> quota;  // the cgroup CPU quota, if one is set
+  int local_ranks = 1;          // processes the launcher started on this node (they share its CPUs)
+  int online_cpus = 0;          // the node's CPUs (0: not known)
   // "" when the mask decides; else one line on the quota that caps it.
   std::string note() const;
   // "" unless `requested` threads are more than the budget; else a one-line
@@ -32,8 +34,13 @@ struct CpuBudget {
   std::string oversubscribed(int requested) const;
 };
 
-// affinity_cpus capped by ceil(quota) (at least 1).
-CpuBudget cpu_budget(int affinity_cpus, std::optional<double> quota);
+// affinity_cpus capped by ceil(quota) (at least 1). With local_ranks > 1
+// processes on a node of online_cpus CPUs (mpirun --bind-to none, torchrun:
+// every rank's mask holds the whole node), each takes its share: at most
+// online_cpus / local_ranks threads, and ceil(quota / local_ranks) of a quota
+// the node's container sets for all of them. A rank bound to fewer CPUs keeps
+// its mask's count.
+CpuBudget cpu_budget(int affinity_cpus, std::optional<double> quota, int local_ranks = 1, int online_cpus = 0);
 // This process's budget (read once, then cached).
 const CpuBudget& process_cpu_budget();
 // requested > 0: requested; 0: process_cpu_budget().threads.

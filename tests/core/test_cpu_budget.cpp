@@ -119,5 +119,21 @@ TEST(CpuBudget, ThisProcessResolvesZeroToItsBudgetAndKeepsAnExplicitCount) {
   EXPECT_LE(process_cpu_budget().threads, process_cpu_budget().affinity_cpus);
 }
 
+// Ranks a launcher started on one node share it: unbound (mpirun --bind-to
+// none, torchrun), every rank's mask is the whole node, so each takes its
+// share; bound ranks keep their masks; a container's quota is the node's.
+TEST(CpuBudget, RanksOnOneNodeShareItsCpus) {
+  const CpuBudget unbound = cpu_budget(16, std::nullopt, 4, 16);
+  EXPECT_EQ(unbound.threads, 4);
+  EXPECT_NE(unbound.note().find("4 ranks share this node's 16 CPUs"), std::string::npos) << unbound.note();
+  EXPECT_EQ(cpu_budget(2, std::nullopt, 2, 2).threads, 1);  // the development VM under mpirun -np 2
+  EXPECT_EQ(cpu_budget(1, std::nullopt, 4, 16).threads, 1);  // --bind-to core
+  EXPECT_EQ(cpu_budget(1, std::nullopt, 4, 16).note(), "");
+  EXPECT_EQ(cpu_budget(8, std::nullopt, 4, 16).threads, 4);  // --bind-to socket: 2 ranks per socket
+  EXPECT_EQ(cpu_budget(16, 8.0, 4, 16).threads, 2);          // the container's 8 CPUs over 4 ranks
+  EXPECT_EQ(cpu_budget(3, std::nullopt, 8, 3).threads, 1);   // more ranks than CPUs: 1 each
+  EXPECT_EQ(cpu_budget(16, std::nullopt, 1, 16).threads, 16);
+}
+
 }  // namespace
 }  // namespace kvs

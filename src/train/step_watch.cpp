@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "dist/mpi_comm.h"
@@ -23,8 +24,9 @@ double median_of(std::vector<double> v) {
 
 }  // namespace
 
-StepWatch::StepWatch(dist::Communicator& world, double straggler_factor, MetricsWriter* metrics)
-    : world_(world), factor_(straggler_factor), metrics_(metrics) {
+StepWatch::StepWatch(dist::Communicator& world, double straggler_factor, MetricsWriter* metrics,
+                     std::vector<int> peers_of_rank)
+    : world_(world), factor_(straggler_factor), metrics_(metrics), peers_of_rank_(std::move(peers_of_rank)) {
   if (factor_ > 0 && metrics_) thread_ = std::thread([this] { watchdog(); });
 }
 
@@ -69,26 +71,37 @@ int StepWatch::boundary(int64_t done) {
   }
   if (factor_ > 0 && metrics_) {
     const double med_step = median_step();
-    const int slowest = static_cast<int>(std::max_element(work.begin(), work.end()) - work.begin());
-    const double worst = work[static_cast<size_t>(slowest)];
-    // Against the other ranks: with the slowest one in it, the median of two
-    // ranks would be the slowest's own work and the rule could never fire.
-    std::vector<double> others = work;
-    others.erase(others.begin() + slowest);
-    const double med_work = median_of(others);
+    // Each rank against the other ranks of its group (a pipeline stage's ranks
+    // do the same work; stages do not: the last one holds the LM head). Against
+    // the others only: with the slowest one in it, the median of two ranks
+    // would be the slowest's own work and the rule could never fire.
+    int slowest = -1;
+    double worst = 0, med_work = 0, worst_ratio = 0;
+    for (int r = 0; r < n; ++r) {
+      const int group = peers_of_rank_.empty() ? 0 : peers_of_rank_[static_cast<size_t>(r)];
+      std::vector<double> others;
+      for (int q = 0; q < n; ++q)
+        if (q != r && (peers_of_rank_.empty() || peers_of_rank_[static_cast<size_t>(q)] == group))
+          others.push_back(work[static_cast<size_t>(q)]);
+      if (others.empty()) continue;
+      const double med = median_of(others), w = work[static_cast<size_t>(r)];
+      const double ratio = med > 0 ? w / med : (w > 0 ? HUGE_VAL : 0);
+      if (slowest < 0 || ratio > worst_ratio) slowest = r, worst = w, med_work = med, worst_ratio = ratio;
+    }
     const bool slow_step = med_step > 0 && step_s_ > factor_ * med_step && step_s_ - med_step > kMinExcessS;
-    const bool slow_rank = n > 1 && worst > factor_ * med_work && worst - med_work > kMinExcessS;
+    const bool slow_rank = slowest >= 0 && worst > factor_ * med_work && worst - med_work > kMinExcessS;
     if (slow_step || slow_rank) {
       nlohmann::json j = {{"type", "straggler"}, {"step", done}, {"step_time_s", step_s_},
                           {"median_step_s", med_step}};
-      if (n > 1)
+      if (slowest >= 0)
         j.update({{"slowest_rank", slowest},
                   {"slowest_rank_work_s", worst},
                   {"median_rank_work_s", med_work},
                   {"slow_rank", slow_rank}});
       metrics_->write(j);
-      spdlog::warn("straggler: step {} took {:.3f} s (median {:.3f} s){}", done, step_s_, med_step,
-                   slow_rank ? fmt::format("; rank {} worked {:.3f} s, the other ranks' median {:.3f} s", slowest,
+      spdlog::warn("straggler: step {} took {:.3f} s{}{}", done, step_s_,
+                   med_step > 0 ? fmt::format(" (median {:.3f} s)", med_step) : "",
+                   slow_rank ? fmt::format("; rank {} worked {:.3f} s, its peers' median {:.3f} s", slowest,
                                            worst, med_work)
                              : "");
     }

@@ -16,6 +16,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dist/comm.h"
 #include "train/metrics.h"
@@ -25,7 +26,11 @@ namespace kvs {
 class StepWatch {
  public:
   // `metrics`: rank 0's writer (null elsewhere). factor 0: no straggler report.
-  StepWatch(dist::Communicator& world, double straggler_factor, MetricsWriter* metrics);
+  // `peers_of_rank[r]`: the group whose ranks do the same work as rank r (a
+  // pipeline stage's ranks; empty: all ranks), the only ones a rank's work is
+  // compared with.
+  StepWatch(dist::Communicator& world, double straggler_factor, MetricsWriter* metrics,
+            std::vector<int> peers_of_rank = {});
   ~StepWatch();
   StepWatch(const StepWatch&) = delete;
   StepWatch& operator=(const StepWatch&) = delete;
@@ -45,6 +50,7 @@ class StepWatch {
   dist::Communicator& world_;
   double factor_;
   MetricsWriter* metrics_;
+  std::vector<int> peers_of_rank_;
   double step_s_ = 0, work_s_ = 0, wait_at_begin_ = 0;
   std::deque<double> recent_;  // step times, newest last
 

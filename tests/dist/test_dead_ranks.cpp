@@ -206,6 +206,41 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
 }
 
+// Pipeline stages do different work (the last holds the LM head: here a
+// 32k vocabulary, about 15x the first stage's work), so a rank is compared
+// with its own stage's ranks only: a healthy pp 2 run has no slow rank (each
+// stage alone: nothing to compare with; before, the last stage was flagged on
+// 9 of 10 steps).
+TEST(DeadRanks, PipelineStagesAreComparedWithinAStage) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  nlohmann::json c = tiny_config(true, 4);
+  c["model"]["hidden_size"] = 64;
+  c["model"]["intermediate_size"] = 128;
+  c["model"]["vocab_size"] = 32768;
+  c["model"]["max_position_embeddings"] = 32;
+  c["train"]["seq_len"] = 32;
+  c["train"]["micro_batch_size"] = 8;
+  c["train"]["steps"] = 10;
+  c["train"]["eval_every"] = 0;
+  c["train"]["checkpoint_every"] = 0;
+  spit(cfg, c.dump());
+  const kvs::testing_util::CommandResult r = kvs::testing_util::run_kvshift(
+      "train --quiet --config " + cfg + " --run-dir " + run + " --set parallel.pp=2", mpirun(2));
+  const std::string& out = r.out;
+  EXPECT_EQ(r.code, 0) << out;
+  std::ifstream in(run + "/metrics.jsonl");
+  int slow = 0, steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    steps += j.value("type", "") == "train";
+    slow += j.value("type", "") == "straggler" && j.value("slow_rank", false);
+  }
+  EXPECT_EQ(steps, 10) << out;
+  EXPECT_EQ(slow, 0) << out;
+}
+
 // A pipeline stage that hangs mid-step (SIGSTOP, never continued): the other
 // stage, waiting for its activations or gradients, stops within the
 // collective timeout with one line naming it, instead of waiting forever.

@@ -195,6 +195,27 @@ class RemovedIfLeftEmpty {
 // or -inf) while the loss (which does not depend on the scale) stays finite:
 // the run must stop on the gradient norm, every rank at once. (NaN would not
 // do: engines read a negative or NaN scale as "no backward".)
+// Every rank must train the same config: one started with another (a per-node
+// copy that drifted, an override on one side of a launch) would exchange other
+// shapes (under pp a truncated receive) or silently train another model. Its
+// hash, as given (relative paths as written, so per-node copies elsewhere
+// agree; train.threads may differ per node), is compared with one all-reduce
+// before any work.
+void check_same_config_on_every_rank(const Config& config, dist::Communicator& comm) {
+  if (comm.size() == 1) return;
+  nlohmann::json j = to_json(config);
+  if (j.contains("train") && j["train"].is_object()) j["train"].erase("threads");
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the JSON text: the same on every rank's build
+  for (const unsigned char ch : j.dump()) h = (h ^ ch) * 1099511628211ull;
+  const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
+  double v[4] = {hi, lo, -hi, -lo};  // max of each half, and minus its min
+  comm.all_reduce(v, 4, dist::DType::F64, dist::ReduceOp::Max);
+  KVS_CHECK(v[0] == -v[2] && v[1] == -v[3],
+            "rank {}/{}: the ranks were started with different configs (this rank's hash {:016x} is not every "
+            "rank's): give every rank the same config file and --set overrides",
+            comm.rank(), comm.size(), h);
+}
+
 int64_t inf_gradient_fault_step() {
   const char* v = std::getenv("KVS_FAULT_INF_GRADIENT_STEP");
   return v && *v ? std::atoll(v) : 0;
@@ -312,6 +333,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     comm = own_comm.get();
   }
   check_parallel_layout(cfg, comm->size());
+  check_same_config_on_every_rank(config, *comm);
   const int rank = comm->rank();
   const bool rank0 = rank == 0;
   set_threads(tc.threads);

@@ -241,6 +241,24 @@ TEST(DeadRanks, PipelineStagesAreComparedWithinAStage) {
   EXPECT_EQ(slow, 0) << out;
 }
 
+// Ranks launched with different configs (one rank's override differs: under pp
+// a truncated receive corrupted the heap, under dp another model trained
+// silently) stop before any work with one line on each rank.
+TEST(DeadRanks, RanksWithDifferentConfigsStopBeforeAnyWork) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json", run = tmp / "run";
+  spit(cfg, tiny_config(true, 4).dump());
+  const std::string train = "train --quiet --config " + cfg + " --run-dir " + run + " --set parallel.pp=2";
+  // Two app contexts: "mpirun ... -np 1 kvshift <train> : -np 1 kvshift <train with another lr>".
+  const kvs::testing_util::CommandResult r = kvs::testing_util::run_kvshift(
+      train + " --set train.lr=0.02", mpirun(1) + " " + kvs::test::cli_binary() + " " + train + " : -np 1");
+  const std::string& out = r.out;
+  EXPECT_NE(r.code, 0) << out;
+  EXPECT_NE(out.find("the ranks were started with different configs"), std::string::npos) << out;
+  EXPECT_EQ(out.find("corrupted"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(run + "/metrics.jsonl") && fs::file_size(run + "/metrics.jsonl") > 0) << out;
+}
+
 // A pipeline stage that hangs mid-step (SIGSTOP, never continued): the other
 // stage, waiting for its activations or gradients, stops within the
 // collective timeout with one line naming it, instead of waiting forever.

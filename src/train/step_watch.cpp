@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "dist/mpi_comm.h"
@@ -71,19 +72,24 @@ int StepWatch::boundary(int64_t done) {
   }
   if (factor_ > 0 && metrics_) {
     const double med_step = median_step();
-    // Each rank against the other ranks of its group (a pipeline stage's ranks
-    // do the same work; stages do not: the last one holds the LM head). Against
-    // the others only: with the slowest one in it, the median of two ranks
-    // would be the slowest's own work and the rule could never fire.
+    // Each group's slowest rank against the group's other ranks (a pipeline
+    // stage's ranks do the same work; stages do not: the last one holds the LM
+    // head). Against the others only: with the slowest one in it, the median of
+    // two ranks would be the slowest's own work and the rule could never fire.
+    // (Within a group no other rank can be further above its peers' median.)
+    std::map<int, std::vector<int>> groups;
+    for (int r = 0; r < n; ++r)
+      groups[peers_of_rank_.empty() ? 0 : peers_of_rank_[static_cast<size_t>(r)]].push_back(r);
     int slowest = -1;
     double worst = 0, med_work = 0, worst_ratio = 0;
-    for (int r = 0; r < n; ++r) {
-      const int group = peers_of_rank_.empty() ? 0 : peers_of_rank_[static_cast<size_t>(r)];
+    for (const auto& [group, ranks] : groups) {
+      if (ranks.size() < 2) continue;  // a stage of one rank: no peers
+      const int r = *std::max_element(ranks.begin(), ranks.end(), [&](int a, int b) {
+        return work[static_cast<size_t>(a)] < work[static_cast<size_t>(b)];
+      });
       std::vector<double> others;
-      for (int q = 0; q < n; ++q)
-        if (q != r && (peers_of_rank_.empty() || peers_of_rank_[static_cast<size_t>(q)] == group))
-          others.push_back(work[static_cast<size_t>(q)]);
-      if (others.empty()) continue;
+      for (int q : ranks)
+        if (q != r) others.push_back(work[static_cast<size_t>(q)]);
       const double med = median_of(others), w = work[static_cast<size_t>(r)];
       const double ratio = med > 0 ? w / med : (w > 0 ? HUGE_VAL : 0);
       if (slowest < 0 || ratio > worst_ratio) slowest = r, worst = w, med_work = med, worst_ratio = ratio;

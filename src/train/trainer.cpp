@@ -518,9 +518,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // docs/RELIABILITY.md: stop signals, checkpoint writes (async, retention), slow-step reports.
   StopSignals stop_signals(tc.stop_signal, rank0);
   CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);
-  // A rank's work is compared with its pipeline stage's ranks (rank = ((dp pp + pp_rank) cp + cp_rank) tp + tp_rank).
+  // A rank's work is compared with its pipeline stage's ranks
+  // (rank = ((dp_rank pp + pp_rank) cp + cp_rank) tp + tp_rank, docs/PARALLEL.md).
   std::vector<int> stage_of_rank(static_cast<size_t>(comm->size()));
-  for (int r = 0; r < comm->size(); ++r) stage_of_rank[static_cast<size_t>(r)] = r / (groups.cp * groups.tp) % groups.pp;
+  for (int r = 0; r < comm->size(); ++r)
+    stage_of_rank[static_cast<size_t>(r)] = r / (groups.cp * groups.tp) % groups.pp;
   StepWatch watch(*comm, tc.straggler_factor, rank0 ? &metrics : nullptr, stage_of_rank);
 
   // What world rank 0 holds of a checkpoint not yet written: three fp32 copies of the model.

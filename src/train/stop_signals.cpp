@@ -43,7 +43,9 @@ extern "C" void on_stop_signal(int sig) {
   if (n == 1) {
     if (g_announce.load())
       say("kvshift: ", short_name(sig),
-          " received: finishing this step, then writing a checkpoint (send SIGTERM again to exit at once)\n");
+          sig == SIGTERM || sig == SIGINT
+              ? " received: finishing this step, then writing a checkpoint (send it again to exit at once)\n"
+              : " received: finishing this step, then writing a checkpoint (send SIGTERM to exit at once)\n");
     return;
   }
   // A repeated SIGUSR1 (SLURM may send it more than once) keeps waiting; a second SIGTERM/SIGINT does not.

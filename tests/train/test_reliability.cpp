@@ -371,7 +371,9 @@ TEST(StopSignal, CliExitsWithItsCodeAndNamesTheCheckpoint) {
   const std::string out = slurp(ch.out_path);
   const std::string latest = kvs::latest_checkpoint(run + "/checkpoints");
   ASSERT_FALSE(latest.empty()) << out;
-  EXPECT_NE(out.find("kvshift: SIGUSR1 received: finishing this step, then writing a checkpoint"), std::string::npos)
+  EXPECT_NE(out.find("kvshift: SIGUSR1 received: finishing this step, then writing a checkpoint (send SIGTERM to "
+                     "exit at once)"),
+            std::string::npos)
       << out;
   EXPECT_NE(out.find("kvshift: stopped by SIGUSR1 after step "), std::string::npos) << out;
   EXPECT_NE(out.find("; checkpoint " + latest + " (continue with --resume)"), std::string::npos) << out;

@@ -18,6 +18,7 @@
 #include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "core/log.h"
 #include "core/sha256.h"
 #include "core/version.h"
@@ -236,7 +237,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
           {"val", {{"tokens", r.val_tokens}, {"documents", r.val_docs}, {"shards", val.shards}}}}},
         {"sources", sources},
     };
-    atomic_write_file(tmp + "/manifest.json", manifest.dump(2) + "\n");  // last: the directory is now complete
+    write_json_file(tmp + "/manifest.json", manifest);  // last: the directory is now complete
     commit_atomic_dir(tmp, o.out, o.force);
   } catch (...) {
     abandon_atomic_dir(tmp);

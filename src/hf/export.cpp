@@ -24,9 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_json(const std::string& path, const json& j) { atomic_write_file(path, j.dump(2) + "\n"); }
-
-json read_json(const std::string& path) { return read_json_file(path); }
 
 // The tokenizer directory to export: --tokenizer, else run_config.data.tokenizer
 // (as written there: absolute, or relative to the current directory), else the
@@ -50,7 +47,7 @@ std::string find_tokenizer_dir(const ExportOptions& o, const std::string& checkp
   }
   const std::string meta = dir + "/kvshift_tokenizer.json";
   if (fs::exists(meta)) {
-    const json m = read_json(meta);
+    const json m = read_json_file(meta);
     if (m.is_object() && m.value("type", "") == "bytes") {
       why = "the byte-level tokenizer (" + dir + ") has no Hugging Face counterpart";
       return "";
@@ -75,7 +72,7 @@ TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
   t.model = read_sentencepiece_model(model_path);
   int vocab = static_cast<int>(t.model.pieces.size());
   if (fs::exists(meta_path)) {
-    const json m = read_json(meta_path);
+    const json m = read_json_file(meta_path);
     auto id = [&](const char* key) {
       KVS_CHECK(!m.contains(key) || m[key].is_number_integer(), "{}: {} must be an integer", meta_path, key);
       return m.value(key, -1);
@@ -109,7 +106,7 @@ std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, 
   // special tokens, as in kvshift's data. Checked by tests/hf/run_hf.py.
   const std::string why_not = why_no_tokenizer_json(t.model);
   if (why_not.empty())
-    atomic_write_file(out.file("tokenizer.json"), tokenizer_json(t.model, t.ids.bos).dump(2) + "\n");
+    write_json_file(out.file("tokenizer.json"), tokenizer_json(t.model, t.ids.bos));
   json cfg = {{"tokenizer_class", why_not.empty() ? "PreTrainedTokenizerFast" : "LlamaTokenizer"},
               {"add_bos_token", t.ids.bos >= 0},
               {"add_eos_token", false},
@@ -123,8 +120,8 @@ std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, 
               {"legacy", true},
               {"split_special_tokens", true},
               {"sp_model_kwargs", json::object()}};
-  write_json(out.file("tokenizer_config.json"), cfg);
-  write_json(out.file("special_tokens_map.json"), special);
+  write_json_file(out.file("tokenizer_config.json"), cfg);
+  write_json_file(out.file("special_tokens_map.json"), special);
   return why_not;
 }
 
@@ -161,7 +158,8 @@ size_t write_weights(const StagedDir& out, const std::vector<StTensor>& tensors,
     for (size_t i : shards[s]) part.push_back(tensors[i]), map[tensors[i].name] = shard_file_name(s, shards.size());
     write_safetensors(out.file(shard_file_name(s, shards.size())), part, meta);
   }
-  write_json(out.file("model.safetensors.index.json"), {{"metadata", {{"total_size", total}}}, {"weight_map", map}});
+  write_json_file(out.file("model.safetensors.index.json"),
+                  {{"metadata", {{"total_size", total}}}, {"weight_map", map}});
   return shards.size();
 }
 
@@ -186,8 +184,8 @@ std::string export_hf(const ExportOptions& o) {
   if (!tok_dir.empty()) inputs.push_back(tok_dir);
   StagedDir out(o.out, o.force, inputs);
   const bool remote = needs_remote_code(m);
-  write_json(out.file("config.json"), export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids));
-  write_json(out.file("generation_config.json"), generation_config(tok.ids));
+  write_json_file(out.file("config.json"), export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids));
+  write_json_file(out.file("generation_config.json"), generation_config(tok.ids));
   const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);

@@ -135,7 +135,7 @@ std::string import_hf(const ImportOptions& o) {
   weights.clear();
 
   StagedDir out(o.out, o.force, {o.model});
-  atomic_write_file(out.file("config.json"), model_to_hf_json(m).dump(2) + "\n");
+  write_json_file(out.file("config.json"), model_to_hf_json(m));
   write_safetensors(out.file("model.safetensors"), tensors);
   // The tokenizer as a kvshift tokenizer directory (its kvshift_tokenizer.json
   // too), so generate, data prepare and export-hf take it as `tokenizer train`'s.
@@ -151,8 +151,7 @@ std::string import_hf(const ImportOptions& o) {
     meta.trainer = {{"imported_from", fs::absolute(model_path).lexically_normal().string()}};
     make_dirs(out.file("tokenizer"));
     atomic_write_file(out.file("tokenizer/tokenizer.model"), bytes);
-    atomic_write_file(out.file(std::string("tokenizer/") + kTokenizerMetaFile),
-                      tokenizer_meta_json(meta).dump(2) + "\n");
+    write_json_file(out.file(std::string("tokenizer/") + kTokenizerMetaFile), tokenizer_meta_json(meta));
   }
   out.commit();
   return fmt::format("imported {} -> {}: {} tensors, KV shift {}{}{}", o.model, o.out, tensors.size(),

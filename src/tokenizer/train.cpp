@@ -11,6 +11,7 @@
 #include "core/atomic_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "data/text_input.h"
 #include "tokenizer/tokenizer_meta.h"
 
@@ -179,7 +180,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   try {
     atomic_write_file(tmp + "/" + kTokenizerModelFile, model);
     atomic_write_file(tmp + "/tokenizer.vocab", vocab);
-    atomic_write_file(tmp + "/" + kTokenizerMetaFile, tokenizer_meta_json(m).dump(2) + "\n");
+    write_json_file(tmp + "/" + kTokenizerMetaFile, tokenizer_meta_json(m));
     commit_atomic_dir(tmp, o.out, o.force);
   } catch (...) {
     abandon_atomic_dir(tmp);

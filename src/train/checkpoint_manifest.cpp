@@ -29,7 +29,7 @@ void write_manifest(const std::string& dir, const std::vector<std::string>& file
     listed[f] = {{"bytes", d.bytes}, {kHashKey, d.xxh3}};
   }
   const nlohmann::json m = {{"format", kFormat}, {"version", 1}, {"hash", kHashKey}, {"files", listed}};
-  atomic_write_file(join(dir, kManifestFile), m.dump(2) + "\n");
+  write_json_file(join(dir, kManifestFile), m);
 }
 
 ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::string>& required,

@@ -15,6 +15,7 @@
 #include "core/dir_lock.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 #include "core/json_difference.h"
 #include "core/log.h"
 #include "core/profile_range.h"
@@ -468,7 +469,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   engine->reserve_optimizer_state();
   MetricsWriter metrics;
   if (rank0) {
-    atomic_write_file(opt.run_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+    write_json_file(opt.run_dir + "/config.json", to_json(cfg));
     metrics.open(opt.run_dir + "/metrics.jsonl", opt.resume ? step : 0);
     spdlog::info("parallel layout: {}, backend {}{}{}", train_step.layout(), comm->backend(),
                  !zero1                    ? ""

@@ -457,26 +457,13 @@ TEST(StepWatch, ReportsSlowStepsInMetrics) {
 TEST(MetricsWriter, ResumeDropsLaterStepsAndKeepsForeignLines) {
   TmpDir tmp;
   const std::string path = tmp / "metrics.jsonl";
-  kvs::testing_util::spit(path, R"({"type":"train","step":1})"
-                                "\n"
-                                R"({"type":"train","step":"x"})"
-                                "\n"
-                                R"({"note":"by hand"})"
-                                "\n"
-                                R"({"type":"train","step":3})"
-                                "\n"
-                                R"({"type":"tra)");
+  const std::string kept = R"({"type":"train","step":1})" "\n" R"({"type":"train","step":"x"})" "\n"
+                          R"({"note":"by hand"})" "\n";
+  kvs::testing_util::spit(path, kept + R"({"type":"train","step":3})" "\n" R"({"type":"tra)");
   {
     kvs::MetricsWriter m;
     m.open(path, 2);
     m.write({{"type", "train"}, {"step", 3}});
   }
-  EXPECT_EQ(kvs::testing_util::slurp(path), R"({"type":"train","step":1})"
-                                            "\n"
-                                            R"({"type":"train","step":"x"})"
-                                            "\n"
-                                            R"({"note":"by hand"})"
-                                            "\n"
-                                            R"({"step":3,"type":"train"})"
-                                            "\n");
+  EXPECT_EQ(kvs::testing_util::slurp(path), kept + R"({"step":3,"type":"train"})" "\n");
 }

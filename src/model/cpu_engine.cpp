@@ -198,9 +198,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   cur_ = &slots_[0];
   params_.assign(layout_.total, 0.0f);
   grads_.assign(layout_.total, 0.0f);
-  exp_avg_.assign(layout_.total, 0.0f);
-  exp_avg_sq_.assign(layout_.total, 0.0f);
-  opt_end_ = layout_.total;
+  opt_end_ = layout_.total;  // the moments are allocated on first use (ensure_moments)
   argmax_.assign(local, 0);
   P_ = bind_params(layout_, m_, params_.data());
   G_ = bind_params(layout_, m_, grads_.data());
@@ -224,7 +222,7 @@ void CpuEngine::read_optimizer_range(size_t begin, size_t n, float* m, float* v)
   for (auto [out, held] : {std::pair{m, &exp_avg_}, std::pair{v, &exp_avg_sq_}}) {
     if (!out) continue;
     std::fill(out, out + n, 0.0f);
-    if (h.n) std::copy_n(held->begin() + (begin + h.at - opt_begin_), h.n, out + h.at);
+    if (h.n && !held->empty()) std::copy_n(held->begin() + (begin + h.at - opt_begin_), h.n, out + h.at);
   }
 }
 void CpuEngine::write_optimizer_range(size_t begin, size_t n, const float* m, const float* v) {
@@ -232,6 +230,7 @@ void CpuEngine::write_optimizer_range(size_t begin, size_t n, const float* m, co
             layout_.total);
   const HeldPart h = held_part(begin, n, opt_begin_, opt_end_);
   if (!h.n) return;
+  ensure_moments();
   if (m) std::copy_n(m + h.at, h.n, exp_avg_.begin() + (begin + h.at - opt_begin_));
   if (v) std::copy_n(v + h.at, h.n, exp_avg_sq_.begin() + (begin + h.at - opt_begin_));
 }
@@ -239,12 +238,19 @@ void CpuEngine::write_optimizer_range(size_t begin, size_t n, const float* m, co
 void CpuEngine::keep_optimizer_range(size_t begin, size_t end) {
   KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
             "keep_optimizer_range: [{}, {}) is not inside the moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
-  HostVector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
-  HostVector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
-  exp_avg_.swap(m);  // the old, larger buffers are freed here
-  exp_avg_sq_.swap(v);
+  if (!exp_avg_.empty()) {
+    HostVector<float> m(exp_avg_.begin() + (begin - opt_begin_), exp_avg_.begin() + (end - opt_begin_));
+    HostVector<float> v(exp_avg_sq_.begin() + (begin - opt_begin_), exp_avg_sq_.begin() + (end - opt_begin_));
+    exp_avg_.swap(m);  // the old, larger buffers are freed here
+    exp_avg_sq_.swap(v);
+  }
   opt_begin_ = begin;
   opt_end_ = end;
+}
+void CpuEngine::ensure_moments() {
+  if (!exp_avg_.empty() || opt_end_ == opt_begin_) return;
+  exp_avg_.assign(opt_end_ - opt_begin_, 0.0f);
+  exp_avg_sq_.assign(opt_end_ - opt_begin_, 0.0f);
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 
@@ -544,6 +550,7 @@ void CpuEngine::adamw_step(const AdamWHyper& hp) { adamw_step_range(hp, 0, layou
 void CpuEngine::adamw_step_range(const AdamWHyper& hp, size_t begin, size_t end) {
   KVS_CHECK(opt_begin_ <= begin && begin <= end && end <= opt_end_,
             "adamw_step_range: [{}, {}) outside the optimizer moments held, [{}, {})", begin, end, opt_begin_, opt_end_);
+  ensure_moments();
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);

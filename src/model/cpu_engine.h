@@ -182,8 +182,10 @@ class CpuEngine : public Engine {
   std::vector<Slot> slots_;
   Slot* cur_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) of the layout (all of it unless
-  // keep_optimizer_range narrowed it).
+  // keep_optimizer_range narrowed it); empty (all zeros) until first written,
+  // so a ZeRO-1 rank never holds the whole model's moments, not even at start.
   HostVector<float> exp_avg_, exp_avg_sq_;
+  void ensure_moments();
   size_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<int32_t> argmax_;
   std::vector<double> norm_partials_, ce_scratch_;

@@ -1,10 +1,10 @@
 // ZeRO-1's data movement (docs/PARALLEL.md): the collectives that give rank r
 // the summed gradients of its shard [r*S, min((r+1)*S, total)) (shard_range,
 // zero1.h) and every rank every parameter, on the engine's flat buffers.
-//   - StagedFlatSync: host collectives (MPI, single process) on padded host
-//     buffers; the engine's buffers are copied in and out with the given copy
-//     functions (memcpy for the CPU engine, cudaMemcpy for a GPU engine whose
-//     communicator takes host memory);
+//   - StagedFlatSync: host collectives (MPI, single process) on a small host
+//     staging buffer, chunk by chunk; the engine's buffers are copied in and
+//     out with the given copy functions (memcpy for the CPU engine, cudaMemcpy
+//     for a GPU engine whose communicator takes host memory);
 //   - DirectNccl (zero1_device.cpp): in place on GPU buffers, each layer's
 //     gradients reduced as soon as its backward ends.
 #pragma once
@@ -47,10 +47,14 @@ class StagedFlatSync final : public FlatSync {
  public:
   // copy(dst, src, bytes): between the engine's memory and host memory.
   using Copy = std::function<void(void* dst, const void* src, size_t bytes)>;
-  // A shard of more than `max_count` floats moves in pieces of at most
-  // min(max_count, kHostPieceFloats) each: MPI counts are ints, and a shard
-  // of the paper's 19B at tp 4 x dp 2 is 2.4e9 floats.
+  // The collectives move the shards in chunks: chunk c of every rank's segment
+  // [r*S, (r+1)*S) at once, read from and written to the engine's own buffers,
+  // so the host holds dp + 1 chunks, never a copy of the whole buffer (the
+  // part of the last segment beyond `total` is zeros in the staging only).
+  // A chunk is at most kStagingFloats / dp floats and at most `max_count`
+  // (MPI counts are ints; tests pass a small one).
   static constexpr size_t kMaxCount = size_t{1} << 30;
+  static constexpr size_t kStagingFloats = size_t{4} << 20;  // 16 MiB for the dp chunks
   StagedFlatSync(Engine& engine, dist::Communicator& comm, const ShardRange& shard, Copy to_host, Copy from_host,
                  size_t max_count = kMaxCount);
 
@@ -59,19 +63,24 @@ class StagedFlatSync final : public FlatSync {
   // The bf16 shards ride the fp32 host collectives (bf16 -> fp32 -> bf16 is exact).
   void all_gather_params16() override;
 
+  // Floats per segment in one collective, and the host floats held for the
+  // collectives (the staging and one chunk; not the sharded master's fp32 copies).
+  size_t chunk() const { return chunk_; }
+  size_t host_floats() const { return staging_.size() + piece_.size() + (bits_.size() + 1) / 2; }
+
  private:
-  // padded_ (dp*S) summed into piece_ (S); piece_ gathered into padded_: whole, or in pieces.
-  void reduce_scatter_padded();
-  void all_gather_padded();
+  // Where rank r's floats [at, at + k) of its segment lie in the engine's
+  // buffer: [first, first + second), empty beyond `total`.
+  std::pair<size_t, size_t> segment_part(size_t r, size_t at, size_t k) const;
 
   Engine& engine_;
   dist::Communicator& comm_;
-  size_t begin_, end_, S_, total_, max_count_;
+  size_t rank_, ranks_, S_, total_, chunk_;
   Copy to_host_, from_host_;
-  std::vector<float> padded_, piece_;  // dp*S and S floats, reused every step; the padding stays zero
-  std::vector<float> staging_;         // dp pieces, when the shard moves in pieces
-  std::vector<uint16_t> bits_;         // the bf16 copy (sharded master only)
-  std::vector<float> copies_;          // the packed fp32 copies (sharded master only)
+  std::vector<float> staging_;   // dp chunks, rank after rank, as the collectives take them
+  std::vector<float> piece_;     // this rank's chunk
+  std::vector<uint16_t> bits_;   // one chunk of the bf16 copy (sharded master only)
+  std::vector<float> copies_;    // the packed fp32 copies (sharded master only)
 };
 
 // The engine's kind: StagedFlatSync with memcpy for host buffers, else make_device_flat_sync.

@@ -32,6 +32,7 @@
 #include "model/params.h"
 #include "mpi_runs.h"
 #include "parallel/dist_test_util.h"
+#include "parallel/flat_sync.h"
 #include "parallel/mpi_world.h"
 #include "parallel/zero1.h"
 #include "train/nonfinite_gradient_run.h"
@@ -325,6 +326,71 @@ TEST(HostCudaParallel, ShardedMasterGivesTheWholeMastersBitsInLessMemory) {
     }
     world().barrier();
   }
+}
+
+// The staged path moves the shards chunk by chunk (StagedFlatSync): in
+// chunks of 7 floats (every segment cut many times, the last one partly
+// beyond the buffer) the reduced gradients, the gathered bf16 copy and the
+// fp32 copies are the bytes of one chunk per shard (which the sharded-master
+// test above checks against the whole master), on the device buffers.
+TEST(HostCudaParallel, StagedSyncInChunksGivesTheWholeShardsBytes) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const kvs::Config c = config(true, 32, 1);
+  const int B = 2, T = 16;
+  auto copy = [](cudaMemcpyKind kind) {
+    return [kind](void* dst, const void* src, size_t bytes) {
+      ASSERT_EQ(cudaMemcpy(dst, src, bytes, kind), cudaSuccess);
+      if (kind == cudaMemcpyHostToDevice) ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
+  };
+  struct Result {
+    std::vector<float> grads, copies;
+    std::vector<uint16_t> bits;
+  };
+  auto run = [&](size_t max_count) {
+    kvs::CudaEngine e(c.model, B, T);
+    const size_t total = e.layout().total;
+    const kvs::ShardRange shard = kvs::shard_range(total, 2, world().rank());
+    e.keep_optimizer_range(shard.begin, shard.end);
+    e.keep_master_range(shard.begin, shard.end);
+    kvs::StagedFlatSync sync(e, world(), shard, copy(cudaMemcpyDeviceToHost), copy(cudaMemcpyHostToDevice),
+                             max_count);
+    EXPECT_EQ(sync.chunk(), std::min(max_count, shard.padded_size));
+    std::vector<float> init(total);
+    kvs::init_params(e.layout(), c.model, 5, init.data());
+    e.write_params(init.data());
+    std::vector<int32_t> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; ++i) {
+      tokens[i] = 2 + (i * 7 + world().rank()) % 30;  // each rank its own batch
+      targets[i] = 2 + (i * 5 + 1) % 30;
+    }
+    std::vector<float> mask(B * T, 1.0f);
+    e.zero_grad();
+    e.forward_backward({B, T, tokens.data(), targets.data(), mask.data()}, 1.0 / (2 * B * T));
+    sync.reduce_grads();
+    kvs::AdamWHyper h;
+    h.lr = 1e-2;
+    h.step = 1;
+    e.adamw_step_range(h, shard.begin, shard.end);
+    sync.all_gather_params16();
+    Result r;
+    r.grads.resize(shard.end - shard.begin);
+    r.bits.resize(total);
+    copy(cudaMemcpyDeviceToHost)(r.grads.data(), e.flat_grads() + shard.begin, r.grads.size() * sizeof(float));
+    copy(cudaMemcpyDeviceToHost)(r.bits.data(), e.flat_params16(), total * sizeof(uint16_t));
+    for (const kvs::Engine::Fp32Copy& t : e.fp32_copies()) {
+      const size_t at = r.copies.size();
+      r.copies.resize(at + t.n);
+      copy(cudaMemcpyDeviceToHost)(r.copies.data() + at, t.data, t.n * sizeof(float));
+    }
+    return r;
+  };
+  const Result whole = run(kvs::StagedFlatSync::kMaxCount), chunks = run(7);
+  EXPECT_TRUE(chunks.grads == whole.grads) << "the reduced shard";
+  EXPECT_TRUE(chunks.bits == whole.bits) << "the gathered bf16 copy";
+  EXPECT_TRUE(chunks.copies == whole.copies) << "the fp32 copies";
+  EXPECT_FALSE(whole.copies.empty());
+  world().barrier();
 }
 
 // ZeRO-1's gather of the bf16 copy over NCCL (the shim's) overlaps the next

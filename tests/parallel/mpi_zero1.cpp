@@ -70,7 +70,7 @@ TEST(ShardRange, CoversTheBufferOnceInRankOrder) {
 
 // The flat collectives: every rank's gradients summed into its shard, every
 // shard of the parameters from its owner.
-// Also in pieces (a shard above the MPI count limit, here one of 7 floats).
+// Also in chunks of 7 floats (the last segment's last chunk partly beyond the buffer).
 TEST(FlatSync, ReducesIntoTheShardAndGathersEveryShard) {
   for (const size_t max_count : {StagedFlatSync::kMaxCount, size_t{7}}) {
     SCOPED_TRACE(max_count);
@@ -80,7 +80,11 @@ TEST(FlatSync, ReducesIntoTheShardAndGathersEveryShard) {
     const size_t total = e.layout().total;
     const ShardRange shard = shard_range(total, dp, r);
     const StagedFlatSync::Copy copy = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
-    std::unique_ptr<FlatSync> sync = std::make_unique<StagedFlatSync>(e, world(), shard, copy, copy, max_count);
+    auto staged = std::make_unique<StagedFlatSync>(e, world(), shard, copy, copy, max_count);
+    // The host holds dp + 1 chunks, not a copy of the buffer.
+    EXPECT_EQ(staged->chunk(), std::min(shard.padded_size, max_count));
+    EXPECT_EQ(staged->host_floats(), (dp + 1) * staged->chunk());
+    std::unique_ptr<FlatSync> sync = std::move(staged);
     float* g = e.host_grads();
     for (size_t i = 0; i < total; ++i) g[i] = static_cast<float>((r + 1) * (i % 97));
     sync->reduce_grads();

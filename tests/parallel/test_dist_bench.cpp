@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "layout_runs.h"
+#include "model/config.h"
+#include "model/params.h"
 
 using namespace kvs::testing_util;
 
@@ -69,4 +71,32 @@ TEST(DistBench, CompareShiftInALayout) {
           << "kv_shift " << (i == 1) << " step " << s + 1;
   }
   EXPECT_NE(one[0]["losses"], one[1]["losses"]);  // two models, not one timed twice
+}
+
+// ZeRO-1 saves memory on the CPU engine too. A rank of dp 2 holds half of
+// the two moments, so it sheds as many bytes as the fp32 parameters take (156
+// MiB here: 36M parameters, 1 x 32 tokens per micro-batch, so the weights,
+// gradients and moments are most of the process); it spends about 24 MiB on
+// the collectives' staging and about 40 MiB on the MPI library. Measured: one
+// process 838 MiB, a rank of dp 2 744 MiB; required: at least a quarter of
+// the parameters' size below. Before, each rank held a dp x S host copy of the
+// gradients and allocated the whole moments before narrowing them: a rank of
+// dp 2 peaked at 1,030 MiB (either fix alone: 1,082 and 900 MiB).
+TEST(DistBench, Zero1RankPeaksBelowOneProcess) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  nlohmann::json c = tiny_config(true, 2);
+  c["model"].update({{"hidden_size", 768}, {"intermediate_size", 2048}, {"num_hidden_layers", 4},
+                     {"num_attention_heads", 6}, {"num_key_value_heads", 6}, {"vocab_size", 8192},
+                     {"max_position_embeddings", 32}});
+  c["train"].update({{"seq_len", 32}, {"micro_batch_size", 1}});
+  spit(cfg, c.dump());
+  const nlohmann::json one = bench(0, cfg, ""), two = bench(2, cfg, "");
+  ASSERT_EQ(two["parallel"]["dp"], 2);
+  const kvs::ParamCounts n = kvs::count_params(kvs::config_from_json(c, "c").model);
+  const double params_mib = 4.0 * static_cast<double>(n.total) / (1 << 20);
+  const double one_mib = one["peak_rss_mib"].get<double>(), two_mib = two["peak_rss_mib"].get<double>();
+  EXPECT_LT(two_mib, one_mib - 0.25 * params_mib)
+      << "one process " << one_mib << " MiB, a rank of dp 2 " << two_mib << " MiB, fp32 parameters " << params_mib
+      << " MiB";
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 
@@ -170,6 +171,44 @@ void check_fresh_run_directory(const std::string& run_dir) {
             "{}: not a kvshift run's config (no 'train' section); a new run would overwrite it: use another "
             "--run-dir",
             config);
+}
+
+// Nor over an earlier run's checkpoints (--resume continues them). An earlier
+// run that stopped before its first checkpoint (a job killed and started
+// again, the same command run twice) left its metrics.jsonl and config.json:
+// rank 0 keeps them beside the new run's, as metrics.earlier-N.jsonl and
+// config.earlier-N.json (the first free N), and says so. A file without a
+// training line (a failed start's) is simply replaced.
+void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
+  KVS_CHECK(!has_checkpoints(run_dir + "/checkpoints"),
+            "{}: the run directory already has checkpoints; use --resume or another --run-dir", run_dir);
+  const std::string metrics = run_dir + "/metrics.jsonl";
+  std::ifstream in(metrics);
+  int64_t lines = 0, last = -1;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    ++lines;
+    last = std::max(last, j["step"].get<int64_t>());
+  }
+  if (lines == 0 || !rank0) return;
+  auto kept = [&](int n, const char* stem, const char* ext) { return fmt::format("{}/{}.earlier-{}.{}", run_dir, stem, n, ext); };
+  int n = 1;
+  while (fs::exists(kept(n, "metrics", "jsonl")) || fs::exists(kept(n, "config", "json"))) ++n;
+  std::error_code ec;
+  fs::rename(metrics, kept(n, "metrics", "jsonl"), ec);
+  KVS_CHECK(!ec, "{}: could not keep an earlier run's metrics as {}: {}", metrics, kept(n, "metrics", "jsonl"),
+            ec.message());
+  const bool config = fs::exists(run_dir + "/config.json");
+  if (config) {
+    fs::rename(run_dir + "/config.json", kept(n, "config", "json"), ec);
+    KVS_CHECK(!ec, "{}/config.json: could not keep an earlier run's config as {}: {}", run_dir,
+              kept(n, "config", "json"), ec.message());
+  }
+  spdlog::warn("{}: an earlier run without checkpoints left {} metrics lines (up to step {}): kept as {}{}", run_dir,
+               lines, last, fs::path(kept(n, "metrics", "jsonl")).filename().string(),
+               config ? fmt::format(", its config as {}", fs::path(kept(n, "config", "json")).filename().string())
+                      : std::string());
 }
 
 // A run directory this call creates is removed again if the run fails before
@@ -343,7 +382,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   // Rank 0 writes the directory, so rank 0 holds it (released before created_dir looks at it).
   std::optional<DirLock> run_dir_lock;
   if (rank0) run_dir_lock.emplace(opt.run_dir);
-  if (!opt.resume) check_fresh_run_directory(opt.run_dir);
+  if (!opt.resume) {
+    check_fresh_run_directory(opt.run_dir);
+    keep_earlier_run_record(opt.run_dir, rank0);
+  }
   const std::string ckpt_root = opt.run_dir + "/checkpoints";
   const RemovedIfLeftEmpty created_ckpt_root(ckpt_root);  // before created_dir looks at the run directory
   if (rank0) check_checkpoint_root_writable(ckpt_root);   // now, not at the first save after hours of training
@@ -446,8 +488,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               tc.steps);
     if (rank0) spdlog::info("resuming from {} (step {})", latest, step);
   } else {
-    KVS_CHECK(!has_checkpoints(ckpt_root),
-              "{}: the run directory already has checkpoints; use --resume or another --run-dir", opt.run_dir);
     // Each rank makes its slice of the full model's values, so every layout starts from the same weights.
     if (opt.init_from.empty()) {
       write_params_in_windows(*engine, [&](size_t at, size_t n, float* w) { io.init_local(tc.seed, at, n, w); });

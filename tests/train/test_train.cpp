@@ -245,8 +245,9 @@ TEST(Train, AFailedStartLeavesNoEmptyRunDirectory) {
 
 // A fresh run writes config.json and metrics.jsonl into --run-dir: a
 // directory holding a checkpoint or a Hugging Face model (a path meant for
-// --init-from) or another program's config.json is refused and left as it was;
-// an earlier run's directory without checkpoints is the run's to replace.
+// --init-from) or another program's config.json is refused and left as it was.
+// An earlier run that stopped before its first checkpoint is started again,
+// and its metrics and config are kept beside the new run's, never overwritten.
 TEST(Train, RefusesARunDirectoryHoldingAModel) {
   Config c = tiny_induction(true, {{"steps", 1}});
   const std::string src = fresh_dir("holds_model_src");
@@ -267,7 +268,24 @@ TEST(Train, RefusesARunDirectoryHoldingAModel) {
   const std::string earlier = fresh_dir("earlier_run");  // stopped before its first checkpoint
   kvs::train(c, {earlier, false, true});
   fs::remove_all(earlier + "/checkpoints");
-  EXPECT_NO_THROW(kvs::train(c, {earlier, false, true}));
+  const std::string metrics_first = kvs::testing_util::slurp(earlier + "/metrics.jsonl");
+  const std::string config_first = kvs::testing_util::slurp(earlier + "/config.json");
+  c.train.steps = 2;  // the second run differs, so each file tells which run wrote it
+  kvs::train(c, {earlier, false, true});
+  EXPECT_EQ(kvs::testing_util::slurp(earlier + "/metrics.earlier-1.jsonl"), metrics_first);
+  EXPECT_EQ(kvs::testing_util::slurp(earlier + "/config.earlier-1.json"), config_first);
+  const std::string metrics_second = kvs::testing_util::slurp(earlier + "/metrics.jsonl");
+  EXPECT_NE(metrics_second, metrics_first);
+  EXPECT_NE(kvs::testing_util::slurp(earlier + "/config.json"), config_first);
+  fs::remove_all(earlier + "/checkpoints");
+  kvs::train(c, {earlier, false, true});  // a third start keeps the second's as number 2
+  EXPECT_EQ(kvs::testing_util::slurp(earlier + "/metrics.earlier-1.jsonl"), metrics_first);
+  EXPECT_EQ(kvs::testing_util::slurp(earlier + "/metrics.earlier-2.jsonl"), metrics_second);
+  // A failed start's file (no training line yet) is replaced.
+  fs::remove_all(earlier + "/checkpoints");
+  kvs::testing_util::spit(earlier + "/metrics.jsonl", "");
+  kvs::train(c, {earlier, false, true});
+  EXPECT_FALSE(fs::exists(earlier + "/metrics.earlier-3.jsonl"));
 }
 
 // A run directory another trainer holds (core/dir_lock) is refused, fresh or

@@ -779,9 +779,10 @@ def search_layouts(m, train, a):
                     if a.sp != "both":
                         sps = [s for s in sps if s == (a.sp == "on")]
                     for sp in sps:
-                        if sp and a.seq_len % tp:
+                        if sp and (a.seq_len % tp or (a.seq_len // cp) % tp):
                             skipped.append({"tp": tp, "cp": cp, "kind": "sp",
-                                            "why": "SP: seq_len is not divisible by tp"})
+                                            "why": "SP: seq_len is not divisible by tp" if a.seq_len % tp
+                                            else "SP: seq_len / cp is not divisible by tp"})
                             continue
                         rows.append(predict(m, train, a, dp, cp, tp, sp, "zero1", pp, v))
     rows.sort(key=lambda r: (not r["fits"], r["step_overlap_s"]))

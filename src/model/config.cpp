@@ -542,6 +542,13 @@ void validate(const Config& c, const std::string& origin) {
     fail("{}: parallel.sequence_parallel: train.seq_len ({}) must be divisible by parallel.tp ({}): each rank holds "
          "an equal share of the rows",
          origin, t.seq_len, p.tp);
+  // With context parallelism a rank's rows are micro-batch x seq_len / cp, and
+  // the last micro-batch of an evaluation may hold one sequence.
+  if (p.sequence_parallel && p.cp > 1 && t.seq_len % p.cp == 0 && (t.seq_len / p.cp) % p.tp != 0)
+    fail("{}: parallel.sequence_parallel: train.seq_len / parallel.cp ({} / {} = {}) must be divisible by "
+         "parallel.tp ({}): each rank of a context-parallel group holds that many positions of a sequence, and the "
+         "tensor-parallel ranks an equal share of them",
+         origin, t.seq_len, p.cp, t.seq_len / p.cp, p.tp);
   if (p.cp > 1 && t.seq_len % (2 * p.cp) != 0)
     fail("{}: parallel.cp ({}): train.seq_len ({}) must be divisible by 2 x cp = {}: each rank holds two equal "
          "chunks of every sequence",

@@ -106,6 +106,12 @@ TEST(ContextParallel, BadLayoutsAreOneLineErrors) {
   EXPECT_NE(error_of_run(0, "--set parallel.cp=3").find("parallel.cp (3): train.seq_len (16) must be divisible by 2 x "
                                                         "cp = 6"),
             std::string::npos);
+  // 16 positions over cp 4 are 4 per rank, which tp 8 cannot split (16 alone it could).
+  EXPECT_NE(error_of_run(0, "--set parallel.cp=4 --set parallel.tp=8 --set parallel.sequence_parallel=true "
+                            "--set model.num_attention_heads=8 --set model.num_key_value_heads=8")
+                .find("parallel.sequence_parallel: train.seq_len / parallel.cp (16 / 4 = 4) must be divisible by "
+                      "parallel.tp (8)"),
+            std::string::npos);
   EXPECT_NE(error_of_run(2, "--set parallel.cp=2 --set parallel.tp=2")
                 .find("parallel.tp x parallel.cp (2 x 2) must divide the number of processes (2)"),
             std::string::npos);

@@ -329,10 +329,15 @@ def cases():
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
 
     @case("cli-eval-set-model", "CLI", "eval with a model override (eval runs the checkpoint's model)",
-          "--set model.hidden_size=32: eval runs the checkpoint's model as saved; only data and train keys can be "
-          "overridden")
+          "--set model.hidden_size=32: eval runs the checkpoint's model as saved; only data, train and parallel "
+          "keys can be overridden")
     def _(b, d):
         return ["eval", "--checkpoint", trained(b, d), "--set", "model.hidden_size=32"], ""
+
+    @case("cli-eval-layout-one-process", "CLI", "eval in one process asked for a tensor-parallel layout",
+          "parallel.tp (2) must divide the number of processes (1): the world is dp x tp ranks")
+    def _(b, d):
+        return ["eval", "--checkpoint", trained(b, d), "--set", "parallel.tp=2"], ""
 
     @case("cli-forward-too-long", "CLI", "forward on more tokens than the model's positions",
           "D/t.txt: 17 positions exceed the model's max_position_embeddings 16")

@@ -31,13 +31,17 @@ void add_eval(CLI::App& app) {
       ->required();
   cmd->add_option("--config", a->config,
                   "Config giving the data and eval settings (default: the checkpoint's run_config.json)");
-  cmd->add_option("--set", a->sets, "Override a data or train key (repeatable; the model is the checkpoint's)");
+  cmd->add_option("--set", a->sets,
+                  "Override a data, train or parallel key (repeatable; the model is the checkpoint's; parallel.* "
+                  "under mpirun or torchrun)");
   cmd->add_option("--device", a->device, "cpu or cuda (default: the config's)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
   cmd->callback([a]() {
     for (const auto& s : a->sets)
       KVS_CHECK(s.rfind("model.", 0) != 0 && s.rfind("model=", 0) != 0,
-                "--set {}: eval runs the checkpoint's model as saved; only data and train keys can be overridden", s);
+                "--set {}: eval runs the checkpoint's model as saved; only data, train and parallel keys can be "
+                "overridden",
+                s);
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     // Opened, not read: each rank reads only its part of the weights.
     const OpenedCheckpoint ck = open_model_checkpoint(dir, /*with_optimizer=*/false);
@@ -68,7 +72,19 @@ void add_eval(CLI::App& app) {
     // run's, or --set parallel.*), and the data-parallel replicas split the
     // batches: the numbers are one process's either way (evaluate()).
     auto world = dist::make_world(cfg.device);
-    if (world->size() == 1) cfg.parallel = ParallelConfig{};
+    if (world->size() == 1) {
+      // The run's layout does not apply, but a layout asked for here does: one
+      // process cannot hold tp 2, and says so as bench does.
+      cfg.parallel = ParallelConfig{};
+      nlohmann::json j = to_json(cfg);
+      bool asked = false;
+      for (const auto& s : a->sets)
+        if (s.rfind("parallel.", 0) == 0 || s.rfind("parallel=", 0) == 0) {
+          apply_override(j, s, origin);
+          asked = true;
+        }
+      if (asked) cfg.parallel = config_from_json(j, origin).parallel;
+    }
     // No optimizer step runs: grad_accum_steps only sizes the pipeline's
     // schedule, so the fewest micro-batches any layout takes.
     const ParallelConfig& p = cfg.parallel;

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/runtime_env.h"
+#include "dist/launch.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/gemm_library.h"
 
@@ -74,6 +75,17 @@ class ExpandEveryLevel : public CLI::Formatter {
   }
 };
 
+// This process's rank as its launcher set it (0 without one): under a
+// launcher every rank usually fails alike (a config error), and the line is
+// printed once, not once per rank (print_rank_error).
+int launch_rank() {
+  try {
+    return kvs::dist::detect_launch().rank;
+  } catch (const std::exception&) {  // a bad launcher variable: its own error is the one printed
+    return 0;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,13 +125,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help and --help-all: CLI11 prints them
     // A usage error is one line too, naming the subcommand whose options were wrong.
-    std::fprintf(stderr, "kvshift: error: %s\n", usage_error(app, e, argc, argv).c_str());
-    return 1;
-  } catch (const kvs::Error& e) {
-    std::fprintf(stderr, "kvshift: error: %s\n", e.what());
+    kvs::cli::print_rank_error(launch_rank(), usage_error(app, e, argc, argv).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvshift: error: %s\n", e.what());
+    kvs::cli::print_rank_error(launch_rank(), e.what());
     return 1;
   }
   return 0;

@@ -151,3 +151,30 @@ TEST(LaunchWorld, OneProcessSubcommandsRefuseSeveralRanks) {
   EXPECT_EQ(m.out.find(mpi_msg), m.out.rfind(mpi_msg)) << "reported more than once: " << m.out;
   EXPECT_FALSE(std::filesystem::exists(tmp / "hf"));
 }
+
+// An error every rank hits (a config error, before any world exists) is
+// printed once under mpirun, not once per rank: rank 0 prints at once, the
+// others would only after kRepeatDelay, by when mpirun has stopped the job.
+// An error one rank hits alone (here rank 1's KVS_CPU_GEMM, an MPMD launch)
+// still reaches the terminal.
+TEST(LaunchWorld, AnErrorEveryRankHitsIsPrintedOnce) {
+  TmpDir tmp;
+  kvs::testing_util::spit(tmp / "c.json", tiny_config("cpu"));
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "timeout 60 mpirun --oversubscribe --bind-to none ";
+  const std::string train = std::string(kvs::test::cli_binary()) + " train --config " + (tmp / "c.json") +
+                            " --run-dir " + (tmp / "run") + " --set train.lr=-1";
+  const CommandResult all = finish(::popen((mpirun + "-np 4 " + train + " 2>&1").c_str(), "r"));
+  EXPECT_NE(all.code, 0) << all.out;
+  const std::string msg = "kvshift: error: " + (tmp / "c.json") + ": train.lr: must be > 0, got -1";
+  EXPECT_NE(all.out.find(msg), std::string::npos) << all.out;
+  EXPECT_EQ(all.out.find(msg), all.out.rfind(msg)) << "reported more than once: " << all.out;
+
+  const std::string ok = std::string(kvs::test::cli_binary()) + " train --config " + (tmp / "c.json") +
+                         " --run-dir " + (tmp / "run");
+  const CommandResult one =
+      finish(::popen((mpirun + "-np 1 " + ok + " : -np 1 env KVS_CPU_GEMM=bogus " + ok + " 2>&1").c_str(), "r"));
+  EXPECT_NE(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("kvshift: error: KVS_CPU_GEMM"), std::string::npos) << one.out;
+}

@@ -22,6 +22,19 @@
 
 namespace kvs::cli {
 
+// An error line from one rank of a launched job. Every rank often hits the
+// same error (a config typo, a diverged loss), and each printing it gave one
+// copy per rank. Rank 0 prints at once; the others wait a moment first, so
+// that when rank 0 failed too, its MPI_Abort or the launcher (mpirun and
+// torchrun stop the job when a rank exits non-zero) has ended them before they
+// repeat it. An error a rank hits alone still prints, that much later.
+inline constexpr std::chrono::milliseconds kRepeatDelay{1500};
+inline void print_rank_error(int rank, const char* what) {
+  if (rank > 0) std::this_thread::sleep_for(kRepeatDelay);
+  std::fprintf(stderr, "kvshift: error: %s\n", what);
+  std::fflush(stderr);
+}
+
 template <class F>
 void run_on_world(dist::Communicator& world, F&& body) {
   try {
@@ -29,8 +42,7 @@ void run_on_world(dist::Communicator& world, F&& body) {
     world.barrier();
   } catch (const std::exception& e) {
     if (world.size() == 1) throw;
-    std::fprintf(stderr, "kvshift: error: %s\n", e.what());
-    std::fflush(stderr);
+    print_rank_error(world.rank(), e.what());
     dist::abort_world(1);
     throw;  // not reached under MPI
   }

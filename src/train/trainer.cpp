@@ -212,21 +212,28 @@ void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
 }
 
 // A run directory this call creates is removed again if the run fails before
-// writing anything into it (a bad data path, a model too large): an error
-// leaves no empty directory behind to be taken for a run.
+// writing anything into it (a bad data path, a model too large), with the
+// parents the call created for it (--run-dir new/a/b): an error leaves no
+// empty directory behind to be taken for a run.
 class RemovedIfLeftEmpty {
  public:
-  explicit RemovedIfLeftEmpty(std::string dir) : dir_(std::move(dir)), created_(!fs::exists(dir_)) {}
+  explicit RemovedIfLeftEmpty(const std::string& dir) {
+    // The directories that do not exist yet, innermost first.
+    fs::path p = fs::absolute(dir).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // a trailing '/'
+    for (; !fs::exists(p) && p != p.parent_path(); p = p.parent_path()) created_.push_back(p);
+  }
   ~RemovedIfLeftEmpty() {
+    if (std::uncaught_exceptions() == 0) return;
     std::error_code ec;
-    if (created_ && std::uncaught_exceptions() > 0 && fs::is_empty(dir_, ec) && !ec) fs::remove(dir_, ec);
+    for (const fs::path& p : created_)
+      if (!fs::is_empty(p, ec) || ec || !fs::remove(p, ec)) break;
   }
   RemovedIfLeftEmpty(const RemovedIfLeftEmpty&) = delete;
   RemovedIfLeftEmpty& operator=(const RemovedIfLeftEmpty&) = delete;
 
  private:
-  std::string dir_;
-  bool created_;
+  std::vector<fs::path> created_;
 };
 
 // KVS_FAULT_INF_GRADIENT_STEP=N (the tests only; docs/RELIABILITY.md): step

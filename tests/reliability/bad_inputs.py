@@ -236,6 +236,11 @@ def cases():
         trained(b, d)
         return ["train", "--config", config(d, tiny()), "--run-dir", os.path.join(d, "run")], ""
 
+    @case("cli-empty-run-dir", "CLI", "an empty --run-dir (a variable that was not set)",
+          "train: --run-dir: an empty path (kvshift train --help lists its options)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--run-dir", ""], ""
+
     @case("cli-no-config", "CLI", "train without --config or --resume",
           "train: --config is required (unless --resume with --run-dir)")
     def _(b, d):

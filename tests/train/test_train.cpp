@@ -241,6 +241,10 @@ TEST(Train, AFailedStartLeavesNoEmptyRunDirectory) {
   fs::create_directories(dir);
   EXPECT_KVS_ERROR(kvs::train(c, {dir, false, true}), "no file matches");
   EXPECT_TRUE(fs::is_directory(dir));
+  // The parents it created for a nested --run-dir go too, not those that were there.
+  EXPECT_KVS_ERROR(kvs::train(c, {dir + "/a/b/c/", false, true}), "no file matches");
+  EXPECT_FALSE(fs::exists(dir + "/a"));
+  EXPECT_TRUE(fs::is_directory(dir));
 }
 
 // A fresh run writes config.json and metrics.jsonl into --run-dir: a

@@ -28,7 +28,8 @@ void add_train(CLI::App& app) {
                   "Experiment config (JSON). With --resume it defaults to RUN_DIR/config.json");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set train.lr=3e-4 (repeatable)");
   cmd->add_option("--run-dir", a->run_dir,
-                  "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)");
+                  "Output directory: metrics.jsonl, config.json, checkpoints/ (default runs/<config name>)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("an empty path") : std::string(); });
   cmd->add_flag("--resume", a->resume, "Continue from the run directory's latest checkpoint");
   cmd->add_option("--init-from", a->init_from,
                   "Start a new run (step 0, fresh optimizer) from the weights of a checkpoint: a step directory "

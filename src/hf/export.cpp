@@ -60,6 +60,7 @@ std::string find_tokenizer_dir(const ExportOptions& o, const std::string& checkp
 
 struct TokenizerInfo {
   SpecialIds ids;
+  int size = 0;  // ids [0, size) are the tokenizer's (0: no tokenizer)
   SpModel model;
   const std::string& piece(int id) const { return model.pieces[id].piece; }
 };
@@ -85,6 +86,7 @@ TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
   }
   KVS_CHECK(vocab <= model_vocab, "{}: the tokenizer has {} pieces but the model's vocab_size is {}", dir, vocab,
             model_vocab);
+  t.size = vocab;
   for (int id : {t.ids.bos, t.ids.eos, t.ids.pad, t.ids.unk})
     KVS_CHECK(id < static_cast<int>(t.model.pieces.size()), "{}: special id {} is beyond the model's {} pieces", dir,
               id, t.model.pieces.size());
@@ -115,6 +117,9 @@ std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, 
               {"unk_token", piece(t.ids.unk)},
               {"pad_token", piece(t.ids.pad)},
               {"model_max_length", max_len},
+              // What the model takes: without it transformers 4.x's PreTrainedTokenizerFast also
+              // returns token_type_ids, which generate(**ids) and a LlamaForCausalLM refuse.
+              {"model_input_names", json::array({"input_ids", "attention_mask"})},
               {"padding_side", "left"},  // as LlamaTokenizer's
               {"clean_up_tokenization_spaces", false},
               {"legacy", true},
@@ -185,7 +190,7 @@ std::string export_hf(const ExportOptions& o) {
   StagedDir out(o.out, o.force, inputs);
   const bool remote = needs_remote_code(m);
   write_json_file(out.file("config.json"), export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids));
-  write_json_file(out.file("generation_config.json"), generation_config(tok.ids));
+  write_json_file(out.file("generation_config.json"), generation_config(tok.ids, tok.size, m.vocab_size));
   const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);

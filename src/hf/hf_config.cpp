@@ -48,11 +48,16 @@ json export_config(const ModelConfig& m, const std::string& torch_dtype, const S
   return j;
 }
 
-json generation_config(const SpecialIds& ids) {
+json generation_config(const SpecialIds& ids, int tokenizer_size, int vocab_size) {
   json j = {{"_from_model_config", true}};
   if (ids.bos >= 0) j["bos_token_id"] = ids.bos;
   if (ids.eos >= 0) j["eos_token_id"] = ids.eos;
   if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
+  if (tokenizer_size > 0 && tokenizer_size < vocab_size) {
+    json none = json::array();
+    for (int id = tokenizer_size; id < vocab_size; ++id) none.push_back(id);
+    j["suppress_tokens"] = none;
+  }
   return j;
 }
 

@@ -20,8 +20,10 @@ bool needs_remote_code(const ModelConfig& m);
 // config.json of an export. `torch_dtype` is "float32" or "bfloat16".
 nlohmann::json export_config(const ModelConfig& m, const std::string& torch_dtype, const SpecialIds& ids);
 
-// generation_config.json of an export.
-nlohmann::json generation_config(const SpecialIds& ids);
+// generation_config.json of an export. Ids from `tokenizer_size` up to the
+// model's `vocab_size` (a vocabulary padded past the tokenizer's pieces) are
+// suppressed, as `kvshift generate` never picks them: they have no text.
+nlohmann::json generation_config(const SpecialIds& ids, int tokenizer_size, int vocab_size);
 
 // Reads a Hugging Face config.json of model_type llama, mistral or kvshift_llama.
 // Keys without a meaning for the model (bos ids, dtype, ...) are ignored; keys

@@ -705,6 +705,7 @@ def kvshift_tokenizer_ids(t, binary, d, text):
         except Exception as e:  # noqa: BLE001
             t.record("tokenizer", f"kvshift tokenizer loads (use_fast={fast})", False,
                      f"{type(e).__name__}: {e}"[:40])
+    exported_snippet_and_padded_vocab(t, binary, d, tok, out)
     if MAJOR < 5:  # transformers 4's LlamaConverter: the same file, but for merges into control pieces
         from transformers import LlamaTokenizerFast
         conv = json.loads(LlamaTokenizerFast(vocab_file=os.path.join(out, "tokenizer.model"), legacy=True,
@@ -721,6 +722,47 @@ def kvshift_tokenizer_ids(t, binary, d, text):
             [(a["id"], a["content"], a["special"]) for a in ours["added_tokens"]]
         t.record("tokenizer", f"tokenizer.json == transformers' conversion ({len(ours['model']['merges'])} merges)",
                  all(same.values()), f"differs in {[k for k, v in same.items() if not v]}")
+
+
+def exported_snippet_and_padded_vocab(t, binary, d, tok, out):
+    """docs/HF.md's "Using an export" as written: tok(text) gives what the model takes (on 4.x a
+    PreTrainedTokenizerFast also gave token_type_ids, which generate(**ids) refused). And a vocabulary
+    padded past the tokenizer's 600 pieces (640 here, with an lm_head row past them that greedy
+    decoding would pick): the export's generate() suppresses those ids as `kvshift generate` skips them."""
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(out)
+    model = load_export(out)
+    try:
+        ids = hf("the cat sat", return_tensors="pt")
+        got = model.generate(**ids, max_new_tokens=3, do_sample=False)
+        want = greedy(model, ids["input_ids"], 3)
+        t.record("tokenizer", "HF.md's snippet: generate(**tok(text)) runs and is greedy", got.tolist() == want.tolist(),
+                 f"{got.tolist()} vs {want.tolist()}; keys {sorted(ids.keys())}")
+    except Exception as e:  # noqa: BLE001
+        t.record("tokenizer", "HF.md's snippet: generate(**tok(text)) runs", False, f"{type(e).__name__}: {e}"[:60])
+    padded = os.path.join(d, "ckpt_vocab640")
+    cfg = make_config(32, 4, 2, 40, 1, 640, False, False)
+    w = draw_weights(cfg, 211)
+    write_checkpoint(padded, cfg, w)
+    json.dump({"data": {"type": "shards", "tokenizer": tok}}, open(os.path.join(padded, "run_config.json"), "w"))
+    prompt = [5, 17, 33, 8]
+    first = json.loads(run([binary, "generate", "--checkpoint", padded, "--prompt-ids", ",".join(map(str, prompt)),
+                            "--max-new-tokens", "1", "--temperature", "0", "--json"]).stdout.strip().splitlines()[-1])
+    w["lm_head.weight"][620] = 3.0 * w["lm_head.weight"][first["ids"][0]]  # its logit 3x the best piece's
+    write_checkpoint(padded, cfg, w)
+    hf_out = os.path.join(d, "hf_vocab640")
+    export(binary, padded, hf_out)
+    gen = json.load(open(os.path.join(hf_out, "generation_config.json")))
+    ours = json.loads(run([binary, "generate", "--checkpoint", padded, "--prompt-ids", ",".join(map(str, prompt)),
+                           "--max-new-tokens", "6", "--temperature", "0", "--json"]).stdout.strip().splitlines()[-1])
+    m = load_export(hf_out)
+    raw = logits_of(m, torch.tensor([prompt]))[0][0, -1]
+    theirs = m.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 4, dtype=torch.long), max_new_tokens=6,
+                        min_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)[0, 4:].tolist()
+    t.record("tokenizer", "padded vocabulary: generate() suppresses the ids past the tokenizer's, as kvshift "
+             "generate skips them", gen.get("suppress_tokens") == list(range(600, 640)) and
+             int(raw.argmax()) == 620 and ours["ids"] == theirs and max(theirs) < 600,
+             f"kvshift {ours['ids']}, transformers {theirs}, raw argmax {int(raw.argmax())}")
 
 
 def resolve_checkpoint(path):

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/shard_manifest_check.h"
 
 namespace kvs {
 namespace {
@@ -44,6 +45,7 @@ std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patt
     std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + g.gl_pathc);
     ::globfree(&g);
     std::sort(matches.begin(), matches.end());
+    check_shards_against_manifests(full, matches, key);
     out.insert(out.end(), matches.begin(), matches.end());
   }
   return out;

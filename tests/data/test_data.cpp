@@ -778,6 +778,48 @@ TEST(DataShardDataset, Errors) {
   EXPECT_KVS_ERROR(get_seq(*made, Split::Val, 0, 10), "no validation data");
 }
 
+// Shards against their manifest.json (both formats: data prepare's "splits"
+// and prepare_byte_shards.py's "shards"): a listed shard the pattern would
+// match but that is missing (a partial copy), or one whose token count
+// changed, is an error naming it; a narrower pattern is a choice, not a loss;
+// a file the manifest does not list is only a warning.
+TEST(DataShardDataset, ShardsAreCheckedAgainstTheirManifest) {
+  const std::string dir = temp_dir("manifest");
+  for (const char* f : {"train_0.bin", "train_1.bin", "train_2.bin", "val_0.bin"})
+    write_shard(dir + "/" + f, std::vector<uint32_t>(40, 7), 2);
+  const nlohmann::json shard = {{"tokens", 40}, {"sha256", ""}};
+  nlohmann::json prepared = {
+      {"splits",
+       {{"train", {{"shards", {{{"file", "train_0.bin"}, {"tokens", 40}}, {{"file", "train_1.bin"}, {"tokens", 40}},
+                               {{"file", "train_2.bin"}, {"tokens", 40}}}}}},
+        {"val", {{"shards", {{{"file", "val_0.bin"}, {"tokens", 40}}}}}}}}};
+  const nlohmann::json scripted = {
+      {"shards", {{"train_0.bin", shard}, {"train_1.bin", shard}, {"train_2.bin", shard}, {"val_0.bin", shard}}}};
+  for (const nlohmann::json& manifest : {prepared, scripted}) {
+    std::ofstream(dir + "/manifest.json") << manifest.dump();
+    ShardDataConfig cfg;
+    cfg.train = {"train_*.bin"};
+    cfg.val = {"val_*.bin"};
+    EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, dir).size(Split::Train), 11u);
+    fs::rename(dir + "/train_1.bin", dir + "/moved.bin");
+    EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir),
+                     "data.shards.train: " + dir + "/train_1.bin is missing: " + dir +
+                         "/manifest.json lists it (40 tokens) among the shards \"" + dir + "/train_*.bin\" matches");
+    cfg.train = {"train_0.bin", "train_2.bin"};  // asked for two of them: fine
+    EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, dir).size(Split::Train), 7u);
+    fs::rename(dir + "/moved.bin", dir + "/train_1.bin");
+    write_shard(dir + "/train_2.bin", std::vector<uint32_t>(30, 7), 2);
+    EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir),
+                     "data.shards.train: " + dir + "/train_2.bin holds 30 tokens, but " + dir +
+                         "/manifest.json records 40: the shard changed since data prepare wrote it");
+    write_shard(dir + "/train_2.bin", std::vector<uint32_t>(40, 7), 2);
+    write_shard(dir + "/train_9.bin", std::vector<uint32_t>(40, 7), 2);  // not listed: read, with a warning
+    cfg.train = {"train_*.bin"};
+    EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, dir).size(Split::Train), 15u);
+    fs::remove(dir + "/train_9.bin");
+  }
+}
+
 // The Python corpus script writes shards the C++ reader accepts, byte for byte.
 TEST(DataShardDataset, PrepareByteShardsScriptOutputReads) {
   if (std::system("/usr/bin/python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no /usr/bin/python3";

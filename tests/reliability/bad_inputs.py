@@ -439,6 +439,18 @@ def cases():
         shard(d, "train.bin", list(range(2, 30)) * 10, cut=5)
         return ["train", "--config", shard_config(d), "--run-dir", os.path.join(d, "run")], ""
 
+    @case("shard-manifest-missing", "data shards", "a shard the manifest lists is missing (a partial copy)",
+          "data.shards.train: D/train_1.bin is missing: D/manifest.json lists it (280 tokens) among the shards "
+          "\"D/train_*.bin\" matches (a partial copy?)")
+    def _(b, d):
+        shard(d, "train_0.bin", list(range(2, 30)) * 10)
+        with open(os.path.join(d, "manifest.json"), "w") as f:
+            json.dump({"splits": {"train": {"shards": [{"file": "train_0.bin", "tokens": 280},
+                                                       {"file": "train_1.bin", "tokens": 280}]}}}, f)
+        c = tiny()
+        c["data"] = {"type": "shards", "shards": {"train": ["train_*.bin"], "val_fraction": 0.1}}
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
+
     @case("shard-version", "data shards", "a shard of an unknown version",
           "D/train.bin: unsupported shard version 9 (this build reads version 1)")
     def _(b, d):
@@ -804,6 +816,7 @@ LINKS = {
     "shard-blend-source-short": "BlendedDataset.ValidationFilesPerSource",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",
     "shard-truncated": "DataShards.CorruptFilesNameThePath",
+    "shard-manifest-missing": "DataShardDataset.ShardsAreCheckedAgainstTheirManifest",
     "shard-version": "DataShards.CorruptFilesNameThePath",
     "shard-token-bytes": "DataShards.CorruptFilesNameThePath",
     "shard-out-of-vocab": "Cli.OutOfVocabularyTokenInShardsNamesFileAndPosition",

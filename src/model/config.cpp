@@ -610,6 +610,12 @@ ModelConfig model_from_hf_json(const json& j, const std::string& origin) {
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c = read_config(path, overrides);
+  validate(c, path);
+  return c;
+}
+
+Config read_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail("{}: cannot read: is a directory", path);
   std::ifstream f(path, std::ios::binary);
@@ -621,7 +627,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& o : overrides) apply_override(j, o, path);
   Config c = config_from_json(j, path);
   c.source_path = path;
-  validate(c, path);
   return c;
 }
 

@@ -219,6 +219,9 @@ std::string describe_kv_shift(const KvShiftConfig& k);
 // falling back to a string), validates, and returns it. Throws kvs::Error with
 // a one-line message naming the file and key on any problem.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// load_config without validate(): for a caller that replaces a section first
+// (eval takes the checkpoint's model) and then validates the whole.
+Config read_config(const std::string& path, const std::vector<std::string>& overrides = {});
 Config config_from_json(const nlohmann::json& j, const std::string& origin);
 void apply_override(nlohmann::json& j, const std::string& assignment, const std::string& origin);
 void validate(const Config& c, const std::string& origin);

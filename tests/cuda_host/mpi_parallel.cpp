@@ -340,7 +340,9 @@ TEST(HostCudaParallel, StagedSyncInChunksGivesTheWholeShardsBytes) {
   auto copy = [](cudaMemcpyKind kind) {
     return [kind](void* dst, const void* src, size_t bytes) {
       ASSERT_EQ(cudaMemcpy(dst, src, bytes, kind), cudaSuccess);
-      if (kind == cudaMemcpyHostToDevice) ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (kind == cudaMemcpyHostToDevice) {
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      }
     };
   };
   struct Result {

@@ -723,6 +723,15 @@ TEST(EvalCli, SeqLenIsCheckedAgainstTheCheckpointsModel) {
   EXPECT_NE(r.out.find("with the model of"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("max_position_embeddings"), std::string::npos) << r.out;
   EXPECT_EQ(run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "cfg.json")).code, 0);
+  // The other way round: a seq_len the checkpoint holds, past the --config file's own model.
+  j["model"]["max_position_embeddings"] = 16;
+  j["train"]["seq_len"] = 40;
+  kvs::testing_util::spit(tmp / "short_model.json", j.dump());
+  const auto ok = run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "short_model.json"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  const auto set = run_kvshift("eval --checkpoint " + run + " --config " + (tmp / "cfg.json") +
+                               " --set train.seq_len=40 --set model.max_position_embeddings=16");
+  EXPECT_NE(set.out.find("only data, train and parallel keys can be overridden"), std::string::npos) << set.out;
 }
 
 // Inference reads the weights alone: generate and eval neither read nor check

@@ -47,7 +47,7 @@ void add_eval(CLI::App& app) {
     const OpenedCheckpoint ck = open_model_checkpoint(dir, /*with_optimizer=*/false);
     Config cfg;
     if (!a->config.empty()) {
-      cfg = load_config(a->config, a->sets);
+      cfg = read_config(a->config, a->sets);  // validated below, with the checkpoint's model
     } else {
       KVS_CHECK(ck.files.run_config_error.empty(), "{}; pass --config", ck.files.run_config_error);
       KVS_CHECK(!ck.files.run_config.is_null(), "{}: no run_config.json; pass --config", dir);

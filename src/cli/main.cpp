@@ -1,5 +1,6 @@
 // kvshift: pretraining Llama models with KV shifting attention.
 // Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -89,6 +90,10 @@ int launch_rank() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a write fail (EFBIG), which every
+  // writer reports in one line naming its file, instead of killing the
+  // process with SIGXFSZ half-way through (data prepare, export-hf, a checkpoint).
+  std::signal(SIGXFSZ, SIG_IGN);
   kvs::tune_runtime_environment(argc, argv);  // may re-execute once with OpenMP settings (train, bench, ...)
   kvs::cpu::select_blas_kernels();      // before any BLAS call: the GEMM kernels for this CPU
   kvs::default_threads_to_cpu_budget();  // a container's CPU quota caps the default thread count

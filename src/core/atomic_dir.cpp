@@ -53,6 +53,11 @@ std::string begin_atomic_dir(const std::string& target) {
   return tmp;
 }
 
+void check_atomic_target(const std::string& target, bool force) {
+  remove_stale(absolute_target(target));
+  KVS_CHECK(force || !fs::exists(target), "{}: already exists; pass --force to replace it", target);
+}
+
 void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force) {
   const fs::path t = absolute_target(target);
   std::string old;

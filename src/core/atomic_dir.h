@@ -11,6 +11,10 @@ namespace kvs {
 // removed first). Also removes "<target>.tmp.<pid>" / "<target>.old.<pid>"
 // siblings whose process no longer exists.
 std::string begin_atomic_dir(const std::string& target);
+// Before any work: removes what killed runs left beside `target` (as
+// begin_atomic_dir does), then refuses an existing `target` without `force`
+// ("already exists; pass --force to replace it").
+void check_atomic_target(const std::string& target, bool force);
 // Renames `tmp` to `target`; an existing `target` is replaced only with
 // `force` (moved aside, then deleted), else an error naming it.
 void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force);

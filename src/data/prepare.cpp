@@ -104,7 +104,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   KVS_CHECK(o.shard_tokens > 0, "--shard-tokens must be positive (got {})", o.shard_tokens);
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);
   validate_doc_split(o.split);
-  KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
+  check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   std::vector<std::string> read = o.inputs;
   read.push_back(o.tokenizer);
   check_output_holds_no_input(o.out, read);

@@ -76,7 +76,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   // sentencepiece's own range (its error names no flag).
   KVS_CHECK(o.character_coverage >= 0.98 && o.character_coverage <= 1.0,
             "--character-coverage must be in [0.98, 1] (got {})", o.character_coverage);
-  KVS_CHECK(o.force || !fs::exists(o.out), "{}: already exists; pass --force to replace it", o.out);
+  check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   check_output_holds_no_input(o.out, o.inputs);
 
   // A file's sentences: its lines, or with JSON Lines the lines of each document.

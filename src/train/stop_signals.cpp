@@ -88,11 +88,6 @@ StopSignals::StopSignals(StopSignal extra, bool announce) {
     Saved sv{s, {}};
     if (::sigaction(s, &sa, &sv.old) == 0) saved_.push_back(sv);
   }
-  struct sigaction ign {};
-  ign.sa_handler = SIG_IGN;
-  sigemptyset(&ign.sa_mask);
-  Saved sv{SIGXFSZ, {}};
-  if (::sigaction(SIGXFSZ, &ign, &sv.old) == 0) saved_.push_back(sv);
 }
 
 StopSignals::~StopSignals() {

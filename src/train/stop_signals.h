@@ -23,9 +23,9 @@ inline constexpr int kExitStopped = 75;
 
 class StopSignals {
  public:
-  // Installs the handlers (and ignores SIGXFSZ, so a file-size limit is a
-  // write error naming the file rather than a kill); the destructor restores
-  // the previous dispositions. `announce`: the handler prints its line (rank 0).
+  // Installs the handlers; the destructor restores the previous
+  // dispositions. `announce`: the handler prints its line (rank 0). (SIGXFSZ
+  // is ignored by main for every subcommand.)
   StopSignals(StopSignal extra, bool announce);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;

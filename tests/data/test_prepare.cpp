@@ -301,9 +301,22 @@ TEST(DataPrepare, CrashLeavesNoCompleteLookingOutput) {
   r = run_kvshift(args + " --force --crash-after-shards 1");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_EQ(slurp(tmp / "out/manifest.json"), manifest);
+  // A run without --force refuses the complete output, and still removes the dead run's temp directory.
+  EXPECT_EQ(names_in(tmp.str()).size(), 3u);
+  r = run_kvshift(args);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("out: already exists; pass --force to replace it"), std::string::npos) << r.out;
+  EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
   r = run_kvshift(args + " --force");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(slurp(tmp / "out/manifest.json"), manifest);
+  EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
+
+  // A file-size limit (ulimit -f) is a write error naming the file, not a kill by SIGXFSZ.
+  r = run_kvshift("data prepare --quiet --tokenizer " + tok + " --input " + (tmp / "a.txt") +
+                  " --doc-split lines --out " + (tmp / "limited"), "bash -c 'ulimit -f 1; exec \"$0\" \"$@\"' ");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("File too large"), std::string::npos) << r.out;
   EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
 }
 

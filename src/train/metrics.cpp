@@ -2,16 +2,38 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/fs.h"
 
 namespace kvs {
+namespace {
+
+// The "step" of a parsed metrics line, or nullopt (a foreign line, or one cut by a crash).
+std::optional<double> step_of(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) return std::nullopt;
+  return j["step"].get<double>();
+}
+
+}  // namespace
+
+MetricsSteps metrics_steps(const std::string& path) {
+  MetricsSteps s;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (const std::optional<double> step = step_of(nlohmann::json::parse(line, nullptr, false))) {
+      ++s.lines;
+      s.last = std::max(s.last, static_cast<int64_t>(*step));
+    }
+  return s;
+}
 
 void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
   if (keep_through_step >= 0 && std::filesystem::exists(path)) {
@@ -19,10 +41,9 @@ void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
     std::string line, kept;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded()) continue;  // a line cut by a crash
-      if (j.is_object() && j.contains("step") && j["step"].is_number() && j["step"].get<double>() > keep_through_step)
-        continue;
+      if (const std::optional<double> step = step_of(j); step && *step > keep_through_step) continue;
       kept += line + "\n";
     }
     atomic_write_file(path, kept);

@@ -1,11 +1,19 @@
 // metrics.jsonl: one JSON object per line (a training step or an evaluation),
 // flushed as written so a crash loses nothing that was printed.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 namespace kvs {
+
+// The lines of a metrics.jsonl that carry a "step" (training, evaluation and
+// straggler lines; not foreign or cut ones), and the largest step (-1: none).
+struct MetricsSteps {
+  int64_t lines = 0, last = -1;
+};
+MetricsSteps metrics_steps(const std::string& path);
 
 class MetricsWriter {
  public:

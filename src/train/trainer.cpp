@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
 
@@ -178,19 +177,12 @@ void check_fresh_run_directory(const std::string& run_dir) {
 // again, the same command run twice) left its metrics.jsonl and config.json:
 // rank 0 keeps them beside the new run's, as metrics.earlier-N.jsonl and
 // config.earlier-N.json (the first free N), and says so. A file without a
-// training line (a failed start's) is simply replaced.
+// line of a step (a failed start's) is simply replaced.
 void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
   KVS_CHECK(!has_checkpoints(run_dir + "/checkpoints"),
             "{}: the run directory already has checkpoints; use --resume or another --run-dir", run_dir);
   const std::string metrics = run_dir + "/metrics.jsonl";
-  std::ifstream in(metrics);
-  int64_t lines = 0, last = -1;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    ++lines;
-    last = std::max(last, j["step"].get<int64_t>());
-  }
+  const auto [lines, last] = metrics_steps(metrics);
   if (lines == 0 || !rank0) return;
   auto kept = [&](int n, const char* stem, const char* ext) { return fmt::format("{}/{}.earlier-{}.{}", run_dir, stem, n, ext); };
   int n = 1;

@@ -90,6 +90,80 @@ class SplitWriter {
   int64_t tokens_ = 0;
 };
 
+struct Doc {
+  size_t file;  // in the batch
+  std::string_view text;
+};
+
+// What the encoding threads take: a whole document, or a piece of a long one.
+struct Unit {
+  std::string_view text;
+  bool after_cut;   // not the document's first piece
+  bool last_piece;  // the document ends here
+  int64_t credit;   // this piece's share of its file's bytes, for the progress line
+};
+
+// A batch's documents as units, a window at a time, so that only a window's
+// ids are ever held. A long document is cut where its tokenizer proves the
+// ids unchanged (Tokenizer::safe_cuts); its pieces may span windows. Credits
+// add up to each file's size, so the progress line moves inside a large file.
+class UnitStream {
+ public:
+  UnitStream(const std::vector<Doc>& docs, std::vector<int64_t> file_bytes, const Tokenizer& tok, int64_t piece_bytes)
+      : docs_(docs), file_bytes_(std::move(file_bytes)), file_text_(file_bytes_.size(), 0), tok_(tok),
+        piece_bytes_(piece_bytes) {
+    for (const Doc& d : docs_) file_text_[d.file] += static_cast<int64_t>(d.text.size());
+  }
+  // The next units, about window_bytes of text (at least one); false when none are left.
+  bool next_window(int64_t window_bytes, std::vector<Unit>& units) {
+    units.clear();
+    int64_t window = 0;
+    while (doc_ < docs_.size() && (units.empty() || window + next_size() <= window_bytes)) {
+      window += next_size();
+      units.push_back(take());
+    }
+    return !units.empty();
+  }
+
+ private:
+  size_t piece_end() const { return piece_ < cuts_.size() ? cuts_[piece_] : docs_[doc_].text.size(); }
+  int64_t next_size() {
+    if (!cut_) {  // first visit of this document: where to cut it
+      cuts_.clear();
+      if (static_cast<int64_t>(docs_[doc_].text.size()) > piece_bytes_)
+        cuts_ = tok_.safe_cuts(docs_[doc_].text, static_cast<size_t>(piece_bytes_));
+      piece_ = 0;
+      cut_ = true;
+    }
+    return static_cast<int64_t>(piece_end() - (piece_ == 0 ? 0 : cuts_[piece_ - 1]));
+  }
+  Unit take() {
+    const Doc& d = docs_[doc_];
+    if (d.file != file_) file_ = d.file, done_ = credited_ = 0;
+    const size_t begin = piece_ == 0 ? 0 : cuts_[piece_ - 1], end = piece_end();
+    done_ += static_cast<int64_t>(end - begin);
+    const int64_t size = file_bytes_[d.file], text = file_text_[d.file];
+    const int64_t upto = text > 0 ? static_cast<int64_t>(static_cast<__int128>(size) * done_ / text) : size;
+    Unit u{d.text.substr(begin, end - begin), piece_ > 0, end == d.text.size(), upto - credited_};
+    credited_ = upto;
+    if (u.last_piece) {
+      ++doc_;
+      cut_ = false;
+    } else {
+      ++piece_;
+    }
+    return u;
+  }
+  const std::vector<Doc>& docs_;
+  std::vector<int64_t> file_bytes_, file_text_;
+  const Tokenizer& tok_;
+  int64_t piece_bytes_;
+  size_t doc_ = 0, piece_ = 0, file_ = SIZE_MAX;
+  bool cut_ = false;  // cuts_ holds docs_[doc_]'s cuts
+  std::vector<size_t> cuts_;
+  int64_t done_ = 0, credited_ = 0;
+};
+
 struct FileCheck {
   std::string sha256;
   size_t bad_utf8 = std::string::npos;
@@ -103,6 +177,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   KVS_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1) (got {})", o.val_fraction);
   KVS_CHECK(o.shard_tokens > 0, "--shard-tokens must be positive (got {})", o.shard_tokens);
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);
+  KVS_CHECK(o.piece_bytes > 0 && o.window_bytes > 0, "data prepare: piece and window sizes must be positive");
   validate_doc_split(o.split);
   check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   std::vector<std::string> read = o.inputs;
@@ -129,6 +204,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
     PrepareProgress progress(total_bytes, o.progress);
     int64_t doc_index = 0;
     const long double f = o.val_fraction;
+    SplitWriter* writer = nullptr;  // the split of the document being written
 
     for (size_t first = 0; first < o.inputs.size();) {
       // A batch of whole files (at least one) of about o.batch_bytes: bounded memory, and enough documents per
@@ -146,56 +222,64 @@ PrepareResult prepare_data(const PrepareOptions& o) {
         checks[i].sha256 = sha256_hex(texts[i]);
         checks[i].bad_utf8 = first_invalid_utf8(texts[i]);
       }
-      struct Doc {
-        size_t file;
-        std::string_view text;
-      };
       std::vector<Doc> docs;
       std::vector<std::vector<std::string>> decoded(texts.size());  // --jsonl: the documents docs point into
+      const std::vector<int64_t> file_bytes(sizes.begin() + static_cast<std::ptrdiff_t>(first),
+                                            sizes.begin() + static_cast<std::ptrdiff_t>(end));
       for (size_t i = 0; i < texts.size(); ++i) {
         const std::string& path = o.inputs[first + i];
         if (checks[i].bad_utf8 != std::string::npos)
           fail("{}: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", path,
                static_cast<unsigned char>(texts[i][checks[i].bad_utf8]), checks[i].bad_utf8);
         size_t count = 0;
+        const size_t text_bytes = texts[i].size();
+        r.text_bytes += static_cast<int64_t>(text_bytes);
         if (!o.split.jsonl_key.empty()) {
           decoded[i] = jsonl_documents(texts[i], o.split.jsonl_key, path);
           for (const std::string& d : decoded[i]) docs.push_back({i, d});
           count = decoded[i].size();
+          std::string().swap(texts[i]);  // the documents are copies: the file's bytes are no longer needed
         } else {
           const auto split = split_documents(texts[i], o.split);
           for (auto d : split) docs.push_back({i, d});
           count = split.size();
         }
         sources.push_back({{"path", path},
-                           {"bytes", texts[i].size()},
+                           {"bytes", text_bytes},
                            {"sha256", checks[i].sha256},
                            {"documents", count}});
         if (count == 0) progress.add(sizes[first + i], 0);
       }
 
-      std::vector<std::vector<int32_t>> ids(docs.size());
-      std::vector<std::exception_ptr> errors(docs.size());
+      UnitStream stream(docs, file_bytes, *tok, o.piece_bytes);
+      for (std::vector<Unit> units; stream.next_window(o.window_bytes, units);) {
+        // A window of about window_bytes of text: encoded in parallel, then written in order.
+        std::vector<std::vector<int32_t>> ids(units.size());
+        std::vector<std::exception_ptr> errors(units.size());
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-      for (size_t d = 0; d < docs.size(); ++d) {
-        try {
-          ids[d] = tok->encode(docs[d].text);
-        } catch (...) {
-          errors[d] = std::current_exception();
+        for (size_t k = 0; k < units.size(); ++k) {
+          const Unit& unit = units[k];
+          try {
+            ids[k] = unit.after_cut ? tok->encode_after_cut(unit.text) : tok->encode(unit.text);
+          } catch (...) {
+            errors[k] = std::current_exception();
+          }
+          progress.add(unit.credit, unit.last_piece ? 1 : 0);
         }
-        // Bytes of the file are credited with its last document, so 100% = all bytes.
-        const bool last_of_file = d + 1 == docs.size() || docs[d + 1].file != docs[d].file;
-        progress.add(last_of_file ? sizes[first + docs[d].file] : 0, 1);
-      }
-      for (size_t d = 0; d < docs.size(); ++d) {
-        if (errors[d]) std::rethrow_exception(errors[d]);
-        const bool to_val = std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
-        ++doc_index;
-        SplitWriter& w = to_val ? val : train;
-        ++w.docs;
-        if (bos >= 0) w.append(static_cast<uint32_t>(bos));
-        for (int32_t t : ids[d]) w.append(static_cast<uint32_t>(t));
-        if (eos >= 0) w.append(static_cast<uint32_t>(eos));
+        for (size_t k = 0; k < units.size(); ++k) {
+          if (errors[k]) std::rethrow_exception(errors[k]);
+          const Unit& unit = units[k];
+          if (!unit.after_cut) {  // a document starts: its split, and BOS
+            const bool to_val = std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
+            ++doc_index;
+            writer = to_val ? &val : &train;
+            ++writer->docs;
+            if (bos >= 0) writer->append(static_cast<uint32_t>(bos));
+          }
+          for (int32_t t : ids[k]) writer->append(static_cast<uint32_t>(t));
+          if (unit.last_piece && eos >= 0) writer->append(static_cast<uint32_t>(eos));
+          std::vector<int32_t>().swap(ids[k]);  // written: free as we go
+        }
       }
       r.bytes += batch_bytes;
       first = end;

@@ -6,8 +6,10 @@
 //     val iff floor((g+1)*f) > floor(g*f): every (1/f)-th document, no RNG.
 //   - Shards: each split is one token stream cut every `shard_tokens` tokens
 //     into OUT/{train,val}_NNNNNN.bin (u16 if vocab_size <= 65536, else u32).
-//   - Parallel: documents are encoded on `threads` threads and appended in
-//     input order, so the output is byte-identical for any thread count.
+//   - Parallel: documents (long ones in pieces the tokenizer proves give the
+//     same ids) are encoded on `threads` threads, a window of text at a time,
+//     and appended in input order, so the output is byte-identical for any
+//     thread count and memory holds a window's ids, not a file's.
 //   - Atomic: everything is written under OUT.tmp.<pid> (shards each written
 //     to a temp name and renamed, manifest.json last) and the directory is
 //     renamed to OUT at the end: OUT is complete or absent.
@@ -31,11 +33,15 @@ struct PrepareOptions {
   bool force = false;               // replace an existing `out`
   bool progress = true;
   int crash_after_shards = -1;      // tests: _Exit(3) once this many shards are written (a simulated crash)
-  int64_t batch_bytes = 8 << 20;    // tests: files are read and encoded in batches of about this many bytes
+  int64_t batch_bytes = 8 << 20;    // tests: files are read in batches of about this many bytes
+  int64_t piece_bytes = 64 << 10;   // tests: a longer document is encoded in pieces of about this (Tokenizer::safe_cuts)
+  int64_t window_bytes = 32 << 20;  // tests: text encoded between two writes, bounding the ids held at once
 };
 
 struct PrepareResult {
-  int64_t bytes = 0, train_tokens = 0, val_tokens = 0, train_docs = 0, val_docs = 0;
+  int64_t bytes = 0;       // of the input files as stored
+  int64_t text_bytes = 0;  // of their text (.gz and .zst decompressed)
+  int64_t train_tokens = 0, val_tokens = 0, train_docs = 0, val_docs = 0;
   std::vector<std::string> shards;  // file names, train then val
   double seconds = 0;
 };

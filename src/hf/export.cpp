@@ -9,7 +9,7 @@
 #include "core/json_file.h"
 #include "hf/hf_config.h"
 #include "hf/shard_plan.h"
-#include "hf/sp_model.h"
+#include "tokenizer/sp_model.h"
 #include "hf/tokenizer_json.h"
 #include "hf/staged_dir.h"
 #include "hf_python_files.h"  // generated from python/hf/*.py (cmake/EmbedFiles.cmake)

@@ -9,7 +9,7 @@
 #include "core/json_file.h"
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
-#include "hf/sp_model.h"
+#include "tokenizer/sp_model.h"
 #include "hf/staged_dir.h"
 #include "model/params.h"
 #include "tokenizer/tokenizer_meta.h"

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hf/sp_model.h"
+#include "tokenizer/sp_model.h"
 
 namespace kvs::hf {
 

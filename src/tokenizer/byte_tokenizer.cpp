@@ -17,6 +17,13 @@ class ByteTokenizer final : public Tokenizer {
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
   }
+  // Every byte is its own id: any offset is a cut.
+  std::vector<size_t> safe_cuts(std::string_view text, size_t max_bytes) const override {
+    std::vector<size_t> cuts;
+    for (size_t at = max_bytes; max_bytes > 0 && at < text.size(); at += max_bytes) cuts.push_back(at);
+    return cuts;
+  }
+  std::vector<int32_t> encode_after_cut(std::string_view piece) const override { return encode(piece); }
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string s(ids.size(), '\0');
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -23,6 +23,13 @@ class Tokenizer {
   virtual int eos_id() const = 0;  // -1 if the tokenizer has none
   // No BOS/EOS are added; the caller frames documents.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Long texts in pieces (bounded memory, parallel work): ascending offsets in
+  // (0, text.size()) where `text` may be cut, about `max_bytes` apart, such that
+  // encode(text) == encode(first piece) ++ encode_after_cut(each later piece).
+  // None where the tokenizer cannot guarantee that: the text stays whole.
+  virtual std::vector<size_t> safe_cuts(std::string_view text, size_t max_bytes) const = 0;
+  // The ids of a piece that starts at one of safe_cuts' offsets.
+  virtual std::vector<int32_t> encode_after_cut(std::string_view piece) const = 0;
   // Special tokens decode to nothing. Streaming callers decode the whole
   // prefix and print what is new (a piece may complete a multi-byte character).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -32,6 +39,9 @@ class Tokenizer {
   // One line for logs: "sentencepiece bpe, 8000 pieces (tok/)" / "bytes (256)".
   virtual std::string describe() const = 0;
 };
+
+// encode(text) through safe_cuts: the same ids in pieces of about max_bytes.
+std::vector<int32_t> encode_in_pieces(const Tokenizer& tok, std::string_view text, size_t max_bytes);
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 // Loads the tokenizer directory `dir`; throws kvs::Error naming the file.

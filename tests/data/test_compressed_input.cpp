@@ -11,6 +11,7 @@
 #include <zstd.h>
 #endif
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -138,6 +139,17 @@ TEST(CompressedInput, PrepareAndTokenizerGiveWhatThePlainFilesGive) {
                 slurp(tmp / ("plain" + std::string(dir) + "/" + shard)))
           << dir << " " << shard;
     }
+
+  // The summary counts both the file as stored and its text.
+  PrepareOptions o;
+  o.tokenizer = shared_tokenizer_dir();
+  o.out = tmp / "summary";
+  o.progress = false;
+  o.inputs = {tmp / "b.txt.gz"};
+  const PrepareResult r = prepare_data(o);
+  EXPECT_EQ(r.bytes, static_cast<int64_t>(std::filesystem::file_size(tmp / "b.txt.gz")));
+  EXPECT_EQ(r.text_bytes, static_cast<int64_t>(b.size()));
+  EXPECT_LT(r.bytes, r.text_bytes);
 
   TokenizerTrainOptions plain, packed;
   plain.inputs = {tmp / "b.txt"};

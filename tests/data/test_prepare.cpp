@@ -3,10 +3,12 @@
 // UTF-8 validation, and the data.tokenizer config key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "build_paths.h"
@@ -207,6 +209,52 @@ TEST(DataPrepare, ByteIdenticalAcrossRunsAndThreadCounts) {
     ASSERT_EQ(names_in(o.out), files);
     ASSERT_GT(files.size(), 4u);  // several train and val shards
     for (const auto& f : files) EXPECT_EQ(slurp(o.out + "/" + f), slurp(tmp / "t1/" + f)) << name << "/" << f;
+  }
+}
+
+TEST(DataPrepare, LongDocumentsInPiecesAndWindowsGiveTheSameShards) {
+  // Long documents are encoded in pieces (Tokenizer::safe_cuts) a window at a
+  // time: the shards must be those of encoding every document whole at once.
+  TmpDir tmp;
+  std::string one_line = corpus_text(400, 32);
+  std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+  spit(tmp / "long.txt", corpus_text(600, 31));  // one document of ~25 KB (--doc-split file)
+  spit(tmp / "short.txt", "a short one\n");
+  spit(tmp / "line.txt", one_line);  // one line: cut before words
+  spit(tmp / "docs.jsonl", nlohmann::json{{"text", corpus_text(300, 33)}}.dump() + "\n" +
+                               nlohmann::json{{"text", "tiny"}}.dump() + "\n" +
+                               nlohmann::json{{"text", corpus_text(300, 34)}}.dump() + "\n");
+  fs::create_directories(tmp / "bytes");
+  spit(tmp / "bytes/kvshift_tokenizer.json", R"({"type": "bytes"})");
+  for (const std::string& tokenizer : {shared_tokenizer_dir(), tmp / "bytes"}) {
+    for (const bool jsonl : {false, true}) {
+      const std::string tag = (tokenizer == shared_tokenizer_dir() ? "sp" : "bytes") + std::string(jsonl ? "_jsonl" : "");
+      auto o = options(tmp, jsonl ? std::vector<std::string>{tmp / "docs.jsonl"}
+                                  : std::vector<std::string>{tmp / "long.txt", tmp / "short.txt", tmp / "line.txt"},
+                       tag + "_whole");
+      o.tokenizer = tokenizer;
+      if (jsonl) o.split.jsonl_key = "text";
+      o.val_fraction = 0.34;
+      o.shard_tokens = 5000;
+      o.piece_bytes = int64_t(1) << 40;  // every document whole, in one window
+      o.window_bytes = int64_t(1) << 40;
+      prepare_data(o);
+      const auto tok = load_tokenizer(tokenizer);
+      EXPECT_GT(tok->safe_cuts(jsonl ? corpus_text(300, 33) : one_line, 300).size(), 20u) << tag;
+      for (const auto& [piece, window, threads] : std::vector<std::tuple<int64_t, int64_t, int>>{
+               {300, 1000, 2}, {300, 1, 1}, {4096, 100000, 2}}) {
+        auto p = o;
+        p.out = tmp / fmt::format("{}_{}_{}_{}", tag, piece, window, threads);
+        p.piece_bytes = piece;
+        p.window_bytes = window;
+        p.threads = threads;
+        prepare_data(p);
+        const auto files = names_in(o.out);
+        ASSERT_EQ(names_in(p.out), files) << p.out;
+        ASSERT_GE(files.size(), 3u) << p.out;  // train and val shards and the manifest
+        for (const auto& f : files) EXPECT_EQ(slurp(p.out + "/" + f), slurp(o.out + "/" + f)) << p.out << "/" << f;
+      }
+    }
   }
 }
 

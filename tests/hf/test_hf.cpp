@@ -7,7 +7,7 @@
 
 #include "hf/hf_config.h"
 #include "hf/shard_plan.h"
-#include "hf/sp_model.h"
+#include "tokenizer/sp_model.h"
 #include "hf/tokenizer_json.h"
 #include "hf/staged_dir.h"
 #include "test_util.h"
@@ -244,13 +244,13 @@ TEST(HfSentencepiece, ReadsPiecesAndSpecsFromWireFormat) {
   pb += field(0x12, bytes({0x18, 0x02, 0x98, 0x02, 0x01}));  // field 3 = 2, field 35 = 1
   pb += field(0x1a, field(0x0a, "identity") + bytes({0x18, 0x00}));
   kvs::testing_util::spit(tmp / "tokenizer.model", pb);
-  const kvs::hf::SpModel m = kvs::hf::read_sentencepiece_model(tmp / "tokenizer.model");
+  const kvs::SpModel m = kvs::read_sentencepiece_model(tmp / "tokenizer.model");
   ASSERT_EQ(m.pieces.size(), 2u);
   EXPECT_EQ(m.pieces[0].piece, "<unk>");
-  EXPECT_EQ(m.pieces[0].type, kvs::hf::SpPiece::kUnknown);
+  EXPECT_EQ(m.pieces[0].type, kvs::SpPiece::kUnknown);
   EXPECT_EQ(m.pieces[1].piece, "ab");
   EXPECT_EQ(m.pieces[1].score, -1.5f);
-  EXPECT_EQ(m.pieces[1].type, kvs::hf::SpPiece::kNormal);
+  EXPECT_EQ(m.pieces[1].type, kvs::SpPiece::kNormal);
   EXPECT_EQ(m.model_type, 2);
   EXPECT_TRUE(m.byte_fallback);
   EXPECT_EQ(m.normalizer_name, "identity");
@@ -258,14 +258,14 @@ TEST(HfSentencepiece, ReadsPiecesAndSpecsFromWireFormat) {
   EXPECT_TRUE(m.remove_extra_whitespaces);  // the proto's default
   EXPECT_EQ(kvs::hf::why_no_tokenizer_json(m), "it removes extra whitespace");
   kvs::testing_util::spit(tmp / "bad.model", "\x0a\x7f");
-  EXPECT_KVS_ERROR(kvs::hf::read_sentencepiece_model(tmp / "bad.model"), "bad.model", "sentencepiece");
+  EXPECT_KVS_ERROR(kvs::read_sentencepiece_model(tmp / "bad.model"), "bad.model", "sentencepiece");
 }
 
 // transformers' generate_merges, by hand: splits of normal pieces into two
 // pieces of the vocabulary, by score, then longer left, then longer right, then
 // (left id, right id); multi-byte characters are never cut.
 TEST(HfTokenizerJson, MergesAreRankedAsTransformersRanksThem) {
-  using P = kvs::hf::SpPiece;
+  using P = kvs::SpPiece;
   const std::vector<P> pieces = {
       {"<unk>", 0, P::kUnknown}, {"<s>", 0, P::kControl}, {"<", -9, P::kNormal}, {"s>", -8, P::kNormal},
       {"a", -10, P::kNormal},    {"b", -10, P::kNormal},  {"c", -10, P::kNormal}, {"ab", -1, P::kNormal},
@@ -287,8 +287,8 @@ TEST(HfTokenizerJson, MergesAreRankedAsTransformersRanksThem) {
 // The file tokenizers reads: vocabulary in id order, the dummy-prefix
 // normalizer, BOS template, special and user-defined pieces as added tokens.
 TEST(HfTokenizerJson, FileHoldsTheSentencepiecePipeline) {
-  using P = kvs::hf::SpPiece;
-  kvs::hf::SpModel m;
+  using P = kvs::SpPiece;
+  kvs::SpModel m;
   m.model_type = 2;
   m.byte_fallback = true;
   m.normalizer_name = "identity";

@@ -1,10 +1,13 @@
 // Tokenizers: the byte tokenizer, sentencepiece training (Llama 2 options,
 // determinism, atomic output, input errors) and loading a tokenizer directory.
 #include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/sha256.h"
@@ -309,6 +312,119 @@ TEST(TokenizerLoad, ErrorsNameTheFile) {
   // "type": "bytes" needs no model file.
   spit(dir + "/kvshift_tokenizer.json", R"({"type": "bytes"})");
   EXPECT_EQ(load_tokenizer(dir)->describe(), "bytes (256)");
+}
+
+// Text built to make cuts go wrong: runs of spaces and newlines, lines that
+// start with spaces, tabs, CRLF, literal "▁" (sentencepiece's escaped space)
+// beside real spaces, unseen characters (byte fallback), digits, words glued
+// to each other without a space.
+std::string cut_hostile_text(size_t bytes, uint64_t seed) {
+  static const std::vector<std::string> bits = {
+      " ",    "  ",     "   ", "\n", "\n\n", " \n", "\n ", "\n  ", "\t", "\r\n", "▁", "▁▁", " ▁", "▁ ", "x▁y", "日本語",
+      "🦀",   "12345", ".",   ",",  "the",  "attention", "model", "copy", "tokens", "café", "Ελληνικά", "über"};
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+  std::string s;
+  while (s.size() < bytes) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s += bits[(x >> 33) % bits.size()];
+    if ((x >> 20) % 3 == 0) s += ' ';
+  }
+  return s;
+}
+
+TEST(TokenizerPieces, CutTextsGiveTheWholeTextsIds) {
+  // kvshift's tokenizer, trained on such text too, so that it has pieces of
+  // whitespace runs ("▁▁") a wrong cut would split.
+  TmpDir tmp;
+  spit(tmp / "train.txt", corpus_text(1500, 1) + cut_hostile_text(100000, 99));
+  TokenizerTrainOptions o;
+  o.inputs = {tmp / "train.txt"};
+  o.vocab_size = 600;
+  o.out = tmp / "tok";
+  train_tokenizer(o);
+  const auto sp = load_tokenizer(o.out);
+  bool has_space_run = false;
+  for (int id = 0; id < sp->vocab_size(); ++id) has_space_run |= sp->id_to_piece(id) == "▁▁";
+  ASSERT_TRUE(has_space_run);
+  const auto bytes = make_byte_tokenizer();
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    std::string text = cut_hostile_text(20000, seed);
+    if (seed == 2) text = " \n" + text;      // starts with a space and a newline
+    if (seed == 3) text += "\n\n";          // ends with newlines
+    if (seed == 4) text = corpus_text(300, 9);  // the training distribution
+    for (const Tokenizer* tok : {sp.get(), bytes.get()}) {
+      const std::vector<int32_t> whole = tok->encode(text);
+      for (size_t max_bytes : {1, 7, 33, 100, 1000}) {
+        const std::vector<size_t> cuts = tok->safe_cuts(text, max_bytes);
+        // Cuts are many (the test would pass vacuously without them), ascending and inside the text.
+        EXPECT_GE(cuts.size(), max_bytes < 33 ? text.size() / 33 : text.size() / max_bytes / 4)
+            << tok->describe() << " max " << max_bytes;
+        for (size_t i = 0; i < cuts.size(); ++i) {
+          ASSERT_GT(cuts[i], i == 0 ? 0 : cuts[i - 1]);
+          ASSERT_LT(cuts[i], text.size());
+        }
+        EXPECT_EQ(encode_in_pieces(*tok, text, max_bytes), whole)
+            << tok->describe() << ", seed " << seed << ", pieces of about " << max_bytes << " bytes";
+      }
+    }
+  }
+  // No cut where none is safe: a long run without newlines or word starts stays whole.
+  EXPECT_TRUE(sp->safe_cuts(std::string(5000, 'a'), 100).empty());
+  EXPECT_TRUE(sp->safe_cuts("  ▁ ▁ ▁▁  ▁", 1).empty());  // a space after a space or a literal "▁"
+  // One long line is cut before its words.
+  const std::string line = corpus_text(200, 5);
+  std::string one_line = line;
+  std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+  const auto cuts = sp->safe_cuts(one_line, 500);
+  EXPECT_GE(cuts.size(), one_line.size() / 500 - 1);
+  for (size_t c : cuts) EXPECT_EQ(one_line[c], ' ');
+  EXPECT_EQ(encode_in_pieces(*sp, one_line, 500), sp->encode(one_line));
+}
+
+// A sentencepiece tokenizer directory trained with kvshift's options changed by `changes`.
+std::string train_variant(const std::filesystem::path& dir, const std::unordered_map<std::string, std::string>& changes) {
+  std::filesystem::create_directories(dir);
+  spit((dir / "train.txt").string(), corpus_text(1500, 1));
+  std::unordered_map<std::string, std::string> args = {
+      {"input", (dir / "train.txt").string()}, {"model_type", "bpe"}, {"vocab_size", "400"},
+      {"byte_fallback", "true"}, {"split_by_whitespace", "true"}, {"allow_whitespace_only_pieces", "true"},
+      {"normalization_rule_name", "identity"}, {"add_dummy_prefix", "true"}, {"remove_extra_whitespaces", "false"},
+      {"unk_id", "0"}, {"bos_id", "1"}, {"eos_id", "2"}, {"pad_id", "-1"}, {"minloglevel", "2"}};
+  for (const auto& [k, v] : changes) args[k] = v;
+  std::string model;
+  const auto st = sentencepiece::SentencePieceTrainer::Train(args, nullptr, &model);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  spit((dir / "tokenizer.model").string(), model);
+  spit((dir / "kvshift_tokenizer.json").string(),
+       tokenizer_meta_json(sentencepiece_meta(model, args["model_type"], "test")).dump());
+  return dir.string();
+}
+
+TEST(TokenizerPieces, ModelsThatCouldMergeAcrossACutAreNotCut) {
+  TmpDir tmp;
+  const std::string text = cut_hostile_text(5000, 11);
+  auto cuts_of = [&](const std::string& name, const std::unordered_map<std::string, std::string>& changes) {
+    const auto tok = load_tokenizer(train_variant(tmp / name, changes));
+    EXPECT_EQ(encode_in_pieces(*tok, text, 50), tok->encode(text)) << name;
+    return tok->safe_cuts(text, 50);
+  };
+  // kvshift's own options: cut after newlines and before words.
+  const auto plain = cuts_of("plain", {});
+  bool before_word = false;
+  for (size_t c : plain) before_word |= text[c] == ' ';
+  EXPECT_GT(plain.size(), 40u);
+  EXPECT_TRUE(before_word);
+  // Each of these can join text across a cut (or shift the dummy prefix), so nothing is cut.
+  EXPECT_TRUE(cuts_of("unigram", {{"model_type", "unigram"}}).empty());   // Viterbi sums scores in floats
+  EXPECT_TRUE(cuts_of("nfkc", {{"normalization_rule_name", "nmt_nfkc"}}).empty());  // maps newlines to spaces
+  EXPECT_TRUE(cuts_of("collapse", {{"remove_extra_whitespaces", "true"}}).empty());
+  EXPECT_TRUE(cuts_of("suffix", {{"treat_whitespace_as_suffix", "true"}}).empty());
+  EXPECT_TRUE(cuts_of("no_fallback", {{"byte_fallback", "false"}}).empty());  // runs of <unk> merge
+  EXPECT_TRUE(cuts_of("newline_piece", {{"user_defined_symbols", "\nthe"}}).empty());
+  // A piece with "▁" after a letter: only the newline cuts are left.
+  const auto newline_only = cuts_of("glued_space", {{"user_defined_symbols", "x▁y"}});
+  EXPECT_FALSE(newline_only.empty());
+  for (size_t c : newline_only) EXPECT_EQ(text[c - 1], '\n');
 }
 
 TEST(TokenizerSha256, KnownVectors) {

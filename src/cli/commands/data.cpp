@@ -1,5 +1,7 @@
 // `kvshift data prepare`: text files -> token shards + manifest.json with a
 // trained tokenizer (docs/DATA.md, "data prepare").
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "cli/commands/commands.h"
@@ -58,11 +60,13 @@ void add_data_prepare(CLI::App& parent) {
       for (auto& p : read_input_list(a->input_list)) o.inputs.push_back(p);
     KVS_CHECK(!o.inputs.empty(), "data prepare: give --input FILE... or --input-list FILE");
     const PrepareResult r = prepare_data(o);
-    std::printf("%s: %lld train tokens (%lld docs), %lld val tokens (%lld docs), %zu shards from %.1f MB in %.1f s "
-                "(%.2f MB/s)\n",
+    // Compressed inputs: the files' size, then their text's (the rate is the text's).
+    const std::string text = r.text_bytes != r.bytes ? fmt::format(" ({:.1f} MB of text)", r.text_bytes / 1e6) : "";
+    std::printf("%s: %lld train tokens (%lld docs), %lld val tokens (%lld docs), %zu shards from %.1f MB%s in %.1f "
+                "s (%.2f MB/s)\n",
                 o.out.c_str(), static_cast<long long>(r.train_tokens), static_cast<long long>(r.train_docs),
                 static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_docs), r.shards.size(),
-                r.bytes / 1e6, r.seconds, r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0);
+                r.bytes / 1e6, text.c_str(), r.seconds, r.seconds > 0 ? r.text_bytes / 1e6 / r.seconds : 0.0);
   });
 }
 

@@ -1,13 +1,14 @@
-// What export needs of a sentencepiece model file (tokenizer.model): its pieces
-// with scores and types, and the trainer and normalizer settings that decide
-// how a text is split. Read straight from the protobuf wire format
-// (sentencepiece_model.proto), so export needs no sentencepiece or protobuf
-// library.
+// A sentencepiece model file (tokenizer.model) as data: its pieces with scores
+// and types, and the trainer and normalizer settings that decide how a text is
+// split. Read straight from the protobuf wire format (sentencepiece_model.proto),
+// as sentencepiece's own headers do not expose it: HF export and import
+// translate it, the tokenizer decides from it where a long text may be cut.
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
-namespace kvs::hf {
+namespace kvs {
 
 struct SpPiece {
   enum Type { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
@@ -33,5 +34,7 @@ struct SpModel {
 };
 
 SpModel read_sentencepiece_model(const std::string& path);
+// The same from the file's bytes; `name` is for errors.
+SpModel parse_sentencepiece_model(const std::string& name, std::string_view bytes);
 
-}  // namespace kvs::hf
+}  // namespace kvs

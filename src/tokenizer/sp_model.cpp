@@ -1,4 +1,4 @@
-#include "hf/sp_model.h"
+#include "tokenizer/sp_model.h"
 
 #include <cstdint>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 
-namespace kvs::hf {
+namespace kvs {
 
 namespace {
 
@@ -97,8 +97,9 @@ void read_normalizer_spec(const std::string& path, std::string_view bytes, SpMod
 
 }  // namespace
 
-SpModel read_sentencepiece_model(const std::string& path) {
-  const std::string data = read_file(path);
+SpModel read_sentencepiece_model(const std::string& path) { return parse_sentencepiece_model(path, read_file(path)); }
+
+SpModel parse_sentencepiece_model(const std::string& path, std::string_view data) {
   SpModel m;
   for (Reader top = Reader::of(path, data); top.more();) {
     const auto f = top.next();
@@ -111,4 +112,4 @@ SpModel read_sentencepiece_model(const std::string& path) {
   return m;
 }
 
-}  // namespace kvs::hf
+}  // namespace kvs

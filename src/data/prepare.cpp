@@ -174,6 +174,7 @@ struct FileCheck {
 PrepareResult prepare_data(const PrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   KVS_CHECK(!o.inputs.empty(), "data prepare: no --input files");
+  warn_repeated_inputs(o.inputs, "data prepare");
   KVS_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1) (got {})", o.val_fraction);
   KVS_CHECK(o.shard_tokens > 0, "--shard-tokens must be positive (got {})", o.shard_tokens);
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);

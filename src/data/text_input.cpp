@@ -1,9 +1,14 @@
 #include "data/text_input.h"
 
+#include <sys/stat.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/log.h"
 #include "data/compressed_input.h"
 
 namespace kvs {
@@ -44,6 +49,20 @@ std::string read_text_file(const std::string& path) {
   if (bad != std::string_view::npos)
     fail("{}: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", path, static_cast<unsigned char>(s[bad]), bad);
   return s;
+}
+
+void warn_repeated_inputs(const std::vector<std::string>& inputs, const std::string& command) {
+  std::map<std::pair<dev_t, ino_t>, size_t> first;  // file -> its first position in `inputs`
+  std::map<size_t, size_t> times;                   // first position -> how often given
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    struct stat st {};
+    if (::stat(inputs[i].c_str(), &st) != 0) continue;
+    const auto [at, fresh] = first.emplace(std::make_pair(st.st_dev, st.st_ino), i);
+    ++times[at->second];
+  }
+  for (const auto& [i, n] : times)
+    if (n > 1)
+      spdlog::warn("{}: {} is given {} times: its text counts {} times", command, inputs[i], n, n);
 }
 
 std::vector<std::string> read_input_list(const std::string& list_file) {

@@ -21,6 +21,10 @@ std::string read_text_file(const std::string& path);
 // The paths listed in `list_file`, one per line (blank lines and lines starting
 // with '#' skipped), for corpora with more files than a command line holds.
 std::vector<std::string> read_input_list(const std::string& list_file);
+// One warning line per input file given more than once (the same file under
+// any name: a link, "./a" and "a"), whose text would then count twice;
+// `command` starts the line. Files that cannot be read are left to the reader.
+void warn_repeated_inputs(const std::vector<std::string>& inputs, const std::string& command);
 
 // How a file is cut into documents (docs/DATA.md, "data prepare"):
 //   "file"        the whole file is one document;

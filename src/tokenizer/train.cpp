@@ -68,6 +68,7 @@ std::vector<std::string_view> split_sentences(std::string_view text) {
 
 TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   KVS_CHECK(!o.inputs.empty(), "tokenizer train: no --input files");
+  warn_repeated_inputs(o.inputs, "tokenizer train");
   KVS_CHECK(o.vocab_size >= 261,
             "--vocab-size {} is too small: the least is 261 (256 byte-fallback pieces, 3 special pieces and the text's "
             "own characters)",
@@ -157,6 +158,17 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
       fail("tokenizer train: --vocab-size {} is more pieces than {} lines of text yield (at most {} here): lower it "
            "or train on more text",
            o.vocab_size, r.sentences_used, limit);
+    // The other common one, more distinct characters than pieces: in our flags' names, not sentencepiece's.
+    const std::string chars_text = "Vocabulary size is smaller than required_chars. ";
+    const auto chars_at = msg.find(chars_text);
+    long long have = 0, need = 0;
+    if (chars_at != std::string::npos &&
+        std::sscanf(msg.c_str() + chars_at + chars_text.size(), "%lld vs %lld", &have, &need) == 2 &&
+        have == o.vocab_size)
+      fail("tokenizer train: --vocab-size {} is too small for this text: the characters --character-coverage {} "
+           "keeps need {} pieces (with the byte and special pieces); raise --vocab-size to at least that or lower "
+           "--character-coverage (down to 0.98)",
+           o.vocab_size, o.character_coverage, need);
     fail("tokenizer train: sentencepiece failed: {}", msg);
   }
 

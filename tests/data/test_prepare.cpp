@@ -368,6 +368,29 @@ TEST(DataPrepare, CrashLeavesNoCompleteLookingOutput) {
   EXPECT_EQ(names_in(tmp.str()), (std::vector<std::string>{"a.txt", "out"}));
 }
 
+TEST(DataPrepare, RepeatedInputsAreWarnedAbout) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(50, 3));
+  spit(tmp / "b.txt", corpus_text(50, 4));
+  fs::create_symlink(tmp / "a.txt", tmp / "link.txt");
+  const std::string a = tmp / "a.txt";
+  const std::string inputs = " --input " + a + " " + (tmp / "b.txt") + " " + (tmp / "link.txt") + " " +
+                             (tmp.str() + "/./a.txt");
+  auto r = run_kvshift("data prepare --quiet --tokenizer " + shared_tokenizer_dir() + inputs + " --out " + (tmp / "out"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("data prepare: " + a + " is given 3 times: its text counts 3 times"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("b.txt is given"), std::string::npos) << r.out;
+  r = run_kvshift("tokenizer train --vocab-size 320" + inputs + " --out " + (tmp / "tok"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer train: " + a + " is given 3 times"), std::string::npos) << r.out;
+  // Each file once: no warning.
+  r = run_kvshift("data prepare --quiet --tokenizer " + shared_tokenizer_dir() + " --input " + a + " " +
+                  (tmp / "b.txt") + " --out " + (tmp / "out2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("given"), std::string::npos) << r.out;
+}
+
 TEST(DataPrepare, CliErrorsAndHelp) {
   TmpDir tmp;
   spit(tmp / "bad.txt", std::string("ok\n\xff\n"));

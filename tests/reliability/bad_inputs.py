@@ -571,6 +571,15 @@ def cases():
         return ["tokenizer", "train", "--input", write(d, "corpus.txt", "some text\n"), "--out",
                 os.path.join(d, "tok"), "--vocab-size", "100000"], ""
 
+    @case("tokenizer-vocab-below-characters", "tokenizer", "a --vocab-size below the pieces the text's characters need",
+          "tokenizer train: --vocab-size 300 is too small for this text: the characters --character-coverage 0.99995 "
+          "keeps need 860 pieces (with the byte and special pieces); raise --vocab-size to at least that or lower "
+          "--character-coverage (down to 0.98)")
+    def _(b, d):
+        text = "".join(chr(0x4E00 + i) for i in range(600)) + "\n"  # 600 distinct characters, each needed
+        return ["tokenizer", "train", "--input", write(d, "corpus.txt", text), "--out",
+                os.path.join(d, "tok"), "--vocab-size", "300"], ""
+
     @case("tokenizer-out-holds-input", "tokenizer", "tokenizer train --force into the directory of its input",
           "D: --out must not be (or contain) the input D/corpus.txt")
     def _(b, d):

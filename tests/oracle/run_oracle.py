@@ -405,7 +405,10 @@ def st_naive_attention(t):
 
 
 def st_gradcheck(t):
-    from torch.nn.utils.stateless import functional_call
+    try:  # torch >= 2.0; torch.nn.utils.stateless's is deprecated there (Debian's 1.13 has only that one)
+        from torch.func import functional_call
+    except ImportError:
+        from torch.nn.utils.stateless import functional_call
     for label, cfg_dict in [
         ("shift KV, GQA 2x1, 2 layers, untied",
          make_config(8, 2, 1, 6, 2, 5, False, True, theta=100.0)),
@@ -446,14 +449,14 @@ def st_loss_mask(t):
                 lp = logits[b, s] - torch.logsumexp(logits[b, s], 0)
                 terms.append(-lp[targets[b, s]])
     want = torch.stack(terms).mean()
-    d = abs(float(L - want))
+    d = abs((L - want).item())
     t.record("self-test", "loss == mean CE over scored tokens", d < 1e-13, f"absdiff={d:.1e}")
     ones = torch.ones(B, T)
-    d = abs(float(kt.loss(logits, targets, ones) - F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))))
+    d = abs((kt.loss(logits, targets, ones) - F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))).item())
     t.record("self-test", "loss with full mask == F.cross_entropy mean", d < 1e-13, f"absdiff={d:.1e}")
     targets2 = targets.clone()
     targets2[mask == 0] = (targets2[mask == 0] + 1) % V
-    d = abs(float(kt.loss(logits, targets2, mask) - L))
+    d = abs((kt.loss(logits, targets2, mask) - L).item())
     t.record("self-test", "masked targets do not affect the loss", d < 1e-15, f"absdiff={d:.1e}")
     L.backward()
     gm = float(logits.grad[mask == 0].abs().max())
@@ -602,7 +605,17 @@ def main():
     ap.add_argument("--workdir", required=True, help="scratch directory (case files are kept there)")
     ap.add_argument("--self-test", action="store_true", help="only the self-test (no binary needed)")
     ap.add_argument("--cases", default="", help="comma-separated case-name prefixes to run (default all)")
+    ap.add_argument("--torch", choices=["system", "current"], default="system",
+                    help="system: the running Python's torch (Debian's 1.13 under /usr/bin/python3); current: "
+                         "torch 2.x from PyPI in .venv-hf5 (scripts/setup.sh makes it), the system one without it")
     args = ap.parse_args()
+    if args.torch == "current" and int(torch.__version__.split(".")[0]) < 2:
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        venv_py = os.path.join(repo, ".venv-hf5", "bin", "python")
+        if os.path.exists(venv_py):
+            os.execv(venv_py, [venv_py, os.path.abspath(__file__)] + sys.argv[1:])
+        print(f"note: no {os.path.dirname(os.path.dirname(venv_py))}: the oracle runs on the system torch", flush=True)
+    print(f"oracle: torch {torch.__version__}, numpy {np.__version__}", flush=True)
     if not args.self_test and not args.kvshift:
         ap.error("--kvshift PATH is required unless --self-test")
     os.makedirs(args.workdir, exist_ok=True)

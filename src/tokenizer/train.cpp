@@ -4,7 +4,9 @@
 #include <sentencepiece_trainer.h>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <string_view>
 #include <unordered_map>
 
@@ -45,17 +47,68 @@ void for_each_sentence(std::string_view text, F&& f) {
   }
 }
 
-class VectorIterator : public sentencepiece::SentenceIterator {
+// An input file's text, or with JSON Lines its documents (decoded copies).
+struct HeldText {
+  std::string text;
+  std::vector<std::string> docs;
+};
+
+// The sample as sentencepiece reads it, one input file at a time: sentence i
+// (0-based over all files) is kept iff floor(i*M/N) advances, exactly M evenly
+// spread. Only the current file's text is held, never a copy of the sample
+// (sentencepiece keeps its own).
+class SampledSentences final : public sentencepiece::SentenceIterator {
  public:
-  explicit VectorIterator(const std::vector<std::string>& v) : v_(v) {}
-  bool done() const override { return i_ >= v_.size(); }
-  void Next() override { ++i_; }
-  const std::string& value() const override { return v_[i_]; }
-  sentencepiece::util::Status status() const override { return {}; }
+  // load(f, held, each): reads input f into `held` and calls each(sentence)
+  // for its sentences in order (views into `held`).
+  using Load = std::function<void(size_t, HeldText&, const std::function<void(std::string_view)>&)>;
+  SampledSentences(int64_t total, int64_t keep, size_t files, Load load)
+      : total_(total), keep_(keep), files_(files), load_(std::move(load)) {
+    fill();
+  }
+  bool done() const override { return at_ >= kept_.size(); }
+  void Next() override {
+    if (++at_ >= kept_.size()) fill();
+    else value_ = kept_[at_];
+  }
+  const std::string& value() const override { return value_; }
+  sentencepiece::util::Status status() const override {
+    if (!error_) return {};
+    return {sentencepiece::util::StatusCode::kInternal, "reading an input failed"};
+  }
+  std::exception_ptr error() const { return error_; }
+  int64_t kept() const { return kept_total_; }
 
  private:
-  const std::vector<std::string>& v_;
-  size_t i_ = 0;
+  void fill() {  // the kept sentences of the next file that has any
+    kept_.clear();
+    at_ = 0;
+    while (kept_.empty() && file_ < files_ && !error_) {
+      try {
+        load_(file_++, held_, [&](std::string_view s) {
+          const auto k0 = static_cast<__int128>(index_) * keep_ / total_;
+          const auto k1 = static_cast<__int128>(index_ + 1) * keep_ / total_;
+          if (k1 != k0) kept_.push_back(s);
+          ++index_;
+        });
+      } catch (...) {
+        error_ = std::current_exception();
+        kept_.clear();
+      }
+    }
+    kept_total_ += static_cast<int64_t>(kept_.size());
+    if (!kept_.empty()) value_ = kept_[0];
+    else held_ = {};  // done: free the last file while sentencepiece trains
+  }
+  int64_t total_, keep_;
+  size_t files_;
+  Load load_;
+  size_t file_ = 0, at_ = 0;
+  int64_t index_ = 0, kept_total_ = 0;
+  HeldText held_;
+  std::vector<std::string_view> kept_;
+  std::string value_;
+  std::exception_ptr error_;
 };
 
 }  // namespace
@@ -80,34 +133,32 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   check_output_holds_no_input(o.out, o.inputs);
 
-  // A file's sentences: its lines, or with JSON Lines the lines of each document.
-  auto sentences_of = [&](const std::string& f, const std::string& text, auto&& each) {
-    if (o.jsonl_key.empty()) return for_each_sentence(text, each);
-    for (const std::string& doc : jsonl_documents(text, o.jsonl_key, f)) for_each_sentence(doc, each);
+  // Input f's sentences: its lines, or with JSON Lines the lines of each document (views into `held`).
+  // Returns the file's bytes (decompressed).
+  auto sentences_of = [&](size_t f, HeldText& held, const std::function<void(std::string_view)>& each) {
+    held = {};
+    held.text = read_text_file(o.inputs[f]);
+    const auto bytes = static_cast<int64_t>(held.text.size());
+    if (o.jsonl_key.empty()) {
+      for_each_sentence(held.text, each);
+    } else {
+      held.docs = jsonl_documents(held.text, o.jsonl_key, o.inputs[f]);
+      std::string().swap(held.text);  // the documents are copies
+      for (const std::string& d : held.docs) for_each_sentence(d, each);
+    }
+    return bytes;
   };
   // Pass 1: validate every file and count sentences, so the subset can be evenly spaced.
   TokenizerTrainResult r;
-  for (const auto& f : o.inputs) {
-    const std::string text = read_text_file(f);
-    r.bytes += static_cast<int64_t>(text.size());
-    sentences_of(f, text, [&](std::string_view) { ++r.sentences_total; });
+  for (size_t f = 0; f < o.inputs.size(); ++f) {
+    HeldText held;
+    r.bytes += sentences_of(f, held, [&](std::string_view) { ++r.sentences_total; });
   }
   KVS_CHECK(r.sentences_total > 0, "tokenizer train: empty corpus: the {} input file(s) hold no text (first: {})",
             o.inputs.size(), o.inputs[0]);
-  // Pass 2: sentence i is kept iff floor(i*M/N) advances: exactly M, evenly spread.
-  const int64_t N = r.sentences_total, M = std::min<int64_t>(N, o.max_sentences);
-  std::vector<std::string> sentences;
-  sentences.reserve(static_cast<size_t>(M));
-  int64_t i = 0;
-  for (const auto& f : o.inputs) {
-    const std::string text = read_text_file(f);
-    sentences_of(f, text, [&](std::string_view s) {
-      const auto k0 = static_cast<__int128>(i) * M / N, k1 = static_cast<__int128>(i + 1) * M / N;
-      if (k1 != k0) sentences.emplace_back(s);
-      ++i;
-    });
-  }
-  r.sentences_used = static_cast<int64_t>(sentences.size());
+  // Pass 2, as sentencepiece reads the sample.
+  SampledSentences it(r.sentences_total, std::min<int64_t>(r.sentences_total, o.max_sentences), o.inputs.size(),
+                      sentences_of);
 
   // Llama 2's trainer spec (its tokenizer.model), except vocab size, threads and
   // the sentence sampling, which we do ourselves (no shuffling: deterministic).
@@ -144,9 +195,10 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
       // come first on stderr.
       {"minloglevel", "2"},
   };
-  VectorIterator it(sentences);
   std::string model;
   const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
+  if (it.error()) std::rethrow_exception(it.error());  // an input that changed since pass 1, say
+  r.sentences_used = it.kept();
   if (!st.ok()) {
     // The most common failure, a vocabulary larger than the text supports: name the flag and the limit.
     const std::string msg = st.ToString();

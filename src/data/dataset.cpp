@@ -16,9 +16,10 @@ std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vo
   if (!cfg.tokenizer.empty()) {
     const std::string tokenizer = check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
     if (cfg.type == DatasetType::Shards) {
-      std::vector<std::string> files = expand_shard_paths(cfg.shards.train, config_dir, "data.shards.train");
+      // The datasets below check the shards against their manifests.
+      std::vector<std::string> files = expand_shard_paths(cfg.shards.train, config_dir, "data.shards.train", false);
       if (!cfg.shards.val.empty()) {
-        const std::vector<std::string> val = expand_shard_paths(cfg.shards.val, config_dir, "data.shards.val");
+        const std::vector<std::string> val = expand_shard_paths(cfg.shards.val, config_dir, "data.shards.val", false);
         files.insert(files.end(), val.begin(), val.end());
       }  // every source's files, blended or not
       check_shards_tokenizer(files, tokenizer);

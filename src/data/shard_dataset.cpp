@@ -27,7 +27,7 @@ std::string human_count(uint64_t n) {
 }  // namespace
 
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns, const std::string& config_dir,
-                                            const std::string& key) {
+                                            const std::string& key, bool check_manifests) {
   std::vector<std::string> out;
   for (const std::string& pat : patterns) {
     KVS_CHECK(!pat.empty(), "{}: empty path", key);
@@ -45,7 +45,7 @@ std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patt
     std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + g.gl_pathc);
     ::globfree(&g);
     std::sort(matches.begin(), matches.end());
-    check_shards_against_manifests(full, matches, key);
+    if (check_manifests) check_shards_against_manifests(full, matches, key);
     out.insert(out.end(), matches.begin(), matches.end());
   }
   return out;

@@ -22,8 +22,11 @@ namespace kvs {
 // Expands shard path patterns with glob(3): relative patterns are resolved
 // against `config_dir`, each pattern's matches are sorted, pattern order is
 // kept. A pattern matching nothing is an error naming `key` and the pattern.
+// Each pattern's matches are checked against the manifest.json beside them
+// (shard_manifest_check.h) unless `check_manifests` is false (a caller that
+// opens the dataset right after, which checks them: one warning, not two).
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns, const std::string& config_dir,
-                                            const std::string& key);
+                                            const std::string& key, bool check_manifests = true);
 
 class ShardDataset : public Dataset {
  public:

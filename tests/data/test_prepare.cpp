@@ -619,6 +619,7 @@ TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
   PrepareOptions o = options(tmp, {tmp / "a.txt"}, "shards");
   o.tokenizer = tmp / "tok";
   o.split.mode = "lines";  // documents for the val split too
+  o.force = true;
   prepare_data(o);
   auto j =
       nlohmann::json::parse(slurp(std::string(kvs::test::source_dir()) + "/configs/toy/induction-1l-kvshift.json"));
@@ -638,6 +639,18 @@ TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
                    "than data.tokenizer " + (tmp / "tok"), "kvshift data prepare");
   fs::remove(tmp / "shards/manifest.json");
   EXPECT_NO_THROW(open());
+
+  // A shard the manifest does not list: one warning per start, though the tokenizer check globs the shards too.
+  prepare_data(o);  // a fresh manifest
+  fs::copy_file(tmp / "shards/train_000000.bin", tmp / "shards/train_000099.bin");
+  const auto r = run_kvshift("train --quiet --config " + (tmp / "cfg/c.json") +
+                             " --set train.steps=1 --set train.eval_every=0 --set train.checkpoint_every=0 "
+                             "--set train.seq_len=16 --run-dir " + (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string warning = "are not in its manifest.json";
+  const size_t first = r.out.find(warning);
+  EXPECT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(warning, first + 1), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "train/checkpoint.h"
+#include "train/rank_agreement.h"
 
 namespace kvs {
 namespace fs = std::filesystem;
@@ -76,6 +77,11 @@ OpenedCheckpoint find_resume_checkpoint(const std::string& root, dist::Communica
             "{}: the ranks chose different checkpoints to resume from (steps {} to {}; this rank {}): do they see "
             "the same files?",
             root, -range[1], range[0], ck.dir);
+  // The same step is not the same checkpoint: per-node run directories may hold different runs.
+  KVS_CHECK(same_on_every_rank(checkpoint_identity(ck.dir), comm),
+            "{}: the ranks chose checkpoints of the same step {} with different contents (this rank {}): do they "
+            "see the same files?",
+            root, range[0], ck.dir);
   return ck;
 }
 

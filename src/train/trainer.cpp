@@ -19,6 +19,7 @@
 #include "core/json_difference.h"
 #include "core/log.h"
 #include "core/profile_range.h"
+#include "core/rng.h"
 #include "data/tokenizer_check.h"
 #include "model/flops.h"
 #include "model/params.h"
@@ -32,6 +33,7 @@
 #include "train/metrics.h"
 #include "train/model_io.h"
 #include "train/progress.h"
+#include "train/rank_agreement.h"
 #include "train/resume_point.h"
 #include "train/schedule.h"
 #include "train/step_watch.h"
@@ -234,27 +236,6 @@ class RemovedIfLeftEmpty {
 // or -inf) while the loss (which does not depend on the scale) stays finite:
 // the run must stop on the gradient norm, every rank at once. (NaN would not
 // do: engines read a negative or NaN scale as "no backward".)
-// Every rank must train the same config: one started with another (a per-node
-// copy that drifted, an override on one side of a launch) would exchange other
-// shapes (under pp a truncated receive) or silently train another model. Its
-// hash, as given (relative paths as written, so per-node copies elsewhere
-// agree; train.threads may differ per node), is compared with one all-reduce
-// before any work.
-void check_same_config_on_every_rank(const Config& config, dist::Communicator& comm) {
-  if (comm.size() == 1) return;
-  nlohmann::json j = to_json(config);
-  if (j.contains("train") && j["train"].is_object()) j["train"].erase("threads");
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the JSON text: the same on every rank's build
-  for (const unsigned char ch : j.dump()) h = (h ^ ch) * 1099511628211ull;
-  const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
-  double v[4] = {hi, lo, -hi, -lo};  // max of each half, and minus its min
-  comm.all_reduce(v, 4, dist::DType::F64, dist::ReduceOp::Max);
-  KVS_CHECK(v[0] == -v[2] && v[1] == -v[3],
-            "rank {}/{}: the ranks were started with different configs (this rank's hash {:016x} is not every "
-            "rank's): give every rank the same config file and --set overrides",
-            comm.rank(), comm.size(), h);
-}
-
 int64_t inf_gradient_fault_step() {
   const char* v = std::getenv("KVS_FAULT_INF_GRADIENT_STEP");
   return v && *v ? std::atoll(v) : 0;
@@ -373,6 +354,13 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   }
   check_parallel_layout(cfg, comm->size());
   check_same_config_on_every_rank(config, *comm);
+  // How the run starts is every rank's too: --resume or --init-from on one side of a launch only would train
+  // a mix of two models (or meet another rank in another collective).
+  const std::string start = opt.resume ? "--resume" : opt.init_from.empty() ? "a fresh start" : "--init-from";
+  KVS_CHECK(same_on_every_rank(hash_name(start), *comm),
+            "rank {}/{}: the ranks were started differently (this rank: {}): give every rank the same --resume and "
+            "--init-from",
+            comm->rank(), comm->size(), start);
   const int rank = comm->rank();
   const bool rank0 = rank == 0;
   set_threads(tc.threads);
@@ -491,6 +479,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (opt.init_from.empty()) {
       write_params_in_windows(*engine, [&](size_t at, size_t n, float* w) { io.init_local(tc.seed, at, n, w); });
     } else {
+      KVS_CHECK(same_on_every_rank(checkpoint_identity(opt.init_from), *comm),
+                "rank {}/{}: --init-from {}: the ranks were given different checkpoints (or copies that differ): "
+                "give every rank the same --init-from",
+                comm->rank(), comm->size(), opt.init_from);
       initial_weights_from(opt.init_from, cfg.model, cfg.data.tokenizer, io, *engine);
       if (rank0) spdlog::info("weights from {}", opt.init_from);
     }

@@ -259,6 +259,55 @@ TEST(DeadRanks, RanksWithDifferentConfigsStopBeforeAnyWork) {
   EXPECT_FALSE(fs::exists(run + "/metrics.jsonl") && fs::file_size(run + "/metrics.jsonl") > 0) << out;
 }
 
+// Ranks started from different weights (--init-from or --resume on one side of
+// a launch, different checkpoints, per-node run directories holding other runs
+// at the same step) trained a mix of two models silently (ZeRO-1's all-gather
+// stitched the shards together); bench with another config on one rank timed
+// two configs as one. Each now stops before any work with one line.
+TEST(DeadRanks, RanksStartedFromDifferentWeightsStopBeforeAnyWork) {
+  TmpDir tmp;
+  const std::string cfg = tmp / "c.json";
+  nlohmann::json c = tiny_config(true, 2);
+  c["train"]["steps"] = 2;
+  c["train"]["checkpoint_every"] = 2;
+  c["train"]["eval_every"] = 0;
+  spit(cfg, c.dump());
+  const std::string train = "train --quiet --config " + cfg;
+  for (const char* seed : {"1", "2"}) {
+    const auto r = run_kvshift(train + " --set train.seed=" + seed + " --run-dir " + (tmp / ("one" + std::string(seed))));
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  const std::string a = tmp / "one1/checkpoints/step_00000002", b = tmp / "one2/checkpoints/step_00000002";
+  auto mpmd = [&](const std::string& rank0, const std::string& rank1) {
+    return run_kvshift(rank1, mpirun(1) + " " + kvs::test::cli_binary() + " " + rank0 + " : -np 1");
+  };
+  const std::string fresh = train + " --run-dir " + (tmp / "run");
+  auto r = mpmd(fresh + " --init-from " + a, fresh);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the ranks were started differently (this rank: "), std::string::npos) << r.out;
+  r = mpmd(fresh + " --init-from " + a, fresh + " --init-from " + b);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the ranks were given different checkpoints"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp / "run/metrics.jsonl") && fs::file_size(tmp / "run/metrics.jsonl") > 0) << r.out;
+  // Copies of one checkpoint agree (per-node copies of the same files).
+  fs::copy(a, tmp / "copy_of_a", fs::copy_options::recursive);
+  r = mpmd(fresh + "_ok --init-from " + a, fresh + "_ok --init-from " + (tmp / "copy_of_a"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Per-rank run directories with other runs at the same step.
+  fs::copy(tmp / "one1", tmp / "rA", fs::copy_options::recursive);
+  fs::copy(tmp / "one2", tmp / "rB", fs::copy_options::recursive);
+  const std::string longer = train + " --set train.steps=4 --resume --run-dir ";
+  r = mpmd(longer + (tmp / "rA"), longer + (tmp / "rB"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the ranks chose checkpoints of the same step 2 with different contents"), std::string::npos)
+      << r.out;
+  // bench with another config on one rank.
+  const std::string bench = "bench --json --warmup 0 --steps 1 --config " + cfg;
+  r = mpmd(bench + " --set train.lr=0.02", bench);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the ranks were started with different configs"), std::string::npos) << r.out;
+}
+
 // A pipeline stage that hangs mid-step (SIGSTOP, never continued): the other
 // stage, waiting for its activations or gradients, stops within the
 // collective timeout with one line naming it, instead of waiting forever.

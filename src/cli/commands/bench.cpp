@@ -28,6 +28,7 @@
 #include "model/config.h"
 #include "model/engine.h"
 #include "model/flops.h"
+#include "train/rank_agreement.h"
 #include "train/train_step.h"
 #ifdef KVS_CUDA
 #include "kernels/cuda/device.h"
@@ -428,6 +429,7 @@ void add_bench(CLI::App& app) {
     const char* profile_peak_key = cpu_run ? "fraction_of_sgemm_peak" : "fraction_of_bf16_peak";
     auto profile_peak_gflops = [&](const BenchResult& r) { return cpu_run ? peak.gflops : 1e3 * r.peak_tflops; };
     run_on_world(*world, [&] {
+      for (const Config& c : runs) check_same_config_on_every_rank(c, *world);
       for (const Config& c : runs)
         for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
     });

@@ -9,6 +9,7 @@
 #include "data/tokenizer_check.h"
 #include "dist/world.h"
 #include "train/model_io.h"
+#include "train/rank_agreement.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
 
@@ -97,6 +98,7 @@ void add_eval(CLI::App& app) {
     std::string layout;
     nlohmann::json layout_json;
     run_on_world(*world, [&] {
+      check_same_config_on_every_rank(cfg, *world);
       TrainStep step(cfg, *world);
       step.io().check_file(*ck.files.model, {""});
       write_params_in_windows(step.engine(),

@@ -76,10 +76,15 @@ def discover(sweep_dir):
     """[(label, seed, run_dir, status)] in spec order, and the sweep's name."""
     if not os.path.isdir(sweep_dir):
         raise PlotError("%s: no such sweep directory" % sweep_dir)
-    meta = read_json(os.path.join(sweep_dir, "sweep.json"))
+    meta_path = os.path.join(sweep_dir, "sweep.json")
+    meta = read_json(meta_path)
     name = os.path.basename(os.path.normpath(sweep_dir))
     cells = []
-    if isinstance(meta, dict) and isinstance(meta.get("cells"), list):
+    usable = isinstance(meta, dict) and isinstance(meta.get("cells"), list)
+    if not usable and os.path.exists(meta_path):
+        print("plot_sweep: warning: %s cannot be read as a sweep's record (not JSON, or no \"cells\"): the "
+              "cells are taken from the <label>/seed<k>/ directories, in name order" % meta_path, file=sys.stderr)
+    if usable:
         name = meta.get("name", name)
         for c in meta["cells"]:
             try:

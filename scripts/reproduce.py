@@ -137,8 +137,9 @@ def main(argv):
         raise sweep.SweepError("%s: the results page's directory does not exist (--results)" % results)
     rows = plan(names, out_root, seeds, args.jobs)
     total = sum(r[3] or 0 for r in rows)
-    print("reproduce: %s, %d jobs -> %s, results %s" % ("quick subset" if args.quick else "whole suite",
-                                                          args.jobs, out_root, results))
+    what = ("quick subset" if args.quick and not args.spec else "whole suite" if not args.spec
+            else "spec%s %s" % ("s" if len(names) > 1 else "", ", ".join(names)))
+    print("reproduce: %s, %d jobs -> %s, results %s" % (what, args.jobs, out_root, results))
     for name, _, todo, exp in rows:
         print("  %-11s %3d cells to run  expected %s" % (name, todo, sweep.fmt_duration(exp) if exp is not None else "?"))
     print("  expected time: %s (estimates measured on a 2-core machine; the results page takes a minute more)"

@@ -83,6 +83,8 @@ def load_spec(path):
             text = f.read()
     except OSError as e:
         raise SweepError("%s: cannot read spec: %s" % (path, e.strerror or e))
+    except UnicodeDecodeError as e:
+        raise SweepError("%s: not UTF-8 text (byte 0x%02x at offset %d)" % (path, e.object[e.start], e.start))
 
     def no_duplicates(pairs):
         seen = {}
@@ -92,8 +94,11 @@ def load_spec(path):
             seen[k] = v
         return seen
 
+    def no_constant(name):  # NaN, Infinity: not JSON, though Python's parser takes them
+        raise SweepError("%s: invalid JSON: %s is not a number JSON has" % (path, name))
+
     try:
-        spec = json.loads(text, object_pairs_hook=no_duplicates)
+        spec = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant)
     except ValueError as e:
         raise SweepError("%s: invalid JSON: %s" % (path, e))
     if not isinstance(spec, dict):
@@ -113,7 +118,8 @@ def load_spec(path):
         raise SweepError("%s: base must be a path (relative to the spec file)" % path)
     base = os.path.join(os.path.dirname(os.path.abspath(path)), spec["base"])
     if not os.path.isfile(base):
-        raise SweepError("%s: base config %s does not exist" % (path, base))
+        raise SweepError("%s: base config %s %s" % (path, base, "is a directory, not a config file"
+                                                    if os.path.isdir(base) else "does not exist"))
     spec["base_path"] = os.path.normpath(base)
     spec.setdefault("set", {})
     _check_set(spec["set"], "set", path)
@@ -145,11 +151,12 @@ def load_spec(path):
         raise SweepError("%s: seeds contain a duplicate" % path)
     spec.setdefault("seed_keys", ["train.seed"])
     sk = spec["seed_keys"]
-    if not isinstance(sk, list) or not all(isinstance(k, str) and k for k in sk):
-        raise SweepError("%s: seed_keys must be an array of config keys (strings)" % path)
+    if not isinstance(sk, list) or not sk or not all(isinstance(k, str) and k for k in sk):
+        raise SweepError("%s: seed_keys must be a non-empty array of config keys (strings): without one, every "
+                         "seed would train the same run" % path)
     est = spec.get("estimate_seconds_per_run")
-    if est is not None and (isinstance(est, bool) or not isinstance(est, (int, float)) or est <= 0):
-        raise SweepError("%s: estimate_seconds_per_run must be a positive number" % path)
+    if est is not None and (isinstance(est, bool) or not isinstance(est, (int, float)) or not 0 < est < 1e9):
+        raise SweepError("%s: estimate_seconds_per_run must be a positive number of seconds (below 1e9)" % path)
     return spec
 
 
@@ -331,6 +338,16 @@ class Cell:
 # Output
 
 
+def exit_text(code):
+    """'exit status 1', or 'killed by SIGKILL' for a process a signal ended (Popen's negative code)."""
+    if code < 0:
+        try:
+            return "killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "killed by signal %d" % -code
+    return "exit status %d" % code
+
+
 def fmt_duration(seconds):
     if seconds is None:
         return "?"
@@ -431,21 +448,29 @@ def main(argv):
     if args.only or args.only_seeds:
         what = ", ".join(args.only + ["seed%d" % k for k in args.only_seeds])
         print("  only: %s (%d of %d cells)" % (what, len(selected), len(cells)))
+    def threads_of(c):
+        # A run is bit-identical only at one thread count (docs/ARCHITECTURE.md): a resumed cell keeps the
+        # count it started with, whatever --jobs is now.
+        started, _ = _get_path(c.read_config() or {}, "train.threads") if c.state == "resume" else (None, False)
+        return started if isinstance(started, int) and not isinstance(started, bool) and started > 0 else threads
+
     if todo:
-        print("  expected time: %s (%d todo x %s per run / %d jobs, %d threads each)"
+        counts = sorted({threads_of(c) for c in todo})
+        kept = sum(threads_of(c) != threads for c in todo)
+        print("  expected time: %s (%d todo x %s per run / %d jobs, %s)"
               % (fmt_duration(expected) if expected is not None else "unknown (no estimate_seconds_per_run)",
-                 len(todo), fmt_duration(est) if est else "?", args.jobs, threads))
+                 len(todo), fmt_duration(est) if est else "?", args.jobs,
+                 "%d threads each" % threads if not kept else "%d threads each; %d resumed cell%s keep%s the %s "
+                 "%s started with" % (threads, kept, "s" if kept > 1 else "", "" if kept > 1 else "s",
+                                      "/".join(str(n) for n in counts if n != threads), "they" if kept > 1 else "it")))
     for c in stale:
         print("  stale: %s: %s" % (c.name, c.reason))
 
     def command(c):
-        # The run name and the thread count first, so that the spec's own values win. A run is
-        # bit-identical only at one thread count (docs/ARCHITECTURE.md): a resumed cell keeps the
-        # count it started with, whatever --jobs is now.
-        started, _ = _get_path(c.read_config() or {}, "train.threads") if c.state == "resume" else (None, False)
+        # The run name and the thread count first, so that the spec's own values win.
         cmd = [kvshift, "train", "--config", spec["base_path"],
                "--set", "name=%s" % json.dumps("%s-%s-seed%d" % (spec["name"], c.label, c.seed)),
-               "--set", "train.threads=%d" % (started if isinstance(started, int) and started > 0 else threads)]
+               "--set", "train.threads=%d" % threads_of(c)]
         cmd += c.set_args() + ["--run-dir", c.run_dir, "--quiet"]
         if c.state == "resume":
             cmd.append("--resume")
@@ -552,15 +577,16 @@ def main(argv):
                 print("[%d/%d] %s %s: %s" % (done_count, len(cells), spec["name"], c.name, c.error), flush=True)
             else:
                 c.status = "failed"
-                c.error = ("exit status %d" % proc.returncode if proc.returncode != 0
-                           else "exited 0 but the run is not finished (%s)" % c.reason)
+                how = exit_text(proc.returncode)
+                c.error = how if proc.returncode != 0 else "exited 0 but the run is not finished (%s)" % c.reason
                 failed.append(c)
                 lines = tail(os.path.join(c.run_dir, LOG_NAME), TAIL_LINES)
-                last_err = next((l for l in reversed(lines) if "error" in l.lower()), lines[-1] if lines else "")
+                # Its error line; none when it was killed (an out-of-memory kill, say): no other line stands in.
+                last_err = next((l for l in reversed(lines) if "error" in l.lower()), "")
                 c.error += ": " + last_err.strip() if last_err else ""
                 print("[%d/%d] %s %s: FAILED after %s (%s); last lines of %s:"
                       % (done_count, len(cells), spec["name"], c.name, fmt_duration(c.wall_s),
-                         "exit status %d" % proc.returncode, os.path.join(c.run_dir, LOG_NAME)), flush=True)
+                         how, os.path.join(c.run_dir, LOG_NAME)), flush=True)
                 for line in lines:
                     print("    " + line, flush=True)
             write_sweep_json()

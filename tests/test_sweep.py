@@ -139,6 +139,13 @@ def start_and_stop(cmd, metrics, sig, group):
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+def sweep_threads_default(jobs):
+    """The threads sweep.py gives each run at --jobs `jobs` (sweep.cpu_count() // jobs)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import sweep  # noqa: E402
+    return max(1, sweep.cpu_count() // jobs)
+
+
 def checkpoint_step(run_dir):
     try:
         with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
@@ -210,6 +217,11 @@ def main():
     with open(os.path.join(victim, "checkpoints", "latest"), "w") as f:
         f.write("step_00000010\n")
     truncate_metrics(victim, 10)
+    if sweep_threads_default(2) != sweep_threads_default(1):  # a resumed cell keeps its count; the plan says so
+        p = run([SWEEP] + base + ["--dry-run", "--jobs", "1"])
+        check(p.returncode == 0 and "1 resumed cell keeps the %d it started with" % sweep_threads_default(2)
+              in p.stdout and "train.threads=%d" % sweep_threads_default(2) in p.stdout,
+              "plan: a resumed cell keeps its thread count, and the plan says so", show(p))
     before = stamps(dirs)
     p = run([SWEEP] + base)
     check(p.returncode == 0 and "1 todo" in p.stdout, "checkpointed cell: plan says 1 todo", show(p))
@@ -477,6 +489,65 @@ def main():
         fig1a = ["TypeError: %s" % e]
     check(fig1a == ["Claims not evaluated: no data for kvshift-1l."],
           "results fig1a: a null final accuracy (a diverged run) is no data", str(fig1a))
+
+    # 11b. A tie with kvshift-1l is said beside kvshift-1l, not after the last of the others.
+    stats = {k: results.LabelStats(k, [seed(1, accuracy=0.99 if k.startswith("kvshift") else 0.1)], 10)
+             for k in ("vanilla-1l", "vanilla-2l", "vanilla-4l", "kvshift-1l", "kvshift-2l")}
+    first = results.fig1a_claims(stats)[0]
+    check("kvshift-1l ends at 99.0% ± 0.0, 10 steps to 90% (tied with kvshift-2l); the others:" in first
+          and first.endswith("kvshift-2l 10 steps to 90%."), "results fig1a: a tie is named beside kvshift-1l", first)
+
+    # 11c. results.py --update with fig1a recomputed and fig1a-long kept: only the claim comparing the two
+    #      sweeps gives way to the note (once, however often it runs); fig1a-long's own claim stays.
+    own = ("Paper claim (section 3.2, Figure 1a) with the longer budget: *4-layer vanilla is no faster than "
+           "2-layer vanilla*: **not supported** — numbers")
+    cross = ("Paper claim (section 3.2, Figure 1a) with the longer budget: *2-layer vanilla learns induction "
+             "(≥ 90%) but more slowly than 1-layer KV shifting*: **partly supported** — numbers")
+    kept_long = "## fig1a-long\n\ntable\n\n%s\n\n%s\n" % (own, cross)
+    merged = results.with_cross_sweep_claim([("fig1a", "## fig1a\n", {"kvshift-1l": None}),
+                                             ("fig1a-long", kept_long, {})], ["fig1a-long"])
+    again = results.with_cross_sweep_claim([("fig1a", "## fig1a\n", {"kvshift-1l": None}),
+                                            ("fig1a-long", merged[1][1], {})], ["fig1a-long"])
+    long_text = again[1][1]
+    check(own in long_text and cross not in long_text and long_text.count("The longer-budget claim") == 1,
+          "results --update: fig1a-long keeps its own claim, the cross-sweep one becomes one note", long_text)
+
+    # 11d. Bad specs: one line each, no traceback; an empty seed_keys is refused (every seed the same run).
+    for what, text in [("not UTF-8", b"\xff\xfe{}"), ("NaN", None), ("1e400", None), ("seed_keys []", None),
+                       ("base a directory", None)]:
+        bad = json.loads(json.dumps(spec))
+        if what == "NaN":
+            text = json.dumps(dict(bad, estimate_seconds_per_run=1)).replace('"estimate_seconds_per_run": 1',
+                                                                             '"estimate_seconds_per_run": NaN')
+        elif what == "1e400":
+            text = json.dumps(dict(bad, estimate_seconds_per_run=1)).replace('"estimate_seconds_per_run": 1',
+                                                                             '"estimate_seconds_per_run": 1e400')
+        elif what == "seed_keys []":
+            text = json.dumps(dict(bad, seed_keys=[]))
+        elif what == "base a directory":
+            text = json.dumps(dict(bad, base=os.path.dirname(bad["base"])))
+        with open(bad_path, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode())
+        p = run([SWEEP, "--spec", bad_path, "--kvshift", a.kvshift, "--out", os.path.join(work, "runs"), "--dry-run"])
+        lines = p.stderr.strip().splitlines()
+        check(p.returncode == 1 and len(lines) == 1 and bad_path in lines[0] and "Traceback" not in p.stderr
+              and (what != "seed_keys []" or "seed_keys" in lines[0])
+              and (what != "base a directory" or "is a directory" in lines[0]),
+              "sweep: a spec with %s is a one-line error" % what, show(p))
+    check(sweep.exit_text(-9) == "killed by SIGKILL" and sweep.exit_text(1) == "exit status 1",
+          "sweep: a killed run's status names the signal", sweep.exit_text(-9))
+
+    # 11e. reproduce --spec says which specs, not "whole suite"; plot_sweep warns about a sweep.json it cannot read.
+    p = run([REPRODUCE, "--spec", "smoke", "--dry-run", "--out", empty])
+    check(p.returncode == 0 and "reproduce: spec smoke," in p.stdout and "whole suite" not in p.stdout,
+          "reproduce --spec names the spec it runs", show(p))
+    broken = os.path.join(work, "broken_sweep")
+    shutil.copytree(os.path.join(work, "runs", "smoke"), broken)
+    with open(os.path.join(broken, "sweep.json"), "w") as f:
+        f.write("{not json")
+    p = run([PLOT, "--sweep", broken, "--table-only"])
+    check(p.returncode == 0 and "warning" in p.stderr and "sweep.json" in p.stderr and "| kvshift" in p.stdout,
+          "plot_sweep: a corrupt sweep.json is a warning, the cells come from the directories", show(p))
 
     # 12. Final numbers come only from seeds with an evaluation at their last step: an interrupted
     #     seed (last eval earlier), a finished seed whose final eval line was cut, and a run directory

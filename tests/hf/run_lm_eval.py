@@ -182,6 +182,20 @@ def main():
         t.record("every log-likelihood == kvshift forward's (1e-4)", worst < 1e-4, f"worst rel {worst:.1e}")
         t.record("lm_eval accuracy == direct accuracy", abs(acc - correct / len(QUESTIONS)) < 1e-12,
                  f"{acc:.3f} vs {correct}/{len(QUESTIONS)}")
+
+        # The `lm_eval` command as docs/EVAL.md gives it (it prints a results table: pytablewriter).
+        cli = os.path.join(os.path.dirname(sys.executable), "lm_eval")
+        p = subprocess.run([cli, "--model", "hf", "--model_args",
+                            f"pretrained={hf_dir},trust_remote_code=True,dtype=float32,add_bos_token=True",
+                            "--include_path", task_dir, "--tasks", "kvs_mc", "--batch_size", "8", "--device", "cpu"],
+                           capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1",
+                                                                   HF_DATASETS_OFFLINE="1"))
+        row = next((l for l in p.stdout.splitlines() if "kvs_mc" in l and "acc" in l), "")
+        cells = [c.strip() for c in row.split("|")]
+        value = cells[cells.index("acc") + 2] if "acc" in cells and cells.index("acc") + 2 < len(cells) else ""
+        t.record("the lm_eval command (docs/EVAL.md) prints the task's accuracy",
+                 p.returncode == 0 and value.replace(".", "", 1).isdigit() and abs(float(value) - acc) < 1e-3,
+                 row.strip()[:60] if p.returncode == 0 else (p.stderr.strip().splitlines() or ["rc %d" % p.returncode])[-1][:60])
     except Exception as e:  # noqa: BLE001
         import traceback
         traceback.print_exc()

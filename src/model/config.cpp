@@ -537,7 +537,9 @@ void validate(const Config& c, const std::string& origin) {
   check_tensor_parallel(c.model, c.parallel.tp, origin);
   const ParallelConfig& p = c.parallel;
   if (p.sequence_parallel && p.tp == 1)
-    fail("{}: parallel.sequence_parallel: needs tensor parallelism (parallel.tp > 1), got tp 1", origin);
+    fail("{}: parallel.sequence_parallel: needs tensor parallelism (parallel.tp > 1), got tp 1 (without it: "
+         "--set parallel.sequence_parallel=false)",
+         origin);
   if (p.sequence_parallel && t.seq_len % p.tp != 0)
     fail("{}: parallel.sequence_parallel: train.seq_len ({}) must be divisible by parallel.tp ({}): each rank holds "
          "an equal share of the rows",
@@ -558,10 +560,13 @@ void validate(const Config& c, const std::string& origin) {
          "model.kv_shift.window ({}): the shift's halo comes from the previous chunk alone",
          origin, p.cp, t.seq_len / (2 * p.cp), m.kv_shift.window);
   if (p.virtual_stages > 1 && p.pp == 1)
-    fail("{}: parallel.virtual_stages ({}): interleaving needs pipeline parallelism (parallel.pp > 1)", origin,
-         p.virtual_stages);
+    fail("{}: parallel.virtual_stages ({}): interleaving needs pipeline parallelism (parallel.pp > 1) (without it: "
+         "--set parallel.virtual_stages=1)",
+         origin, p.virtual_stages);
   if (!p.layers_per_stage.empty() && p.pp == 1)
-    fail("{}: parallel.layers_per_stage: needs pipeline parallelism (parallel.pp > 1)", origin);
+    fail("{}: parallel.layers_per_stage: needs pipeline parallelism (parallel.pp > 1) (without it: --set "
+         "parallel.layers_per_stage=[])",
+         origin);
   if (p.pp > 1) StageSplit::make(m, p.pp, p.virtual_stages, p.layers_per_stage, origin);  // a shape that does not split
   if (c.device == Device::Cuda && p.cp > 1 && t.attention_backend == AttentionImpl::Cudnn)
     fail("{}: parallel.cp: device \"cuda\" runs ring attention on the flash kernels: needs train.attention_backend "

@@ -101,7 +101,8 @@ TEST(ContextParallel, BadLayoutsAreOneLineErrors) {
     return r.out;
   };
   EXPECT_NE(error_of_run(0, "--set parallel.sequence_parallel=true")
-                .find("parallel.sequence_parallel: needs tensor parallelism (parallel.tp > 1), got tp 1"),
+                .find("parallel.sequence_parallel: needs tensor parallelism (parallel.tp > 1), got tp 1 (without it: "
+                      "--set parallel.sequence_parallel=false)"),
             std::string::npos);
   EXPECT_NE(error_of_run(0, "--set parallel.cp=3").find("parallel.cp (3): train.seq_len (16) must be divisible by 2 x "
                                                         "cp = 6"),

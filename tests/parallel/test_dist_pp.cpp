@@ -272,7 +272,8 @@ TEST(PipelineParallel, ShapesThatDoNotSplitAreOneLineErrors) {
                 .find("parallel.layers_per_stage: the stages hold 3 layers, model.num_hidden_layers is 4"),
             std::string::npos);
   EXPECT_NE(error_of_run(0, "--set parallel.virtual_stages=2")
-                .find("parallel.virtual_stages (2): interleaving needs pipeline parallelism (parallel.pp > 1)"),
+                .find("parallel.virtual_stages (2): interleaving needs pipeline parallelism (parallel.pp > 1) (without it: "
+                      "--set parallel.virtual_stages=1)"),
             std::string::npos);
   EXPECT_NE(error_of_run(2, "--set parallel.pp=2 --set parallel.virtual_stages=2 --set train.grad_accum_steps=3")
                 .find("the interleaved schedule needs each rank's micro-batches (train.grad_accum_steps / dp = 3) to "

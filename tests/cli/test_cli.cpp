@@ -680,6 +680,10 @@ TEST(Cli, BackwardIgnoresTheTargetsOfUnscoredPositions) {
 // only the commands that read it.
 TEST(Cli, CheckpointReadersWithoutLatestOrWithABrokenRunConfig) {
   const std::string dir = tiny_run("kvs_cli_readers");
+  // The `latest` pointer file itself names its step directory.
+  const Result via_latest = run("inspect --checkpoint " + dir + "/checkpoints/latest");
+  EXPECT_EQ(via_latest.code, 0) << via_latest.out;
+  EXPECT_EQ(via_latest.out, run("inspect --checkpoint " + dir + "/checkpoints/step_00000003").out);
   fs::remove(dir + "/checkpoints/latest");
   for (const std::string& where : {dir, dir + "/checkpoints"}) {
     SCOPED_TRACE(where);

@@ -15,13 +15,16 @@
 namespace kvs::cli {
 
 // --checkpoint as eval and inspect take it: a step_* dir, a checkpoints/ dir
-// (its `latest`) or a run dir (its checkpoints/latest). Without `latest` (a
-// crash between the two renames of a save, or removed by hand): the newest
-// step directory, with a warning, as --resume does.
+// (its `latest`), the `latest` file itself, or a run dir (its
+// checkpoints/latest). Without `latest` (a crash between the two renames of a
+// save, or removed by hand): the newest step directory, with a warning, as
+// --resume does.
 inline std::string resolve_checkpoint_dir(std::string dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(dir + "/model.safetensors", ec)) return dir;  // a step directory
+  if (fs::path(dir).filename() == "latest" && fs::is_regular_file(dir, ec))  // the pointer: what it names
+    return latest_checkpoint(fs::path(dir).has_parent_path() ? fs::path(dir).parent_path().string() : ".");
   if (fs::is_directory(dir + "/checkpoints", ec)) dir += "/checkpoints";
   if (fs::exists(dir + "/latest", ec)) return latest_checkpoint(dir);
   const auto steps = list_checkpoints(dir);

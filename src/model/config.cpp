@@ -57,7 +57,7 @@ const Fields<RopeScalingConfig>& rope_scaling_fields() {
   using R = RopeScalingConfig;
   static const Fields<R> fields = {
       {"rope_type", &R::rope_type},
-      {"factor", &R::factor, above(0)},
+      {"factor", &R::factor, at_least(1, "a context stretched, not shrunk")},
       {"low_freq_factor", &R::low_freq_factor, above(0)},
       {"high_freq_factor", &R::high_freq_factor, above(0)},
       {"original_max_position_embeddings", &R::original_max_position_embeddings, positive()},
@@ -72,11 +72,11 @@ const Fields<ModelConfig>& model_fields() {
   static const Fields<M> fields = {
       {"hidden_size", &M::hidden_size, kRequired, positive()},
       {"intermediate_size", &M::intermediate_size, kRequired, positive()},
-      {"num_hidden_layers", &M::num_hidden_layers, kRequired, positive()},
+      {"num_hidden_layers", &M::num_hidden_layers, kRequired, closed(1, 4096)},
       {"num_attention_heads", &M::num_attention_heads, kRequired, positive()},
       {"num_key_value_heads", &M::num_key_value_heads, positive(), default_from(&M::num_attention_heads)},
-      {"rms_norm_eps", &M::rms_norm_eps, above(0)},
-      {"rope_theta", &M::rope_theta, above(0)},
+      {"rms_norm_eps", &M::rms_norm_eps, at_least(1e-30, "a float32 number, not 0 once rounded")},
+      {"rope_theta", &M::rope_theta, at_least(1, "below 1 the frequencies grow along the head instead of falling")},
       {"rope_scaling", &M::rope_scaling, rope_scaling_fields(), kOmitIfDefault},
       {"position_encoding", &M::position_encoding},  // absent in older checkpoints: rope
       {"vocab_size", &M::vocab_size, kRequired, positive()},
@@ -97,7 +97,7 @@ const Fields<TrainConfig>& train_fields() {
       {"seed", &T::seed},
       {"steps", &T::steps, at_least(1)},
       {"micro_batch_size", &T::micro_batch_size, at_least(1)},
-      {"grad_accum_steps", &T::grad_accum_steps, at_least(1)},
+      {"grad_accum_steps", &T::grad_accum_steps, closed(1, 1 << 20)},
       {"seq_len", &T::seq_len, at_least(1)},
       {"lr", &T::lr, above(0)},
       {"min_lr", &T::min_lr},
@@ -107,14 +107,14 @@ const Fields<TrainConfig>& train_fields() {
       {"decay_shape", &T::decay_shape, kOmitIfDefault},
       {"beta1", &T::beta1, half_open(0, 1)},
       {"beta2", &T::beta2, half_open(0, 1)},
-      {"eps", &T::eps, above(0)},
+      {"eps", &T::eps, at_least(1e-30, "a float32 number, not 0 once rounded")},
       {"weight_decay", &T::weight_decay, at_least(0)},
       {"grad_clip", &T::grad_clip, at_least(0, "0 disables clipping")},
       {"eval_every", &T::eval_every, at_least(0)},
-      {"eval_sequences", &T::eval_sequences, at_least(1)},
+      {"eval_sequences", &T::eval_sequences, closed(1, 1 << 24)},
       {"checkpoint_every", &T::checkpoint_every, at_least(0)},
       {"log_every", &T::log_every, at_least(1)},
-      {"threads", &T::threads, at_least(0)},
+      {"threads", &T::threads, closed(0, 4096)},
       {"recompute", &T::recompute},
       {"attention_backend", &T::attention_backend},
       {"overlap_optimizer", &T::overlap_optimizer, kOmitIfDefault},
@@ -191,11 +191,11 @@ const Fields<DataConfig>& data_fields() {
 const Fields<ParallelConfig>& parallel_fields() {
   using P = ParallelConfig;
   static const Fields<P> fields = {
-      {"tp", &P::tp, at_least(1)},
+      {"tp", &P::tp, closed(1, 65536)},
       {"sequence_parallel", &P::sequence_parallel, kOmitIfDefault},
-      {"cp", &P::cp, at_least(1), kOmitIfDefault},
-      {"pp", &P::pp, at_least(1), kOmitIfDefault},
-      {"virtual_stages", &P::virtual_stages, at_least(1), kOmitIfDefault},
+      {"cp", &P::cp, closed(1, 65536), kOmitIfDefault},
+      {"pp", &P::pp, closed(1, 4096), kOmitIfDefault},
+      {"virtual_stages", &P::virtual_stages, closed(1, 4096), kOmitIfDefault},
       {"layers_per_stage", &P::layers_per_stage, kOmitIfDefault},
   };
   return fields;

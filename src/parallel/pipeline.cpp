@@ -9,7 +9,13 @@ namespace kvs {
 
 StageSplit StageSplit::make(const ModelConfig& m, int pp, int v, const std::vector<int>& layers_per_stage,
                             const std::string& origin) {
-  const int L = m.num_hidden_layers, S = pp * v;
+  const int L = m.num_hidden_layers;
+  // Every stage holds a layer: more stages than layers never split (and pp x v in 64 bits, not wrapped to 0).
+  if (static_cast<int64_t>(pp) * v > L)
+    fail("{}: parallel.pp x parallel.virtual_stages ({} x {}) is more stages than model.num_hidden_layers ({}): "
+         "every stage needs at least one layer",
+         origin, pp, v, L);
+  const int S = pp * v;
   StageSplit s;
   s.pp = pp;
   s.v = v;
@@ -29,7 +35,7 @@ StageSplit StageSplit::make(const ModelConfig& m, int pp, int v, const std::vect
     if (layers_per_stage[i] < 1)
       fail("{}: parallel.layers_per_stage[{}]: every stage needs at least one layer, got {}", origin, i,
            layers_per_stage[i]);
-  const int total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), 0);
+  const int64_t total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), int64_t{0});
   if (total != L)
     fail("{}: parallel.layers_per_stage: the stages hold {} layers, model.num_hidden_layers is {}", origin, total, L);
   for (int i = 0; i < S; ++i) s.first[i + 1] = s.first[i] + layers_per_stage[i];

@@ -444,6 +444,39 @@ TEST(Config, EnumValuesAreCheckedWhenRead) {
 
 TEST(Config, BaseConfigIsValid) { EXPECT_NO_THROW(kvs::validate(base_config(), kOrigin)); }
 
+// Counts past any real run are one-line errors naming the key, not an overflow:
+// pp x virtual_stages wrapped to 0 (SIGFPE), layers_per_stage summed past
+// INT_MAX (a wrong split accepted), 2 x cp negative (a layout accepted), and
+// absurd sizes allocated before anything said no (found by a config fuzzer).
+TEST(Config, HugeCountsAreBoundedNotOverflowed) {
+  auto bad = [](const std::function<void(json&)>& edit, std::vector<std::string> needles) {
+    json j = base_json();
+    edit(j);
+    needles.push_back(kOrigin);
+    expect_error([&] { kvs::validate(kvs::config_from_json(j, kOrigin), kOrigin); }, needles);
+  };
+  bad([](json& j) { j["parallel"] = {{"pp", 4}, {"virtual_stages", 1073741824}}; },
+      {"parallel.virtual_stages: must be in [1, 4096], got 1073741824"});
+  bad([](json& j) { j["parallel"] = {{"pp", 2147483647}}; }, {"parallel.pp: must be in [1, 4096]"});
+  bad([](json& j) { j["parallel"] = {{"pp", 2}, {"virtual_stages", 2}}; },
+      {"parallel.pp x parallel.virtual_stages (2 x 2) is more stages than model.num_hidden_layers (2)"});
+  bad([](json& j) {
+        j["model"]["num_hidden_layers"] = 4;
+        j["parallel"] = {{"pp", 3}, {"layers_per_stage", {2147483647, 2147483647, 6}}};
+      },
+      {"parallel.layers_per_stage: the stages hold 4294967300 layers, model.num_hidden_layers is 4"});
+  bad([](json& j) { j["parallel"] = {{"cp", 2147483647}}; }, {"parallel.cp: must be in [1, 65536]"});
+  bad([](json& j) { j["parallel"] = {{"tp", 2147483647}}; }, {"parallel.tp: must be in [1, 65536]"});
+  bad([](json& j) { j["model"]["num_hidden_layers"] = 200000000; }, {"model.num_hidden_layers: must be in [1, 4096]"});
+  bad([](json& j) { j["train"]["threads"] = 100000; }, {"train.threads: must be in [0, 4096]"});
+  bad([](json& j) { j["train"]["grad_accum_steps"] = 2147483647; }, {"train.grad_accum_steps: must be in [1, 1048576]"});
+  bad([](json& j) { j["train"]["eval_sequences"] = 2147483647; }, {"train.eval_sequences: must be in [1, 16777216]"});
+  // Values that round to 0 in float32 or turn RoPE inside out: NaN at the first step before.
+  bad([](json& j) { j["train"]["eps"] = 1e-320; }, {"train.eps: must be >= 1e-30"});
+  bad([](json& j) { j["model"]["rms_norm_eps"] = 5e-324; }, {"model.rms_norm_eps: must be >= 1e-30"});
+  bad([](json& j) { j["model"]["rope_theta"] = 1e-300; }, {"model.rope_theta: must be >= 1"});
+}
+
 TEST(Config, ValidationRulesNameTheKey) {
   using C = kvs::Config;
   struct Case {
@@ -812,7 +845,7 @@ TEST(Config, RopeScalingIsWrittenOnlyWhenSet) {
 
   using C = kvs::Config;
   const std::pair<std::function<void(C&)>, std::vector<std::string>> bad[] = {
-      {[](C& x) { x.model.rope_scaling.factor = 0; }, {"model.rope_scaling.factor", "> 0"}},
+      {[](C& x) { x.model.rope_scaling.factor = 0.5; }, {"model.rope_scaling.factor", ">= 1"}},
       {[](C& x) { x.model.rope_scaling.original_max_position_embeddings = 0; },
        {"model.rope_scaling.original_max_position_embeddings"}},
       {[](C& x) { x.model.rope_scaling.high_freq_factor = 1.0; },

@@ -40,9 +40,6 @@ class Tokenizer {
   virtual std::string describe() const = 0;
 };
 
-// encode(text) through safe_cuts: the same ids in pieces of about max_bytes.
-std::vector<int32_t> encode_in_pieces(const Tokenizer& tok, std::string_view text, size_t max_bytes);
-
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 // Loads the tokenizer directory `dir`; throws kvs::Error naming the file.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);

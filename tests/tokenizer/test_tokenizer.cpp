@@ -332,6 +332,19 @@ std::string cut_hostile_text(size_t bytes, uint64_t seed) {
   return s;
 }
 
+// encode(text) through safe_cuts, as data prepare does it: the ids the pieces give, concatenated.
+std::vector<int32_t> encode_in_pieces(const Tokenizer& tok, std::string_view text, size_t max_bytes) {
+  const std::vector<size_t> cuts = tok.safe_cuts(text, max_bytes);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i <= cuts.size(); ++i) {
+    const size_t begin = i == 0 ? 0 : cuts[i - 1], end = i == cuts.size() ? text.size() : cuts[i];
+    const std::string_view piece = text.substr(begin, end - begin);
+    const auto part = i == 0 ? tok.encode(piece) : tok.encode_after_cut(piece);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
 TEST(TokenizerPieces, CutTextsGiveTheWholeTextsIds) {
   // kvshift's tokenizer, trained on such text too, so that it has pieces of
   // whitespace runs ("▁▁") a wrong cut would split.

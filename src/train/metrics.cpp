@@ -27,11 +27,14 @@ std::optional<double> step_of(const nlohmann::json& j) {
 MetricsSteps metrics_steps(const std::string& path) {
   MetricsSteps s;
   std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (const std::optional<double> step = step_of(nlohmann::json::parse(line, nullptr, false))) {
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (const std::optional<double> step = step_of(j)) {
       ++s.lines;
       s.last = std::max(s.last, static_cast<int64_t>(*step));
+      if (j.value("type", "") == "eval") s.last_eval = std::max(s.last_eval, static_cast<int64_t>(*step));
     }
+  }
   return s;
 }
 

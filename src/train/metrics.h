@@ -12,6 +12,7 @@ namespace kvs {
 // straggler lines; not foreign or cut ones), and the largest step (-1: none).
 struct MetricsSteps {
   int64_t lines = 0, last = -1;
+  int64_t last_eval = -1;  // the last step with a {"type": "eval"} line
 };
 MetricsSteps metrics_steps(const std::string& path);
 

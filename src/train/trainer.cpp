@@ -184,8 +184,8 @@ void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
   KVS_CHECK(!has_checkpoints(run_dir + "/checkpoints"),
             "{}: the run directory already has checkpoints; use --resume or another --run-dir", run_dir);
   const std::string metrics = run_dir + "/metrics.jsonl";
-  const auto [lines, last] = metrics_steps(metrics);
-  if (lines == 0 || !rank0) return;
+  const MetricsSteps earlier = metrics_steps(metrics);
+  if (earlier.lines == 0 || !rank0) return;
   auto kept = [&](int n, const char* stem, const char* ext) { return fmt::format("{}/{}.earlier-{}.{}", run_dir, stem, n, ext); };
   int n = 1;
   while (fs::exists(kept(n, "metrics", "jsonl")) || fs::exists(kept(n, "config", "json"))) ++n;
@@ -200,7 +200,7 @@ void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
               kept(n, "config", "json"), ec.message());
   }
   spdlog::warn("{}: an earlier run without checkpoints left {} metrics lines (up to step {}): kept as {}{}", run_dir,
-               lines, last, fs::path(kept(n, "metrics", "jsonl")).filename().string(),
+               earlier.lines, earlier.last, fs::path(kept(n, "metrics", "jsonl")).filename().string(),
                config ? fmt::format(", its config as {}", fs::path(kept(n, "config", "json")).filename().string())
                       : std::string());
 }
@@ -244,7 +244,8 @@ int64_t inf_gradient_fault_step() {
 }  // namespace
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
-                    PipelineRunner* pipe, dist::Communicator* pp_comm, dist::Communicator* dp_comm) {
+                    PipelineRunner* pipe, dist::Communicator* pp_comm, dist::Communicator* dp_comm,
+                    const std::function<bool()>& stop_requested) {
   EvalResult r;
   const uint64_t available = data.size(Split::Val);
   const int64_t n = static_cast<int64_t>(std::min<uint64_t>(available, static_cast<uint64_t>(max_sequences)));
@@ -268,7 +269,15 @@ EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int se
   double* src_loss = by_source.data();
   double* src_hits = src_loss + K * S;
   double* src_scored = src_hits + K * S;
-  for (int64_t k = d; k < K; k += D) {
+  // Round by round, so every rank asks stop_requested the same number of times
+  // (the last round leaves some replicas without a micro-batch).
+  for (int64_t round = 0; round * D < K; ++round) {
+    if (stop_requested && stop_requested()) {
+      r.abandoned = true;
+      return r;
+    }
+    const int64_t k = round * D + d;
+    if (k >= K) continue;
     const int64_t first = k * micro_batch;
     const int b = static_cast<int>(std::min<int64_t>(micro_batch, n - first));
     buf.fill(data, Split::Val, first, b);
@@ -626,10 +635,25 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     }
     if (stream) writer.end_stream(*stream);
   };
+  // A stop signal that reached any rank, asked by every rank at the same point
+  // of an evaluation: the answer (the signal, or 0) is the same on all of them.
+  int eval_stopped_by = 0;
+  auto stop_agreed = [&] {
+    double sig = StopSignals::received();
+    comm->all_reduce(&sig, 1, dist::DType::F64, dist::ReduceOp::Max);
+    eval_stopped_by = static_cast<int>(sig);
+    return eval_stopped_by != 0;
+  };
   auto run_eval = [&](int64_t done, bool record = true) {
     // Every replica evaluates its share of the micro-batches: the same numbers as one process.
     if (!has_val) return EvalResult{};
-    EvalResult r = evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe, groups.pp_comm, groups.dp_comm);
+    EvalResult r =
+        evaluate(*engine, *data, MB, T, tc.eval_sequences, pipe, groups.pp_comm, groups.dp_comm, stop_agreed);
+    if (r.abandoned) {  // the checkpoint comes first; `kvshift eval --checkpoint` gives these numbers later
+      progress.finish_line();
+      if (rank0) spdlog::warn("eval @ step {}: abandoned after {}", done, StopSignals::name(eval_stopped_by));
+      return r;
+    }
     if (!rank0 || !record) return r;
     nlohmann::json j = {{"type", "eval"}, {"step", done}, {"val_loss", r.loss}, {"accuracy", r.accuracy},
                         {"scored_tokens", r.scored_tokens}};
@@ -715,7 +739,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     const bool checkpoint_due = (tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0) || last;
     if (checkpoint_due) save(done);
     // Every rank learns here whether any rank was asked to stop, so all stop after the same step.
-    if (const int sig = watch.boundary(done); sig != 0 && !last) {
+    // After the last step only an abandoned evaluation makes it a stop (the run is not complete).
+    if (const int sig = watch.boundary(done); sig != 0 && (!last || summary.final_eval.abandoned)) {
       if (!checkpoint_due) save(done);
       summary.stopped_by = StopSignals::name(sig);
       step = done;
@@ -727,8 +752,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (rank0) summary.last_checkpoint = writer.wait();
   // A resumed run that was already complete trains nothing: its evaluation is
   // the summary's, not a second line for the same step in metrics.jsonl.
-  if (summary.losses.empty() && summary.final_eval.sequences == 0 && summary.stopped_by.empty())
-    summary.final_eval = run_eval(step, /*record=*/false);
+  // Unless that evaluation was abandoned by a stop signal: then this one is the step's line.
+  if (summary.losses.empty() && summary.final_eval.sequences == 0 && summary.stopped_by.empty()) {
+    summary.final_eval = run_eval(step, /*record=*/metrics_steps(opt.run_dir + "/metrics.jsonl").last_eval < step);
+    if (summary.final_eval.abandoned) summary.stopped_by = StopSignals::name(eval_stopped_by);
+  }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (rank0) {
     if (first_step == 0)

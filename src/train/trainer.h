@@ -2,6 +2,7 @@
 // accumulation, AdamW with warmup and clipping, periodic evaluation,
 // metrics.jsonl, the live progress line and atomic checkpoints.
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +23,8 @@ struct EvalResult {
   double accuracy = 0;       // argmax hits / scored tokens
   int64_t scored_tokens = 0;
   int64_t sequences = 0;
+  // stop_requested said yes before the last micro-batch: nothing else in here holds.
+  bool abandoned = false;
   // Blended data (Dataset::source_names): each source's part of the same
   // sequences, in the sources' order; empty for a single source.
   struct Source {
@@ -39,9 +42,13 @@ struct EvalResult {
 // replica d evaluates micro-batches d, d + dp, ...; each micro-batch's numbers
 // come to every rank and are summed in micro-batch order, so the result is one
 // process's, bit for bit.
+// stop_requested, when given, is asked before each round of micro-batches (one
+// per replica) on every rank, so it must be collective and give every rank the
+// same answer; the first yes abandons the evaluation (a stop signal must not
+// wait for a long one: docs/RELIABILITY.md "Signals").
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
                     PipelineRunner* pipe = nullptr, dist::Communicator* pp_comm = nullptr,
-                    dist::Communicator* dp_comm = nullptr);
+                    dist::Communicator* dp_comm = nullptr, const std::function<bool()>& stop_requested = {});
 
 // Blended data's per-source numbers: {"<name>": {"val_loss", "accuracy",
 // "scored_tokens", "sequences"}} for metrics.jsonl and `eval --json`, and

@@ -206,6 +206,58 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
 }
 
+// SIGTERM to one rank (not rank 0) during a long evaluation: every rank asks
+// the others before each round of micro-batches, so all abandon it at the
+// same round (replicas with fewer micro-batches, pipeline stages alike), rank
+// 0 writes the step's checkpoint, every rank exits 75, and the resume follows
+// the uninterrupted curve.
+TEST(DeadRanks, AStopSignalToOneRankAbandonsTheEvaluationOnEveryRank) {
+  for (const std::string layout : {"", " --set parallel.pp=2"}) {
+    SCOPED_TRACE(layout);
+    TmpDir tmp;
+    const std::string cfg = tmp / "c.json", run = tmp / "run", ref = tmp / "ref";
+    nlohmann::json c = tiny_config(true, 4);
+    c["train"]["steps"] = 3;
+    c["train"]["log_every"] = 1;
+    c["train"]["eval_every"] = 1;
+    c["train"]["eval_sequences"] = 199999;  // minutes of evaluation; odd: the replicas' shares differ
+    c["train"]["checkpoint_every"] = 0;
+    spit(cfg, c.dump());
+    std::string launcher = mpirun(2);
+    launcher.replace(launcher.find("timeout 120 "), 12, "");
+    const std::string cmd = launcher + " " + kvs::test::cli_binary() + " train --quiet --config " + cfg +
+                            " --run-dir " + run + layout + " > " + (tmp / "out.txt") + " 2>&1";
+    const pid_t pid = start_in_background(cmd);
+    wait_for_metrics(run, 0);  // step 1's train line: its evaluation follows
+    const pid_t r1 = rank_pid(pid, 1);
+    if (r1 > 0) ::kill(r1, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (::kill(pid, 0) == 0) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      FAIL() << "mpirun did not stop within a minute of SIGTERM to rank 1: " << slurp(tmp / "out.txt");
+    }
+    const std::string out = slurp(tmp / "out.txt");
+    ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
+    ASSERT_TRUE(WIFEXITED(st)) << out;
+    EXPECT_EQ(WEXITSTATUS(st), 75) << out;
+    EXPECT_EQ(count(out, "eval @ step 1: abandoned after SIGTERM"), 1) << out;
+    EXPECT_EQ(count(out, "kvshift: stopped by SIGTERM after step 1; checkpoint "), 1) << out;
+    EXPECT_EQ(kvs::latest_checkpoint(run + "/checkpoints"), run + "/checkpoints/" + kvs::checkpoint_dir_name(1));
+    EXPECT_TRUE(read_metrics(run).eval.empty()) << slurp(run + "/metrics.jsonl");
+    const std::string short_eval = layout + " --set train.eval_sequences=8";
+    train(2, cfg, run, "--resume" + short_eval);
+    train(2, cfg, ref, short_eval);
+    const Curve a = read_metrics(run);
+    Curve b = read_metrics(ref);
+    EXPECT_EQ(a.train, b.train);
+    b.eval.erase(1);  // step 1's evaluation was abandoned
+    EXPECT_EQ(a.eval, b.eval);
+  }
+}
+
 // Pipeline stages do different work (the last holds the LM head: here a
 // 32k vocabulary, about 15x the first stage's work), so a rank is compared
 // with its own stage's ranks only: a healthy pp 2 run has no slow rank (each

@@ -1,8 +1,9 @@
 // Surviving faults (docs/RELIABILITY.md): checkpoint manifests and their
 // verification, --resume falling back to the newest checkpoint that verifies,
 // retention, asynchronous checkpoints, stop signals and the slow-step report.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -306,6 +307,54 @@ TEST(StopSignal, SigtermCheckpointsAndResumesBitIdentically) {
   struct sigaction sa {};
   ::sigaction(SIGTERM, nullptr, &sa);
   EXPECT_EQ(sa.sa_handler, SIG_DFL);
+}
+
+// A stop signal does not wait for an evaluation (a long one would outlast
+// SLURM's grace time and lose the checkpoint): it is abandoned at its next
+// micro-batch, the step's checkpoint written, and no eval line recorded. After
+// the last step that makes the run stopped, not complete: the resume then
+// evaluates that step and records it.
+TEST(StopSignal, AbandonsAnEvaluationAndTheResumeRecordsTheFinalOne) {
+  for (const int steps : {2, 1}) {  // the signal in step 1's evaluation: not the last step, then the last
+    SCOPED_TRACE(steps);
+    TmpDir tmp;
+    // An evaluation of 200,000 sequences takes seconds; a step, a millisecond.
+    const Config c = kvs::testing_util::tiny_induction(
+        true, {{"steps", steps}, {"eval_every", 1}, {"eval_sequences", 200000}, {"checkpoint_every", 0},
+               {"log_every", 1}});
+    Config short_eval = c;  // the same training, quicker evaluations
+    short_eval.train.eval_sequences = 64;
+    const auto ref = kvs::train(short_eval, {tmp / "ref", false, true});
+    const std::string run = tmp / "run";
+    std::thread killer([&] {
+      // Step 1's train line is written just before its evaluation starts.
+      while (!fs::exists(run + "/metrics.jsonl") || fs::file_size(run + "/metrics.jsonl") == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ::kill(::getpid(), SIGTERM);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto stopped = kvs::train(c, {run, false, true});
+    const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    killer.join();
+    EXPECT_EQ(stopped.stopped_by, "SIGTERM");
+    EXPECT_EQ(stopped.steps_done, 1);
+    EXPECT_TRUE(stopped.final_eval.abandoned);
+    EXPECT_EQ(stopped.last_checkpoint, run + "/checkpoints/" + kvs::checkpoint_dir_name(1));
+    EXPECT_EQ(slurp(run + "/metrics.jsonl").find("\"type\":\"eval\""), std::string::npos)
+        << slurp(run + "/metrics.jsonl");
+    EXPECT_LT(stop_s, 20.0);
+    const auto rest = kvs::train(short_eval, {run, true, true});
+    EXPECT_TRUE(rest.stopped_by.empty());
+    ASSERT_EQ(rest.steps_done, steps);
+    for (size_t i = 0; i < rest.losses.size(); ++i) EXPECT_EQ(rest.losses[i], ref.losses[1 + i]);
+    // The last step's evaluation, recorded once, by whichever call made it.
+    EXPECT_EQ(kvs::metrics_steps(run + "/metrics.jsonl").last_eval, steps);
+    const std::string metrics = slurp(run + "/metrics.jsonl");
+    const std::string last_eval = fmt::format("\"step\":{},\"type\":\"eval\"", steps);
+    EXPECT_EQ(metrics.find(last_eval), metrics.rfind(last_eval)) << metrics;
+    EXPECT_EQ(rest.final_eval.sequences, 64);
+    EXPECT_EQ(rest.final_eval.loss, ref.final_eval.loss);
+  }
 }
 
 namespace {

@@ -51,6 +51,17 @@ def shift_coefficients(stored, sigmoid_gate):
     return torch.stack([1.0 - s, s], dim=1)
 
 
+def paper_shift_init(heads, window, sigmoid_gate):
+    """A shift tensor [heads, window + 1] as kvshift initialises one (the paper's footnote 14; src/model/
+    params.cpp), drawn from torch's generator: the W older columns ~ U(0, 1), the current one 1 - their
+    sum; sigmoid_gate stores [0, logit of the current coefficient]."""
+    u = torch.rand(heads, window, dtype=torch.float64)
+    if sigmoid_gate:
+        u = u[:, :1].clamp(1e-4, 1.0 - 1e-4)
+        return torch.cat([torch.zeros_like(u), torch.log((1.0 - u) / u)], dim=1).float()
+    return torch.cat([u, 1.0 - u.sum(dim=1, keepdim=True)], dim=1).float()
+
+
 def shift_with_tail(x, tail, coef):
     """Shift new raw positions x [B, T, H, D] given the raw positions before them.
 
@@ -188,10 +199,11 @@ class KvShiftAttention(nn.Module):
     def _shift(self, name, x, tail):
         return shift_with_tail(x, tail, shift_coefficients(getattr(self, name), self.gate))
 
-    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None):
+    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None, attentions=None):
         """x [B, T, C]; position_ids [B, T]; key_bias [B, 1, T, S] additive (0 / -large);
         layer_past: this layer's cache tuple or None; token_mask [B, T] (0 = padding, whose raw
-        projections are zeroed so a padded sequence starts like a fresh one). -> (out, new cache)."""
+        projections are zeroed so a padded sequence starts like a fresh one); attentions: a list
+        the softmax weights [B, Hq, T, S] are appended to, or None. -> (out, new cache)."""
         B, T, _ = x.shape
         Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, Hq, D)
@@ -223,6 +235,8 @@ class KvShiftAttention(nn.Module):
         # padding row then gets a uniform softmax, never NaN.
         scores = (q @ kk.transpose(-1, -2)).to(torch.float32) / math.sqrt(D) + key_bias
         att = torch.softmax(scores, dim=-1).to(q.dtype)
+        if attentions is not None:
+            attentions.append(att)
         out = (att @ vv).transpose(1, 2).reshape(B, T, Hq * D)
         return self.o_proj(out), new_past
 
@@ -247,8 +261,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None):
-        a, new_past = self.self_attn(self.input_layernorm(x), position_ids, key_bias, layer_past, token_mask)
+    def forward(self, x, position_ids, key_bias, layer_past=None, token_mask=None, attentions=None):
+        a, new_past = self.self_attn(self.input_layernorm(x), position_ids, key_bias, layer_past, token_mask,
+                                     attentions)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_past
@@ -279,9 +294,12 @@ class KvShiftLlamaModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids=None, past=None, attention_mask=None, position_ids=None, inputs_embeds=None):
+    def forward(self, input_ids=None, past=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                hidden_states=None, attentions=None):
         """-> (last hidden state [B, T, C], new past: one tuple per layer).
-        attention_mask [B, past + T] (1 = token, 0 = padding) covers the cached positions too."""
+        attention_mask [B, past + T] (1 = token, 0 = padding) covers the cached positions too.
+        hidden_states / attentions: lists to append to, or None. As transformers' Llama: the input
+        of every layer, then the final normed state (layers + 1 entries); each layer's softmax weights."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         B, T, _ = x.shape
         P = past_length(past)
@@ -294,9 +312,14 @@ class KvShiftLlamaModel(nn.Module):
         token_mask = attention_mask[:, -T:] if attention_mask is not None else None
         new_past = []
         for i, layer in enumerate(self.layers):
-            x, lp = layer(x, position_ids, key_bias, past[i] if past else None, token_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            x, lp = layer(x, position_ids, key_bias, past[i] if past else None, token_mask, attentions)
             new_past.append(lp)
-        return self.norm(x), tuple(new_past)
+        x = self.norm(x)
+        if hidden_states is not None:
+            hidden_states.append(x)
+        return x, tuple(new_past)
 
 
 def config_from_dict(d):

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_kvshift_llama import KvShiftLlamaConfig
-from .kvshift_core import K_CACHE, K_TAIL, Q_TAIL, V_CACHE, V_TAIL
+from .kvshift_core import K_CACHE, K_TAIL, Q_TAIL, V_CACHE, V_TAIL, KvShiftAttention, RMSNorm, paper_shift_init
 from .kvshift_core import KvShiftLlamaModel as _CoreModel
 
 try:  # transformers 5.x: a Cache is a list of layer objects
@@ -195,10 +195,23 @@ class KvShiftLlamaPreTrainedModel(PreTrainedModel):
         return False
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            with torch.no_grad():
-                module.weight.normal_(mean=0.0, std=std)
+        """kvshift's initialisation (src/model/params.cpp), from torch's generator: for a model made
+        from a config, and for parameters a checkpoint lacks (transformers 5.x builds the model on
+        the meta device and calls this for them alone: whatever is not set here is left as
+        uninitialised memory). A parameter transformers marks as loaded is never touched."""
+        def todo(p):
+            return p is not None and not getattr(p, "_is_hf_initialized", False)
+
+        with torch.no_grad():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and todo(module.weight):
+                module.weight.normal_(mean=0.0, std=self.config.initializer_range)
+            elif isinstance(module, RMSNorm) and todo(module.weight):
+                module.weight.fill_(1.0)
+            elif isinstance(module, KvShiftAttention):
+                for name in ("q_shift", "k_shift", "v_shift"):
+                    p = getattr(module, name, None)
+                    if todo(p):
+                        p.copy_(paper_shift_init(p.shape[0], p.shape[1] - 1, module.gate))
 
 
 class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
@@ -235,8 +248,13 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         past = cache if cache is not None else past_key_values
         kv = _own_cache(past, self.config.num_hidden_layers) if use_cache or past is not None else None
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        if output_attentions is None:
+            output_attentions = getattr(self.config, "output_attentions", False)
+        hidden, attentions = ([] if output_hidden_states else None), ([] if output_attentions else None)
         h, states = self.model(input_ids, kv.states() if kv is not None else None, attention_mask, position_ids,
-                               inputs_embeds)
+                               inputs_embeds, hidden_states=hidden, attentions=attentions)
         if kv is not None:
             kv.set_states(states)
         logits = self.lm_head(h).float()
@@ -246,10 +264,13 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
                                    ignore_index=-100)
         if not use_cache:
             kv = None
-        if return_dict is False:
-            out = (logits, kv)
-            return ((loss,) + out) if loss is not None else out
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: kv})
+        hidden = tuple(hidden) if hidden is not None else None
+        attentions = tuple(attentions) if attentions is not None else None
+        if return_dict is False:  # as LlamaForCausalLM: the fields that are set, in order
+            out = tuple(x for x in (loss, logits, kv, hidden, attentions) if x is not None)
+            return out
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden, attentions=attentions,
+                                      **{_CACHE_FIELD: kv})
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, cache=None, position_ids=None,
@@ -279,4 +300,8 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
                                                        else input_ids).shape[1]:]
         inputs[_CACHE_FIELD] = past if isinstance(past, KvShiftCache) else None
         inputs.update(attention_mask=attention_mask, use_cache=use_cache)
+        # generate()'s requests: 5.x passes them here for the model's inputs, 4.x adds them itself.
+        for key in ("output_hidden_states", "output_attentions"):
+            if key in kwargs:
+                inputs[key] = kwargs[key]
         return inputs

@@ -93,8 +93,15 @@ TokenizerInfo read_tokenizer(const std::string& dir, int model_vocab) {
   return t;
 }
 
-// Returns "" when tokenizer.json was written, else why not (for a warning).
-std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, const TokenizerInfo& t, int max_len) {
+// With tokenizer.json a PreTrainedTokenizerFast reads it; without, a LlamaTokenizer converts
+// tokenizer.model (why_not_json: why_no_tokenizer_json's reason, "" when there is one).
+const char* tokenizer_class(const std::string& why_not_json) {
+  return why_not_json.empty() ? "PreTrainedTokenizerFast" : "LlamaTokenizer";
+}
+
+// tokenizer.json when why_not_json is "", tokenizer.model, tokenizer_config.json, special_tokens_map.json.
+void write_tokenizer_files(const StagedDir& out, const std::string& dir, const TokenizerInfo& t, int max_len,
+                           const std::string& why_not_json) {
   fs::copy_file(dir + "/tokenizer.model", out.file("tokenizer.model"));
   auto piece = [&](int id) { return id >= 0 ? json(t.piece(id)) : json(nullptr); };
   json special = json::object();
@@ -106,10 +113,9 @@ std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, 
   // itself: sentencepiece's ids on 4.x with `legacy`, but 5.x drops the dummy
   // prefix before a leading space. "<s>" / "</s>" in a text are text, not the
   // special tokens, as in kvshift's data. Checked by tests/hf/run_hf.py.
-  const std::string why_not = why_no_tokenizer_json(t.model);
-  if (why_not.empty())
+  if (why_not_json.empty())
     write_json_file(out.file("tokenizer.json"), tokenizer_json(t.model, t.ids.bos));
-  json cfg = {{"tokenizer_class", why_not.empty() ? "PreTrainedTokenizerFast" : "LlamaTokenizer"},
+  json cfg = {{"tokenizer_class", tokenizer_class(why_not_json)},
               {"add_bos_token", t.ids.bos >= 0},
               {"add_eos_token", false},
               {"bos_token", piece(t.ids.bos)},
@@ -127,7 +133,6 @@ std::string write_tokenizer_files(const StagedDir& out, const std::string& dir, 
               {"sp_model_kwargs", json::object()}};
   write_json_file(out.file("tokenizer_config.json"), cfg);
   write_json_file(out.file("special_tokens_map.json"), special);
-  return why_not;
 }
 
 std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
@@ -189,13 +194,17 @@ std::string export_hf(const ExportOptions& o) {
   if (!tok_dir.empty()) inputs.push_back(tok_dir);
   StagedDir out(o.out, o.force, inputs);
   const bool remote = needs_remote_code(m);
-  write_json_file(out.file("config.json"), export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids));
+  const std::string no_json_reason = tok_dir.empty() ? "" : why_no_tokenizer_json(tok.model);
+  json config = export_config(m, o.dtype == "bf16" ? "bfloat16" : "float32", tok.ids);
+  // Also in config.json: transformers 4.x's pipeline(model=path) looks for the tokenizer there when
+  // it does not know the model type (a KV-shift export's kvshift_llama), and otherwise loads none.
+  if (!tok_dir.empty()) config["tokenizer_class"] = tokenizer_class(no_json_reason);
+  write_json_file(out.file("config.json"), config);
   write_json_file(out.file("generation_config.json"), generation_config(tok.ids, tok.size, m.vocab_size));
   const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);
-  std::string no_json_reason;
-  if (!tok_dir.empty()) no_json_reason = write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings);
+  if (!tok_dir.empty()) write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings, no_json_reason);
   out.commit();
   if (tok_dir.empty())  // after the commit, so that an error stays the only line of a failed run
     spdlog::warn("no tokenizer ({}): wrote no tokenizer files", no_tok_reason);

@@ -1,5 +1,7 @@
 #include "hf/import.h"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <map>
 #include <set>
@@ -154,6 +156,13 @@ std::string import_hf(const ImportOptions& o) {
     write_json_file(out.file(std::string("tokenizer/") + kTokenizerMetaFile), tokenizer_meta_json(meta));
   }
   out.commit();
+  // transformers' save_pretrained of a fast tokenizer writes tokenizer.json alone; kvshift reads
+  // sentencepiece models only (after the commit: an error stays the only line of a failed run).
+  if (!tok && fs::exists(o.model + "/tokenizer.json"))
+    spdlog::warn("{}: tokenizer.json but no tokenizer.model: imported without a tokenizer (kvshift reads the "
+                 "sentencepiece tokenizer.model, which save_pretrained of a fast tokenizer does not write: copy it "
+                 "there from the export it came from and import again)",
+                 o.model);
   return fmt::format("imported {} -> {}: {} tensors, KV shift {}{}{}", o.model, o.out, tensors.size(),
                      describe_kv_shift(m.kv_shift),
                      init == "none" ? "" : fmt::format(" (new, {} init)", init),

@@ -26,7 +26,10 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
     exported again, still equal);
   - import-hf(export-hf(ckpt)) equals ckpt bit for bit (fp32), also from shards;
   - import of a HF-layout model with --kv-shift-init identity (window 1, 2, 3) gives the vanilla logits;
-  - tokenizer files (when sentencepiece is importable);
+  - output_hidden_states / output_attentions (forward and generate); parameters missing from a
+    checkpoint get kvshift's initialisation, the loaded ones stay (transformers);
+  - tokenizer files (when sentencepiece is importable); pipeline(model=path) of a shifted export;
+    import-hf of a re-saved export (tokenizer.json alone) warns that it took no tokenizer;
   - bad inputs (unknown RoPE types, RoPE keys that disagree, ...) give one-line errors and leave
     no output behind.
   - with --checkpoint CKPT (scripts/gpu_check.sh: a checkpoint trained on the GPU), that one too:
@@ -209,6 +212,61 @@ def check_foreign_cache(t, case, model, tokens):
     t.record(case, "generate() refuses a filled foreign cache", ok, detail)
 
 
+@torch.no_grad()
+def check_missing_parameters(t, case, out, drop):
+    """Parameters a checkpoint lacks get kvshift's initialisation (norms 1, shifts the paper's: rows
+    of U(0, 1) older columns and a current one making the sum 1; sigmoid_gate [0, logit]), the same
+    distribution from every load; loaded parameters, in the same modules too, keep their values.
+    (transformers 5.x builds the model on the meta device: what _init_weights skipped was left as
+    uninitialised memory, different at every load.)"""
+    d = out + "_missing"
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(out, d)
+    w = read_safetensors(os.path.join(out, "model.safetensors"))
+    write_st(os.path.join(d, "model.safetensors"),
+             {k: ("F32", v) for k, v in w.items() if k not in drop}, {"format": "pt"})
+    full = dict(load_export(out).named_parameters())
+    gate = json.load(open(os.path.join(out, "config.json")))["kv_shift"].get("parametrization") == "sigmoid_gate"
+    for load in range(2):
+        got = {k: v.detach() for k, v in load_export(d).named_parameters()}
+        bad = [k for k in full if k not in drop and not torch.equal(got[k], full[k].detach())]
+        for k in drop:
+            v = got[k].double()
+            if k.endswith("norm.weight"):
+                ok = bool((v == 1).all())
+            elif gate:
+                ok = bool((v[:, 0] == 0).all()) and bool(torch.isfinite(v).all()) and v[:, 1].abs().max() < 10
+            else:
+                ok = bool(((v[:, :-1] >= 0) & (v[:, :-1] <= 1)).all()) and \
+                    bool(torch.allclose(v.sum(dim=1), torch.ones(v.shape[0], dtype=v.dtype), atol=1e-6))
+            if not ok:
+                bad.append(f"{k}={v.flatten()[:4].tolist()}")
+        t.record(case, f"missing {len(drop)} parameters: kvshift's init, the rest kept (load {load + 1})", not bad,
+                 f"{bad[:2]}"[:40])
+
+
+@torch.no_grad()
+def check_hidden_states_and_attentions(t, case, model, tokens):
+    """output_hidden_states / output_attentions as transformers' Llama gives them: every layer's input
+    and the final normed state (lm_head of the last is the logits), each layer's softmax weights."""
+    ids = torch.tensor([tokens])
+    o = model(input_ids=ids, output_hidden_states=True, output_attentions=True)
+    L, T = model.config.num_hidden_layers, len(tokens)
+    hs, att = o.hidden_states, o.attentions
+    ok = hs is not None and len(hs) == L + 1 and att is not None and len(att) == L
+    ok = ok and torch.equal(hs[0], model.get_input_embeddings()(ids))
+    ok = ok and torch.allclose(model.lm_head(hs[-1]).float(), o.logits, rtol=0, atol=1e-6)
+    ok = ok and all(a.shape == (1, model.config.num_attention_heads, T, T) for a in att)
+    ok = ok and all(torch.allclose(a.sum(-1), torch.ones(()), atol=1e-5) and bool((a.triu(1) == 0).all())
+                    for a in att)
+    t.record(case, "output_hidden_states / output_attentions", bool(ok),
+             f"{None if hs is None else len(hs)} states, {None if att is None else len(att)} attentions")
+    g = model.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), max_new_tokens=2, do_sample=False,
+                       pad_token_id=0, eos_token_id=None, output_hidden_states=True, return_dict_in_generate=True)
+    ok = len(g.hidden_states) == 2 and all(len(step) == L + 1 for step in g.hidden_states)
+    t.record(case, "generate(output_hidden_states=True) returns them", ok)
+
+
 def check_generator(t, case, binary, ckpt, model, tokens):
     """`kvshift generate` (greedy, its own KV cache) == the export's greedy generate()."""
     r = run([binary, "generate", "--checkpoint", ckpt, "--prompt-ids", ",".join(map(str, tokens[:4])),
@@ -337,6 +395,11 @@ def export_cases(t, binary, work):
         if HF and shifted and name == "shift_gqa":
             check_foreign_cache(t, name, model, TOKENS)
             check_generate_from_embeddings(t, name, model, TOKENS)
+            check_hidden_states_and_attentions(t, name, model, TOKENS)
+            check_missing_parameters(t, name, out, ["model.norm.weight", "model.layers.1.self_attn.k_shift"])
+        if HF and name in ("gate_qkv", "window3_qkv"):
+            check_missing_parameters(t, name, out, ["model.layers.0.self_attn.q_shift",
+                                                    "model.layers.0.input_layernorm.weight"])
         back = os.path.join(d, "reimported")
         run([binary, "import-hf", "--model", out, "--out", back])
         a = read_safetensors(os.path.join(back, "model.safetensors"))
@@ -398,9 +461,10 @@ def trained_case(t, binary, work):
                  open(os.path.join(back, f), "rb").read() == open(os.path.join(ckpt, f), "rb").read())
 
 
-def write_st(path, tensors):
-    """safetensors with explicit dtypes: {name: (dtype, np array)} (F16 / I32 inputs for import)."""
-    header, blobs, off = {}, [], 0
+def write_st(path, tensors, metadata=None):
+    """safetensors with explicit dtypes: {name: (dtype, np array)} (F16 / I32 inputs for import);
+    transformers 4.x loads only files whose metadata says {"format": "pt"}."""
+    header, blobs, off = ({"__metadata__": metadata} if metadata else {}), [], 0
     for name, (dt, arr) in tensors.items():
         b = np.ascontiguousarray(arr).tobytes()
         header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
@@ -706,6 +770,7 @@ def kvshift_tokenizer_ids(t, binary, d, text):
             t.record("tokenizer", f"kvshift tokenizer loads (use_fast={fast})", False,
                      f"{type(e).__name__}: {e}"[:40])
     exported_snippet_and_padded_vocab(t, binary, d, tok, out)
+    shifted_pipeline_and_resave(t, binary, d, tok)
     if MAJOR < 5:  # transformers 4's LlamaConverter: the same file, but for merges into control pieces
         from transformers import LlamaTokenizerFast
         conv = json.loads(LlamaTokenizerFast(vocab_file=os.path.join(out, "tokenizer.model"), legacy=True,
@@ -722,6 +787,41 @@ def kvshift_tokenizer_ids(t, binary, d, text):
             [(a["id"], a["content"], a["special"]) for a in ours["added_tokens"]]
         t.record("tokenizer", f"tokenizer.json == transformers' conversion ({len(ours['model']['merges'])} merges)",
                  all(same.values()), f"differs in {[k for k, v in same.items() if not v]}")
+
+
+def shifted_pipeline_and_resave(t, binary, d, tok):
+    """A shifted export (remote code) names its tokenizer class in config.json too, so that
+    pipeline(model=path) finds the tokenizer on 4.x (it looks there for a model type it does not
+    know). After the user's save_pretrained, which writes tokenizer.json but no tokenizer.model,
+    import-hf says in one warning that it took no tokenizer."""
+    from transformers import AutoTokenizer, pipeline
+    ckpt = os.path.join(d, "ckpt_vocab600_shift")
+    cfg = make_config(32, 4, 2, 40, 1, 600, False, True)
+    write_checkpoint(ckpt, cfg, draw_weights(cfg, 211))
+    out = os.path.join(d, "hf_shift_tok")
+    export(binary, ckpt, out, "--tokenizer", tok)
+    tc = json.load(open(os.path.join(out, "tokenizer_config.json")))
+    hf_cfg = json.load(open(os.path.join(out, "config.json")))
+    t.record("tokenizer", "config.json names the tokenizer class", hf_cfg.get("tokenizer_class") == tc["tokenizer_class"],
+             f"{hf_cfg.get('tokenizer_class')}")
+    try:
+        pipe = pipeline("text-generation", model=out, trust_remote_code=True)
+        text = pipe("the cat", max_new_tokens=3, do_sample=False)[0]["generated_text"]
+        t.record("tokenizer", "pipeline(model=shifted export) generates", text.startswith("the cat"), repr(text)[:40])
+    except Exception as e:  # noqa: BLE001
+        t.record("tokenizer", "pipeline(model=shifted export) generates", False, f"{type(e).__name__}: {e}"[:40])
+    resaved, back = os.path.join(d, "hf_shift_resaved"), os.path.join(d, "hf_shift_resaved_imported")
+    shutil.rmtree(resaved, ignore_errors=True)
+    shutil.rmtree(back, ignore_errors=True)
+    load_export(out).save_pretrained(resaved)
+    AutoTokenizer.from_pretrained(out, trust_remote_code=True).save_pretrained(resaved)
+    if os.path.exists(os.path.join(resaved, "tokenizer.model")):
+        return t.record("tokenizer", "save_pretrained drops tokenizer.model (as the import warning assumes)", False)
+    r = run([binary, "import-hf", "--model", resaved, "--out", back])
+    want = f"{resaved}: tokenizer.json but no tokenizer.model: imported without a tokenizer"
+    ok = want in r.stderr and not os.path.exists(os.path.join(back, "tokenizer"))
+    t.record("tokenizer", "import-hf of a re-saved export warns that it took no tokenizer", ok,
+             "" if ok else r.stderr[-60:])
 
 
 def exported_snippet_and_padded_vocab(t, binary, d, tok, out):

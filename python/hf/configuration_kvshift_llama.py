@@ -11,6 +11,9 @@ class KvShiftLlamaConfig(LlamaConfig):
 
     def __init__(self, kv_shift=None, position_encoding="rope", **kwargs):
         ks = dict(kv_shift or {})
+        known = {"enabled", "window", "shift_k", "shift_v", "shift_q", "parametrization"}
+        if set(ks) - known:  # a misspelt key would silently load another model
+            raise ValueError(f"kv_shift: unknown keys {sorted(set(ks) - known)} (known: {sorted(known)})")
         self.kv_shift = {
             "enabled": bool(ks.get("enabled", True)),
             "window": int(ks.get("window", 1)),

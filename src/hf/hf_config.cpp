@@ -1,6 +1,7 @@
 #include "hf/hf_config.h"
 
 #include <cstdint>
+#include <set>
 #include <type_traits>
 
 #include "core/error.h"
@@ -116,9 +117,17 @@ ModelConfig import_config(const json& j, const std::string& origin) {
   if (type == "kvshift_llama") {
     const std::string pe = get_or<std::string>(j, "position_encoding", "rope", origin);
     m.position_encoding = parse_enum<PositionEncoding>(pe, origin, "position_encoding");
+    KVS_CHECK(!j.contains("kv_shift") || j["kv_shift"].is_object() || j["kv_shift"].is_null(),
+              "{}: kv_shift: expected an object, got {}", origin, j["kv_shift"].dump());
     if (j.contains("kv_shift") && j["kv_shift"].is_object()) {
       const json& k = j["kv_shift"];
       const std::string o = origin + ": kv_shift";
+      // A misspelt key would silently import another model (say shift_q off).
+      static const std::set<std::string> kKeys = {"enabled", "window", "shift_k", "shift_v", "shift_q",
+                                                  "parametrization"};
+      for (const auto& [key, value] : k.items())
+        KVS_CHECK(kKeys.count(key), "{}: kv_shift.{}: unknown key (known: enabled, window, shift_k, shift_v, shift_q, "
+                  "parametrization)", origin, key);
       m.kv_shift.enabled = get_or<bool>(k, "enabled", true, o);
       m.kv_shift.window = get_or<int>(k, "window", 1, o);
       m.kv_shift.shift_k = get_or<bool>(k, "shift_k", true, o);

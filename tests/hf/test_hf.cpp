@@ -66,6 +66,16 @@ TEST(HfConfig, ImportOfExportIsIdentity) {
   }
 }
 
+// A misspelt kv_shift key would import another model (shift_q off, say) without a word.
+TEST(HfConfig, UnknownKvShiftKeysAreRefused) {
+  json j = kvs::hf::export_config(small_model(true), "float32", {});
+  j["kv_shift"]["shfit_q"] = true;
+  EXPECT_KVS_ERROR(kvs::hf::import_config(j, "c.json"), "c.json: kv_shift.shfit_q: unknown key (known: enabled, "
+                   "window, shift_k, shift_v, shift_q, parametrization)");
+  j["kv_shift"] = true;
+  EXPECT_KVS_ERROR(kvs::hf::import_config(j, "c.json"), "c.json: kv_shift: expected an object, got true");
+}
+
 TEST(HfConfig, ImportDefaultsAndRefusals) {
   json j = {{"model_type", "mistral"}, {"hidden_size", 32},      {"intermediate_size", 48},
             {"num_hidden_layers", 1},  {"num_attention_heads", 4}, {"vocab_size", 40},

@@ -54,7 +54,7 @@ void add_train(CLI::App& app) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       // runs/<name> is one directory under runs/: a name with '/' or "..", or an absolute one, is a path.
       KVS_CHECK(stem != "." && stem != ".." && stem.find('/') == std::string::npos,
-                "{}: name '{}' cannot name a directory under runs/ (no '/', '.' or '..'): change it or pass --run-dir",
+                "{}: name '{}' cannot name a directory under runs/ (no '/', and not '.' or '..'): change it or pass --run-dir",
                 config, stem);
       run_dir = "runs/" + stem;
     }

@@ -94,6 +94,10 @@ int main(int argc, char** argv) {
   // writer reports in one line naming its file, instead of killing the
   // process with SIGXFSZ half-way through (data prepare, export-hf, a checkpoint).
   std::signal(SIGXFSZ, SIG_IGN);
+  // A log pipe that closes (`| tee log` killed, a log shipper gone) makes writes
+  // to stdout/stderr fail (EPIPE, ignored) instead of killing a training run
+  // between checkpoints with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   kvs::tune_runtime_environment(argc, argv);  // may re-execute once with OpenMP settings (train, bench, ...)
   kvs::cpu::select_blas_kernels();      // before any BLAS call: the GEMM kernels for this CPU
   kvs::default_threads_to_cpu_budget();  // a container's CPU quota caps the default thread count

@@ -10,8 +10,31 @@
 
 namespace kvs {
 
+// A message on one visible line: control characters a value brought in (a
+// newline or NUL inside a path or a config string) are written as escapes,
+// "\n", "\0", "\x1b" (a tab stays), so the line neither breaks nor stops at a NUL.
+inline std::string escape_control_characters(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u >= 0x20 && u != 0x7f) || c == '\t') {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\0') {
+      out += "\\0";
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+    }
+  }
+  return out;
+}
+
 struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(escape_control_characters(message)) {}
 };
 
 template <class... Args>

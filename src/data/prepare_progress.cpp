@@ -38,7 +38,9 @@ void PrepareProgress::print_locked(bool final) {
       total_ > 0 ? 100.0 * bytes_ / total_ : 100.0, docs_, rate / 1e6, final ? "took" : "ETA",
       format_duration(final ? elapsed : eta));
   if (tty_) {
-    std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final ? "\n" : "");
+    progress_line_drawn();  // first: a log line from another thread ends it (core/log.h)
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    if (final) end_progress_line();
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());
   }

@@ -133,6 +133,26 @@ void refuse_unread_launchers() {
 
 }  // namespace
 
+LaunchInfo unread_launcher_world() {
+  const std::pair<const char*, const char*> vars[] = {
+      {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"}, {"PMI_SIZE", "PMI_RANK"}, {"MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"}};
+  LaunchInfo l;
+  for (const auto& [size_var, rank_var] : vars) {
+    const auto x = env(size_var);
+    if (!x) continue;
+    char* end = nullptr;
+    const long n = std::strtol(x->c_str(), &end, 10);
+    if (end == x->c_str() || *end != '\0' || n <= 1 || n > INT_MAX) continue;
+    const auto r = env(rank_var);
+    const long rank = r ? std::strtol(r->c_str(), nullptr, 10) : 0;
+    l.world_size = static_cast<int>(n);
+    l.rank = static_cast<int>(rank);
+    l.launcher = size_var == std::string("SLURM_STEP_NUM_TASKS") ? "srun" : "an MPI launcher";
+    return l;
+  }
+  return l;
+}
+
 LaunchInfo detect_launch() {
   const bool ompi = env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE");
   const bool torch = env("RANK") || env("WORLD_SIZE") || env("LOCAL_RANK");

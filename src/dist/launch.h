@@ -22,6 +22,12 @@ struct LaunchInfo {
 
 LaunchInfo detect_launch();
 
+// Started as one of several processes by a launcher kvshift does not read
+// (srun: SLURM_STEP_NUM_TASKS; MPICH/Intel MPI: PMI_SIZE; MVAPICH2): that
+// world's size and this process's rank (SLURM_PROCID, PMI_RANK,
+// MV2_COMM_WORLD_RANK; 0 if unset); world_size 1 otherwise.
+LaunchInfo unread_launcher_world();
+
 // "rank 1/4 local 1/4 launcher torchrun", for messages.
 std::string describe(const LaunchInfo& info);
 

@@ -19,9 +19,22 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
+bool CheckpointWriter::previous_write_failed(int64_t step) {
+  try {
+    wait();
+    return false;
+  } catch (const std::exception& e) {
+    // The step's own checkpoint is tried now and waited for: a disk that was full
+    // may have room again, and the run should not go on (or stop) without one.
+    spdlog::error("checkpoint write failed: {}; writing step {} now and waiting for it (latest: {})", e.what(), step,
+                  last_.empty() ? "none yet" : last_);
+    return true;
+  }
+}
+
 void CheckpointWriter::save(int64_t step, CheckpointData data) {
-  wait();
-  if (!async_) {
+  const bool wait_now = previous_write_failed(step);
+  if (!async_ || wait_now) {
     last_ = save_checkpoint(root_, step, data, keep_);
     return;
   }
@@ -30,7 +43,7 @@ void CheckpointWriter::save(int64_t step, CheckpointData data) {
 
 std::shared_ptr<TensorStream> CheckpointWriter::save_streamed(int64_t step, CheckpointData data,
                                                              uint64_t budget_bytes) {
-  wait();
+  wait_at_end_of_stream_ = !async_ || previous_write_failed(step);
   auto stream = std::make_shared<TensorStream>(budget_bytes);
   data.stream = stream;
   start(step, std::move(data));
@@ -49,7 +62,7 @@ void CheckpointWriter::start(int64_t step, CheckpointData data) {
 
 void CheckpointWriter::end_stream(TensorStream& stream) {
   stream.close();
-  if (!async_) wait();
+  if (wait_at_end_of_stream_) wait();
 }
 
 std::string CheckpointWriter::wait() {

@@ -26,14 +26,16 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Synchronous: writes before returning. Asynchronous: waits for the previous
-  // write (rethrowing its error), then starts this one and returns.
+  // write, then starts this one and returns. A previous write that failed is
+  // logged, and this one is then written before returning, its error thrown:
+  // one failed write does not cost the next checkpoint, two in a row stop the run.
   void save(int64_t step, CheckpointData data);
   // A streamed save (train/tensor_stream.h): `data` holds the tensors' headers,
   // and the caller pushes their bytes into the returned stream, in file order
   // (model, then optimizer), while the write runs on the thread, holding at
   // most `budget_bytes` not yet written; then end_stream. Synchronous writers
   // wait there for the write; asynchronous ones return once the last tensor
-  // is queued.
+  // is queued (or, after a failed write, wait there as synchronous ones do).
   std::shared_ptr<TensorStream> save_streamed(int64_t step, CheckpointData data, uint64_t budget_bytes);
   void end_stream(TensorStream& stream);
   // Waits for the write in flight and rethrows its error; returns the newest
@@ -42,6 +44,9 @@ class CheckpointWriter {
 
  private:
   void start(int64_t step, CheckpointData data);  // the write, on the thread
+  // Waits for the previous write; false if it succeeded, true (and logged) if it failed.
+  bool previous_write_failed(int64_t step);
+  bool wait_at_end_of_stream_ = false;
   std::string root_;
   int keep_;
   bool async_;

@@ -1,6 +1,8 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -52,21 +54,47 @@ void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
     atomic_write_file(path, kept);
   }
   path_ = path;
-  f_ = std::fopen(path.c_str(), "a");
-  KVS_CHECK(f_ != nullptr, "{}: cannot open for appending", path);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  KVS_CHECK(fd_ >= 0, "{}: cannot open for appending: {}", path, std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
+  if (fd_ < 0) return;
+  if (lost_ > 0)
+    spdlog::warn("metrics: {} line{} of {} could not be written (the file holds every other line, whole)", lost_,
+                 lost_ == 1 ? "" : "s", path_);
+  ::close(fd_);
 }
 
 void MetricsWriter::write(const nlohmann::json& line) {
-  if (!f_) return;
+  if (fd_ < 0) return;
   const std::string s = line.dump() + "\n";
-  // A full disk loses metrics lines, not the run (its checkpoint saves fail loudly): say so once.
-  if ((std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0) && !write_failed_) {
-    write_failed_ = true;
-    spdlog::warn("metrics: cannot write {}: {}; later lines may be lost", path_, std::strerror(errno));
+  // A full disk loses metrics lines, not the run (its checkpoint saves fail loudly). A line
+  // written in part is cut off again, so the next one does not continue it: the file stays
+  // whole lines that parse, and only the lost ones are missing.
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = ::write(fd_, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done == s.size()) {
+    if (failing_) {
+      failing_ = false;
+      spdlog::info("metrics: {} is written again ({} line{} lost)", path_, lost_, lost_ == 1 ? "" : "s");
+    }
+    return;
+  }
+  const int err = errno;
+  if (done > 0 && before >= 0 && ::ftruncate(fd_, before) != 0)
+    spdlog::warn("metrics: cannot cut a partly written line off {}: {}", path_, std::strerror(errno));
+  ++lost_;
+  if (!failing_) {
+    failing_ = true;
+    spdlog::warn("metrics: cannot write {}: {}; lines are lost until it can be written again", path_,
+                 std::strerror(err ? err : ENOSPC));
   }
 }
 

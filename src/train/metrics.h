@@ -24,13 +24,17 @@ class MetricsWriter {
   // it resumes from), rewriting the file atomically.
   void open(const std::string& path, int64_t keep_through_step = -1);
   ~MetricsWriter();
-  // A failed write (a full disk) warns once and goes on.
+  // A failed write (a full disk) loses that line whole, warns once, and goes
+  // on; when writes work again it says how many were lost, and the
+  // destructor says so again at the end.
   void write(const nlohmann::json& line);
+  int64_t lost_lines() const { return lost_; }
 
  private:
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
   std::string path_;
-  bool write_failed_ = false;
+  bool failing_ = false;
+  int64_t lost_ = 0;
 };
 
 }  // namespace kvs

@@ -43,17 +43,14 @@ void ProgressLine::update(int64_t step, double loss, double lr, double tokens_pe
       fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}{}", step, total_, loss, lr,
                   format_count(tokens_per_s), format_duration(eta), extra.empty() ? "" : " | " + extra);
   if (tty_) {
+    progress_line_drawn();  // first: a log line from another thread ends it (core/log.h)
     std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    dirty_ = true;
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
   std::fflush(stderr);
 }
 
-void ProgressLine::finish_line() {
-  if (dirty_) std::fprintf(stderr, "\n");
-  dirty_ = false;
-}
+void ProgressLine::finish_line() { end_progress_line(); }
 
 }  // namespace kvs

@@ -11,13 +11,12 @@ class ProgressLine {
   ProgressLine(int64_t total_steps, int64_t first_step);
   // Shows step (1-based count of finished steps), loss, lr and throughput.
   void update(int64_t step, double loss, double lr, double tokens_per_s, const std::string& extra = "");
-  // Ends the in-place line before other output.
+  // Ends the in-place line before other output (a log line does it itself: core/log.h).
   void finish_line();
 
  private:
   int64_t total_, first_;
   bool tty_;
-  bool dirty_ = false;
   std::chrono::steady_clock::time_point start_, last_print_;
 };
 

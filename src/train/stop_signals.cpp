@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/signal_stack.h"
 
 namespace kvs {
@@ -18,7 +19,9 @@ std::atomic<int> g_count{0};
 std::atomic<bool> g_announce{false};
 
 void say(const char* a, const char* b, const char* c) {
-  for (const char* s : {a, b, c}) {
+  // After an open progress line its own line (stdio's buffer is not ours to touch here).
+  const char* first = progress_line_open_for_signal_handler() ? "\n" : "";
+  for (const char* s : {first, a, b, c}) {
     const ssize_t n = ::write(STDERR_FILENO, s, std::strlen(s));
     (void)n;
   }

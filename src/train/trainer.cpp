@@ -438,6 +438,23 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (!ck.files.run_config_error.empty() && rank0)
       spdlog::warn("{}: train.seq_len and the data settings are not compared with the checkpoint's",
                    ck.files.run_config_error);
+    // Training keys may change on a resume (a longer run, another learning rate, a re-layout), and
+    // the schedule follows the new ones from this step on: say which changed, and the next rate.
+    if (rank0 && was.is_object() && was.contains("train") && was["train"].is_object()) {
+      const nlohmann::json now = to_json(cfg)["train"];
+      std::string changed;
+      for (const auto& [key, value] : now.items())
+        if (was["train"].value(key, nlohmann::json()) != value)
+          changed += fmt::format("{}train.{} {} -> {}", changed.empty() ? "" : ", ", key,
+                                 was["train"].contains(key) ? was["train"][key].dump() : "(default)", value.dump());
+      for (const auto& [key, value] : was["train"].items())
+        if (!now.contains(key)) changed += fmt::format("{}train.{} {} -> (default)", changed.empty() ? "" : ", ", key,
+                                                       value.dump());
+      if (!changed.empty())
+        spdlog::warn("resuming with training settings other than the checkpoint's: {}; the learning rate of step {} "
+                     "is {:.4g} under them",
+                     changed, step + 1, learning_rate(tc, step));
+    }
     if (was.is_object() && was.contains("train") && was["train"].contains("seq_len"))
       KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
                 "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
@@ -524,6 +541,11 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
                resolve_threads(tc.threads));
+  if (rank0 && tc.warmup_steps > tc.steps && tc.lr > 0)  // allowed (a run to be continued), rarely meant
+    spdlog::warn("train.warmup_steps {} is more than train.steps {}: the learning rate rises to {:.4g} ({:.0f}% of "
+                 "train.lr) and the run ends before it decays",
+                 tc.warmup_steps, tc.steps, learning_rate(tc, tc.steps - 1),
+                 100 * learning_rate(tc, tc.steps - 1) / tc.lr);
   // Past one epoch the data repeats (each epoch in another order: docs/DATA.md); say so once.
   if (const double reads = static_cast<double>(tc.steps) * cfg.global_batch_sequences();
       rank0 && data->size(Split::Train) != UINT64_MAX) {
@@ -715,15 +737,14 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
     watch.end(dt);
     summary.losses.push_back(loss);
-    if (rank0 && (done % tc.log_every == 0 || done == tc.steps)) {
-      nlohmann::json j = {{"type", "train"},       {"step", done},
-                          {"loss", loss},          {"lr", lr},
-                          {"grad_norm", gnorm},    {"scored_tokens", static_cast<int64_t>(scored)},
-                          {"tokens_per_s", tok_s}, {"step_time_s", dt},
-                          {"model_tflops_per_s", tflops}};
-      if (peak_tflops > 0) j["mfu"] = tflops / peak_tflops;
-      metrics.write(j);
-    }
+    nlohmann::json train_line = {{"type", "train"},       {"step", done},
+                                 {"loss", loss},          {"lr", lr},
+                                 {"grad_norm", gnorm},    {"scored_tokens", static_cast<int64_t>(scored)},
+                                 {"tokens_per_s", tok_s}, {"step_time_s", dt},
+                                 {"model_tflops_per_s", tflops}};
+    if (peak_tflops > 0) train_line["mfu"] = tflops / peak_tflops;
+    const bool line_due = done % tc.log_every == 0 || done == tc.steps;
+    if (rank0 && line_due) metrics.write(train_line);
     if (!opt.quiet && rank0) {
       const double smoothed_tok_s = static_cast<double>(GB) * T / smoothed_step_s;
       std::string extra =
@@ -741,6 +762,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // Every rank learns here whether any rank was asked to stop, so all stop after the same step.
     // After the last step only an abandoned evaluation makes it a stop (the run is not complete).
     if (const int sig = watch.boundary(done); sig != 0 && (!last || summary.final_eval.abandoned)) {
+      if (rank0 && !line_due) metrics.write(train_line);  // the last step trained has its line, as a run's end has
       if (!checkpoint_due) save(done);
       summary.stopped_by = StopSignals::name(sig);
       step = done;

@@ -246,6 +246,25 @@ TEST(Cli, MissingConfigIsOneLineError) {
   EXPECT_NE(r.out.find("/nonexistent/cfg.json"), std::string::npos) << r.out;
 }
 
+// A value with a newline or a NUL in it (a path, a config string) stays one
+// visible line: written as escapes, not a line break or the message's end.
+TEST(Cli, ControlCharactersInValuesAreEscapedInTheErrorLine) {
+  Result r = run("train --config \"$(printf '" + testing::TempDir() + "no\\nsuch.json')\" --run-dir " +
+                 testing::TempDir() + "never");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("no\\nsuch.json"), std::string::npos) << r.out;
+  std::ifstream in(src("configs/toy/induction-1l-kvshift.json"));
+  auto j = nlohmann::json::parse(in);
+  j["device"] = std::string("cu\0da\x1b", 6);
+  const std::string path = write_temp("nul_value.json", j.dump());
+  r = run("info --config " + path);
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("\"cu\\0da\\x1b\""), std::string::npos) << r.out;
+  EXPECT_EQ(kvs::escape_control_characters(std::string("a\tb\r\n\x7f\\", 7)), "a\tb\\r\\n\\x7f\\");
+}
+
 TEST(Cli, UnknownKeyNamesTheKey) {
   std::ifstream in(src("configs/toy/induction-1l-kvshift.json"));
   auto j = nlohmann::json::parse(in);

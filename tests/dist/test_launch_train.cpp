@@ -150,6 +150,18 @@ TEST(LaunchWorld, OneProcessSubcommandsRefuseSeveralRanks) {
   EXPECT_NE(m.out.find(mpi_msg), std::string::npos) << m.out;
   EXPECT_EQ(m.out.find(mpi_msg), m.out.rfind(mpi_msg)) << "reported more than once: " << m.out;
   EXPECT_FALSE(std::filesystem::exists(tmp / "hf"));
+
+  // srun's tasks too (before, each task ran the whole command: two exports raced into one --out).
+  const std::string srun_msg = "kvshift: error: info runs in one process, but srun started 2 ranks";
+  for (int r = 0; r < 2; ++r) {
+    const CommandResult res = finish(
+        ::popen(("env SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=" + std::to_string(r) + " " + info).c_str(), "r"));
+    EXPECT_EQ(res.code, 1) << res.out;
+    EXPECT_EQ(res.out.find(srun_msg) != std::string::npos, r == 0) << "task " << r << ": " << res.out;
+    EXPECT_EQ(res.out.find("parameters"), std::string::npos) << "task " << r << " ran info: " << res.out;
+  }
+  const CommandResult task = finish(::popen(("env SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 " + info).c_str(), "r"));
+  EXPECT_EQ(task.code, 0) << task.out;  // srun -n 1
 }
 
 // An error every rank hits (a config error, before any world exists) is

@@ -545,6 +545,10 @@ TEST(GenerateCli, ErrorsAreOneLineNamingTheFlag) {
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids ''"), {"--prompt-ids: no ids in ''"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,,2"),
                  {"--prompt-ids: an empty item at character 2 of '1,,2'"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1,2,"),
+                 {"--prompt-ids: an empty item after the last comma of '1,2,'"});
+  one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --threads 100000"),
+                 {"--threads", "100000", "4096"});
   one_line_error(run_kvshift("generate --checkpoint " + run + " --prompt-ids 1 --tokenizer " + (tmp / "nosuchdir")),
                  {"nosuchdir: no such directory"});
   // Negative values of unsigned or count options (a seed of -1 wrapped around; threads -2 ran as auto).

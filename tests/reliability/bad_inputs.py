@@ -408,7 +408,7 @@ def cases():
         return ["eval", "--checkpoint", os.path.join(d, "run")], ""
 
     @case("cli-name-escapes-runs", "CLI", "a config name that would put the default run directory outside runs/",
-          "D/c.json: name '../x' cannot name a directory under runs/ (no '/', and not '.' or '..'): change it or pass "
+          "D/c.json: name '../x' cannot name a directory under runs/ (no '/', not '.' or '..', at most 255 bytes): change it or pass "
           "--run-dir")
     def _(b, d):
         c = tiny()

@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -263,7 +265,11 @@ TEST(AsyncCheckpoint, TrainingGoesOnWhileAWriteIsHeld) {
   ::unsetenv("KVS_FAULT_SAVE_PAUSE_S");
 }
 
-TEST(AsyncCheckpoint, AWriteErrorSurfacesAtTheNextSaveAndKeepsLatest) {
+// A failed asynchronous write (a full disk) is logged at the next save, which
+// then writes its own step before returning: one failed write does not cost
+// the next checkpoint (before, that save threw and the run ended with the
+// previous one); a second failure in a row is the error, `latest` untouched.
+TEST(AsyncCheckpoint, AFailedWriteIsLoggedAndTheNextSaveWritesBeforeGoingOn) {
   TmpDir tmp;
   const std::string root = tmp / "ck";
   kvs::CheckpointWriter w(root, 0, true);
@@ -272,11 +278,34 @@ TEST(AsyncCheckpoint, AWriteErrorSurfacesAtTheNextSaveAndKeepsLatest) {
   auto bad = small_data();
   bad.model[0].bytes.resize(3);  // the safetensors writer refuses it, on the writer thread
   w.save(2, bad);
-  // The trainer goes on while the write runs: its next save is where the error surfaces.
-  EXPECT_KVS_ERROR(w.save(3, small_data()), "model.safetensors");
-  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000001");
-  w.save(4, small_data());
-  EXPECT_EQ(w.wait(), root + "/step_00000004");
+  w.save(3, small_data());  // step 2's error is logged; step 3 is written before this returns
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000003");
+  w.save(4, bad);
+  EXPECT_KVS_ERROR(w.save(5, bad), "model.safetensors");  // two in a row
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000003");
+  w.save(6, small_data());
+  EXPECT_EQ(w.wait(), root + "/step_00000006");
+
+  // The trainer's streamed saves alike: after a failed write, end_stream waits for the next one.
+  auto streamed = [&](int64_t step, bool broken) {
+    kvs::CheckpointData d = small_data();
+    const kvs::CheckpointData full = d;
+    for (auto* v : {&d.model, &d.optimizer})
+      for (auto& t : *v) t.bytes.clear();
+    auto stream = w.save_streamed(step, d, 1 << 20);
+    for (const auto* v : {&full.model, &full.optimizer})
+      for (kvs::StTensor t : *v) {
+        if (broken) t.bytes.resize(3);
+        stream->push(std::move(t));
+      }
+    w.end_stream(*stream);
+  };
+  streamed(7, true);
+  streamed(8, false);
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000008");
+  streamed(9, true);
+  EXPECT_KVS_ERROR(streamed(10, true), "model.safetensors");
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000008");
 }
 
 // A stop signal in the middle of training: the step finishes, a checkpoint is
@@ -503,6 +532,33 @@ TEST(StepWatch, ReportsSlowStepsInMetrics) {
 // Resuming drops the lines past the checkpoint's step and a line cut by a
 // crash, and keeps the others as they were: a hand-added note, a "step" that
 // is no number (it used to stop the resume with nlohmann's type error).
+// A write that fails part-way (a full disk: here a file-size limit lets half
+// the line through) loses that line whole: before, the next line continued the
+// cut one, and the file no longer parsed.
+TEST(MetricsWriter, AFailedWriteLosesItsLineWholeAndTheNextOneIsWritten) {
+  TmpDir tmp;
+  const std::string path = tmp / "metrics.jsonl";
+  const std::string first = R"({"step":1,"type":"train"})" "\n";
+  const std::string third = R"({"step":3,"type":"train"})" "\n";
+  const auto old_xfsz = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal, as kvshift runs
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  {
+    kvs::MetricsWriter m;
+    m.open(path);
+    m.write({{"type", "train"}, {"step", 1}});
+    rlimit small = old_limit;
+    small.rlim_cur = first.size() + 10;  // the second line gets 10 bytes through
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    m.write({{"type", "train"}, {"step", 2}});
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+    m.write({{"type", "train"}, {"step", 3}});
+    EXPECT_EQ(m.lost_lines(), 1);
+  }
+  std::signal(SIGXFSZ, old_xfsz);
+  EXPECT_EQ(kvs::testing_util::slurp(path), first + third);
+}
+
 TEST(MetricsWriter, ResumeDropsLaterStepsAndKeepsForeignLines) {
   TmpDir tmp;
   const std::string path = tmp / "metrics.jsonl";

@@ -61,6 +61,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     else
       item += ch;
   }
+  KVS_CHECK(text.empty() || text.back() != ',', "--prompt-ids: an empty item after the last comma of '{}'", text);
   flush();
   KVS_CHECK(!ids.empty(), "--prompt-ids: no ids in '{}'", text);
   return ids;
@@ -242,6 +243,7 @@ void add_generate(CLI::App& app) {
                   "CPU threads; 0 = auto (1 below hidden size 1024, where a token's ops are too small to share; "
                   "else all cores)")
       ->check(kNonNegativeInteger)
+      ->check(CLI::Range(0, 4096))  // train.threads' bound
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");

@@ -53,8 +53,9 @@ void add_train(CLI::App& app) {
     if (run_dir.empty()) {
       const std::string stem = cfg.name.empty() ? std::filesystem::path(config).stem().string() : cfg.name;
       // runs/<name> is one directory under runs/: a name with '/' or "..", or an absolute one, is a path.
-      KVS_CHECK(stem != "." && stem != ".." && stem.find('/') == std::string::npos,
-                "{}: name '{}' cannot name a directory under runs/ (no '/', and not '.' or '..'): change it or pass --run-dir",
+      KVS_CHECK(stem != "." && stem != ".." && stem.find('/') == std::string::npos && stem.size() <= 255,
+                "{}: name '{}' cannot name a directory under runs/ (no '/', not '.' or '..', at most 255 bytes): change "
+                "it or pass --run-dir",
                 config, stem);
       run_dir = "runs/" + stem;
     }

@@ -31,7 +31,8 @@ namespace kvs::cli {
 inline constexpr std::chrono::milliseconds kRepeatDelay{1500};
 inline void print_rank_error(int rank, const char* what) {
   if (rank > 0) std::this_thread::sleep_for(kRepeatDelay);
-  std::fprintf(stderr, "kvshift: error: %s\n", what);
+  // kvs::Error's text is escaped already; a library's (a filesystem_error naming a path) is here.
+  std::fprintf(stderr, "kvshift: error: %s\n", escape_control_characters(what).c_str());
   std::fflush(stderr);
 }
 
@@ -78,7 +79,9 @@ inline void refuse_launched_ranks(const std::string& subcommand) {
   try {
     info = dist::detect_launch();
   } catch (const Error&) {
-    return;  // a launch environment these subcommands never use: not theirs to judge
+    // A launch environment these subcommands never use is not theirs to judge,
+    // but several processes of srun (or another MPI) would each do the whole job.
+    info = dist::unread_launcher_world();
   }
   if (info.world_size == 1) return;
   if (info.rank == 0) {

@@ -36,6 +36,7 @@ bool progress_line_open_for_signal_handler() { return g_progress_line_open.excha
 
 void init_logging(const std::string& level) {
   auto logger = std::make_shared<spdlog::logger>("kvshift", std::make_shared<LineEndingStderrSink>());
+  spdlog::drop("kvshift");  // called again (tests): the new one replaces it
   spdlog::register_logger(logger);
   logger->set_pattern("[%H:%M:%S] %^%l%$ %v");
   logger->set_level(spdlog::level::from_str(level));

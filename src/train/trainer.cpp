@@ -99,8 +99,10 @@ Config with_absolute_paths(const Config& in) {
 // true vs false"); "" if they are the same.
 std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
   nlohmann::json ja = model_to_hf_json(a), jb = model_to_hf_json(b);
-  ja.erase("architectures");  // follows kv_shift.enabled, which is named instead
-  jb.erase("architectures");
+  for (const char* derived : {"architectures", "head_dim"}) {  // named through what they follow from
+    ja.erase(derived);                                          // (kv_shift.enabled; hidden_size, heads)
+    jb.erase(derived);
+  }
   const std::string d = json_difference(ja, jb);
   return d.empty() ? d : "model." + d;
 }

@@ -265,6 +265,37 @@ TEST(Cli, ControlCharactersInValuesAreEscapedInTheErrorLine) {
   EXPECT_EQ(kvs::escape_control_characters(std::string("a\tb\r\n\x7f\\", 7)), "a\tb\\r\\n\\x7f\\");
 }
 
+// What a resume changes is said, with the learning rate it gives next; a warmup
+// longer than the run is warned about; a closed log pipe does not end the run
+// (SIGPIPE killed it between checkpoints, exit 141).
+TEST(Cli, TrainSaysWhatAResumeChangesAndOutlivesItsLogPipe) {
+  const std::string dir = testing::TempDir() + "resume_changes";
+  fs::remove_all(dir);
+  const std::string cfg = src("configs/toy/induction-1l-kvshift.json");
+  Result r = run("train --quiet --config " + cfg + " --run-dir " + dir +
+                 " --set train.steps=2 train.eval_every=0 train.warmup_steps=4 train.lr=0.004");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train.warmup_steps 4 is more than train.steps 2: the learning rate rises to 0.002 (50% of "
+                       "train.lr) and the run ends before it decays"),
+            std::string::npos)
+      << r.out;
+  r = run("train --quiet --resume --config " + cfg + " --run-dir " + dir +
+          " --set train.steps=4 train.eval_every=0 train.warmup_steps=4 train.lr=0.008");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming with training settings other than the checkpoint's: train.lr 0.004 -> 0.008, "
+                       "train.steps 2 -> 4; the learning rate of step 3 is 0.006 under them"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("warmup_steps 4 is more"), std::string::npos) << r.out;
+  // The pipe closes after the first line; the run goes on to its last checkpoint.
+  const std::string piped = testing::TempDir() + "piped_run";
+  fs::remove_all(piped);
+  const Result p = run_with_env("", "train --config " + cfg + " --run-dir " + piped +
+                                         " --set train.steps=300 train.eval_every=0 train.checkpoint_every=300 2>&1 "
+                                         "| head -1; test -f " + piped + "/checkpoints/step_00000300/manifest.json");
+  EXPECT_EQ(p.code, 0) << p.out;
+}
+
 TEST(Cli, UnknownKeyNamesTheKey) {
   std::ifstream in(src("configs/toy/induction-1l-kvshift.json"));
   auto j = nlohmann::json::parse(in);

@@ -348,17 +348,20 @@ TEST(StopSignal, AbandonsAnEvaluationAndTheResumeRecordsTheFinalOne) {
     SCOPED_TRACE(steps);
     TmpDir tmp;
     // An evaluation of 200,000 sequences takes seconds; a step, a millisecond.
+    // log_every 1000: the line of step 1 is due only as the step a stop ends the run after.
     const Config c = kvs::testing_util::tiny_induction(
         true, {{"steps", steps}, {"eval_every", 1}, {"eval_sequences", 200000}, {"checkpoint_every", 0},
-               {"log_every", 1}});
+               {"log_every", 1000}});
     Config short_eval = c;  // the same training, quicker evaluations
     short_eval.train.eval_sequences = 64;
     const auto ref = kvs::train(short_eval, {tmp / "ref", false, true});
     const std::string run = tmp / "run";
     std::thread killer([&] {
-      // Step 1's train line is written just before its evaluation starts.
-      while (!fs::exists(run + "/metrics.jsonl") || fs::file_size(run + "/metrics.jsonl") == 0)
+      // metrics.jsonl is opened after the handlers are installed; step 1 takes a millisecond,
+      // its evaluation seconds: a signal now or within them stops the run after step 1.
+      while (!fs::exists(run + "/metrics.jsonl"))
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
       ::kill(::getpid(), SIGTERM);
     });
     const auto t0 = std::chrono::steady_clock::now();
@@ -371,6 +374,8 @@ TEST(StopSignal, AbandonsAnEvaluationAndTheResumeRecordsTheFinalOne) {
     EXPECT_EQ(stopped.last_checkpoint, run + "/checkpoints/" + kvs::checkpoint_dir_name(1));
     EXPECT_EQ(slurp(run + "/metrics.jsonl").find("\"type\":\"eval\""), std::string::npos)
         << slurp(run + "/metrics.jsonl");
+    // The step the run stopped after has its train line, as a run's last step has.
+    EXPECT_EQ(kvs::metrics_steps(run + "/metrics.jsonl").last, 1) << slurp(run + "/metrics.jsonl");
     EXPECT_LT(stop_s, 20.0);
     const auto rest = kvs::train(short_eval, {run, true, true});
     EXPECT_TRUE(rest.stopped_by.empty());

@@ -194,6 +194,11 @@ TEST(Train, ResumeRejectsADifferentModel) {
   other.train.steps = 4;
   other.model.intermediate_size = 48;
   EXPECT_KVS_ERROR(kvs::train(other, {dir, true, true}), ": model.intermediate_size: 32 vs 48 (checkpoint vs config)");
+  // The key the user changed, not head_dim, which follows from it (it sorts first).
+  other = c;
+  other.train.steps = 4;
+  other.model.hidden_size = 32;
+  EXPECT_KVS_ERROR(kvs::train(other, {dir, true, true}), ": model.hidden_size: 16 vs 32 (checkpoint vs config)");
   // The data stream: positions are sequence indices of this seed, window length and source.
   Config reseeded = c;
   reseeded.train.steps = 4;

@@ -184,6 +184,8 @@ class KvShiftAttention(nn.Module):
         self.rope = getattr(cfg, "position_encoding", "rope") == "rope"
         # Computed per forward from these (D/2 values): nothing device- or meta-bound at construction.
         self.theta, self.llama3 = rope_settings(cfg)
+        # transformers' attn_implementation ("eager" or "sdpa"), read at each forward: it may be set later.
+        self.cfg = cfg
         self.q_proj = nn.Linear(C, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(C, self.n_kv_heads * self.head_dim, bias=False)
@@ -231,13 +233,22 @@ class KvShiftAttention(nn.Module):
         group = Hq // Hkv
         kk = k.repeat_interleave(group, dim=1) if group > 1 else k
         vv = v.repeat_interleave(group, dim=1) if group > 1 else v
-        # Scores and the (finite) mask in fp32 even for bf16/fp16 weights: a fully masked
-        # padding row then gets a uniform softmax, never NaN.
-        scores = (q @ kk.transpose(-1, -2)).to(torch.float32) / math.sqrt(D) + key_bias
-        att = torch.softmax(scores, dim=-1).to(q.dtype)
-        if attentions is not None:
-            attentions.append(att)
-        out = (att @ vv).transpose(1, 2).reshape(B, T, Hq * D)
+        if attentions is None and getattr(self.cfg, "_attn_implementation", None) == "sdpa" and \
+                hasattr(F, "scaled_dot_product_attention"):
+            # torch's fused attention on the shifted, rotated q, k, v (the shift is done above):
+            # the mask additive in q's dtype, finite, so a fully masked padding row stays finite.
+            mask = torch.zeros(key_bias.shape, dtype=q.dtype, device=q.device).masked_fill(
+                key_bias != 0, torch.finfo(q.dtype).min)
+            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        else:
+            # Scores and the (finite) mask in fp32 even for bf16/fp16 weights: a fully masked
+            # padding row then gets a uniform softmax, never NaN.
+            scores = (q @ kk.transpose(-1, -2)).to(torch.float32) / math.sqrt(D) + key_bias
+            att = torch.softmax(scores, dim=-1).to(q.dtype)
+            if attentions is not None:
+                attentions.append(att)
+            out = att @ vv
+        out = out.transpose(1, 2).reshape(B, T, Hq * D)
         return self.o_proj(out), new_past
 
 
@@ -293,6 +304,8 @@ class KvShiftLlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # transformers' gradient_checkpointing_enable() sets it (and _gradient_checkpointing_func).
+        self.gradient_checkpointing = False
 
     def forward(self, input_ids=None, past=None, attention_mask=None, position_ids=None, inputs_embeds=None,
                 hidden_states=None, attentions=None):
@@ -311,10 +324,19 @@ class KvShiftLlamaModel(nn.Module):
         key_bias = key_bias_for(attention_mask, T, P + T, x.dtype, x.device)
         token_mask = attention_mask[:, -T:] if attention_mask is not None else None
         new_past = []
+        # Recompute each layer in the backward instead of keeping its activations; it then keeps no
+        # cache (transformers turns use_cache off for it) and returns no attention weights.
+        checkpointed = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and \
+            not past and attentions is None
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
-            x, lp = layer(x, position_ids, key_bias, past[i] if past else None, token_mask, attentions)
+            if checkpointed:
+                x = self._gradient_checkpointing_func(
+                    lambda h, layer=layer: layer(h, position_ids, key_bias, None, token_mask)[0], x)
+                lp = None
+            else:
+                x, lp = layer(x, position_ids, key_bias, past[i] if past else None, token_mask, attentions)
             new_past.append(lp)
         x = self.norm(x)
         if hidden_states is not None:

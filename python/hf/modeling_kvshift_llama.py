@@ -189,6 +189,10 @@ class KvShiftLlamaPreTrainedModel(PreTrainedModel):
     # DynamicCache or a static cache: the model creates its own on the first step.
     _supports_cache_class = True
     _supports_static_cache = False
+    # attn_implementation "sdpa" (torch's fused attention, after the shift and RoPE) or "eager";
+    # gradient_checkpointing_enable() recomputes each decoder layer in the backward.
+    _supports_sdpa = True
+    supports_gradient_checkpointing = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls, *args):
@@ -246,6 +250,8 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
         """`cache` and `past_key_values` are the same argument (later transformers 5.x renamed it);
         the returned cache is a KvShiftCache, updated in place when one was passed."""
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.model.gradient_checkpointing and self.training and past_key_values is None and cache is None:
+            use_cache = False  # as transformers' Llama: recomputed layers keep no cache
         past = cache if cache is not None else past_key_values
         kv = _own_cache(past, self.config.num_hidden_layers) if use_cache or past is not None else None
         if output_hidden_states is None:

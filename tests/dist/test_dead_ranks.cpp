@@ -52,6 +52,18 @@ void wait_for_metrics(const std::string& run, uintmax_t bytes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// Waits (at most a minute) for background job `pid` to exit, into `status`;
+// false if it had to be killed (a hang).
+bool exited_within_a_minute(pid_t pid, int& status) {
+  for (int i = 0; i < 6000; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(-pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return false;
+}
+
 }  // namespace
 
 TEST(DeadRanks, AHungRankIsNamedWithinTheCollectiveTimeout) {
@@ -113,13 +125,7 @@ TEST(DeadRanks, SigusrToMpirunStopsEveryRankAfterTheSameStep) {
   wait_for_metrics(run, 200);
   ::kill(pid, SIGUSR1);
   int st = 0;
-  for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (::kill(pid, 0) == 0) {  // still running after a minute: a hang
-    ::kill(-pid, SIGKILL);
-    ::waitpid(pid, &st, 0);
-    FAIL() << "mpirun did not stop after SIGUSR1: " << slurp(tmp / "out.txt");
-  }
+  if (!exited_within_a_minute(pid, st)) FAIL() << "mpirun did not stop after SIGUSR1: " << slurp(tmp / "out.txt");
   const std::string out = slurp(tmp / "out.txt");
   ASSERT_TRUE(WIFEXITED(st)) << out;
   EXPECT_EQ(WEXITSTATUS(st), 75) << out;
@@ -195,12 +201,7 @@ TEST(DeadRanks, ASlowRankIsNamedInMetrics) {
   }
   ::kill(pid, SIGUSR1);
   int st = 0;
-  for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (::kill(pid, 0) == 0) {
-    ::kill(-pid, SIGKILL);
-    ::waitpid(pid, &st, 0);
-  }
+  exited_within_a_minute(pid, st);
   ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
   EXPECT_TRUE(named) << slurp(tmp / "out.txt");
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 75) << slurp(tmp / "out.txt");
@@ -232,13 +233,8 @@ TEST(DeadRanks, AStopSignalToOneRankAbandonsTheEvaluationOnEveryRank) {
     const pid_t r1 = rank_pid(pid, 1);
     if (r1 > 0) ::kill(r1, SIGTERM);
     int st = 0;
-    for (int i = 0; i < 6000 && ::waitpid(pid, &st, WNOHANG) != pid; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (::kill(pid, 0) == 0) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
+    if (!exited_within_a_minute(pid, st))
       FAIL() << "mpirun did not stop within a minute of SIGTERM to rank 1: " << slurp(tmp / "out.txt");
-    }
     const std::string out = slurp(tmp / "out.txt");
     ASSERT_GT(r1, 0) << "rank 1's process not found under mpirun " << pid;
     ASSERT_TRUE(WIFEXITED(st)) << out;

@@ -26,6 +26,8 @@ Checks, on random-weight checkpoints (the oracle's cases) and one trained by `kv
     exported again, still equal);
   - import-hf(export-hf(ckpt)) equals ckpt bit for bit (fp32), also from shards;
   - import of a HF-layout model with --kv-shift-init identity (window 1, 2, 3) gives the vanilla logits;
+  - attn_implementation "sdpa" (5.x's default) == "eager"; gradient checkpointing gives the same
+    gradients;
   - output_hidden_states / output_attentions (forward and generate); parameters missing from a
     checkpoint get kvshift's initialisation, the loaded ones stay (transformers);
   - tokenizer files (when sentencepiece is importable); pipeline(model=path) of a shifted export;
@@ -267,6 +269,52 @@ def check_hidden_states_and_attentions(t, case, model, tokens):
     t.record(case, "generate(output_hidden_states=True) returns them", ok)
 
 
+@torch.no_grad()
+def check_sdpa(t, case, out, tokens):
+    """attn_implementation "sdpa" (the default on 5.x) and "eager" give the same logits, also for a
+    left-padded batch (whose fully masked rows must stay finite)."""
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention") or MAJOR < 5:
+        return t.skip(case, "sdpa: torch 2 and transformers 5 (this line loads eager)")
+    models = {impl: AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, attn_implementation=impl,
+                                                         **{DTYPE_ARG: torch.float32}).eval()
+              for impl in ("eager", "sdpa")}
+    default = load_export(out).config._attn_implementation
+    t.record(case, "attn_implementation sdpa is the default", default == "sdpa", default)
+    ids = torch.tensor([[0, 0] + tokens[:7], tokens[2:11]])
+    mask = torch.tensor([[0, 0] + [1] * 7, [1] * 9])
+    lg = {impl: m(input_ids=ids, attention_mask=mask).logits for impl, m in models.items()}
+    t.record(case, "sdpa logits finite (padded rows too)", bool(torch.isfinite(lg["sdpa"]).all()))
+    t.compare(case, "sdpa logits == eager (left-padded batch)", lg["sdpa"][0, 2:].numpy(), lg["eager"][0, 2:].numpy())
+    t.compare(case, "sdpa logits == eager (full row)", lg["sdpa"][1].numpy(), lg["eager"][1].numpy())
+
+
+def check_gradient_checkpointing(t, case, model, tokens):
+    """gradient_checkpointing_enable(): the same loss and gradients, each layer recomputed."""
+    ids = torch.tensor([tokens])
+    model.train()
+
+    def grads():
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    try:
+        plain = grads()
+        # 5.x's name (the old one deprecated there), 4.x's.
+        name = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+        getattr(model, f"{name}_checkpointing_enable")()
+        ckpt = grads()
+        getattr(model, f"{name}_checkpointing_disable")()
+        worst = max(float((ckpt[1][k] - g).abs().max()) for k, g in plain[1].items())
+        ok = ckpt[0] == plain[0] and sorted(ckpt[1]) == sorted(plain[1]) and worst < 1e-6
+        t.record(case, "gradient checkpointing: same loss and gradients", ok, f"max diff {worst:.1e}")
+    except Exception as e:  # noqa: BLE001
+        t.record(case, "gradient checkpointing runs", False, f"{type(e).__name__}: {e}"[:40])
+    model.zero_grad()
+    model.eval()
+
+
 def check_generator(t, case, binary, ckpt, model, tokens):
     """`kvshift generate` (greedy, its own KV cache) == the export's greedy generate()."""
     r = run([binary, "generate", "--checkpoint", ckpt, "--prompt-ids", ",".join(map(str, tokens[:4])),
@@ -396,6 +444,8 @@ def export_cases(t, binary, work):
             check_foreign_cache(t, name, model, TOKENS)
             check_generate_from_embeddings(t, name, model, TOKENS)
             check_hidden_states_and_attentions(t, name, model, TOKENS)
+            check_sdpa(t, name, out, TOKENS)
+            check_gradient_checkpointing(t, name, model, TOKENS)
             check_missing_parameters(t, name, out, ["model.norm.weight", "model.layers.1.self_attn.k_shift"])
         if HF and name in ("gate_qkv", "window3_qkv"):
             check_missing_parameters(t, name, out, ["model.layers.0.self_attn.q_shift",

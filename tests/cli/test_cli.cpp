@@ -663,6 +663,20 @@ std::string tiny_run(const std::string& name) {
   return dir;
 }
 
+// eval with other data settings than the run's says so: its val split may hold training text.
+TEST(Cli, EvalWarnsWhenTheDataDifferFromTheRuns) {
+  const std::string dir = tiny_run("eval_other_data");
+  Result r = run("eval --checkpoint " + dir + " --set train.eval_sequences=8");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("data settings differ"), std::string::npos) << r.out;
+  r = run("eval --checkpoint " + dir + " --set train.eval_sequences=8 data.induction.pool_size=7");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the data settings differ from the run's (data.induction.pool_size: 32 vs 7, run vs now): "
+                       "these validation sequences are not the ones the run held out"),
+            std::string::npos)
+      << r.out;
+}
+
 // A [1, 4] batch for `backward`: inputs, targets, mask (safetensors).
 std::string write_batch(const std::string& path, const std::array<int32_t, 4>& targets,
                         const std::array<float, 4>& mask) {

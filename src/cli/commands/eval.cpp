@@ -5,6 +5,7 @@
 #include "cli/commands/common.h"
 #include "cli/commands/world_guard.h"
 #include "core/error.h"
+#include "core/json_difference.h"
 #include "data/dataset.h"
 #include "data/tokenizer_check.h"
 #include "dist/world.h"
@@ -57,6 +58,11 @@ void add_eval(CLI::App& app) {
       cfg = config_from_json(j, dir + "/run_config.json");
       validate(cfg, dir + "/run_config.json");
     }
+    // Another data section (another file, a --set of data.*) evaluates other text: with another val
+    // split (val_fraction, val files) possibly some the run trained on. Allowed, and said.
+    const nlohmann::json& run = ck.files.run_config;
+    const std::string data_change =
+        run.is_object() && run.contains("data") ? json_difference(run["data"], to_json(cfg)["data"]) : "";
     // The model is the checkpoint's: its rules (seq_len within max_position_embeddings; on
     // CUDA head_dim, no document masking) apply, not those of --config's model section.
     const std::string origin = a->config.empty() ? dir + "/run_config.json" : a->config;
@@ -93,6 +99,10 @@ void add_eval(CLI::App& app) {
     cfg.train.grad_accum_steps = dp * (p.pp > 1 && p.virtual_stages > 1 ? p.pp : 1);
     check_layout_or_exit(world, cfg);
     const bool rank0 = world->rank() == 0;
+    if (rank0 && !data_change.empty())
+      spdlog::warn("the data settings differ from the run's (data.{}, run vs now): these validation sequences are "
+                   "not the ones the run held out, and may include text it trained on",
+                   data_change);
     auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
     EvalResult r;
     std::string layout;

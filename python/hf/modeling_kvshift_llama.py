@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_kvshift_llama import KvShiftLlamaConfig
 from .kvshift_core import K_CACHE, K_TAIL, Q_TAIL, V_CACHE, V_TAIL, KvShiftAttention, RMSNorm, paper_shift_init
@@ -33,6 +33,7 @@ except ImportError:  # 4.x: the cache class holds everything itself
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 # The output field generate() reads the cache from: `cache` in later 5.x, `past_key_values` before.
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_BASE_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class KvShiftCacheLayer(_LayerBase):
@@ -218,6 +219,48 @@ class KvShiftLlamaPreTrainedModel(PreTrainedModel):
                         p.copy_(paper_shift_init(p.shape[0], p.shape[1] - 1, module.gate))
 
 
+class KvShiftLlamaModel(KvShiftLlamaPreTrainedModel):
+    """The decoder stack alone (AutoModel: embeddings, probes, reward heads): last_hidden_state (after
+    the final norm), the cache, and the hidden states and attention weights when asked for."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        # kvshift_core's modules under their checkpoint names (embed_tokens, layers, norm), and its forward.
+        for name, module in _CoreModel(config).named_children():
+            setattr(self, name, module)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, cache=None, **kwargs):
+        """-> BaseModelOutputWithPast; the cache a KvShiftCache (updated in place when one was passed)."""
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training and past_key_values is None and cache is None:
+            use_cache = False  # as transformers' Llama: recomputed layers keep no cache
+        past = cache if cache is not None else past_key_values
+        kv = _own_cache(past, self.config.num_hidden_layers) if use_cache or past is not None else None
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        if output_attentions is None:
+            output_attentions = getattr(self.config, "output_attentions", False)
+        hidden, attentions = ([] if output_hidden_states else None), ([] if output_attentions else None)
+        h, states = _CoreModel.forward(self, input_ids, kv.states() if kv is not None else None, attention_mask,
+                                       position_ids, inputs_embeds, hidden_states=hidden, attentions=attentions)
+        if kv is not None:
+            kv.set_states(states)
+        out = BaseModelOutputWithPast(last_hidden_state=h, hidden_states=tuple(hidden) if hidden is not None else None,
+                                      attentions=tuple(attentions) if attentions is not None else None,
+                                      **{_BASE_CACHE_FIELD: kv if use_cache else None})
+        return out.to_tuple() if return_dict is False else out
+
+
 class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
     # Tied embeddings (config.tie_word_embeddings): 5.x maps each tied parameter to its source,
     # 4.x lists the tied parameters.
@@ -228,7 +271,7 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = _CoreModel(config)
+        self.model = KvShiftLlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
@@ -237,6 +280,9 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
 
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
+
+    def get_decoder(self):
+        return self.model
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -249,29 +295,16 @@ class KvShiftLlamaForCausalLM(KvShiftLlamaPreTrainedModel, GenerationMixin):
                 output_hidden_states=None, return_dict=None, cache=None, **kwargs):
         """`cache` and `past_key_values` are the same argument (later transformers 5.x renamed it);
         the returned cache is a KvShiftCache, updated in place when one was passed."""
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.model.gradient_checkpointing and self.training and past_key_values is None and cache is None:
-            use_cache = False  # as transformers' Llama: recomputed layers keep no cache
-        past = cache if cache is not None else past_key_values
-        kv = _own_cache(past, self.config.num_hidden_layers) if use_cache or past is not None else None
-        if output_hidden_states is None:
-            output_hidden_states = getattr(self.config, "output_hidden_states", False)
-        if output_attentions is None:
-            output_attentions = getattr(self.config, "output_attentions", False)
-        hidden, attentions = ([] if output_hidden_states else None), ([] if output_attentions else None)
-        h, states = self.model(input_ids, kv.states() if kv is not None else None, attention_mask, position_ids,
-                               inputs_embeds, hidden_states=hidden, attentions=attentions)
-        if kv is not None:
-            kv.set_states(states)
-        logits = self.lm_head(h).float()
+        base = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, cache=cache, inputs_embeds=inputs_embeds,
+                          use_cache=use_cache, output_attentions=output_attentions,
+                          output_hidden_states=output_hidden_states)
+        kv, hidden, attentions = getattr(base, _BASE_CACHE_FIELD), base.hidden_states, base.attentions
+        logits = self.lm_head(base.last_hidden_state).float()
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        if not use_cache:
-            kv = None
-        hidden = tuple(hidden) if hidden is not None else None
-        attentions = tuple(attentions) if attentions is not None else None
         if return_dict is False:  # as LlamaForCausalLM: the fields that are set, in order
             out = tuple(x for x in (loss, logits, kv, hidden, attentions) if x is not None)
             return out

@@ -45,6 +45,7 @@ json export_config(const ModelConfig& m, const std::string& torch_dtype, const S
   j["architectures"] = json::array({"KvShiftLlamaForCausalLM"});
   j["model_type"] = "kvshift_llama";
   j["auto_map"] = {{"AutoConfig", "configuration_kvshift_llama.KvShiftLlamaConfig"},
+                   {"AutoModel", "modeling_kvshift_llama.KvShiftLlamaModel"},
                    {"AutoModelForCausalLM", "modeling_kvshift_llama.KvShiftLlamaForCausalLM"}};
   return j;
 }

@@ -263,6 +263,19 @@ def check_hidden_states_and_attentions(t, case, model, tokens):
                     for a in att)
     t.record(case, "output_hidden_states / output_attentions", bool(ok),
              f"{None if hs is None else len(hs)} states, {None if att is None else len(att)} attentions")
+    # AutoModel: the decoder stack alone, the CausalLM's last hidden state, its cache stepping as the full forward.
+    base = transformers.AutoModel.from_pretrained(model.name_or_path, trust_remote_code=True,
+                                                  **{DTYPE_ARG: torch.float32}).eval()
+    b = base(input_ids=ids, output_hidden_states=True)
+    first = base(input_ids=ids[:, :5], use_cache=True)
+    past = first.cache if "cache" in first.__dataclass_fields__ else first.past_key_values
+    rest = base(input_ids=ids[:, 5:], use_cache=True, **{CACHE_ARG: past})
+    # A fresh CausalLM (this one went through bf16 above), without attention weights: sdpa on 5.x as the base.
+    same_impl = load_export(model.name_or_path)(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    ok = type(base).__name__ == "KvShiftLlamaModel" and torch.equal(b.last_hidden_state, same_impl) \
+        and len(b.hidden_states) == L + 1 and \
+        torch.allclose(torch.cat([first.last_hidden_state, rest.last_hidden_state], 1), b.last_hidden_state, atol=1e-5)
+    t.record(case, "AutoModel: last_hidden_state and its cache", bool(ok), type(base).__name__)
     g = model.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), max_new_tokens=2, do_sample=False,
                        pad_token_id=0, eos_token_id=None, output_hidden_states=True, return_dict_in_generate=True)
     ok = len(g.hidden_states) == 2 and all(len(step) == L + 1 for step in g.hidden_states)

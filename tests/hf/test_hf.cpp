@@ -47,6 +47,7 @@ TEST(HfConfig, ShiftedNeedsRemoteCode) {
   const json j = kvs::hf::export_config(m, "bfloat16", {});
   EXPECT_EQ(j["model_type"], "kvshift_llama");
   EXPECT_EQ(j["auto_map"]["AutoModelForCausalLM"], "modeling_kvshift_llama.KvShiftLlamaForCausalLM");
+  EXPECT_EQ(j["auto_map"]["AutoModel"], "modeling_kvshift_llama.KvShiftLlamaModel");
   EXPECT_EQ(j["kv_shift"]["window"], 2);
   EXPECT_TRUE(j["bos_token_id"].is_null());
   EXPECT_EQ(j["torch_dtype"], "bfloat16");

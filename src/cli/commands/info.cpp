@@ -96,7 +96,7 @@ void add_info(CLI::App& app) {
     // one arena (fp32 grads + bf16 copy, activations for the micro-batch,
     // workspaces), the fp32 master (its own allocation; 10 B per parameter
     // with the arena's weights and grads), the two fp32 moments before ZeRO-1
-    // shards them over dp, and the 32 MiB cuBLASLt workspace. CUDA builds only.
+    // shards them over dp x cp, and the 32 MiB cuBLASLt workspace. CUDA builds only.
     nlohmann::json cuda_mem = nullptr;
 #ifdef KVS_CUDA
     {
@@ -213,7 +213,7 @@ void add_info(CLI::App& app) {
                   cuda_mem["tp"].get<int>(), B, T, std::string(to_string(cfg.train.recompute)).c_str());
       std::printf("  fp32 master + fp32 grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB, "
                   "AdamW %.3f GiB, total %.3f GiB (before ZeRO-1 shards the AdamW moments, and with "
-                  "train.shard_master the fp32 master, over dp)\n",
+                  "train.shard_master the fp32 master, over dp x cp)\n",
                   cuda_mem["weights_and_grads"].get<double>() / GiB,
                   cuda_mem["activations_and_workspaces"].get<double>() / GiB,
                   cuda_mem["optimizer_unsharded"].get<double>() / GiB, cuda_mem["total_unsharded"].get<double>() / GiB);

@@ -1,10 +1,13 @@
 // detect_launch(): the launcher's environment variables, parsed strictly.
 #include "dist/launch.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -116,40 +119,45 @@ void check_agree(const LaunchInfo& m) {
 // MPI's mpiexec (PMI), MVAPICH2. Taken for a single process, each of their
 // processes would train alone into the same run directory, so a world of more
 // than one process there is an error. (A non-integer value is not ours to judge.)
-void refuse_unread_launchers() {
-  const char* vars[] = {"SLURM_STEP_NUM_TASKS", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
-  for (const char* v : vars) {
-    const auto x = env(v);
-    if (!x) continue;
-    char* end = nullptr;
-    const long n = std::strtol(x->c_str(), &end, 10);
-    KVS_CHECK(end == x->c_str() || *end != '\0' || n <= 1,
-              "{}={}: started by a launcher kvshift does not read (srun, or an MPI other than OpenMPI); each "
-              "process would train alone into the same run directory. Start it with OpenMPI's mpirun or "
-              "torchrun --no-python (docs/LAUNCH.md)",
-              v, *x);
-  }
-}
+struct UnreadWorld {
+  const char* size_var = nullptr;  // null: none of them says more than one process
+  const char* rank_var = nullptr;
+  std::string size_text;
+  long size = 1;
+};
 
-}  // namespace
-
-LaunchInfo unread_launcher_world() {
+UnreadWorld unread_world() {
   const std::pair<const char*, const char*> vars[] = {
       {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"}, {"PMI_SIZE", "PMI_RANK"}, {"MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"}};
-  LaunchInfo l;
   for (const auto& [size_var, rank_var] : vars) {
     const auto x = env(size_var);
     if (!x) continue;
     char* end = nullptr;
     const long n = std::strtol(x->c_str(), &end, 10);
-    if (end == x->c_str() || *end != '\0' || n <= 1 || n > INT_MAX) continue;
-    const auto r = env(rank_var);
-    const long rank = r ? std::strtol(r->c_str(), nullptr, 10) : 0;
-    l.world_size = static_cast<int>(n);
-    l.rank = static_cast<int>(rank);
-    l.launcher = size_var == std::string("SLURM_STEP_NUM_TASKS") ? "srun" : "an MPI launcher";
-    return l;
+    if (end != x->c_str() && *end == '\0' && n > 1) return {size_var, rank_var, *x, n};
   }
+  return {};
+}
+
+void refuse_unread_launchers() {
+  const UnreadWorld w = unread_world();
+  KVS_CHECK(!w.size_var,
+            "{}={}: started by a launcher kvshift does not read (srun, or an MPI other than OpenMPI); each "
+            "process would train alone into the same run directory. Start it with OpenMPI's mpirun or "
+            "torchrun --no-python (docs/LAUNCH.md)",
+            w.size_var ? w.size_var : "", w.size_text);
+}
+
+}  // namespace
+
+LaunchInfo unread_launcher_world() {
+  const UnreadWorld w = unread_world();
+  LaunchInfo l;
+  if (!w.size_var) return l;
+  const auto r = env(w.rank_var);
+  l.world_size = static_cast<int>(std::min<long>(w.size, INT_MAX));
+  l.rank = r ? static_cast<int>(std::strtol(r->c_str(), nullptr, 10)) : 0;
+  l.launcher = std::string(w.size_var) == "SLURM_STEP_NUM_TASKS" ? "srun" : "an MPI launcher";
   return l;
 }
 

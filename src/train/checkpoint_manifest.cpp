@@ -53,13 +53,15 @@ ManifestStatus verify_manifest(const std::string& dir, const std::vector<std::st
                   entry.contains("bytes") && entry["bytes"].is_number_unsigned() && entry.contains(kHashKey) &&
                   entry[kHashKey].is_string(),
               "{}: malformed entry for '{}'", path, name);
-    // The manifest read a moment ago gone too: the directory was removed while it was read
-    // (a running train's retention, train.keep_checkpoints), not a corrupt checkpoint.
-    KVS_CHECK(fs::exists(file, ec) || fs::exists(path, ec),
-              "{}: removed while it was read (a running train keeps only its newest train.keep_checkpoints "
-              "checkpoints): read its newer one (run this again)",
-              dir);
-    KVS_CHECK(fs::exists(file, ec), "{}: missing (listed in {})", file, kManifestFile);
+    if (!fs::exists(file, ec)) {
+      // The manifest read a moment ago gone too: the directory was removed while it was read
+      // (a running train's retention, train.keep_checkpoints), not a corrupt checkpoint.
+      KVS_CHECK(fs::exists(path, ec),
+                "{}: removed while it was read (a running train keeps only its newest train.keep_checkpoints "
+                "checkpoints): read its newer one (run this again)",
+                dir);
+      fail("{}: missing (listed in {})", file, kManifestFile);
+    }
     const uint64_t want = entry["bytes"].get<uint64_t>();
     const uint64_t size = fs::file_size(file, ec);
     if (ec) fail("{}: cannot read: {}", file, ec.message());

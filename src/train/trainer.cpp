@@ -739,14 +739,17 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     smoothed_step_s = smoothed_step_s == 0 ? dt : 0.9 * smoothed_step_s + 0.1 * dt;
     watch.end(dt);
     summary.losses.push_back(loss);
-    nlohmann::json train_line = {{"type", "train"},       {"step", done},
-                                 {"loss", loss},          {"lr", lr},
-                                 {"grad_norm", gnorm},    {"scored_tokens", static_cast<int64_t>(scored)},
-                                 {"tokens_per_s", tok_s}, {"step_time_s", dt},
-                                 {"model_tflops_per_s", tflops}};
-    if (peak_tflops > 0) train_line["mfu"] = tflops / peak_tflops;
+    auto write_train_line = [&] {
+      nlohmann::json j = {{"type", "train"},       {"step", done},
+                          {"loss", loss},          {"lr", lr},
+                          {"grad_norm", gnorm},    {"scored_tokens", static_cast<int64_t>(scored)},
+                          {"tokens_per_s", tok_s}, {"step_time_s", dt},
+                          {"model_tflops_per_s", tflops}};
+      if (peak_tflops > 0) j["mfu"] = tflops / peak_tflops;
+      metrics.write(j);
+    };
     const bool line_due = done % tc.log_every == 0 || done == tc.steps;
-    if (rank0 && line_due) metrics.write(train_line);
+    if (rank0 && line_due) write_train_line();
     if (!opt.quiet && rank0) {
       const double smoothed_tok_s = static_cast<double>(GB) * T / smoothed_step_s;
       std::string extra =
@@ -764,7 +767,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // Every rank learns here whether any rank was asked to stop, so all stop after the same step.
     // After the last step only an abandoned evaluation makes it a stop (the run is not complete).
     if (const int sig = watch.boundary(done); sig != 0 && (!last || summary.final_eval.abandoned)) {
-      if (rank0 && !line_due) metrics.write(train_line);  // the last step trained has its line, as a run's end has
+      if (rank0 && !line_due) write_train_line();  // the last step trained has its line, as a run's end has
       if (!checkpoint_due) save(done);
       summary.stopped_by = StopSignals::name(sig);
       step = done;

@@ -6,7 +6,7 @@ parallelism (SP), context parallelism (CP) and pipeline parallelism (PP).
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 240 [--tp 4]
         [--micro-batch B] [--global-batch SEQS] [--seq-len T] [--recompute none|attention|full]
         [--grad-dtype fp32|bf16] [--master sharded|replicated] [--mfu 0.45] [--peak-tflops 989]
-        [--nvlink-gbs 900] [--ib-gbps 400] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
+        [--nvlink-gbs 450] [--ib-gbps 400] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 256 --seq-len 32768 --global-batch 96
         --cp all|N [--sp both|on|off] [--tp N] [--pp all|N] [--virtual-stages all|N]
         [--p2p-dtype bf16|fp32] [--all] ...
@@ -478,7 +478,45 @@ def link(span, a):
 
 
 def bandwidth(kind, a):
+    """One GPU's one-way rate on a link: what a point-to-point send (the CP ring, the pipeline's
+    sends) gets; across nodes, the GPU's own NIC."""
     return a.nvlink_gbs * 1e9 if kind == "nvlink" else a.ib_gbps / 8 * 1e9
+
+
+def ring_link(groups, a):
+    """The link of ring collectives over each group of ranks (the slowest group counts): ("nvlink", 1)
+    when every group sits in one node, else ("ib", k), k the fewest members of a group in one node
+    (the node whose NICs carry the most of the ring's traffic each)."""
+    k, crosses = a.gpus_per_node, False
+    for ranks in groups:
+        per_node = {}
+        for r in ranks:
+            per_node[node_of(r, a)] = per_node.get(node_of(r, a), 0) + 1
+        crosses = crosses or len(per_node) > 1
+        k = min(k, min(per_node.values()))
+    return ("ib", k) if crosses else ("nvlink", 1)
+
+
+def ring_bandwidth(kind, k, a):
+    """One rank's rate in a ring all-reduce, reduce-scatter or all-gather (its 2(n-1)/n or (n-1)/n of
+    the buffer over this is the time). In one node, NVLink. Across nodes NCCL runs a ring (channel)
+    per NIC, each leaving the node through another member's NIC: of what a member sends, 1/k goes out
+    through its own NIC and (k-1)/k over NVLink to the member whose NIC the next channel uses. The
+    slower of the two sets the pace: k NICs in parallel until NVLink is the limit."""
+    if kind == "nvlink":
+        return bandwidth("nvlink", a)
+    return 1.0 / max(1.0 / (k * bandwidth("ib", a)), (k - 1.0) / (k * bandwidth("nvlink", a)))
+
+
+def tp_groups(gpus, tp):
+    return [range(g, g + tp) for g in range(0, gpus, tp)]
+
+
+def gradient_groups(dp, pp, cp, tp):
+    """The dp x cp ranks of each (pipeline rank, tp rank) that hold the same weights and sum their
+    gradients. Rank = ((dp_rank pp + pp_rank) cp + cp_rank) tp + tp_rank (docs/PARALLEL.md)."""
+    return [[((d * pp + p) * cp + c) * tp + t for d in range(dp) for c in range(cp)]
+            for p in range(pp) for t in range(tp)]
 
 
 def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
@@ -509,7 +547,8 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
     def tp_bytes_of(coll):
         return (coll.get("all_reduce", 0) * ring_allreduce_bytes(tp_buf, tp) +
                 (coll.get("all_gather", 0) + coll.get("reduce_scatter", 0)) * ring_half_bytes(tp_buf, tp))
-    tp_link = link(tp, a)
+    tp_link, tp_nics = ring_link(tp_groups(dp * pp * cp * tp, tp), a)
+    tp_bw = ring_bandwidth(tp_link, tp_nics, a)
 
     # CP: per layer and micro-batch the ring passes this rank's K/V block [rows, 2 KD/tp] bf16 cp - 1
     # times forward, and cp times backward with its fp32 dK/dV accumulators; the halo all-gathers W raw
@@ -546,7 +585,7 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         first, last = r == 0, r == pp - 1
         sf = stage_flops_per_token(m, seq, Ls, last) + extra_layer * Ls
         coll = stage_tp_collectives(Ls, first, last, recompute, sp)
-        tp_r = tp_bytes_of(coll) / bandwidth(tp_link, a)
+        tp_r = tp_bytes_of(coll) / tp_bw
         cp_bytes_r = Ls * (ring_layer + halo_layer)
         stages.append({"compute": sf * mb * seq / (tp * cp * achieved), "tp_bytes": tp_bytes_of(coll), "tp": tp_r,
                        "cp_bytes": cp_bytes_r, "cp": cp_bytes_r / cp_bw,
@@ -605,8 +644,9 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         gather_bytes = ring_half_bytes(p_gpu * (BF16 if a.master == "sharded" else FP32), n)
     else:
         reduce_bytes, gather_bytes = ring_allreduce_bytes(p_gpu * gbytes, n), 0.0
-    dp_link = link(a.gpus, a)
-    reduce_s, gather_s = reduce_bytes / bandwidth(dp_link, a), gather_bytes / bandwidth(dp_link, a)
+    dp_link, dp_nics = ring_link(gradient_groups(dp, pp, cp, tp), a)
+    dp_bw = ring_bandwidth(dp_link, dp_nics, a)
+    reduce_s, gather_s = reduce_bytes / dp_bw, gather_bytes / dp_bw
     # Tied embeddings under PP: the first and the last stage sum their copies' gradients (fp32), after
     # the backward, on the critical path.
     embed_bytes = tensors[0][0] * FP32 if pp > 1 and m["tie_word_embeddings"] else 0
@@ -659,7 +699,8 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         "tp_collectives_per_layer": tp_collectives_per_layer(recompute, sp) if tp > 1 else {},
         "tp_collectives_per_micro_batch": slow["coll"] if tp > 1 else {},
         "tp_buffer_bytes": tp_buf if tp > 1 else 0,
-        "tp_bytes_per_gpu": tp_bytes, "tp_link": tp_link, "tp_comm_s": tp_s,
+        "tp_bytes_per_gpu": tp_bytes, "tp_link": tp_link, "tp_nics_per_node": tp_nics, "tp_ring_GBps": tp_bw / 1e9,
+        "tp_comm_s": tp_s,
         "cp_ring_bytes_per_layer": ring_layer, "cp_halo_bytes_per_layer": halo_layer,
         "cp_ring_step_bytes_forward": ring_fwd_step if cp > 1 else 0,
         "cp_ring_step_bytes_backward": ring_bwd_step if cp > 1 else 0,
@@ -675,7 +716,7 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         "grad_group": n,
         "dp_bytes_per_gpu": reduce_bytes + gather_bytes,
         "dp_reduce_bytes_per_gpu": reduce_bytes, "dp_gather_bytes_per_gpu": gather_bytes,
-        "dp_link": dp_link, "compute_s": compute_s, "dp_comm_s": reduce_s + gather_s,
+        "dp_link": dp_link, "dp_nics_per_node": dp_nics, "dp_ring_GBps": dp_bw / 1e9, "compute_s": compute_s, "dp_comm_s": reduce_s + gather_s,
         "dp_comm_exposed_overlap_s": reduce_exposed + gather_exposed,
         "step_s": step_plain, "step_overlap_s": step_overlap,
         "efficiency": ideal / step_plain, "efficiency_overlap": ideal / step_overlap,
@@ -719,8 +760,11 @@ def parse_args(argv):
                         "train.shard_master) or on every GPU (train.shard_master false)")
     p.add_argument("--mfu", type=float, default=0.45, help="achieved MFU assumed for the compute (default 0.45)")
     p.add_argument("--peak-tflops", type=float, default=989, help="peak dense bf16 TFLOP/s (H100 SXM: 989)")
-    p.add_argument("--nvlink-gbs", type=float, default=900, help="NVLink GB/s per GPU within a node (default 900)")
-    p.add_argument("--ib-gbps", type=float, default=400, help="InfiniBand Gb/s per GPU across nodes (default 400)")
+    p.add_argument("--nvlink-gbs", type=float, default=450,
+                   help="NVLink GB/s per GPU within a node, one direction (default 450: H100/H200 NVLink 4; the "
+                        "900 GB/s of the data sheets is both directions together)")
+    p.add_argument("--ib-gbps", type=float, default=400,
+                   help="InfiniBand Gb/s per GPU (one NIC each) across nodes, one direction (default 400)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-mem-gib", type=float, default=80)
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -892,13 +936,18 @@ def pct(x):
     return "%.0f%%" % (100 * x)
 
 
+def ring_label(x, group):
+    """nv, or ib with the NICs a node that carry the group's rings: ib8."""
+    return "nv" if x[group + "_link"] == "nvlink" else "ib%d" % x[group + "_nics_per_node"]
+
+
 def print_header(r):
     a = r["assumptions"]
     print("%s on %d GPUs (%d per node): %.2fB params, %.3g FLOP/token, %d x %d tokens per step (micro-batch %d), "
           "recompute %s" % (r["name"], r["gpus"], r["gpus_per_node"], r["params_total"] / 1e9,
                             r["train_flops_per_token"], r["global_batch_sequences"], r["seq_len"],
                             r["micro_batch"], r["recompute"]))
-    print("assumed: MFU %.0f%% of %g TFLOP/s; NVLink %g GB/s in a node, InfiniBand %g Gb/s per GPU across nodes; "
+    print("assumed: MFU %.0f%% of %g TFLOP/s; NVLink %g GB/s one way in a node, InfiniBand %g Gb/s per GPU across nodes; "
           "%s gradients; fp32 master %s" % (100 * a["mfu"], a["peak_tflops"], a["nvlink_GBps"], a["ib_Gbps_per_gpu"],
                                             a["grad_dtype"], a["master"]))
 
@@ -912,13 +961,14 @@ def print_table(r):
     print(fmt % head)
     for x in r["rows"]:
         print(fmt % (x["layout"], MODES[x["mode"]], x["micro_batches_per_gpu"],
-                     gb(x["tp_bytes_per_gpu"]) + ("" if x["tp"] == 1 else "/" + x["tp_link"][:2]),
-                     gb(x["dp_bytes_per_gpu"]) + "/" + x["dp_link"][:2],
+                     gb(x["tp_bytes_per_gpu"]) + ("" if x["tp"] == 1 else "/" + ring_label(x, "tp")),
+                     gb(x["dp_bytes_per_gpu"]) + "/" + ring_label(x, "dp"),
                      "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"], "%.3f" % x["dp_comm_s"],
                      "%.3f" % x["step_s"], pct(x["efficiency"]), "%.3f" % x["step_overlap_s"],
                      pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
                      "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")))
-    print("GB/GPU: bytes each GPU sends per step (/nv NVLink, /ib InfiniBand); compute includes recomputation; "
+    print("GB/GPU: bytes each GPU sends per step (/nv NVLink, /ibK InfiniBand through the group's K NICs a node); "
+          "compute includes recomputation; "
           "eff = compute / step; MFU = model FLOPs / (step x peak); "
           "ovl = reduction overlapped with the last backward, ZeRO-1's gather with the next forward; "
           "! = over %g GiB" % a["gpu_mem_gib"])
@@ -931,7 +981,7 @@ def describe_tp(x):
     c = x["tp_collectives_per_layer"]
     if not c:
         return "-"
-    where = x["tp_link"][:2]
+    where = ring_label(x, "tp")
     if "all_reduce" in c:
         return "%d AR x %s MB %s" % (c["all_reduce"], mb_(x["tp_buffer_bytes"]), where)
     return "%d AG + %d RS x %s MB %s" % (c["all_gather"], c["reduce_scatter"], mb_(x["tp_buffer_bytes"]), where)
@@ -974,7 +1024,7 @@ def print_search(r, show_all):
         ring, ratio, halo = describe_ring(x, r["recompute"])
         cols = [x["layout"], describe_tp(x), ring, ratio, halo] + ([describe_p2p(x)] if piped else [])
         cols.append("%s + %s GB %s (%d ranks)" % (gb(x["dp_reduce_bytes_per_gpu"]), gb(x["dp_gather_bytes_per_gpu"]),
-                                                  x["dp_link"][:2], x["grad_group"]))
+                                                  ring_label(x, "dp"), x["grad_group"]))
         print(fmt % tuple(cols))
     print("\nstep time and memory per GPU (ZeRO-1 over dp x cp%s):" % (" of each stage" if piped else ""))
     head = ["layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s"]
@@ -995,7 +1045,8 @@ def print_search(r, show_all):
                  "%.1f" % (x["activation_bytes"]["total"] / 2**30),
                  "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")]
         print(fmt % tuple(cols))
-    print("GB: bytes each GPU sends per step; ovl: the ring hidden behind attention as far as it can be, the gradient "
+    print("GB: bytes each GPU sends per step (nv NVLink, ibK InfiniBand through the group's K NICs a node, ib the "
+          "GPU's own NIC); ovl: the ring hidden behind attention as far as it can be, the gradient "
           "reduce-scatter behind the last backward and the all-gather behind the next forward; TP is never hidden; "
           "! = over %g GiB" % a["gpu_mem_gib"])
     if piped:
@@ -1069,7 +1120,8 @@ def recommend(a):
 def print_recommend(recs):
     head = next((x["header"] for x in recs if x["header"]), None)
     if head:
-        print("%s: %.2fB params, %d x %d tokens per step, recompute %s; assumed MFU %.0f%% of %g TFLOP/s, NVLink %g GB/s, "
+        print("%s: %.2fB params, %d x %d tokens per step, recompute %s; assumed MFU %.0f%% of %g TFLOP/s, NVLink %g GB/s "
+          "one way, "
               "InfiniBand %g Gb/s per GPU, %d GPUs per node, %g GiB; pp stages send %s"
               % (head["name"], head["params_total"] / 1e9, head["global_batch_sequences"], head["seq_len"],
                  head["recompute"], 100 * head["assumptions"]["mfu"], head["assumptions"]["peak_tflops"],

@@ -83,8 +83,23 @@ def main():
     check(close(dp1["dp_bytes_per_gpu"], 2 * 239 / 240 * 4 * P), "19B dp 240: ring all-reduce bytes = 2(n-1)/n x 4P",
           str(dp1["dp_bytes_per_gpu"]))
     check(abs(dp1["dp_bytes_per_gpu"] / 1e9 - 151.46) < 0.01, "19B dp 240: 151.46 GB sent per GPU per step")
-    check(dp1["dp_link"] == "ib" and close(dp1["dp_comm_s"], dp1["dp_bytes_per_gpu"] / 50e9),
-          "19B dp 240: across nodes at 400 Gb/s = 50 GB/s")
+    # Across nodes NCCL runs a ring per NIC: with k group members in a node, each sends 1/k of its bytes out
+    # through its own 400 Gb/s = 50 GB/s NIC and (k - 1)/k over NVLink (450 GB/s one way) to the next exit.
+    check(dp1["dp_link"] == "ib" and dp1["dp_nics_per_node"] == 8 and
+          close(dp1["dp_comm_s"], dp1["dp_bytes_per_gpu"] / (8 * 50e9)),
+          "19B dp 240: 8 ranks a node, 8 NICs of 50 GB/s in parallel (NVLink carries 7/8 at 450: not the limit)")
+    dp4 = row(j, 4, "zero1")
+    check(dp4["dp_link"] == "ib" and dp4["dp_nics_per_node"] == 2 and
+          close(dp4["dp_comm_s"], dp4["dp_bytes_per_gpu"] / (2 * 50e9)),
+          "19B dp 60 x tp 4: 2 ranks of each gradient group a node: 2 NICs, 100 GB/s")
+    # 12 GPUs: 8 in one node, 4 in the next; the node with 4 carries twice the traffic a NIC.
+    j12 = tool_json("--config", cfg19, "--gpus", "12", "--tp", "1", "--global-batch", "12")
+    check(row(j12, 1, "dp")["dp_nics_per_node"] == 4 and close(row(j12, 1, "dp")["dp_ring_GBps"], 200),
+          "12 GPUs, 8 and 4 a node: the node with 4 sets the pace (200 GB/s)")
+    jf = tool_json("--config", cfg19, "--gpus", "240", "--tp", "1", "--ib-gbps", "800")
+    check(close(row(jf, 1, "dp")["dp_ring_GBps"], 8 * 450 / 7),
+          "800 Gb/s NICs: 8 x 100 GB/s out of the node, but 7/8 of the bytes over NVLink: 514 GB/s",
+          str(row(jf, 1, "dp")["dp_ring_GBps"]))
     z1 = row(j, 1, "zero1")
     # ZeRO-1: reduce-scatter fp32 gradients + all-gather bf16 parameters, (n-1)/n each.
     check(close(z1["dp_bytes_per_gpu"], 239 / 240 * (4 + 2) * P), "19B dp 240 ZeRO-1: (n-1)/n x (4 + 2) P")
@@ -101,7 +116,8 @@ def main():
     want = 4 * (4 * 48 + 2) * 2 * 3 / 4 * (12288 * 6144 * 2)
     check(tp4["micro_batches_per_gpu"] == 4 and close(tp4["tp_bytes_per_gpu"], want),
           "19B dp 60 x tp 4: TP bytes %.2f GB per GPU" % (want / 1e9), str(tp4["tp_bytes_per_gpu"]))
-    check(tp4["tp_link"] == "nvlink" and close(tp4["tp_comm_s"], want / 900e9), "19B tp 4: on NVLink at 900 GB/s")
+    check(tp4["tp_link"] == "nvlink" and close(tp4["tp_comm_s"], want / 450e9),
+          "19B tp 4: on NVLink at 450 GB/s (one direction of NVLink 4's 900)")
     check(not any(x["tp"] == 8 for x in j["rows"]), "19B: tp 8 is not offered (4 KV heads)")
     check(j["recommended"] is not None and j["recommended"]["layout"] == "dp 60 x tp 4",
           "19B on 240 GPUs: dp 60 x tp 4 recommended", str(j["recommended"]))
@@ -156,12 +172,14 @@ def search_row(j, dp, cp, tp, sp):
 L19, C19, D19 = 48, 6144, 128
 
 
-def params_19b_tp4():
-    """TP rank 0's parameters at tp 4, by hand: per layer 2 norms, q and o (1536 x 6144), k and v
-    (128 x 6144), the k/v shift rows (1 KV head x 2), gate/up/down (4096 x 6144); the vocabulary padded
-    to 48128 (a multiple of 128 x 4), 12032 rows of the embedding and the LM head; the final norm."""
-    layer = 2 * C19 + C19 * (1536 + 128 + 128 + 1536 + 3 * 4096) + 2 * 2
-    return L19 * layer + 2 * 12032 * C19 + C19
+def params_19b(tp):
+    """TP rank 0's parameters, by hand: per layer 2 norms, q and o (48/tp heads of 128 x 6144), k and v
+    (4/tp heads), the k/v shift rows (2 coefficients for each of k and v per KV head), gate/up/down
+    (16384/tp x 6144); the vocabulary padded to 48128 (a multiple of 128 x tp), 48128/tp rows of the
+    embedding and the LM head; the final norm."""
+    q, kv, f = 48 // tp * D19, 4 // tp * D19, 16384 // tp
+    layer = 2 * C19 + C19 * (2 * q + 2 * kv + 3 * f) + 2 * 2 * (4 // tp)
+    return L19 * layer + 2 * 48128 // tp * C19 + C19
 
 
 def check_cuda_plan(kvshift):
@@ -193,7 +211,7 @@ def check_cuda_plan(kvshift):
                 check(close(x["state_bytes"], mem["weights_and_grads"] + mem["optimizer_unsharded"] / x["dp"]),
                       "%s: replicated master, ZeRO-1 over dp %d: the moments / dp" % (what, x["dp"]))
     j = tool_json("--config", os.path.join(PAPER, "19B-kvshift.json"), "--gpus", "4", "--tp", "4", "--global-batch", "1")
-    check(row(j, 4, "zero1")["params_per_gpu"] == params_19b_tp4() == 4753791168,
+    check(row(j, 4, "zero1")["params_per_gpu"] == params_19b(4) == 4753791168,
           "19B tp 4: 4,753,791,168 parameters per GPU by hand")
 
 
@@ -334,8 +352,8 @@ def check_layout_search():
     cfg = os.path.join(PAPER, "19B-kvshift.json")
     base = ("--config", cfg, "--gpus", "256", "--seq-len", "32768", "--global-batch", "96")
     j = tool_json(*base, "--cp", "all")
-    P = params_19b_tp4()
-    gbs, nvlink, ib = 0.45 * 989e12, 900e9, 50e9
+    P = params_19b(4)
+    gbs, nvlink, ib = 0.45 * 989e12, 450e9, 50e9
     attn_fwd = 2 * 32768 ** 2 * D19 * 48  # causal attention forward FLOPs of one sequence, every head
 
     # dp 32 x cp 2 x tp 4 with SP: 3 micro-batches per GPU, each GPU holds 16384 rows of each.
@@ -355,8 +373,10 @@ def check_layout_search():
           and close(sp["cp_bytes_per_gpu"], 3 * 48 * (ring + halo)),
           "dp 32 x cp 2 x tp 4: ring %.1f MB + halo %d B per layer, cp x tp = 8 GPUs: one node" % (ring / 1e6, halo))
     check(sp["grad_group"] == 64 and close(sp["dp_reduce_bytes_per_gpu"], 63 / 64 * 4 * P) and
-          close(sp["dp_gather_bytes_per_gpu"], 63 / 64 * 2 * P) and sp["dp_link"] == "ib",
-          "ZeRO-1 over dp x cp = 64: reduce-scatter 63/64 x 4 P, all-gather 63/64 x 2 P over InfiniBand")
+          close(sp["dp_gather_bytes_per_gpu"], 63 / 64 * 2 * P) and sp["dp_link"] == "ib" and
+          sp["dp_nics_per_node"] == 2 and close(sp["dp_comm_s"], 63 / 64 * 6 * P / (2 * ib)),
+          "ZeRO-1 over dp x cp = 64: reduce-scatter 63/64 x 4 P, all-gather 63/64 x 2 P over InfiniBand, "
+          "2 of the 64 in each node (their 2 NICs)")
     check(all(close(x["step_s"], x["compute_s"] + x["tp_comm_s"] + x["cp_comm_s"] + x["dp_comm_s"]) and
               close(x["efficiency"], x["compute_s"] / x["step_s"]) and x["step_overlap_s"] <= x["step_s"]
               for x in j["rows"]), "every layout: step = compute + TP + CP + DP; overlap never slower")
@@ -393,9 +413,17 @@ def check_layout_search():
           close(r16["cp_comm_exposed_overlap_s"], exposed),
           "dp 4 x cp 16 x tp 4: the backward ring is exposed: %.3f s per step" % exposed)
 
-    check(j["recommended"] == {"layout": "dp 16 x cp 4 x tp 4", "mode": "zero1"} and
+    # dp 16 x cp 8 x tp 2: a third of tp 4's TP bytes on NVLink; the ring spans two nodes and hides; each
+    # gradient group of 128 has 4 ranks a node.
+    r8 = search_row(j, 16, 8, 2, False)
+    check(r8["cp_link"] == "ib" and r8["cp_ring_hides"] and r8["dp_nics_per_node"] == 4 and
+          close(r8["dp_comm_s"], 127 / 128 * 6 * params_19b(2) / (4 * ib)) and
+          close(r8["tp_comm_s"], 6 * 194 * 2 / 2 * 4096 * C19 * 2 / nvlink),
+          "dp 16 x cp 8 x tp 2: TP 6 x 194 all-reduces of 4096 rows (50 MB) over 2 ranks on NVLink; gradients "
+          "over 4 NICs a node")
+    check(j["recommended"] == {"layout": "dp 16 x cp 8 x tp 2", "mode": "zero1"} and
           j["recommended_without_overlap"] == {"layout": "dp 32 x cp 2 x tp 4 SP", "mode": "zero1"},
-          "19B at 32k on 256 GPUs: dp 16 x cp 4 x tp 4 fastest, dp 32 x cp 2 x tp 4 SP without overlap",
+          "19B at 32k on 256 GPUs: dp 16 x cp 8 x tp 2 fastest, dp 32 x cp 2 x tp 4 SP without overlap",
           "%s / %s" % (j["recommended"], j["recommended_without_overlap"]))
     # The paper's 19B run (12288 tokens) on the engines as they are: dp 60 x tp 4 fits only with full recomputation.
     jp = [row(tool_json("--config", cfg, "--gpus", "240", "--tp", "4", "--master", "replicated", "--recompute", rc), 4,
@@ -413,7 +441,7 @@ def check_layout_search():
     lines = r.stdout.splitlines()
     check(r.returncode == 0 and any(x.startswith("dp 32 x cp 2 x tp 4 SP ") for x in lines) and
           not any(x.startswith("dp 32 x cp 2 x tp 4  ") for x in lines) and
-          "fastest layout that fits: dp 16 x cp 4 x tp 4" in r.stdout, "layout table: only what fits", r.stdout)
+          "fastest layout that fits: dp 16 x cp 8 x tp 2" in r.stdout, "layout table: only what fits", r.stdout)
     r = tool(*base, "--cp", "all", "--all")
     check(any(x.startswith("dp 32 x cp 2 x tp 4  ") and x.endswith(" !") for x in r.stdout.splitlines()),
           "--all: the layouts over the memory too, marked !")
@@ -627,7 +655,7 @@ def check_pipeline(kvshift):
           close(x["pp_p2p_message_s"], msg / 50e9) and close(x["pp_p2p_s"], 2 * msg / 50e9 * (16 + 3)),
           "dp 15 x pp 4 x tp 4: the middle boundary over InfiniBand; serial p2p 2 c (m + pp - 1)")
     t = [st["params"] for st in x["stages"]]
-    check(t[0] == 12 * (params_19b_tp4() - 2 * 12032 * C19 - C19) // 48 + 12032 * C19 and
+    check(t[0] == 12 * (params_19b(4) - 2 * 12032 * C19 - C19) // 48 + 12032 * C19 and
           t[3] == t[0] + C19 and t[1] == t[2] == t[0] - 12032 * C19,
           "dp 15 x pp 4 x tp 4: 12 layers per stage, the embedding on the first, norm + LM head on the last")
     slowest = max(st["params"] for st in x["stages"])
@@ -651,21 +679,23 @@ def check_pipeline(kvshift):
     # so without pp a replica needs cp 16, whose ring no longer hides; pp 4 keeps cp at 8.
     rec = tool_json("--config", cfg, "--recommend", "--gpus", "240,1024")
     r240, r1024 = rec
-    check(r240["best"]["layout"] == "dp 60 x cp 1 x tp 4" and r240["best"]["pp"] == 1,
-          "19B on 240 GPUs: dp 60 x tp 4, no pipeline (%s)" % r240["best"]["layout"])
+    check(r240["best"]["layout"] == "dp 30 x cp 4 x tp 2" and r240["best"]["pp"] == 1,
+          "19B on 240 GPUs: dp 30 x cp 4 x tp 2, no pipeline (%s)" % r240["best"]["layout"])
     check(r1024["best"]["pp"] > 1 and
           r1024["best_without_pp"]["step_overlap_s"] > 1.2 * r1024["best"]["step_overlap_s"],
           "19B on 1024 GPUs: %s beats %s by %.0f%%" % (r1024["best"]["layout"], r1024["best_without_pp"]["layout"],
                                                        100 * (r1024["best_without_pp"]["step_overlap_s"] /
                                                               r1024["best"]["step_overlap_s"] - 1)))
     # 6.7B, 64 replicas of 16 GPUs (micro-batch 1, 8 per replica): tp 16 spans two nodes and its
-    # all-reduces run over InfiniBand; pp 2 x tp 8 keeps TP in the node and sends one [2048, 4096]
-    # activation per micro-batch across.
+    # all-reduces run over InfiniBand (8 NICs a node: 400 GB/s, near NVLink's 450, but every micro-batch
+    # of the replica pays them); pp 2 x tp 8 keeps TP in the node and sends one [2048, 4096] activation
+    # per micro-batch across.
     cfg67 = os.path.join(PAPER, "6.7B-kvshift.json")
     j = tool_json("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all", "--sp", "off")
     tp16, pp2 = search_row_pp(j, 64, 1, 1, 1, 16, False), search_row_pp(j, 64, 2, 1, 1, 8, False)
-    check(tp16["tp_link"] == "ib" and pp2["tp_link"] == "nvlink" and pp2["pp_p2p_link"] == "ib" and
-          pp2["step_overlap_s"] < tp16["step_overlap_s"] / 2 and pp2["fits"] and tp16["fits"],
+    check(tp16["tp_link"] == "ib" and tp16["tp_nics_per_node"] == 8 and
+          close(tp16["tp_comm_s"], tp16["tp_bytes_per_gpu"] / 400e9) and pp2["tp_link"] == "nvlink" and
+          pp2["pp_p2p_link"] == "ib" and pp2["step_overlap_s"] < tp16["step_overlap_s"] and pp2["fits"] and tp16["fits"],
           "6.7B, 16 GPUs per replica: pp 2 x tp 8 (%.3f s) beats tp 16 across nodes (%.3f s)"
           % (pp2["step_overlap_s"], tp16["step_overlap_s"]))
     r = tool("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all")

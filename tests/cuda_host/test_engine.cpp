@@ -413,4 +413,45 @@ TEST(HostCudaEngine, TimedGemmAlgorithmsAreChosenOnceAndChangeNoResult) {
   EXPECT_TRUE(params_after[0] == params_after[1]);
 }
 
+// A candidate that cuBLASLt offers and then refuses to run is left out of
+// the timing, not an error (Matmul::time_results): the step goes on, the
+// shapes are chosen among the two that ran, and no result changes.
+TEST(HostCudaEngine, TimedGemmAlgorithmsLeaveOutACandidateThatRefusesToRun) {
+  const ModelConfig m = model_of(kVariants[1]);
+  const kvs::ParamLayout layout = kvs::ParamLayout::build(m);
+  const std::vector<float> params = kvs::cuda_test::bf16_params(layout, m, 7);
+  const int B = 2, T = 16;
+  const kvs::cuda_test::RandomBatch data(m, B, T, 11);
+  struct Refused {
+    Refused() { hostcuda::refuse_gemm_algorithm(2); }
+    ~Refused() { hostcuda::refuse_gemm_algorithm(-1); }
+  } refused;
+  kvs::CudaEngine timed(m, B, T), plain(m, B, T);
+  timed.set_time_gemm_algorithms(true);
+  double loss[2];
+  std::vector<float> after[2];
+  int i = 0;
+  for (kvs::CudaEngine* e : {&timed, &plain}) {
+    e->write_params(params.data());
+    kvs::AdamWHyper h;
+    h.lr = 1e-3;
+    for (int step = 1; step <= 2; ++step) {
+      e->zero_grad();
+      loss[i] = e->forward_backward(data.batch(), 1.0 / (B * T));
+      e->grad_norm();
+      h.step = step;
+      e->adamw_step(h);
+      const std::string line = e->time_gemm_algorithms();
+      if (e == &timed && step == 1) {
+        EXPECT_NE(line.find("(up to 2 candidates each)"), std::string::npos) << line;
+      }
+    }
+    after[i].resize(layout.total);
+    e->read_params(after[i].data());
+    ++i;
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_TRUE(after[0] == after[1]);
+}
+
 }  // namespace

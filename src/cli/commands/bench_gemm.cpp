@@ -100,7 +100,12 @@ void add_bench_gemm(CLI::App& app) {
     double first_step = 0, best_step = 0;
     auto row = [&](const std::string& name, double flops, int per_step,
                    const std::vector<cuda::Matmul::AlgoTime>& t) {
+      if (t.empty()) {  // every candidate refused to run (Matmul::time_results skips them)
+        std::printf("%-40s %6d %9s  no algorithm ran\n", name.c_str(), 0, "-");
+        return;
+      }
       const auto best = std::min_element(t.begin(), t.end(), [](const auto& p, const auto& q) { return p.ms < q.ms; });
+      // The heuristic's first is rank 0; if it was skipped, the first that ran stands in for it.
       const double first_ms = t.front().ms, best_ms = best->ms;
       auto tflops = [&](double ms) { return ms > 0 ? flops / (ms * 1e9) : 0.0; };
       std::printf("%-40s %6zu %9.3f %10.1f %5d %10.1f %8.3f\n", name.c_str(), t.size(), first_ms, tflops(first_ms),

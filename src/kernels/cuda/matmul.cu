@@ -203,12 +203,16 @@ std::vector<cublasLtMatmulHeuristicResult_t> Matmul::heuristics(const Problem& p
   return results;
 }
 
+cublasStatus_t Matmul::launch(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A,
+                              const __nv_bfloat16* B, float beta, void* D, cudaStream_t stream) {
+  const float alpha = 1.0f;
+  return cublasLtMatmul(handle_, p.op, &alpha, A, p.a_desc, B, p.b_desc, &beta, D, p.d_desc, D, p.d_desc, &algo,
+                        workspace_, workspace_bytes_, stream);
+}
+
 void Matmul::run(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A, const __nv_bfloat16* B,
                  float beta, void* D, cudaStream_t stream) {
-  const float alpha = 1.0f;
-  check_lt(cublasLtMatmul(handle_, p.op, &alpha, A, p.a_desc, B, p.b_desc, &beta, D, p.d_desc, D, p.d_desc, &algo,
-                          workspace_, workspace_bytes_, stream),
-           "cublasLtMatmul", p.shape);
+  check_lt(launch(p, algo, A, B, beta, D, stream), "cublasLtMatmul", p.shape);
   if (sync_after_launch()) {  // KVS_CUDA_SYNC=1: a fault inside the GEMM is reported here, with its shape
     const cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) fail("cuBLASLt cublasLtMatmul {} failed while running (KVS_CUDA_SYNC=1): {}", p.shape,
@@ -249,26 +253,34 @@ std::vector<Matmul::AlgoTime> Matmul::time_results(const Problem& p,
                                                    const __nv_bfloat16* A, const __nv_bfloat16* B, float beta,
                                                    void* D, int reps, cudaStream_t stream) {
   std::vector<AlgoTime> out;
-  cudaEvent_t ev[2];
-  for (cudaEvent_t& e : ev)
+  struct Events {  // destroyed on every way out
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } ev;
+  for (cudaEvent_t& e : ev.e)
     if (cudaEventCreate(&e) != cudaSuccess) fail("cudaEventCreate failed while timing {}", p.shape);
   for (size_t r = 0; r < results.size(); ++r) {
     if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
-    run(p, results[r].algo, A, B, beta, D, stream);  // untimed: the first call's set-up
+    // A candidate the heuristic offered that cuBLASLt then refuses to run is
+    // left out, not an error: the timing only chooses among what runs.
+    if (launch(p, results[r].algo, A, B, beta, D, stream) != CUBLAS_STATUS_SUCCESS) continue;  // untimed: set-up
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) {
       float t = 0.0f;
-      if (cudaEventRecord(ev[0], stream) != cudaSuccess) fail("cuBLASLt: timing {} failed", p.shape);
-      run(p, results[r].algo, A, B, beta, D, stream);
-      if (cudaEventRecord(ev[1], stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
-          cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
+      if (cudaEventRecord(ev.e[0], stream) != cudaSuccess) fail("cuBLASLt: timing {} failed", p.shape);
+      if (launch(p, results[r].algo, A, B, beta, D, stream) != CUBLAS_STATUS_SUCCESS) break;
+      if (cudaEventRecord(ev.e[1], stream) != cudaSuccess || cudaEventSynchronize(ev.e[1]) != cudaSuccess ||
+          cudaEventElapsedTime(&t, ev.e[0], ev.e[1]) != cudaSuccess)
         fail("cuBLASLt: timing {} failed", p.shape);
       ms.push_back(t);
     }
+    if (ms.size() != static_cast<size_t>(reps)) continue;
     std::sort(ms.begin(), ms.end());
     out.push_back({static_cast<int>(r), ms[ms.size() / 2]});
   }
-  for (cudaEvent_t e : ev) cudaEventDestroy(e);
   return out;
 }
 

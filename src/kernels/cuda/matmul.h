@@ -83,6 +83,9 @@ class Matmul {
   void describe(Problem& p, bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* A, int lda,
                 const __nv_bfloat16* B, int ldb, const void* D, int ldd, bool d_fp32);
   std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Problem& p, int count);
+  // One cublasLtMatmul; run() fails on its error, the timing skips the candidate.
+  cublasStatus_t launch(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A,
+                        const __nv_bfloat16* B, float beta, void* D, cudaStream_t stream);
   void run(const Problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* A, const __nv_bfloat16* B,
            float beta, void* D, cudaStream_t stream);
   // Each successful result's median of `reps` timed runs (after one untimed), in the results' order.

@@ -64,6 +64,7 @@ static_assert(sizeof(Pref) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
 static_assert(sizeof(Algo) <= sizeof(cublasLtMatmulAlgo_t));
 
 std::string g_detail;  // why the last call failed, for cublasLtGetStatusName
+int g_refused_algorithm = -1;  // refuse_gemm_algorithm()
 
 cublasStatus_t refuse(cublasStatus_t st, const std::string& why) {
   g_detail = why;
@@ -140,6 +141,8 @@ float load(const void* p, cudaDataType_t t, size_t i) {
 }
 
 }  // namespace
+
+void refuse_gemm_algorithm(int index) { g_refused_algorithm = index; }
 }  // namespace hostcuda
 
 using namespace hostcuda;
@@ -298,6 +301,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (algo_p) std::memcpy(&algo, algo_p, sizeof algo);
   if (algo.magic != kAlgoMagic || algo.index >= static_cast<uint32_t>(kAlgorithms))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "host GEMM: the algorithm is not one cublasLtMatmulAlgoGetHeuristic gave");
+  if (static_cast<int>(algo.index) == g_refused_algorithm)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "host GEMM: algorithm " + std::to_string(algo.index) +
+                                                   " refused (refuse_gemm_algorithm)");
   if (!alpha_p || !beta_p || is_device_address(alpha_p) || is_device_address(beta_p))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "host GEMM: alpha and beta must be host floats (the default pointer mode)");
   std::string why;

@@ -130,6 +130,12 @@ void check_static_smem(const LaunchInfo& k, size_t bytes);
 void set_launch_only(bool on);
 bool launch_only();
 
+// ---------------------------------------------------------------- a refused GEMM algorithm (tests)
+// cublasLtMatmul answers CUBLAS_STATUS_NOT_SUPPORTED for the heuristic's
+// candidate `index` (-1: none), as a real cuBLASLt may refuse at run time a
+// candidate its heuristic offered.
+void refuse_gemm_algorithm(int index);
+
 // ---------------------------------------------------------------- a stuck device (tests)
 // The next cudaDeviceSynchronize blocks as a kernel that does not end would:
 // until some NCCL communicator is aborted (if `until_nccl_abort`; a

@@ -22,7 +22,11 @@
 #                      before the profile, adds about 45 s more. The H200 run
 #                      of 2026-11-29 fit 797 s of its 900: build,cuda,attention
 #                      at KVS_CHECK_BUDGET=270 (259 s), dp,launch,pp at 190
-#                      (48 s), bench at 430; sanitize and hf did not fit)
+#                      (48 s), bench at 430; sanitize and hf did not fit.
+#                      That no longer fits: the next session runs
+#                        --only build,cuda (KVS_CHECK_BUDGET=300), then
+#                        --only dp,pp,launch (120), then --only bench with
+#                      what is left; attention waits)
 #                      the build in build-gpu/ and the logs in build-gpu/check/
 #                      stay on the machine between calls while it is warm
 #                      (30 s idle: start the next call at once).

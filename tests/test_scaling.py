@@ -155,11 +155,14 @@ def main():
     return TALLY.finish()
 
 
-def info(kvshift, cfg, *sets):
-    """kvshift info --json for cfg with --set overrides (device cpu, so that cp > 1 is accepted)."""
+def info(kvshift, cfg, *sets, processes=None):
+    """kvshift info --json for cfg with --set overrides (device cpu, so that cp > 1 is accepted), planned
+    for --processes if given."""
     args = [kvshift, "info", "--config", cfg, "--json", "--set", "device=cpu"]
     for s in sets:
         args += ["--set", s]
+    if processes is not None:
+        args += ["--processes", str(processes)]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 
@@ -221,7 +224,9 @@ def check_cuda_plan_layouts(kvshift):
     kvshift info reports for that layout (memory_bytes_cuda, its pipeline_stages), to the byte. The
     1.5B config with documents and a shift window of 2 (the halo's rows, the batch's document starts),
     micro-batch 2 x 1000 tokens (no multiple of the 256-byte alignment), on 8 GPUs; 19B at tp 4 on 16
-    GPUs, full recompute."""
+    GPUs, full recompute. kvshift info plans for the same --processes (dp replicas of grad_accum_steps / dp
+    micro-batches each) and its total per GPU under ZeRO-1 over dp x cp is the tool's memory (to 12 bytes:
+    kvshift's shards round up)."""
     with open(os.path.join(PAPER, "1.5B-kvshift.json")) as f:
         cfg = json.load(f)
     cfg["model"].update({"document_boundaries": "shift", "bos_token_id": 1})
@@ -241,25 +246,29 @@ def check_cuda_plan_layouts(kvshift):
                            "parallel.pp=%d" % x["pp"], "parallel.virtual_stages=%d" % x["v"],
                            "parallel.sequence_parallel=%s" % str(x["sp"]).lower(), "train.recompute=" + rc,
                            "train.micro_batch_size=2", "train.seq_len=1000",
-                           "train.grad_accum_steps=%d" % x["micro_batches_per_gpu"])["memory_bytes_cuda"]
+                           "train.grad_accum_steps=%d" % (x["micro_batches_per_gpu"] * x["dp"]),
+                           processes=gpus)["memory_bytes_cuda"]
                 if mem is None:
                     print("skip  %s: kvshift built without CUDA (no memory_bytes_cuda)" % path)
                     return
                 if x["pp"] == 1:
                     pairs = [(x["activation_bytes"]["total"], mem["activations_and_workspaces"])]
+                    totals = [(x["memory_gib"] * 2**30, mem["total_per_gpu"])]
                 else:
                     pairs = [(st["activation_bytes"]["total"], en["activations_and_workspaces"])
                              for st, en in zip(x["stages"], mem["pipeline_stages"])]
                     pairs.append((len(x["stages"]), len(mem["pipeline_stages"])))
-                ok = all(a == b for a, b in pairs)
+                    totals = [(st["memory_gib"] * 2**30, en["total_per_gpu"])
+                              for st, en in zip(x["stages"], mem["pipeline_stages"])]
+                ok = all(a == b for a, b in pairs) and all(0 <= b - a <= 12.01 for a, b in totals)
                 agree.append(ok)
                 kinds.add((x["pp"] > 1, x["v"] > 1, x["cp"] > 1, x["sp"]))
                 if not ok:
-                    print("      %s: the tool %s, kvshift info %s" % (x["layout"], [a for a, _ in pairs],
-                                                                     [int(b) for _, b in pairs]))
+                    print("      %s: the tool %s, kvshift info %s" % (x["layout"], [a for a, _ in pairs + totals],
+                                                                     [int(b) for _, b in pairs + totals]))
             check(all(agree) and len(kinds) == 12,
                   "%s, recompute %s: %d layouts (with and without pp, virtual stages, cp, SP: all 12 kinds), every GPU's activations "
-                  "= kvshift info's CUDA plan" % (os.path.basename(path), rc, len(agree)))
+                  "and its total under ZeRO-1 = kvshift info's CUDA plan for --processes %d" % (os.path.basename(path), rc, len(agree), gpus))
 
 
 def sp_split_counts(N, tp, L, C):
@@ -613,6 +622,20 @@ def check_pipeline(kvshift):
     check(r6.returncode == 1 and "micro-batches per replica (6) to be a multiple of pp 4" in r6.stderr and
           any(x["dp"] == 4 and x["pp"] == 4 and x["v"] == 2 for x in j8["rows"]),
           "interleaving pp 4 x v 2 at dp 4: refused over 6 micro-batches per replica, taken over 8", r6.stderr)
+    # kvshift info --processes applies train's rule: 64 processes at tp 4, pp 4 are dp 4.
+    runs = [subprocess.run([kvshift, "info", "--config", cfg, "--processes", n, "--set", "device=cpu",
+                            "--set", "parallel.tp=4", "--set", "parallel.pp=4", "--set", "parallel.virtual_stages=2",
+                            "--set", "train.grad_accum_steps=%d" % m, "--json"], capture_output=True, text=True)
+            for n, m in (("64", 24), ("64", 32), ("60", 32))]
+    ok32 = runs[1].returncode == 0 and json.loads(runs[1].stdout)
+    check(runs[0].returncode == 1 and "(train.grad_accum_steps / dp = 6) to be a multiple of parallel.pp (4)"
+          in runs[0].stderr and runs[0].stderr.count("\n") == 1 and ok32 and ok32["dp"] == 4 and
+          ok32["micro_batches_per_replica"] == 8 and
+          [st["micro_batches_in_flight"] for st in ok32["pipeline_stages"]] ==
+          [sc.micro_batches_in_flight(4, 2, r, 8) for r in range(4)] and
+          runs[2].returncode == 1 and "must divide the number of processes (60)" in runs[2].stderr,
+          "kvshift info --processes: dp 4 refuses 6 micro-batches per replica, plans 8 as the tool does; 60 "
+          "processes do not split into pp 4 x tp 4", runs[0].stderr + runs[2].stderr)
 
     # 5. Memory: the stages' parameters sum to the whole model (with tied embeddings, plus the last
     # stage's copy); what one micro-batch keeps on each stage sums to what it keeps in the whole model.

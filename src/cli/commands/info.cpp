@@ -6,6 +6,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/tensor_parallel.h"
+#include "train/train_step.h"
 #ifdef KVS_CUDA
 #include "model/cuda_engine.h"
 #endif
@@ -37,14 +38,26 @@ void add_info(CLI::App& app) {
     std::string config;
     std::vector<std::string> sets;
     bool json = false;
+    int processes = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
   cmd->add_option("--set", a->sets, "Override a config key (repeatable)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of text");
+  cmd->add_option("--processes", a->processes,
+                  "Processes (GPUs) the run will use: checks the layout as train does and plans for dp = N / (tp x "
+                  "cp x pp): the pipeline's micro-batches per replica (grad_accum_steps / dp) and, CUDA, ZeRO-1's "
+                  "shards over dp x cp (default: tp x cp x pp, dp 1)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([a]() {
     const Config cfg = load_config(a->config, a->sets);
     const ModelConfig& m = cfg.model;
+    // The world the plan is for: --processes, checked as train checks it, or one replica.
+    const int replica = cfg.parallel.tp * cfg.parallel.cp * cfg.parallel.pp;
+    const int processes = a->processes > 0 ? a->processes : replica;
+    if (a->processes > 0) check_parallel_layout(cfg, processes);
+    const int dp = processes / replica, micro_batches = cfg.train.grad_accum_steps / dp;
+    const int zero_shards = dp * cfg.parallel.cp;
     const ParamCounts c = count_params(m);
     const int T = cfg.train.seq_len, B = cfg.train.micro_batch_size;
     const double flops = train_flops_per_token(m, T);
@@ -67,7 +80,7 @@ void add_info(CLI::App& app) {
     };
     const double rank_acts_b = rank_acts(false), rank_acts_sp_b = par.tp > 1 ? rank_acts(true) : rank_acts_b;
     // Pipeline parallelism: each stage's activations, for the micro-batches its
-    // schedule keeps in flight (m = grad_accum_steps micro-batches: dp = 1).
+    // schedule keeps in flight (m = grad_accum_steps / dp micro-batches per replica).
     nlohmann::json stages = nlohmann::json::array();
     if (par.pp > 1) {
       const StageSplit split = StageSplit::make(m, par.pp, par.virtual_stages, par.layers_per_stage, a->config);
@@ -77,7 +90,7 @@ void add_info(CLI::App& app) {
         for (size_t i = 0; i < part.layers.size(); ++i)
           chunk_of.push_back(chunk_of.empty() ? 0
                                               : chunk_of.back() + (part.layers[i] != part.layers[i - 1] + 1 ? 1 : 0));
-        const int slots = micro_batches_in_flight(pipeline_schedule(split, r, cfg.train.grad_accum_steps));
+        const int slots = micro_batches_in_flight(pipeline_schedule(split, r, micro_batches));
         const double per_slot = 4.0 * static_cast<double>(
                                           ActivationPlan::build(m, LocalDims::of(m, 0, par.tp), B, T,
                                                                 par.sequence_parallel ? par.tp : 1, par.cp, chunk_of,
@@ -110,6 +123,14 @@ void add_info(CLI::App& app) {
       // The arena holds the fp32 grads and the bf16 copy (6 B); the fp32 master (4 B) is allocated apart.
       const double arena = static_cast<double>(plan.total), weights = 10.0 * P, master = 4.0 * P, moments = 8.0 * P;
       const double cublas = 32.0 * 1024 * 1024;
+      // ZeRO-1 over dp x cp ranks keeps rank 0's shard (the largest, zero1.cpp's
+      // shard_range) of the moments, and of the fp32 master with train.shard_master.
+      auto per_gpu = [&](double params, double unsharded) {
+        if (zero_shards == 1) return unsharded;
+        const double shard = std::ceil(params / zero_shards);
+        const double kept = 8.0 * shard + (cfg.train.shard_master ? 4.0 * shard : 4.0 * params);
+        return unsharded - 12.0 * params + kept;
+      };
       cuda_mem = {{"engine", "cuda-bf16"},
                   {"tp", tp},
                   {"recompute", cfg.train.recompute},
@@ -117,6 +138,8 @@ void add_info(CLI::App& app) {
                   {"activations_and_workspaces", arena - (weights - master) + cublas},
                   {"optimizer_unsharded", moments},
                   {"total_unsharded", arena + master + cublas + moments},
+                  {"zero1_shards", zero_shards},
+                  {"total_per_gpu", per_gpu(P, arena + master + cublas + moments)},
                   {"not_counted", kCudaNotCounted}};
       // Under pipeline parallelism each stage's engine: its part's
       // parameters and a plan with its schedule's activation slots.
@@ -129,7 +152,7 @@ void add_info(CLI::App& app) {
           for (size_t i = 0; i < part.layers.size(); ++i)
             st.chunk_of.push_back(i == 0 ? 0 : st.chunk_of.back() + (part.layers[i] != part.layers[i - 1] + 1));
           st.head = part.head;
-          st.slots = micro_batches_in_flight(pipeline_schedule(split, r, cfg.train.grad_accum_steps));
+          st.slots = micro_batches_in_flight(pipeline_schedule(split, r, micro_batches));
           st.staged = true;
           const ParamLayout sl = ParamLayout::build(m, 0, tp, &part);
           const CudaPlan sp =
@@ -140,7 +163,8 @@ void add_info(CLI::App& app) {
                                  {"weights_and_grads", sw},
                                  {"activations_and_workspaces", sa - 6.0 * sP + cublas},
                                  {"optimizer_unsharded", 8.0 * sP},
-                                 {"total_unsharded", sa + 4.0 * sP + cublas + 8.0 * sP}});
+                                 {"total_unsharded", sa + 4.0 * sP + cublas + 8.0 * sP},
+                                 {"total_per_gpu", per_gpu(sP, sa + 4.0 * sP + cublas + 8.0 * sP)}});
         }
       }
       cuda_mem["pipeline_stages"] = cuda_stages;
@@ -173,6 +197,9 @@ void add_info(CLI::App& app) {
                           {"memory_bytes_cuda", cuda_mem},
                           {"checkpoint_bytes", ckpt_b},
                           {"checkpoint_buffer_bytes", ckpt_buffer_b},
+                          {"processes", processes},
+                          {"dp", dp},
+                          {"micro_batches_per_replica", micro_batches},
                           {"micro_batch_size", B},
                           {"seq_len", T}};
       std::printf("%s\n", j.dump().c_str());
@@ -188,6 +215,10 @@ void add_info(CLI::App& app) {
     std::printf("  lm_head       %lld%s\n", static_cast<long long>(c.lm_head), m.tie_word_embeddings ? " (tied)" : "");
     std::printf("  shift scalars %lld\n", static_cast<long long>(c.shift));
     std::printf("train FLOPs     %.4g per token at T=%d  (%s)\n", flops, T, kFlopsFormula);
+    std::printf("layout          %d processes: dp %d x pp %d x cp %d x tp %d, %d micro-batches of %d per replica and "
+                "step%s\n",
+                processes, dp, par.pp, par.cp, par.tp, micro_batches, B,
+                a->processes > 0 ? "" : " (--processes for more replicas)");
     std::printf("memory (CPU fp32 engine, micro-batch %d x %d):\n", B, T);
     std::printf("  params %.3f GiB, grads %.3f GiB, AdamW %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
                 params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
@@ -203,7 +234,7 @@ void add_info(CLI::App& app) {
       std::printf("  pipeline stage %d: %zu layers%s%s, %d micro-batches in flight (m = %d): activations %.3f GiB\n",
                   st["stage"].get<int>(), st["layers"].size(), st["embedding"].get<bool>() ? " + embedding" : "",
                   st["head"].get<bool>() ? " + head" : "", st["micro_batches_in_flight"].get<int>(),
-                  cfg.train.grad_accum_steps, st["activations"].get<double>() / GiB);
+                  micro_batches, st["activations"].get<double>() / GiB);
     // docs/PARALLEL.md "Checkpoints": rank 0 holds the gathered tensors not yet written, up to the buffer.
     std::printf("checkpoint      %.3f GiB (fp32 weights + AdamW moments); rank 0 holds at most %.3f GiB of it not yet "
                 "written (train.checkpoint_buffer_gb)\n",
@@ -217,13 +248,21 @@ void add_info(CLI::App& app) {
                   cuda_mem["weights_and_grads"].get<double>() / GiB,
                   cuda_mem["activations_and_workspaces"].get<double>() / GiB,
                   cuda_mem["optimizer_unsharded"].get<double>() / GiB, cuda_mem["total_unsharded"].get<double>() / GiB);
+      if (zero_shards > 1)
+        std::printf("  with ZeRO-1 over dp x cp = %d ranks (the AdamW moments%s sharded): %.3f GiB per GPU\n",
+                    zero_shards, cfg.train.shard_master ? " and the fp32 master" : "",
+                    cuda_mem["total_per_gpu"].get<double>() / GiB);
       std::printf("  not counted: %s\n", kCudaNotCounted);
-      for (const auto& st : cuda_mem["pipeline_stages"])
+      for (const auto& st : cuda_mem["pipeline_stages"]) {
         std::printf("  pipeline stage %d: weights + grads + bf16 copy %.3f GiB, activations + workspaces %.3f GiB "
-                    "(%d slots), AdamW %.3f GiB, total %.3f GiB\n",
+                    "(%d slots), AdamW %.3f GiB, total %.3f GiB",
                     st["stage"].get<int>(), st["weights_and_grads"].get<double>() / GiB,
                     st["activations_and_workspaces"].get<double>() / GiB, st["slots"].get<int>(),
                     st["optimizer_unsharded"].get<double>() / GiB, st["total_unsharded"].get<double>() / GiB);
+        if (zero_shards > 1)
+          std::printf(", %.3f GiB with ZeRO-1", st["total_per_gpu"].get<double>() / GiB);
+        std::printf("\n");
+      }
     }
   });
 }

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/sha256.h"
 
 namespace kvs {
 
@@ -66,6 +67,12 @@ std::string BlendedDataset::describe() const {
   for (size_t i = 0; i < sources_.size(); ++i)
     s += fmt::format("{} {} {:.4g}% ({})", i ? ";" : ":", names_[i], 100 * schedule_.share(i), sources_[i]->describe());
   return s;
+}
+
+std::string BlendedDataset::content_id(Split split) const {
+  Sha256 h;  // the sources' in order (their shares are in the recorded counts)
+  for (const auto& source : sources_) h.update(source->content_id(split) + "\n");
+  return h.hex();
 }
 
 std::vector<Dataset::Use> BlendedDataset::train_use(double sequences) const {

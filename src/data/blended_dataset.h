@@ -29,6 +29,7 @@ class BlendedDataset : public Dataset {
   std::vector<std::string> source_names() const override { return names_; }
   size_t source_of(Split, uint64_t index) const override { return schedule_.pick(index).source; }
   std::vector<Use> train_use(double sequences) const override;
+  std::string content_id(Split split) const override;
 
   const ShardDataset& source(size_t s) const { return *sources_[s]; }
   const BlendSchedule& schedule() const { return schedule_; }

@@ -12,9 +12,9 @@
 namespace kvs {
 
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
-                                      const std::string& config_dir) {
+                                      const std::string& config_dir, int document_bos) {
   if (!cfg.tokenizer.empty()) {
-    const std::string tokenizer = check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir);
+    const std::string tokenizer = check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir, document_bos);
     if (cfg.type == DatasetType::Shards) {
       // The datasets below check the shards against their manifests.
       std::vector<std::string> files = expand_shard_paths(cfg.shards.train, config_dir, "data.shards.train", false);

@@ -43,10 +43,23 @@ class Dataset {
     double reads;
   };
   virtual std::vector<Use> train_use(double sequences) const { return {{"", size(Split::Train), sequences}}; }
+
+  // What a split is made of, as a hash a resume compares with the
+  // checkpoint's (trainer_state.json "data_contents"): for shards, the files'
+  // contents as their manifests record them and the range read; "" for the
+  // generated tasks (their settings are compared instead).
+  virtual std::string content_id(Split) const { return ""; }
 };
 
-// Builds the dataset of a config. `config_dir` resolves relative shard paths.
+// Builds the dataset of a config. `config_dir` resolves relative shard paths;
+// `document_bos` (document_bos_of) is checked against data.tokenizer's BOS.
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vocab_size, uint64_t seed,
-                                      const std::string& config_dir);
+                                      const std::string& config_dir, int document_bos = -1);
+
+// The token the model splits documents at: bos_token_id where
+// model.document_boundaries is not "none", else -1.
+inline int document_bos_of(const ModelConfig& m) {
+  return m.document_boundaries != DocumentBoundaries::None ? m.bos_token_id : -1;
+}
 
 }  // namespace kvs

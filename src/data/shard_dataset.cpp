@@ -4,16 +4,24 @@
 #include <fmt/format.h>
 #include <glob.h>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <numeric>
+#include <set>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/sha256.h"
 #include "data/shard_manifest_check.h"
 
 namespace kvs {
 namespace {
+
+namespace fs = std::filesystem;
 
 const uint64_t kShuffleSalt = hash_name("kvshift/data/shards/shuffle");
 
@@ -29,6 +37,7 @@ std::string human_count(uint64_t n) {
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns, const std::string& config_dir,
                                             const std::string& key, bool check_manifests) {
   std::vector<std::string> out;
+  std::map<std::string, std::string> seen;  // canonical path -> the pattern that matched it first
   for (const std::string& pat : patterns) {
     KVS_CHECK(!pat.empty(), "{}: empty path", key);
     const std::string full = (pat[0] == '/' || config_dir.empty()) ? pat : config_dir + "/" + pat;
@@ -45,6 +54,14 @@ std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patt
     std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + g.gl_pathc);
     ::globfree(&g);
     std::sort(matches.begin(), matches.end());
+    for (const std::string& m : matches) {
+      std::error_code ec;
+      KVS_CHECK(fs::is_regular_file(m, ec), "{}: {} (matched by \"{}\") is not a regular file", key, m, pat);
+      const std::string canonical = fs::weakly_canonical(m, ec).string();
+      const auto [at, fresh] = seen.emplace(ec ? m : canonical, pat);
+      KVS_CHECK(fresh, "{}: {} is matched by \"{}\" and by \"{}\": it would be read twice (to weight a source, "
+                "give data.shards.weights)", key, m, at->second, pat);
+    }
     if (check_manifests) check_shards_against_manifests(full, matches, key);
     out.insert(out.end(), matches.begin(), matches.end());
   }
@@ -96,9 +113,11 @@ void ShardDataset::open(const std::vector<std::string>& train, const std::string
   const std::vector<std::string> train_paths = expand_shard_paths(train, config_dir, train_key);
   train_ = open_stream(train_paths);
   n_files_ = train_paths.size();
+  const std::map<std::string, ListedShard> records = manifest_records(train_paths);
 
+  std::vector<std::string> val_paths;
   if (!val.empty()) {
-    const std::vector<std::string> val_paths = expand_shard_paths(val, config_dir, val_key);
+    val_paths = expand_shard_paths(val, config_dir, val_key);
     val_ = open_stream(val_paths);
     n_files_ += val_paths.size();
     KVS_CHECK(val_.size() >= window,
@@ -123,6 +142,51 @@ void ShardDataset::open(const std::vector<std::string>& train, const std::string
             train_key, train_.size(), val_from_train_ ? " (after the validation split)" : "", window);
   n_train_ = (train_.size() - 1) / static_cast<uint64_t>(seq_len_);
   n_val_ = val_.size() >= window ? (val_.size() - 1) / static_cast<uint64_t>(seq_len_) : 0;
+
+  // Training on validation text (a train glob that also matches the val
+  // shards, or the same file in both lists) makes the validation loss
+  // measure memorisation: said once, not refused (a deliberate overfit check
+  // is a choice).
+  std::set<std::string> val_set;
+  for (const std::string& p : val_paths) {
+    std::error_code ec;
+    val_set.insert(fs::weakly_canonical(p, ec).string());
+  }
+  std::vector<std::string> leaked;
+  for (const std::string& p : train_paths) {
+    std::error_code ec;
+    const auto r = records.find(p);
+    if (val_set.count(fs::weakly_canonical(p, ec).string()) || (r != records.end() && r->second.split == "val"))
+      leaked.push_back(p);
+  }
+  if (!leaked.empty())
+    spdlog::warn("{}: {} of its files {} validation data ({}{}): the validation loss measures text the model "
+                 "trains on",
+                 train_key, leaked.size(), leaked.size() == 1 ? "is" : "are", leaked[0], leaked.size() > 1 ? ", ..." : "");
+
+  // What the splits are made of, for a resume to compare: each file's sha256
+  // as its manifest records it (else its name and token count), in order, and
+  // the range of the stream the split reads.
+  auto content_of = [](const Stream& st, const std::vector<std::string>& paths,
+                       const std::map<std::string, ListedShard>& recs) {
+    Sha256 h;
+    for (size_t k = 0; k < paths.size(); ++k) {
+      const auto r = recs.find(paths[k]);
+      h.update(r != recs.end() && !r->second.sha256.empty()
+                   ? "sha256 " + r->second.sha256
+                   : fmt::format("file {} {}", fs::path(paths[k]).filename().string(), st.files[k]->size()));
+      h.update("\n");
+    }
+    h.update(fmt::format("range {} {}", st.begin, st.end));
+    return h.hex();
+  };
+  train_content_ = content_of(train_, train_paths, records);
+  val_content_ = val_from_train_ ? content_of(val_, train_paths, records)
+                                 : content_of(val_, val_paths, manifest_records(val_paths));
+}
+
+std::string ShardDataset::content_id(Split split) const {
+  return split == Split::Train ? train_content_ : val_content_;
 }
 
 uint64_t ShardDataset::size(Split split) const { return split == Split::Train ? n_train_ : n_val_; }

@@ -21,7 +21,8 @@ namespace kvs {
 
 // Expands shard path patterns with glob(3): relative patterns are resolved
 // against `config_dir`, each pattern's matches are sorted, pattern order is
-// kept. A pattern matching nothing is an error naming `key` and the pattern.
+// kept. A pattern matching nothing, a match that is not a regular file, and a
+// file matched twice (it would be read twice) are errors naming `key`.
 // Each pattern's matches are checked against the manifest.json beside them
 // (shard_manifest_check.h) unless `check_manifests` is false (a caller that
 // opens the dataset right after, which checks them: one warning, not two).
@@ -38,6 +39,7 @@ class ShardDataset : public Dataset {
   void get(Split split, uint64_t index, int32_t* inputs, int32_t* targets, float* mask) const override;
   uint64_t size(Split split) const override;
   std::string describe() const override;
+  std::string content_id(Split split) const override;
 
   // The train window (its start is window * seq_len in the train stream) that train index `index` reads.
   uint64_t train_window(uint64_t index) const;
@@ -64,6 +66,7 @@ class ShardDataset : public Dataset {
   uint64_t n_train_ = 0, n_val_ = 0;  // windows
   size_t n_files_ = 0;
   bool val_from_train_ = false;
+  std::string train_content_, val_content_;  // content_id()
 };
 
 }  // namespace kvs

@@ -13,7 +13,8 @@
 
 namespace kvs {
 
-std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_size, const std::string& config_dir) {
+std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_size, const std::string& config_dir,
+                                 int document_bos) {
   namespace fs = std::filesystem;
   fs::path p(tokenizer);
   if (p.is_relative()) p = fs::path(config_dir) / p;
@@ -29,6 +30,14 @@ std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_s
   if (meta.vocab_size > model_vocab_size)
     fail("data.tokenizer: the tokenizer's vocab_size {} exceeds model.vocab_size {} ({})", meta.vocab_size,
          model_vocab_size, p.string());
+  if (document_bos >= 0 && meta.bos_id < 0)
+    fail("model.bos_token_id ({}): data.tokenizer {} has no BOS token (byte-level data is not framed in documents): "
+         "model.document_boundaries needs \"none\" with it",
+         document_bos, p.string());
+  if (document_bos >= 0 && meta.bos_id != document_bos)
+    fail("model.bos_token_id ({}) is not the BOS of data.tokenizer {} ({}): model.document_boundaries would split "
+         "documents at another token",
+         document_bos, p.string(), meta.bos_id);
   return p.string();
 }
 

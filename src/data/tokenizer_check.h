@@ -9,8 +9,11 @@ namespace kvs {
 
 // `tokenizer` is relative to `config_dir` unless absolute. Throws a one-line
 // kvs::Error starting "data.tokenizer: " if it is not a tokenizer directory or
-// its vocab_size exceeds `model_vocab_size`. Returns the resolved path.
-std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_size, const std::string& config_dir);
+// its vocab_size exceeds `model_vocab_size`, or if `document_bos` (the model's
+// bos_token_id where model.document_boundaries splits documents at it, else
+// -1) is not the tokenizer's BOS. Returns the resolved path.
+std::string check_data_tokenizer(const std::string& tokenizer, int model_vocab_size, const std::string& config_dir,
+                                 int document_bos = -1);
 
 // The shards were made with that tokenizer: each directory holding one of
 // `shard_files` whose manifest.json (`kvshift data prepare`) records a

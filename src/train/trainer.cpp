@@ -143,6 +143,16 @@ nlohmann::json data_counts(const Dataset& d) {
   return j;
 }
 
+// What the splits are made of (Dataset::content_id): shards whose contents
+// changed under the same counts (re-prepared from other text, another
+// directory's) would otherwise pass the counts' comparison. Generated tasks: {}.
+nlohmann::json data_contents(const Dataset& d) {
+  nlohmann::json j = nlohmann::json::object();
+  for (auto [split, key] : {std::pair{Split::Train, "train"}, std::pair{Split::Val, "val"}})
+    if (const std::string id = d.content_id(split); !id.empty()) j[key] = id;
+  return j;
+}
+
 // What of data_counts() training reads (all but the validation count).
 nlohmann::json train_counts(nlohmann::json counts) {
   counts.erase("val_sequences");
@@ -388,7 +398,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   const RemovedIfLeftEmpty created_ckpt_root(ckpt_root);  // before created_dir looks at the run directory
   if (rank0) check_checkpoint_root_writable(ckpt_root);   // now, not at the first save after hours of training
 
-  auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg));
+  auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg),
+                           document_bos_of(cfg.model));
   // The groups, this rank's part of the model and its engine (docs/PARALLEL.md).
   TrainStep train_step(cfg, *comm);
   const ParallelGroups& groups = train_step.groups();
@@ -494,6 +505,26 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
         KVS_CHECK(opt.allow_data_change,
                   "{}; its data position would map onto other sequences: restore the shards and settings it was "
                   "trained on, or pass --allow-data-change to go on with these",
+                  what);
+        if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+      }
+    } else if (const nlohmann::json was_contents = ts.value("data_contents", nlohmann::json::object()),
+               now_contents = data_contents(*data);
+               was_contents.is_object() && was_contents.contains("train") && was_contents != now_contents) {
+      // The same counts over other contents (checkpoints before 2026-11-30 record none).
+      const bool train_same = was_contents.value("train", "") == now_contents.value("train", "");
+      const std::string what = fmt::format(
+          "{}: the {} data changed since this checkpoint: the same {} sequences, but other shards or other tokens "
+          "in them (their manifests' sha256s or names and sizes differ)",
+          latest, train_same ? "validation" : "training",
+          train_same ? was_data.value("val_sequences", nlohmann::json()).dump()
+                     : was_data.value("train_sequences", nlohmann::json()).dump());
+      if (train_same) {
+        if (rank0) spdlog::warn("{}; its losses before and after are not comparable", what);
+      } else {
+        KVS_CHECK(opt.allow_data_change,
+                  "{}; its data position would map onto other text: restore the shards it was trained on, or pass "
+                  "--allow-data-change to go on with these",
                   what);
         if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
       }
@@ -610,6 +641,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                           {"global_batch_sequences", GB},
                           {"seed", tc.seed},
                           {"data", data_counts(*data)},
+                          {"data_contents", data_contents(*data)},
                           {"rng", {{"kind", "counter"}, {"seed", tc.seed}, {"position", static_cast<uint64_t>(done) * GB}}}};
       if (!tokenizer_sha.empty()) cd.trainer_state["tokenizer_sha256"] = tokenizer_sha;
       stream = writer.save_streamed(done, std::move(cd), checkpoint_buffer);  // after the write in flight

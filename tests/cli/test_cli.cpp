@@ -20,6 +20,7 @@
 
 #include "build_paths.h"
 #include "core/runtime_env.h"
+#include "core/sha256.h"
 #include "data/shards.h"
 #include "cuda_test_util.h"
 #include "test_util.h"
@@ -445,6 +446,74 @@ TEST(Cli, ResumeRefusesDataThatChangedUnderIt) {
   r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/long --set train.steps=40");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("reads 80 sequences: 1.08 epochs of the training data's 74 sequences (it repeats"),
+            std::string::npos)
+      << r.out;
+}
+
+// The same counts over other contents: shards re-prepared from other text
+// (their manifests' sha256s differ) keep every sequence count, which the
+// check above compares. The checkpoint records what the splits were made of
+// (trainer_state.json "data_contents"), and a resume compares that too. A
+// train glob that takes in the validation shards is said at startup.
+TEST(Cli, ResumeRefusesShardsWhoseContentsChangedUnderTheSameCounts) {
+  const std::string dir = testing::TempDir() + "kvs_cli_data_contents";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/data");
+  auto prepare = [&](uint32_t shift, uint32_t val_shift) {  // tokens 3000 and 1000, another text per shift
+    std::vector<uint32_t> train = byte_tokens(3000), val = byte_tokens(1000);
+    for (uint32_t& t : train) t = (t + shift) % 256;
+    for (uint32_t& t : val) t = (t + val_shift) % 256;
+    kvs::write_shard(dir + "/data/train_000.bin", train, 2);
+    kvs::write_shard(dir + "/data/val_000.bin", val, 2);
+    const nlohmann::json m = {
+        {"splits",
+         {{"train", {{"shards", {{{"file", "train_000.bin"}, {"tokens", 3000},
+                                  {"sha256", kvs::sha256_file(dir + "/data/train_000.bin")}}}}}},
+          {"val", {{"shards", {{{"file", "val_000.bin"}, {"tokens", 1000},
+                                {"sha256", kvs::sha256_file(dir + "/data/val_000.bin")}}}}}}}}};
+    std::ofstream(dir + "/data/manifest.json") << m.dump();
+  };
+  prepare(0, 0);
+  nlohmann::json j = tiny_shard_config(dir + "/data/train_*.bin");
+  j["data"]["shards"]["val"] = {dir + "/data/val_*.bin"};
+  j["train"]["eval_sequences"] = 2;
+  std::ofstream(dir + "/lm.json") << j.dump();
+  const std::string train = "train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/run";
+  Result r = run(train);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto state = nlohmann::json::parse(
+      kvs::testing_util::slurp(dir + "/run/checkpoints/step_00000002/trainer_state.json"));
+  EXPECT_EQ(state["data_contents"]["train"].get<std::string>().size(), 64u) << state;
+
+  prepare(7, 0);  // other training text, the same 3000 tokens
+  r = run(train + " --resume --set train.steps=3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000002: the training data changed since this checkpoint: the same 93 sequences, but "
+                       "other shards or other tokens in them"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(kvs::testing_util::slurp(dir + "/run/checkpoints/latest"), "step_00000002\n");
+  r = run(train + " --resume --allow-data-change --set train.steps=3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("going on with these (--allow-data-change)"), std::string::npos) << r.out;
+  prepare(7, 9);  // other validation text only: a warning
+  r = run(train + " --resume --set train.steps=4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000003: the validation data changed since this checkpoint: the same 31 sequences"),
+            std::string::npos)
+      << r.out;
+
+  // A train glob over the validation shards too, or a val list naming a train shard.
+  r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak --set train.steps=1 "
+          "--set 'data.shards.train=[\"" + dir + "/data/*.bin\"]'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("data.shards.train: 1 of its files is validation data (" + dir + "/data/val_000.bin)"),
+            std::string::npos)
+      << r.out;
+  r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak2 --set train.steps=1 "
+          "--set 'data.shards.val=[\"" + dir + "/data/train_000.bin\"]'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("data.shards.train: 1 of its files is validation data (" + dir + "/data/train_000.bin)"),
             std::string::npos)
       << r.out;
 }

@@ -778,6 +778,59 @@ TEST(DataShardDataset, Errors) {
   EXPECT_KVS_ERROR(get_seq(*made, Split::Val, 0, 10), "no validation data");
 }
 
+// A file matched twice would be read twice, silently doubling its weight; a
+// glob that matches a directory gets its own message, not mmap's.
+TEST(DataShardDataset, AFileMatchedTwiceOrADirectoryIsAnError) {
+  const std::string dir = temp_dir("twice");
+  write_shard(dir + "/train_0.bin", std::vector<uint32_t>(40, 7), 2);
+  write_shard(dir + "/train_1.bin", std::vector<uint32_t>(40, 7), 2);
+  ShardDataConfig cfg;
+  cfg.val_fraction = 0;
+  cfg.train = {"train_*.bin", "train_0.bin"};
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir),
+                   "data.shards.train: " + dir + "/train_0.bin is matched by \"train_*.bin\" and by \"train_0.bin\": "
+                   "it would be read twice");
+  fs::create_directories(dir + "/sub");
+  std::error_code ec;
+  fs::create_symlink(dir + "/train_1.bin", dir + "/sub/link.bin", ec);
+  cfg.train = {"train_*.bin", "sub/link.bin"};  // the same file by another name
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir), "sub/link.bin is matched by", "it would be read twice");
+  fs::create_directories(dir + "/train_x.bin");
+  cfg.train = {"train_*.bin"};
+  EXPECT_KVS_ERROR(ShardDataset(cfg, 10, 256, 1, dir),
+                   "data.shards.train: " + dir + "/train_x.bin (matched by \"train_*.bin\") is not a regular file");
+  fs::remove(dir + "/train_x.bin");
+  EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, dir).size(Split::Train), 7u);
+}
+
+// A split's content_id follows what it reads: the manifest's sha256 of each
+// file (else its name and size) and the range; the same files elsewhere give
+// the same id.
+TEST(DataShardDataset, ContentIdFollowsTheShardsContents) {
+  const std::string a = temp_dir("content_a"), b = temp_dir("content_b");
+  for (const std::string& d : {a, b}) write_shard(d + "/train_0.bin", std::vector<uint32_t>(40, 7), 2);
+  auto manifest = [](const std::string& d, const std::string& sha) {
+    std::ofstream(d + "/manifest.json")
+        << nlohmann::json{{"shards", {{"train_0.bin", {{"tokens", 40}, {"sha256", sha}}}}}}.dump();
+  };
+  ShardDataConfig cfg;
+  cfg.train = {"train_0.bin"};
+  cfg.val_fraction = 0.3;
+  const std::string plain = ShardDataset(cfg, 10, 256, 1, a).content_id(Split::Train);
+  EXPECT_EQ(plain.size(), 64u);
+  EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, b).content_id(Split::Train), plain);  // same name and size elsewhere
+  EXPECT_NE(ShardDataset(cfg, 10, 256, 1, a).content_id(Split::Val), plain);
+  manifest(a, "aa");
+  manifest(b, "bb");
+  const std::string in_a = ShardDataset(cfg, 10, 256, 1, a).content_id(Split::Train);
+  EXPECT_NE(in_a, plain);
+  EXPECT_NE(ShardDataset(cfg, 10, 256, 1, b).content_id(Split::Train), in_a);  // other recorded contents
+  manifest(b, "aa");
+  EXPECT_EQ(ShardDataset(cfg, 10, 256, 1, b).content_id(Split::Train), in_a);
+  cfg.val_fraction = 0.5;  // another range of the same file
+  EXPECT_NE(ShardDataset(cfg, 10, 256, 1, b).content_id(Split::Train), in_a);
+}
+
 // Shards against their manifest.json (both formats: data prepare's "splits"
 // and prepare_byte_shards.py's "shards"): a listed shard the pattern would
 // match but that is missing (a partial copy), or one whose token count

@@ -17,10 +17,12 @@
 #include "data/prepare.h"
 #include "data/shards.h"
 #include "data/text_input.h"
+#include "data/tokenizer_check.h"
 #include "model/config.h"
 #include "test_util.h"
 #include "text_corpus_util.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_meta.h"
 #include "tokenizer/train.h"
 
 namespace kvs {
@@ -654,4 +656,23 @@ TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
 }
 
 }  // namespace
+// model.document_boundaries splits documents at model.bos_token_id: it must
+// be the BOS the data was framed with (data.tokenizer's), and byte-level data
+// has none.
+TEST(DataTokenizerCheck, DocumentBoundariesNeedTheTokenizersBos) {
+  const std::string tok = shared_tokenizer_dir();
+  const int bos = read_tokenizer_meta(tok).bos_id;
+  ASSERT_GE(bos, 0);
+  EXPECT_EQ(check_data_tokenizer(tok, 65536, "", bos), tok);
+  EXPECT_EQ(check_data_tokenizer(tok, 65536, "", -1), tok);  // no document boundaries
+  EXPECT_KVS_ERROR(check_data_tokenizer(tok, 65536, "", bos + 4),
+                   "model.bos_token_id (" + std::to_string(bos + 4) + ") is not the BOS of data.tokenizer " + tok +
+                       " (" + std::to_string(bos) + ")");
+  const fs::path bytes = fs::path(testing::TempDir()) / "kvs_bos_bytes";
+  fs::create_directories(bytes);
+  std::ofstream(bytes / "kvshift_tokenizer.json") << R"({"type": "bytes"})";
+  EXPECT_KVS_ERROR(check_data_tokenizer(bytes.string(), 65536, "", 1), "has no BOS token");
+  EXPECT_EQ(check_data_tokenizer(bytes.string(), 65536, "", -1), bytes.string());
+}
+
 }  // namespace kvs

@@ -483,6 +483,22 @@ def cases():
         return ["train", "--config", cfg, "--run-dir", os.path.join(d, "run"), "--resume", "--set",
                 "train.steps=3"], ""
 
+    @case("shard-matched-twice", "data shards", "one shard matched by two train patterns",
+          "data.shards.train: D/train_0.bin is matched by \"D/train_*.bin\" and by \"D/train_0.bin\": it would be read "
+          "twice (to weight a source, give data.shards.weights)")
+    def _(b, d):
+        shard(d, "train_0.bin", list(range(2, 30)) * 20)
+        return ["train", "--config", shard_config(d, shards={"train": ["train_*.bin", "train_0.bin"], "val": []}),
+                "--run-dir", os.path.join(d, "run")], ""
+
+    @case("shard-glob-directory", "data shards", "a shard glob that matches a directory",
+          "data.shards.train: D/train_x.bin (matched by \"D/train_*.bin\") is not a regular file")
+    def _(b, d):
+        shard(d, "train_0.bin", list(range(2, 30)) * 20)
+        os.makedirs(os.path.join(d, "train_x.bin"))
+        return ["train", "--config", shard_config(d, shards={"train": ["train_*.bin"], "val": []}),
+                "--run-dir", os.path.join(d, "run")], ""
+
     @case("shard-blend-weights", "data shards", "fewer weights than blended sources",
           "D/c.json: data.shards.weights: 1 weight for 2 data.shards.train entries (one weight per entry: each entry "
           "is a source)")
@@ -542,6 +558,16 @@ def cases():
         tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
         c = json.loads(open(shard_config(d, tokenizer="tok")).read())
         c["model"]["vocab_size"] = 256
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("tokenizer-no-bos-for-documents", "tokenizer", "document boundaries over byte-level data (no BOS)",
+          "model.bos_token_id (1): data.tokenizer D/tok has no BOS token (byte-level data is not framed in "
+          "documents): model.document_boundaries needs \"none\" with it")
+    def _(b, d):
+        shard(d, "train.bin", list(range(2, 30)) * 10)
+        tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
+        c = json.loads(open(shard_config(d, tokenizer="tok")).read())
+        c["model"].update({"vocab_size": 256, "document_boundaries": "shift", "bos_token_id": 1})
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], ""
 
     @case("tokenizer-bad-json", "tokenizer", "kvshift_tokenizer.json is not JSON",
@@ -821,6 +847,9 @@ LINKS = {
     "cli-run-dir-held": "Train.RefusesARunDirectoryAnotherTrainerHolds",
     "cli-overwrite-run": "Train.RefusesToOverwriteARun",
     "shard-data-changed": "Cli.ResumeRefusesDataThatChangedUnderIt",
+    "shard-matched-twice": "DataShardDataset.AFileMatchedTwiceOrADirectoryIsAnError",
+    "shard-glob-directory": "DataShardDataset.AFileMatchedTwiceOrADirectoryIsAnError",
+    "tokenizer-no-bos-for-documents": "DataTokenizerCheck.DocumentBoundariesNeedTheTokenizersBos",
     "shard-blend-weights": "BlendedDataset.ConfigRules",
     "shard-blend-source-short": "BlendedDataset.ValidationFilesPerSource",
     "shard-bad-magic": "DataShards.CorruptFilesNameThePath",

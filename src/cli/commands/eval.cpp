@@ -103,7 +103,8 @@ void add_eval(CLI::App& app) {
       spdlog::warn("the data settings differ from the run's (data.{}, run vs now): these validation sequences are "
                    "not the ones the run held out, and may include text it trained on",
                    data_change);
-    auto data = make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir);
+    auto data =
+        make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir, document_bos_of(ck.model));
     EvalResult r;
     std::string layout;
     nlohmann::json layout_json;

@@ -6,7 +6,8 @@ parallelism (SP), context parallelism (CP) and pipeline parallelism (PP).
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 240 [--tp 4]
         [--micro-batch B] [--global-batch SEQS] [--seq-len T] [--recompute none|attention|full]
         [--grad-dtype fp32|bf16] [--master sharded|replicated] [--mfu 0.45] [--peak-tflops 989]
-        [--nvlink-gbs 450] [--ib-gbps 400] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
+        [--nvlink-gbs 450] [--ib-gbps 400] [--nccl-base-latency-us 8.4] [--nvlink-latency-us 3.4]
+        [--ib-latency-us 14] [--gpus-per-node 8] [--gpu-mem-gib 80] [--json]
     scripts/scaling.py --config configs/paper/19B-kvshift.json --gpus 256 --seq-len 32768 --global-batch 96
         --cp all|N [--sp both|on|off] [--tp N] [--pp all|N] [--virtual-stages all|N]
         [--p2p-dtype bf16|fp32] [--all] ...
@@ -20,6 +21,9 @@ over each stage's dp x cp, the communication of each per layer, and the ones
 that fit in --gpu-mem-gib sorted by predicted step time (--all: the others
 too). --recommend: the full search for each GPU count, the fastest layout with
 and without pipeline parallelism.
+Every collective and send costs its bytes over the link plus NCCL's own latency
+for it (the Ring/Simple constants of NCCL's tuning model, src/graph/tuning.cc;
+--nccl-base-latency-us, --nvlink-latency-us, --ib-latency-us).
 The model, its assumptions and worked examples are in docs/scaling.md.
 Standard library only, so it runs before anything is built. Errors are one
 line, `scaling: error: ...`, exit 1.
@@ -484,17 +488,52 @@ def bandwidth(kind, a):
 
 
 def ring_link(groups, a):
-    """The link of ring collectives over each group of ranks (the slowest group counts): ("nvlink", 1)
-    when every group sits in one node, else ("ib", k), k the fewest members of a group in one node
-    (the node whose NICs carry the most of the ring's traffic each)."""
-    k, crosses = a.gpus_per_node, False
+    """The link of ring collectives over each group of ranks (the slowest group counts): ("nvlink", 1, 1)
+    when every group sits in one node, else ("ib", k, nodes), k the fewest members of a group in one
+    node (the node whose NICs carry the most of the ring's traffic each), nodes the most nodes a group
+    spans (what NCCL's latency counts: nccl_ring_latency_us)."""
+    k, nodes = a.gpus_per_node, 1
     for ranks in groups:
         per_node = {}
         for r in ranks:
             per_node[node_of(r, a)] = per_node.get(node_of(r, a), 0) + 1
-        crosses = crosses or len(per_node) > 1
+        nodes = max(nodes, len(per_node))
         k = min(k, min(per_node.values()))
-    return ("ib", k) if crosses else ("nvlink", 1)
+    return ("ib", k, nodes) if nodes > 1 else ("nvlink", 1, 1)
+
+
+# ---- latency: NCCL's own tuning model ----
+#
+# NCCL (NVIDIA/nccl, src/graph/tuning.cc, version 2.30.7, commit 5067397c2676d5aed50042fc39e5c8ee96eb0027)
+# predicts a collective's time as latency + bytes / bandwidth (ncclTopoGetAlgoTime). For the Ring
+# algorithm and the Simple protocol (what it picks for large buffers) its default tuner constants are
+# baseLatencies[Ring][Simple] = 8.4 us, and per ring step hwLatencies[NVLINK][Ring][Simple] = 3.4 us,
+# hwLatencies[NET][Ring][Simple] = 14.0 us (and [NET][Tree][Simple] = 14, which it uses when every node
+# holds one rank: the same). ncclTopoTuneModel: a ring all-reduce of n ranks on N nodes takes
+# nsteps = 2(n - 1) steps of which nInterSteps = 2(N - 1) cross nodes; a reduce-scatter or all-gather
+# n - 1 and N - 1; latency = base + (nsteps - nInterSteps) x intra + nInterSteps x inter. Across nodes
+# intra is max(3.4, 3 x the net overhead of 1.0 us) = 3.4, and inter adds the net plugin's latency,
+# which the InfiniBand plugin leaves at 0. ncclTopoGetAlgoTime multiplies a Ring/Simple all-reduce
+# across nodes by 1.4 on Ampere and later ("plateau effect of ring"; 1.9 before), for any buffer of
+# at least 64 bytes per channel and rank. NCCL has no latency model for send/receive: a send to a
+# neighbour with its receive is the one step of a 2-rank ring all-gather, base + one hop's hwLatency.
+NCCL_RING_PLATEAU = 1.4
+
+
+def nccl_ring_latency_us(coll, n, nodes, a):
+    """NCCL's Ring/Simple latency (us) of one all_reduce, reduce_scatter or all_gather over n ranks
+    spanning `nodes` nodes (tuning.cc, above)."""
+    if n <= 1:
+        return 0.0
+    steps = 2 * (n - 1) if coll == "all_reduce" else n - 1
+    inter = 0 if nodes <= 1 else (2 * (nodes - 1) if coll == "all_reduce" else nodes - 1)
+    lat = a.nccl_base_latency_us + (steps - inter) * a.nvlink_latency_us + inter * a.ib_latency_us
+    return lat * NCCL_RING_PLATEAU if coll == "all_reduce" and nodes > 1 else lat
+
+
+def p2p_latency_us(kind, a):
+    """A send to a neighbour and its receive on `kind` ("nvlink" or "ib"): one ring step, base + hop."""
+    return a.nccl_base_latency_us + (a.nvlink_latency_us if kind == "nvlink" else a.ib_latency_us)
 
 
 def ring_bandwidth(kind, k, a):
@@ -510,6 +549,12 @@ def ring_bandwidth(kind, k, a):
 
 def tp_groups(gpus, tp):
     return [range(g, g + tp) for g in range(0, gpus, tp)]
+
+
+def cp_groups(dp, pp, cp, tp):
+    """The cp ranks of each (dp, pipeline, tp) rank that run one sequence's ring and halo together."""
+    return [[((d * pp + p) * cp + c) * tp + t for c in range(cp)]
+            for d in range(dp) for p in range(pp) for t in range(tp)]
 
 
 def gradient_groups(dp, pp, cp, tp):
@@ -541,14 +586,19 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
     compute_s = (flops + recompute_flops) / (a.gpus * achieved)
 
     # TP (or SP): collectives of [rows, h] bf16 per micro-batch, on the critical path; a pipeline
-    # rank runs its layers' (and the embedding's or the LM head's) share.
+    # rank runs its layers' (and the embedding's or the LM head's) share. Each pays NCCL's ring
+    # latency over the tp ranks and the nodes they span (nccl_ring_latency_us).
     tp_buf = rows * h * BF16
 
     def tp_bytes_of(coll):
         return (coll.get("all_reduce", 0) * ring_allreduce_bytes(tp_buf, tp) +
                 (coll.get("all_gather", 0) + coll.get("reduce_scatter", 0)) * ring_half_bytes(tp_buf, tp))
-    tp_link, tp_nics = ring_link(tp_groups(dp * pp * cp * tp, tp), a)
+    tp_link, tp_nics, tp_nodes = ring_link(tp_groups(dp * pp * cp * tp, tp), a)
     tp_bw = ring_bandwidth(tp_link, tp_nics, a)
+    tp_lat = {c: nccl_ring_latency_us(c, tp, tp_nodes, a) * 1e-6 for c in ("all_reduce", "all_gather", "reduce_scatter")}
+
+    def tp_latency_of(coll):
+        return sum(k * tp_lat[c] for c, k in coll.items())
 
     # CP: per layer and micro-batch the ring passes this rank's K/V block [rows, 2 KD/tp] bf16 cp - 1
     # times forward, and cp times backward with its fp32 dK/dV accumulators; the halo all-gathers W raw
@@ -556,6 +606,10 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
     # repeats the forward ring and halo. The ring can hide behind the attention of the block in hand:
     # one step's attention is 1/cp of the rank's causal attention (2 T^2 d_head n_heads / (tp cp)
     # FLOPs per sequence forward, twice that backward), at the assumed MFU.
+    # Latency (the CUDA engine's NCCL calls, src/model/cuda_engine_cp.cpp): a forward step is one
+    # send/receive pair, a backward step two (the block, then its dK/dV); a layer gathers the halo once
+    # per forward pass and twice in the backward (the halo again, then its gradients), each a ring
+    # all-gather over the cp ranks.
     kd = m["num_key_value_heads"] // tp * d_head
     qd = m["num_attention_heads"] // tp * d_head
     sk, sv, sq = shift_flags(m)
@@ -569,11 +623,20 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
     cp_link = link(cp * tp, a)
     cp_bw = bandwidth(cp_link, a)
     attn_step_fwd = 2.0 * mb * seq * seq * d_head * m["num_attention_heads"] / (tp * cp * cp) / achieved
+    cp_nodes = ring_link(cp_groups(dp, pp, cp, tp), a)[2] if cp > 1 else 1
+    cp_step_lat = p2p_latency_us(cp_link, a) * 1e-6 if cp > 1 else 0.0
+    halo_lat = nccl_ring_latency_us("all_gather", cp, cp_nodes, a) * 1e-6
+    halo_gathers = fwd_rings + 2 if cp > 1 and halo_piece > 0 else 0
+    fwd_step_s = ring_fwd_step / cp_bw + cp_step_lat  # one ring step's transfer, latency included
+    bwd_step_s = ring_bwd_step / cp_bw + 2 * cp_step_lat
+    ring_layer_s = fwd_rings * (cp - 1) * fwd_step_s + cp * bwd_step_s if cp > 1 else 0.0
+    halo_layer_s = halo_layer / cp_bw + halo_gathers * halo_lat
+    cp_lat_layer = (fwd_rings * (cp - 1) + 2 * cp) * cp_step_lat + halo_gathers * halo_lat if cp > 1 else 0.0
     if cp > 1:
-        ratio_fwd = ring_fwd_step / cp_bw / attn_step_fwd
-        ratio_bwd = ring_bwd_step / cp_bw / (2 * attn_step_fwd)
-        exposed_layer = (fwd_rings * (cp - 1) * max(0.0, ring_fwd_step / cp_bw - attn_step_fwd) +
-                         cp * max(0.0, ring_bwd_step / cp_bw - 2 * attn_step_fwd))
+        ratio_fwd = fwd_step_s / attn_step_fwd
+        ratio_bwd = bwd_step_s / (2 * attn_step_fwd)
+        exposed_layer = (fwd_rings * (cp - 1) * max(0.0, fwd_step_s - attn_step_fwd) +
+                         cp * max(0.0, bwd_step_s - 2 * attn_step_fwd))
     else:
         ratio_fwd = ratio_bwd = exposed_layer = 0.0
 
@@ -585,11 +648,11 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         first, last = r == 0, r == pp - 1
         sf = stage_flops_per_token(m, seq, Ls, last) + extra_layer * Ls
         coll = stage_tp_collectives(Ls, first, last, recompute, sp)
-        tp_r = tp_bytes_of(coll) / tp_bw
+        tp_r = tp_bytes_of(coll) / tp_bw + tp_latency_of(coll)
         cp_bytes_r = Ls * (ring_layer + halo_layer)
         stages.append({"compute": sf * mb * seq / (tp * cp * achieved), "tp_bytes": tp_bytes_of(coll), "tp": tp_r,
-                       "cp_bytes": cp_bytes_r, "cp": cp_bytes_r / cp_bw,
-                       "cp_exposed": Ls * (exposed_layer + halo_layer / cp_bw), "coll": coll})
+                       "tp_lat": tp_latency_of(coll), "cp_bytes": cp_bytes_r, "cp": Ls * (ring_layer_s + halo_layer_s),
+                       "cp_lat": Ls * cp_lat_layer, "cp_exposed": Ls * (exposed_layer + halo_layer_s), "coll": coll})
     slow = max(stages, key=lambda x: x["compute"] + x["tp"] + x["cp"])
     slow_ovl = max(stages, key=lambda x: x["compute"] + x["tp"] + x["cp_exposed"])
     tp_bytes = micro_steps * slow["tp_bytes"]
@@ -601,6 +664,7 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
     imbalance = micro_steps * slow["compute"] - compute_s if pp > 1 else 0.0
     imbalance_ovl = micro_steps * slow_ovl["compute"] - compute_s if pp > 1 else 0.0
     tp_ovl_s = micro_steps * slow_ovl["tp"]
+    tp_lat_s, cp_lat_s = micro_steps * slow["tp_lat"], micro_steps * slow["cp_lat"]
 
     # The pipeline: the bubble is (pp - 1) / (m v) of the ideal step m x t, t the slowest rank's time
     # for one micro-batch (1F1B and interleaved alike; tests/test_scaling.py counts it on the engine's
@@ -614,12 +678,14 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         links = pp_boundary_links(dp, pp, cp, tp, a)
         used = links["forward"] + ([links["wrap"]] if v > 1 else [])
         p2p_link = "ib" if "ib" in used else "nvlink"
-        c = p2p_msg / bandwidth(p2p_link, a)
+        p2p_lat = p2p_latency_us(p2p_link, a) * 1e-6  # every send pays one step's latency
+        c = p2p_msg / bandwidth(p2p_link, a) + p2p_lat
         pass_s = (slow["compute"] + slow["tp"] + slow["cp"]) / v
         pass_ovl_s = (slow_ovl["compute"] + slow_ovl["tp"] + slow_ovl["cp_exposed"]) / v
         bubble = (pp - 1) * pass_s
         bubble_ovl = (pp - 1) * pass_ovl_s
         p2p_s = 2 * c * (micro_steps * v + pp - 1)
+        p2p_lat_s = 2 * p2p_lat * (micro_steps * v + pp - 1)
         hops = (pp - 1) * micro_steps / pp + pp - 1 if v == 1 else pp * v - 1
         # The overlap formulas hold while a transfer is short next to a chunk's forward (a third of
         # its pass); past that the tool charges the serial time.
@@ -627,13 +693,17 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         sends = 2 * v if pp > 2 else 2 * v - 1  # the busiest rank's: no send forward from the last stage, back from the first
         p2p_bytes = micro_steps * sends * p2p_msg
     else:
-        links, p2p_link, c = {"forward": [], "wrap": "nvlink"}, "-", 0.0
-        bubble = bubble_ovl = p2p_s = p2p_exposed = p2p_bytes = 0.0
+        links, p2p_link, c, p2p_lat = {"forward": [], "wrap": "nvlink"}, "-", 0.0, 0.0
+        bubble = bubble_ovl = p2p_s = p2p_exposed = p2p_bytes = p2p_lat_s = 0.0
 
     # Gradients: summed over the dp x cp ranks holding the same weights (CP ranks each compute a share
     # of every sequence's gradient), once per step, each stage over its own ranks; ZeRO-1
     # reduce-scatters them and all-gathers the updated parameters (bf16, or the fp32 master that
-    # kvshift's engines gather when it is replicated). The largest stage counts.
+    # kvshift's engines gather when it is replicated). The largest stage counts. In buckets, as the
+    # overlap below assumes and the CUDA engine reduces them (cuda_engine.cpp, buckets_): one per
+    # layer, one for the embedding, one for the final norm and LM head (a stage: its layers, and the
+    # embedding or head it holds); each bucket is one collective (plain DP: an all-reduce; ZeRO-1: a
+    # reduce-scatter and an all-gather) and pays NCCL's ring latency over the n ranks.
     n = dp * cp
     tensors = [stage_tensors(m, tp, pp, v, r) for r in range(pp)]
     params = [sum(t) for t in tensors]
@@ -644,14 +714,20 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         gather_bytes = ring_half_bytes(p_gpu * (BF16 if a.master == "sharded" else FP32), n)
     else:
         reduce_bytes, gather_bytes = ring_allreduce_bytes(p_gpu * gbytes, n), 0.0
-    dp_link, dp_nics = ring_link(gradient_groups(dp, pp, cp, tp), a)
+    dp_link, dp_nics, dp_nodes = ring_link(gradient_groups(dp, pp, cp, tp), a)
     dp_bw = ring_bandwidth(dp_link, dp_nics, a)
-    reduce_s, gather_s = reduce_bytes / dp_bw, gather_bytes / dp_bw
+    big = params.index(p_gpu)
+    buckets = Ls + (big == 0) + (big == pp - 1)  # pp 1: L + 2
+    reduce_lat = nccl_ring_latency_us("reduce_scatter" if mode == "zero1" else "all_reduce", n, dp_nodes, a) * 1e-6
+    gather_lat = nccl_ring_latency_us("all_gather", n, dp_nodes, a) * 1e-6 if mode == "zero1" else 0.0
+    reduce_s = reduce_bytes / dp_bw + buckets * reduce_lat
+    gather_s = gather_bytes / dp_bw + buckets * gather_lat
     # Tied embeddings under PP: the first and the last stage sum their copies' gradients (fp32), after
-    # the backward, on the critical path.
+    # the backward, on the critical path: an all-reduce over the two (tied_embedding.cpp).
     embed_bytes = tensors[0][0] * FP32 if pp > 1 and m["tie_word_embeddings"] else 0
     embed_link = links["wrap"] if pp > 1 else "nvlink"
-    embed_s = embed_bytes / bandwidth(embed_link, a)
+    embed_lat = nccl_ring_latency_us("all_reduce", 2, 2 if embed_link == "ib" else 1, a) * 1e-6 if embed_bytes else 0.0
+    embed_s = embed_bytes / bandwidth(embed_link, a) + embed_lat
 
     # Overlap: each layer's gradients are reduced as soon as its backward ends, during the rest of
     # the last micro-batch's backward (2/3 of its compute); ZeRO-1's all-gather of layer l runs
@@ -700,24 +776,34 @@ def predict(m, train, a, dp, cp, tp, sp, mode, pp=1, v=1):
         "tp_collectives_per_micro_batch": slow["coll"] if tp > 1 else {},
         "tp_buffer_bytes": tp_buf if tp > 1 else 0,
         "tp_bytes_per_gpu": tp_bytes, "tp_link": tp_link, "tp_nics_per_node": tp_nics, "tp_ring_GBps": tp_bw / 1e9,
-        "tp_comm_s": tp_s,
+        "tp_nodes": tp_nodes, "tp_comm_s": tp_s, "tp_latency_s": tp_lat_s,
         "cp_ring_bytes_per_layer": ring_layer, "cp_halo_bytes_per_layer": halo_layer,
         "cp_ring_step_bytes_forward": ring_fwd_step if cp > 1 else 0,
         "cp_ring_step_bytes_backward": ring_bwd_step if cp > 1 else 0,
         "cp_ring_over_attention_forward": ratio_fwd, "cp_ring_over_attention_backward": ratio_bwd,
         "cp_ring_hides": cp > 1 and max(ratio_fwd, ratio_bwd) <= 1.0,
-        "cp_bytes_per_gpu": cp_bytes, "cp_link": cp_link, "cp_comm_s": cp_s, "cp_comm_exposed_overlap_s": cp_exposed,
+        "cp_bytes_per_gpu": cp_bytes, "cp_link": cp_link, "cp_nodes": cp_nodes, "cp_comm_s": cp_s,
+        "cp_latency_s": cp_lat_s, "cp_comm_exposed_overlap_s": cp_exposed,
         "pp_bubble_fraction": (pp - 1) / (micro_steps * v), "pp_bubble_s": bubble, "pp_bubble_overlap_s": bubble_ovl,
         "pp_imbalance_s": imbalance, "pp_p2p_bytes_per_message": p2p_msg if pp > 1 else 0,
         "pp_p2p_bytes_per_gpu": p2p_bytes, "pp_p2p_link": p2p_link, "pp_boundary_links": links,
-        "pp_p2p_message_s": c, "pp_p2p_s": p2p_s, "pp_p2p_exposed_overlap_s": p2p_exposed,
+        "pp_p2p_message_s": c, "pp_p2p_s": p2p_s, "pp_p2p_latency_s": p2p_lat_s, "pp_p2p_exposed_overlap_s": p2p_exposed,
         "embed_sync_bytes": embed_bytes, "embed_sync_s": embed_s,
         "stages": per_stage if pp > 1 else [],
         "grad_group": n,
         "dp_bytes_per_gpu": reduce_bytes + gather_bytes,
         "dp_reduce_bytes_per_gpu": reduce_bytes, "dp_gather_bytes_per_gpu": gather_bytes,
-        "dp_link": dp_link, "dp_nics_per_node": dp_nics, "dp_ring_GBps": dp_bw / 1e9, "compute_s": compute_s, "dp_comm_s": reduce_s + gather_s,
+        "dp_link": dp_link, "dp_nics_per_node": dp_nics, "dp_ring_GBps": dp_bw / 1e9, "dp_nodes": dp_nodes,
+        "grad_buckets": buckets, "dp_latency_s": buckets * (reduce_lat + gather_lat),
+        "compute_s": compute_s, "dp_comm_s": reduce_s + gather_s,
         "dp_comm_exposed_overlap_s": reduce_exposed + gather_exposed,
+        "latency_us": {"tp_all_reduce": 1e6 * tp_lat["all_reduce"] if tp > 1 else 0.0,
+                       "tp_all_gather": 1e6 * tp_lat["all_gather"] if tp > 1 else 0.0,
+                       "cp_step_forward": 1e6 * cp_step_lat, "cp_step_backward": 2e6 * cp_step_lat,
+                       "cp_halo_all_gather": 1e6 * halo_lat if halo_gathers else 0.0,
+                       "dp_reduce": 1e6 * reduce_lat, "dp_gather": 1e6 * gather_lat,
+                       "pp_send": 1e6 * p2p_lat, "embed_sync": 1e6 * embed_lat},
+        "latency_s": tp_lat_s + cp_lat_s + p2p_lat_s + buckets * (reduce_lat + gather_lat) + embed_lat,
         "step_s": step_plain, "step_overlap_s": step_overlap,
         "efficiency": ideal / step_plain, "efficiency_overlap": ideal / step_overlap,
         "tokens_per_s_overlap": gb * seq / step_overlap,
@@ -765,6 +851,15 @@ def parse_args(argv):
                         "900 GB/s of the data sheets is both directions together)")
     p.add_argument("--ib-gbps", type=float, default=400,
                    help="InfiniBand Gb/s per GPU (one NIC each) across nodes, one direction (default 400)")
+    p.add_argument("--nccl-base-latency-us", type=float, default=8.4,
+                   help="latency of every NCCL collective and send, us (default 8.4: NCCL's baseLatencies"
+                        "[Ring][Simple], src/graph/tuning.cc, 2.30.7)")
+    p.add_argument("--nvlink-latency-us", type=float, default=3.4,
+                   help="latency of each ring step within a node, us (default 3.4: NCCL's "
+                        "hwLatencies[NVLINK][Ring][Simple])")
+    p.add_argument("--ib-latency-us", type=float, default=14.0,
+                   help="latency of each ring step that crosses nodes, us (default 14.0: NCCL's "
+                        "hwLatencies[NET][Ring][Simple]); 0 for all three: the bandwidth-only model")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-mem-gib", type=float, default=80)
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -856,6 +951,8 @@ def build(a):
     for k in ("gpus", "micro_batch", "seq_len", "global_batch", "gpus_per_node"):
         need(getattr(a, k) >= 1, "--%s must be at least 1" % k.replace("_", "-"))
     need(0 < a.mfu <= 1, "--mfu must be in (0, 1]")
+    for k in ("nccl_base_latency_us", "nvlink_latency_us", "ib_latency_us"):
+        need(getattr(a, k) >= 0, "--%s must be at least 0" % k.replace("_", "-"))
     a.search = None
     a.pp_search = size_or_all(a.pp, "--pp")
     a.v_search = size_or_all(a.virtual_stages, "--virtual-stages")
@@ -915,7 +1012,10 @@ def build(a):
         "params_shift": counts["shift"], "train_flops_per_token": flops_per_token(m, a.seq_len),
         "assumptions": {"mfu": a.mfu, "peak_tflops": a.peak_tflops, "nvlink_GBps": a.nvlink_gbs,
                         "ib_Gbps_per_gpu": a.ib_gbps, "grad_dtype": a.grad_dtype, "master": a.master,
-                        "gpu_mem_gib": a.gpu_mem_gib},
+                        "gpu_mem_gib": a.gpu_mem_gib, "nccl_base_latency_us": a.nccl_base_latency_us,
+                        "nvlink_latency_us": a.nvlink_latency_us, "ib_latency_us": a.ib_latency_us,
+                        "nccl_allreduce_across_nodes_factor": NCCL_RING_PLATEAU,
+                        "latency_source": "NCCL 2.30.7 src/graph/tuning.cc (5067397c), Ring/Simple"},
         "p2p_dtype": a.p2p_dtype, "rows": rows, "skipped": skipped,
         "recommended": best and {"layout": best["layout"], "mode": best["mode"]},
         "recommended_without_overlap": best_serial and {"layout": best_serial["layout"], "mode": best_serial["mode"]},
@@ -950,25 +1050,32 @@ def print_header(r):
     print("assumed: MFU %.0f%% of %g TFLOP/s; NVLink %g GB/s one way in a node, InfiniBand %g Gb/s per GPU across nodes; "
           "%s gradients; fp32 master %s" % (100 * a["mfu"], a["peak_tflops"], a["nvlink_GBps"], a["ib_Gbps_per_gpu"],
                                             a["grad_dtype"], a["master"]))
+    print("latency (NCCL's Ring/Simple model): %s" % latency_words(a))
+
+
+def latency_words(a):
+    return ("%g us a collective or send + %g us a step in a node + %g us a step across nodes; all-reduces across "
+            "nodes x %g" % (a["nccl_base_latency_us"], a["nvlink_latency_us"], a["ib_latency_us"],
+                            a["nccl_allreduce_across_nodes_factor"]))
 
 
 def print_table(r):
     print_header(r)
     a = r["assumptions"]
-    head = ("layout", "grad reduction", "mb/GPU", "TP GB/GPU", "DP GB/GPU", "compute s", "TP s", "DP s",
+    head = ("layout", "grad reduction", "mb/GPU", "TP GB/GPU", "DP GB/GPU", "compute s", "TP s", "DP s", "lat s",
             "step s", "eff", "step s ovl", "eff ovl", "MFU ovl", "mem GiB")
-    fmt = "%-14s %-14s %6s %10s %10s %9s %7s %7s %8s %5s %10s %7s %7s %9s"
+    fmt = "%-14s %-14s %6s %10s %10s %9s %7s %7s %6s %8s %5s %10s %7s %7s %9s"
     print(fmt % head)
     for x in r["rows"]:
         print(fmt % (x["layout"], MODES[x["mode"]], x["micro_batches_per_gpu"],
                      gb(x["tp_bytes_per_gpu"]) + ("" if x["tp"] == 1 else "/" + ring_label(x, "tp")),
                      gb(x["dp_bytes_per_gpu"]) + "/" + ring_label(x, "dp"),
                      "%.3f" % x["compute_s"], "%.3f" % x["tp_comm_s"], "%.3f" % x["dp_comm_s"],
-                     "%.3f" % x["step_s"], pct(x["efficiency"]), "%.3f" % x["step_overlap_s"],
+                     "%.3f" % x["latency_s"], "%.3f" % x["step_s"], pct(x["efficiency"]), "%.3f" % x["step_overlap_s"],
                      pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
                      "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")))
     print("GB/GPU: bytes each GPU sends per step (/nv NVLink, /ibK InfiniBand through the group's K NICs a node); "
-          "compute includes recomputation; "
+          "TP s and DP s include NCCL's latency, lat s is that latency (serial); compute includes recomputation; "
           "eff = compute / step; MFU = model FLOPs / (step x peak); "
           "ovl = reduction overlapped with the last backward, ZeRO-1's gather with the next forward; "
           "! = over %g GiB" % a["gpu_mem_gib"])
@@ -1029,9 +1136,9 @@ def print_search(r, show_all):
     print("\nstep time and memory per GPU (ZeRO-1 over dp x cp%s):" % (" of each stage" if piped else ""))
     head = ["layout", "mb/GPU", "TP GB", "CP GB", "DP GB", "compute s", "TP s", "CP s", "DP s"]
     head += ["PP GB", "PP s", "bubble", "imbal"] if piped else []
-    head += ["step s", "eff", "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB"]
+    head += ["lat s", "step s", "eff", "step ovl", "eff ovl", "MFU ovl", "act GiB", "mem GiB"]
     fmt = "%-" + str(w) + "s %6s %7s %7s %7s %9s %6s %6s %6s " + ("%6s %6s %6s %6s " if piped else "") + \
-        "%7s %4s %8s %7s %7s %7s %8s"
+        "%6s %7s %4s %8s %7s %7s %7s %8s"
     print(fmt % tuple(head))
     for x in rows:
         cols = [x["layout"], x["micro_batches_per_gpu"], gb(x["tp_bytes_per_gpu"]), gb(x["cp_bytes_per_gpu"]),
@@ -1040,13 +1147,14 @@ def print_search(r, show_all):
         if piped:
             cols += [gb(x["pp_p2p_bytes_per_gpu"]), "%.3f" % x["pp_p2p_s"], "%.3f" % x["pp_bubble_s"],
                      "%.3f" % x["pp_imbalance_s"]]
-        cols += ["%.3f" % x["step_s"], pct(x["efficiency"]),
+        cols += ["%.3f" % x["latency_s"], "%.3f" % x["step_s"], pct(x["efficiency"]),
                  "%.3f" % x["step_overlap_s"], pct(x["efficiency_overlap"]), "%.1f%%" % (100 * x["mfu_overlap"]),
                  "%.1f" % (x["activation_bytes"]["total"] / 2**30),
                  "%.1f%s" % (x["memory_gib"], "" if x["fits"] else " !")]
         print(fmt % tuple(cols))
     print("GB: bytes each GPU sends per step (nv NVLink, ibK InfiniBand through the group's K NICs a node, ib the "
-          "GPU's own NIC); ovl: the ring hidden behind attention as far as it can be, the gradient "
+          "GPU's own NIC); TP, CP, DP and PP s include NCCL's latency, lat s is that latency (serial); ovl: the "
+          "ring (its latency too) hidden behind attention as far as it can be, the gradient "
           "reduce-scatter behind the last backward and the all-gather behind the next forward; TP is never hidden; "
           "! = over %g GiB" % a["gpu_mem_gib"])
     if piped:
@@ -1121,12 +1229,12 @@ def print_recommend(recs):
     head = next((x["header"] for x in recs if x["header"]), None)
     if head:
         print("%s: %.2fB params, %d x %d tokens per step, recompute %s; assumed MFU %.0f%% of %g TFLOP/s, NVLink %g GB/s "
-          "one way, "
-              "InfiniBand %g Gb/s per GPU, %d GPUs per node, %g GiB; pp stages send %s"
+              "one way, InfiniBand %g Gb/s per GPU, %d GPUs per node, %g GiB; pp stages send %s"
               % (head["name"], head["params_total"] / 1e9, head["global_batch_sequences"], head["seq_len"],
                  head["recompute"], 100 * head["assumptions"]["mfu"], head["assumptions"]["peak_tflops"],
                  head["assumptions"]["nvlink_GBps"], head["assumptions"]["ib_Gbps_per_gpu"], head["gpus_per_node"],
                  head["assumptions"]["gpu_mem_gib"], head["p2p_dtype"]))
+        print("latency (NCCL's Ring/Simple model): %s" % latency_words(head["assumptions"]))
     fmt = "%5s %3s  %-36s %8s %4s %6s %6s  %-28s %8s %6s  %-36s %7s"
     print(fmt % ("GPUs", "mb", "fastest (overlap)", "step s", "eff", "MFU", "GiB", "fastest without pp", "step s",
                  "pp gain", "fastest without overlap", "step s"))

@@ -17,7 +17,10 @@ parallelism: the bubble (pp - 1)/(m v) and the p2p formulas against a timeline
 of the engine's schedules written again here from the C++, the in-flight
 micro-batches against kvshift info's pipeline_stages, the stage shapes
 kvshift refuses, per-stage memory summing to the whole model, and the layouts
-where pp wins (docs/scaling.md). Prints
+where pp wins (docs/scaling.md). Latency: NCCL's Ring/Simple model
+(src/graph/tuning.cc) worked out by hand for a TP all-reduce in a node, TP 16
+across two nodes, the gradient buckets across nodes, a CP ring step and halo,
+a pipeline send; the flags, and the 1024-GPU picks of 1.5B and 6.7B. Prints
 `N passed, N failed`; exit 1 on any failure. Registered in CTest as
 `scaling_tool`.
 """
@@ -46,6 +49,13 @@ def close(a, b, rel=1e-9):
 
 def tool(*args):
     return subprocess.run([PY, TOOL] + list(args), capture_output=True, text=True)
+
+
+# NCCL's Ring/Simple latency (src/graph/tuning.cc, 2.30.7): 8.4 us a collective, 3.4 us a ring step in a node,
+# 14 us a step across nodes; an all-reduce of n ranks on N nodes has 2(n-1) steps, 2(N-1) of them across
+# nodes (and is multiplied by 1.4 when N > 1), a reduce-scatter or all-gather n-1 and N-1. A send with its
+# receive: 8.4 + one step. Worked out by hand below, in seconds.
+US = 1e-6
 
 
 def tool_json(*args):
@@ -85,13 +95,23 @@ def main():
     check(abs(dp1["dp_bytes_per_gpu"] / 1e9 - 151.46) < 0.01, "19B dp 240: 151.46 GB sent per GPU per step")
     # Across nodes NCCL runs a ring per NIC: with k group members in a node, each sends 1/k of its bytes out
     # through its own 400 Gb/s = 50 GB/s NIC and (k - 1)/k over NVLink (450 GB/s one way) to the next exit.
+    # Latency: kvshift reduces in 48 + 2 buckets (each layer, the embedding, the final norm + LM head), each
+    # an all-reduce of 240 ranks on 30 nodes: 478 steps, 58 across nodes, x 1.4.
+    ar240 = (8.4 + (478 - 58) * 3.4 + 58 * 14.0) * 1.4
+    check(abs(ar240 - 3147.76) < 1e-9 and close(dp1["latency_us"]["dp_reduce"], ar240) and dp1["grad_buckets"] == 50,
+          "19B dp 240: NCCL's latency of one bucket's all-reduce over 30 nodes: (8.4 + 420 x 3.4 + 58 x 14) x 1.4 "
+          "= 3147.76 us, 50 buckets", str(dp1["latency_us"]))
     check(dp1["dp_link"] == "ib" and dp1["dp_nics_per_node"] == 8 and
-          close(dp1["dp_comm_s"], dp1["dp_bytes_per_gpu"] / (8 * 50e9)),
-          "19B dp 240: 8 ranks a node, 8 NICs of 50 GB/s in parallel (NVLink carries 7/8 at 450: not the limit)")
+          close(dp1["dp_comm_s"], dp1["dp_bytes_per_gpu"] / (8 * 50e9) + 50 * ar240 * US),
+          "19B dp 240: 8 ranks a node, 8 NICs of 50 GB/s in parallel (NVLink carries 7/8 at 450: not the limit), "
+          "+ 50 x 3.15 ms of latency")
     dp4 = row(j, 4, "zero1")
-    check(dp4["dp_link"] == "ib" and dp4["dp_nics_per_node"] == 2 and
-          close(dp4["dp_comm_s"], dp4["dp_bytes_per_gpu"] / (2 * 50e9)),
-          "19B dp 60 x tp 4: 2 ranks of each gradient group a node: 2 NICs, 100 GB/s")
+    # ZeRO-1 over 60 ranks, 2 in each of 30 nodes: a reduce-scatter and an all-gather of 59 steps, 29 across.
+    rs60 = 8.4 + (59 - 29) * 3.4 + 29 * 14.0
+    check(dp4["dp_link"] == "ib" and dp4["dp_nics_per_node"] == 2 and dp4["dp_nodes"] == 30 and
+          close(dp4["dp_comm_s"], dp4["dp_bytes_per_gpu"] / (2 * 50e9) + 50 * 2 * rs60 * US),
+          "19B dp 60 x tp 4: 2 ranks of each gradient group a node: 2 NICs, 100 GB/s; 50 buckets of a reduce-scatter "
+          "and an all-gather, %.1f us each" % rs60)
     # 12 GPUs: 8 in one node, 4 in the next; the node with 4 carries twice the traffic a NIC.
     j12 = tool_json("--config", cfg19, "--gpus", "12", "--tp", "1", "--global-batch", "12")
     check(row(j12, 1, "dp")["dp_nics_per_node"] == 4 and close(row(j12, 1, "dp")["dp_ring_GBps"], 200),
@@ -116,8 +136,13 @@ def main():
     want = 4 * (4 * 48 + 2) * 2 * 3 / 4 * (12288 * 6144 * 2)
     check(tp4["micro_batches_per_gpu"] == 4 and close(tp4["tp_bytes_per_gpu"], want),
           "19B dp 60 x tp 4: TP bytes %.2f GB per GPU" % (want / 1e9), str(tp4["tp_bytes_per_gpu"]))
-    check(tp4["tp_link"] == "nvlink" and close(tp4["tp_comm_s"], want / 450e9),
-          "19B tp 4: on NVLink at 450 GB/s (one direction of NVLink 4's 900)")
+    # A TP all-reduce within a node: 4 ranks, 6 steps on NVLink, 8.4 + 6 x 3.4 = 28.8 us, 194 per micro-batch.
+    check(close(tp4["latency_us"]["tp_all_reduce"], 28.8) and tp4["tp_nodes"] == 1 and
+          close(tp4["tp_latency_s"], 4 * 194 * 28.8 * US),
+          "19B tp 4: NCCL's latency of a TP all-reduce in a node, 8.4 + 6 x 3.4 = 28.8 us, 4 x 194 per step",
+          str(tp4["latency_us"]))
+    check(tp4["tp_link"] == "nvlink" and close(tp4["tp_comm_s"], want / 450e9 + 4 * 194 * 28.8 * US),
+          "19B tp 4: on NVLink at 450 GB/s (one direction of NVLink 4's 900), + 22.3 ms of latency")
     check(not any(x["tp"] == 8 for x in j["rows"]), "19B: tp 8 is not offered (4 KV heads)")
     check(j["recommended"] is not None and j["recommended"]["layout"] == "dp 60 x tp 4",
           "19B on 240 GPUs: dp 60 x tp 4 recommended", str(j["recommended"]))
@@ -151,6 +176,7 @@ def main():
     check_context_parallel(a.kvshift)
     check_layout_search()
     check_pipeline(a.kvshift)
+    check_latency_flags()
 
     return TALLY.finish()
 
@@ -370,8 +396,9 @@ def check_layout_search():
     S = 16384 * C19 * 2  # one [rows, C] bf16 buffer: 201 MB
     check(sp["micro_batches_per_gpu"] == 3 and sp["tp_collectives_per_layer"] == {"all_gather": 6, "reduce_scatter": 4}
           and close(sp["tp_bytes_per_gpu"], 3 * (291 + 194) * 3 / 4 * S) and sp["tp_link"] == "nvlink"
-          and close(sp["tp_comm_s"], sp["tp_bytes_per_gpu"] / nvlink),
-          "dp 32 x cp 2 x tp 4 SP: TP 3 x 485 x 3/4 x 201 MB = %.2f GB on NVLink" % (3 * 485 * 0.75 * S / 1e9),
+          and close(sp["tp_comm_s"], sp["tp_bytes_per_gpu"] / nvlink + 3 * (291 + 194) * (8.4 + 3 * 3.4) * US),
+          "dp 32 x cp 2 x tp 4 SP: TP 3 x 485 x 3/4 x 201 MB = %.2f GB on NVLink, each 8.4 + 3 x 3.4 us"
+          % (3 * 485 * 0.75 * S / 1e9),
           str(sp["tp_bytes_per_gpu"]))
     check(close(nosp["tp_bytes_per_gpu"], 3 * 194 * 2 * 3 / 4 * S) and
           close(sp["tp_bytes_per_gpu"] / nosp["tp_bytes_per_gpu"], 485 / 388),
@@ -383,9 +410,10 @@ def check_layout_search():
           "dp 32 x cp 2 x tp 4: ring %.1f MB + halo %d B per layer, cp x tp = 8 GPUs: one node" % (ring / 1e6, halo))
     check(sp["grad_group"] == 64 and close(sp["dp_reduce_bytes_per_gpu"], 63 / 64 * 4 * P) and
           close(sp["dp_gather_bytes_per_gpu"], 63 / 64 * 2 * P) and sp["dp_link"] == "ib" and
-          sp["dp_nics_per_node"] == 2 and close(sp["dp_comm_s"], 63 / 64 * 6 * P / (2 * ib)),
+          sp["dp_nics_per_node"] == 2 and sp["dp_nodes"] == 32 and
+          close(sp["dp_comm_s"], 63 / 64 * 6 * P / (2 * ib) + 50 * 2 * (8.4 + 32 * 3.4 + 31 * 14.0) * US),
           "ZeRO-1 over dp x cp = 64: reduce-scatter 63/64 x 4 P, all-gather 63/64 x 2 P over InfiniBand, "
-          "2 of the 64 in each node (their 2 NICs)")
+          "2 of the 64 in each of 32 nodes (their 2 NICs); 50 buckets, each 2 x (8.4 + 32 x 3.4 + 31 x 14) us")
     check(all(close(x["step_s"], x["compute_s"] + x["tp_comm_s"] + x["cp_comm_s"] + x["dp_comm_s"]) and
               close(x["efficiency"], x["compute_s"] / x["step_s"]) and x["step_overlap_s"] <= x["step_s"]
               for x in j["rows"]), "every layout: step = compute + TP + CP + DP; overlap never slower")
@@ -406,18 +434,31 @@ def check_layout_search():
 
     # dp 16 x cp 4 x tp 4: the ring spans two nodes (InfiniBand) and hides behind the attention: a
     # forward step sends 8192 rows x 256 x 2 B while computing 1/16 of the rank's causal attention.
+    # A CP ring step across nodes is a send and a receive: 8.4 + 14 = 22.4 us (forward; the backward's two,
+    # the block and its dK/dV, 44.8). The halo: 3 all-gathers a layer over the 4 CP ranks, which span 2 nodes:
+    # 3 steps, 1 across, 8.4 + 2 x 3.4 + 14 = 29.2 us.
     r4 = search_row(j, 16, 4, 4, False)
     step_fwd = 8192 * 256 * 2
-    ratio = (step_fwd / ib) / (attn_fwd / (4 * 16) / gbs)
-    check(r4["cp_link"] == "ib" and close(r4["cp_ring_over_attention_forward"], ratio) and r4["cp_ring_hides"]
-          and close(r4["cp_comm_exposed_overlap_s"], 6 * 48 * r4["cp_halo_bytes_per_layer"] / ib),
-          "dp 16 x cp 4 x tp 4: ring over InfiniBand at %.2f of the attention time: hidden (only the halo shows)" % ratio)
+    ratio = (step_fwd / ib + 22.4 * US) / (attn_fwd / (4 * 16) / gbs)
+    ratio_b = (3 * step_fwd / ib + 44.8 * US) / (2 * attn_fwd / (4 * 16) / gbs)
+    check(close(r4["latency_us"]["cp_step_forward"], 22.4) and close(r4["latency_us"]["cp_step_backward"], 44.8) and
+          close(r4["latency_us"]["cp_halo_all_gather"], 29.2) and r4["cp_nodes"] == 2,
+          "dp 16 x cp 4 x tp 4: a ring step across nodes 8.4 + 14 us (backward two), the halo 8.4 + 2 x 3.4 + 14 us",
+          str(r4["latency_us"]))
+    check(r4["cp_link"] == "ib" and close(r4["cp_ring_over_attention_forward"], ratio) and
+          close(r4["cp_ring_over_attention_backward"], ratio_b) and r4["cp_ring_hides"]
+          and close(r4["cp_comm_exposed_overlap_s"], 6 * 48 * (r4["cp_halo_bytes_per_layer"] / ib + 3 * 29.2 * US)),
+          "dp 16 x cp 4 x tp 4: ring over InfiniBand, latency included, at %.2f / %.2f of the attention time: hidden "
+          "(only the halo shows)" % (ratio, ratio_b))
+    check(close(r4["cp_latency_s"], 6 * 48 * ((3 + 2 * 4) * 22.4 + 3 * 29.2) * US),
+          "dp 16 x cp 4 x tp 4: CP latency 6 micro-batches x 48 layers x (11 sends x 22.4 + 3 halos x 29.2 us)")
     # dp 4 x cp 16 x tp 4: 2048 rows per GPU; the backward's step (K/V + fp32 dK/dV) outlasts its attention.
     r16 = search_row(j, 4, 16, 4, False)
-    f_comm, b_comm = 2048 * 256 * 2 / ib, 2048 * 256 * 6 / ib
+    # The CP group is 64 GPUs, 8 nodes: a halo all-gather over 16 ranks has 15 steps, 7 across nodes.
+    f_comm, b_comm = 2048 * 256 * 2 / ib + 22.4 * US, 2048 * 256 * 6 / ib + 44.8 * US
     f_attn = attn_fwd / (4 * 16 * 16) / gbs
     exposed = 24 * 48 * (15 * max(0, f_comm - f_attn) + 16 * max(0, b_comm - 2 * f_attn) +
-                         r16["cp_halo_bytes_per_layer"] / ib)
+                         r16["cp_halo_bytes_per_layer"] / ib + 3 * (8.4 + 8 * 3.4 + 7 * 14.0) * US)
     check(not r16["cp_ring_hides"] and r16["cp_ring_over_attention_backward"] > 1 and
           close(r16["cp_comm_exposed_overlap_s"], exposed),
           "dp 4 x cp 16 x tp 4: the backward ring is exposed: %.3f s per step" % exposed)
@@ -426,10 +467,11 @@ def check_layout_search():
     # gradient group of 128 has 4 ranks a node.
     r8 = search_row(j, 16, 8, 2, False)
     check(r8["cp_link"] == "ib" and r8["cp_ring_hides"] and r8["dp_nics_per_node"] == 4 and
-          close(r8["dp_comm_s"], 127 / 128 * 6 * params_19b(2) / (4 * ib)) and
-          close(r8["tp_comm_s"], 6 * 194 * 2 / 2 * 4096 * C19 * 2 / nvlink),
-          "dp 16 x cp 8 x tp 2: TP 6 x 194 all-reduces of 4096 rows (50 MB) over 2 ranks on NVLink; gradients "
-          "over 4 NICs a node")
+          close(r8["dp_comm_s"], 127 / 128 * 6 * params_19b(2) / (4 * ib) +
+                50 * 2 * (8.4 + (127 - 31) * 3.4 + 31 * 14.0) * US) and
+          close(r8["tp_comm_s"], 6 * 194 * (2 / 2 * 4096 * C19 * 2 / nvlink + (8.4 + 2 * 3.4) * US)),
+          "dp 16 x cp 8 x tp 2: TP 6 x 194 all-reduces of 4096 rows (50 MB) over 2 ranks on NVLink, 15.2 us each; "
+          "gradients over 4 NICs a node of 32 nodes")
     check(j["recommended"] == {"layout": "dp 16 x cp 8 x tp 2", "mode": "zero1"} and
           j["recommended_without_overlap"] == {"layout": "dp 32 x cp 2 x tp 4 SP", "mode": "zero1"},
           "19B at 32k on 256 GPUs: dp 16 x cp 8 x tp 2 fastest, dp 32 x cp 2 x tp 4 SP without overlap",
@@ -675,8 +717,9 @@ def check_pipeline(kvshift):
           "dp 15 x pp 4 x tp 4: m = 16, bubble 3/16, 2 x 16 sends of 12288 x 6144 x 2 B = %.1f MB" % (msg / 1e6))
     # Stages are 4 consecutive GPUs (tp): a replica's 16 GPUs fill two nodes, so stage 1 -> 2 crosses.
     check(x["pp_boundary_links"]["forward"] == ["nvlink", "ib", "nvlink"] and x["pp_p2p_link"] == "ib" and
-          close(x["pp_p2p_message_s"], msg / 50e9) and close(x["pp_p2p_s"], 2 * msg / 50e9 * (16 + 3)),
-          "dp 15 x pp 4 x tp 4: the middle boundary over InfiniBand; serial p2p 2 c (m + pp - 1)")
+          close(x["pp_p2p_message_s"], msg / 50e9 + 22.4 * US) and
+          close(x["pp_p2p_s"], 2 * (msg / 50e9 + 22.4 * US) * (16 + 3)) and close(x["latency_us"]["pp_send"], 22.4),
+          "dp 15 x pp 4 x tp 4: the middle boundary over InfiniBand, a send 8.4 + 14 us; serial p2p 2 c (m + pp - 1)")
     t = [st["params"] for st in x["stages"]]
     check(t[0] == 12 * (params_19b(4) - 2 * 12032 * C19 - C19) // 48 + 12032 * C19 and
           t[3] == t[0] + C19 and t[1] == t[2] == t[0] - 12032 * C19,
@@ -700,10 +743,20 @@ def check_pipeline(kvshift):
 
     # 7. Where pp wins. 19B on 1024 GPUs: the 240-sequence batch allows at most dp 16 (a divisor of both),
     # so without pp a replica needs cp 16, whose ring no longer hides; pp 4 keeps cp at 8.
-    rec = tool_json("--config", cfg, "--recommend", "--gpus", "240,1024")
+    rec = tool_json("--config", cfg, "--recommend", "--gpus", "240,1024", "--gpu-mem-gib", "76")
     r240, r1024 = rec
     check(r240["best"]["layout"] == "dp 30 x cp 4 x tp 2" and r240["best"]["pp"] == 1,
-          "19B on 240 GPUs: dp 30 x cp 4 x tp 2, no pipeline (%s)" % r240["best"]["layout"])
+          "19B on 240 GPUs, 76 GiB: dp 30 x cp 4 x tp 2, no pipeline (%s)" % r240["best"]["layout"])
+    # In 80 GiB dp 40 x cp 3 x tp 2 (76.6 GiB) ties with it: both rings hide, both reduce the same gradients over
+    # 120 ranks, and its 6 micro-batches per GPU pay 6 x 194 TP all-reduces of 15.2 us against cp 4's 8 x 194.
+    j = tool_json("--config", cfg, "--gpus", "240", "--cp", "all", "--sp", "off")
+    c3, c4 = search_row(j, 40, 3, 2, False), search_row(j, 30, 4, 2, False)
+    check(close(c3["tp_latency_s"], 6 * 194 * 15.2 * US) and close(c4["tp_latency_s"], 8 * 194 * 15.2 * US) and
+          c3["cp_ring_hides"] and c4["cp_ring_hides"] and
+          0 < c4["step_overlap_s"] - c3["step_overlap_s"] < 0.002 * c4["step_overlap_s"] and
+          j["recommended"]["layout"] == "dp 40 x cp 3 x tp 2",
+          "19B on 240 GPUs, 80 GiB: dp 40 x cp 3 x tp 2 %.3f s, dp 30 x cp 4 x tp 2 %.3f s: within 0.2 %%, 1.5 ms of "
+          "TP latency a micro-batch fewer" % (c3["step_overlap_s"], c4["step_overlap_s"]))
     check(r1024["best"]["pp"] > 1 and
           r1024["best_without_pp"]["step_overlap_s"] > 1.2 * r1024["best"]["step_overlap_s"],
           "19B on 1024 GPUs: %s beats %s by %.0f%%" % (r1024["best"]["layout"], r1024["best_without_pp"]["layout"],
@@ -716,14 +769,78 @@ def check_pipeline(kvshift):
     cfg67 = os.path.join(PAPER, "6.7B-kvshift.json")
     j = tool_json("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all", "--sp", "off")
     tp16, pp2 = search_row_pp(j, 64, 1, 1, 1, 16, False), search_row_pp(j, 64, 2, 1, 1, 8, False)
+    # TP 16 across two nodes: an all-reduce of 16 ranks on 2 nodes has 30 steps, 2 across nodes, and NCCL
+    # multiplies it by 1.4: (8.4 + 28 x 3.4 + 2 x 14) x 1.4 = 184.24 us, 4 x 32 + 2 = 130 per micro-batch.
+    ar16 = (8.4 + 28 * 3.4 + 2 * 14.0) * 1.4
+    check(abs(ar16 - 184.24) < 1e-9 and close(tp16["latency_us"]["tp_all_reduce"], ar16) and tp16["tp_nodes"] == 2 and
+          close(tp16["tp_latency_s"], 8 * 130 * ar16 * US) and close(pp2["latency_us"]["tp_all_reduce"], 8.4 + 14 * 3.4),
+          "TP 16 across two nodes: (8.4 + 28 x 3.4 + 2 x 14) x 1.4 = 184.24 us an all-reduce (tp 8 in a node: 56.0), "
+          "8 x 130 of them a step: %.3f s" % (8 * 130 * ar16 * US), str(tp16["latency_us"]))
     check(tp16["tp_link"] == "ib" and tp16["tp_nics_per_node"] == 8 and
-          close(tp16["tp_comm_s"], tp16["tp_bytes_per_gpu"] / 400e9) and pp2["tp_link"] == "nvlink" and
+          close(tp16["tp_comm_s"], tp16["tp_bytes_per_gpu"] / 400e9 + 8 * 130 * ar16 * US) and pp2["tp_link"] == "nvlink" and
           pp2["pp_p2p_link"] == "ib" and pp2["step_overlap_s"] < tp16["step_overlap_s"] and pp2["fits"] and tp16["fits"],
           "6.7B, 16 GPUs per replica: pp 2 x tp 8 (%.3f s) beats tp 16 across nodes (%.3f s)"
           % (pp2["step_overlap_s"], tp16["step_overlap_s"]))
     r = tool("--config", cfg67, "--gpus", "1024", "--micro-batch", "1", "--cp", "1", "--pp", "all")
     check(r.returncode == 0 and "PP p2p per micro-batch" in r.stdout and "bubble" in r.stdout and
           "fastest layout that fits: dp" in r.stdout, "the layout table with pipelines prints", r.stderr)
+    check_recommend_1024()
+
+
+def check_recommend_1024():
+    """1.5B and 6.7B on 1024 GPUs at the paper's micro-batch 8 (512 sequences: dp <= 64, one micro-batch per
+    replica of 16 GPUs), the doc's --recommend tables. With NCCL's latency 1.5B keeps TP in a node; 6.7B still
+    runs tp 16 across two nodes: NCCL's model charges it 130 x 184.24 us = 24 ms a step, and every layout with TP
+    in a node reduces its gradients over dp x cp >= 128 ranks (ring latency ~ 1.1-1.8 ms a bucket) or runs a
+    pipeline with one micro-batch (a whole pass of bubble)."""
+    picks = {}
+    for name in ("1.5B", "6.7B"):
+        picks[name] = tool_json("--config", os.path.join(PAPER, name + "-kvshift.json"), "--recommend", "--gpus", "1024",
+                                "--gpu-mem-gib", "76")[0]
+    b15, b67 = picks["1.5B"]["best"], picks["6.7B"]["best"]
+    check(b15["tp"] <= 8 and b15["tp_link"] == "nvlink" and b15["layout"] == "dp 64 x pp 2 x cp 2 x tp 4" and
+          picks["1.5B"]["best_without_pp"]["tp"] == 16 and
+          picks["1.5B"]["best_without_pp"]["step_overlap_s"] > 1.2 * b15["step_overlap_s"],
+          "1.5B on 1024 GPUs: %s (%.3f s) keeps TP in a node; the fastest without pp is %s (%.3f s)"
+          % (b15["layout"], b15["step_overlap_s"], picks["1.5B"]["best_without_pp"]["layout"],
+             picks["1.5B"]["best_without_pp"]["step_overlap_s"]))
+    check(b67["layout"] == "dp 64 x cp 1 x tp 16" and b67["tp_nodes"] == 2 and
+          close(b67["tp_latency_s"], 130 * 184.24 * US) and close(b67["latency_us"]["dp_reduce"], 8.4 + 63 * 14.0),
+          "6.7B on 1024 GPUs: NCCL's latency does not move dp 64 x tp 16 (%.3f s, %.1f ms of it TP latency): its "
+          "gradient groups are 64 ranks, one a node (8.4 + 63 x 14 us a bucket)" %
+          (b67["step_overlap_s"], 1e3 * b67["tp_latency_s"]))
+    j = tool_json("--config", os.path.join(PAPER, "6.7B-kvshift.json"), "--gpus", "1024", "--cp", "all", "--pp", "all",
+                  "--virtual-stages", "all", "--gpu-mem-gib", "76")
+    inside = min((x for x in j["rows"] if x["fits"] and x["tp"] <= 8), key=lambda x: x["step_overlap_s"])
+    check(inside["layout"] == "dp 64 x pp 2 x cp 2 x tp 4" and inside["step_overlap_s"] > 1.1 * b67["step_overlap_s"],
+          "6.7B on 1024 GPUs: the fastest with TP in a node, %s, takes %.3f s (+%.0f %%)"
+          % (inside["layout"], inside["step_overlap_s"], 100 * (inside["step_overlap_s"] / b67["step_overlap_s"] - 1)))
+
+
+def check_latency_flags():
+    """The latency flags: in --help and the JSON's assumptions with NCCL's defaults; all three 0 is the
+    bandwidth-only model (every time its bytes over the link); negative values are one-line errors."""
+    cfg = os.path.join(PAPER, "19B-kvshift.json")
+    r = tool("--help")
+    check(all(f in r.stdout for f in ("--nccl-base-latency-us", "--nvlink-latency-us", "--ib-latency-us")),
+          "--help lists the latency flags")
+    j = tool_json("--config", cfg, "--gpus", "240")
+    a = j["assumptions"]
+    check((a["nccl_base_latency_us"], a["nvlink_latency_us"], a["ib_latency_us"],
+           a["nccl_allreduce_across_nodes_factor"]) == (8.4, 3.4, 14.0, 1.4) and "tuning.cc" in a["latency_source"],
+          "JSON assumptions: NCCL's Ring/Simple 8.4, 3.4, 14.0 us and 1.4", str(a))
+    zero = ("--nccl-base-latency-us", "0", "--nvlink-latency-us", "0", "--ib-latency-us", "0")
+    z = tool_json("--config", cfg, "--gpus", "256", "--seq-len", "32768", "--global-batch", "96", "--cp", "all", *zero)
+    d = tool_json("--config", cfg, "--gpus", "256", "--seq-len", "32768", "--global-batch", "96", "--cp", "all")
+    x0, x1 = search_row(z, 16, 8, 2, False), search_row(d, 16, 8, 2, False)
+    check(all(x["latency_s"] == 0 for x in z["rows"]) and close(x0["tp_comm_s"], 6 * 194 * 4096 * C19 * 2 / 450e9) and
+          close(x0["dp_comm_s"], 127 / 128 * 6 * params_19b(2) / (4 * 50e9)) and
+          close(x1["step_s"] - x0["step_s"], x1["latency_s"]) and x1["latency_s"] > 0,
+          "latency 0: the bandwidth-only model; with NCCL's the serial step grows by exactly the latency (%.3f s)"
+          % x1["latency_s"])
+    r = tool("--config", cfg, "--gpus", "240", "--ib-latency-us", "-1")
+    err = r.stderr.strip()
+    check(r.returncode == 1 and err == "scaling: error: --ib-latency-us must be at least 0", "error: negative latency", err)
 
 
 def align(n):

@@ -15,10 +15,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A link given as the target (data/corpus -> /bigdisk/corpus) stands for
+// the directory it names: that one is built beside and replaced, the link kept.
 fs::path absolute_target(const std::string& target) {
   fs::path p = fs::absolute(target).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "out/" -> "out"
+  std::error_code ec;
+  if (fs::is_symlink(p, ec)) p = fs::weakly_canonical(p, ec);
   return p;
+}
+
+// --force replaces only what looks like this command's earlier output (it
+// holds `marker`) or an empty directory: never a file, nor a directory of
+// other things that a mistyped --out happens to name.
+void check_replaceable(const std::string& target, const fs::path& t, const char* marker) {
+  std::error_code ec;
+  KVS_CHECK(fs::is_directory(t, ec), "{}: exists and is not a directory; --force replaces only an earlier output",
+            target);
+  if (marker == nullptr || fs::exists(t / marker, ec)) return;
+  KVS_CHECK(fs::directory_iterator(t, ec) == fs::directory_iterator(),
+            "{}: holds files but no {}: not an earlier output of this command, so --force does not replace it "
+            "(remove it yourself, or choose another --out)",
+            target, marker);
 }
 
 bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
@@ -53,20 +71,35 @@ std::string begin_atomic_dir(const std::string& target) {
   return tmp;
 }
 
-void check_atomic_target(const std::string& target, bool force) {
-  remove_stale(absolute_target(target));
-  KVS_CHECK(force || !fs::exists(target), "{}: already exists; pass --force to replace it", target);
+// An existing `t` may be replaced: an empty directory always (nothing is
+// lost), anything else with `force` and as check_replaceable allows.
+void check_may_replace(const std::string& target, const fs::path& t, bool force, const char* marker) {
+  std::error_code ec;
+  if (fs::is_directory(t, ec) && fs::is_empty(t, ec)) return;
+  KVS_CHECK(force, "{}: already exists; pass --force to replace it", target);
+  check_replaceable(target, t, marker);
 }
 
-void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force) {
+void check_atomic_target(const std::string& target, bool force, const char* marker) {
+  const fs::path t = absolute_target(target);
+  remove_stale(t);
+  std::error_code ec;
+  if (fs::exists(t, ec)) check_may_replace(target, t, force, marker);
+}
+
+void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force, const char* marker) {
   const fs::path t = absolute_target(target);
   std::string old;
   if (fs::exists(t)) {
-    KVS_CHECK(force, "{}: already exists; pass --force to replace it", target);
+    check_may_replace(target, t, force, marker);
     old = t.string() + ".old." + std::to_string(::getpid());
     if (::rename(t.c_str(), old.c_str()) != 0) fail("{}: cannot move the old directory aside: {}", target, std::strerror(errno));
   }
-  if (::rename(tmp.c_str(), t.c_str()) != 0) fail("{}: cannot rename {} into place: {}", target, tmp, std::strerror(errno));
+  if (::rename(tmp.c_str(), t.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    if (!old.empty()) ::rename(old.c_str(), t.c_str());  // the old output back in place
+    fail("{}: cannot rename {} into place: {}", target, tmp, why);
+  }
   fsync_path(t.parent_path().string());
   std::error_code ec;
   if (!old.empty()) fs::remove_all(old, ec);

@@ -1,6 +1,8 @@
 // Output directories that appear whole or not at all: build under
 // "<dir>.tmp.<pid>" beside the target, then rename it into place. A killed
-// run leaves only its ".tmp.<pid>" directory, which the next run removes.
+// run leaves only its ".tmp.<pid>" directory, which the next run removes. A
+// target that is a symbolic link stands for the directory it names (built
+// beside that one, which is replaced; the link stays).
 #pragma once
 #include <string>
 #include <vector>
@@ -13,11 +15,14 @@ namespace kvs {
 std::string begin_atomic_dir(const std::string& target);
 // Before any work: removes what killed runs left beside `target` (as
 // begin_atomic_dir does), then refuses an existing `target` without `force`
-// ("already exists; pass --force to replace it").
-void check_atomic_target(const std::string& target, bool force);
-// Renames `tmp` to `target`; an existing `target` is replaced only with
-// `force` (moved aside, then deleted), else an error naming it.
-void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force);
+// ("already exists; pass --force to replace it"), and with it one that is not
+// a directory holding `marker` (the file that marks the command's earlier
+// output). An empty directory is taken without `force`.
+void check_atomic_target(const std::string& target, bool force, const char* marker);
+// Renames `tmp` to `target`; an existing `target` is replaced only as
+// check_atomic_target allows (moved aside, then deleted; moved back if the
+// rename fails).
+void commit_atomic_dir(const std::string& tmp, const std::string& target, bool force, const char* marker);
 // Best-effort removal of `tmp` after a failure.
 void abandon_atomic_dir(const std::string& tmp);
 // Refuses an output directory that is, or contains, one of the inputs: with

@@ -180,10 +180,10 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   KVS_CHECK(o.threads >= 0, "--threads must be >= 0 (got {})", o.threads);
   KVS_CHECK(o.piece_bytes > 0 && o.window_bytes > 0, "data prepare: piece and window sizes must be positive");
   validate_doc_split(o.split);
-  check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   std::vector<std::string> read = o.inputs;
   read.push_back(o.tokenizer);
   check_output_holds_no_input(o.out, read);
+  check_atomic_target(o.out, o.force, "manifest.json");  // and removes what a killed run left beside it
   const int threads = resolve_threads(o.threads);
 
   const TokenizerMeta meta = read_tokenizer_meta(o.tokenizer);
@@ -323,7 +323,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
         {"sources", sources},
     };
     write_json_file(tmp + "/manifest.json", manifest);  // last: the directory is now complete
-    commit_atomic_dir(tmp, o.out, o.force);
+    commit_atomic_dir(tmp, o.out, o.force, "manifest.json");
   } catch (...) {
     abandon_atomic_dir(tmp);
     throw;

@@ -1,6 +1,7 @@
-// An output directory that appears complete or not at all: files are written
-// into a temp sibling, which replaces the final path on commit(). Without
-// commit() (an error) the temp directory is removed and `final` is untouched.
+// An output directory that appears complete or not at all (core/atomic_dir.h):
+// files are written into a temp sibling, which replaces the final path on
+// commit(). Without commit() (an error) the temp directory is removed and
+// `final` is untouched.
 #pragma once
 #include <string>
 #include <vector>
@@ -9,8 +10,9 @@ namespace kvs::hf {
 
 class StagedDir {
  public:
-  // Refuses an existing non-empty `final` unless `force`, and a `final` that is
-  // or contains one of `inputs` (--force must never delete what we read).
+  // Refuses an existing non-empty `final` unless `force` (and then one that
+  // holds no config.json: not an earlier output), and a `final` that is or
+  // contains one of `inputs` (--force must never delete what we read).
   StagedDir(std::string final_path, bool force, const std::vector<std::string>& inputs);
   ~StagedDir();
   StagedDir(const StagedDir&) = delete;
@@ -22,6 +24,7 @@ class StagedDir {
 
  private:
   std::string final_, tmp_;
+  bool force_ = false;
   bool committed_ = false;
 };
 

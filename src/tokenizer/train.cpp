@@ -130,8 +130,8 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   // sentencepiece's own range (its error names no flag).
   KVS_CHECK(o.character_coverage >= 0.98 && o.character_coverage <= 1.0,
             "--character-coverage must be in [0.98, 1] (got {})", o.character_coverage);
-  check_atomic_target(o.out, o.force);  // and removes what a killed run left beside it
   check_output_holds_no_input(o.out, o.inputs);
+  check_atomic_target(o.out, o.force, "kvshift_tokenizer.json");  // and removes what a killed run left beside it
 
   // Input f's sentences: its lines, or with JSON Lines the lines of each document (views into `held`).
   // Returns the file's bytes (decompressed).
@@ -245,7 +245,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
     atomic_write_file(tmp + "/" + kTokenizerModelFile, model);
     atomic_write_file(tmp + "/tokenizer.vocab", vocab);
     write_json_file(tmp + "/" + kTokenizerMetaFile, tokenizer_meta_json(m));
-    commit_atomic_dir(tmp, o.out, o.force);
+    commit_atomic_dir(tmp, o.out, o.force, "kvshift_tokenizer.json");
   } catch (...) {
     abandon_atomic_dir(tmp);
     throw;

@@ -287,9 +287,10 @@ TEST(DataPrepare, BadInputIsOneLineNamingTheFileAndLeavesNothing) {
   // Nothing was created: no output, no temp directory.
   EXPECT_EQ(names_in(tmp.str()),
             (std::vector<std::string>{"adir", "bad.txt", "blank.txt", "empty.txt", "good.txt"}));
-  // An existing output needs --force.
+  // An existing output needs --force (an empty directory does not).
   o.tokenizer = shared_tokenizer_dir();
   fs::create_directories(tmp / "out");
+  spit(tmp / "out/x", "");
   EXPECT_KVS_ERROR(prepare_data(o), tmp / "out", "already exists", "--force");
 }
 
@@ -320,6 +321,45 @@ TEST(DataPrepare, ForceNeverDeletesAnInput) {
   EXPECT_KVS_ERROR(kvs::train_tokenizer(t), "--out must not be (or contain) the input", tmp / "corpus/a.txt");
   EXPECT_EQ(slurp(tmp / "corpus/a.txt"), corpus_text(50, 3));
   EXPECT_EQ(names_in(tok_copy), names_in(shared_tokenizer_dir()));
+}
+
+// --force replaces an earlier output of the same command (or an empty
+// directory), never a file or a directory of other things; an --out that is a
+// symbolic link writes where it points (the link kept), not over the link.
+TEST(DataPrepare, ForceReplacesOnlyAnEarlierOutputAndFollowsALink) {
+  TmpDir tmp;
+  spit(tmp / "a.txt", corpus_text(50, 3));
+  auto o = options(tmp, {tmp / "a.txt"}, "notes");
+  o.force = true;
+  fs::create_directories(tmp / "notes/sub");
+  spit(tmp / "notes/sub/keep.txt", "mine");
+  EXPECT_KVS_ERROR(prepare_data(o), tmp / "notes", "holds files but no manifest.json",
+                   "--force does not replace it");
+  EXPECT_EQ(slurp(tmp / "notes/sub/keep.txt"), "mine");
+  spit(tmp / "file", "x");
+  o.out = tmp / "file";
+  EXPECT_KVS_ERROR(prepare_data(o), "exists and is not a directory");
+  fs::create_directories(tmp / "empty");
+  o.out = tmp / "empty";
+  prepare_data(o);
+  EXPECT_TRUE(fs::exists(tmp / "empty/manifest.json"));
+  prepare_data(o);  // an earlier output: replaced
+  fs::create_directories(tmp / "big/real");
+  fs::create_symlink(tmp / "big/real", tmp / "link");
+  o.out = tmp / "link";
+  prepare_data(o);
+  EXPECT_TRUE(fs::is_symlink(tmp / "link"));
+  EXPECT_TRUE(fs::exists(tmp / "big/real/manifest.json"));
+  prepare_data(o);  // again through the link: still a link, the output beside its target
+  EXPECT_TRUE(fs::is_symlink(tmp / "link"));
+  EXPECT_EQ(names_in(tmp / "big"), (std::vector<std::string>{"real"}));
+  kvs::TokenizerTrainOptions t;
+  t.inputs = {tmp / "a.txt"};
+  t.out = tmp / "notes";
+  t.vocab_size = 300;
+  t.force = true;
+  EXPECT_KVS_ERROR(kvs::train_tokenizer(t), "holds files but no kvshift_tokenizer.json");
+  EXPECT_EQ(slurp(tmp / "notes/sub/keep.txt"), "mine");
 }
 
 // A run killed after writing a shard (no clean-up at all) leaves the output

@@ -644,7 +644,7 @@ def expect_error(t, name, cmd, needle, out=None):
     ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("kvshift: error:") and needle in lines[0]
     if out is not None:
         parent = os.path.dirname(os.path.abspath(out))
-        ok = ok and not os.path.exists(out) and not any(f.startswith(".tmp-") for f in os.listdir(parent))
+        ok = ok and not os.path.exists(out) and not any(".tmp." in f for f in os.listdir(parent))
     t.record("errors", name, ok, (lines[-1] if lines else "")[-40:])
     if not ok:
         print("  stderr:", r.stderr.strip()[-500:])
@@ -660,7 +660,9 @@ def error_cases(t, binary, work, vanilla, src):
     os.makedirs(busy)
     open(os.path.join(busy, "keep.txt"), "w").write("mine\n")
     expect_error(t, "export: non-empty --out without --force",
-                 [binary, "export-hf", "--checkpoint", ckpt, "--out", busy], "use --force")
+                 [binary, "export-hf", "--checkpoint", ckpt, "--out", busy], "pass --force")
+    expect_error(t, "export: --force over a directory that is no export",
+                 [binary, "export-hf", "--checkpoint", ckpt, "--out", busy, "--force"], "holds files but no config.json")
     t.record("errors", "non-empty --out untouched", os.listdir(busy) == ["keep.txt"])
     expect_error(t, "export: bad --dtype", [binary, "export-hf", "--checkpoint", ckpt, "--out", new,
                                             "--dtype", "fp16"], "--dtype", out=new)

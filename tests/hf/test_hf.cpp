@@ -221,6 +221,10 @@ TEST(HfStagedDir, AllOrNothing) {
   }
   EXPECT_EQ(kvs::testing_util::slurp(out + "/a.txt"), "a");
   EXPECT_KVS_ERROR(kvs::hf::StagedDir(out, false, {}), out, "--force");
+  // --force replaces only an earlier output (it holds a config.json), never other files.
+  EXPECT_KVS_ERROR(kvs::hf::StagedDir(out, true, {}), out, "holds files but no config.json");
+  EXPECT_EQ(kvs::testing_util::slurp(out + "/a.txt"), "a");
+  kvs::testing_util::spit(out + "/config.json", "{}");
   {
     kvs::hf::StagedDir d(out, true, {});
     kvs::testing_util::spit(d.file("b.txt"), "b");
@@ -235,6 +239,17 @@ TEST(HfStagedDir, AllOrNothing) {
     d.commit();
   }
   EXPECT_EQ(kvs::testing_util::slurp(tmp / "new/c.txt"), "c");
+  // An --out that is a link writes where it points; the link stays.
+  kvs::testing_util::spit(tmp / "new/config.json", "{}");
+  std::filesystem::create_symlink(tmp / "new", tmp / "link");
+  {
+    kvs::hf::StagedDir d(tmp / "link", true, {});
+    kvs::testing_util::spit(d.file("config.json"), "{}");
+    d.commit();
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(tmp / "link"));
+  EXPECT_FALSE(std::filesystem::exists(tmp / "new/c.txt"));  // the new output, beside the link's target
+  EXPECT_TRUE(std::filesystem::exists(tmp / "new/config.json"));
 }
 
 TEST(HfSentencepiece, ReadsPiecesAndSpecsFromWireFormat) {

@@ -619,6 +619,17 @@ def cases():
         tok = tokenizer_dir(d, None)
         return ["data", "prepare", "--tokenizer", tok, "--input", corpus, "--out", tok, "--force"], ""
 
+    @case("prepare-force-over-other-files", "data", "data prepare --force into a directory that is no earlier output",
+          "D/mine: holds files but no manifest.json: not an earlier output of this command, so --force does not "
+          "replace it (remove it yourself, or choose another --out)")
+    def _(b, d):
+        corpus = write(d, "corpus.txt", "some text\n")
+        os.makedirs(os.path.join(d, "mine"))
+        write(os.path.join(d, "mine"), "notes.txt", "keep\n")
+        tok = tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
+        return ["data", "prepare", "--tokenizer", tok, "--input", corpus, "--out", os.path.join(d, "mine"),
+                "--force"], ""
+
     @case("prepare-empty-delimiter", "data", "data prepare --doc-delimiter '' (it used to be ignored: one document)",
           "--doc-delimiter: empty (to split documents at empty lines: --doc-split blank-lines)")
     def _(b, d):
@@ -863,6 +874,7 @@ LINKS = {
     "tokenizer-train-no-input": "TokenizerTrain.InputErrorsNameTheFileAndLeaveNoOutput",
     "tokenizer-out-holds-input": "DataPrepare.ForceNeverDeletesAnInput",
     "prepare-out-is-tokenizer": "DataPrepare.ForceNeverDeletesAnInput",
+    "prepare-force-over-other-files": "DataPrepare.ForceReplacesOnlyAnEarlierOutputAndFollowsALink",
     "checkpoint-flipped-byte": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",
     "checkpoint-truncated": "Checkpoint.MissingOrCorruptFilesNameTheFile",
     "checkpoint-missing-file": "CheckpointManifest.CorruptionIsAOneLineErrorNamingTheFile",

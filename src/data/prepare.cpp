@@ -171,6 +171,16 @@ struct FileCheck {
 
 }  // namespace
 
+int64_t floor_times(int64_t x, double f) {
+  KVS_CHECK(x >= 0 && f >= 0 && f < 1, "floor_times: x {} and f {} out of range", x, f);
+  int exp = 0;
+  const double frac = std::frexp(f, &exp);  // f = frac * 2^exp, frac in [0.5, 1) (0 for f = 0)
+  const auto m = static_cast<uint64_t>(std::ldexp(frac, 53));  // exact: 53 significant bits
+  const int k = 53 - exp;  // f = m / 2^k; exp <= 0, so k >= 53
+  if (k >= 128) return 0;
+  return static_cast<int64_t>((static_cast<unsigned __int128>(static_cast<uint64_t>(x)) * m) >> k);
+}
+
 PrepareResult prepare_data(const PrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   KVS_CHECK(!o.inputs.empty(), "data prepare: no --input files");
@@ -198,13 +208,13 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   const std::string tmp = begin_atomic_dir(o.out);
   PrepareResult r;
   nlohmann::json sources = nlohmann::json::array();
+  int shards_written = 0;
   try {
-    int shards_written = 0;
     SplitWriter train(tmp, "train", o.shard_tokens, token_bytes, o.crash_after_shards, &shards_written);
     SplitWriter val(tmp, "val", o.shard_tokens, token_bytes, o.crash_after_shards, &shards_written);
     PrepareProgress progress(total_bytes, o.progress);
     int64_t doc_index = 0;
-    const long double f = o.val_fraction;
+    const double f = o.val_fraction;
     SplitWriter* writer = nullptr;  // the split of the document being written
 
     for (size_t first = 0; first < o.inputs.size();) {
@@ -244,6 +254,10 @@ PrepareResult prepare_data(const PrepareOptions& o) {
           const auto split = split_documents(texts[i], o.split);
           for (auto d : split) docs.push_back({i, d});
           count = split.size();
+          if (delimiter_only_inside_lines(texts[i], o.split.delimiter))
+            spdlog::warn("{}: --doc-delimiter \"{}\" occurs in the text but never as a line of its own: nothing is "
+                         "split there (the file is {} document{}); the delimiter must be a whole line",
+                         path, o.split.delimiter, count, count == 1 ? "" : "s");
         }
         sources.push_back({{"path", path},
                            {"bytes", text_bytes},
@@ -271,7 +285,7 @@ PrepareResult prepare_data(const PrepareOptions& o) {
           if (errors[k]) std::rethrow_exception(errors[k]);
           const Unit& unit = units[k];
           if (!unit.after_cut) {  // a document starts: its split, and BOS
-            const bool to_val = std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
+            const bool to_val = floor_times(doc_index + 1, f) > floor_times(doc_index, f);
             ++doc_index;
             writer = to_val ? &val : &train;
             ++writer->docs;
@@ -315,7 +329,8 @@ PrepareResult prepare_data(const PrepareOptions& o) {
                           : nlohmann::json{{"mode", o.split.delimiter.empty() ? o.split.mode : "delimiter"},
                                            {"delimiter", o.split.delimiter}}},
         {"val_fraction", o.val_fraction},
-        {"val_rule", "document g (0-based, input order) is val iff floor((g+1)*f) > floor(g*f)"},
+        {"val_rule", "document g (0-based, input order) is val iff floor((g+1)*f) > floor(g*f), computed exactly on "
+                     "the double f (Python: fractions.Fraction(f))"},
         {"shard_tokens", o.shard_tokens},
         {"splits",
          {{"train", {{"tokens", r.train_tokens}, {"documents", r.train_docs}, {"shards", train.shards}}},
@@ -331,6 +346,12 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   if (o.val_fraction > 0 && r.val_docs == 0)
     spdlog::warn("data prepare: --val-fraction {} but only {} document(s): the val split is empty", o.val_fraction,
                  r.train_docs);
+  // A run maps every shard it reads; the kernel allows about 65530 mappings a
+  // process (vm.max_map_count): say so now, not when training fails to start.
+  if (shards_written > 60000)
+    spdlog::warn("data prepare: {} shards: train maps each one, and the kernel allows about 65530 mappings a process "
+                 "by default (vm.max_map_count): a larger --shard-tokens writes fewer",
+                 shards_written);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -48,6 +48,12 @@ struct PrepareResult {
 
 PrepareResult prepare_data(const PrepareOptions& o);
 
+// floor(x * f) computed exactly, f (in [0, 1)) taken as the double it is
+// (m / 2^k): the val split's rule, so that anyone can rebuild it exactly
+// (Python: (x * fractions.Fraction(f)).__floor__()), whatever the float
+// precision of their arithmetic.
+int64_t floor_times(int64_t x, double f);
+
 // "train_000042.bin": a split's shard `index`, six digits so that glob order
 // is stream order; a millionth shard is an error (raise --shard-tokens).
 std::string shard_file_name(const std::string& split, size_t index, int64_t shard_tokens);

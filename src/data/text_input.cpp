@@ -134,7 +134,23 @@ std::vector<std::string> jsonl_documents(std::string_view text, const std::strin
   return docs;
 }
 
+std::string_view without_byte_order_mark(std::string_view text) {
+  return text.substr(0, 3) == "\xEF\xBB\xBF" ? text.substr(3) : text;
+}
+
+bool delimiter_only_inside_lines(std::string_view text, const std::string& delimiter) {
+  if (delimiter.empty() || text.find(delimiter) == std::string_view::npos) return false;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    if (strip_cr(text.substr(pos, nl - pos)) == delimiter) return false;
+    pos = nl + 1;
+  }
+  return true;
+}
+
 std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s) {
+  text = without_byte_order_mark(text);
   std::vector<std::string_view> docs;
   auto emit = [&](size_t begin, size_t end) {
     std::string_view d = text.substr(begin, end - begin);

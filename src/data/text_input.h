@@ -41,7 +41,13 @@ struct DocSplit {
   std::string jsonl_key;  // "": plain text
 };
 void validate_doc_split(const DocSplit& s);  // throws naming --doc-split
+// A file's leading UTF-8 byte-order mark is not text: split_documents and
+// tokenizer train drop it (JSON Lines' parser does too).
 std::vector<std::string_view> split_documents(std::string_view text, const DocSplit& s);
+std::string_view without_byte_order_mark(std::string_view text);
+// `delimiter` occurs in `text` but never as a whole line: --doc-delimiter
+// then splits nothing (a GPT-2 style dump glues it to the text).
+bool delimiter_only_inside_lines(std::string_view text, const std::string& delimiter);
 
 // JSON Lines (as Hugging Face datasets and most pretraining corpora ship):
 // every non-blank line is a JSON object whose string field `key` is one

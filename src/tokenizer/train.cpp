@@ -140,7 +140,7 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
     held.text = read_text_file(o.inputs[f]);
     const auto bytes = static_cast<int64_t>(held.text.size());
     if (o.jsonl_key.empty()) {
-      for_each_sentence(held.text, each);
+      for_each_sentence(without_byte_order_mark(held.text), each);
     } else {
       held.docs = jsonl_documents(held.text, o.jsonl_key, o.inputs[f]);
       std::string().swap(held.text);  // the documents are copies
@@ -150,15 +150,29 @@ TokenizerTrainResult train_tokenizer(const TokenizerTrainOptions& o) {
   };
   // Pass 1: validate every file and count sentences, so the subset can be evenly spaced.
   TokenizerTrainResult r;
+  std::vector<int64_t> file_sentences(o.inputs.size()), file_bytes(o.inputs.size());
   for (size_t f = 0; f < o.inputs.size(); ++f) {
     HeldText held;
-    r.bytes += sentences_of(f, held, [&](std::string_view) { ++r.sentences_total; });
+    file_bytes[f] = sentences_of(f, held, [&](std::string_view) { ++file_sentences[f]; });
+    r.bytes += file_bytes[f];
+    r.sentences_total += file_sentences[f];
   }
   KVS_CHECK(r.sentences_total > 0, "tokenizer train: empty corpus: the {} input file(s) hold no text (first: {})",
             o.inputs.size(), o.inputs[0]);
-  // Pass 2, as sentencepiece reads the sample.
+  // Pass 2, as sentencepiece reads the sample: a file that changed since
+  // pass 1 would shift the sample (or overrun it) silently, so it is an error.
+  auto sentences_again = [&](size_t f, HeldText& held, const std::function<void(std::string_view)>& each) {
+    int64_t n = 0;
+    const int64_t bytes = sentences_of(f, held, [&](std::string_view s) {
+      if (++n <= file_sentences[f]) each(s);
+    });
+    KVS_CHECK(n == file_sentences[f] && bytes == file_bytes[f],
+              "{}: changed while tokenizer train read it ({} sentences, {} bytes in its first pass; {}, {} in its "
+              "second): train on files that do not change",
+              o.inputs[f], file_sentences[f], file_bytes[f], n, bytes);
+  };
   SampledSentences it(r.sentences_total, std::min<int64_t>(r.sentences_total, o.max_sentences), o.inputs.size(),
-                      sentences_of);
+                      sentences_again);
 
   // Llama 2's trainer spec (its tokenizer.model), except vocab size, threads and
   // the sentence sampling, which we do ourselves (no shuffling: deterministic).

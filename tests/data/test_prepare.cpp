@@ -476,6 +476,27 @@ TEST(DataPrepare, CliErrorsAndHelp) {
   EXPECT_FALSE(fs::exists(tmp / "t2"));
 }
 
+// The val rule's floor(x f), exact on the double f: the same as exact
+// rational arithmetic on it (Python's Fraction(f)), where float64 products
+// round (f = 0.3: 10 x f is 3.0 in float64, 2.99999... exactly).
+TEST(DataPrepareSplit, ValRuleIsExactOnTheDouble) {
+  EXPECT_EQ(floor_times(10, 0.3), 2);  // 10 x 0.29999999999999998889... = 2.99999...
+  EXPECT_EQ(floor_times(20, 0.05), 1);
+  EXPECT_EQ(floor_times(0, 0.7), 0);
+  EXPECT_EQ(floor_times(123456789, 0.0), 0);
+  EXPECT_EQ(floor_times(int64_t{1} << 62, 0.5), int64_t{1} << 61);
+  // Against 64-bit integer arithmetic on f's exact value m / 2^k, for many x and f.
+  for (double f : {0.3, 0.7, 0.05, 0.02, 0.1, 1.0 / 3, 0.999999}) {
+    int exp = 0;
+    const double frac = std::frexp(f, &exp);
+    const auto m = static_cast<unsigned __int128>(std::ldexp(frac, 53));
+    for (int64_t x : {1, 3, 9, 10, 19, 20, 99, 100, 1000003, 3000000}) {
+      const auto want = static_cast<int64_t>((m * static_cast<unsigned __int128>(x)) >> (53 - exp));
+      EXPECT_EQ(floor_times(x, f), want) << x << " x " << f;
+    }
+  }
+}
+
 TEST(DataPrepareSplit, DocumentModes) {
   using V = std::vector<std::string_view>;
   const std::string text = "a b\nc\n\n\n  \nd\r\n\r\ne\n<|endoftext|>\nf\n";
@@ -490,6 +511,33 @@ TEST(DataPrepareSplit, DocumentModes) {
   EXPECT_EQ(split_documents(" \n\t\n", DocSplit{}), V{});
   EXPECT_EQ(split_documents("x", DocSplit{"lines", "", ""}), V{"x"});
   EXPECT_KVS_ERROR(validate_doc_split(DocSplit{"words", "", ""}), "--doc-split", "words");
+}
+
+// A leading UTF-8 byte-order mark is not text (an editor's, a Windows export's):
+// the documents are those of the file without it, as JSON Lines' parser reads
+// them. A delimiter glued to the text (GPT-2 style dumps) splits nothing: said.
+TEST(DataPrepareSplit, ByteOrderMarkAndADelimiterInsideLines) {
+  using V = std::vector<std::string_view>;
+  const std::string bom = "\xEF\xBB\xBF";
+  for (const char* mode : {"file", "lines", "blank-lines"}) {
+    const DocSplit s{mode, "", ""};
+    EXPECT_EQ(split_documents(bom + "one\n\ntwo\n", s), split_documents("one\n\ntwo\n", s)) << mode;
+  }
+  EXPECT_EQ(split_documents(bom, DocSplit{}), V{});
+  EXPECT_EQ(split_documents("a\xEF\xBB\xBF", DocSplit{}), V{"a\xEF\xBB\xBF"});  // only a leading one
+  EXPECT_TRUE(delimiter_only_inside_lines("doc one.<|endoftext|>doc two.<|endoftext|>\n", "<|endoftext|>"));
+  EXPECT_FALSE(delimiter_only_inside_lines("doc one.\n<|endoftext|>\r\ndoc <|endoftext|> two\n", "<|endoftext|>"));
+  EXPECT_FALSE(delimiter_only_inside_lines("no delimiter here\n", "<|endoftext|>"));
+  EXPECT_FALSE(delimiter_only_inside_lines("x<|endoftext|>y", ""));
+  // data prepare: a BOM file gives the shards of the file without it.
+  TmpDir tmp;
+  spit(tmp / "plain.txt", corpus_text(20, 5));
+  spit(tmp / "bom.txt", bom + corpus_text(20, 5));
+  auto o = options(tmp, {tmp / "plain.txt"}, "plain");
+  prepare_data(o);
+  o = options(tmp, {tmp / "bom.txt"}, "bom");
+  prepare_data(o);
+  EXPECT_EQ(slurp(tmp / "bom/train_000000.bin"), slurp(tmp / "plain/train_000000.bin"));
 }
 
 // JSON Lines: one object per line, the document its "text" (or --text-key) field with the escapes
@@ -683,7 +731,8 @@ TEST(DataPrepareConfig, ShardsMadeWithAnotherTokenizerAreRefused) {
   EXPECT_NO_THROW(open());
 
   // A shard the manifest does not list: one warning per start, though the tokenizer check globs the shards too.
-  prepare_data(o);  // a fresh manifest
+  fs::remove_all(tmp / "shards");  // without its manifest, --force no longer takes it for an earlier output
+  prepare_data(o);                  // a fresh manifest
   fs::copy_file(tmp / "shards/train_000000.bin", tmp / "shards/train_000099.bin");
   const auto r = run_kvshift("train --quiet --config " + (tmp / "cfg/c.json") +
                              " --set train.steps=1 --set train.eval_every=0 --set train.checkpoint_every=0 "

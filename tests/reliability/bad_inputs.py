@@ -606,6 +606,12 @@ def cases():
         return ["tokenizer", "train", "--input", write(d, "corpus.txt", text), "--out",
                 os.path.join(d, "tok"), "--vocab-size", "300"], ""
 
+    @case("tokenizer-encode-not-utf8", "tokenizer", "tokenizer encode --text with a byte that is not UTF-8",
+          "--text: not UTF-8 text: invalid byte 0xff at byte offset 3")
+    def _(b, d):
+        tok = tokenizer_dir(d, {"type": "bytes", "vocab_size": 256})
+        return ["tokenizer", "encode", "--tokenizer", tok, "--text", os.fsdecode(b"bad\xffbyte")], ""
+
     @case("tokenizer-out-holds-input", "tokenizer", "tokenizer train --force into the directory of its input",
           "D: --out must not be (or contain) the input D/corpus.txt")
     def _(b, d):

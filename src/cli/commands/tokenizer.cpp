@@ -69,6 +69,10 @@ void add_tokenizer_encode(CLI::App& parent) {
   cmd->add_option("--text", a->text, "The text to encode")->required();
   cmd->add_flag("--json", a->json, "Print one JSON object {ids, pieces}");
   cmd->callback([a]() {
+    // As data prepare: text that is not UTF-8 is refused, not encoded as U+FFFD.
+    if (const size_t bad = first_invalid_utf8(a->text); bad != std::string::npos)
+      fail("--text: not UTF-8 text: invalid byte 0x{:02x} at byte offset {}", static_cast<unsigned char>(a->text[bad]),
+           bad);
     const auto tok = load_tokenizer(a->tokenizer);
     const auto ids = tok->encode(a->text);
     std::vector<std::string> pieces;

@@ -163,16 +163,27 @@ def moving_average(values, k):
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
+# What each data type's accuracy measures, as `kvshift eval` names it.
+ACCURACY_NAMES = {"induction": "induction", "ngram": "3-gram", "hopk": "hop-k", "shards": "next-token"}
+
+
 def accuracy_labels(runs):
     """Return the accuracy panel's (title, y label) from the runs' data types."""
-    kinds = {r["data_type"] for r in runs if r["data_type"] is not None}
-    if kinds == {"induction"}:
-        return "induction accuracy", "induction accuracy (%)"
-    if kinds and "induction" not in kinds:
-        return "next-token accuracy", "next-token accuracy (%)"
+    kinds = sorted({ACCURACY_NAMES.get(r["data_type"], "next-token") for r in runs if r["data_type"] is not None})
+    if len(kinds) == 1:
+        return "%s accuracy" % kinds[0], "%s accuracy (%%)" % kinds[0]
     if kinds:
-        return "accuracy (induction / next-token)", "accuracy (%)"
+        return "accuracy (%s)" % " / ".join(kinds), "accuracy (%)"
     return "accuracy", "accuracy (%)"
+
+
+def distinct_colors(n):
+    """n colours no two alike: tab10 up to 10 lines, tab20 up to 20, then evenly along turbo."""
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("turbo")(i / (n - 1)) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------
@@ -317,8 +328,7 @@ def draw_legend(ax, runs, colors):
 
 def build_figure(runs, title, smooth):
     """Return the whole figure: five metric panels and a legend panel."""
-    cmap = plt.get_cmap("tab10")
-    colors = [cmap(i % 10) for i in range(len(runs))]
+    colors = distinct_colors(len(runs))
     fig, axes = plt.subplots(2, 3, figsize=(16, 9), constrained_layout=True)
     ax = axes.ravel()
     plot_train_loss(ax[0], runs, colors, smooth)

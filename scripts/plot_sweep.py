@@ -199,7 +199,7 @@ def plot(name, groups, metric, x_axis, band, out):
     import plot_metrics  # scripts/plot_metrics.py: its save_atomically
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    colors = plt.get_cmap("tab10")
+    colors = plot_metrics.distinct_colors(len(groups))
     scale_y = 100.0 if metric == "accuracy" else 1.0
     drawn = 0
     for i, (label, seeds) in enumerate(groups.items()):
@@ -223,7 +223,7 @@ def plot(name, groups, metric, x_axis, band, out):
             lo, hi = mean - sd, mean + sd
         else:
             lo, hi = np.array([v.min() for v in vals]), np.array([v.max() for v in vals])
-        color = colors(i % 10)
+        color = colors[i]
         ax.plot(xs, mean, color=color, lw=2, marker="o" if len(xs) <= 30 else None, ms=3,
                 label="%s (n=%d)" % (label, len(series)))
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)

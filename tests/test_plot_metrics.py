@@ -82,6 +82,14 @@ def main():
                        capture_output=True, text=True)
     check(r.returncode == 1 and r.stderr.count("\n") == 1 and "no metrics.jsonl" in r.stderr,
           "a directory without metrics.jsonl is a one-line error", r.stderr)
+
+    # The accuracy panel names each task's accuracy as kvshift eval does; many runs never share a colour.
+    labels = [plot_metrics.accuracy_labels([{"data_type": t} for t in kinds])[0]
+              for kinds in (["hopk"], ["ngram"], ["induction"], ["shards"], ["induction", "hopk"])]
+    check(labels == ["hop-k accuracy", "3-gram accuracy", "induction accuracy", "next-token accuracy",
+                     "accuracy (hop-k / induction)"], "accuracy titles per task", str(labels))
+    check(all(len(set(plot_metrics.distinct_colors(n))) == n for n in (1, 9, 10, 12, 20, 33)),
+          "1 to 33 runs: every colour distinct")
     return TALLY.finish()
 
 

@@ -1,7 +1,9 @@
 // kvshift: pretraining Llama models with KV shifting attention.
 // Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -138,6 +140,14 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     kvs::cli::print_rank_error(launch_rank(), e.what());
+    return 1;
+  }
+  // What a command printed (eval --json, inspect, generate) is its result: a
+  // full disk or a closed pipe that lost it is an error, not exit 0.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const std::string why = errno ? std::strerror(errno) : "write error";
+    kvs::cli::print_rank_error(launch_rank(), ("stdout: " + why + ": the output was not all written").c_str());
     return 1;
   }
   return 0;

@@ -114,12 +114,16 @@ namespace {
 
 // `inner` is `outer` or lies below it (both made absolute, links resolved).
 bool path_within(const std::string& inner, const std::string& outer) {
+  // A path that cannot be resolved (a pipe: /dev/stdin names "pipe:[...]")
+  // is taken as written, never as the empty path, which every path lies in.
   auto normal = [](const std::string& s) {
     std::error_code ec;
     fs::path q = fs::weakly_canonical(fs::absolute(s), ec);
+    if (ec || q.empty()) q = fs::absolute(s).lexically_normal();
     return q.filename().empty() ? q.parent_path() : q;  // "dir/" -> "dir"
   };
   const fs::path p = normal(inner), o = normal(outer);
+  if (o.empty()) return false;
   auto i = p.begin();
   for (auto j = o.begin(); j != o.end(); ++j, ++i)
     if (i == p.end() || *i != *j) return false;

@@ -144,11 +144,17 @@ const CpuBudget& process_cpu_budget() {
 
 int resolve_threads(int requested) { return requested > 0 ? requested : process_cpu_budget().threads; }
 
+int use_threads(int requested) {
+  const int n = resolve_threads(requested);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+  return n;
+}
+
 void default_threads_to_cpu_budget() {
   const CpuBudget& b = process_cpu_budget();
   if (b.threads >= b.affinity_cpus || std::getenv("OMP_NUM_THREADS")) return;
-  omp_set_num_threads(b.threads);
-  openblas_set_num_threads(b.threads);
+  use_threads(b.threads);
 }
 
 }  // namespace kvs

@@ -45,6 +45,9 @@ CpuBudget cpu_budget(int affinity_cpus, std::optional<double> quota, int local_r
 const CpuBudget& process_cpu_budget();
 // requested > 0: requested; 0: process_cpu_budget().threads.
 int resolve_threads(int requested);
+// Runs the CPU kernels (OpenMP and OpenBLAS) on resolve_threads(requested)
+// threads (train.threads, a command's --threads); returns the count.
+int use_threads(int requested);
 // Called once in main: where a quota caps the budget and the user did not set
 // OMP_NUM_THREADS, the default thread count of OpenMP and OpenBLAS becomes the
 // budget, for the commands that do not set their own (eval, forward, ...).

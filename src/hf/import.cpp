@@ -92,7 +92,8 @@ std::string import_hf(const ImportOptions& o) {
             "--kv-shift-init: must be none, paper or identity, got '{}'", init);
   KVS_CHECK(fs::is_directory(o.model), "{}: not a directory", o.model);
   const std::string cfg_path = o.model + "/config.json";
-  ModelConfig m = import_config(read_json(cfg_path), cfg_path);
+  const json source_config = read_json(cfg_path);
+  ModelConfig m = import_config(source_config, cfg_path);
   const bool had_shift = m.kv_shift.enabled;
   if (init != "none") {
     KVS_CHECK(!had_shift, "{}: the model already has KV shift parameters (use --kv-shift-init none)", cfg_path);
@@ -137,7 +138,17 @@ std::string import_hf(const ImportOptions& o) {
   weights.clear();
 
   StagedDir out(o.out, o.force, {o.model});
-  write_json_file(out.file("config.json"), model_to_hf_json(m));
+  // The model's end-of-text ids (generation_config.json's, else config.json's;
+  // an id or a list, as Llama 3's): generate stops at them without a tokenizer.
+  json config = model_to_hf_json(m);
+  json eos = source_config.value("eos_token_id", json());
+  if (fs::exists(o.model + "/generation_config.json")) {
+    const json g = read_json(o.model + "/generation_config.json");
+    if (g.is_object() && g.contains("eos_token_id") && !g["eos_token_id"].is_null()) eos = g["eos_token_id"];
+  }
+  if (!eos.is_null()) config["eos_token_id"] = eos;
+  model_from_hf_json(config, cfg_path);  // an eos_token_id that is no token id of the model is an error here
+  write_json_file(out.file("config.json"), config);
   write_safetensors(out.file("model.safetensors"), tensors);
   // The tokenizer as a kvshift tokenizer directory (its kvshift_tokenizer.json
   // too), so generate, data prepare and export-hf take it as `tokenizer train`'s.

@@ -217,7 +217,7 @@ const Fields<Config>& config_fields() {
 // Keys of a Hugging Face config.json that we accept beside the model keys.
 const std::vector<std::string>& hf_extra_keys() {
   static const std::vector<std::string> k = {"architectures", "model_type", "head_dim",    "hidden_act",
-                                             "attention_bias", "mlp_bias",  "torch_dtype"};
+                                             "attention_bias", "mlp_bias",  "torch_dtype", "eos_token_id"};
   return k;
 }
 
@@ -607,6 +607,13 @@ ModelConfig model_from_hf_json(const json& j, const std::string& origin) {
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     bool b = false;
     if (read_key(j, key, w, b) && b) fail("{}: {}: biases are not implemented (expected false)", origin, key);
+  }
+  // eos_token_id (an import keeps the model's: where generate stops): an id or a list of ids.
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const json& e = j["eos_token_id"];
+    for (const json& id : e.is_array() ? e : json::array({e}))
+      KVS_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < m.vocab_size,
+                "{}: eos_token_id: {} is not a token id of vocab_size {}", origin, id.dump(), m.vocab_size);
   }
   int hd = 0;
   if (read_key(j, "head_dim", w, hd) && hd != m.head_dim())

@@ -39,7 +39,6 @@
 #include "train/step_watch.h"
 #include "train/stop_signals.h"
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace kvs {
 
@@ -70,12 +69,6 @@ struct BatchBuffers {
     return Batch{n, T, inputs.data() + o, targets.data() + o, mask.data() + o};
   }
 };
-
-void set_threads(int threads) {
-  const int n = resolve_threads(threads);
-  omp_set_num_threads(n);
-  openblas_set_num_threads(n);
-}
 
 std::string config_dir(const Config& c) {
   if (c.source_path.empty()) return ".";
@@ -384,7 +377,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
             comm->rank(), comm->size(), start);
   const int rank = comm->rank();
   const bool rank0 = rank == 0;
-  set_threads(tc.threads);
+  use_threads(tc.threads);
   const RemovedIfLeftEmpty created_dir(opt.run_dir);
   make_dirs(opt.run_dir);
   // Rank 0 writes the directory, so rank 0 holds it (released before created_dir looks at it).
@@ -495,39 +488,36 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // map every later index onto other windows (and old val text into
     // training). Only the val files changing leaves training as it was: the
     // evaluations before and after just measure other text.
+    // Other validation data only is a warning; other training data is refused unless allowed.
+    auto judge_data_change = [&](const std::string& what, bool val_only, const char* val_note, const char* onto,
+                                 const char* restore) {
+      if (val_only) {
+        if (rank0) spdlog::warn("{}{}; its losses before and after are not comparable", what, val_note);
+        return;
+      }
+      KVS_CHECK(opt.allow_data_change,
+                "{}; its data position would map onto other {}: restore {}, or pass --allow-data-change to go on "
+                "with these",
+                what, onto, restore);
+      if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
+    };
     const nlohmann::json was_data = ts.value("data", nlohmann::json::object()), now_data = data_counts(*data);
     if (was_data.is_object() && !was_data.empty() && was_data != now_data) {
-      const std::string what = fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)",
-                                           latest, was_data.dump(), now_data.dump());
-      if (train_counts(was_data) == train_counts(now_data)) {
-        if (rank0) spdlog::warn("{}: the validation data only; its losses before and after are not comparable", what);
-      } else {
-        KVS_CHECK(opt.allow_data_change,
-                  "{}; its data position would map onto other sequences: restore the shards and settings it was "
-                  "trained on, or pass --allow-data-change to go on with these",
-                  what);
-        if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
-      }
+      judge_data_change(fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)", latest,
+                                    was_data.dump(), now_data.dump()),
+                        train_counts(was_data) == train_counts(now_data), ": the validation data only", "sequences",
+                        "the shards and settings it was trained on");
     } else if (const nlohmann::json was_contents = ts.value("data_contents", nlohmann::json::object()),
                now_contents = data_contents(*data);
                was_contents.is_object() && was_contents.contains("train") && was_contents != now_contents) {
       // The same counts over other contents (checkpoints before 2026-11-30 record none).
       const bool train_same = was_contents.value("train", "") == now_contents.value("train", "");
-      const std::string what = fmt::format(
-          "{}: the {} data changed since this checkpoint: the same {} sequences, but other shards or other tokens "
-          "in them (their manifests' sha256s or names and sizes differ)",
-          latest, train_same ? "validation" : "training",
-          train_same ? was_data.value("val_sequences", nlohmann::json()).dump()
-                     : was_data.value("train_sequences", nlohmann::json()).dump());
-      if (train_same) {
-        if (rank0) spdlog::warn("{}; its losses before and after are not comparable", what);
-      } else {
-        KVS_CHECK(opt.allow_data_change,
-                  "{}; its data position would map onto other text: restore the shards it was trained on, or pass "
-                  "--allow-data-change to go on with these",
-                  what);
-        if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
-      }
+      judge_data_change(
+          fmt::format("{}: the {} data changed since this checkpoint: the same {} sequences, but other shards or "
+                      "other tokens in them (their manifests' sha256s or names and sizes differ)",
+                      latest, train_same ? "validation" : "training",
+                      was_data.value(train_same ? "val_sequences" : "train_sequences", nlohmann::json()).dump()),
+          train_same, "", "text", "the shards it was trained on");
     }
     KVS_CHECK(step <= tc.steps,
               "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,

@@ -13,6 +13,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 
 #include "build_paths.h"
 #include "core/runtime_env.h"
+#include "core/safetensors.h"
 #include "core/sha256.h"
 #include "data/shards.h"
 #include "cuda_test_util.h"
@@ -732,6 +734,31 @@ std::string tiny_run(const std::string& name) {
   return dir;
 }
 
+// eval runs on the run's train.threads, as training ran its evaluations: the
+// same numbers as the run's eval line, to the bit (another thread count sums
+// in another order).
+TEST(Cli, EvalReproducesTheRunsEvalLineOnItsThreads) {
+  const std::string dir = testing::TempDir() + "kvs_cli_eval_threads";
+  fs::remove_all(dir);
+  Result r = run("train --quiet --config " + src("configs/toy/induction-1l-kvshift.json") +
+                 " --set train.steps=60 train.warmup_steps=20 train.eval_every=0 train.eval_sequences=64 "
+                 "train.threads=1 --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  double logged = 0;
+  std::istringstream lines(kvs::testing_util::slurp(dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);)
+    if (const auto j = nlohmann::json::parse(line); j["type"] == "eval") logged = j["val_loss"].get<double>();
+  r = run("eval --json --checkpoint " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out.substr(r.out.find('{')))["val_loss"].get<double>(), logged) << r.out;
+  // The control: on 2 threads this run's loss differs in its last bits (on a machine with 2 cores or more).
+  if (std::thread::hardware_concurrency() >= 2) {
+    r = run("eval --json --checkpoint " + dir + " --set train.threads=2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(nlohmann::json::parse(r.out.substr(r.out.find('{')))["val_loss"].get<double>(), logged) << r.out;
+  }
+}
+
 // eval with other data settings than the run's says so: its val split may hold training text.
 TEST(Cli, EvalWarnsWhenTheDataDifferFromTheRuns) {
   const std::string dir = tiny_run("eval_other_data");
@@ -744,6 +771,14 @@ TEST(Cli, EvalWarnsWhenTheDataDifferFromTheRuns) {
                        "these validation sequences are not the ones the run held out"),
             std::string::npos)
       << r.out;
+  // The generated tasks' validation sequences follow train.seed too.
+  r = run("eval --checkpoint " + dir + " --set train.eval_sequences=8 train.seed=999");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the data settings differ from the run's (train.seed: "), std::string::npos) << r.out;
+  // A --set that breaks a rule is named as the --set, not as the run's file.
+  r = run("eval --checkpoint " + dir + " --set train.eval_sequences=0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("run_config.json with --set train.eval_sequences=0"), std::string::npos) << r.out;
 }
 
 // A [1, 4] batch for `backward`: inputs, targets, mask (safetensors).
@@ -787,6 +822,103 @@ TEST(Cli, ForwardAndBackwardNeverWriteOverTheirInputs) {
   EXPECT_EQ(kvs::testing_util::slurp(step + "/model.safetensors"), weights);
   EXPECT_EQ(kvs::testing_util::slurp(batch), batch_bytes);
   EXPECT_FALSE(fs::exists(step + "/new.npy"));
+}
+
+// Input from a pipe (/dev/stdin, <(...)) is read, not taken for a directory
+// holding --out; non-finite weights are refused as eval refuses them; a
+// batch with a misspelt or missing tensor is named.
+TEST(Cli, ForwardReadsAPipeAndRefusesBrokenWeightsAndBatches) {
+  const std::string dir = tiny_run("kvs_cli_forward_pipe"), step = dir + "/checkpoints/step_00000003";
+  const std::string out = testing::TempDir() + "pipe_logits.npy";
+  Result r = run_with_env("echo 11 12 13 |", "forward --checkpoint " + dir + " --tokens /dev/stdin --out " + out);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out));
+  const std::string batch = write_batch(testing::TempDir() + "pipe_batch.st", {12, 13, 12, 13}, {1, 1, 1, 1});
+  const std::string renamed = testing::TempDir() + "pipe_batch_renamed.st";
+  {
+    std::vector<kvs::StTensor> t = kvs::read_safetensors(batch);
+    for (auto& x : t)
+      if (x.name == "mask") x.name = "masks";
+    kvs::write_safetensors(renamed, t);
+  }
+  r = run("backward --checkpoint " + step + " --batch " + renamed + " --out " + testing::TempDir() + "g.st");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("tensor 'masks' is not one of inputs, targets, mask"), std::string::npos) << r.out;
+  // One NaN weight: forward and backward refuse the checkpoint (a copy without its manifest).
+  const std::string broken = testing::TempDir() + "kvs_cli_nan_ckpt";
+  fs::remove_all(broken);
+  fs::create_directories(broken);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(step + "/" + f, broken + "/" + f);
+  std::vector<kvs::StTensor> w = kvs::read_safetensors(broken + "/model.safetensors");
+  for (auto& t : w)
+    if (t.name == "model.layers.0.mlp.down_proj.weight") reinterpret_cast<float*>(t.bytes.data())[5] = NAN;
+  kvs::write_safetensors(broken + "/model.safetensors", w);
+  r = run_with_env("echo 11 12 13 |", "forward --checkpoint " + broken + " --tokens /dev/stdin --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("tensor 'model.layers.0.mlp.down_proj.weight' element 5 is nan (refusing to run a broken "
+                       "model)"),
+            std::string::npos)
+      << r.out;
+}
+
+// Generation stops at --stop-ids, else at the checkpoint config.json's
+// eos_token_id (an import keeps the model's; an id or a list) when no
+// tokenizer names an EOS.
+TEST(Cli, GenerateStopsAtTheStopIdsOrTheModelsEos) {
+  const std::string dir = tiny_run("kvs_cli_stop_ids"), step = dir + "/checkpoints/step_00000003";
+  auto ids_of = [](const Result& r) {  // the JSON line; the summary follows on stderr
+    const size_t at = r.out.find('{');
+    return nlohmann::json::parse(r.out.substr(at, r.out.find('\n', at) - at))["ids"].get<std::vector<int>>();
+  };
+  const std::string gen = "generate --json --prompt-ids 11,12,13 --max-new-tokens 12 --checkpoint ";
+  Result r = run(gen + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<int> all = ids_of(r);
+  ASSERT_EQ(all.size(), 12u);
+  const int stop = all[4];
+  const size_t first = static_cast<size_t>(std::find(all.begin(), all.end(), stop) - all.begin());
+  r = run(gen + dir + " --stop-ids " + std::to_string(stop));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ids_of(r), std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(first)));
+  EXPECT_NE(r.out.find("\"stop\":\"eos\""), std::string::npos) << r.out;
+  // The same id as config.json's eos_token_id (a list, as Llama 3's), in a copy without its manifest.
+  const std::string copy = testing::TempDir() + "kvs_cli_stop_ids_copy";
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(step + "/" + f, copy + "/" + f);
+  auto cfg = nlohmann::json::parse(kvs::testing_util::slurp(copy + "/config.json"));
+  cfg["eos_token_id"] = {stop, 0};
+  std::ofstream(copy + "/config.json") << cfg.dump();
+  r = run(gen + copy);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<int> want(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(first));
+  const auto zero = std::find(want.begin(), want.end(), 0);
+  want.erase(zero, want.end());
+  EXPECT_EQ(ids_of(r), want);
+  cfg["eos_token_id"] = 100000;  // no token of this model
+  std::ofstream(copy + "/config.json") << cfg.dump();
+  r = run(gen + copy);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("eos_token_id: 100000 is not a token id"), std::string::npos) << r.out;
+  r = run(gen + dir + " --stop-ids 100000");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--stop-ids: 100000 is not a token id"), std::string::npos) << r.out;
+}
+
+// What a command prints is its result: a write that fails (a full disk) is an
+// error, not exit 0 with nothing written.
+TEST(Cli, AFailedWriteToStdoutIsAnError) {
+  const std::string dir = tiny_run("kvs_cli_stdout_full");
+  const std::string err = testing::TempDir() + "stdout_full.err";
+  for (const std::string& cmd : {"inspect --checkpoint " + dir + " --json", "eval --checkpoint " + dir + " --json",
+                                 "generate --checkpoint " + dir + " --prompt-ids 11,12 --max-new-tokens 3"}) {
+    SCOPED_TRACE(cmd);
+    const int status =
+        std::system((std::string(kvs::test::cli_binary()) + " " + cmd + " > /dev/full 2> " + err).c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+    EXPECT_NE(kvs::testing_util::slurp(err).find("stdout: No space left on device"), std::string::npos)
+        << kvs::testing_util::slurp(err);
+  }
 }
 
 // An unscored position's target may be anything (PyTorch's ignore_index -100):

@@ -175,6 +175,39 @@ TEST(Inspect, VanillaCheckpointHasNoShiftParameters) {
   EXPECT_EQ(js["message"], "kv_shift disabled: no shift parameters");
 }
 
+// Every tensor is checked against the config, as forward and eval check them:
+// a missing tensor, or shifts of another window than config.json's, are errors
+// (inspect read the window off the tensors and printed another model).
+TEST(Inspect, TensorsThatDoNotMatchTheConfigAreErrors) {
+  TmpDir tmp;
+  const std::string run = train_tiny(tmp / "run", true);
+  const std::string step = kvs::latest_checkpoint(run + "/checkpoints");
+  ASSERT_FALSE(step.empty());
+  std::filesystem::remove(step + "/manifest.json");  // edited by hand below
+  const std::string file = step + "/model.safetensors";
+  const std::vector<kvs::StTensor> good = kvs::read_safetensors(file);
+  std::vector<kvs::StTensor> wider, fewer;
+  for (const auto& t : good) {
+    if (t.name != "model.layers.1.mlp.up_proj.weight") fewer.push_back(t);
+    if (t.name.find("_shift") != std::string::npos) {
+      const std::vector<float> three(static_cast<size_t>(t.shape[0]) * 3, 0.5f);
+      wider.push_back(kvs::make_f32_tensor(t.name, {t.shape[0], 3}, three.data()));  // a window-2 tensor
+    } else {
+      wider.push_back(t);
+    }
+  }
+  kvs::write_safetensors(file, fewer);
+  Result r = run_kvshift("inspect --checkpoint " + step);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << r.out;
+  kvs::write_safetensors(file, wider);
+  r = run_kvshift("inspect --checkpoint " + step);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("self_attn.k_shift"), std::string::npos) << r.out;
+  kvs::write_safetensors(file, good);
+  EXPECT_EQ(run_kvshift("inspect --checkpoint " + step).code, 0);
+}
+
 TEST(Inspect, MissingCheckpointIsOneLineError) {
   TmpDir tmp;
   Result r = run_kvshift("inspect --checkpoint " + (tmp / "nope"));

@@ -618,7 +618,9 @@ def rope_cases(t, binary, work):
         d = os.path.join(work, "saved_by_transformers", name)
         shutil.rmtree(d, ignore_errors=True)
         torch.manual_seed(7)
-        model = transformers.LlamaForCausalLM(llama_config(500000.0, llama3, initializer_range=0.3, **shape)).eval()
+        eos = [2, 3] if llama3 else 2  # Llama 3 lists two
+        model = transformers.LlamaForCausalLM(llama_config(500000.0, llama3, initializer_range=0.3, eos_token_id=eos,
+                                                           **shape)).eval()
         model.save_pretrained(os.path.join(d, "hf"), safe_serialization=True)
         saved = json.load(open(os.path.join(d, "hf", "config.json")))
         dialect = "rope_parameters" if "rope_parameters" in saved else "rope_theta/rope_scaling"
@@ -628,6 +630,9 @@ def rope_cases(t, binary, work):
         run([binary, "import-hf", "--model", os.path.join(d, "hf"), "--out", ckpt])
         t.compare("rope", f"{name}: saved ({dialect}) -> import == transformers",
                   kvshift_logits(binary, ckpt, ids[0].tolist(), d), theirs)
+        kept = json.load(open(os.path.join(ckpt, "config.json"))).get("eos_token_id")
+        t.record("rope", f"{name}: import keeps eos_token_id {eos} (generate stops at it without a tokenizer)",
+                 kept == eos, str(kept))
         if llama3:  # the continued-pretraining path: add the shift (identity), export, load, same function
             shifted = os.path.join(d, "shifted")
             run([binary, "import-hf", "--model", os.path.join(d, "hf"), "--out", shifted, "--kv-shift-init",
@@ -664,6 +669,11 @@ def error_cases(t, binary, work, vanilla, src):
     expect_error(t, "export: --force over a directory that is no export",
                  [binary, "export-hf", "--checkpoint", ckpt, "--out", busy, "--force"], "holds files but no config.json")
     t.record("errors", "non-empty --out untouched", os.listdir(busy) == ["keep.txt"])
+    tokens = os.path.join(d, "tokens.txt")
+    open(tokens, "w").write("1 2 3\n")
+    expect_error(t, "forward on an export: says it is a Hugging Face directory and how to read it",
+                 [binary, "forward", "--checkpoint", hf_dir, "--tokens", tokens, "--out", os.path.join(d, "l.npy")],
+                 "a Hugging Face model directory")
     expect_error(t, "export: bad --dtype", [binary, "export-hf", "--checkpoint", ckpt, "--out", new,
                                             "--dtype", "fp16"], "--dtype", out=new)
     expect_error(t, "export: bad --max-shard-size", [binary, "export-hf", "--checkpoint", ckpt, "--out", new,

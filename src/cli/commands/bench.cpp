@@ -35,7 +35,6 @@
 #include "kernels/cuda/kernel_profile.h"
 #endif
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace kvs::cli {
 
@@ -374,9 +373,7 @@ void add_bench(CLI::App& app) {
     auto world = dist::make_world(cfg.device);
     check_layout_or_exit(world, cfg);
     const bool rank0 = world->rank() == 0;
-    const int threads = resolve_threads(cfg.train.threads);
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    const int threads = use_threads(cfg.train.threads);
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
     // One engine per config; with --compare-gemm one config whose steps alternate libraries.
     std::vector<Config> runs;
@@ -422,8 +419,7 @@ void add_bench(CLI::App& app) {
     cpu::GemmPeak peak;
     if (cpu_run && rank0) peak = cpu::sgemm_peak(threads, a->recalibrate);
     world->barrier();
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    use_threads(threads);
     std::vector<BenchResult> res;
     // The profile's peak: the calibrated SGEMM peak on the CPU, the GPU's dense bf16 peak on CUDA.
     const char* profile_peak_key = cpu_run ? "fraction_of_sgemm_peak" : "fraction_of_bf16_peak";

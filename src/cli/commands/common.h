@@ -2,6 +2,7 @@
 #pragma once
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -40,9 +41,17 @@ inline Device device_flag(const std::string& name) {
 }
 
 // An engine holding the checkpoint's weights, sized for B x T micro-batches.
+// Weights that are not finite would give NaN logits and gradients that look
+// like results: refused, as eval, generate and export-hf refuse them.
 inline std::unique_ptr<Engine> engine_for(const LoadedCheckpoint& ck, int B, int T, Device device) {
   auto e = make_engine(ck.model, B, T, device);
-  e->write_params(checkpoint_weights(ck).data());
+  const std::vector<float> w = checkpoint_weights(ck);
+  for (const ParamTensor& t : e->layout().tensors)
+    for (size_t i = 0; i < t.numel; ++i)
+      if (!std::isfinite(w[t.offset + i]))
+        fail("{}/model.safetensors: tensor '{}' element {} is {} (refusing to run a broken model)", ck.dir, t.name, i,
+             w[t.offset + i]);
+  e->write_params(w.data());
   return e;
 }
 

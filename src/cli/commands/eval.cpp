@@ -4,6 +4,7 @@
 #include "cli/commands/commands.h"
 #include "cli/commands/common.h"
 #include "cli/commands/world_guard.h"
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/json_difference.h"
 #include "data/dataset.h"
@@ -54,15 +55,24 @@ void add_eval(CLI::App& app) {
       KVS_CHECK(ck.files.run_config_error.empty(), "{}; pass --config", ck.files.run_config_error);
       KVS_CHECK(!ck.files.run_config.is_null(), "{}: no run_config.json; pass --config", dir);
       nlohmann::json j = ck.files.run_config;
+      // A value that --set gave is the --set's fault, not the file's: the origin says both.
+      std::string origin = dir + "/run_config.json";
+      for (size_t i = 0; i < a->sets.size(); ++i) origin += (i ? ", " : " with --set ") + a->sets[i];
       for (const auto& s : a->sets) apply_override(j, s, dir + "/run_config.json");
-      cfg = config_from_json(j, dir + "/run_config.json");
-      validate(cfg, dir + "/run_config.json");
+      cfg = config_from_json(j, origin);
+      validate(cfg, origin);
     }
     // Another data section (another file, a --set of data.*) evaluates other text: with another val
     // split (val_fraction, val files) possibly some the run trained on. Allowed, and said.
+    // The generated tasks' validation sequences also follow train.seed (docs/DATA.md).
     const nlohmann::json& run = ck.files.run_config;
-    const std::string data_change =
-        run.is_object() && run.contains("data") ? json_difference(run["data"], to_json(cfg)["data"]) : "";
+    std::string data_change;
+    if (run.is_object() && run.contains("data"))
+      if (const std::string d = json_difference(run["data"], to_json(cfg)["data"]); !d.empty()) data_change = "data." + d;
+    if (cfg.data.type != DatasetType::Shards && run.is_object() && run.contains("train") && run["train"].contains("seed") &&
+        run["train"]["seed"] != to_json(cfg)["train"]["seed"])
+      data_change += fmt::format("{}train.seed: {} vs {}", data_change.empty() ? "" : "; ", run["train"]["seed"].dump(),
+                                 cfg.train.seed);
     // The model is the checkpoint's: its rules (seq_len within max_position_embeddings; on
     // CUDA head_dim, no document masking) apply, not those of --config's model section.
     const std::string origin = a->config.empty() ? dir + "/run_config.json" : a->config;
@@ -100,9 +110,10 @@ void add_eval(CLI::App& app) {
     check_layout_or_exit(world, cfg);
     const bool rank0 = world->rank() == 0;
     if (rank0 && !data_change.empty())
-      spdlog::warn("the data settings differ from the run's (data.{}, run vs now): these validation sequences are "
+      spdlog::warn("the data settings differ from the run's ({}, run vs now): these validation sequences are "
                    "not the ones the run held out, and may include text it trained on",
                    data_change);
+    use_threads(cfg.train.threads);  // the run's (or --set's), as train ran its evaluations
     auto data =
         make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir, document_bos_of(ck.model));
     EvalResult r;

@@ -2,6 +2,7 @@
 // (the PyTorch oracle test, Hugging Face export checks).
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "cli/commands/commands.h"
@@ -95,7 +96,12 @@ void add_backward(CLI::App& app) {
     std::vector<int32_t> inputs, targets;
     std::vector<float> mask;
     std::vector<int64_t> shape;
+    std::set<std::string> found;
     for (const auto& t : read_safetensors(a->batch)) {
+      KVS_CHECK(t.name == "inputs" || t.name == "targets" || t.name == "mask",
+                "{}: tensor '{}' is not one of inputs, targets, mask (a misspelt name would be left out)", a->batch,
+                t.name);
+      found.insert(t.name);
       try {
         if (t.name == "inputs") inputs = tensor_to_i32(t), shape = t.shape;
         if (t.name == "targets") targets = tensor_to_i32(t);
@@ -104,6 +110,9 @@ void add_backward(CLI::App& app) {
         fail("{}: {}", a->batch, e.what());
       }
     }
+    for (const char* name : {"inputs", "targets", "mask"})
+      KVS_CHECK(found.count(name), "{}: no tensor '{}' (a batch holds inputs I32 [B, T], targets I32 [B, T], mask F32 "
+                "[B, T])", a->batch, name);
     KVS_CHECK(shape.size() == 2, "{}: needs 'inputs' of shape [B, T]", a->batch);
     const size_t n = inputs.size();
     KVS_CHECK(targets.size() == n && mask.size() == n, "{}: 'targets' and 'mask' must match 'inputs' [B, T]",

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,14 +25,13 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_meta.h"
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace kvs::cli {
 
 namespace {
 
 struct Args {
-  std::string checkpoint, prompt, prompt_ids, tokenizer;
+  std::string checkpoint, prompt, prompt_ids, tokenizer, stop_ids;
   bool has_prompt = false, has_prompt_ids = false, json = false;
   int threads = 0;         // 0 = auto
   int max_new_tokens = 0;  // not given (max_new_given false): 128, or fewer to fit the model's positions
@@ -108,10 +108,13 @@ int pick_threads(int requested, const ModelConfig& m) {
 }
 
 // Prints `text` at once (streaming).
+// Streams text as it is generated; a reader that went away (`| head -c 3`,
+// SIGPIPE is ignored) or a full disk ends the generation with an error.
 void emit(const std::string& text) {
   if (text.empty()) return;
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    fail("stdout: {}: the generated text was not all written", errno ? std::strerror(errno) : "write error");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -154,12 +157,23 @@ void run_generate(const Args& a) {
             "--max-new-tokens {}: the prompt's {} tokens + {} new ones exceed the model's max_position_embeddings {}",
             max_new, n_prompt, max_new, m.max_position_embeddings);
 
-  const int threads = pick_threads(a.threads, m);
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
+  const int threads = use_threads(pick_threads(a.threads, m));
   Generator gen(m, checkpoint_weights(ck), n_prompt + max_new);
   Sampler sampler(a.sampling);
-  const int eos = tok ? tok->eos_id() : -1;
+  // Where to stop: --stop-ids; else the tokenizer's EOS; else the
+  // checkpoint's config.json eos_token_id (an import keeps the model's, an
+  // int or a list as Llama 3's).
+  std::vector<int32_t> stops;
+  if (!a.stop_ids.empty()) {
+    stops = parse_ids(a.stop_ids);
+    for (int32_t id : stops)
+      KVS_CHECK(id >= 0 && id < m.vocab_size, "--stop-ids: {} is not a token id of this {}-token model", id,
+                m.vocab_size);
+  } else if (tok && tok->eos_id() >= 0) {
+    stops = {tok->eos_id()};
+  } else if (const nlohmann::json& e = ck.data.hf_config.value("eos_token_id", nlohmann::json()); !e.is_null()) {
+    for (const auto& id : e.is_array() ? e : nlohmann::json::array({e})) stops.push_back(id.get<int32_t>());
+  }
   const bool stream = !a.json;
   TextStream text(tok ? tok->decode(ids) : std::string());  // the prompt is not printed again
 
@@ -176,7 +190,7 @@ void run_generate(const Args& a) {
       KVS_CHECK(std::isfinite(logits[v]), "{}: the model's logit for token {} is {} at generated token {}: its "
                 "weights or activations are not finite", dir, v, logits[v], i + 1);
     const int32_t next = sampler.sample(logits, sample_v);
-    if (next == eos) {
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
       stop = "eos";
       break;
     }
@@ -247,6 +261,9 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");
+  cmd->add_option("--stop-ids", a->stop_ids,
+                  "Token ids that end the generation, e.g. 2 or 128001,128009 (default: the tokenizer's EOS, else "
+                  "the checkpoint config.json's eos_token_id)");
   cmd->add_flag(
       "--json", a->json,
       "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");

@@ -15,6 +15,7 @@
 #include "cli/commands/common.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/params.h"
 
 namespace kvs::cli {
 
@@ -60,8 +61,8 @@ Coefs read_shift(const LoadedCheckpoint& ck, const std::map<std::string, const S
     }
     const StTensor& t = *it->second;
     KVS_CHECK(t.shape.size() == 2 && t.shape[0] == H && t.shape[1] >= 2,
-              "{}/model.safetensors: tensor '{}' has {} dims, expected [{}={}, window+1]", ck.dir, name,
-              t.shape.size(), kind == "q_shift" ? "num_attention_heads" : "num_key_value_heads", H);
+              "{}/model.safetensors: tensor '{}' has shape {}, expected [{}={}, window+1]", ck.dir, name,
+              nlohmann::json(t.shape).dump(), kind == "q_shift" ? "num_attention_heads" : "num_key_value_heads", H);
     const std::vector<float> v = tensor_to_f32(t);
     const int64_t cols = t.shape[1];
     std::vector<std::vector<double>> heads(H);
@@ -133,6 +134,9 @@ void add_inspect(CLI::App& app) {
   cmd->callback([a]() {
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     LoadedCheckpoint ck = read_checkpoint(dir);
+    // Every tensor against the config, as forward and eval check them: a
+    // missing, extra or misshaped tensor (another window's shifts) is an error.
+    validate_layout_tensors(ck.data.model, ParamLayout::build(ck.model), {""}, dir + "/model.safetensors");
     std::map<std::string, const StTensor*> by_name;
     for (const auto& t : ck.data.model) by_name[t.name] = &t;
     const Coefs k = read_shift(ck, by_name, "k_shift");

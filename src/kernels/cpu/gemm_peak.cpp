@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/cpu_budget.h"
 #include "core/fs.h"
 #include "kernels/cpu/gemm_library.h"
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace kvs::cpu {
 
@@ -60,9 +60,7 @@ std::string cpu_model_name() {
 }
 
 GemmPeak measure_sgemm_peak(int threads, int n) {
-  threads = std::max(1, threads);
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
+  threads = use_threads(std::max(1, threads));
   // The size: 2048 for a few threads, larger for many so each still gets whole
   // blocks, smaller on a slow machine (generic kernels) so a product stays
   // near 0.1-0.2 s: a 512^3 product first estimates the speed.

@@ -45,4 +45,11 @@ void init_logging(const std::string& level) {
 
 bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
 
+namespace {
+std::atomic<int> g_log_rank{0};
+}  // namespace
+
+void set_log_rank(int rank) { g_log_rank = rank; }
+bool logs_for_the_world() { return g_log_rank == 0; }
+
 }  // namespace kvs

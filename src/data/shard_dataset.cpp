@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "core/sha256.h"
 #include "data/shard_manifest_check.h"
@@ -159,7 +160,7 @@ void ShardDataset::open(const std::vector<std::string>& train, const std::string
     if (val_set.count(fs::weakly_canonical(p, ec).string()) || (r != records.end() && r->second.split == "val"))
       leaked.push_back(p);
   }
-  if (!leaked.empty())
+  if (!leaked.empty() && logs_for_the_world())
     spdlog::warn("{}: {} of its files {} validation data ({}{}): the validation loss measures text the model "
                  "trains on",
                  train_key, leaked.size(), leaked.size() == 1 ? "is" : "are", leaked[0], leaked.size() > 1 ? ", ..." : "");

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "core/log.h"
 #include "data/shards.h"
 
 namespace kvs {
@@ -83,7 +84,7 @@ void check_shards_against_manifests(const std::string& pattern, const std::vecto
     for (const std::string& f : matches)
       if (fs::path(f).parent_path().string() == dir && !listed.count(fs::path(f).filename().string()))
         unlisted.push_back(fs::path(f).filename().string());
-    if (!unlisted.empty())
+    if (!unlisted.empty() && logs_for_the_world())
       spdlog::warn("{}: {} of the files \"{}\" matches in {} ({}{}) are not in its manifest.json: from another data "
                    "prepare?",
                    key, unlisted.size(), pattern, dir, unlisted[0], unlisted.size() > 1 ? ", ..." : "");

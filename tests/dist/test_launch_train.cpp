@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "build_paths.h"
+#include "data/shards.h"
 #include "dist/world.h"
 #include "test_util.h"
 
@@ -162,6 +164,36 @@ TEST(LaunchWorld, OneProcessSubcommandsRefuseSeveralRanks) {
   }
   const CommandResult task = finish(::popen(("env SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 " + info).c_str(), "r"));
   EXPECT_EQ(task.code, 0) << task.out;  // srun -n 1
+}
+
+// A warning every rank would give alike (here the data's: a train glob over
+// the validation shards) is said once for the job, by rank 0.
+TEST(LaunchWorld, TheDatasWarningsArePrintedOncePerJob) {
+  TmpDir tmp;
+  std::vector<uint32_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 2 + (i * 7) % 30;
+  kvs::write_shard(tmp / "train_0.bin", tokens, 2);
+  kvs::write_shard(tmp / "val_0.bin", tokens, 2);
+  kvs::testing_util::spit(tmp / "manifest.json",
+                          R"({"splits": {"train": {"shards": [{"file": "train_0.bin", "tokens": 3000}]},
+                                         "val": {"shards": [{"file": "val_0.bin", "tokens": 3000}]}}})");
+  std::string cfg = tiny_config("cpu");
+  const std::string induction = R"({"type": "induction", "induction": {"token_lo": 2, "token_hi": 32, "pool_size": 8}})";
+  cfg.replace(cfg.find(induction), induction.size(),
+              R"({"type": "shards", "shards": {"train": [")" + (tmp / "*.bin") + R"("], "val": [")" +
+                  (tmp / "val_*.bin") + R"("]}})");
+  kvs::testing_util::spit(tmp / "c.json", cfg);
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "timeout 60 mpirun --oversubscribe --bind-to none -np 2 ";
+  const CommandResult r = finish(::popen((mpirun + kvs::test::cli_binary() + " train --quiet --config " +
+                                          (tmp / "c.json") + " --run-dir " + (tmp / "run") + " 2>&1")
+                                             .c_str(),
+                                         "r"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  const std::string warning = "1 of its files is validation data";
+  EXPECT_NE(r.out.find(warning), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(warning), r.out.rfind(warning)) << "said more than once: " << r.out;
 }
 
 // An error every rank hits (a config error, before any world exists) is

@@ -6,6 +6,7 @@
 #include "cli/commands/world_guard.h"
 #include "core/cpu_budget.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/json_difference.h"
 #include "data/dataset.h"
 #include "data/tokenizer_check.h"
@@ -89,6 +90,7 @@ void add_eval(CLI::App& app) {
     // run's, or --set parallel.*), and the data-parallel replicas split the
     // batches: the numbers are one process's either way (evaluate()).
     auto world = dist::make_world(cfg.device);
+    set_log_rank(world->rank());
     if (world->size() == 1) {
       // The run's layout does not apply, but a layout asked for here does: one
       // process cannot hold tp 2, and says so as bench does.

@@ -67,6 +67,7 @@ void add_train(CLI::App& app) {
     // From here to exit a stop signal is a request (read by train() at step boundaries), not a kill.
     const StopSignals stop_signals(cfg.train.stop_signal, rank0);
     if (!rank0) spdlog::set_level(spdlog::level::warn);
+    set_log_rank(world->rank());
     if (rank0 && cfg.device == Device::Cpu) {
       const cpu::BlasChoice& blas = cpu::select_blas_kernels();
       const cpu::GemmLibraryChoice& gemm = cpu::select_gemm_library();

@@ -16,12 +16,16 @@ std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, int seq_len, int vo
   if (!cfg.tokenizer.empty()) {
     const std::string tokenizer = check_data_tokenizer(cfg.tokenizer, vocab_size, config_dir, document_bos);
     if (cfg.type == DatasetType::Shards) {
-      // The datasets below check the shards against their manifests.
-      std::vector<std::string> files = expand_shard_paths(cfg.shards.train, config_dir, "data.shards.train", false);
-      if (!cfg.shards.val.empty()) {
-        const std::vector<std::string> val = expand_shard_paths(cfg.shards.val, config_dir, "data.shards.val", false);
-        files.insert(files.end(), val.begin(), val.end());
-      }  // every source's files, blended or not
+      // The datasets below check the shards against their manifests (and a
+      // stream's files for one read twice). Each entry apart: blended sources
+      // may share files (a subset weighted up).
+      std::vector<std::string> files;
+      for (const auto& [list, key] : {std::pair{&cfg.shards.train, "data.shards.train"},
+                                      std::pair{&cfg.shards.val, "data.shards.val"}})
+        for (const std::string& entry : *list) {
+          const std::vector<std::string> f = expand_shard_paths({entry}, config_dir, key, false);
+          files.insert(files.end(), f.begin(), f.end());
+        }  // every source's files, blended or not
       check_shards_tokenizer(files, tokenizer);
     }
   }

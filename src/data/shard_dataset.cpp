@@ -167,9 +167,11 @@ void ShardDataset::open(const std::vector<std::string>& train, const std::string
 
   // What the splits are made of, for a resume to compare: each file's sha256
   // as its manifest records it (else its name and token count), in order, and
-  // the range of the stream the split reads.
-  auto content_of = [](const Stream& st, const std::vector<std::string>& paths,
-                       const std::map<std::string, ListedShard>& recs) {
+  // the range of the stream the split's windows read (not the stream's end: a
+  // val_fraction that moves it without changing a window changes nothing read).
+  const uint64_t T = static_cast<uint64_t>(seq_len_);
+  auto content_of = [T](const Stream& st, uint64_t windows, const std::vector<std::string>& paths,
+                        const std::map<std::string, ListedShard>& recs) {
     Sha256 h;
     for (size_t k = 0; k < paths.size(); ++k) {
       const auto r = recs.find(paths[k]);
@@ -178,12 +180,12 @@ void ShardDataset::open(const std::vector<std::string>& train, const std::string
                    : fmt::format("file {} {}", fs::path(paths[k]).filename().string(), st.files[k]->size()));
       h.update("\n");
     }
-    h.update(fmt::format("range {} {}", st.begin, st.end));
+    h.update(fmt::format("range {} {}", st.begin, windows > 0 ? st.begin + windows * T + 1 : st.begin));
     return h.hex();
   };
-  train_content_ = content_of(train_, train_paths, records);
-  val_content_ = val_from_train_ ? content_of(val_, train_paths, records)
-                                 : content_of(val_, val_paths, manifest_records(val_paths));
+  train_content_ = content_of(train_, n_train_, train_paths, records);
+  val_content_ = val_from_train_ ? content_of(val_, n_val_, train_paths, records)
+                                 : content_of(val_, n_val_, val_paths, manifest_records(val_paths));
 }
 
 std::string ShardDataset::content_id(Split split) const {

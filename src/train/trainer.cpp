@@ -502,16 +502,19 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
       if (rank0) spdlog::warn("{}; going on with these (--allow-data-change)", what);
     };
     const nlohmann::json was_data = ts.value("data", nlohmann::json::object()), now_data = data_counts(*data);
+    // What the splits are made of (checkpoints before 2026-11-30 record none).
+    const nlohmann::json was_contents = ts.value("data_contents", nlohmann::json::object()),
+                         now_contents = data_contents(*data);
+    const bool contents_known = was_contents.is_object() && was_contents.contains("train");
+    const bool train_text_changed = contents_known && was_contents.value("train", "") != now_contents.value("train", "");
     if (was_data.is_object() && !was_data.empty() && was_data != now_data) {
       judge_data_change(fmt::format("{}: the data changed since this checkpoint (sequences {} then, {} now)", latest,
                                     was_data.dump(), now_data.dump()),
-                        train_counts(was_data) == train_counts(now_data), ": the validation data only", "sequences",
-                        "the shards and settings it was trained on");
-    } else if (const nlohmann::json was_contents = ts.value("data_contents", nlohmann::json::object()),
-               now_contents = data_contents(*data);
-               was_contents.is_object() && was_contents.contains("train") && was_contents != now_contents) {
-      // The same counts over other contents (checkpoints before 2026-11-30 record none).
-      const bool train_same = was_contents.value("train", "") == now_contents.value("train", "");
+                        train_counts(was_data) == train_counts(now_data) && !train_text_changed,
+                        ": the validation data only", "sequences", "the shards and settings it was trained on");
+    } else if (contents_known && was_contents != now_contents) {
+      // The same counts over other contents.
+      const bool train_same = !train_text_changed;
       judge_data_change(
           fmt::format("{}: the {} data changed since this checkpoint: the same {} sequences, but other shards or "
                       "other tokens in them (their manifests' sha256s or names and sizes differ)",

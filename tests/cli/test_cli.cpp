@@ -461,8 +461,8 @@ TEST(Cli, ResumeRefusesShardsWhoseContentsChangedUnderTheSameCounts) {
   const std::string dir = testing::TempDir() + "kvs_cli_data_contents";
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
-  auto prepare = [&](uint32_t shift, uint32_t val_shift) {  // tokens 3000 and 1000, another text per shift
-    std::vector<uint32_t> train = byte_tokens(3000), val = byte_tokens(1000);
+  auto prepare = [&](uint32_t shift, uint32_t val_shift, size_t val_tokens = 1000) {  // another text per shift
+    std::vector<uint32_t> train = byte_tokens(3000), val = byte_tokens(val_tokens);
     for (uint32_t& t : train) t = (t + shift) % 256;
     for (uint32_t& t : val) t = (t + val_shift) % 256;
     kvs::write_shard(dir + "/data/train_000.bin", train, 2);
@@ -471,7 +471,7 @@ TEST(Cli, ResumeRefusesShardsWhoseContentsChangedUnderTheSameCounts) {
         {"splits",
          {{"train", {{"shards", {{{"file", "train_000.bin"}, {"tokens", 3000},
                                   {"sha256", kvs::sha256_file(dir + "/data/train_000.bin")}}}}}},
-          {"val", {{"shards", {{{"file", "val_000.bin"}, {"tokens", 1000},
+          {"val", {{"shards", {{{"file", "val_000.bin"}, {"tokens", val_tokens},
                                 {"sha256", kvs::sha256_file(dir + "/data/val_000.bin")}}}}}}}}};
     std::ofstream(dir + "/data/manifest.json") << m.dump();
   };
@@ -504,6 +504,11 @@ TEST(Cli, ResumeRefusesShardsWhoseContentsChangedUnderTheSameCounts) {
   EXPECT_NE(r.out.find("step_00000003: the validation data changed since this checkpoint: the same 31 sequences"),
             std::string::npos)
       << r.out;
+  // Other training text together with another val count: refused, not taken for a val-only change.
+  prepare(13, 9, 1500);
+  r = run(train + " --resume --set train.steps=5");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000004: the data changed since this checkpoint"), std::string::npos) << r.out;
 
   // A train glob over the validation shards too, or a val list naming a train shard.
   r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak --set train.steps=1 "

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -149,6 +151,24 @@ TEST(BlendedDataset, OneSourceIsTheUnweightedStream) {
     ASSERT_EQ(get_seq(*blend, Split::Train, i, 16), get_seq(plain, Split::Train, i, 16)) << i;
   for (uint64_t i = 0; i < plain.size(Split::Val); ++i)
     ASSERT_EQ(get_seq(*blend, Split::Val, i, 16), get_seq(plain, Split::Val, i, 16)) << i;
+}
+
+// Sources may share files (a subset weighted up): with data.tokenizer too,
+// whose check expands every entry (a file read twice within one stream is
+// still an error, ShardDataset's).
+TEST(BlendedDataset, SourcesMayShareFilesWithATokenizerToo) {
+  const std::string dir = temp_dir("shared");
+  write_source(dir + "/a_0.bin", 100, 3000);
+  write_source(dir + "/a_1.bin", 200, 3000);
+  std::filesystem::create_directories(dir + "/tok");
+  std::ofstream(dir + "/tok/kvshift_tokenizer.json") << R"({"type": "bytes"})";
+  DataConfig d{DatasetType::Shards, {}, {}, {}, {}, dir + "/tok"};
+  d.shards.train = {dir + "/a_*.bin", dir + "/a_0.bin"};
+  d.shards.val_fraction = 0.1;
+  d.shards.weights = {0.7, 0.3};
+  EXPECT_GT(make_dataset(d, 16, 512, 3, "")->size(Split::Train), 0u);
+  d.shards.weights = {};  // one stream: a_0.bin twice
+  EXPECT_KVS_ERROR(make_dataset(d, 16, 512, 3, ""), "a_0.bin is matched by", "it would be read twice");
 }
 
 // Per-source validation files: entry s of data.shards.val is source s's.

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -511,18 +512,15 @@ TEST(Cli, ResumeRefusesShardsWhoseContentsChangedUnderTheSameCounts) {
   EXPECT_NE(r.out.find("step_00000004: the data changed since this checkpoint"), std::string::npos) << r.out;
 
   // A train glob over the validation shards too, or a val list naming a train shard.
-  r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak --set train.steps=1 "
-          "--set 'data.shards.train=[\"" + dir + "/data/*.bin\"]'");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("data.shards.train: 1 of its files is validation data (" + dir + "/data/val_000.bin)"),
-            std::string::npos)
-      << r.out;
-  r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak2 --set train.steps=1 "
-          "--set 'data.shards.val=[\"" + dir + "/data/train_000.bin\"]'");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("data.shards.train: 1 of its files is validation data (" + dir + "/data/train_000.bin)"),
-            std::string::npos)
-      << r.out;
+  for (const auto& [key, list, leaked] :
+       {std::tuple{"train", "/data/*.bin", "/data/val_000.bin"}, {"val", "/data/train_000.bin", "/data/train_000.bin"}}) {
+    r = run("train --quiet --config " + dir + "/lm.json --run-dir " + dir + "/leak_" + key +
+            " --set train.steps=1 --set 'data.shards." + key + "=[\"" + dir + list + "\"]'");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("data.shards.train: 1 of its files is validation data (" + dir + leaked + ")"),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 TEST(Cli, StartupSetsOpenMPSpinUnlessTheUserDid) {

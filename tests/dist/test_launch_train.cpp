@@ -52,6 +52,12 @@ std::string torchrun_env(int rank, int world) {
          (world > 1 ? " MASTER_ADDR=127.0.0.1 MASTER_PORT=29400" : "") + " timeout 60 ";
 }
 
+// mpirun as root on a 2-core CI machine (its opt-in, --oversubscribe, shared
+// memory without CMA); `timeout` ends a hang as a failed test.
+constexpr const char* kMpirun =
+    "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+    "timeout 60 mpirun --oversubscribe --bind-to none ";
+
 CommandResult finish(FILE* p) {
   CommandResult r{0, ""};
   char buf[4096];
@@ -140,9 +146,7 @@ TEST(LaunchWorld, OneProcessSubcommandsRefuseSeveralRanks) {
   const CommandResult one = finish(::popen((torchrun_env(0, 1) + info).c_str(), "r"));
   EXPECT_EQ(one.code, 0) << one.out;  // a torchrun world of one is one process
 
-  const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "timeout 60 mpirun --oversubscribe --bind-to none -np 2 ";
+  const std::string mpirun = std::string(kMpirun) + "-np 2 ";
   const CommandResult m = finish(::popen((mpirun + kvs::test::cli_binary() + " export-hf --checkpoint " +
                                           (tmp / "none") + " --out " + (tmp / "hf") + " 2>&1")
                                              .c_str(),
@@ -183,9 +187,7 @@ TEST(LaunchWorld, TheDatasWarningsArePrintedOncePerJob) {
               R"({"type": "shards", "shards": {"train": [")" + (tmp / "*.bin") + R"("], "val": [")" +
                   (tmp / "val_*.bin") + R"("]}})");
   kvs::testing_util::spit(tmp / "c.json", cfg);
-  const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "timeout 60 mpirun --oversubscribe --bind-to none -np 2 ";
+  const std::string mpirun = std::string(kMpirun) + "-np 2 ";
   const CommandResult r = finish(::popen((mpirun + kvs::test::cli_binary() + " train --quiet --config " +
                                           (tmp / "c.json") + " --run-dir " + (tmp / "run") + " 2>&1")
                                              .c_str(),
@@ -204,9 +206,7 @@ TEST(LaunchWorld, TheDatasWarningsArePrintedOncePerJob) {
 TEST(LaunchWorld, AnErrorEveryRankHitsIsPrintedOnce) {
   TmpDir tmp;
   kvs::testing_util::spit(tmp / "c.json", tiny_config("cpu"));
-  const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "timeout 60 mpirun --oversubscribe --bind-to none ";
+  const std::string mpirun = kMpirun;
   const std::string train = std::string(kvs::test::cli_binary()) + " train --config " + (tmp / "c.json") +
                             " --run-dir " + (tmp / "run") + " --set train.lr=-1";
   const CommandResult all = finish(::popen((mpirun + "-np 4 " + train + " 2>&1").c_str(), "r"));

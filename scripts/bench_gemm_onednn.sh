@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # OpenBLAS sgemm against oneDNN's dnnl_sgemm (Debian's libdnnl-dev, which
 # scripts/setup.sh installs: the engine's GEMMs on Intel CPUs with AVX-512
-# since 2026-11-29) at lm-small's step shapes (gate and up as two products
-# each way, as the CPU engine ran them before fusing them), the
+# since 2026-11-29, on every CPU with AVX-512 since 2026-12-01) at lm-small's
+# step shapes (gate and up as two products each way, as the CPU engine ran them before fusing them), the
 # two alternated in one process: eight buffer sets in turn, medians of 48, and
 # the sum weighted by each shape's calls per step. Also whether each library
 # gives the same bits with 1 thread and with the given threads (kvshift's

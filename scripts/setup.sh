@@ -9,7 +9,7 @@ PACKAGES=(
   ccache  # compiler cache: a fresh clone (CI) reuses earlier compiles (CMakeLists.txt, KVS_CCACHE)
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
-  libdnnl-dev  # oneDNN: dnnl_sgemm, the CPU GEMMs on Intel CPUs with AVX-512 (src/kernels/cpu/gemm_library.h)
+  libdnnl-dev  # oneDNN: dnnl_sgemm, the CPU GEMMs on CPUs with AVX-512 (src/kernels/cpu/gemm_library.h)
   libssl-dev  # OpenSSL's libcrypto: SHA-256 (src/core/sha256.cpp)
   libxxhash-dev  # XXH3 checksums of checkpoint files (src/core/checksum.cpp)
   zlib1g-dev libzstd-dev  # .gz and .zst corpus files in tokenizer train / data prepare (src/data/compressed_input.h)

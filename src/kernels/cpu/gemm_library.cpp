@@ -119,9 +119,10 @@ GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
         fail("KVS_CPU_GEMM={}: oneDNN's GEMM does not work here ({}); use openblas", user, why);
     return ch;
   }
-  if (f.intel && isa_level(f) >= 4) {
+  const char* vendor = f.intel ? "Intel CPU" : f.amd ? "AMD CPU" : "CPU (neither Intel nor AMD)";
+  if (isa_level(f) >= 4) {
     ch.library = GemmLibrary::OneDNN;
-    ch.source = "Intel CPU with AVX-512";
+    ch.source = std::string(vendor) + " with AVX-512";
     if (const std::string why = onednn_works(); !why.empty()) {
       ch.library = GemmLibrary::OpenBLAS;
       ch.onednn_failed = true;
@@ -129,7 +130,7 @@ GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
     }
   } else {
     ch.library = GemmLibrary::OpenBLAS;
-    ch.source = f.amd ? "AMD CPU" : f.intel ? "Intel CPU without AVX-512" : "not an Intel or AMD CPU";
+    ch.source = std::string(vendor) + " without AVX-512";
   }
   return ch;
 }

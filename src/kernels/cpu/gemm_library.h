@@ -2,11 +2,12 @@
 // run on: OpenBLAS, with the kernel family blas_kernels.h picks, or oneDNN's
 // dnnl_sgemm, whose JIT kernels follow the CPU's ISA flags.
 //
-// The default follows measurements (docs/PERFORMANCE.md, issue 21): on an
-// Intel CPU with AVX-512 oneDNN's GEMMs were 1.09-1.12x OpenBLAS SkylakeX's
-// at the model's step shapes and gave the same bits on 1 and 2 threads; on an
-// AMD Zen 3 they were no faster, and held to AVX2 on the Intel VM 1.00-1.04x,
-// so AMD, Intel without AVX-512 and everything else keep OpenBLAS.
+// The default follows measurements (docs/PERFORMANCE.md, issue 21): on CPUs
+// with AVX-512 oneDNN's GEMMs were faster than OpenBLAS's best kernels at the
+// model's step shapes (Intel model 207: 1.09-1.12x SkylakeX; AMD Zen 4:
+// 1.13x Cooperlake on 1 thread, 1.31x on 2) and gave the same bits on 1 and
+// 2 threads; on an AMD Zen 3 (AVX2) they were no faster, and held to AVX2 on
+// the Intel VM 1.00-1.04x, so every CPU without AVX-512 keeps OpenBLAS.
 // KVS_CPU_GEMM=openblas|onednn overrides the choice. The double-precision
 // GEMMs (tests, references) are always OpenBLAS's.
 //
@@ -38,7 +39,7 @@ std::string gemm_library_name(GemmLibrary lib, bool with_version = false);
 
 struct GemmLibraryChoice {
   GemmLibrary library = GemmLibrary::OpenBLAS;
-  std::string source;  // "KVS_CPU_GEMM" (the user's), "Intel CPU with AVX-512", "AMD CPU", ...
+  std::string source;  // "KVS_CPU_GEMM" (the user's), "AMD CPU with AVX-512", "Intel CPU without AVX-512", ...
   bool onednn_failed = false;  // the default would have been oneDNN, whose start-up check failed
   std::string describe() const;  // one line for logs: "oneDNN 2.6.3 (Intel CPU with AVX-512)"
 };

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -129,15 +130,21 @@ int main(int argc, char** argv) {
     if (name != "train" && name != "bench" && name != "eval" && name != "dist-check" && name != "dist-selftest")
       sub->parse_complete_callback([name] { kvs::cli::refuse_launched_ranks(name); });
   }
+  int help_errno = 0;  // why printing --help failed, if it did (a long help fails while it is written)
   try {
     kvs::init_logging();
     kvs::cpu::check_gemm_library_variable();  // a bad KVS_CPU_GEMM is an error here, before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help and --help-all: CLI11 prints them
-    // A usage error is one line too, naming the subcommand whose options were wrong.
-    kvs::cli::print_rank_error(launch_rank(), usage_error(app, e, argc, argv).c_str());
-    return 1;
+    if (e.get_exit_code() == 0) {
+      errno = 0;
+      app.exit(e);  // --help and --help-all: CLI11 prints them (std::cout), an output like any other (below)
+      help_errno = errno;
+    } else {
+      // A usage error is one line too, naming the subcommand whose options were wrong.
+      kvs::cli::print_rank_error(launch_rank(), usage_error(app, e, argc, argv).c_str());
+      return 1;
+    }
   } catch (const std::exception& e) {
     kvs::cli::print_rank_error(launch_rank(), e.what());
     return 1;
@@ -145,8 +152,10 @@ int main(int argc, char** argv) {
   // What a command printed (eval --json, inspect, generate) is its result: a
   // full disk or a closed pipe that lost it is an error, not exit 0.
   errno = 0;
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    const std::string why = errno ? std::strerror(errno) : "write error";
+  std::cout.flush();  // CLI11's help goes through std::cout
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int err = errno ? errno : help_errno;
+    const std::string why = err ? std::strerror(err) : "write error";
     kvs::cli::print_rank_error(launch_rank(), ("stdout: " + why + ": the output was not all written").c_str());
     return 1;
   }

@@ -25,13 +25,24 @@ fs::path absolute_target(const std::string& target) {
   return p;
 }
 
+// What a training run directory or a checkpoint holds and no command's
+// output does. A run directory and every step directory hold a config.json
+// (export-hf's and import-hf's marker) and a step directory a manifest.json
+// (data prepare's), so the marker alone does not tell them apart.
+constexpr const char* kTrainingFiles[] = {"checkpoints", "metrics.jsonl", "trainer_state.json", "run_config.json",
+                                          "optimizer.safetensors"};
+
 // --force replaces only what looks like this command's earlier output (it
-// holds `marker`) or an empty directory: never a file, nor a directory of
-// other things that a mistyped --out happens to name.
+// holds `marker` and nothing of a training run's) or an empty directory:
+// never a file, nor a directory of other things that a mistyped --out
+// happens to name.
 void check_replaceable(const std::string& target, const fs::path& t, const char* marker) {
   std::error_code ec;
   KVS_CHECK(fs::is_directory(t, ec), "{}: exists and is not a directory; --force replaces only an earlier output",
             target);
+  for (const char* f : kTrainingFiles)
+    KVS_CHECK(!fs::exists(t / f, ec), "{}: holds {}: a training run or a checkpoint, not an earlier output of this "
+              "command, so --force does not replace it (remove it yourself, or choose another --out)", target, f);
   if (marker == nullptr || fs::exists(t / marker, ec)) return;
   KVS_CHECK(fs::directory_iterator(t, ec) == fs::directory_iterator(),
             "{}: holds files but no {}: not an earlier output of this command, so --force does not replace it "

@@ -199,8 +199,13 @@ std::string export_hf(const ExportOptions& o) {
   // Also in config.json: transformers 4.x's pipeline(model=path) looks for the tokenizer there when
   // it does not know the model type (a KV-shift export's kvshift_llama), and otherwise loads none.
   if (!tok_dir.empty()) config["tokenizer_class"] = tokenizer_class(no_json_reason);
+  json gen = generation_config(tok.ids, tok.size, m.vocab_size);
+  // Without a tokenizer, the EOS an import kept in the checkpoint's config.json
+  // (an id or a list, Llama 3's): transformers' generate stops there.
+  if (const json& eos = ck.data.hf_config.value("eos_token_id", json()); tok_dir.empty() && !eos.is_null())
+    config["eos_token_id"] = gen["eos_token_id"] = eos;
   write_json_file(out.file("config.json"), config);
-  write_json_file(out.file("generation_config.json"), generation_config(tok.ids, tok.size, m.vocab_size));
+  write_json_file(out.file("generation_config.json"), gen);
   const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);

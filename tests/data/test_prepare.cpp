@@ -360,6 +360,13 @@ TEST(DataPrepare, ForceReplacesOnlyAnEarlierOutputAndFollowsALink) {
   t.force = true;
   EXPECT_KVS_ERROR(kvs::train_tokenizer(t), "holds files but no kvshift_tokenizer.json");
   EXPECT_EQ(slurp(tmp / "notes/sub/keep.txt"), "mine");
+  // A checkpoint's manifest.json lists its files: the checkpoint is no earlier output.
+  fs::create_directories(tmp / "step_00000010");
+  for (const char* f : {"manifest.json", "trainer_state.json", "model.safetensors"})
+    spit(tmp / "step_00000010" + "/" + f, "{}");
+  o.out = tmp / "step_00000010";
+  EXPECT_KVS_ERROR(prepare_data(o), "holds trainer_state.json: a training run or a checkpoint");
+  EXPECT_EQ(slurp(tmp / "step_00000010/model.safetensors"), "{}");
 }
 
 // A run killed after writing a shard (no clean-up at all) leaves the output

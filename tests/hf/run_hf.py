@@ -633,6 +633,17 @@ def rope_cases(t, binary, work):
         kept = json.load(open(os.path.join(ckpt, "config.json"))).get("eos_token_id")
         t.record("rope", f"{name}: import keeps eos_token_id {eos} (generate stops at it without a tokenizer)",
                  kept == eos, str(kept))
+        # ... and an export of that import (no tokenizer) gives it back to transformers, and its import the same config.json.
+        exported, back = os.path.join(d, "exported"), os.path.join(d, "reimported")
+        export(binary, ckpt, exported, "--dtype", "fp32")
+        ex_cfg = json.load(open(os.path.join(exported, "config.json")))
+        ex_gen = json.load(open(os.path.join(exported, "generation_config.json")))
+        run([binary, "import-hf", "--model", exported, "--out", back])
+        same = json.load(open(os.path.join(back, "config.json"))) == json.load(open(os.path.join(ckpt, "config.json")))
+        t.record("rope", f"{name}: export keeps eos_token_id {eos} (config.json, generation_config.json); "
+                 "import(export) is the same config.json",
+                 ex_cfg.get("eos_token_id") == eos and ex_gen.get("eos_token_id") == eos and same,
+                 f"config {ex_cfg.get('eos_token_id')}, generation {ex_gen.get('eos_token_id')}, same {same}")
         if llama3:  # the continued-pretraining path: add the shift (identity), export, load, same function
             shifted = os.path.join(d, "shifted")
             run([binary, "import-hf", "--model", os.path.join(d, "hf"), "--out", shifted, "--kv-shift-init",

@@ -232,6 +232,19 @@ TEST(HfStagedDir, AllOrNothing) {
   }
   EXPECT_FALSE(std::filesystem::exists(out + "/a.txt"));
   EXPECT_EQ(kvs::testing_util::slurp(out + "/b.txt"), "b");
+  // A training run and a checkpoint hold a config.json too: never replaced.
+  for (const char* f : {"metrics.jsonl", "checkpoints", "trainer_state.json", "run_config.json",
+                        "optimizer.safetensors"}) {
+    const std::string run = tmp / (std::string("run_") + f);
+    std::filesystem::create_directories(run);
+    kvs::testing_util::spit(run + "/config.json", "{}");
+    if (std::string(f) == "checkpoints") std::filesystem::create_directories(run + "/" + f);
+    else kvs::testing_util::spit(run + "/" + f, "{}");
+    EXPECT_KVS_ERROR(kvs::hf::StagedDir(run, true, {}), run, std::string("holds ") + f,
+                     "a training run or a checkpoint");
+    EXPECT_TRUE(std::filesystem::exists(run + "/" + f)) << f;
+    EXPECT_EQ(kvs::testing_util::slurp(run + "/config.json"), "{}");
+  }
   EXPECT_KVS_ERROR(kvs::hf::StagedDir(tmp.str(), true, {out}), "must not be");
   {  // "new/" names the directory new, which does not exist yet
     kvs::hf::StagedDir d(tmp / "new/", false, {});

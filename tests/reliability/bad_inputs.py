@@ -780,6 +780,18 @@ def cases():
         return ["import-hf", "--model", hf_dir(d, HF_LLAMA, b"x"), "--out", os.path.join(d, "out"),
                 "--kv-shift-init", "paper", "--seed", "-5"], ""
 
+    @case("hf-export-force-over-run", "HF export", "export-hf --force into a training run's directory (it holds a "
+          "config.json too)",
+          "D/other: holds checkpoints: a training run or a checkpoint, not an earlier output of this command, so "
+          "--force does not replace it (remove it yourself, or choose another --out)")
+    def _(b, d):
+        ckpts = trained(b, d)
+        other = os.path.join(d, "other")
+        os.makedirs(os.path.join(other, "checkpoints"))
+        write(other, "config.json", "{}")
+        write(other, "metrics.jsonl", "")
+        return ["export-hf", "--checkpoint", ckpts, "--out", other, "--force"], ""
+
     # ---- launch environment ----
     @case("env-torchrun-cpu", "launch", "torchrun with several ranks on the CPU",
           "rank 0/2: torchrun started 2 ranks on device \"cpu\", but the CPU backend's collectives are MPI, which "

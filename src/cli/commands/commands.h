@@ -2,7 +2,9 @@
 // documented, and runs it when selected.
 #pragma once
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,18 @@ inline const CLI::Validator kNonNegativeInteger(
                  : "must be at most 18446744073709551615, got '" + v + "'";
     },
     "", "non-negative integer");
+
+// A duration flag: a finite number of seconds above 0 (0 or a negative one
+// would otherwise be taken for "not given" and silently mean the default).
+inline const CLI::Validator kPositiveSeconds(
+    [](std::string& v) {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      return !v.empty() && end == v.c_str() + v.size() && std::isfinite(x) && x > 0
+                 ? std::string()
+                 : "must be a positive number of seconds, got '" + v + "'";
+    },
+    "", "seconds > 0");
 
 void add_train(CLI::App& app);
 void add_eval(CLI::App& app);

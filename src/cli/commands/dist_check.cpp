@@ -52,7 +52,8 @@ void add_dist_check(CLI::App& app) {
     bool nccl = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--timeout", a->timeout, "Bootstrap timeout in seconds (default KVS_BOOTSTRAP_TIMEOUT_S or 120)");
+  cmd->add_option("--timeout", a->timeout, "Bootstrap timeout in seconds (default KVS_BOOTSTRAP_TIMEOUT_S or 120)")
+      ->check(kPositiveSeconds);
   cmd->add_flag("--nccl", a->nccl, "Also create the NCCL communicator and check an all-reduce (CUDA builds)");
   cmd->callback([a]() {
     const dist::LaunchInfo l = dist::detect_launch();

@@ -68,8 +68,21 @@ void add_eval(CLI::App& app) {
     // The generated tasks' validation sequences also follow train.seed (docs/DATA.md).
     const nlohmann::json& run = ck.files.run_config;
     std::string data_change;
-    if (run.is_object() && run.contains("data"))
-      if (const std::string d = json_difference(run["data"], to_json(cfg)["data"]); !d.empty()) data_change = "data." + d;
+    if (run.is_object() && run.contains("data")) {
+      // Another task is the difference to name; within one task, only its own section counts
+      // (a config made for another task holds other values in sections its type never reads).
+      const nlohmann::json now = to_json(cfg)["data"];
+      const nlohmann::json run_type = run["data"].value("type", nlohmann::json()), now_type = now["type"];
+      auto read_by_type = [](nlohmann::json d) {
+        const nlohmann::json type = d.value("type", nlohmann::json());
+        for (const auto& [e, name] : enum_names(DatasetType{}))
+          if (type != std::string(name)) d.erase(std::string(name));
+        return d;
+      };
+      if (run_type != now_type) data_change = "data.type: " + run_type.dump() + " vs " + now_type.dump();
+      else if (const std::string d = json_difference(read_by_type(run["data"]), read_by_type(now)); !d.empty())
+        data_change = "data." + d;
+    }
     if (cfg.data.type != DatasetType::Shards && run.is_object() && run.contains("train") && run["train"].contains("seed") &&
         run["train"]["seed"] != to_json(cfg)["train"]["seed"])
       data_change += fmt::format("{}train.seed: {} vs {}", data_change.empty() ? "" : "; ", run["train"]["seed"].dump(),
@@ -115,7 +128,7 @@ void add_eval(CLI::App& app) {
       spdlog::warn("the data settings differ from the run's ({}, run vs now): these validation sequences are "
                    "not the ones the run held out, and may include text it trained on",
                    data_change);
-    use_threads(cfg.train.threads);  // the run's (or --set's), as train ran its evaluations
+    const int threads = use_threads(cfg.train.threads);  // the run's (or --set's), as train ran its evaluations
     auto data =
         make_dataset(cfg.data, cfg.train.seq_len, ck.model.vocab_size, cfg.train.seed, cfg_dir, document_bos_of(ck.model));
     EvalResult r;
@@ -145,7 +158,7 @@ void add_eval(CLI::App& app) {
         if (ch == '-') ch = '_';
       nlohmann::json j = {{"checkpoint", dir},       {"val_loss", r.loss},         {"accuracy", r.accuracy},
                           {"sequences", r.sequences}, {"scored_tokens", r.scored_tokens},
-                          {"accuracy_kind", kind},    {"parallel", layout_json}};
+                          {"accuracy_kind", kind},    {"parallel", layout_json}, {"threads", threads}};
       if (!r.sources.empty()) j["sources"] = eval_sources_json(r);
       std::printf("%s\n", j.dump().c_str());
     } else {

@@ -32,15 +32,15 @@ namespace {
 
 struct Args {
   std::string checkpoint, prompt, prompt_ids, tokenizer, stop_ids;
-  bool has_prompt = false, has_prompt_ids = false, json = false;
+  bool has_prompt = false, has_prompt_ids = false, has_stop_ids = false, json = false;
   int threads = 0;         // 0 = auto
   int max_new_tokens = 0;  // not given (max_new_given false): 128, or fewer to fit the model's positions
   bool max_new_given = false;
   SamplingConfig sampling;
 };
 
-// "1,2,3" (commas and/or spaces) -> ids.
-std::vector<int32_t> parse_ids(const std::string& text) {
+// "1,2,3" (commas and/or spaces) -> ids; errors name `flag`.
+std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
   std::vector<int32_t> ids;
   std::string item;
   auto flush = [&] {
@@ -48,22 +48,22 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     KVS_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX,
-              "--prompt-ids: item {} ('{}') is not a non-negative integer", ids.size(), item);
+              "{}: item {} ('{}') is not a non-negative integer", flag, ids.size(), item);
     ids.push_back(static_cast<int32_t>(v));
     item.clear();
   };
   for (size_t i = 0; i < text.size(); ++i) {
     const char ch = text[i];
     if (ch == ',' && item.empty() && (ids.empty() || text[i - 1] == ','))  // "1,,2", ",1": an id left out
-      fail("--prompt-ids: an empty item at character {} of '{}'", i, text);
+      fail("{}: an empty item at character {} of '{}'", flag, i, text);
     if (ch == ',' || ch == ' ')
       flush();
     else
       item += ch;
   }
-  KVS_CHECK(text.empty() || text.back() != ',', "--prompt-ids: an empty item after the last comma of '{}'", text);
+  KVS_CHECK(text.empty() || text.back() != ',', "{}: an empty item after the last comma of '{}'", flag, text);
   flush();
-  KVS_CHECK(!ids.empty(), "--prompt-ids: no ids in '{}'", text);
+  KVS_CHECK(!ids.empty(), "{}: no ids in '{}'", flag, text);
   return ids;
 }
 
@@ -130,9 +130,11 @@ void run_generate(const Args& a) {
   const ModelConfig& m = ck.model;
   std::unique_ptr<Tokenizer> tok = find_tokenizer(a, ck);
   KVS_CHECK(tok || !a.has_prompt,
-            "{}: no tokenizer for this {}-token model (no data.tokenizer in its run_config.json); pass --tokenizer DIR "
+            "{}: no tokenizer for this {}-token model ({}, and no tokenizer/ beside it); pass --tokenizer DIR "
             "or --prompt-ids 1,2,3",
-            dir, m.vocab_size);
+            dir, m.vocab_size,
+            ck.data.run_config.is_object() ? "no data.tokenizer in its run_config.json"
+                                           : "no run_config.json: not a training run's checkpoint");
   if (tok)
     KVS_CHECK(tok->vocab_size() <= m.vocab_size, "tokenizer ({}) has {} tokens, the model only {}", tok->describe(),
               tok->vocab_size(), m.vocab_size);
@@ -144,7 +146,7 @@ void run_generate(const Args& a) {
     for (int32_t id : tok->encode(a.prompt)) ids.push_back(id);
     KVS_CHECK(!ids.empty(), "--prompt: empty text and the tokenizer has no BOS to start from; give some text");
   } else {
-    ids = parse_ids(a.prompt_ids);
+    ids = parse_ids(a.prompt_ids, "--prompt-ids");
   }
   const int n_prompt = static_cast<int>(ids.size());
   for (int i = 0; i < n_prompt; ++i)
@@ -164,8 +166,8 @@ void run_generate(const Args& a) {
   // checkpoint's config.json eos_token_id (an import keeps the model's, an
   // int or a list as Llama 3's).
   std::vector<int32_t> stops;
-  if (!a.stop_ids.empty()) {
-    stops = parse_ids(a.stop_ids);
+  if (a.has_stop_ids) {
+    stops = parse_ids(a.stop_ids, "--stop-ids");
     for (int32_t id : stops)
       KVS_CHECK(id >= 0 && id < m.vocab_size, "--stop-ids: {} is not a token id of this {}-token model", id,
                 m.vocab_size);
@@ -261,15 +263,16 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Tokenizer directory (default: the run config's data.tokenizer; bytes for a 256-token model)");
-  cmd->add_option("--stop-ids", a->stop_ids,
+  CLI::Option* stop_ids = cmd->add_option("--stop-ids", a->stop_ids,
                   "Token ids that end the generation, e.g. 2 or 128001,128009 (default: the tokenizer's EOS, else "
                   "the checkpoint config.json's eos_token_id)");
   cmd->add_flag(
       "--json", a->json,
       "Print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_second) instead of streaming");
-  cmd->callback([a, prompt, prompt_ids, max_new]() {
+  cmd->callback([a, prompt, prompt_ids, stop_ids, max_new]() {
     a->has_prompt = prompt->count() > 0;  // --prompt "" is a prompt too (BOS alone)
     a->has_prompt_ids = prompt_ids->count() > 0;  // --prompt-ids "" is one, with no ids: an error of its own
+    a->has_stop_ids = stop_ids->count() > 0;      // so is --stop-ids "" (not "the default")
     a->max_new_given = max_new->count() > 0;
     run_generate(*a);
   });

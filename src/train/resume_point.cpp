@@ -42,7 +42,10 @@ OpenedCheckpoint choose(const std::string& root, bool report) {
   }
   for (const auto& [step, dir] : dirs)
     if (step < below) candidates.push_back(dir);
-  KVS_CHECK(!candidates.empty(), "{}: --resume given but there is no checkpoint to resume from", root);
+  KVS_CHECK(!candidates.empty(), "{}: --resume given but there is no checkpoint to resume from{}", root,
+            latest_problem.empty() ? ""
+                                   : "; " + latest_problem + ", and no step directory is left (remove " + root +
+                                         "/latest to start a new run there)");
   if (!latest_problem.empty() && report)
     spdlog::warn("{}; looking for the newest step directory that verifies", latest_problem);
 
@@ -50,6 +53,9 @@ OpenedCheckpoint choose(const std::string& root, bool report) {
   for (const std::string& dir : candidates) {
     try {
       OpenedCheckpoint ck = open_model_checkpoint(dir);
+      // A weights-only directory (no optimizer or trainer state) cannot continue training: an older one may.
+      KVS_CHECK(ck.files.optimizer && !ck.files.trainer_state.is_null(),
+                "{}: no optimizer or trainer state: cannot resume training from it", dir);
       if (!ck.files.verified && report)
         spdlog::warn("{}: no manifest.json (an older or hand-made checkpoint): resuming without verifying its files",
                      dir);

@@ -186,8 +186,14 @@ void check_fresh_run_directory(const std::string& run_dir) {
 // config.earlier-N.json (the first free N), and says so. A file without a
 // line of a step (a failed start's) is simply replaced.
 void keep_earlier_run_record(const std::string& run_dir, bool rank0) {
-  KVS_CHECK(!has_checkpoints(run_dir + "/checkpoints"),
-            "{}: the run directory already has checkpoints; use --resume or another --run-dir", run_dir);
+  const std::string root = run_dir + "/checkpoints";
+  if (has_checkpoints(root)) {
+    KVS_CHECK(!list_checkpoints(root).empty(),
+              "{}/latest is all that is left of the run's checkpoints (no step directory): remove it to start a new "
+              "run in {}, or restore the checkpoints and use --resume",
+              root, run_dir);
+    fail("{}: the run directory already has checkpoints; use --resume or another --run-dir", run_dir);
+  }
   const std::string metrics = run_dir + "/metrics.jsonl";
   const MetricsSteps earlier = metrics_steps(metrics);
   if (earlier.lines == 0 || !rank0) return;
@@ -420,8 +426,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     if (const std::string d = model_difference(ck.model, cfg.model); !d.empty())
       fail("{}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)", latest,
            d);
-    KVS_CHECK(ck.files.optimizer && !ck.files.trainer_state.is_null(),
-              "{}: no optimizer or trainer state: cannot resume training from it", latest);
+    // (find_resume_checkpoint took one with an optimizer and a trainer state.)
     if (!cfg.data.tokenizer.empty()) check_checkpoint_tokenizer(ck.files.trainer_state, latest, cfg.data.tokenizer);
     io.check_file(*ck.files.model, {""});
     io.check_file(*ck.files.optimizer, {"exp_avg.", "exp_avg_sq."});
@@ -440,10 +445,22 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               ts.value("seed", uint64_t{0}), tc.seed);
     // The data positions are sequence indices: another window length or data
     // source would map them onto other tokens.
+    // They are in run_config.json only (outside the manifest: a copy for reference): one broken or
+    // gone (a sync tool driven by the manifest leaves it out) leaves them unchecked.
     const nlohmann::json& was = ck.files.run_config;
-    if (!ck.files.run_config_error.empty() && rank0)
-      spdlog::warn("{}: train.seq_len and the data settings are not compared with the checkpoint's",
-                   ck.files.run_config_error);
+    if (!ck.files.run_config_error.empty() || !was.is_object()) {
+      const std::string why = !ck.files.run_config_error.empty() ? ck.files.run_config_error
+                            : was.is_null() ? latest + "/run_config.json is missing"
+                                            : latest + "/run_config.json is not a JSON object";
+      KVS_CHECK(opt.allow_data_change,
+                "{}: train.seq_len and the data settings cannot be compared with the checkpoint's; restore it (every "
+                "checkpoint of the run holds the run's config), or pass --allow-data-change to go on unchecked",
+                why);
+      if (rank0)
+        spdlog::warn("{}: train.seq_len and the data settings are not compared with the checkpoint's "
+                     "(--allow-data-change)",
+                     why);
+    }
     // Training keys may change on a resume (a longer run, another learning rate, a re-layout), and
     // the schedule follows the new ones from this step on: say which changed, and the next rate.
     if (rank0 && was.is_object() && was.contains("train") && was["train"].is_object()) {

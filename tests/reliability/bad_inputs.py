@@ -400,6 +400,33 @@ def cases():
         c["data"]["induction"]["pool_size"] = 9
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run"), "--resume"], ""
 
+    @case("cli-resume-no-run-config", "CLI", "--resume from a checkpoint whose run_config.json is gone (seq_len and "
+          "the data settings live only there)",
+          "D/run/checkpoints/step_00000002/run_config.json is missing: train.seq_len and the data settings cannot be "
+          "compared with the checkpoint's; restore it (every checkpoint of the run holds the run's config), or pass "
+          "--allow-data-change to go on unchecked")
+    def _(b, d):
+        trained(b, d)
+        os.remove(os.path.join(d, "run", "checkpoints", "step_00000002", "run_config.json"))
+        return ["train", "--config", config(d, tiny(steps=4)), "--run-dir", os.path.join(d, "run"), "--resume"], ""
+
+    @case("cli-resume-dangling-latest", "CLI", "a fresh start in a run directory whose step directories were "
+          "removed but not its latest",
+          "D/run/checkpoints/latest is all that is left of the run's checkpoints (no step directory): remove it to "
+          "start a new run in D/run, or restore the checkpoints and use --resume")
+    def _(b, d):
+        root = trained(b, d)
+        for s in os.listdir(root):
+            if s.startswith("step_"):
+                shutil.rmtree(os.path.join(root, s))
+        return ["train", "--config", config(d, tiny(steps=4)), "--run-dir", os.path.join(d, "run")], ""
+
+    @case("cli-dist-check-timeout", "CLI", "dist-check --timeout 0 (it used to mean the default)",
+          "dist-check: --timeout: must be a positive number of seconds, got '0' (kvshift dist-check --help lists "
+          "its options)")
+    def _(b, d):
+        return ["dist-check", "--timeout", "0"], ""
+
     @case("cli-eval-run-config-bad", "CLI", "eval without --config of a checkpoint whose run_config.json was broken",
           "D/run/checkpoints/step_00000002/run_config.json: invalid JSON: parse error at line 1, column 2: syntax "
           "error while parsing object key - invalid literal; last read: '{b'; expected string literal; pass --config")

@@ -135,7 +135,7 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
   TmpDir tmp;
   const Config full = tiny(12, 4);
   const auto ref = kvs::train(full, {tmp / "ref", false, true});
-  for (const std::string damage : {"flip", "truncate", "flip-moment", "no-latest", "bad-latest"}) {
+  for (const std::string damage : {"flip", "truncate", "flip-moment", "no-latest", "bad-latest", "weights-only"}) {
     SCOPED_TRACE(damage);
     const std::string run = tmp / ("run_" + damage), root = run + "/checkpoints";
     kvs::train(tiny(8, 4), {run, false, true});
@@ -153,6 +153,9 @@ TEST(ResumeFallback, SkipsACorruptNewestCheckpoint) {
       spit(root + "/latest", "step_00000099\n");
       expected_step = 8;
     }
+    // Weights only, and unverifiable (no manifest): nothing to continue training from; the older one is.
+    if (damage == "weights-only")
+      for (const char* f : {"optimizer.safetensors", "manifest.json"}) fs::remove(root + "/step_00000008/" + f);
     const kvs::OpenedCheckpoint ck = kvs::find_resume_checkpoint(root, *kvs::dist::make_single_process());
     EXPECT_EQ(ck.files.trainer_state["step"], expected_step);
     const auto rest = kvs::train(full, {run, true, true});
@@ -189,6 +192,43 @@ TEST(ResumeFallback, NothingVerifiesIsAOneLineErrorWithTheNewestProblem) {
   EXPECT_KVS_ERROR(kvs::train(tiny(6, 2), {run, false, true}), "already has checkpoints");
   EXPECT_TRUE(kvs::has_checkpoints(root));
   EXPECT_FALSE(kvs::has_checkpoints(tmp / "nowhere"));
+}
+
+// A purge of the step directories that spared `latest`: neither a fresh start
+// ("already has checkpoints") nor --resume ("no checkpoint") says what is
+// wrong unless it names the file that is left.
+TEST(ResumeFallback, ALatestWithoutAnyStepDirectoryIsNamedAsSuch) {
+  TmpDir tmp;
+  const std::string run = tmp / "run", root = run + "/checkpoints";
+  kvs::train(tiny(4, 2), {run, false, true});
+  for (const std::string& s : step_dirs(root)) fs::remove_all(root + "/" + s);
+  EXPECT_KVS_ERROR(kvs::train(tiny(4, 2), {run, false, true}),
+                   root + "/latest is all that is left of the run's checkpoints (no step directory): remove it");
+  EXPECT_KVS_ERROR(kvs::train(tiny(4, 2), {run, true, true}),
+                   root + ": --resume given but there is no checkpoint to resume from; " + root +
+                       "/latest: names step_00000004, but " + root + "/step_00000004 does not exist, and no step "
+                       "directory is left");
+  fs::remove(root + "/latest");
+  kvs::train(tiny(4, 2), {run, false, true});  // a new run
+}
+
+// seq_len and the data settings are compared through run_config.json, which
+// the manifest does not list: without it (a copy made from the manifest's
+// list) --resume refuses, unless the data change is allowed.
+TEST(ResumeFallback, ACheckpointWithoutItsRunConfigIsNotResumedUnchecked) {
+  TmpDir tmp;
+  const std::string run = tmp / "run", root = run + "/checkpoints";
+  kvs::train(tiny(4, 2), {run, false, true});
+  fs::remove(root + "/step_00000004/run_config.json");
+  Config other = tiny(6, 2);
+  other.train.seq_len /= 2;
+  EXPECT_KVS_ERROR(kvs::train(other, {run, true, true}),
+                   root + "/step_00000004/run_config.json is missing: train.seq_len and the data settings cannot be "
+                          "compared with the checkpoint's",
+                   "--allow-data-change");
+  kvs::TrainOptions allowed{run, true, true};
+  allowed.allow_data_change = true;
+  EXPECT_EQ(kvs::train(tiny(6, 2), allowed).losses.size(), 2u);
 }
 
 TEST(Retention, KeepsTheNewestN) {

@@ -461,23 +461,6 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
                      "(--allow-data-change)",
                      why);
     }
-    // Training keys may change on a resume (a longer run, another learning rate, a re-layout), and
-    // the schedule follows the new ones from this step on: say which changed, and the next rate.
-    if (rank0 && was.is_object() && was.contains("train") && was["train"].is_object()) {
-      const nlohmann::json now = to_json(cfg)["train"];
-      std::string changed;
-      for (const auto& [key, value] : now.items())
-        if (was["train"].value(key, nlohmann::json()) != value)
-          changed += fmt::format("{}train.{} {} -> {}", changed.empty() ? "" : ", ", key,
-                                 was["train"].contains(key) ? was["train"][key].dump() : "(default)", value.dump());
-      for (const auto& [key, value] : was["train"].items())
-        if (!now.contains(key)) changed += fmt::format("{}train.{} {} -> (default)", changed.empty() ? "" : ", ", key,
-                                                       value.dump());
-      if (!changed.empty())
-        spdlog::warn("resuming with training settings other than the checkpoint's: {}; the learning rate of step {} "
-                     "is {:.4g} under them",
-                     changed, step + 1, learning_rate(tc, step));
-    }
     if (was.is_object() && was.contains("train") && was["train"].contains("seq_len"))
       KVS_CHECK(was["train"]["seq_len"] == tc.seq_len,
                 "{}: train.seq_len changed (checkpoint {}, config {}); the data stream would not line up", latest,
@@ -542,6 +525,27 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     KVS_CHECK(step <= tc.steps,
               "{}: the checkpoint is at step {}, past train.steps ({}); raise train.steps to train on", latest, step,
               tc.steps);
+    // Training keys may change on a resume (a longer run, another learning rate, a re-layout), and
+    // the schedule follows the new ones from this step on: say which changed, and the next rate
+    // (after the refusals above, so that a refused change is not first listed as taken).
+    if (rank0 && was.is_object() && was.contains("train") && was["train"].is_object()) {
+      const nlohmann::json now = to_json(cfg)["train"];
+      std::string changed;
+      for (const auto& [key, value] : now.items())
+        if (was["train"].value(key, nlohmann::json()) != value)
+          changed += fmt::format("{}train.{} {} -> {}", changed.empty() ? "" : ", ", key,
+                                 was["train"].contains(key) ? was["train"][key].dump() : "(default)", value.dump());
+      for (const auto& [key, value] : was["train"].items())
+        if (!now.contains(key)) changed += fmt::format("{}train.{} {} -> (default)", changed.empty() ? "" : ", ", key,
+                                                       value.dump());
+      if (!changed.empty() && step < tc.steps)
+        spdlog::warn("resuming with training settings other than the checkpoint's: {}; the learning rate of step {} "
+                     "is {:.4g} under them",
+                     changed, step + 1, learning_rate(tc, step));
+      else if (!changed.empty())
+        spdlog::warn("resuming with training settings other than the checkpoint's: {} (no step is left to train)",
+                     changed);
+    }
     if (rank0) spdlog::info("resuming from {} (step {})", latest, step);
   } else {
     // Each rank makes its slice of the full model's values, so every layout starts from the same weights.

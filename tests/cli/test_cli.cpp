@@ -291,6 +291,19 @@ TEST(Cli, TrainSaysWhatAResumeChangesAndOutlivesItsLogPipe) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("warmup_steps 4 is more"), std::string::npos) << r.out;
+  // A refused change is refused, not first listed as taken; a finished run has no next rate to name.
+  r = run("train --quiet --resume --config " + cfg + " --run-dir " + dir +
+          " --set train.steps=4 train.eval_every=0 train.warmup_steps=4 train.lr=0.008 train.seq_len=16");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train.seq_len changed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("resuming with training settings"), std::string::npos) << r.out;
+  r = run("train --quiet --resume --config " + cfg + " --run-dir " + dir +
+          " --set train.steps=4 train.eval_every=0 train.warmup_steps=4 train.lr=0.002");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming with training settings other than the checkpoint's: train.lr 0.008 -> 0.002 (no "
+                       "step is left to train)"),
+            std::string::npos)
+      << r.out;
   // The pipe closes after the first line; the run goes on to its last checkpoint.
   const std::string piped = testing::TempDir() + "piped_run";
   fs::remove_all(piped);

@@ -423,7 +423,9 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   if (opt.resume) {
     const OpenedCheckpoint& ck = resumed.emplace(find_resume_checkpoint(ckpt_root, *comm));
     const std::string latest = ck.dir;
-    if (const std::string d = model_difference(ck.model, cfg.model); !d.empty())
+    ModelConfig resumed_model = ck.model;
+    resumed_model.initializer_range = cfg.model.initializer_range;  // how to initialise: the weights exist already
+    if (const std::string d = model_difference(resumed_model, cfg.model); !d.empty())
       fail("{}: the checkpoint's model differs from the config's model section: {} (checkpoint vs config)", latest,
            d);
     // (find_resume_checkpoint took one with an optimizer and a trainer state.)

@@ -212,6 +212,20 @@ TEST(ResumeFallback, ALatestWithoutAnyStepDirectoryIsNamedAsSuch) {
   kvs::train(tiny(4, 2), {run, false, true});  // a new run
 }
 
+// The model must be the checkpoint's, but model.initializer_range only says
+// how a fresh run draws its weights: a resume has them already.
+TEST(ResumeFallback, InitializerRangeIsNoModelChangeOnResume) {
+  TmpDir tmp;
+  const std::string run = tmp / "run";
+  kvs::train(tiny(2, 2), {run, false, true});
+  Config other = tiny(4, 2);
+  other.model.initializer_range *= 3;
+  EXPECT_EQ(kvs::train(other, {run, true, true}).losses.size(), 2u);
+  other.model.intermediate_size *= 2;
+  EXPECT_KVS_ERROR(kvs::train(other, {run, true, true}), "the checkpoint's model differs from the config's model "
+                   "section: model.intermediate_size");
+}
+
 // seq_len and the data settings are compared through run_config.json, which
 // the manifest does not list: without it (a copy made from the manifest's
 // list) --resume refuses, unless the data change is allowed.

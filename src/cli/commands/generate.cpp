@@ -130,7 +130,7 @@ void run_generate(const Args& a) {
   const ModelConfig& m = ck.model;
   std::unique_ptr<Tokenizer> tok = find_tokenizer(a, ck);
   KVS_CHECK(tok || !a.has_prompt,
-            "{}: no tokenizer for this {}-token model ({}, and no tokenizer/ beside it); pass --tokenizer DIR "
+            "{}: no tokenizer for this {}-token model ({}, and no tokenizer/ in it); pass --tokenizer DIR "
             "or --prompt-ids 1,2,3",
             dir, m.vocab_size,
             ck.data.run_config.is_object() ? "no data.tokenizer in its run_config.json"

@@ -51,7 +51,10 @@ void MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
       if (const std::optional<double> step = step_of(j); step && *step > keep_through_step) continue;
       kept += line + "\n";
     }
-    atomic_write_file(path, kept);
+    // Through a link (metrics.jsonl -> a dashboard's directory), the file it names is rewritten; the link stays.
+    std::error_code ec;
+    const std::string target = std::filesystem::is_symlink(path, ec) ? std::filesystem::canonical(path).string() : path;
+    atomic_write_file(target, kept);
   }
   path_ = path;
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -630,4 +630,15 @@ TEST(MetricsWriter, ResumeDropsLaterStepsAndKeepsForeignLines) {
     m.write({{"type", "train"}, {"step", 3}});
   }
   EXPECT_EQ(kvs::testing_util::slurp(path), kept + R"({"step":3,"type":"train"})" "\n");
+  // metrics.jsonl as a link to a file elsewhere: that file is rewritten, the link stays.
+  const std::string elsewhere = tmp / "dashboard.jsonl", linked = tmp / "linked.jsonl";
+  kvs::testing_util::spit(elsewhere, kept + R"({"type":"train","step":3})" "\n");
+  std::filesystem::create_symlink(elsewhere, linked);
+  {
+    kvs::MetricsWriter m;
+    m.open(linked, 2);
+    m.write({{"type", "train"}, {"step", 3}});
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(linked));
+  EXPECT_EQ(kvs::testing_util::slurp(elsewhere), kept + R"({"step":3,"type":"train"})" "\n");
 }

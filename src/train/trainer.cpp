@@ -70,24 +70,6 @@ struct BatchBuffers {
   }
 };
 
-std::string config_dir(const Config& c) {
-  if (c.source_path.empty()) return ".";
-  return fs::absolute(c.source_path).parent_path().string();
-}
-
-// Shard and tokenizer paths are relative to the config file; the copies saved in the run
-// directory and in checkpoints must work from anywhere, so they are stored absolute.
-Config with_absolute_paths(const Config& in) {
-  Config c = in;
-  const fs::path dir = config_dir(in);
-  for (auto* list : {&c.data.shards.train, &c.data.shards.val})
-    for (auto& p : *list)
-      if (!fs::path(p).is_absolute()) p = (dir / p).lexically_normal().string();
-  if (!c.data.tokenizer.empty() && !fs::path(c.data.tokenizer).is_absolute())
-    c.data.tokenizer = (dir / c.data.tokenizer).lexically_normal().string();
-  return c;
-}
-
 // Where two models differ, as a model-section key ("model.kv_shift.enabled:
 // true vs false"); "" if they are the same.
 std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
@@ -252,7 +234,24 @@ int64_t inf_gradient_fault_step() {
   return v && *v ? std::atoll(v) : 0;
 }
 
+std::string config_dir(const Config& c) {
+  if (c.source_path.empty()) return ".";
+  return fs::absolute(c.source_path).parent_path().string();
+}
+
 }  // namespace
+
+Config with_absolute_paths(const Config& in) {
+  Config c = in;
+  const fs::path dir = config_dir(in);
+  for (auto* list : {&c.data.shards.train, &c.data.shards.val})
+    for (auto& p : *list)
+      if (!fs::path(p).is_absolute()) p = (dir / p).lexically_normal().string();
+  if (!c.data.tokenizer.empty() && !fs::path(c.data.tokenizer).is_absolute())
+    c.data.tokenizer = (dir / c.data.tokenizer).lexically_normal().string();
+  return c;
+}
+
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
                     PipelineRunner* pipe, dist::Communicator* pp_comm, dist::Communicator* dp_comm,
@@ -450,10 +449,14 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     // They are in run_config.json only (outside the manifest: a copy for reference): one broken or
     // gone (a sync tool driven by the manifest leaves it out) leaves them unchecked.
     const nlohmann::json& was = ck.files.run_config;
-    if (!ck.files.run_config_error.empty() || !was.is_object()) {
+    const bool comparable = was.is_object() && was.contains("train") && was["train"].is_object() &&
+                            was["train"].contains("seq_len") && was.contains("data") && was["data"].is_object() &&
+                            was["data"].contains("type");
+    if (!ck.files.run_config_error.empty() || !comparable) {
       const std::string why = !ck.files.run_config_error.empty() ? ck.files.run_config_error
-                            : was.is_null() ? latest + "/run_config.json is missing"
-                                            : latest + "/run_config.json is not a JSON object";
+                            : was.is_null()    ? latest + "/run_config.json is missing"
+                            : was.is_object()  ? latest + "/run_config.json has no train.seq_len or no data.type"
+                                               : latest + "/run_config.json is not a JSON object";
       KVS_CHECK(opt.allow_data_change,
                 "{}: train.seq_len and the data settings cannot be compared with the checkpoint's; restore it (every "
                 "checkpoint of the run holds the run's config), or pass --allow-data-change to go on unchecked",

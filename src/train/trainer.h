@@ -88,4 +88,9 @@ struct TrainSummary {
 // evaluations (other ranks' final_eval stays empty).
 TrainSummary train(const Config& cfg, const TrainOptions& opt);
 
+// Shard and tokenizer paths are relative to the config file; the copies saved in the run
+// directory and in checkpoints must work from anywhere, so they are stored absolute
+// (and compared so: eval --config of the run's own file names no difference).
+Config with_absolute_paths(const Config& in);
+
 }  // namespace kvs

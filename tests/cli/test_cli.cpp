@@ -399,6 +399,10 @@ TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
   Result e = run_with_env("cd / &&", "eval --json --checkpoint " + dir + "/run/checkpoints");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_EQ(nlohmann::json::parse(e.out.substr(e.out.find('{')))["accuracy_kind"], "next_token");
+  // The run's own config file (relative globs; the saved copy holds them absolute) is no other data.
+  e = run_with_env("cd / &&", "eval --json --checkpoint " + dir + "/run/checkpoints --config " + dir + "/cfg/lm.json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_EQ(e.out.find("data settings differ"), std::string::npos) << e.out;
 }
 
 // A checkpoint's data position is a sequence index: over other shards (one

@@ -240,6 +240,11 @@ TEST(ResumeFallback, ACheckpointWithoutItsRunConfigIsNotResumedUnchecked) {
                    root + "/step_00000004/run_config.json is missing: train.seq_len and the data settings cannot be "
                           "compared with the checkpoint's",
                    "--allow-data-change");
+  // A hand edit that left the keys out is no better.
+  spit(root + "/step_00000004/run_config.json", "{}");
+  EXPECT_KVS_ERROR(kvs::train(other, {run, true, true}),
+                   root + "/step_00000004/run_config.json has no train.seq_len or no data.type: train.seq_len and "
+                          "the data settings cannot be compared");
   kvs::TrainOptions allowed{run, true, true};
   allowed.allow_data_change = true;
   EXPECT_EQ(kvs::train(tiny(6, 2), allowed).losses.size(), 2u);

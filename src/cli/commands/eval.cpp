@@ -68,10 +68,10 @@ void add_eval(CLI::App& app) {
     // The generated tasks' validation sequences also follow train.seed (docs/DATA.md).
     const nlohmann::json& run = ck.files.run_config;
     std::string data_change;
-    if (run.is_object() && run.contains("data")) {
+    if (run.is_object() && run.contains("data") && run["data"].is_object()) {
       // Another task is the difference to name; within one task, only its own section counts
       // (a config made for another task holds other values in sections its type never reads).
-      const nlohmann::json now = to_json(cfg)["data"];
+      const nlohmann::json now = to_json(with_absolute_paths(cfg))["data"];
       const nlohmann::json run_type = run["data"].value("type", nlohmann::json()), now_type = now["type"];
       auto read_by_type = [](nlohmann::json d) {
         const nlohmann::json type = d.value("type", nlohmann::json());
@@ -82,6 +82,8 @@ void add_eval(CLI::App& app) {
       if (run_type != now_type) data_change = "data.type: " + run_type.dump() + " vs " + now_type.dump();
       else if (const std::string d = json_difference(read_by_type(run["data"]), read_by_type(now)); !d.empty())
         data_change = "data." + d;
+    } else if (run.is_object() && run.contains("data")) {
+      data_change = "data: " + run["data"].dump() + " vs a data section";  // hand-edited into a non-object
     }
     if (cfg.data.type != DatasetType::Shards && run.is_object() && run.contains("train") && run["train"].contains("seed") &&
         run["train"]["seed"] != to_json(cfg)["train"]["seed"])

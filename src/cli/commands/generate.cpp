@@ -134,7 +134,8 @@ void run_generate(const Args& a) {
             "or --prompt-ids 1,2,3",
             dir, m.vocab_size,
             ck.data.run_config.is_object() ? "no data.tokenizer in its run_config.json"
-                                           : "no run_config.json: not a training run's checkpoint");
+            : ck.data.run_config.is_null() ? "no run_config.json: not a training run's checkpoint"
+                                           : "its run_config.json is not a JSON object");
   if (tok)
     KVS_CHECK(tok->vocab_size() <= m.vocab_size, "tokenizer ({}) has {} tokens, the model only {}", tok->describe(),
               tok->vocab_size(), m.vocab_size);

@@ -38,8 +38,9 @@ void add_train(CLI::App& app) {
       ->excludes("--resume");
   cmd->add_flag("--allow-data-change", a->allow_data_change,
                 "With --resume: go on although the training data changed since the checkpoint (its sequence count: "
-                "shards added or removed, another val split; a generated task's settings); the step's data position "
-                "then maps onto other sequences")
+                "shards added or removed, another val split; the shards' contents; a generated task's settings), or "
+                "cannot be compared with it (no run_config.json in the checkpoint); the step's data position may "
+                "then map onto other sequences")
       ->needs("--resume");
   cmd->add_flag("--quiet", a->quiet, "No live progress line");
   cmd->callback([a]() {

@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
     if (name != "train" && name != "bench" && name != "eval" && name != "dist-check" && name != "dist-selftest")
       sub->parse_complete_callback([name] { kvs::cli::refuse_launched_ranks(name); });
   }
+  bool help = false;
   int help_errno = 0;  // why printing --help failed, if it did (a long help fails while it is written)
   try {
     kvs::init_logging();
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {
       errno = 0;
+      help = true;
       app.exit(e);  // --help and --help-all: CLI11 prints them (std::cout), an output like any other (below)
       help_errno = errno;
     } else {
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
   std::cout.flush();  // CLI11's help goes through std::cout
   if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
     const int err = errno ? errno : help_errno;
+    if (help && err == EPIPE) return 0;  // `kvshift --help | head`: the reader had what it wanted
     const std::string why = err ? std::strerror(err) : "write error";
     kvs::cli::print_rank_error(launch_rank(), ("stdout: " + why + ": the output was not all written").c_str());
     return 1;

@@ -234,12 +234,12 @@ int64_t inf_gradient_fault_step() {
   return v && *v ? std::atoll(v) : 0;
 }
 
+}  // namespace
+
 std::string config_dir(const Config& c) {
   if (c.source_path.empty()) return ".";
   return fs::absolute(c.source_path).parent_path().string();
 }
-
-}  // namespace
 
 Config with_absolute_paths(const Config& in) {
   Config c = in;
@@ -251,7 +251,6 @@ Config with_absolute_paths(const Config& in) {
     c.data.tokenizer = (dir / c.data.tokenizer).lexically_normal().string();
   return c;
 }
-
 
 EvalResult evaluate(Engine& engine, const Dataset& data, int micro_batch, int seq_len, int64_t max_sequences,
                     PipelineRunner* pipe, dist::Communicator* pp_comm, dist::Communicator* dp_comm,

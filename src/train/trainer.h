@@ -88,6 +88,9 @@ struct TrainSummary {
 // evaluations (other ranks' final_eval stays empty).
 TrainSummary train(const Config& cfg, const TrainOptions& opt);
 
+// The directory a config's relative paths start from: its file's ("." for one built in code).
+std::string config_dir(const Config& c);
+
 // Shard and tokenizer paths are relative to the config file; the copies saved in the run
 // directory and in checkpoints must work from anywhere, so they are stored absolute
 // (and compared so: eval --config of the run's own file names no difference).

@@ -95,8 +95,7 @@ void add_eval(CLI::App& app) {
     if (!a->device.empty()) cfg.device = device_flag(a->device);
     cfg.model = ck.model;
     validate(cfg, origin + " with the model of " + dir + (a->device.empty() ? "" : " and --device " + a->device));
-    const std::string cfg_dir =
-        cfg.source_path.empty() ? "." : std::filesystem::absolute(cfg.source_path).parent_path().string();
+    const std::string cfg_dir = config_dir(cfg);
     if (!cfg.data.tokenizer.empty())  // the data's ids must mean what they meant in training
       check_checkpoint_tokenizer(ck.files.trainer_state, dir,
                                  check_data_tokenizer(cfg.data.tokenizer, ck.model.vocab_size, cfg_dir));

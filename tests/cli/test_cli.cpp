@@ -597,6 +597,39 @@ TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {
   EXPECT_GT(arr[1]["median_ms_per_step"].get<double>(), 0.0);
 }
 
+// The GEMMs' threading: split and the library's own in one run, alternated
+// step by step; KVS_CPU_GEMM_THREADS picks one, and a bad value is a one-line
+// error before any work.
+TEST(Cli, BenchCompareGemmThreadsTimesBothThreadingsAndKvsCpuGemmThreadsPicksOne) {
+  const std::string cfg = src("configs/toy/induction-1l-vanilla.json");
+  Result r = run("bench --warmup 1 --steps 2 --compare-gemm-threads --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", one tile per thread |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", the library's own threading |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GEMMs split over the threads against the library's own threading: "), std::string::npos)
+      << r.out;
+  Result j = run("bench --json --warmup 0 --steps 1 --compare-gemm-threads --config " + cfg);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto arr = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(arr.is_array());
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[0]["gemm_threading"], "library") << arr[0];
+  EXPECT_EQ(arr[1]["gemm_threading"], "split") << arr[1];
+  EXPECT_EQ(arr[0]["gemm_library"], arr[1]["gemm_library"]);
+  for (const char* value : {"split", "library"}) {
+    Result one = run_with_env(std::string("KVS_CPU_GEMM_THREADS=") + value,
+                              " bench --json --warmup 0 --steps 1 --config " + cfg);
+    ASSERT_EQ(one.code, 0) << one.out;
+    const auto o = nlohmann::json::parse(one.out.substr(one.out.find('{')));
+    EXPECT_EQ(o["gemm_threading"], value);
+    EXPECT_EQ(o["env"]["KVS_CPU_GEMM_THREADS"], value);
+  }
+  Result bad = run_with_env("KVS_CPU_GEMM_THREADS=auto", " bench --json --warmup 0 --steps 1 --config " + cfg);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(count_lines(bad.out), 1) << bad.out;
+  EXPECT_NE(bad.out.find("KVS_CPU_GEMM_THREADS=auto: expected split or library"), std::string::npos) << bad.out;
+}
+
 // The GEMM library: both in one run, alternated step by step; KVS_CPU_GEMM
 // picks one, and a bad value is a one-line error before any work.
 TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
@@ -627,8 +660,8 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   EXPECT_NE(bad.out.find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos) << bad.out;
   Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
   EXPECT_NE(both.code, 0);
-  EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-timing, --compare-shift and --compare-overlap are separate "
-                          "runs"),
+  EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-threads, --compare-gemm-timing, --compare-shift and "
+                          "--compare-overlap are separate runs"),
             std::string::npos)
       << both.out;
   // The timed GEMM algorithms are cuBLASLt's, chosen after a first step.

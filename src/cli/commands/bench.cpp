@@ -112,15 +112,21 @@ void merge_ops(std::vector<kvs::profile::OpStat>& into, const std::vector<kvs::p
   }
 }
 
+// The CPU GEMMs' library and threading for a bench run's steps.
+struct GemmVariant {
+  cpu::GemmLibrary library;
+  cpu::GemmThreading threading;
+};
+
 // Times whole optimizer steps of `cfg` on random tokens: the training step
 // itself (train/train_step.h) in the config's parallel layout over `world`'s
 // processes, each rank with its part of the model. One result per entry of
-// `gemms` (the CPU's GEMM libraries; empty: as they are). With two, the steps
+// `gemms` (the CPU's GEMM libraries and threadings; empty: as they are). With two, the steps
 // alternate between them on one engine, so that both see the same machine
 // minute by minute: `warmup` untimed steps each, then `steps` timed. A step's
 // time is the slowest rank's.
 std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world, int warmup, int steps, bool profile,
-                                   const std::vector<cpu::GemmLibrary>& gemms) {
+                                   const std::vector<GemmVariant>& gemms) {
   const int T = cfg.train.seq_len, GB = cfg.global_batch_sequences();
   TrainStep step(cfg, world);
   step.shard_optimizer();  // ZeRO-1 before the weights are written: the whole fp32 master never exists
@@ -147,7 +153,10 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
   const int first_timed = warmup * variants;
   for (int s = 0; s < (warmup + steps) * variants; ++s) {
     const int v = s % variants;
-    if (!gemms.empty()) cpu::set_gemm_library(gemms[v]);
+    if (!gemms.empty()) {
+      cpu::set_gemm_library(gemms[v].library);
+      cpu::set_gemm_threading(gemms[v].threading);
+    }
     if (profile) profile_step_begins(s, first_timed, cfg.device);
     if (s == first_timed) times_before = read_cpu_times();
     const auto t0 = std::chrono::steady_clock::now();
@@ -302,6 +311,11 @@ nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char
   return rows;
 }
 
+// How the GEMMs' threads share a product, for the text output.
+const char* threading_text(cpu::GemmThreading t) {
+  return t == cpu::GemmThreading::kSplit ? "one tile per thread" : "the library's own threading";
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -314,8 +328,8 @@ void add_bench(CLI::App& app) {
     std::string config, device;
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
-    bool json = false, compare_shift = false, compare_gemm = false, compare_overlap = false,
-         compare_gemm_timing = false, recalibrate = false, profile = false;
+    bool json = false, compare_shift = false, compare_gemm = false, compare_gemm_threads = false,
+         compare_overlap = false, compare_gemm_timing = false, recalibrate = false, profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -329,6 +343,10 @@ void add_bench(CLI::App& app) {
                 "CPU: time the config's steps on OpenBLAS and on oneDNN GEMMs, alternating step by step on one "
                 "engine, and print the step-time ratio (the default library is chosen per CPU; "
                 "KVS_CPU_GEMM=openblas|onednn overrides it)");
+  cmd->add_flag("--compare-gemm-threads", a->compare_gemm_threads,
+                "CPU: time the config's steps with each GEMM split into one tile per thread and with the GEMM "
+                "library's own threading, alternating step by step on one engine, and print the step-time ratio "
+                "(the default is split; KVS_CPU_GEMM_THREADS=split|library overrides it)");
   cmd->add_flag("--compare-overlap", a->compare_overlap,
                 "CUDA: time the config with train.overlap_optimizer off and on in the same run (AdamW after the "
                 "step, or overlapping the next forward) and print the step-time ratio");
@@ -355,8 +373,11 @@ void add_bench(CLI::App& app) {
       validate(cfg, a->config + " with --device " + a->device);
     }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
-    KVS_CHECK(a->compare_gemm + a->compare_shift + a->compare_overlap + a->compare_gemm_timing <= 1,
-              "bench: --compare-gemm, --compare-gemm-timing, --compare-shift and --compare-overlap are separate runs");
+    KVS_CHECK(a->compare_gemm + a->compare_gemm_threads + a->compare_shift + a->compare_overlap +
+                      a->compare_gemm_timing <=
+                  1,
+              "bench: --compare-gemm, --compare-gemm-threads, --compare-gemm-timing, --compare-shift and "
+              "--compare-overlap are separate runs");
     KVS_CHECK(!a->compare_gemm_timing || cfg.device == Device::Cuda,
               "bench: --compare-gemm-timing times cuBLASLt's algorithms; this run's device is {}",
               to_string(cfg.device));
@@ -368,6 +389,9 @@ void add_bench(CLI::App& app) {
     KVS_CHECK(!a->compare_gemm || cfg.device == Device::Cpu,
               "bench: --compare-gemm compares the CPU's GEMM libraries; this run's device is {}",
               to_string(cfg.device));
+    KVS_CHECK(!a->compare_gemm_threads || cfg.device == Device::Cpu,
+              "bench: --compare-gemm-threads compares the CPU GEMMs' threading; this run's device is {}",
+              to_string(cfg.device));
     // Under mpirun or torchrun the step runs in the config's parallel layout
     // (docs/PARALLEL.md) and rank 0 prints; a single process runs it alone.
     auto world = dist::make_world(cfg.device);
@@ -377,8 +401,14 @@ void add_bench(CLI::App& app) {
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
     // One engine per config; with --compare-gemm one config whose steps alternate libraries.
     std::vector<Config> runs;
-    std::vector<cpu::GemmLibrary> gemms;
-    if (a->compare_gemm) gemms = {cpu::GemmLibrary::OpenBLAS, cpu::GemmLibrary::OneDNN};
+    const cpu::GemmLibraryChoice& gemm_choice = cpu::select_gemm_library();
+    const GemmVariant default_gemm{cpu::gemm_library(), cpu::gemm_threading()};
+    std::vector<GemmVariant> gemms;
+    if (a->compare_gemm)
+      gemms = {{cpu::GemmLibrary::OpenBLAS, default_gemm.threading}, {cpu::GemmLibrary::OneDNN, default_gemm.threading}};
+    if (a->compare_gemm_threads)
+      gemms = {{default_gemm.library, cpu::GemmThreading::kLibrary}, {default_gemm.library, cpu::GemmThreading::kSplit}};
+    const bool compare_gemms = !gemms.empty();
     if (a->compare_shift) {
       Config off = cfg, on = cfg;
       off.model.kv_shift.enabled = false;
@@ -399,16 +429,14 @@ void add_bench(CLI::App& app) {
     }
     const bool cpu_run = cfg.device == Device::Cpu;
     const cpu::BlasChoice& blas = cpu::select_blas_kernels();
-    const cpu::GemmLibraryChoice& gemm_choice = cpu::select_gemm_library();
-    const cpu::GemmLibrary default_gemm = cpu::gemm_library();
     if (cpu_run && !a->json && rank0) {
-      std::printf("GEMMs: %s\n", gemm_choice.describe().c_str());
+      std::printf("GEMMs: %s, %s\n", gemm_choice.describe().c_str(), threading_text(default_gemm.threading));
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
       if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
         std::printf("%s\n", process_cpu_budget().note().c_str());
       if (const std::string w = process_cpu_budget().oversubscribed(threads); !w.empty())
         std::printf("warning: %s\n", w.c_str());
-      if (blas.slow_fallback && (default_gemm == cpu::GemmLibrary::OpenBLAS || a->compare_gemm))
+      if (blas.slow_fallback && (default_gemm.library == cpu::GemmLibrary::OpenBLAS || a->compare_gemm))
         std::printf("warning: OpenBLAS runs its generic %s kernels on a CPU with AVX2 or AVX-512 (unset "
                     "OPENBLAS_CORETYPE, or set it to Haswell/SkylakeX): GEMMs at a third of the speed or less\n",
                     blas.core.c_str());
@@ -429,12 +457,13 @@ void add_bench(CLI::App& app) {
       for (const Config& c : runs)
         for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
     });
-    cpu::set_gemm_library(default_gemm);
+    cpu::set_gemm_library(default_gemm.library);
+    cpu::set_gemm_threading(default_gemm.threading);
     if (!rank0) return;
     // Each result's config and GEMM library.
-    auto run_config = [&](size_t i) -> const Config& { return runs[a->compare_gemm ? 0 : i]; };
-    auto run_gemm = [&](size_t i) { return a->compare_gemm ? gemms[i] : default_gemm; };
-    const bool compared = a->compare_shift || a->compare_gemm || a->compare_overlap || a->compare_gemm_timing;
+    auto run_config = [&](size_t i) -> const Config& { return runs[compare_gemms ? 0 : i]; };
+    auto run_gemm = [&](size_t i) { return compare_gemms ? gemms[i] : default_gemm; };
+    const bool compared = a->compare_shift || compare_gemms || a->compare_overlap || a->compare_gemm_timing;
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
     // so on a shared machine the like-for-like figure is the fastest step's.
@@ -464,8 +493,9 @@ void add_bench(CLI::App& app) {
                             {"flops_formula", kFlopsFormula},
                             {"peak_rss_mib", r.peak_mib},
                             {"peak_memory_kind", r.peak_what},
-                            {"gemm_library", cpu::gemm_library_name(run_gemm(i), true)},
+                            {"gemm_library", cpu::gemm_library_name(run_gemm(i).library, true)},
                             {"gemm_library_source", a->compare_gemm ? "--compare-gemm" : gemm_choice.source},
+                            {"gemm_threading", cpu::gemm_threading_name(run_gemm(i).threading)},
                             {"openblas_core", openblas_core_name()},
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
@@ -479,7 +509,8 @@ void add_bench(CLI::App& app) {
                              {{"OMP_WAIT_POLICY", env_or("OMP_WAIT_POLICY")},
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")},
-                              {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")}}}};
+                              {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")},
+                              {"KVS_CPU_GEMM_THREADS", env_or("KVS_CPU_GEMM_THREADS")}}}};
         if (r.mfu > 0) j["mfu"] = r.mfu;
         if (!r.gemm_timing.empty()) j["gemm_timing"] = r.gemm_timing;
         j["losses"] = r.losses;
@@ -535,7 +566,9 @@ void add_bench(CLI::App& app) {
                     100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
                     peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
-      if (cpu_run) std::printf(" | GEMMs: %s", cpu::gemm_library_name(run_gemm(i), true).c_str());
+      if (cpu_run)
+        std::printf(" | GEMMs: %s, %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
+                    threading_text(run_gemm(i).threading));
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
@@ -561,6 +594,10 @@ void add_bench(CLI::App& app) {
       std::printf(
           "oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",
           res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
+    if (a->compare_gemm_threads)
+      std::printf("GEMMs split over the threads against the library's own threading: %.3fx the tokens/s (median "
+                  "%.2f vs %.2f ms, steps alternated)\n",
+                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
   });
 }
 

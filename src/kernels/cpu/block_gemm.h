@@ -53,8 +53,8 @@ namespace kvs::cpu::detail {
 
 // The causal structure a product may skip, at register-tile granularity
 // (exactly: what it skips is zero or never read). For C row i:
-//   out_diag:     C[i, j] is not needed for j > i + out_diag (tiles wholly past
-//                 it are left unwritten);
+//   out_diag:     C[i, j] is not needed for j > i + out_diag (a tile's vectors
+//                 wholly past its last row's are left unwritten);
 //   k_end_diag:   A[i, k] = 0 for k > i + k_end_diag (the sum stops at the tile's last row's);
 //   k_begin_diag: A[i, k] = 0 for k < i + k_begin_diag (the sum starts at the tile's first row's).
 struct CausalSkip {
@@ -83,10 +83,11 @@ template <class T> inline Vec<T> scaled(Vec<T> acc, T alpha) {
   return v;
 }
 
-// R rows x one panel of C; only the first nc (<= kPanel) columns are written.
-template <int R, bool Accumulate, class T>
+// R rows x the first NV vectors of one panel of C; only the first nc
+// (<= NV * lanes) columns are written.
+template <int R, int NV, bool Accumulate, class T>
 inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C, size_t ldc, int nc) {
-  constexpr int W = kLanes<T>, P = kPanel<T>, NV = kVecs;
+  constexpr int W = kLanes<T>, P = kPanel<T>, NW = NV * W;
   Vec<T> acc[R][NV] = {};
   for (int k = 0; k < K; ++k) {
     const T* b = Bp + (size_t)k * P;
@@ -104,14 +105,14 @@ inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     T* c = C + r * ldc;
-    if (nc == P) {
+    if (nc == NW) {
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) {
         const Vec<T> v = scaled(acc[r][j], alpha);
         store(c + j * W, Accumulate ? load(c + j * W) + v : v);
       }
     } else {
-      T part[P];
+      T part[NW];
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) store(part + j * W, acc[r][j] * alpha);
       for (int j = 0; j < nc; ++j) c[j] = Accumulate ? c[j] + part[j] : part[j];
@@ -119,13 +120,29 @@ inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp
   }
 }
 
+// The tile's vectors up to the last one some row needs (out_diag): on the
+// diagonal a 6-row tile of a 64-column panel (AVX-512) needs a quarter to all
+// of it, so whole panels there did about 1.25x Q K^T's causal work at T = 256.
 template <int R, bool Accumulate, class T>
 inline void skipping_tile(int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C,
                           size_t ldc, int nc, const CausalSkip& cs) {
-  if (j > i + R - 1 + cs.out_diag) return;  // every C element of the tile is past the diagonal: not needed
+  const int last = i + R - 1 + cs.out_diag;  // the last column the tile's last row needs
+  if (j > last) return;                      // every C element of the tile is past the diagonal: not needed
   const int kb = std::clamp(i + cs.k_begin_diag, 0, K), ke = std::clamp(i + R + cs.k_end_diag, kb, K);
-  tile<R, Accumulate>(ke - kb, alpha, A + i * rsa + kb * csa, rsa, csa, Bp + (size_t)kb * kPanel<T>, C + i * ldc,
-                      ldc, nc);
+  constexpr int W = kLanes<T>;
+  const int nv = std::min(kVecs, (std::min(nc, last - j + 1) + W - 1) / W);
+  nc = std::min(nc, nv * W);
+  const T* a = A + i * rsa + kb * csa;
+  const T* b = Bp + (size_t)kb * kPanel<T>;
+  T* c = C + i * ldc;
+  if constexpr (kVecs == 4) {
+    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+    if (nv == 2) return tile<R, 2, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+    if (nv == 3) return tile<R, 3, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+  } else {
+    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+  }
+  tile<R, kVecs, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
 }
 
 // The last rows < kRows of a panel: one tile of exactly `rows` rows (R counts down to it).

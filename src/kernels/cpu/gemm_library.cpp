@@ -2,10 +2,12 @@
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <strings.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -62,14 +64,47 @@ void prepare_signals_for_onednn() {
   ensure_signal_stacks_on_omp_threads();
 }
 
-void onednn_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-                  int ldb, float beta, float* C, int ldc) {
-  prepare_signals_for_onednn();
-  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+dnnl_status_t onednn_call(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                          int ldb, float beta, float* C, int ldc) {
+  return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void check_onednn(dnnl_status_t st, bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc) {
   KVS_CHECK(st == dnnl_success,
             "oneDNN's dnnl_sgemm failed (status {}) on {}x{}x{} (trans {}{}, ld {} {} {}); KVS_CPU_GEMM=openblas "
             "runs the GEMMs on OpenBLAS instead",
             static_cast<int>(st), M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N', lda, ldb, ldc);
+}
+
+std::atomic<GemmThreading>& threading() {
+  static std::atomic<GemmThreading> t{choose_gemm_threading(std::getenv("KVS_CPU_GEMM_THREADS"))};
+  return t;
+}
+
+// The split form: tile i of the grid is rows [M r / rows, M (r+1) / rows) and
+// columns cut at multiples of 16 floats (a 64-byte line: no two threads write
+// one), each one library call on the calling thread of its OpenMP thread.
+void split_sgemm(GemmLibrary lib, GemmGrid g, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                 int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  auto col = [&](int c) { return c == g.cols ? N : static_cast<int>(static_cast<long>(N) * c / g.cols) / 16 * 16; };
+  std::atomic<int> failed{static_cast<int>(dnnl_success)};
+#pragma omp parallel num_threads(g.tiles())
+  for (int t = omp_get_thread_num(); t < g.tiles(); t += omp_get_num_threads()) {
+    const int r = t / g.cols, c = t % g.cols;
+    const int m0 = static_cast<int>(static_cast<long>(M) * r / g.rows);
+    const int m1 = static_cast<int>(static_cast<long>(M) * (r + 1) / g.rows);
+    const int n0 = col(c), n1 = col(c + 1);
+    const float* a = ta ? A + m0 : A + static_cast<size_t>(m0) * lda;
+    const float* b = tb ? B + static_cast<size_t>(n0) * ldb : B + n0;
+    float* cp = C + static_cast<size_t>(m0) * ldc + n0;
+    if (lib == GemmLibrary::OneDNN) {
+      const dnnl_status_t st = onednn_call(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, cp, ldc);
+      if (st != dnnl_success) failed.store(static_cast<int>(st));
+    } else {
+      openblas_sgemm(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, cp, ldc);
+    }
+  }
+  check_onednn(static_cast<dnnl_status_t>(failed.load()), ta, tb, M, N, K, lda, ldb, ldc);
 }
 
 }  // namespace
@@ -142,16 +177,55 @@ const GemmLibraryChoice& select_gemm_library() {
 
 void check_gemm_library_variable() {
   (void)choose_gemm_library(std::getenv("KVS_CPU_GEMM"), detect_cpu_features(), [] { return std::string(); });
+  (void)choose_gemm_threading(std::getenv("KVS_CPU_GEMM_THREADS"));
 }
 
 GemmLibrary gemm_library() { return running().load(std::memory_order_relaxed); }
 
 void set_gemm_library(GemmLibrary lib) { running().store(lib, std::memory_order_relaxed); }
 
+const char* gemm_threading_name(GemmThreading t) { return t == GemmThreading::kSplit ? "split" : "library"; }
+
+GemmThreading choose_gemm_threading(const char* user) {
+  if (!user || !*user || strcasecmp(user, "split") == 0) return GemmThreading::kSplit;
+  if (strcasecmp(user, "library") == 0) return GemmThreading::kLibrary;
+  fail("KVS_CPU_GEMM_THREADS={}: expected split or library (or unset it for the default, split)", user);
+}
+
+GemmThreading gemm_threading() { return threading().load(std::memory_order_relaxed); }
+
+void set_gemm_threading(GemmThreading t) { threading().store(t, std::memory_order_relaxed); }
+
+GemmGrid gemm_split_grid(GemmLibrary lib, int M, int N, int threads) {
+  // Of the grids rows x cols = threads whose tiles keep kMinRows x kMinCols:
+  // oneDNN's the one with the most columns, OpenBLAS's the one with the fewest.
+  GemmGrid chosen{};
+  bool found = false;
+  for (int cols = 1; cols <= threads; ++cols) {
+    if (threads % cols != 0) continue;
+    const int rows = threads / cols;
+    if (M / rows < GemmGrid::kMinRows || N / cols < GemmGrid::kMinCols) continue;
+    if (!found || lib == GemmLibrary::OneDNN) chosen = {rows, cols};
+    found = true;
+  }
+  return chosen;
+}
+
 void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
            float beta, float* C, int ldc) {
-  if (gemm_library() == GemmLibrary::OneDNN) onednn_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else openblas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const GemmLibrary lib = gemm_library();
+  if (lib == GemmLibrary::OneDNN) prepare_signals_for_onednn();  // every thread of the team, before the region
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const GemmGrid g = gemm_threading() == GemmThreading::kSplit && M > 0 && N > 0 && K > 0
+                         ? gemm_split_grid(lib, M, N, threads)
+                         : GemmGrid{};
+  if (g.tiles() > 1) {
+    split_sgemm(lib, g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } else if (lib == GemmLibrary::OneDNN) {
+    check_onednn(onednn_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), ta, tb, M, N, K, lda, ldb, ldc);
+  } else {
+    openblas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
 }
 
 }  // namespace kvs::cpu

@@ -62,7 +62,7 @@ GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
 // library. The first GEMM calls it if nobody has.
 const GemmLibraryChoice& select_gemm_library();
 
-// Throws kvs::Error for a bad KVS_CPU_GEMM value, without the oneDNN check
+// Throws kvs::Error for a bad KVS_CPU_GEMM or KVS_CPU_GEMM_THREADS value, without the oneDNN check
 // (which costs tens of milliseconds): for main, before any work.
 void check_gemm_library_variable();
 
@@ -86,9 +86,59 @@ class GemmLibraryScope {
   GemmLibrary prev_;
 };
 
+// How a product's threads share it. kSplit: C is cut into one tile per
+// thread, each a one-thread call of the library (which runs single-threaded
+// inside an OpenMP region); kLibrary: the library's own threading. At
+// lm-small's step shapes on 2 threads (AMD Zen 4, scripts/bench_gemm_split.sh)
+// the split GEMMs took 0.95x oneDNN's own time and 0.82-0.96x OpenBLAS's, with
+// the same bits (each C element is one library call's sum over all of K).
+// KVS_CPU_GEMM_THREADS=split|library overrides the default, kSplit.
+enum class GemmThreading { kSplit, kLibrary };
+
+// "split" or "library".
+const char* gemm_threading_name(GemmThreading t);
+
+// The user's KVS_CPU_GEMM_THREADS (null or empty: kSplit). Throws kvs::Error
+// naming the variable for another value.
+GemmThreading choose_gemm_threading(const char* user);
+
+// The threading the GEMMs run with now (KVS_CPU_GEMM_THREADS's unless
+// set_gemm_threading changed it), and a change of it (bench, tests; no GEMM may
+// run at the same time).
+GemmThreading gemm_threading();
+void set_gemm_threading(GemmThreading t);
+
+// kSplit's tiles for C[M, N] on `threads` threads: rows x cols = threads, or
+// 1 x 1 (the library's own threading) where a tile would have fewer than
+// kMinRows rows or kMinCols columns: small tiles pack their operands for
+// little work, and the libraries' own threading can split K instead (more
+// threads than 2 were never measured split). oneDNN takes the grid with the
+// most columns (faster by columns at N >= 256 on 2 threads), OpenBLAS the one
+// with the fewest (faster by rows at every shape measured).
+struct GemmGrid {
+  static constexpr int kMinRows = 128, kMinCols = 128;
+  int rows = 1, cols = 1;
+  int tiles() const { return rows * cols; }
+};
+GemmGrid gemm_split_grid(GemmLibrary lib, int M, int N, int threads);
+
+// Runs the GEMMs with `t` while it lives, then as before.
+class GemmThreadingScope {
+ public:
+  explicit GemmThreadingScope(GemmThreading t) : prev_(gemm_threading()) { set_gemm_threading(t); }
+  ~GemmThreadingScope() { set_gemm_threading(prev_); }
+  GemmThreadingScope(const GemmThreadingScope&) = delete;
+  GemmThreadingScope& operator=(const GemmThreadingScope&) = delete;
+
+ private:
+  GemmThreading prev_;
+};
+
 // Row-major C[M,N] = alpha op(A) op(B) + beta C on the running library, on
-// omp_get_max_threads() threads (OpenBLAS: its own thread count, which the
-// callers set alongside). beta = 0: C is not read (it may hold NaN).
+// omp_get_max_threads() threads (split over them, or by the library: OpenBLAS
+// then on its own thread count, which the callers set alongside); inside an
+// OpenMP region on the calling thread alone. beta = 0: C is not read (it may
+// hold NaN).
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
            int ldb, float beta, float* C, int ldc);
 

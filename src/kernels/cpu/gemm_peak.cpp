@@ -44,6 +44,12 @@ std::string cache_path() {
   return dir + "/kvshift/sgemm_peak.json";
 }
 
+// The running library, and ", split" when its threads split the products
+// (gemm_library.h): the cache keeps the two threadings' peaks apart.
+std::string running_core() {
+  return gemm_library_name(gemm_library(), true) + (gemm_threading() == GemmThreading::kSplit ? ", split" : "");
+}
+
 }  // namespace
 
 std::string cpu_model_name() {
@@ -101,7 +107,7 @@ GemmPeak measure_sgemm_peak(int threads, int n) {
   p.gflops = best;
   p.n = n;
   p.threads = threads;
-  p.core = gemm_library_name(gemm_library(), true);
+  p.core = running_core();
   p.measured_at = utc_now();
   return p;
 }
@@ -111,7 +117,7 @@ namespace {
 // The running library's entry, read from the cache or measured and stored.
 GemmPeak library_peak(int threads, bool recalibrate) {
   const std::string path = cache_path();
-  const std::string core = gemm_library_name(gemm_library(), true);
+  const std::string core = running_core();
   const std::string key = cpu_model_name() + " | " + core + " | " + std::to_string(threads) + " threads";
   nlohmann::json cache = nlohmann::json::object();
   if (!path.empty()) {
@@ -157,11 +163,13 @@ GemmPeak library_peak(int threads, bool recalibrate) {
 
 GemmPeak sgemm_peak(int threads, bool recalibrate) {
   GemmPeak best;
-  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN}) {
-    const GemmLibraryScope on(lib);
-    const GemmPeak p = library_peak(threads, recalibrate);
-    if (p.gflops > best.gflops) best = p;
-  }
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
+    for (GemmThreading t : {GemmThreading::kLibrary, GemmThreading::kSplit}) {
+      const GemmLibraryScope on(lib);
+      const GemmThreadingScope with(t);
+      const GemmPeak p = library_peak(threads, recalibrate);
+      if (p.gflops > best.gflops) best = p;
+    }
   return best;
 }
 

@@ -1,7 +1,9 @@
 // The CPU's GEMM library (kernels/cpu/gemm_library.h): the choice per CPU and
-// KVS_CPU_GEMM, both libraries' products against double-precision sums, and
+// KVS_CPU_GEMM, the threading (split into tiles or the library's own) and
+// KVS_CPU_GEMM_THREADS, both libraries' products against double-precision sums, and
 // signal handlers (ours, and one installed by someone else) during oneDNN's GEMMs.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -176,6 +178,113 @@ TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
             for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], sentinel) << "padding of row " << i;
           }
           EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+        }
+      }
+    }
+}
+
+TEST(GemmLibrary, KvsCpuGemmThreadsPicksTheThreadingAndABadValueIsAnError) {
+  EXPECT_EQ(choose_gemm_threading(nullptr), GemmThreading::kSplit);
+  EXPECT_EQ(choose_gemm_threading(""), GemmThreading::kSplit);
+  EXPECT_EQ(choose_gemm_threading("Split"), GemmThreading::kSplit);
+  EXPECT_EQ(choose_gemm_threading("LIBRARY"), GemmThreading::kLibrary);
+  try {
+    (void)choose_gemm_threading("auto");
+    FAIL() << "no error for KVS_CPU_GEMM_THREADS=auto";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KVS_CPU_GEMM_THREADS=auto: expected split or library"), std::string::npos)
+        << e.what();
+  }
+  const GemmThreading before = gemm_threading();
+  {
+    const GemmThreadingScope with(GemmThreading::kLibrary);
+    EXPECT_EQ(gemm_threading(), GemmThreading::kLibrary);
+  }
+  EXPECT_EQ(gemm_threading(), before);
+}
+
+// The tiles keep 128 x 128 (else the library's own threading: 1 x 1);
+// oneDNN's grid has the most columns, OpenBLAS's the fewest.
+TEST(GemmLibrary, SplitGridsKeepTilesOf128By128OnEachLibrarysAxis) {
+  struct Case {
+    GemmLibrary lib;
+    int M, N, threads, rows, cols;
+  };
+  const GemmLibrary D = GemmLibrary::OneDNN, O = GemmLibrary::OpenBLAS;
+  const Case cases[] = {
+      {D, 2048, 256, 2, 1, 2},   {O, 2048, 256, 2, 2, 1},    // lm-small's projections
+      {D, 2048, 128, 2, 2, 1},   {O, 2048, 128, 2, 2, 1},    // K and V: 64 columns each would be too few
+      {D, 128, 256, 2, 1, 2},    {O, 128, 256, 2, 1, 2},     // K and V's dW: 64 rows each would be too few
+      {D, 2048, 1376, 16, 2, 8}, {O, 2048, 1376, 16, 16, 1}, // gate and up on 16 threads
+      {D, 2048, 256, 7, 7, 1},   {D, 256, 256, 16, 1, 1},    // 7: rows only; 16 tiles of 256 x 256: too small
+      {D, 1, 4096, 2, 1, 1},     {O, 1, 4096, 2, 1, 1},      // one row (generate): the library's
+      {D, 2048, 2048, 1, 1, 1},  {D, 255, 255, 2, 1, 1},
+  };
+  for (const Case& c : cases) {
+    const GemmGrid g = gemm_split_grid(c.lib, c.M, c.N, c.threads);
+    EXPECT_EQ(g.rows, c.rows) << gemm_library_name(c.lib) << " " << c.M << "x" << c.N << " on " << c.threads;
+    EXPECT_EQ(g.cols, c.cols) << gemm_library_name(c.lib) << " " << c.M << "x" << c.N << " on " << c.threads;
+  }
+}
+
+// Split products (2 and 4 threads: grids 1 x 2 / 2 x 1 and 2 x 2; columns cut
+// at 16-float boundaries, a padded ldc) against double sums, with every
+// transpose, alpha 1 and 0.75 and beta 0 (C full of NaN) and 0.25; with the
+// engine's alpha = 1 also bit for bit against the same library on one thread
+// (each tile is one library call summing all of K). With alpha = 0.75 oneDNN's
+// bits can follow the tile's rows (it applies alpha in another place for some
+// sizes), as they would follow its own threads' split.
+TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndTheLibrarysOneThreadBits) {
+  const int M = 300, N = 290, K = 200, pad = 5;
+  const int threads_before = omp_get_max_threads();
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
+    for (int t = 0; t < 4; ++t) {
+      const GemmLibraryScope on(lib);
+      const bool ta = t & 1, tb = t & 2;
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+      const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 160 + t));
+      const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 170 + t));
+      const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 180 + t));
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.0f, 0.25f}, std::pair{0.75f, 0.0f}}) {
+        auto product = [&](int threads, GemmThreading th) {
+          omp_set_num_threads(threads);
+          const GemmThreadingScope with(th);
+          ops_test::FVec C = C0;
+          if (beta == 0.0f)
+            for (int i = 0; i < M; ++i)
+              for (int j = 0; j < N; ++j) C[size_t(i) * ldc + j] = std::nanf("");
+          sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          omp_set_num_threads(threads_before);
+          return C;
+        };
+        const ops_test::FVec one = product(1, GemmThreading::kLibrary);
+        for (int threads : {2, 4}) {
+          SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(ta) + std::to_string(tb) + " alpha " +
+                       std::to_string(alpha) + " beta " + std::to_string(beta) + " threads " +
+                       std::to_string(threads));
+          ASSERT_GT(gemm_split_grid(lib, M, N, threads).tiles(), 1);
+          const ops_test::FVec C = product(threads, GemmThreading::kSplit);
+          double err = 0, norm = 0;
+          for (int i = 0; i < M; ++i) {
+            for (int j = 0; j < N; ++j) {
+              double s = 0;
+              for (int k = 0; k < K; ++k)
+                s += double(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
+                     double(tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j]);
+              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
+              const double got = C[size_t(i) * ldc + j];
+              ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
+              err += (got - want) * (got - want);
+              norm += want * want;
+            }
+            for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], C0[size_t(i) * ldc + j]) << "padding";
+          }
+          EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+          if (alpha == 1.0f) {
+            EXPECT_EQ(std::memcmp(C.data(), one.data(), C.size() * sizeof(float)), 0)
+                << "split bits differ from one thread's";
+          }
         }
       }
     }

@@ -137,8 +137,11 @@ void read_value(const json& v, const Where& w, uint64_t& out) {
     double d = v.get<double>();
     if (!std::isfinite(d) || d != std::trunc(d)) type_error(w, "a non-negative integer", v);
     // Doubles are exact integers only up to 2^53; write bigger seeds as integers.
-    if (d < 0 || d > 9007199254740992.0)
-      fail("{}: {}: expected a non-negative integer, got number {}", w.origin, w.path, v.dump());
+    if (d < 0) fail("{}: {}: expected a non-negative integer, got number {}", w.origin, w.path, v.dump());
+    if (d > 9007199254740992.0)
+      fail("{}: {}: {} is past 2^53, where a number with an exponent or a decimal point is no longer exact: write "
+           "it in plain digits ({:.0f})",
+           w.origin, w.path, v.dump(), d);
     out = static_cast<uint64_t>(d);
   } else {
     type_error(w, "a non-negative integer", v);

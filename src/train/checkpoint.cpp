@@ -196,6 +196,21 @@ std::string save_checkpoint_files(const std::string& root, int64_t step, const C
     // Hashed from the files as written, so the manifest vouches for the bytes on disk.
     write_manifest(tmp, files);
     fsync_path(tmp);  // every file above was fsynced by its atomic write
+  } catch (const Error& e) {
+    // The message names the file by the path it was being saved to: the
+    // temporary directory it was written in is gone when the user reads it.
+    std::error_code ec2;
+    fs::remove_all(tmp, ec2);
+    std::string what = e.what();
+    for (size_t at = what.find(tmp); at != std::string::npos; at = what.find(tmp, at + final_dir.size()))
+      what.replace(at, tmp.size(), final_dir);
+    fail("{} (checkpoint {} not saved; the earlier ones are as they were)", what, name);
+  } catch (...) {
+    std::error_code ec2;
+    fs::remove_all(tmp, ec2);
+    throw;
+  }
+  try {
     install_dir(root, tmp, final_dir, name);
   } catch (...) {
     std::error_code ec2;

@@ -626,7 +626,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   batch.resize(LB, T);
   TrainSummary summary;
   ProgressLine progress(tc.steps, step);
-  double last_eval_acc = NAN;
+  double last_eval_acc = NAN;  // the last evaluation's accuracy, at last_eval_step
+  int64_t last_eval_step = 0;
   const bool has_val = data->size(Split::Val) > 0;
   if (!has_val && rank0) spdlog::warn("the data have no validation split: evaluation is skipped");
   // docs/RELIABILITY.md: stop signals, checkpoint writes (async, retention), slow-step reports.
@@ -737,6 +738,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     spdlog::info("eval @ step {}: val_loss {:.4f}, {} {:.2f}%{}", done, r.loss,
                  data->accuracy_name() + " accuracy", 100 * r.accuracy, eval_sources_text(r));
     last_eval_acc = r.accuracy;
+    last_eval_step = done;
     return r;
   };
 
@@ -807,7 +809,8 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
               ? fmt::format("MFU {:.1f}%", 100 * flops_per_token * smoothed_tok_s / comm->size() / 1e12 / peak_tflops)
               : "";
       if (std::isfinite(last_eval_acc))
-        extra += fmt::format("{}acc {:.1f}%", extra.empty() ? "" : " | ", 100 * last_eval_acc);
+        extra += fmt::format("{}acc {:.1f}% (step {})", extra.empty() ? "" : " | ", 100 * last_eval_acc,
+                             last_eval_step);
       progress.update(done, loss, lr, smoothed_tok_s, extra);
     }
     const bool last = done == tc.steps;

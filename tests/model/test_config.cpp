@@ -348,6 +348,9 @@ TEST(Config, WrongTypesNameKeyAndValue) {
       {[](json& j) { j["data"]["shards"]["train"] = "a.bin"; }, {"data.shards.train: expected an array of strings"}},
       {[](json& j) { j["data"]["shards"]["train"] = json::array({"a.bin", 3}); }, {"data.shards.train[1]: expected a string"}},
       {[](json& j) { j["train"]["seed"] = -1; }, {"train.seed: expected a non-negative integer"}},
+      {[](json& j) { j["train"]["seed"] = -2.0; }, {"train.seed: expected a non-negative integer, got number -2.0"}},
+      {[](json& j) { j["train"]["seed"] = 1e16; },
+       {"train.seed: 1e+16 is past 2^53", "write it in plain digits (10000000000000000)"}},
       {[](json& j) { j["model"]["vocab_size"] = 1e12; }, {"model.vocab_size", "32-bit"}},
       {[](json& j) { j["parallel"]["tp"] = 4294967296LL; }, {"parallel.tp", "32-bit"}},
   };

@@ -159,6 +159,12 @@ def cases():
         c["train"]["lr"] = "abc"
         return ["train", "--config", config(d, c)], ""
 
+    @case("config-seed-past-2-53", "config", "a seed written with an exponent past 2^53, where doubles skip integers",
+          "D/c.json: train.seed: 1e+16 is past 2^53, where a number with an exponent or a decimal point "
+          "is no longer exact: write it in plain digits (10000000000000000)")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny()), "--set", "train.seed=1e16"], ""
+
     @case("config-bad-enum", "config", "an unknown schedule",
           "D/c.json: train.schedule: must be \"constant\", \"cosine\", \"linear\" or \"wsd\", got \"exponential\"")
     def _(b, d):
@@ -441,6 +447,12 @@ def cases():
         c = tiny()
         c["name"] = "../x"
         return ["train", "--config", config(d, c)], ""
+
+    @case("cli-eval-checkpoints-file", "CLI", "eval --checkpoint of a run directory whose checkpoints is a file",
+          "D/run/checkpoints is not a directory (a run directory keeps its step_* checkpoints there)")
+    def _(b, d):
+        write(os.path.join(d, "run"), "checkpoints", "not a directory")
+        return ["eval", "--checkpoint", os.path.join(d, "run")], ""
 
     @case("cli-generate-no-checkpoint", "CLI", "generate from a directory that is not a checkpoint",
           "D: missing config.json (not a kvshift checkpoint?)")
@@ -879,6 +891,7 @@ def cases():
 # GoogleTests that check the same error at the library level (the catalogue
 # checks what the user sees); docs/RELIABILITY.md links them.
 LINKS = {
+    "config-seed-past-2-53": "Config.WrongTypesNameKeyAndValue",
     "cli-forward-out-into-checkpoint": "Cli.ForwardAndBackwardNeverWriteOverTheirInputs",
     "cli-backward-inf-mask": "Cli.BackwardIgnoresTheTargetsOfUnscoredPositions",
     "cli-eval-run-config-bad": "Cli.CheckpointReadersWithoutLatestOrWithABrokenRunConfig",

@@ -324,6 +324,29 @@ TEST(AsyncCheckpoint, TrainingGoesOnWhileAWriteIsHeld) {
   ::unsetenv("KVS_FAULT_SAVE_PAUSE_S");
 }
 
+// A save that fails names the file by the checkpoint's own path, not by the
+// temporary directory it was written in (removed by the time the message is
+// read), and says the earlier checkpoints are untouched.
+TEST(CheckpointSave, AFailedSaveNamesTheCheckpointsPathNotItsTemporaryOne) {
+  TmpDir tmp;
+  const std::string root = tmp / "ck";
+  kvs::save_checkpoint(root, 1, small_data(), 0);
+  auto bad = small_data();
+  bad.model[0].bytes.resize(3);
+  try {
+    kvs::save_checkpoint(root, 2, bad, 0);
+    FAIL() << "the save did not fail";
+  } catch (const kvs::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(root + "/step_00000002/model.safetensors"), std::string::npos) << what;
+    EXPECT_NE(what.find("(checkpoint step_00000002 not saved; the earlier ones are as they were)"), std::string::npos)
+        << what;
+    EXPECT_EQ(what.find(".tmp-"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(root + "/step_00000002"));
+  EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000001");
+}
+
 // A failed asynchronous write (a full disk) is logged at the next save, which
 // then writes its own step before returning: one failed write does not cost
 // the next checkpoint (before, that save threw and the run ended with the

@@ -29,7 +29,11 @@ inline std::string resolve_checkpoint_dir(std::string dir) {
   if (fs::is_directory(dir + "/checkpoints", ec)) dir += "/checkpoints";
   if (fs::exists(dir + "/latest", ec)) return latest_checkpoint(dir);
   const auto steps = list_checkpoints(dir);
-  if (steps.empty()) return dir;  // the reader says what is missing
+  if (steps.empty()) {
+    if (fs::exists(dir + "/checkpoints", ec))  // there, but not a directory
+      fail("{}/checkpoints is not a directory (a run directory keeps its step_* checkpoints there)", dir);
+    return dir;  // the reader says what is missing
+  }
   spdlog::warn("{}/latest is missing: reading the newest step directory, {}", dir, steps.front().second);
   return steps.front().second;
 }

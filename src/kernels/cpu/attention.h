@@ -17,8 +17,9 @@
 // backward keeps the block's dS in a per-thread buffer, so dS never leaves L2
 // and P is read once; with too few (b, kv head) units for the threads it
 // splits by key block too, see Units); register tiles of 6 rows skip what
-// lies wholly past the causal diagonal, so they do ~1.05x the causal work at
-// T = 256 (BLAS on whole 64-blocks did 1.25x). P and dS are exactly 0 past
+// lies wholly past the causal diagonal (S and dP tiles: the vectors past their
+// last row's), so they do ~1.05x the causal work at T = 256 (BLAS on whole
+// 64-blocks did 1.25x). P and dS are exactly 0 past
 // the diagonal where a tile reads them (softmax writes P's zeros up to Tk, the
 // backward dS's up to the block's last key), so tiles that straddle it need
 // no masks. Softmax and dS are row passes; softmax's exp and sum run in one

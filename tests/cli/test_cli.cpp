@@ -616,6 +616,13 @@ TEST(Cli, BenchCompareGemmThreadsTimesBothThreadingsAndKvsCpuGemmThreadsPicksOne
   EXPECT_EQ(arr[0]["gemm_threading"], "library") << arr[0];
   EXPECT_EQ(arr[1]["gemm_threading"], "split") << arr[1];
   EXPECT_EQ(arr[0]["gemm_library"], arr[1]["gemm_library"]);
+  // Unset: split on OpenBLAS, oneDNN's own threading.
+  for (const char* lib : {"openblas", "onednn"}) {
+    Result one = run_with_env(std::string("KVS_CPU_GEMM=") + lib, " bench --json --warmup 0 --steps 1 --config " + cfg);
+    ASSERT_EQ(one.code, 0) << one.out;
+    const auto o = nlohmann::json::parse(one.out.substr(one.out.find('{')));
+    EXPECT_EQ(o["gemm_threading"], std::string(lib) == "openblas" ? "split" : "library") << lib;
+  }
   for (const char* value : {"split", "library"}) {
     Result one = run_with_env(std::string("KVS_CPU_GEMM_THREADS=") + value,
                               " bench --json --warmup 0 --steps 1 --config " + cfg);

@@ -311,9 +311,10 @@ nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char
   return rows;
 }
 
-// How the GEMMs' threads share a product, for the text output.
-const char* threading_text(cpu::GemmThreading t) {
-  return t == cpu::GemmThreading::kSplit ? "one tile per thread" : "the library's own threading";
+// How the GEMMs' threads share a product on `lib`, for the text output.
+const char* threading_text(cpu::GemmLibrary lib, cpu::GemmThreading setting) {
+  return cpu::effective_gemm_threading(lib, setting) == cpu::GemmThreading::kSplit ? "one tile per thread"
+                                                                                 : "the library's own threading";
 }
 
 }  // namespace
@@ -346,7 +347,8 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--compare-gemm-threads", a->compare_gemm_threads,
                 "CPU: time the config's steps with each GEMM split into one tile per thread and with the GEMM "
                 "library's own threading, alternating step by step on one engine, and print the step-time ratio "
-                "(the default is split; KVS_CPU_GEMM_THREADS=split|library overrides it)");
+                "(the default: split on OpenBLAS, the library's own on oneDNN; KVS_CPU_GEMM_THREADS=split|library "
+                "overrides it)");
   cmd->add_flag("--compare-overlap", a->compare_overlap,
                 "CUDA: time the config with train.overlap_optimizer off and on in the same run (AdamW after the "
                 "step, or overlapping the next forward) and print the step-time ratio");
@@ -430,7 +432,7 @@ void add_bench(CLI::App& app) {
     const bool cpu_run = cfg.device == Device::Cpu;
     const cpu::BlasChoice& blas = cpu::select_blas_kernels();
     if (cpu_run && !a->json && rank0) {
-      std::printf("GEMMs: %s, %s\n", gemm_choice.describe().c_str(), threading_text(default_gemm.threading));
+      std::printf("GEMMs: %s, %s\n", gemm_choice.describe().c_str(), threading_text(default_gemm.library, default_gemm.threading));
       std::printf("OpenBLAS kernels: %s\n", blas.describe().c_str());
       if (cfg.train.threads == 0 && !process_cpu_budget().note().empty())
         std::printf("%s\n", process_cpu_budget().note().c_str());
@@ -495,7 +497,8 @@ void add_bench(CLI::App& app) {
                             {"peak_memory_kind", r.peak_what},
                             {"gemm_library", cpu::gemm_library_name(run_gemm(i).library, true)},
                             {"gemm_library_source", a->compare_gemm ? "--compare-gemm" : gemm_choice.source},
-                            {"gemm_threading", cpu::gemm_threading_name(run_gemm(i).threading)},
+                            {"gemm_threading", cpu::gemm_threading_name(cpu::effective_gemm_threading(
+                                                   run_gemm(i).library, run_gemm(i).threading))},
                             {"openblas_core", openblas_core_name()},
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
@@ -568,7 +571,7 @@ void add_bench(CLI::App& app) {
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
       if (cpu_run)
         std::printf(" | GEMMs: %s, %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
-                    threading_text(run_gemm(i).threading));
+                    threading_text(run_gemm(i).library, run_gemm(i).threading));
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");

@@ -184,12 +184,20 @@ GemmLibrary gemm_library() { return running().load(std::memory_order_relaxed); }
 
 void set_gemm_library(GemmLibrary lib) { running().store(lib, std::memory_order_relaxed); }
 
-const char* gemm_threading_name(GemmThreading t) { return t == GemmThreading::kSplit ? "split" : "library"; }
+const char* gemm_threading_name(GemmThreading t) {
+  return t == GemmThreading::kSplit ? "split" : t == GemmThreading::kLibrary ? "library" : "default";
+}
 
 GemmThreading choose_gemm_threading(const char* user) {
-  if (!user || !*user || strcasecmp(user, "split") == 0) return GemmThreading::kSplit;
+  if (!user || !*user) return GemmThreading::kDefault;
+  if (strcasecmp(user, "split") == 0) return GemmThreading::kSplit;
   if (strcasecmp(user, "library") == 0) return GemmThreading::kLibrary;
-  fail("KVS_CPU_GEMM_THREADS={}: expected split or library (or unset it for the default, split)", user);
+  fail("KVS_CPU_GEMM_THREADS={}: expected split or library (or unset it for the library's default)", user);
+}
+
+GemmThreading effective_gemm_threading(GemmLibrary lib, GemmThreading setting) {
+  if (setting != GemmThreading::kDefault) return setting;
+  return lib == GemmLibrary::OpenBLAS ? GemmThreading::kSplit : GemmThreading::kLibrary;
 }
 
 GemmThreading gemm_threading() { return threading().load(std::memory_order_relaxed); }
@@ -216,7 +224,8 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
   const GemmLibrary lib = gemm_library();
   if (lib == GemmLibrary::OneDNN) prepare_signals_for_onednn();  // every thread of the team, before the region
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const GemmGrid g = gemm_threading() == GemmThreading::kSplit && M > 0 && N > 0 && K > 0
+  const bool split = effective_gemm_threading(lib, gemm_threading()) == GemmThreading::kSplit;
+  const GemmGrid g = split && M > 0 && N > 0 && K > 0
                          ? gemm_split_grid(lib, M, N, threads)
                          : GemmGrid{};
   if (g.tiles() > 1) {

@@ -88,25 +88,32 @@ class GemmLibraryScope {
 
 // How a product's threads share it. kSplit: C is cut into one tile per
 // thread, each a one-thread call of the library (which runs single-threaded
-// inside an OpenMP region); kLibrary: the library's own threading. At
-// lm-small's step shapes on 2 threads (AMD Zen 4, scripts/bench_gemm_split.sh)
-// the split GEMMs took 0.95x oneDNN's own time and 0.82-0.96x OpenBLAS's, with
-// the same bits (each C element is one library call's sum over all of K).
-// KVS_CPU_GEMM_THREADS=split|library overrides the default, kSplit.
-enum class GemmThreading { kSplit, kLibrary };
+// inside an OpenMP region); kLibrary: the library's own threading; kDefault:
+// kSplit on OpenBLAS, kLibrary on oneDNN. At lm-small's step shapes on 2
+// threads (AMD Zen 4, scripts/bench_gemm_split.sh, docs/PERFORMANCE.md)
+// OpenBLAS's GEMMs were 1.05-1.08x as fast split (by rows), oneDNN's
+// 1.01-1.04x, and whole steps 0.995-1.14x and 0.98-1.03x: a gain for
+// OpenBLAS, none to measure for oneDNN, which keeps its own threading where
+// more threads were never measured. The split's bits are the one-thread
+// product's (each C element is one library call's sum over all of K).
+// KVS_CPU_GEMM_THREADS=split|library chooses for both libraries.
+enum class GemmThreading { kDefault, kSplit, kLibrary };
 
-// "split" or "library".
+// "split" or "library" (kDefault: "default").
 const char* gemm_threading_name(GemmThreading t);
 
-// The user's KVS_CPU_GEMM_THREADS (null or empty: kSplit). Throws kvs::Error
+// The user's KVS_CPU_GEMM_THREADS (null or empty: kDefault). Throws kvs::Error
 // naming the variable for another value.
 GemmThreading choose_gemm_threading(const char* user);
 
-// The threading the GEMMs run with now (KVS_CPU_GEMM_THREADS's unless
-// set_gemm_threading changed it), and a change of it (bench, tests; no GEMM may
-// run at the same time).
+// The threading setting now (KVS_CPU_GEMM_THREADS's unless set_gemm_threading
+// changed it), and a change of it (bench, tests; no GEMM may run at the same
+// time).
 GemmThreading gemm_threading();
 void set_gemm_threading(GemmThreading t);
+
+// What `setting` means on `lib`: kSplit or kLibrary.
+GemmThreading effective_gemm_threading(GemmLibrary lib, GemmThreading setting);
 
 // kSplit's tiles for C[M, N] on `threads` threads: rows x cols = threads, or
 // 1 x 1 (the library's own threading) where a tile would have fewer than

@@ -47,7 +47,8 @@ std::string cache_path() {
 // The running library, and ", split" when its threads split the products
 // (gemm_library.h): the cache keeps the two threadings' peaks apart.
 std::string running_core() {
-  return gemm_library_name(gemm_library(), true) + (gemm_threading() == GemmThreading::kSplit ? ", split" : "");
+  const GemmThreading t = effective_gemm_threading(gemm_library(), gemm_threading());
+  return gemm_library_name(gemm_library(), true) + (t == GemmThreading::kSplit ? ", split" : "");
 }
 
 }  // namespace

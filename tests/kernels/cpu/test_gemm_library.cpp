@@ -184,8 +184,8 @@ TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
 }
 
 TEST(GemmLibrary, KvsCpuGemmThreadsPicksTheThreadingAndABadValueIsAnError) {
-  EXPECT_EQ(choose_gemm_threading(nullptr), GemmThreading::kSplit);
-  EXPECT_EQ(choose_gemm_threading(""), GemmThreading::kSplit);
+  EXPECT_EQ(choose_gemm_threading(nullptr), GemmThreading::kDefault);
+  EXPECT_EQ(choose_gemm_threading(""), GemmThreading::kDefault);
   EXPECT_EQ(choose_gemm_threading("Split"), GemmThreading::kSplit);
   EXPECT_EQ(choose_gemm_threading("LIBRARY"), GemmThreading::kLibrary);
   try {
@@ -195,6 +195,12 @@ TEST(GemmLibrary, KvsCpuGemmThreadsPicksTheThreadingAndABadValueIsAnError) {
     EXPECT_NE(std::string(e.what()).find("KVS_CPU_GEMM_THREADS=auto: expected split or library"), std::string::npos)
         << e.what();
   }
+  // The default: split on OpenBLAS (faster), oneDNN's own threading (no gain to measure).
+  EXPECT_EQ(effective_gemm_threading(GemmLibrary::OpenBLAS, GemmThreading::kDefault), GemmThreading::kSplit);
+  EXPECT_EQ(effective_gemm_threading(GemmLibrary::OneDNN, GemmThreading::kDefault), GemmThreading::kLibrary);
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
+    for (GemmThreading t : {GemmThreading::kSplit, GemmThreading::kLibrary})
+      EXPECT_EQ(effective_gemm_threading(lib, t), t);
   const GemmThreading before = gemm_threading();
   {
     const GemmThreadingScope with(GemmThreading::kLibrary);
@@ -367,10 +373,15 @@ void expect_gemms_unchanged_under_signal_storm(int sig, const std::vector<GemmLi
 }
 
 // Our handlers (StopSignals, here with SIGUSR2 as the extra signal: repeated,
-// it only counts), on both libraries.
+// it only counts), on both libraries, split over the threads (one shape is
+// split on 2 threads) and with the libraries' own threading.
 TEST(GemmLibrary, OurSignalHandlersDuringGemmsChangeNoProductAndNoMemoryAroundIt) {
   const StopSignals handlers(StopSignal::Usr2, /*announce=*/false);
-  expect_gemms_unchanged_under_signal_storm(SIGUSR2, {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN});
+  for (GemmThreading t : {GemmThreading::kSplit, GemmThreading::kLibrary}) {
+    SCOPED_TRACE(gemm_threading_name(t));
+    const GemmThreadingScope with(t);
+    expect_gemms_unchanged_under_signal_storm(SIGUSR2, {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN});
+  }
 }
 
 std::atomic<long> foreign_calls{0};

@@ -81,9 +81,11 @@ std::atomic<GemmThreading>& threading() {
   return t;
 }
 
-// The split form: tile i of the grid is rows [M r / rows, M (r+1) / rows) and
+// The split form: tile t of the grid is rows [M r / rows, M (r+1) / rows) and
 // columns cut at multiples of 16 floats (a 64-byte line: no two threads write
-// one), each one library call on the calling thread of its OpenMP thread.
+// one), each a single-threaded library call on its OpenMP thread (both
+// libraries, Debian's OpenMP builds, run on the calling thread alone inside
+// an OpenMP region). An error leaves the region as a status, not a throw.
 void split_sgemm(GemmLibrary lib, GemmGrid g, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   auto col = [&](int c) { return c == g.cols ? N : static_cast<int>(static_cast<long>(N) * c / g.cols) / 16 * 16; };

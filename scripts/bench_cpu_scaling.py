@@ -14,9 +14,10 @@ fraction of the machine's fp32 SGEMM peak calibrated on the same threads.
 
 Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). An
 OpenBLAS core is run with KVS_CPU_GEMM=openblas and OPENBLAS_CORETYPE set to it; "onednn" with
-KVS_CPU_GEMM=onednn; "default" unsets KVS_CPU_GEMM, OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE),
-so kvshift picks the library and kernels itself. Without --core the environment is passed as
-it is.
+KVS_CPU_GEMM=onednn; "default" unsets KVS_CPU_GEMM, KVS_CPU_GEMM_THREADS, OPENBLAS_CORETYPE (and
+OPENBLAS_L2_SIZE), so kvshift picks the library, its threading and the kernels itself. Without
+--core the environment is passed as it is. The GEMM column says ", split" where the products were
+split into one tile per thread (KVS_CPU_GEMM_THREADS).
 
 With two or more --kvshift binaries (a change against the commit before it), every run is
 done with each binary in turn, and the table is followed by each binary's median step time
@@ -39,7 +40,7 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=(
         cmd.append("--recalibrate")
     env = dict(os.environ)
     if core == "default":
-        for name in ("KVS_CPU_GEMM", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        for name in ("KVS_CPU_GEMM", "KVS_CPU_GEMM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
             env.pop(name, None)
     elif core and core.lower() == "onednn":
         env["KVS_CPU_GEMM"] = "onednn"
@@ -53,8 +54,10 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=(
 
 
 def gemms(r):
-    """The GEMMs' library and kernels, from `bench --json` ("OpenBLAS SkylakeX", "oneDNN 2.6.3")."""
-    return r.get("gemm_library") or f"OpenBLAS {r.get('openblas_core')}"
+    """The GEMMs' library and kernels, from `bench --json` ("OpenBLAS SkylakeX", "oneDNN 2.6.3"), and
+    ", split" when their threads split each product."""
+    lib = r.get("gemm_library") or f"OpenBLAS {r.get('openblas_core')}"
+    return lib + (", split" if r.get("gemm_threading") == "split" else "")
 
 
 def gemm_source(r):

@@ -497,7 +497,9 @@ def main(argv=None):
             e["tokens_per_s"] = median([r["tokens_per_s"] for r in ok])
             e["median_ms_per_step"] = median([r["median_ms_per_step"] for r in ok])
             if python is None:
-                e["blas"] = (f"{last['gemm_library']} ({last.get('gemm_library_source', '')})" if "gemm_library" in last
+                split = ", split" if last.get("gemm_threading") == "split" else ""  # one tile per thread
+                e["blas"] = (f"{last['gemm_library']}{split} ({last.get('gemm_library_source', '')})"
+                             if "gemm_library" in last
                              else f"OpenBLAS {last.get('openblas_core')} ({last.get('openblas_core_source', '')})")
             else:
                 e["name"] = f"torch {last['torch_version'].split('+')[0]} {mode}"

@@ -5,7 +5,9 @@
 # them (gate and up fused), on OpenBLAS or oneDNN: the three alternated in one
 # process, eight buffer sets in turn, medians of 48, and the sums weighted by
 # each shape's calls per step. The tiles of a split cut at the engine's
-# 16-float column boundaries.
+# 16-float column boundaries; unlike the engine (gemm_split_grid), every
+# shape is split both ways, also k,v dW's 128 rows into two of 64 (the
+# engine splits that one by columns).
 #   bash scripts/bench_gemm_split.sh onednn|openblas [threads]   (default: onednn 2)
 # OpenBLAS picks its kernels from the CPU model here: set OPENBLAS_CORETYPE to
 # the family `kvshift bench` names.

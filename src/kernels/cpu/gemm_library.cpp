@@ -223,11 +223,19 @@ GemmGrid gemm_split_grid(GemmLibrary lib, int M, int N, int threads) {
 
 void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
            float beta, float* C, int ldc) {
+  if (K == 0) {  // an empty sum: C = beta C (oneDNN left C as it was for beta = 0)
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        float& c = C[static_cast<size_t>(i) * ldc + j];
+        c = beta == 0.0f ? 0.0f : beta * c;
+      }
+    return;
+  }
   const GemmLibrary lib = gemm_library();
   if (lib == GemmLibrary::OneDNN) prepare_signals_for_onednn();  // every thread of the team, before the region
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const bool split = effective_gemm_threading(lib, gemm_threading()) == GemmThreading::kSplit;
-  const GemmGrid g = split && M > 0 && N > 0 && K > 0
+  const GemmGrid g = split && M > 0 && N > 0
                          ? gemm_split_grid(lib, M, N, threads)
                          : GemmGrid{};
   if (g.tiles() > 1) {

@@ -126,8 +126,8 @@ GemmPeak library_peak(int threads, bool recalibrate) {
     if (in) {
       try {
         cache = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception&) {
-        cache = nlohmann::json::object();  // unreadable: measured again and rewritten
+      } catch (const std::exception&) {  // not JSON, or not readable (a directory): measured again
+        cache = nlohmann::json::object();
       }
     }
   }
@@ -164,8 +164,16 @@ GemmPeak library_peak(int threads, bool recalibrate) {
 
 GemmPeak sgemm_peak(int threads, bool recalibrate) {
   GemmPeak best;
+  // oneDNN only where it may run: not where its start-up check failed, nor
+  // where the user chose OpenBLAS (KVS_CPU_GEMM=openblas keeps oneDNN out of
+  // the process). One thread has nothing to split.
+  const GemmLibraryChoice& choice = select_gemm_library();
+  const bool onednn_allowed =
+      !choice.onednn_failed && !(choice.source == "KVS_CPU_GEMM" && choice.library == GemmLibrary::OpenBLAS);
   for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
     for (GemmThreading t : {GemmThreading::kLibrary, GemmThreading::kSplit}) {
+      if (lib == GemmLibrary::OneDNN && !onednn_allowed) continue;
+      if (t == GemmThreading::kSplit && threads <= 1) continue;
       const GemmLibraryScope on(lib);
       const GemmThreadingScope with(t);
       const GemmPeak p = library_peak(threads, recalibrate);

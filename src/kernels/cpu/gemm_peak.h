@@ -1,5 +1,6 @@
 // The machine's fp32 GEMM peak on a given number of threads: a large square
-// SGEMM, best of a few repetitions, on each GEMM library the engine can run
+// SGEMM, best of a few repetitions, on each GEMM library the engine may run
+// here (not oneDNN where its start-up check failed or KVS_CPU_GEMM=openblas)
 // and with each threading (gemm_library.h), and the fastest one's figure.
 // `kvshift bench` divides the model's FLOP/s by it ("fraction of the
 // calibrated peak"), whichever library the run uses. Cached per CPU model,
@@ -27,7 +28,7 @@ struct GemmPeak {
 // sets them back if it needs others.
 GemmPeak measure_sgemm_peak(int threads, int n = 0);
 
-// The best of the libraries' cached values for this machine and thread count,
+// The best of the libraries' and threadings' cached values for this machine and thread count,
 // each measured and stored first if absent (or if `recalibrate`). A cache that
 // cannot be read or written is ignored: the values are then measured every
 // time. The running library and threading are the same after the call.

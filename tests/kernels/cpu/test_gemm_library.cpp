@@ -296,6 +296,27 @@ TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndTheLibrarysOneThreadBits) {
     }
 }
 
+// K = 0: C = beta C on both libraries (oneDNN's own call left C as it was
+// with beta = 0, NaN included); the padding untouched.
+TEST(GemmLibrary, AnEmptySumLeavesBetaTimesC) {
+  const int M = 3, N = 5, ldc = 7;
+  for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      SCOPED_TRACE(gemm_library_name(lib) + " beta " + std::to_string(beta));
+      const GemmLibraryScope on(lib);
+      std::vector<float> C(size_t(M) * ldc);
+      for (size_t i = 0; i < C.size(); ++i) C[i] = beta == 0.0f && int(i % ldc) < N ? std::nanf("") : float(i);
+      const float dummy = 1.0f;
+      sgemm(false, false, M, N, 0, 1.0f, &dummy, 1, &dummy, N, beta, C.data(), ldc);
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < ldc; ++j) {
+          const size_t at = size_t(i) * ldc + j;
+          const float want = j >= N ? float(at) : beta == 0.0f ? 0.0f : beta * float(at);
+          EXPECT_EQ(C[at], want) << i << "," << j;
+        }
+    }
+}
+
 // oneDNN 2.6's GEMM kernels run with rsp in a heap workspace, where a
 // handler's frame would land (core/signal_stack.h): before the fix, these
 // shapes gave wrong products and wrote outside C within a few hundred calls

@@ -132,52 +132,62 @@ TEST(GemmLibrary, ThisProcessRunsWhatTheChoiceSaysAndAScopeRestoresIt) {
   EXPECT_EQ(gemm_library_name(GemmLibrary::OpenBLAS, true), "OpenBLAS " + openblas_core());
 }
 
-// Row-major C = alpha op(A) op(B) + beta C with padded leading dimensions, on
-// odd sizes (edge tiles) and a K past one cache block, and on one row (M = 1:
+// A row-major C = alpha op(A) op(B) + beta C0 with padded leading dimensions
+// (op(A) is M x K, stored K x M when transposed; op(B) K x N likewise).
+struct Product {
+  int M, N, K;
+  bool ta, tb;
+  int lda, ldb, ldc;
+  ops_test::FVec A, B, C0;
+  Product(int m, int n, int k, int pad, bool trans_a, bool trans_b, uint64_t seed)
+      : M(m), N(n), K(k), ta(trans_a), tb(trans_b), lda((ta ? M : K) + pad), ldb((tb ? K : N) + pad), ldc(N + pad),
+        A(ops_test::to_float(ops_test::randn(size_t(ta ? K : M) * lda, seed))),
+        B(ops_test::to_float(ops_test::randn(size_t(tb ? N : K) * ldb, seed + 1))),
+        C0(ops_test::to_float(ops_test::randn(size_t(M) * ldc, seed + 2))) {}
+  // sgemm into a copy of C0 (NaN where beta = 0 says C is never read).
+  ops_test::FVec run(float alpha, float beta) const {
+    ops_test::FVec C = C0;
+    if (beta == 0.0f)
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) C[size_t(i) * ldc + j] = std::nanf("");
+    sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+    return C;
+  }
+  // C against double-precision sums (relative to the norm), every element
+  // finite, the padding past N as in C0.
+  void expect_matches(const ops_test::FVec& C, float alpha, float beta) const {
+    double err = 0, norm = 0;
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < N; ++j) {
+        double s = 0;
+        for (int k = 0; k < K; ++k)
+          s += double(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
+               double(tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j]);
+        const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
+        const double got = C[size_t(i) * ldc + j];
+        ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
+        err += (got - want) * (got - want);
+        norm += want * want;
+      }
+      for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], C0[size_t(i) * ldc + j]) << "padding of row " << i;
+    }
+    EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+  }
+};
+
+// Odd sizes (edge tiles) and a K past one cache block, and one row (M = 1:
 // generate's tokens, OpenBLAS's sgemv), every transpose and beta 0 (C full of
 // NaN: never read), 1 and 0.25; the padding stays as it was.
 TEST(GemmLibrary, BothLibrariesComputeEveryTransposeAndBetaAgainstDoubleSums) {
-  const int N = 45, K = 300, pad = 3;
-  const float alpha = 0.5f, sentinel = 1234.5f;
   for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
     for (int M : {67, 1}) {
       const GemmLibraryScope on(lib);
       for (int t = 0; t < 4; ++t) {
-        const bool ta = t & 1, tb = t & 2;
-        // op(A) is M x K: stored K x M when transposed; op(B) K x N likewise.
-        const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
-        const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-        const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 60 + t));
-        const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 70 + t));
-        const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 80 + t));
+        const Product p(M, 45, 300, 3, t & 1, t & 2, 60 + 3 * t);
         for (float beta : {0.0f, 1.0f, 0.25f}) {
-          SCOPED_TRACE(gemm_library_name(lib) + " M " + std::to_string(M) + " trans " + std::to_string(ta) +
-                       std::to_string(tb) + " beta " + std::to_string(beta));
-          ops_test::FVec C = C0;
-          for (int i = 0; i < M; ++i) {
-            for (int j = 0; j < N; ++j)
-              if (beta == 0.0f) C[size_t(i) * ldc + j] = std::nanf("");
-            for (int j = N; j < ldc; ++j) C[size_t(i) * ldc + j] = sentinel;
-          }
-          sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-          double err = 0, norm = 0;
-          for (int i = 0; i < M; ++i) {
-            for (int j = 0; j < N; ++j) {
-              double s = 0;
-              for (int k = 0; k < K; ++k) {
-                const double a = ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k];
-                const double b = tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j];
-                s += a * b;
-              }
-              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
-              const double got = C[size_t(i) * ldc + j];
-              ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
-              err += (got - want) * (got - want);
-              norm += want * want;
-            }
-            for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], sentinel) << "padding of row " << i;
-          }
-          EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+          SCOPED_TRACE(gemm_library_name(lib) + " M " + std::to_string(M) + " trans " + std::to_string(p.ta) +
+                       std::to_string(p.tb) + " beta " + std::to_string(beta));
+          p.expect_matches(p.run(0.5f, beta), 0.5f, beta);
         }
       }
     }
@@ -241,52 +251,28 @@ TEST(GemmLibrary, SplitGridsKeepTilesOf128By128OnEachLibrarysAxis) {
 // bits can follow the tile's rows (it applies alpha in another place for some
 // sizes), as they would follow its own threads' split.
 TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndTheLibrarysOneThreadBits) {
-  const int M = 300, N = 290, K = 200, pad = 5;
+  const int M = 300, N = 290, K = 200;
   const int threads_before = omp_get_max_threads();
   for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
     for (int t = 0; t < 4; ++t) {
       const GemmLibraryScope on(lib);
-      const bool ta = t & 1, tb = t & 2;
-      const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
-      const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-      const ops_test::FVec A = ops_test::to_float(ops_test::randn(size_t(a_rows) * lda, 160 + t));
-      const ops_test::FVec B = ops_test::to_float(ops_test::randn(size_t(b_rows) * ldb, 170 + t));
-      const ops_test::FVec C0 = ops_test::to_float(ops_test::randn(size_t(M) * ldc, 180 + t));
+      const Product p(M, N, K, 5, t & 1, t & 2, 160 + 3 * t);
       for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.0f, 0.25f}, std::pair{0.75f, 0.0f}}) {
         auto product = [&](int threads, GemmThreading th) {
           omp_set_num_threads(threads);
           const GemmThreadingScope with(th);
-          ops_test::FVec C = C0;
-          if (beta == 0.0f)
-            for (int i = 0; i < M; ++i)
-              for (int j = 0; j < N; ++j) C[size_t(i) * ldc + j] = std::nanf("");
-          sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          ops_test::FVec C = p.run(alpha, beta);
           omp_set_num_threads(threads_before);
           return C;
         };
         const ops_test::FVec one = product(1, GemmThreading::kLibrary);
         for (int threads : {2, 4}) {
-          SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(ta) + std::to_string(tb) + " alpha " +
+          SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(p.ta) + std::to_string(p.tb) + " alpha " +
                        std::to_string(alpha) + " beta " + std::to_string(beta) + " threads " +
                        std::to_string(threads));
           ASSERT_GT(gemm_split_grid(lib, M, N, threads).tiles(), 1);
           const ops_test::FVec C = product(threads, GemmThreading::kSplit);
-          double err = 0, norm = 0;
-          for (int i = 0; i < M; ++i) {
-            for (int j = 0; j < N; ++j) {
-              double s = 0;
-              for (int k = 0; k < K; ++k)
-                s += double(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
-                     double(tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j]);
-              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(C0[size_t(i) * ldc + j]));
-              const double got = C[size_t(i) * ldc + j];
-              ASSERT_TRUE(std::isfinite(got)) << i << "," << j;
-              err += (got - want) * (got - want);
-              norm += want * want;
-            }
-            for (int j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i) * ldc + j], C0[size_t(i) * ldc + j]) << "padding";
-          }
-          EXPECT_LT(std::sqrt(err / norm), ops_test::kFloatTol);
+          p.expect_matches(C, alpha, beta);
           if (alpha == 1.0f) {
             EXPECT_EQ(std::memcmp(C.data(), one.data(), C.size() * sizeof(float)), 0)
                 << "split bits differ from one thread's";

@@ -597,6 +597,44 @@ TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {
   EXPECT_GT(arr[1]["median_ms_per_step"].get<double>(), 0.0);
 }
 
+// bench --profile on the CPU: every op of lm-small's step has a row (GEMMs by
+// projection, pass and shape), the rows' shares add up to the whole step, "=
+// all GEMMs" is the sum of the GEMM rows, and each GEMM's GFLOP/s is its
+// FLOPs (2 M N K per call) over its time.
+TEST(Cli, BenchProfileTimesEveryOpOfTheCpuStepAndItsSharesAddUp) {
+  Result j = run("bench --json --profile --warmup 0 --steps 2 --config " + src("configs/toy/lm-small-kvshift.json"));
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto r = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(r.contains("profile")) << r;
+  std::map<std::string, nlohmann::json> rows;
+  double shares = 0, gemm_ms = 0;
+  const std::regex gemm_shape(R"(.* (fwd|bwd dinp|bwd dW) (\d+)x(\d+)x(\d+))");
+  for (const auto& row : r["profile"]) {
+    const std::string op = row["op"];
+    rows[op] = row;
+    if (op.rfind("= ", 0) == 0) continue;
+    shares += row["share"].get<double>();
+    std::smatch m;
+    if (!std::regex_match(op, m, gemm_shape)) continue;
+    const double ms = row["ms_per_step"], calls = row["calls_per_step"];
+    const double flops = 2.0 * std::stod(m[2]) * std::stod(m[3]) * std::stod(m[4]) * calls;
+    EXPECT_NEAR(row["gflops"].get<double>(), flops / ms / 1e6, 1e-6 * flops / ms / 1e6) << op;
+    gemm_ms += ms;
+  }
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  for (const char* op : {"embedding fwd", "rmsnorm fwd", "qkv proj fwd 2048x256x256", "qkv proj fwd 2048x128x256",
+                         "shift+rope fwd", "attention fwd", "o proj fwd 2048x256x256", "residual+rmsnorm fwd",
+                         "gate,up proj fwd 2048x1376x256", "swiglu fwd", "down proj fwd 2048x256x688",
+                         "lm head fwd 2048x256x256", "cross-entropy fwd+bwd", "down proj bwd dinp 2048x688x256",
+                         "down proj bwd dW 256x688x2048", "swiglu bwd", "rmsnorm bwd", "attention bwd",
+                         "shift+rope bwd", "qkv proj bwd dW 128x256x2048", "embedding bwd", "grad norm", "adamw",
+                         "other (outside the timed ops)", "= all GEMMs"})
+    EXPECT_TRUE(rows.count(op)) << op;
+  ASSERT_TRUE(rows.count("= all GEMMs"));
+  EXPECT_NEAR(rows["= all GEMMs"]["ms_per_step"].get<double>(), gemm_ms, 1e-9 * gemm_ms);
+  EXPECT_EQ(rows["attention fwd"]["calls_per_step"], 4.0);  // one per layer
+}
+
 // The GEMMs' threading: split and the library's own in one run, alternated
 // step by step; KVS_CPU_GEMM_THREADS picks one, and a bad value is a one-line
 // error before any work.

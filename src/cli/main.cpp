@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -147,6 +148,17 @@ int main(int argc, char** argv) {
       kvs::cli::print_rank_error(launch_rank(), usage_error(app, e, argc, argv).c_str());
       return 1;
     }
+  } catch (const std::bad_alloc&) {
+    // Not the bare "std::bad_alloc": what ran out, and where to look. (The
+    // engine's own allocations say how much the model needs.)
+    std::string command;
+    for (const CLI::App* sub : app.get_subcommands()) command = sub->get_name();
+    const std::string what = fmt::format(
+        "out of memory{}: an allocation failed (the machine's memory, or the process's limit: ulimit -v, a cgroup's "
+        "memory.max); `kvshift info --config F` estimates what a run needs",
+        command.empty() ? "" : " in " + command);
+    kvs::cli::print_rank_error(launch_rank(), what.c_str());
+    return 1;
   } catch (const std::exception& e) {
     kvs::cli::print_rank_error(launch_rank(), e.what());
     return 1;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 
 #include "core/error.h"
 #include "core/profile_range.h"
@@ -251,6 +252,17 @@ void CpuEngine::ensure_moments() {
   if (!exp_avg_.empty() || opt_end_ == opt_begin_) return;
   exp_avg_.assign(opt_end_ - opt_begin_, 0.0f);
   exp_avg_sq_.assign(opt_end_ - opt_begin_, 0.0f);
+}
+void CpuEngine::reserve_optimizer_state() {
+  try {
+    ensure_moments();
+  } catch (const std::bad_alloc&) {
+    const double bytes = 8.0 * static_cast<double>(opt_end_ - opt_begin_);
+    fail("the AdamW moments of {} parameters ({:.3g} GiB) do not fit in memory beside the weights, gradients and "
+         "activations; lower train.micro_batch_size or train.seq_len, or shard them (ZeRO-1: more data-parallel "
+         "processes)",
+         opt_end_ - opt_begin_, bytes / (1 << 30));
+  }
 }
 void CpuEngine::zero_grad() { zero(grads_.data(), grads_.size()); }
 

@@ -117,6 +117,9 @@ class CpuEngine : public Engine {
   double grad_sq_sum_range(size_t begin, size_t end) override;
   void adamw_step_range(const AdamWHyper& h, size_t begin, size_t end) override;
   void keep_optimizer_range(size_t begin, size_t end) override;
+  // The moments now (ensure_moments), so that a model whose moments do not
+  // fit fails before the first step, with a message saying so.
+  void reserve_optimizer_state() override;
 
   size_t activation_floats() const { return plan_.total; }  // per slot
   // Test instrumentation: while set, every backward also adds to (*sq)[i],

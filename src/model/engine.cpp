@@ -79,11 +79,18 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
     try {
       return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
     } catch (const std::bad_alloc&) {
-      // fp32 weights, gradients and two AdamW moments: 16 bytes a parameter before any activation.
-      const double params = static_cast<double>(count_params(m).total);
-      fail("the model ({:.3g} parameters: {:.3g} GiB of fp32 weights, gradients and AdamW moments, before the "
-           "activations of micro-batch {} x {}) does not fit in this machine's memory",
-           params, params * 16 / (1 << 30), max_batch, max_seq_len);
+      // fp32 weights, gradients and two AdamW moments: 16 bytes a parameter;
+      // then the activations (the whole model's in one process).
+      const double params = static_cast<double>(count_params(m).total), GiB = 1 << 30;
+      const double acts = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch,
+                                                                          max_seq_len)
+                                                        .total);
+      fail("the model does not fit in memory: {:.3g} parameters take {:.3g} GiB of fp32 weights, gradients and "
+           "AdamW moments, and the activations of micro-batch {} x {} about {:.3g} GiB more (the whole model in one "
+           "process; `kvshift info --config F` has each rank's); {}",
+           params, params * 16 / GiB, max_batch, max_seq_len, acts / GiB,
+           acts > params * 16 ? "lower train.micro_batch_size or train.seq_len"
+                              : "spread the model over more processes (parallel.tp, parallel.pp) or make it smaller");
     }
   }
 #ifdef KVS_CUDA

@@ -165,6 +165,24 @@ def cases():
     def _(b, d):
         return ["train", "--config", config(d, tiny()), "--set", "train.seed=1e16"], ""
 
+    @case("memory-moments-do-not-fit", "memory", "a model whose AdamW moments do not fit (a 4 GB address-space limit): "
+          "refused before the first step", "the AdamW moments of 235163904 parameters (1.75 GiB) do not fit in memory "
+          "beside the weights, gradients and activations; lower train.micro_batch_size or train.seq_len, or shard "
+          "them (ZeRO-1: more data-parallel processes)")
+    def _(b, d):
+        c = tiny(steps=1)
+        c["model"].update(hidden_size=4096, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=32)
+        return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], "ulimit -v 4000000;"
+
+    @case("memory-activations-do-not-fit", "memory", "a micro-batch whose activations do not fit (a 3 GB "
+          "address-space limit)", "the model does not fit in memory: 3.63e+03 parameters take 5.41e-05 GiB of fp32 "
+          "weights, gradients and AdamW moments, and the activations of micro-batch 262144 x 16 about 9.56 GiB more "
+          "(the whole model in one process; `kvshift info --config F` has each rank's); lower "
+          "train.micro_batch_size or train.seq_len")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(micro_batch_size=262144)), "--run-dir", os.path.join(d, "run")], \
+            "ulimit -v 3000000;"
+
     @case("config-bad-enum", "config", "an unknown schedule",
           "D/c.json: train.schedule: must be \"constant\", \"cosine\", \"linear\" or \"wsd\", got \"exponential\"")
     def _(b, d):
@@ -332,8 +350,10 @@ def cases():
                 "flock " + sh_quote(os.path.join(run, ".kvshift.lock")))
 
     @case("cli-model-too-large", "CLI", "a model larger than the machine's memory",
-          "the model (1.92e+12 parameters: 2.87e+04 GiB of fp32 weights, gradients and AdamW moments, before the "
-          "activations of micro-batch 1 x 16) does not fit in this machine's memory")
+          "the model does not fit in memory: 1.92e+12 parameters take 2.87e+04 GiB of fp32 weights, gradients and "
+          "AdamW moments, and the activations of micro-batch 1 x 16 about 0.879 GiB more (the whole model in one "
+          "process; `kvshift info --config F` has each rank's); spread the model over more processes (parallel.tp, "
+          "parallel.pp) or make it smaller")
     def _(b, d):
         c = tiny(micro_batch_size=1)
         c["model"].update(hidden_size=524288, intermediate_size=524288, num_attention_heads=4096, vocab_size=32)

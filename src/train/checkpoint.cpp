@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -294,11 +295,31 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
 
 void check_checkpoint_root_writable(const std::string& root) {
   make_dirs(root);
-  const std::string probe = join(root, fmt::format("{}write-check-{}", kTmpPrefix, ::getpid()));
+  // The deepest path a save writes, made as a save makes it: its temporary
+  // step directory (a step of 10 digits) and the optimizer file's temporary
+  // copy. A root that is writable but too long for those paths fails here,
+  // not at the first save (a ~4000-character run directory trained and then
+  // lost its first checkpoint). A crash leaves a ".tmp-" directory the next
+  // save removes.
+  const std::string dir = join(root, fmt::format("{}step_{:010d}-{}", kTmpPrefix, 0, ::getpid()));
+  const std::string probe = join(dir, fmt::format("{}.tmp.{}", kOptimizer, ::getpid()));
+  auto refuse = [&](int err) {
+    if (err == ENAMETOOLONG)
+      fail("{}: cannot write checkpoints there: their files' paths would be too long for the file system ({} "
+           "characters, such as {}); use a shorter run directory",
+           root, probe.size(), probe);
+    fail("{}: cannot write checkpoints there: {}", root, std::strerror(err));
+  };
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) refuse(errno);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("{}: cannot write checkpoints there: {}", root, std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    ::rmdir(dir.c_str());
+    refuse(err);
+  }
   ::close(fd);
   ::unlink(probe.c_str());
+  ::rmdir(dir.c_str());
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {

@@ -45,10 +45,11 @@ std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 // the new one is complete.
 std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointData& data, int keep_last = 0);
 
-// Creates `root` and checks that a file can be written in it: the trainer calls
-// it before its first step, so a checkpoint directory that cannot be written
-// (a dangling link to unmounted scratch, a file in its place, no permission)
-// stops the run at once, not at its first save.
+// Creates `root` and checks that a checkpoint's deepest file can be written in
+// it: the trainer calls it before its first step, so a checkpoint directory
+// that cannot be written (a dangling link to unmounted scratch, a file in its
+// place, no permission, a path too long for a save's files) stops the run at
+// once, not at its first save.
 void check_checkpoint_root_writable(const std::string& root);
 
 // Path of the newest complete checkpoint under `root` per its `latest` file, or

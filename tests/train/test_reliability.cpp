@@ -347,6 +347,32 @@ TEST(CheckpointSave, AFailedSaveNamesTheCheckpointsPathNotItsTemporaryOne) {
   EXPECT_EQ(kvs::latest_checkpoint(root), root + "/step_00000001");
 }
 
+// The check before the first step makes a save's deepest path: a root that
+// can be created but leaves no room for a checkpoint's file paths is refused
+// then (it trained and failed its first save), and a good root keeps no probe.
+TEST(CheckpointSave, ARootTooDeepForASavesPathsIsRefusedBeforeTraining) {
+  TmpDir tmp;
+  const std::string good = tmp / "ck";
+  kvs::check_checkpoint_root_writable(good);
+  EXPECT_TRUE(fs::is_empty(good));
+  std::string deep = tmp.str();
+  while (deep.size() < 4040) {
+    const size_t n = std::min<size_t>(200, 4040 - deep.size());
+    deep.push_back('/');
+    deep.append(n, 'd');
+  }
+  ASSERT_NO_THROW(fs::create_directories(deep));
+  try {
+    kvs::check_checkpoint_root_writable(deep);
+    FAIL() << "a root of " << deep.size() << " characters was accepted";
+  } catch (const kvs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("their files' paths would be too long for the file system"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(deep));
+}
+
 // A failed asynchronous write (a full disk) is logged at the next save, which
 // then writes its own step before returning: one failed write does not cost
 // the next checkpoint (before, that save threw and the run ended with the

@@ -200,22 +200,19 @@ std::string save_checkpoint_files(const std::string& root, int64_t step, const C
   } catch (const Error& e) {
     // The message names the file by the path it was being saved to: the
     // temporary directory it was written in is gone when the user reads it.
-    std::error_code ec2;
-    fs::remove_all(tmp, ec2);
+    remove_all_quiet(tmp);
     std::string what = e.what();
     for (size_t at = what.find(tmp); at != std::string::npos; at = what.find(tmp, at + final_dir.size()))
       what.replace(at, tmp.size(), final_dir);
     fail("{} (checkpoint {} not saved; the earlier ones are as they were)", what, name);
   } catch (...) {
-    std::error_code ec2;
-    fs::remove_all(tmp, ec2);
+    remove_all_quiet(tmp);
     throw;
   }
   try {
     install_dir(root, tmp, final_dir, name);
   } catch (...) {
-    std::error_code ec2;
-    fs::remove_all(tmp, ec2);
+    remove_all_quiet(tmp);
     throw;
   }
   atomic_write_file(join(root, kLatest), name + "\n");

@@ -22,6 +22,8 @@ namespace kvs::cpu {
 
 namespace {
 
+constexpr const char* kUserSource = "KVS_CPU_GEMM";  // GemmLibraryChoice::source when the user chose
+
 std::atomic<GemmLibrary>& running() {
   static std::atomic<GemmLibrary> lib{select_gemm_library().library};
   return lib;
@@ -122,6 +124,10 @@ std::string gemm_library_name(GemmLibrary lib, bool with_version) {
 
 std::string GemmLibraryChoice::describe() const { return gemm_library_name(library, true) + " (" + source + ")"; }
 
+bool GemmLibraryChoice::onednn_allowed() const {
+  return !onednn_failed && !(source == kUserSource && library == GemmLibrary::OpenBLAS);
+}
+
 std::string onednn_check() {
   constexpr int n = 64;  // large enough for the JIT kernels, not a reference path
   std::vector<float> A(n * n), B(n * n), C(n * n, std::nanf(""));
@@ -147,7 +153,7 @@ GemmLibraryChoice choose_gemm_library(const char* user, const CpuFeatures& f,
                                       const std::function<std::string()>& onednn_works) {
   GemmLibraryChoice ch;
   if (user && *user) {
-    ch.source = "KVS_CPU_GEMM";
+    ch.source = kUserSource;
     if (strcasecmp(user, "openblas") == 0) ch.library = GemmLibrary::OpenBLAS;
     else if (strcasecmp(user, "onednn") == 0) ch.library = GemmLibrary::OneDNN;
     else fail("KVS_CPU_GEMM={}: expected openblas or onednn (or unset it for the CPU's default)", user);
@@ -235,9 +241,7 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
   if (lib == GemmLibrary::OneDNN) prepare_signals_for_onednn();  // every thread of the team, before the region
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const bool split = effective_gemm_threading(lib, gemm_threading()) == GemmThreading::kSplit;
-  const GemmGrid g = split && M > 0 && N > 0
-                         ? gemm_split_grid(lib, M, N, threads)
-                         : GemmGrid{};
+  const GemmGrid g = split ? gemm_split_grid(lib, M, N, threads) : GemmGrid{};  // 1 x 1 for small (or empty) C
   if (g.tiles() > 1) {
     split_sgemm(lib, g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else if (lib == GemmLibrary::OneDNN) {

@@ -42,6 +42,10 @@ struct GemmLibraryChoice {
   std::string source;  // "KVS_CPU_GEMM" (the user's), "AMD CPU with AVX-512", "Intel CPU without AVX-512", ...
   bool onednn_failed = false;  // the default would have been oneDNN, whose start-up check failed
   std::string describe() const;  // one line for logs: "oneDNN 2.6.3 (Intel CPU with AVX-512)"
+  // Whether oneDNN may run in this process at all: not where its start-up
+  // check failed, nor where the user chose OpenBLAS (KVS_CPU_GEMM=openblas
+  // keeps oneDNN out of the process, e.g. beside a profiler's signals).
+  bool onednn_allowed() const;
 };
 
 // Whether oneDNN's GEMM works in this process: "" when a 64x64x64 product of

@@ -164,12 +164,8 @@ GemmPeak library_peak(int threads, bool recalibrate) {
 
 GemmPeak sgemm_peak(int threads, bool recalibrate) {
   GemmPeak best;
-  // oneDNN only where it may run: not where its start-up check failed, nor
-  // where the user chose OpenBLAS (KVS_CPU_GEMM=openblas keeps oneDNN out of
-  // the process). One thread has nothing to split.
-  const GemmLibraryChoice& choice = select_gemm_library();
-  const bool onednn_allowed =
-      !choice.onednn_failed && !(choice.source == "KVS_CPU_GEMM" && choice.library == GemmLibrary::OpenBLAS);
+  // oneDNN only where it may run; one thread has nothing to split.
+  const bool onednn_allowed = select_gemm_library().onednn_allowed();
   for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
     for (GemmThreading t : {GemmThreading::kLibrary, GemmThreading::kSplit}) {
       if (lib == GemmLibrary::OneDNN && !onednn_allowed) continue;

@@ -105,6 +105,12 @@ TEST(GemmLibrary, AFailedOneDnnCheckFallsBackToOpenBlasOrIsTheUsersError) {
   EXPECT_EQ(fell_back.source,
             "Intel CPU with AVX-512, but oneDNN's GEMM failed a start-up check: dnnl_sgemm returned status 5");
   EXPECT_FALSE(choose_gemm_library(nullptr, avx512(true, false), works).onednn_failed);
+  // Where oneDNN may run at all (the peak calibration asks): not after a failed
+  // check, nor where the user chose OpenBLAS; on a CPU that defaults to OpenBLAS, yes.
+  EXPECT_FALSE(fell_back.onednn_allowed());
+  EXPECT_FALSE(choose_gemm_library("openblas", avx512(true, false), works).onednn_allowed());
+  EXPECT_TRUE(choose_gemm_library(nullptr, avx2(false, true), works).onednn_allowed());
+  EXPECT_TRUE(choose_gemm_library("onednn", avx2(false, true), works).onednn_allowed());
   try {
     choose_gemm_library("onednn", avx2(false, true), broken);
     FAIL() << "no error for KVS_CPU_GEMM=onednn where oneDNN fails";

@@ -1,5 +1,6 @@
 // kvshift: pretraining Llama models with KV shifting attention.
 // Subcommands live in src/cli/commands/; errors (usage errors too) become one line and exit 1.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -135,7 +136,12 @@ int main(int argc, char** argv) {
   int help_errno = 0;  // why printing --help failed, if it did (a long help fails while it is written)
   try {
     kvs::init_logging();
-    kvs::cpu::check_gemm_library_variable();  // a bad KVS_CPU_GEMM is an error here, before any work
+    // A bad KVS_CPU_GEMM(_THREADS) is an error here, before any work; --help
+    // reads no variable and prints whatever it holds.
+    const bool asks_for_help = std::any_of(argv + 1, argv + argc, [](const char* a) {
+      return std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0 || std::strcmp(a, "--help-all") == 0;
+    });
+    if (!asks_for_help) kvs::cpu::check_gemm_library_variable();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {

@@ -144,6 +144,8 @@ const CpuBudget& process_cpu_budget() {
 
 int resolve_threads(int requested) { return requested > 0 ? requested : process_cpu_budget().threads; }
 
+std::string thread_count(int n) { return std::to_string(n) + (n == 1 ? " thread" : " threads"); }
+
 int use_threads(int requested) {
   const int n = resolve_threads(requested);
   omp_set_num_threads(n);

@@ -48,6 +48,8 @@ int resolve_threads(int requested);
 // Runs the CPU kernels (OpenMP and OpenBLAS) on resolve_threads(requested)
 // threads (train.threads, a command's --threads); returns the count.
 int use_threads(int requested);
+// "1 thread", "2 threads": for messages.
+std::string thread_count(int n);
 // Called once in main: where a quota caps the budget and the user did not set
 // OMP_NUM_THREADS, the default thread count of OpenMP and OpenBLAS becomes the
 // budget, for the commands that do not set their own (eval, forward, ...).

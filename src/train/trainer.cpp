@@ -588,10 +588,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   const ParamCounts counts = count_params(cfg.model);
   if (rank0)
-    spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {} threads",
+    spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {}",
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
-               resolve_threads(tc.threads));
+               thread_count(resolve_threads(tc.threads)));
   if (rank0 && tc.warmup_steps > tc.steps && tc.lr > 0)  // allowed (a run to be continued), rarely meant
     spdlog::warn("train.warmup_steps {} is more than train.steps {}: the learning rate rises to {:.4g} ({:.0f}% of "
                  "train.lr) and the run ends before it decays",

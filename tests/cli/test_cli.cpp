@@ -640,13 +640,14 @@ TEST(Cli, BenchProfileTimesEveryOpOfTheCpuStepAndItsSharesAddUp) {
 // error before any work.
 TEST(Cli, BenchCompareGemmThreadsTimesBothThreadingsAndKvsCpuGemmThreadsPicksOne) {
   const std::string cfg = src("configs/toy/induction-1l-vanilla.json");
-  Result r = run("bench --warmup 1 --steps 2 --compare-gemm-threads --config " + cfg);
+  Result r = run("bench --warmup 1 --steps 2 --compare-gemm-threads --set train.threads=2 --config " + cfg);
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" (2 threads), "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", one tile per thread |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", the library's own threading |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("GEMMs split over the threads against the library's own threading: "), std::string::npos)
       << r.out;
-  Result j = run("bench --json --warmup 0 --steps 1 --compare-gemm-threads --config " + cfg);
+  Result j = run("bench --json --warmup 0 --steps 1 --compare-gemm-threads --set train.threads=2 --config " + cfg);
   ASSERT_EQ(j.code, 0) << j.out;
   const auto arr = nlohmann::json::parse(j.out);
   ASSERT_TRUE(arr.is_array());
@@ -654,6 +655,11 @@ TEST(Cli, BenchCompareGemmThreadsTimesBothThreadingsAndKvsCpuGemmThreadsPicksOne
   EXPECT_EQ(arr[0]["gemm_threading"], "library") << arr[0];
   EXPECT_EQ(arr[1]["gemm_threading"], "split") << arr[1];
   EXPECT_EQ(arr[0]["gemm_library"], arr[1]["gemm_library"]);
+  // One thread has nothing to split: two identical variants would be timed.
+  Result one_thread = run("bench --compare-gemm-threads --set train.threads=1 --config " + cfg);
+  EXPECT_NE(one_thread.code, 0);
+  EXPECT_EQ(count_lines(one_thread.out), 1) << one_thread.out;
+  EXPECT_NE(one_thread.out.find("on 1 thread both are the same product"), std::string::npos) << one_thread.out;
   // Unset: split on OpenBLAS, oneDNN's own threading.
   for (const char* lib : {"openblas", "onednn"}) {
     Result one = run_with_env(std::string("KVS_CPU_GEMM=") + lib, " bench --json --warmup 0 --steps 1 --config " + cfg);
@@ -703,6 +709,12 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   EXPECT_NE(bad.code, 0);
   EXPECT_EQ(count_lines(bad.out), 1) << bad.out;
   EXPECT_NE(bad.out.find("KVS_CPU_GEMM=mkl: expected openblas or onednn"), std::string::npos) << bad.out;
+  // --help prints whatever the variables hold.
+  for (const char* help : {" --help", " bench --help", " train -h", " --help-all"}) {
+    Result h = run_with_env("KVS_CPU_GEMM=mkl KVS_CPU_GEMM_THREADS=some", help);
+    EXPECT_EQ(h.code, 0) << help << ": " << h.out;
+    EXPECT_NE(h.out.find("Usage:"), std::string::npos) << help;
+  }
   Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
   EXPECT_NE(both.code, 0);
   EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-threads, --compare-gemm-timing, --compare-shift and "

@@ -400,6 +400,9 @@ void add_bench(CLI::App& app) {
     check_layout_or_exit(world, cfg);
     const bool rank0 = world->rank() == 0;
     const int threads = use_threads(cfg.train.threads);
+    KVS_CHECK(!a->compare_gemm_threads || threads > 1,
+              "bench: --compare-gemm-threads compares each GEMM split over the threads with the library's own "
+              "threading; on 1 thread both are the same product (set train.threads above 1)");
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
     // One engine per config; with --compare-gemm one config whose steps alternate libraries.
     std::vector<Config> runs;
@@ -551,12 +554,12 @@ void add_bench(CLI::App& app) {
       if (run_config(i).device == Device::Cuda && run_config(i).train.time_gemm_algorithms)
         cuda_step += ", GEMM algorithms timed";
       if (r.processes == 1)
-        std::printf("%s on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n", a->config.c_str(),
-                    device.c_str(), threads, B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(),
+        std::printf("%s on %s (%s), %d x %d tokens x %d accum, kv_shift %s%s\n", a->config.c_str(),
+                    device.c_str(), thread_count(threads).c_str(), B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(),
                     cuda_step.c_str());
       else
-        std::printf("%s on %d processes (%s), each on %s (%d threads), %d x %d tokens x %d accum, kv_shift %s%s\n",
-                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), threads, B, T, accum,
+        std::printf("%s on %d processes (%s), each on %s (%s), %d x %d tokens x %d accum, kv_shift %s%s\n",
+                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), thread_count(threads).c_str(), B, T, accum,
                     describe_kv_shift(run_config(i).model.kv_shift).c_str(), cuda_step.c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
                   r.max_ms, a->steps, r.tok_s);
@@ -564,9 +567,9 @@ void add_bench(CLI::App& app) {
       std::printf(" | %.3f model TFLOP/s%s (%s)", r.tflops, r.processes > 1 ? " per process" : "", kFlopsFormula);
       if (r.mfu > 0) std::printf(" | MFU %.1f%% (model TFLOP/s / peak dense bf16)", 100 * r.mfu);
       if (peak.gflops > 0)
-        std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %d threads, %s%s; the fastest "
+        std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %s, %s%s; the fastest "
                     "step %.1f%%)",
-                    100 * peak_fraction(r), peak.gflops, peak.threads, peak.cached ? "cached from " : "measured ",
+                    100 * peak_fraction(r), peak.gflops, thread_count(peak.threads).c_str(), peak.cached ? "cached from " : "measured ",
                     peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
       if (cpu_run)

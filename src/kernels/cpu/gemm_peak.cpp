@@ -53,17 +53,31 @@ std::string running_core() {
 
 }  // namespace
 
-std::string cpu_model_name() {
+std::string cpu_identity() {
+  // The model name alone is not enough: VMs mask it ("AMD EPYC" is Zen 3, 4
+  // or 5 on this project's machines), and a home shared across them must
+  // not hand one generation's peak to another.
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
+  std::string line, name = "unknown", family, model, stepping;
+  auto value = [&](const std::string& l) {
+    const size_t colon = l.find(':');
+    if (colon == std::string::npos) return std::string();
+    const size_t b = l.find_first_not_of(" \t", colon + 1);
+    return b == std::string::npos ? std::string() : l.substr(b);
+  };
+  auto is = [&](const char* key) {
+    const size_t n = std::char_traits<char>::length(key);
+    return line.rfind(key, 0) == 0 && line.find_first_not_of(" \t", n) == line.find(':');
+  };
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) break;
-    size_t b = line.find_first_not_of(" \t", colon + 1);
-    return b == std::string::npos ? "" : line.substr(b);
+    if (line.empty()) break;  // the first processor's block is enough
+    if (is("model name")) name = value(line);
+    else if (is("cpu family")) family = value(line);
+    else if (is("model")) model = value(line);
+    else if (is("stepping")) stepping = value(line);
   }
-  return "unknown";
+  if (family.empty() && model.empty()) return name;
+  return name + " (family " + family + ", model " + model + ", stepping " + stepping + ")";
 }
 
 GemmPeak measure_sgemm_peak(int threads, int n) {
@@ -119,7 +133,7 @@ namespace {
 GemmPeak library_peak(int threads, bool recalibrate) {
   const std::string path = cache_path();
   const std::string core = running_core();
-  const std::string key = cpu_model_name() + " | " + core + " | " + std::to_string(threads) + " threads";
+  const std::string key = cpu_identity() + " | " + core + " | " + std::to_string(threads) + " threads";
   nlohmann::json cache = nlohmann::json::object();
   if (!path.empty()) {
     std::ifstream in(path);

@@ -3,10 +3,11 @@
 // here (not oneDNN where its start-up check failed or KVS_CPU_GEMM=openblas)
 // and with each threading (gemm_library.h), and the fastest one's figure.
 // `kvshift bench` divides the model's FLOP/s by it ("fraction of the
-// calibrated peak"), whichever library the run uses. Cached per CPU model,
-// library (OpenBLAS's kernel family, oneDNN's version), threading and thread
-// count (in $XDG_CACHE_HOME/kvshift, else ~/.cache/kvshift) so repeated
-// benches agree; `recalibrate` measures again and replaces the entries.
+// calibrated peak"), whichever library the run uses. Cached per CPU (model
+// name, family, model and stepping), library (OpenBLAS's kernel family,
+// oneDNN's version), threading and thread count (in $XDG_CACHE_HOME/kvshift,
+// else ~/.cache/kvshift) so repeated benches agree; `recalibrate` measures
+// again and replaces the entries.
 #pragma once
 #include <string>
 
@@ -34,7 +35,8 @@ GemmPeak measure_sgemm_peak(int threads, int n = 0);
 // time. The running library and threading are the same after the call.
 GemmPeak sgemm_peak(int threads, bool recalibrate);
 
-// The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC", ...).
-std::string cpu_model_name();
+// The CPU as /proc/cpuinfo gives it, the cache's key: model name, family,
+// model and stepping ("AMD EPYC (family 25, model 1, stepping 1)").
+std::string cpu_identity();
 
 }  // namespace kvs::cpu

@@ -55,6 +55,7 @@ TEST(GemmPeak, TheCacheIsWrittenAndReadBackAndABrokenOneIsMeasuredAround) {
   ASSERT_TRUE(cache.is_object());
   EXPECT_GE(cache.size(), 1u);
   for (const auto& [key, entry] : cache.items()) {
+    EXPECT_EQ(key.rfind(cpu_identity() + " | ", 0), 0u) << key;
     EXPECT_NE(key.find(" | 1 threads"), std::string::npos) << key;
     EXPECT_EQ(key.find(", split"), std::string::npos) << key;
     EXPECT_GT(entry.at("gflops").get<double>(), 0) << key;
@@ -70,6 +71,22 @@ TEST(GemmPeak, TheCacheIsWrittenAndReadBackAndABrokenOneIsMeasuredAround) {
   ASSERT_NO_THROW(around = sgemm_peak(1, false));
   EXPECT_GT(around.gflops, 0);
   EXPECT_FALSE(around.cached);
+}
+
+// VMs mask the model name ("AMD EPYC" on Zen 3, 4 and 5): the key carries
+// the family, model and stepping too, so generations sharing a home do not
+// share a peak.
+TEST(GemmPeak, TheCachesKeyNamesTheCpusFamilyModelAndStepping) {
+#if defined(__x86_64__) && defined(__linux__)
+  const std::string id = cpu_identity();
+  EXPECT_NE(id.find(" (family "), std::string::npos) << id;
+  EXPECT_NE(id.find(", model "), std::string::npos) << id;
+  EXPECT_NE(id.find(", stepping "), std::string::npos) << id;
+  EXPECT_EQ(id.find("(family ,"), std::string::npos) << id;
+  EXPECT_EQ(id.find("model name"), std::string::npos) << id;
+#else
+  GTEST_SKIP() << "/proc/cpuinfo's x86 fields";
+#endif
 }
 
 }  // namespace

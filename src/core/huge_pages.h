@@ -9,7 +9,10 @@
 // in docs/PERFORMANCE.md ("Huge pages").
 #pragma once
 #include <cstddef>
+#include <cstring>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvs {
@@ -41,5 +44,44 @@ struct HugePageAllocator {
 // A host buffer that is on huge pages once it is large.
 template <class T>
 using HostVector = std::vector<T, HugePageAllocator<T>>;
+
+// n zeros on huge pages, for buffers a command may leave partly unwritten:
+// a large one is a fresh mapping whose pages the kernel hands out as zeros
+// at first touch, so what is never written (eval's and forward's gradients
+// and backward scratch) takes no memory; a small one is zeroed here. A
+// HostVector would write every zero itself. Its size is fixed when made.
+template <class T>
+class ZeroedHostBuffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  ZeroedHostBuffer() = default;
+  explicit ZeroedHostBuffer(size_t n) : p_(static_cast<T*>(huge_page_alloc(n * sizeof(T)))), n_(n) {
+    if (n * sizeof(T) < kHugePageBytes) std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
+  }
+  ZeroedHostBuffer(ZeroedHostBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  ZeroedHostBuffer& operator=(ZeroedHostBuffer&& o) noexcept {
+    ZeroedHostBuffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  ~ZeroedHostBuffer() { huge_page_free(p_, n_ * sizeof(T)); }
+  void swap(ZeroedHostBuffer& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+  }
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T* begin() { return p_; }
+  T* end() { return p_ + n_; }
+  const T* begin() const { return p_; }
+  const T* end() const { return p_ + n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
 
 }  // namespace kvs

@@ -182,7 +182,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   const bool docs = m_.document_boundaries != DocumentBoundaries::None;
   slots_.resize(slots);
   for (Slot& s : slots_) {
-    s.acts.assign(plan_.total, 0.0f);
+    s.acts = ZeroedHostBuffer<float>(plan_.total);
     cpu::rope_tables(s.acts.data() + plan_.rope_cos, s.acts.data() + plan_.rope_sin, max_T_, m_.head_dim(),
                      rope_frequencies(m_));
     if (docs) s.doc_start.assign(local, 0);
@@ -198,7 +198,7 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   }
   cur_ = &slots_[0];
   params_.assign(layout_.total, 0.0f);
-  grads_.assign(layout_.total, 0.0f);
+  grads_ = ZeroedHostBuffer<float>(layout_.total);
   opt_end_ = layout_.total;  // the moments are allocated on first use (ensure_moments)
   argmax_.assign(local, 0);
   P_ = bind_params(layout_, m_, params_.data());

@@ -139,7 +139,7 @@ class CpuEngine : public Engine {
   // One micro-batch in flight: its activations and what the batch it came
   // from fixes (this rank's rows, document starts).
   struct Slot {
-    HostVector<float> acts;
+    ZeroedHostBuffer<float> acts;  // what a forward alone never writes (backward scratch) takes no memory
     Batch rows;  // this rank's rows (into the caller's batch, or the cp vectors below)
     CpLayout cp_layout;
     std::vector<int32_t> doc_start, cp_inputs, cp_targets, cp_shift_doc, cp_doc_full;
@@ -181,7 +181,8 @@ class CpuEngine : public Engine {
   ParamLayout layout_;
   int max_B_, max_T_;
   ActivationPlan plan_;
-  HostVector<float> params_, grads_;  // (huge pages: core/huge_pages.h)
+  HostVector<float> params_;        // (huge pages: core/huge_pages.h)
+  ZeroedHostBuffer<float> grads_;  // untouched, so no memory, until a backward writes them (eval, forward)
   std::vector<Slot> slots_;
   Slot* cur_ = nullptr;
   // AdamW moments of [opt_begin_, opt_end_) of the layout (all of it unless

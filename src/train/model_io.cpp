@@ -1,5 +1,7 @@
 #include "train/model_io.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -37,21 +39,31 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer) {
   return c;
 }
 
-std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck) {
-  const ParamLayout layout = ParamLayout::build(ck.model);
-  validate_layout_tensors(ck.data.model, layout, {""}, ck.dir + "/model.safetensors");
-  std::vector<float> flat(layout.total);
-  for (const auto& st : ck.data.model) {
-    const std::vector<float> v = tensor_to_f32(st);
-    std::memcpy(flat.data() + layout.find(st.name)->offset, v.data(), v.size() * sizeof(float));
-  }
-  return flat;
-}
-
 OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimizer) {
   CheckpointFiles files = open_checkpoint(dir, with_optimizer);
   ModelConfig model = checkpoint_model(files.hf_config, dir);
   return OpenedCheckpoint{dir, std::move(model), std::move(files)};
+}
+
+void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take) {
+  const SafetensorsReader& file = *ck.files.model;
+  const ParamLayout layout = ParamLayout::build(ck.model);
+  validate_layout_tensors(file.tensors(), layout, {""}, file.path());
+  std::vector<float> v;
+  for (const ParamTensor& t : layout.tensors) {
+    v.resize(t.numel);
+    file.read_f32(*file.find(t.name), 0, t.numel, v.data());
+    for (size_t i = 0; i < t.numel; ++i)
+      if (!std::isfinite(v[i]))
+        fail("{}: tensor '{}' element {} is {} (refusing to run a broken model)", file.path(), t.name, i, v[i]);
+    take(t, v.data());
+  }
+}
+
+std::vector<float> read_model_weights(const OpenedCheckpoint& ck) {
+  std::vector<float> flat(ParamLayout::build(ck.model).total);
+  read_model_weights(ck, [&](const ParamTensor& t, const float* w) { std::copy_n(w, t.numel, flat.data() + t.offset); });
+  return flat;
 }
 
 }  // namespace kvs

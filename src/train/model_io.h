@@ -1,6 +1,7 @@
 // Checkpoint directories with their model config parsed, read whole (one
 // process) or opened for reading slices (the trainer's ranks).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,6 @@ struct LoadedCheckpoint {
   CheckpointData data;
 };
 LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer = false);
-// Its weights as one flat buffer in ParamLayout::build(ck.model) order, after
-// checking names and shapes exactly (errors name model.safetensors).
-std::vector<float> checkpoint_weights(const LoadedCheckpoint& ck);
 
 // The same opened for reading slices (CheckpointFiles): what the trainer
 // uses, each rank reading its own part (FullModelIO::read_local). Without
@@ -32,5 +30,15 @@ struct OpenedCheckpoint {
   CheckpointFiles files;
 };
 OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimizer = true);
+
+// Its weights, read straight from model.safetensors a tensor at a time after
+// checking names and shapes exactly (errors name the file), each handed to
+// `take` as fp32 in ParamLayout::build(ck.model) order: a one-process command
+// then holds the weights once (its engine's or generator's copy), not also
+// the file's tensors. A weight that is not finite is refused ("refusing to
+// run a broken model"): it would give NaN logits that look like results.
+void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take);
+// The same as one flat buffer in that order.
+std::vector<float> read_model_weights(const OpenedCheckpoint& ck);
 
 }  // namespace kvs

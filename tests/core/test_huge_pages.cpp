@@ -102,5 +102,30 @@ TEST(HugePages, TheCpuEnginesParametersAndGradientsAreOnHugePageAlignedMemory) {
   EXPECT_TRUE(huge_aligned(e.host_grads()));
 }
 
+// ZeroedHostBuffer: zeros whatever its size, on huge-page-aligned memory when
+// large, and a moved-from buffer gives its memory up once.
+TEST(HugePages, ZeroedHostBuffersAreZerosOfEverySizeAndMove) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, kHugePageBytes / sizeof(float) + 3}) {
+    ZeroedHostBuffer<float> b(n);
+    ASSERT_EQ(b.size(), n);
+    EXPECT_EQ(b.empty(), n == 0);
+    for (float x : b) ASSERT_EQ(x, 0.0f) << n;
+    if (n * sizeof(float) >= kHugePageBytes) {
+      EXPECT_TRUE(huge_aligned(b.data()));
+    }
+    if (n) {
+      b.data()[n - 1] = 7.0f;
+    }
+    ZeroedHostBuffer<float> moved(std::move(b));
+    EXPECT_EQ(moved.size(), n);
+    EXPECT_TRUE(b.empty());
+    if (n) {
+      EXPECT_EQ(moved.data()[n - 1], 7.0f);
+    }
+    b = std::move(moved);
+    EXPECT_EQ(b.size(), n);
+  }
+}
+
 }  // namespace
 }  // namespace kvs

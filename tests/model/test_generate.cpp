@@ -626,7 +626,8 @@ TEST(GenerateCli, StopsAtTheTokenizersEos) {
   ASSERT_NE(first, eos);
 
   const kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
-  kvs::Generator g(ck.model, kvs::checkpoint_weights(ck), static_cast<int>(prompt.size()) + 1);
+  kvs::Generator g(ck.model, kvs::read_model_weights(kvs::open_model_checkpoint(ck.dir, false)),
+                   static_cast<int>(prompt.size()) + 1);
   const float logit = g.prefill(prompt)[first];
   ASSERT_NE(logit, 0.0f);
   kvs::CheckpointData data = ck.data;
@@ -689,24 +690,38 @@ TEST(GenerateCli, APaddedVocabularySamplesOnlyTheTokenizersIds) {
 }
 
 // Non-finite weights are a one-line error in generate and eval, not tokens
-// (every comparison with NaN is false) or a "nan" loss with exit 0.
+// (every comparison with NaN is false) or a "nan" loss with exit 0: generate
+// refuses them as it reads them; finite weights whose activations overflow
+// stop it at the first non-finite logit.
 TEST(GenerateCli, NonFiniteWeightsAreAnErrorInGenerateAndEval) {
   TmpDir tmp;
   const std::string run = train_tiny(tmp, 64);
-  kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
-  for (kvs::StTensor& t : ck.data.model) {
-    if (t.name != "model.norm.weight") continue;
-    std::vector<float> w = kvs::tensor_to_f32(t);
-    w[3] = NAN;
-    t = kvs::make_f32_tensor(t.name, t.shape, w.data());
-  }
-  const std::string edited = kvs::save_checkpoint(tmp / "edited", 2, ck.data);
+  auto edited_with = [&](float value, const std::string& name) {
+    kvs::LoadedCheckpoint ck = kvs::read_checkpoint(run + "/checkpoints/step_00000002");
+    for (kvs::StTensor& t : ck.data.model) {
+      if (t.name != "model.norm.weight") continue;
+      std::vector<float> w = kvs::tensor_to_f32(t);
+      const size_t end = std::isnan(value) ? 4 : w.size();  // one NaN; or every gain from 3 on huge
+      for (size_t i = 3; i < end; ++i) w[i] = value;
+      t = kvs::make_f32_tensor(t.name, t.shape, w.data());
+    }
+    return kvs::save_checkpoint(tmp / name, 2, ck.data);
+  };
+  const std::string edited = edited_with(NAN, "edited"), overflowing = edited_with(3e38f, "overflowing");
   for (const char* temperature : {"0", "1"}) {
     const auto r = run_kvshift("generate --checkpoint " + edited + " --prompt-ids 3,9 --max-new-tokens 4 --temperature " +
                                temperature);
     EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_NE(r.out.find("is nan at generated token 1: its weights or activations are not finite"), std::string::npos)
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("/model.safetensors: tensor 'model.norm.weight' element 3 is nan (refusing to run a broken "
+                         "model)"),
+              std::string::npos)
         << r.out;
+    const auto o = run_kvshift("generate --checkpoint " + overflowing +
+                               " --prompt-ids 3,9 --max-new-tokens 4 --temperature " + temperature);
+    EXPECT_EQ(o.code, 1) << o.out;
+    EXPECT_NE(o.out.find("at generated token 1: its weights or activations are not finite"), std::string::npos)
+        << o.out;
   }
   const auto e = run_kvshift("eval --checkpoint " + edited);
   EXPECT_EQ(e.code, 1) << e.out;

@@ -44,18 +44,12 @@ inline Device device_flag(const std::string& name) {
   fail("unknown device '{}' (expected {})", name, enum_choices<Device>('\''));
 }
 
-// An engine holding the checkpoint's weights, sized for B x T micro-batches.
-// Weights that are not finite would give NaN logits and gradients that look
-// like results: refused, as eval, generate and export-hf refuse them.
-inline std::unique_ptr<Engine> engine_for(const LoadedCheckpoint& ck, int B, int T, Device device) {
+// An engine holding the checkpoint's weights, sized for B x T micro-batches,
+// read into it a tensor at a time (read_model_weights: non-finite weights are
+// refused, as eval, generate and export-hf refuse them).
+inline std::unique_ptr<Engine> engine_for(const OpenedCheckpoint& ck, int B, int T, Device device) {
   auto e = make_engine(ck.model, B, T, device);
-  const std::vector<float> w = checkpoint_weights(ck);
-  for (const ParamTensor& t : e->layout().tensors)
-    for (size_t i = 0; i < t.numel; ++i)
-      if (!std::isfinite(w[t.offset + i]))
-        fail("{}/model.safetensors: tensor '{}' element {} is {} (refusing to run a broken model)", ck.dir, t.name, i,
-             w[t.offset + i]);
-  e->write_params(w.data());
+  read_model_weights(ck, [&](const ParamTensor& t, const float* w) { e->write_params_range(t.offset, t.numel, w); });
   return e;
 }
 

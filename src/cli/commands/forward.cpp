@@ -63,7 +63,7 @@ void add_forward(CLI::App& app) {
   cmd->callback([a]() {
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     check_output_file_apart_from_inputs(a->out, {dir, a->tokens});
-    LoadedCheckpoint ck = read_checkpoint(dir);
+    const OpenedCheckpoint ck = open_model_checkpoint(dir, false);
     std::vector<int32_t> ids = read_token_file(a->tokens);
     const int T = static_cast<int>(ids.size());
     check_length(a->tokens, T, ck.model);
@@ -92,7 +92,7 @@ void add_backward(CLI::App& app) {
   cmd->callback([a]() {
     const std::string dir = resolve_checkpoint_dir(a->checkpoint);
     check_output_file_apart_from_inputs(a->out, {dir, a->batch});
-    LoadedCheckpoint ck = read_checkpoint(dir);
+    const OpenedCheckpoint ck = open_model_checkpoint(dir, false);
     std::vector<int32_t> inputs, targets;
     std::vector<float> mask;
     std::vector<int64_t> shape;

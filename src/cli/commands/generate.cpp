@@ -70,15 +70,15 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 // --tokenizer, else the run config's data.tokenizer, else the checkpoint's own
 // tokenizer/ (import-hf's), else bytes for a 256-token model; nullptr when
 // there is none (ids in, ids out).
-std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint& ck) {
+std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const OpenedCheckpoint& ck) {
   if (!a.tokenizer.empty()) {
     KVS_CHECK(std::filesystem::is_directory(a.tokenizer), "--tokenizer {}: no such directory", a.tokenizer);
-    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, a.tokenizer);
+    check_checkpoint_tokenizer(ck.files.trainer_state, ck.dir, a.tokenizer);
     return load_tokenizer(a.tokenizer);
   }
-  KVS_CHECK(ck.data.run_config_error.empty(), "{} (it names the tokenizer); fix it or pass --tokenizer DIR",
-            ck.data.run_config_error);
-  const nlohmann::json& rc = ck.data.run_config;
+  KVS_CHECK(ck.files.run_config_error.empty(), "{} (it names the tokenizer); fix it or pass --tokenizer DIR",
+            ck.files.run_config_error);
+  const nlohmann::json& rc = ck.files.run_config;
   if (rc.is_object() && rc.contains("data") && rc["data"].is_object() && rc["data"].contains("tokenizer")) {
     const auto& t = rc["data"]["tokenizer"];
     KVS_CHECK(t.is_string(), "{}/run_config.json: data.tokenizer is not a string", ck.dir);
@@ -86,12 +86,12 @@ std::unique_ptr<Tokenizer> find_tokenizer(const Args& a, const LoadedCheckpoint&
     KVS_CHECK(std::filesystem::exists(dir),
               "{}/run_config.json: tokenizer directory '{}' (data.tokenizer) not found from {}; pass --tokenizer DIR",
               ck.dir, dir, std::filesystem::current_path().string());
-    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, dir);
+    check_checkpoint_tokenizer(ck.files.trainer_state, ck.dir, dir);
     return load_tokenizer(dir);
   }
   const std::string own = ck.dir + "/tokenizer";
   if (std::filesystem::exists(own + "/" + kTokenizerMetaFile)) {
-    check_checkpoint_tokenizer(ck.data.trainer_state, ck.dir, own);
+    check_checkpoint_tokenizer(ck.files.trainer_state, ck.dir, own);
     return load_tokenizer(own);
   }
   if (ck.model.vocab_size == 256) return make_byte_tokenizer();
@@ -126,15 +126,15 @@ void run_generate(const Args& a) {
   KVS_CHECK(!a.max_new_given || a.max_new_tokens >= 1, "--max-new-tokens {} must be >= 1", a.max_new_tokens);
   validate_sampling(a.sampling);
   const std::string dir = resolve_checkpoint_dir(a.checkpoint);
-  LoadedCheckpoint ck = read_checkpoint(dir);
+  const OpenedCheckpoint ck = open_model_checkpoint(dir, false);
   const ModelConfig& m = ck.model;
   std::unique_ptr<Tokenizer> tok = find_tokenizer(a, ck);
   KVS_CHECK(tok || !a.has_prompt,
             "{}: no tokenizer for this {}-token model ({}, and no tokenizer/ in it); pass --tokenizer DIR "
             "or --prompt-ids 1,2,3",
             dir, m.vocab_size,
-            ck.data.run_config.is_object() ? "no data.tokenizer in its run_config.json"
-            : ck.data.run_config.is_null() ? "no run_config.json: not a training run's checkpoint"
+            ck.files.run_config.is_object() ? "no data.tokenizer in its run_config.json"
+            : ck.files.run_config.is_null() ? "no run_config.json: not a training run's checkpoint"
                                            : "its run_config.json is not a JSON object");
   if (tok)
     KVS_CHECK(tok->vocab_size() <= m.vocab_size, "tokenizer ({}) has {} tokens, the model only {}", tok->describe(),
@@ -161,7 +161,7 @@ void run_generate(const Args& a) {
             max_new, n_prompt, max_new, m.max_position_embeddings);
 
   const int threads = use_threads(pick_threads(a.threads, m));
-  Generator gen(m, checkpoint_weights(ck), n_prompt + max_new);
+  Generator gen(m, read_model_weights(ck), n_prompt + max_new);
   Sampler sampler(a.sampling);
   // Where to stop: --stop-ids; else the tokenizer's EOS; else the
   // checkpoint's config.json eos_token_id (an import keeps the model's, an
@@ -174,7 +174,7 @@ void run_generate(const Args& a) {
                 m.vocab_size);
   } else if (tok && tok->eos_id() >= 0) {
     stops = {tok->eos_id()};
-  } else if (const nlohmann::json& e = ck.data.hf_config.value("eos_token_id", nlohmann::json()); !e.is_null()) {
+  } else if (const nlohmann::json& e = ck.files.hf_config.value("eos_token_id", nlohmann::json()); !e.is_null()) {
     for (const auto& id : e.is_array() ? e : nlohmann::json::array({e})) stops.push_back(id.get<int32_t>());
   }
   const bool stream = !a.json;

@@ -17,10 +17,12 @@
 #include "core/fs.h"
 #include "core/json_file.h"
 #include "core/json_difference.h"
+#include "core/memory_budget.h"
 #include "core/log.h"
 #include "core/profile_range.h"
 #include "core/rng.h"
 #include "data/tokenizer_check.h"
+#include "dist/launch.h"
 #include "model/flops.h"
 #include "model/params.h"
 #include "parallel/parallel_groups.h"
@@ -398,6 +400,7 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   auto data = make_dataset(cfg.data, tc.seq_len, cfg.model.vocab_size, tc.seed, config_dir(cfg),
                            document_bos_of(cfg.model));
   // The groups, this rank's part of the model and its engine (docs/PARALLEL.md).
+  const ProcessMemory before_engine = process_memory();
   TrainStep train_step(cfg, *comm);
   const ParallelGroups& groups = train_step.groups();
   dist::Communicator& dp_comm = *groups.dp_comm;
@@ -575,6 +578,18 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     resumed.reset();  // the files closed
   }
   engine->reserve_optimizer_state();
+  if (rank0 && cfg.device == Device::Cpu) {
+    // Allocated is not resident: the gradients, moments and activations are
+    // written by the first step, where overcommit would kill a run that does
+    // not fit. (The engine's reserved memory the weights have not touched.)
+    const ProcessMemory now = process_memory();
+    const uint64_t reserved = now.reserved > before_engine.reserved ? now.reserved - before_engine.reserved : 0;
+    const uint64_t touched = now.resident > before_engine.resident ? now.resident - before_engine.resident : 0;
+    if (const std::string w = memory_shortfall(reserved > touched ? reserved - touched : 0,
+                                               dist::detect_launch().local_world_size, memory_available_bytes());
+        !w.empty())
+      spdlog::warn("{}", w);
+  }
   MetricsWriter metrics;
   if (rank0) {
     write_json_file(opt.run_dir + "/config.json", to_json(cfg));
@@ -630,6 +645,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
   int64_t last_eval_step = 0;
   const bool has_val = data->size(Split::Val) > 0;
   if (!has_val && rank0) spdlog::warn("the data have no validation split: evaluation is skipped");
+  if (has_val && rank0 && data->size(Split::Val) < static_cast<uint64_t>(tc.eval_sequences))
+    spdlog::warn("train.eval_sequences is {}, but the validation split holds {} sequences: each evaluation uses "
+                 "those",
+                 tc.eval_sequences, data->size(Split::Val));
   // docs/RELIABILITY.md: stop signals, checkpoint writes (async, retention), slow-step reports.
   StopSignals stop_signals(tc.stop_signal, rank0);
   CheckpointWriter writer(ckpt_root, tc.keep_checkpoints, tc.async_checkpoint);

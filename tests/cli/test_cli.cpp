@@ -403,6 +403,16 @@ TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
   e = run_with_env("cd / &&", "eval --json --checkpoint " + dir + "/run/checkpoints --config " + dir + "/cfg/lm.json");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_EQ(e.out.find("data settings differ"), std::string::npos) << e.out;
+  // More sequences asked for than the validation split holds: all of them,
+  // and the output says so (train warns once at its start).
+  e = run("eval --checkpoint " + dir + "/run --set train.eval_sequences=100000");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find(" (the whole validation split; train.eval_sequences asks for 100000)"), std::string::npos)
+      << e.out;
+  r = run_with_env("cd " + dir + "/cfg &&", "train --config lm.json --set train.steps=1 --set train.eval_sequences=100000 "
+                   "--run-dir " + dir + "/run_all_val");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train.eval_sequences is 100000, but the validation split holds "), std::string::npos) << r.out;
 }
 
 // A checkpoint's data position is a sequence index: over other shards (one

@@ -166,6 +166,8 @@ void add_eval(CLI::App& app) {
       std::printf("%s: val_loss %.4f | %s accuracy %.2f%% | %lld sequences, %lld scored tokens", dir.c_str(), r.loss,
                   data->accuracy_name().c_str(), 100 * r.accuracy,
                   static_cast<long long>(r.sequences), static_cast<long long>(r.scored_tokens));
+      if (r.sequences < cfg.train.eval_sequences)
+        std::printf(" (the whole validation split; train.eval_sequences asks for %d)", cfg.train.eval_sequences);
       if (world->size() > 1) std::printf(" | %d processes: %s", world->size(), layout.c_str());
       std::printf("\n");
       for (const EvalResult::Source& src : r.sources)

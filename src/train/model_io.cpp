@@ -62,7 +62,8 @@ void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(con
 
 std::vector<float> read_model_weights(const OpenedCheckpoint& ck) {
   std::vector<float> flat(ParamLayout::build(ck.model).total);
-  read_model_weights(ck, [&](const ParamTensor& t, const float* w) { std::copy_n(w, t.numel, flat.data() + t.offset); });
+  read_model_weights(ck,
+                     [&](const ParamTensor& t, const float* w) { std::copy_n(w, t.numel, flat.data() + t.offset); });
   return flat;
 }
 

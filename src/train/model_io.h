@@ -12,7 +12,7 @@
 namespace kvs {
 
 // A checkpoint directory read whole, with its model config parsed from
-// config.json (one process: eval, generate, export-hf, inspect): without the
+// config.json (one process: export-hf, inspect): without the
 // optimizer state unless asked for.
 struct LoadedCheckpoint {
   std::string dir;

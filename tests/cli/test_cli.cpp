@@ -409,8 +409,9 @@ TEST(Cli, EvalOfAShardRunWorksFromAnotherDirectory) {
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_NE(e.out.find(" (the whole validation split; train.eval_sequences asks for 100000)"), std::string::npos)
       << e.out;
-  r = run_with_env("cd " + dir + "/cfg &&", "train --config lm.json --set train.steps=1 --set train.eval_sequences=100000 "
-                   "--run-dir " + dir + "/run_all_val");
+  r = run_with_env("cd " + dir + "/cfg &&",
+                   "train --config lm.json --set train.steps=1 --set train.eval_sequences=100000 --run-dir " + dir +
+                       "/run_all_val");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("train.eval_sequences is 100000, but the validation split holds "), std::string::npos) << r.out;
 }

@@ -555,12 +555,12 @@ void add_bench(CLI::App& app) {
         cuda_step += ", GEMM algorithms timed";
       if (r.processes == 1)
         std::printf("%s on %s (%s), %d x %d tokens x %d accum, kv_shift %s%s\n", a->config.c_str(),
-                    device.c_str(), thread_count(threads).c_str(), B, T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(),
-                    cuda_step.c_str());
+                    device.c_str(), thread_count(threads).c_str(), B, T, accum,
+                    describe_kv_shift(run_config(i).model.kv_shift).c_str(), cuda_step.c_str());
       else
         std::printf("%s on %d processes (%s), each on %s (%s), %d x %d tokens x %d accum, kv_shift %s%s\n",
-                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), thread_count(threads).c_str(), B, T, accum,
-                    describe_kv_shift(run_config(i).model.kv_shift).c_str(), cuda_step.c_str());
+                    a->config.c_str(), r.processes, r.layout.c_str(), device.c_str(), thread_count(threads).c_str(), B,
+                    T, accum, describe_kv_shift(run_config(i).model.kv_shift).c_str(), cuda_step.c_str());
       std::printf("median %.2f ms/step (min %.2f, max %.2f over %d steps) | %.0f tokens/s", r.median_ms, r.min_ms,
                   r.max_ms, a->steps, r.tok_s);
       if (r.processes > 1) std::printf(" (%.0f per process)", r.tok_s / r.processes);
@@ -569,8 +569,9 @@ void add_bench(CLI::App& app) {
       if (peak.gflops > 0)
         std::printf("\n%.1f%% of the calibrated fp32 SGEMM peak (%.1f GFLOP/s, %s, %s%s; the fastest "
                     "step %.1f%%)",
-                    100 * peak_fraction(r), peak.gflops, thread_count(peak.threads).c_str(), peak.cached ? "cached from " : "measured ",
-                    peak.cached ? peak.measured_at.c_str() : "now", 100 * fastest_fraction(r));
+                    100 * peak_fraction(r), peak.gflops, thread_count(peak.threads).c_str(),
+                    peak.cached ? "cached from " : "measured ", peak.cached ? peak.measured_at.c_str() : "now",
+                    100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
       if (cpu_run)
         std::printf(" | GEMMs: %s, %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),

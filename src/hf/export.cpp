@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <utility>
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
@@ -135,24 +136,23 @@ void write_tokenizer_files(const StagedDir& out, const std::string& dir, const T
   write_json_file(out.file("special_tokens_map.json"), special);
 }
 
-std::vector<StTensor> converted_tensors(const LoadedCheckpoint& ck, bool bf16) {
-  const ParamLayout layout = ParamLayout::build(ck.model);
-  const std::string file = ck.dir + "/model.safetensors";
-  validate_layout_tensors(ck.data.model, layout, {""}, file);
-  std::vector<StTensor> out;
-  for (const auto& t : layout.tensors) {  // our layout order: embeddings, layer by layer, norm, lm_head
-    const StTensor* st = nullptr;
-    for (const auto& s : ck.data.model)
-      if (s.name == t.name) st = &s;
-    const std::vector<float> v = tensor_to_f32(*st);
-    check_finite_values(v, file, t.name, "refusing to export a broken model");
-    out.push_back(bf16 ? make_bf16_tensor(t.name, t.shape, v.data()) : make_f32_tensor(t.name, t.shape, v.data()));
-  }
+// The weights in the export's dtype, read from the checkpoint a tensor at a
+// time: the export holds them once (half the fp32 size in bf16), not also the
+// checkpoint's copy.
+std::vector<StTensor> converted_tensors(const OpenedCheckpoint& ck, bool bf16) {
+  std::vector<StTensor> out;  // our layout order: embeddings, layer by layer, norm, lm_head
+  read_model_weights(
+      ck,
+      [&](const ParamTensor& t, const float* v) {
+        out.push_back(bf16 ? make_bf16_tensor(t.name, t.shape, v) : make_f32_tensor(t.name, t.shape, v));
+      },
+      "refusing to export a broken model");
   return out;
 }
 
 // model.safetensors, or shards + model.safetensors.index.json above the limit. Returns the shard count.
-size_t write_weights(const StagedDir& out, const std::vector<StTensor>& tensors, uint64_t limit) {
+// The tensors are moved into the shards (no second copy of the weights).
+size_t write_weights(const StagedDir& out, std::vector<StTensor> tensors, uint64_t limit) {
   const std::map<std::string, std::string> meta = {{"format", "pt"}};  // transformers requires it
   std::vector<uint64_t> bytes;
   uint64_t total = 0;
@@ -165,7 +165,10 @@ size_t write_weights(const StagedDir& out, const std::vector<StTensor>& tensors,
   json map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     std::vector<StTensor> part;
-    for (size_t i : shards[s]) part.push_back(tensors[i]), map[tensors[i].name] = shard_file_name(s, shards.size());
+    for (size_t i : shards[s]) {
+      map[tensors[i].name] = shard_file_name(s, shards.size());
+      part.push_back(std::move(tensors[i]));
+    }
     write_safetensors(out.file(shard_file_name(s, shards.size())), part, meta);
   }
   write_json_file(out.file("model.safetensors.index.json"),
@@ -177,16 +180,19 @@ size_t write_weights(const StagedDir& out, const std::vector<StTensor>& tensors,
 
 std::string export_hf(const ExportOptions& o) {
   KVS_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "--dtype: must be bf16 or fp32, got '{}'", o.dtype);
-  const LoadedCheckpoint ck = read_checkpoint(o.checkpoint);
+  const OpenedCheckpoint ck = open_model_checkpoint(o.checkpoint, false);
   const ModelConfig& m = ck.model;
-  const std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
+  std::vector<StTensor> tensors = converted_tensors(ck, o.dtype == "bf16");
+  const size_t n_tensors = tensors.size();
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.bytes.size();
 
   std::string no_tok_reason;
   const std::string tok_dir =
-      find_tokenizer_dir(o, ck.dir, ck.data.run_config, ck.data.run_config_error, no_tok_reason);
+      find_tokenizer_dir(o, ck.dir, ck.files.run_config, ck.files.run_config_error, no_tok_reason);
   TokenizerInfo tok;
   if (!tok_dir.empty()) {
-    check_checkpoint_tokenizer(ck.data.trainer_state, o.checkpoint, tok_dir);
+    check_checkpoint_tokenizer(ck.files.trainer_state, o.checkpoint, tok_dir);
     tok = read_tokenizer(tok_dir, m.vocab_size);
   }
 
@@ -202,11 +208,11 @@ std::string export_hf(const ExportOptions& o) {
   json gen = generation_config(tok.ids, tok.size, m.vocab_size);
   // Without a tokenizer, the EOS an import kept in the checkpoint's config.json
   // (an id or a list, Llama 3's): transformers' generate stops there.
-  if (const json& eos = ck.data.hf_config.value("eos_token_id", json()); tok_dir.empty() && !eos.is_null())
+  if (const json& eos = ck.files.hf_config.value("eos_token_id", json()); tok_dir.empty() && !eos.is_null())
     config["eos_token_id"] = gen["eos_token_id"] = eos;
   write_json_file(out.file("config.json"), config);
   write_json_file(out.file("generation_config.json"), gen);
-  const size_t n_shards = write_weights(out, tensors, o.max_shard_bytes);
+  const size_t n_shards = write_weights(out, std::move(tensors), o.max_shard_bytes);
   if (remote)
     for (const auto& f : kEmbeddedPython) atomic_write_file(out.file(std::string(f.name)), f.text);
   if (!tok_dir.empty()) write_tokenizer_files(out, tok_dir, tok, m.max_position_embeddings, no_json_reason);
@@ -222,10 +228,8 @@ std::string export_hf(const ExportOptions& o) {
                  "input as one document (the same logits for a sequence with BOS only at its start)",
                  m.document_boundaries);
 
-  uint64_t bytes = 0;
-  for (const auto& t : tensors) bytes += t.bytes.size();
   return fmt::format("exported {} -> {}: {} tensors, {:.1f} MB {} in {} file{}, {}{}", o.checkpoint, o.out,
-                     tensors.size(), bytes / 1e6, o.dtype, n_shards, n_shards == 1 ? "" : "s",
+                     n_tensors, bytes / 1e6, o.dtype, n_shards, n_shards == 1 ? "" : "s",
                      remote ? "KvShiftLlamaForCausalLM (load with trust_remote_code=True)" : "LlamaForCausalLM",
                      tok_dir.empty() ? ", no tokenizer" : ", tokenizer from " + tok_dir);
 }

@@ -45,7 +45,8 @@ OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimiz
   return OpenedCheckpoint{dir, std::move(model), std::move(files)};
 }
 
-void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take) {
+void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take,
+                        const char* refusing) {
   const SafetensorsReader& file = *ck.files.model;
   const ParamLayout layout = ParamLayout::build(ck.model);
   validate_layout_tensors(file.tensors(), layout, {""}, file.path());
@@ -55,7 +56,7 @@ void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(con
     file.read_f32(*file.find(t.name), 0, t.numel, v.data());
     for (size_t i = 0; i < t.numel; ++i)
       if (!std::isfinite(v[i]))
-        fail("{}: tensor '{}' element {} is {} (refusing to run a broken model)", file.path(), t.name, i, v[i]);
+        fail("{}: tensor '{}' element {} is {} ({})", file.path(), t.name, i, v[i], refusing);
     take(t, v.data());
   }
 }

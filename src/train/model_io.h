@@ -36,8 +36,10 @@ OpenedCheckpoint open_model_checkpoint(const std::string& dir, bool with_optimiz
 // `take` as fp32 in ParamLayout::build(ck.model) order: a one-process command
 // then holds the weights once (its engine's or generator's copy), not also
 // the file's tensors. A weight that is not finite is refused ("refusing to
-// run a broken model"): it would give NaN logits that look like results.
-void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take);
+// run a broken model", or `refusing`): it would give NaN logits that look
+// like results.
+void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(const ParamTensor&, const float*)>& take,
+                        const char* refusing = "refusing to run a broken model");
 // The same as one flat buffer in that order.
 std::vector<float> read_model_weights(const OpenedCheckpoint& ck);
 

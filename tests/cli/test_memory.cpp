@@ -1,8 +1,9 @@
 // The one-process commands that only run the model forward hold its weights
 // once: eval's engine leaves its gradients and backward scratch unwritten, so
 // they take no memory (ZeroedHostBuffer), and generate and forward read the
-// weights straight from model.safetensors into the generator or engine, not
-// through a whole copy of the file's tensors. Each command's anonymous
+// weights straight from model.safetensors into the generator or engine (and
+// export-hf into the tensors it writes), not through a whole copy of the
+// file's tensors. Each command's anonymous
 // resident memory is sampled by a Python parent of its own, against the same
 // command on a tiny model (what the binary and its libraries take).
 #include <gtest/gtest.h>
@@ -70,7 +71,7 @@ std::string train_one_step(const TmpDir& tmp, const std::string& name, int hidde
   return run;
 }
 
-TEST(Memory, EvalGenerateAndForwardHoldTheWeightsOnce) {
+TEST(Memory, EvalGenerateForwardAndExportHoldTheWeightsOnce) {
   TmpDir tmp;
   // 42M parameters (168 MB of fp32) and tiny activations: the weights dominate.
   const std::string big = train_one_step(tmp, "big", 1024), tiny = train_one_step(tmp, "tiny", 32);
@@ -80,12 +81,14 @@ TEST(Memory, EvalGenerateAndForwardHoldTheWeightsOnce) {
   for (const std::string& cmd : {std::string("eval --checkpoint "),
                                  std::string("generate --prompt-ids 3,9,4,7 --max-new-tokens 4 --checkpoint "),
                                  "forward --tokens " + tmp / "ids.txt" + " --out " + tmp / "logits.npy" +
-                                     " --checkpoint "}) {
+                                     " --checkpoint ",
+                                 "export-hf --dtype fp32 --force --out " + tmp / "hf" + " --checkpoint "}) {
     const long base = peak_anon_kib(cmd + tiny);
     const double above = static_cast<double>(peak_anon_kib(cmd + big) - base);
     // Once (plus activations, the KV cache, the data, and eval's 64 MiB window
     // for reading the weights, kWindowFloats): not twice, as before (eval's
-    // gradients; generate's and forward's copy of the file's tensors).
+    // gradients; generate's and forward's copy of the file's tensors; export's
+    // too, and a third copy for its shards).
     const double window = 64 * 1024;
     EXPECT_GT(above, 0.9 * weights) << cmd << ": the weights are not all counted? tiny model " << base << " KiB";
     EXPECT_LT(above, 1.25 * weights + window)

@@ -5,6 +5,10 @@
 # the host-side CUDA tests: SIMT emulator, host-built engine) through CTest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The machine, for reading a failure later (GEMM bits follow the CPU's kernels).
+cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'; }
+echo "test: machine: $(cpu 'model name') (family $(cpu 'cpu family'), model $(cpu 'model'))," \
+  "$(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'no AVX-512')"
 bash scripts/setup.sh
 bash scripts/build.sh
 # (build.sh compiles the CUDA backend too whenever nvcc is found: KVS_CUDA defaults to ON then.)

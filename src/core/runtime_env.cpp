@@ -7,8 +7,6 @@
 #include <fstream>
 #include <string>
 
-extern "C" char* openblas_get_corename(void);
-
 namespace kvs {
 
 namespace {
@@ -41,11 +39,6 @@ bool set_at_exec(const std::string& name) {
 }
 
 }  // namespace
-
-std::string openblas_core_name() {
-  const char* name = openblas_get_corename();
-  return name ? name : "unknown";
-}
 
 bool tunes_runtime_for(const char* subcommand) {
   if (!subcommand) return false;

@@ -11,7 +11,6 @@
 // on the CPUs this one was started on (not the one CPU that OMP_PROC_BIND
 // binds the initial thread to before main).
 #pragma once
-#include <string>
 
 namespace kvs {
 
@@ -27,9 +26,5 @@ void tune_runtime_environment(int argc, char** argv);
 // Whether `subcommand` (argv[1], may be null) re-executes with the tuned
 // settings: train, bench, eval and generate.
 bool tunes_runtime_for(const char* subcommand);
-
-// The OpenBLAS kernel family in use ("Cooperlake", "Haswell", ...), for reports.
-// OPENBLAS_CORETYPE in the environment overrides OpenBLAS's own detection.
-std::string openblas_core_name();
 
 }  // namespace kvs

@@ -29,7 +29,7 @@ TEST(DistBench, TextNamesTheLayoutAndPerProcessFigures) {
   spit(cfg, tiny_config(false, 4).dump());
   const auto r = run_kvshift("bench --warmup 1 --steps 2 --config " + cfg + " --set parallel.tp=2", mpirun(2));
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("on 2 processes (dp 1, tp 2), each on cpu (1 threads)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("on 2 processes (dp 1, tp 2), each on cpu (1 thread)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" per process) | "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model TFLOP/s per process"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("peak memory (host RSS, the largest process's) "), std::string::npos) << r.out;

@@ -20,7 +20,6 @@
 #include "core/cpu_steal.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "core/runtime_env.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/gemm_peak.h"
@@ -502,7 +501,7 @@ void add_bench(CLI::App& app) {
                             {"gemm_library_source", a->compare_gemm ? "--compare-gemm" : gemm_choice.source},
                             {"gemm_threading", cpu::gemm_threading_name(cpu::effective_gemm_threading(
                                                    run_gemm(i).library, run_gemm(i).threading))},
-                            {"openblas_core", openblas_core_name()},
+                            {"openblas_core", cpu::openblas_core()},
                             {"openblas_core_source", blas.source},
                             {"openblas_slow_fallback", blas.slow_fallback},
                             {"loadavg_1min", loadavg_1min()},

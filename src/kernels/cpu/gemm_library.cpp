@@ -83,21 +83,16 @@ std::atomic<GemmThreading>& threading() {
   return t;
 }
 
-// The split form: tile t of the grid is rows [M r / rows, M (r+1) / rows) and
-// columns cut at multiples of 16 floats (a 64-byte line: no two threads write
-// one), each a single-threaded library call on its OpenMP thread (both
-// libraries, Debian's OpenMP builds, run on the calling thread alone inside
-// an OpenMP region). An error leaves the region as a status, not a throw.
+// The split form: each tile of gemm_split_tile a single-threaded library
+// call on its OpenMP thread (both libraries, Debian's OpenMP builds, run on
+// the calling thread alone inside an OpenMP region). An error leaves the
+// region as a status, not a throw.
 void split_sgemm(GemmLibrary lib, GemmGrid g, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  auto col = [&](int c) { return c == g.cols ? N : static_cast<int>(static_cast<long>(N) * c / g.cols) / 16 * 16; };
   std::atomic<int> failed{static_cast<int>(dnnl_success)};
 #pragma omp parallel num_threads(g.tiles())
   for (int t = omp_get_thread_num(); t < g.tiles(); t += omp_get_num_threads()) {
-    const int r = t / g.cols, c = t % g.cols;
-    const int m0 = static_cast<int>(static_cast<long>(M) * r / g.rows);
-    const int m1 = static_cast<int>(static_cast<long>(M) * (r + 1) / g.rows);
-    const int n0 = col(c), n1 = col(c + 1);
+    const auto [m0, m1, n0, n1] = gemm_split_tile(g, M, N, t);
     const float* a = ta ? A + m0 : A + static_cast<size_t>(m0) * lda;
     const float* b = tb ? B + static_cast<size_t>(n0) * ldb : B + n0;
     float* cp = C + static_cast<size_t>(m0) * ldc + n0;
@@ -211,6 +206,13 @@ GemmThreading effective_gemm_threading(GemmLibrary lib, GemmThreading setting) {
 GemmThreading gemm_threading() { return threading().load(std::memory_order_relaxed); }
 
 void set_gemm_threading(GemmThreading t) { threading().store(t, std::memory_order_relaxed); }
+
+GemmTile gemm_split_tile(GemmGrid g, int M, int N, int t) {
+  auto col = [&](int c) { return c == g.cols ? N : static_cast<int>(static_cast<long>(N) * c / g.cols) / 16 * 16; };
+  const int r = t / g.cols, c = t % g.cols;
+  return {static_cast<int>(static_cast<long>(M) * r / g.rows), static_cast<int>(static_cast<long>(M) * (r + 1) / g.rows),
+          col(c), col(c + 1)};
+}
 
 GemmGrid gemm_split_grid(GemmLibrary lib, int M, int N, int threads) {
   // Of the grids rows x cols = threads whose tiles keep kMinRows x kMinCols:

@@ -98,8 +98,10 @@ class GemmLibraryScope {
 // OpenBLAS's GEMMs were 1.05-1.08x as fast split (by rows), oneDNN's
 // 1.01-1.04x, and whole steps 0.995-1.14x and 0.98-1.03x: a gain for
 // OpenBLAS, none to measure for oneDNN, which keeps its own threading where
-// more threads were never measured. The split's bits are the one-thread
-// product's (each C element is one library call's sum over all of K).
+// more threads were never measured. Each tile's bits are its one-thread
+// call's (a sum over all of K); whether they are also the whole product's
+// one-thread bits is the library's affair (they were on the CPUs in
+// docs/KERNELS.md, not on every CPU).
 // KVS_CPU_GEMM_THREADS=split|library chooses for both libraries.
 enum class GemmThreading { kDefault, kSplit, kLibrary };
 
@@ -132,6 +134,15 @@ struct GemmGrid {
   int tiles() const { return rows * cols; }
 };
 GemmGrid gemm_split_grid(GemmLibrary lib, int M, int N, int threads);
+
+// Tile t (row-major over the grid) of C[M, N]: rows [M r / rows, M (r+1) /
+// rows), columns cut at multiples of 16 floats (a 64-byte line: no two
+// threads write one). kSplit computes each with one single-threaded call of
+// the library on that block of A, B and C.
+struct GemmTile {
+  int m0, m1, n0, n1;
+};
+GemmTile gemm_split_tile(GemmGrid g, int M, int N, int t);
 
 // Runs the GEMMs with `t` while it lives, then as before.
 class GemmThreadingScope {

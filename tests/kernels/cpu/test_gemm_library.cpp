@@ -8,9 +8,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <cstdlib>
@@ -19,7 +21,9 @@
 
 #include "core/error.h"
 #include "core/signal_stack.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/gemm_library.h"
+#include "kernels/cpu/gemm_peak.h"
 #include "kernels/cpu/ops_test_util.h"
 #include "train/stop_signals.h"
 
@@ -251,12 +255,13 @@ TEST(GemmLibrary, SplitGridsKeepTilesOf128By128OnEachLibrarysAxis) {
 
 // Split products (2 and 4 threads: grids 1 x 2 / 2 x 1 and 2 x 2; columns cut
 // at 16-float boundaries, a padded ldc) against double sums, with every
-// transpose, alpha 1 and 0.75 and beta 0 (C full of NaN) and 0.25; with the
-// engine's alpha = 1 also bit for bit against the same library on one thread
-// (each tile is one library call summing all of K). With alpha = 0.75 oneDNN's
-// bits can follow the tile's rows (it applies alpha in another place for some
-// sizes), as they would follow its own threads' split.
-TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndTheLibrarysOneThreadBits) {
+// transpose, alpha 1 and 0.75 and beta 0 (C full of NaN) and 0.25; and bit
+// for bit against each tile's own one-thread call of the same library on the
+// same block (what the split promises, on any CPU). Whether the tiles also
+// give the whole product's one-thread bits depends on the library's kernels:
+// they did on the Zen 3, Zen 4 and Intel VMs of docs/KERNELS.md, not on CI's
+// machine of 2026-12-01, so that is printed, not asserted.
+TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndEachTilesOneThreadCall) {
   const int M = 300, N = 290, K = 200;
   const int threads_before = omp_get_max_threads();
   for (GemmLibrary lib : {GemmLibrary::OpenBLAS, GemmLibrary::OneDNN})
@@ -271,18 +276,36 @@ TEST(GemmLibrary, SplitProductsMatchDoubleSumsAndTheLibrarysOneThreadBits) {
           omp_set_num_threads(threads_before);
           return C;
         };
-        const ops_test::FVec one = product(1, GemmThreading::kLibrary);
+        const ops_test::FVec whole = product(1, GemmThreading::kLibrary);
         for (int threads : {2, 4}) {
-          SCOPED_TRACE(gemm_library_name(lib) + " trans " + std::to_string(p.ta) + std::to_string(p.tb) + " alpha " +
-                       std::to_string(alpha) + " beta " + std::to_string(beta) + " threads " +
-                       std::to_string(threads));
-          ASSERT_GT(gemm_split_grid(lib, M, N, threads).tiles(), 1);
+          const std::string what = gemm_library_name(lib) + " trans " + std::to_string(p.ta) + std::to_string(p.tb) +
+                                   " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta) + " threads " +
+                                   std::to_string(threads);
+          SCOPED_TRACE(what);
+          const GemmGrid g = gemm_split_grid(lib, M, N, threads);
+          ASSERT_GT(g.tiles(), 1);
           const ops_test::FVec C = product(threads, GemmThreading::kSplit);
           p.expect_matches(C, alpha, beta);
-          if (alpha == 1.0f) {
-            EXPECT_EQ(std::memcmp(C.data(), one.data(), C.size() * sizeof(float)), 0)
-                << "split bits differ from one thread's";
+          // Each tile again, one call on one thread outside any region.
+          ops_test::FVec tiles = p.C0;
+          omp_set_num_threads(1);
+          for (int i = 0; i < g.tiles(); ++i) {
+            const auto [m0, m1, n0, n1] = gemm_split_tile(g, M, N, i);
+            ASSERT_TRUE(m0 < m1 && n0 < n1 && n0 % 16 == 0) << "tile " << i;
+            float* c = tiles.data() + size_t(m0) * p.ldc + n0;
+            if (beta == 0.0f)
+              for (int r = 0; r < m1 - m0; ++r)
+                std::fill(c + size_t(r) * p.ldc, c + size_t(r) * p.ldc + n1 - n0, std::nanf(""));
+            sgemm(p.ta, p.tb, m1 - m0, n1 - n0, K, alpha, p.ta ? p.A.data() + m0 : p.A.data() + size_t(m0) * p.lda,
+                  p.lda, p.tb ? p.B.data() + size_t(n0) * p.ldb : p.B.data() + n0, p.ldb, beta, c, p.ldc);
           }
+          omp_set_num_threads(threads_before);
+          p.expect_matches(tiles, alpha, beta);  // the tiles cover C
+          EXPECT_EQ(std::memcmp(C.data(), tiles.data(), C.size() * sizeof(float)), 0)
+              << "split bits differ from its tiles' one-thread calls";
+          if (alpha == 1.0f && std::memcmp(C.data(), whole.data(), C.size() * sizeof(float)) != 0)
+            std::printf("note: %s: the split's bits are not the whole product's one-thread bits here (%s, %s)\n",
+                        what.c_str(), cpu_identity().c_str(), openblas_core().c_str());
         }
       }
     }

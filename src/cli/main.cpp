@@ -4,12 +4,15 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <new>
 #include <sstream>
 #include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -81,6 +84,16 @@ class ExpandEveryLevel : public CLI::Formatter {
   }
 };
 
+// The one line for a failed allocation in the command the arguments chose.
+std::string out_of_memory(CLI::App& app) {
+  std::string command;
+  for (const CLI::App* sub : app.get_subcommands()) command = sub->get_name();
+  return fmt::format(
+      "out of memory{}: an allocation failed (the machine's memory, or the process's limit: ulimit -v, a cgroup's "
+      "memory.max); `kvshift info --config F` estimates what a run needs",
+      command.empty() ? "" : " in " + command);
+}
+
 // This process's rank as its launcher set it (0 without one): under a
 // launcher every rank usually fails alike (a config error), and the line is
 // printed once, not once per rank (print_rank_error).
@@ -132,6 +145,21 @@ int main(int argc, char** argv) {
     if (name != "train" && name != "bench" && name != "eval" && name != "dist-check" && name != "dist-selftest")
       sub->parse_complete_callback([name] { kvs::cli::refuse_launched_ranks(name); });
   }
+  // A bad_alloc on another thread (an OpenMP worker's, a library's) ends in
+  // std::terminate: the same one line as on the main thread, not an abort.
+  static CLI::App* const terminating_app = &app;
+  static const std::terminate_handler previous = std::set_terminate([] {
+    if (const std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::bad_alloc&) {
+        kvs::cli::print_rank_error(launch_rank(), out_of_memory(*terminating_app).c_str());
+        std::_Exit(1);
+      } catch (...) {
+      }
+    }
+    previous();
+  });
   bool help = false;
   int help_errno = 0;  // why printing --help failed, if it did (a long help fails while it is written)
   try {
@@ -157,13 +185,17 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // Not the bare "std::bad_alloc": what ran out, and where to look. (The
     // engine's own allocations say how much the model needs.)
-    std::string command;
-    for (const CLI::App* sub : app.get_subcommands()) command = sub->get_name();
-    const std::string what = fmt::format(
-        "out of memory{}: an allocation failed (the machine's memory, or the process's limit: ulimit -v, a cgroup's "
-        "memory.max); `kvshift info --config F` estimates what a run needs",
-        command.empty() ? "" : " in " + command);
-    kvs::cli::print_rank_error(launch_rank(), what.c_str());
+    kvs::cli::print_rank_error(launch_rank(), out_of_memory(app).c_str());
+    return 1;
+  } catch (const std::system_error& e) {
+    // std::thread's EAGAIN says only "Resource temporarily unavailable".
+    const bool thread = e.code() == std::errc::resource_unavailable_try_again;
+    kvs::cli::print_rank_error(
+        launch_rank(), thread ? fmt::format("{}: a thread could not start (its stack did not fit under ulimit -v, or "
+                                            "ulimit -u's process count is reached)",
+                                            e.what())
+                                    .c_str()
+                              : e.what());
     return 1;
   } catch (const std::exception& e) {
     kvs::cli::print_rank_error(launch_rank(), e.what());

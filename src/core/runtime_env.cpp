@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
+
+#include "core/blas_address_space.h"
 
 namespace kvs {
 
@@ -26,6 +29,25 @@ void save_start_cpus(int, char**, char**) {
 }
 __attribute__((section(".preinit_array"), used)) void (*const kvs_save_start_cpus)(int, char**, char**) =
     save_start_cpus;
+
+// OpenBLAS's constructor would spin without a word where an address-space
+// limit leaves no room for its per-thread buffers (core/blas_address_space.h):
+// one line and exit 1 instead, before it runs.
+void refuse_an_address_space_openblas_cannot_load_in(int, char**, char** envp) {
+  cpu_set_t cpus;
+  int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  const long conf = sysconf(_SC_NPROCESSORS_CONF);
+  if (n <= 0 || (conf > 0 && conf < n)) n = conf > 0 ? static_cast<int>(conf) : 1;
+  char line[512];
+  if (openblas_fits_address_space(openblas_threads_at_load(envp, n), line, sizeof line)) return;
+  const char prefix[] = "kvshift: error: ";
+  (void)!write(2, prefix, sizeof prefix - 1);
+  (void)!write(2, line, strlen(line));
+  (void)!write(2, "\n", 1);
+  _exit(1);
+}
+__attribute__((section(".preinit_array"), used)) void (*const kvs_refuse_small_address_space)(int, char**, char**) =
+    refuse_an_address_space_openblas_cannot_load_in;
 
 // Whether `name` was in the environment this process was started with
 // (/proc/self/environ keeps the original block even if a library calls setenv).

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 
+#include "core/blas_address_space.h"
 #include "core/cpu_budget.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
@@ -23,6 +24,7 @@
 #include "core/rng.h"
 #include "data/tokenizer_check.h"
 #include "dist/launch.h"
+#include "kernels/cpu/gemm_library.h"
 #include "model/flops.h"
 #include "model/params.h"
 #include "parallel/parallel_groups.h"
@@ -578,6 +580,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
     resumed.reset();  // the files closed
   }
   engine->reserve_optimizer_state();
+  // OpenBLAS's GEMM threads map their buffers at their first product, and
+  // spin where an address-space limit leaves no room: one line instead.
+  if (cfg.device == Device::Cpu && cpu::gemm_library() == cpu::GemmLibrary::OpenBLAS)
+    check_address_space_for_openblas_calls(resolve_threads(tc.threads));
   if (rank0 && cfg.device == Device::Cpu) {
     // Allocated is not resident: the gradients, moments and activations are
     // written by the first step, where overcommit would kill a run that does

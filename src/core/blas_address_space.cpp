@@ -1,0 +1,103 @@
+#include "core/blas_address_space.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvs {
+
+namespace {
+
+// The value of NAME in envp, or null.
+const char* env_value(char** envp, const char* name) {
+  const size_t len = std::strlen(name);
+  for (char** e = envp; e && *e; ++e)
+    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
+  return nullptr;
+}
+
+// VmSize of /proc/self/status in bytes (0 if unreadable), with read(2) only.
+uint64_t mapped_bytes() {
+  const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  const ssize_t got = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (got <= 0) return 0;
+  buf[got] = '\0';
+  const char* p = std::strstr(buf, "VmSize:");
+  return p ? std::strtoull(p + 7, nullptr, 10) * 1024 : 0;
+}
+
+uint64_t mib(uint64_t bytes) { return (bytes + (uint64_t{1} << 20) - 1) >> 20; }
+
+}  // namespace
+
+int openblas_threads_at_load(char** envp, int cpus) {
+  int threads = 0;
+  static const char* const kNames[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"};
+  for (const char* name : kNames) {
+    const char* v = env_value(envp, name);
+    if (v && std::atoi(v) > 0) {
+      threads = std::atoi(v);
+      break;
+    }
+  }
+  if (threads <= 0 || threads > cpus) threads = cpus;
+  if (threads > kOpenBlasMaxThreads) threads = kOpenBlasMaxThreads;
+  return threads < 1 ? 1 : threads;
+}
+
+void format_openblas_address_space_refusal(char* out, size_t n, uint64_t limit, uint64_t used, int threads) {
+  const uint64_t need = used + threads * kOpenBlasThreadBuffer + kLoadHeadroom;
+  std::snprintf(out, n,
+                "the address-space limit (ulimit -v) of %llu MiB leaves %llu MiB beside the %llu MiB the libraries "
+                "map, and OpenBLAS maps 128 MiB for each of its %d thread%s as it loads (it would wait forever): "
+                "raise the limit to at least %llu MiB (ulimit -v %llu)%s",
+                (unsigned long long)mib(limit), (unsigned long long)(limit > used ? (limit - used) >> 20 : 0),
+                (unsigned long long)mib(used), threads, threads == 1 ? "" : "s", (unsigned long long)mib(need),
+                (unsigned long long)(mib(need) * 1024), threads > 1 ? ", or run fewer threads (OMP_NUM_THREADS)" : "");
+}
+
+bool openblas_fits_address_space(int threads, char* out, size_t n) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
+  const size_t probe = static_cast<size_t>(threads * kOpenBlasThreadBuffer + kLoadHeadroom);
+  void* p = mmap(nullptr, probe, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    munmap(p, probe);
+    return true;
+  }
+  format_openblas_address_space_refusal(out, n, rl.rlim_cur, mapped_bytes(), threads);
+  return false;
+}
+
+void check_address_space_for_openblas_calls(int threads) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  // Beside each thread's buffer: the 64 MiB a thread's first malloc reserves
+  // for its arena (glibc), 8 MiB of stack. (A toy run on 2 threads needed
+  // 266-314 MiB left here, depending on which threads had their arenas.)
+  const uint64_t headroom = (uint64_t{32} + 72 * threads) << 20, buffers = threads * kOpenBlasThreadBuffer;
+  void* p = mmap(nullptr, static_cast<size_t>(buffers + headroom), PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    munmap(p, static_cast<size_t>(buffers + headroom));
+    return;
+  }
+  const uint64_t used = mapped_bytes();
+  fail("the address-space limit (ulimit -v) of {} MiB leaves {} MiB beside the {} MiB the model's buffers and the "
+       "libraries map, and OpenBLAS maps 128 MiB for each of the {} threads that call it, at their first product (it "
+       "would wait forever): raise the limit to at least {} MiB, or lower train.micro_batch_size",
+       mib(rl.rlim_cur), rl.rlim_cur > used ? (rl.rlim_cur - used) >> 20 : 0, mib(used), threads,
+       mib(used + buffers + headroom));
+}
+
+}  // namespace kvs

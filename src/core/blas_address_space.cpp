@@ -38,6 +38,19 @@ uint64_t mapped_bytes() {
 
 uint64_t mib(uint64_t bytes) { return (bytes + (uint64_t{1} << 20) - 1) >> 20; }
 
+// Whether `bytes` more can be mapped now: true without an RLIMIT_AS (then
+// *limit = 0); else one PROT_NONE mapping of that size, released at once.
+bool room_under_limit(uint64_t bytes, uint64_t* limit) {
+  rlimit rl{};
+  *limit = 0;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
+  *limit = rl.rlim_cur;
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  munmap(p, static_cast<size_t>(bytes));
+  return true;
+}
+
 }  // namespace
 
 int openblas_threads_at_load(char** envp, int cpus) {
@@ -67,37 +80,25 @@ void format_openblas_address_space_refusal(char* out, size_t n, uint64_t limit, 
 }
 
 bool openblas_fits_address_space(int threads, char* out, size_t n) {
-  rlimit rl{};
-  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
-  const size_t probe = static_cast<size_t>(threads * kOpenBlasThreadBuffer + kLoadHeadroom);
-  void* p = mmap(nullptr, probe, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p != MAP_FAILED) {
-    munmap(p, probe);
-    return true;
-  }
-  format_openblas_address_space_refusal(out, n, rl.rlim_cur, mapped_bytes(), threads);
+  uint64_t limit = 0;
+  if (room_under_limit(threads * kOpenBlasThreadBuffer + kLoadHeadroom, &limit)) return true;
+  format_openblas_address_space_refusal(out, n, limit, mapped_bytes(), threads);
   return false;
 }
 
 void check_address_space_for_openblas_calls(int threads) {
-  rlimit rl{};
-  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
   // Beside each thread's buffer: the 64 MiB a thread's first malloc reserves
   // for its arena (glibc), 8 MiB of stack. (A toy run on 2 threads needed
   // 266-314 MiB left here, depending on which threads had their arenas.)
-  const uint64_t headroom = (uint64_t{32} + 72 * threads) << 20, buffers = threads * kOpenBlasThreadBuffer;
-  void* p = mmap(nullptr, static_cast<size_t>(buffers + headroom), PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p != MAP_FAILED) {
-    munmap(p, static_cast<size_t>(buffers + headroom));
-    return;
-  }
+  const uint64_t need = threads * kOpenBlasThreadBuffer + ((uint64_t{32} + 72 * threads) << 20);
+  uint64_t limit = 0;
+  if (room_under_limit(need, &limit)) return;
   const uint64_t used = mapped_bytes();
   fail("the address-space limit (ulimit -v) of {} MiB leaves {} MiB beside the {} MiB the model's buffers and the "
-       "libraries map, and OpenBLAS maps 128 MiB for each of the {} threads that call it, at their first product (it "
-       "would wait forever): raise the limit to at least {} MiB, or lower train.micro_batch_size",
-       mib(rl.rlim_cur), rl.rlim_cur > used ? (rl.rlim_cur - used) >> 20 : 0, mib(used), threads,
-       mib(used + buffers + headroom));
+       "libraries map, and OpenBLAS maps 128 MiB for each of the {} thread{} that call it, at their first product "
+       "(it would wait forever): raise the limit to at least {} MiB, or lower train.micro_batch_size",
+       mib(limit), limit > used ? (limit - used) >> 20 : 0, mib(used), threads, threads == 1 ? "" : "s",
+       mib(used + need));
 }
 
 }  // namespace kvs

@@ -1,9 +1,9 @@
 // OpenBLAS under an address-space limit (`ulimit -v`, RLIMIT_AS). When
 // Debian's OpenBLAS loads, its constructor maps a 128 MiB buffer for each of
 // its threads, and where mmap and malloc both fail it tries again forever:
-// the program spins before main() without a word (seen with a limit 100-200
-// MiB above what the libraries themselves map; kvshift with CUDA maps about
-// 1 GB). The kvshift binary checks first, from .preinit_array (which runs
+// the program spins before main() without a word (seen with limits up to
+// 128 MiB a thread above what the libraries themselves map; kvshift with
+// CUDA maps about 1 GB). The kvshift binary checks first, from .preinit_array (which runs
 // before any shared library's constructor; core/runtime_env.cpp), and stops
 // with one line instead. Plain C calls only: libstdc++ is not set up yet then.
 #pragma once

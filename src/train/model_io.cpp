@@ -1,11 +1,11 @@
 #include "train/model_io.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
+#include "core/safetensors.h"
 
 namespace kvs {
 namespace {
@@ -54,9 +54,7 @@ void read_model_weights(const OpenedCheckpoint& ck, const std::function<void(con
   for (const ParamTensor& t : layout.tensors) {
     v.resize(t.numel);
     file.read_f32(*file.find(t.name), 0, t.numel, v.data());
-    for (size_t i = 0; i < t.numel; ++i)
-      if (!std::isfinite(v[i]))
-        fail("{}: tensor '{}' element {} is {} ({})", file.path(), t.name, i, v[i], refusing);
+    check_finite_values(v, file.path(), t.name, refusing);
     take(t, v.data());
   }
 }

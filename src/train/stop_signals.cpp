@@ -3,7 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -17,14 +20,31 @@ namespace {
 std::atomic<int> g_first{0};
 std::atomic<int> g_count{0};
 std::atomic<bool> g_announce{false};
+std::atomic<int64_t> g_first_ns{0};  // when the first stop signal arrived (CLOCK_MONOTONIC)
 
+// A stop signal this soon after the first is the same request delivered
+// twice, not a second one: GNU timeout signals the child and then its process
+// group, and a launcher (torchrun, mpirun) signals ranks that the terminal's
+// Ctrl-C already reached, microseconds to milliseconds apart.
+constexpr int64_t kSameRequestNs = 250'000'000;
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+// One write(2) per message, so that handlers running at once on two threads
+// do not interleave their words (stdio's buffer is not ours to touch here).
 void say(const char* a, const char* b, const char* c) {
-  // After an open progress line its own line (stdio's buffer is not ours to touch here).
+  char line[256];
+  size_t n = 0;
+  // After an open progress line its own line.
   const char* first = progress_line_open_for_signal_handler() ? "\n" : "";
-  for (const char* s : {first, a, b, c}) {
-    const ssize_t n = ::write(STDERR_FILENO, s, std::strlen(s));
-    (void)n;
-  }
+  for (const char* s : {first, a, b, c})
+    for (; *s && n < sizeof line; ++s) line[n++] = *s;
+  const ssize_t w = ::write(STDERR_FILENO, line, n);
+  (void)w;
 }
 
 const char* short_name(int sig) {
@@ -40,9 +60,12 @@ const char* short_name(int sig) {
 
 // Async-signal-safe: atomics, write(2) and _exit(2) only.
 extern "C" void on_stop_signal(int sig) {
-  const int n = g_count.fetch_add(1) + 1;
+  const int64_t now = monotonic_ns();
+  int64_t first_ns = 0;
+  if (!g_first_ns.compare_exchange_strong(first_ns, now) && now - first_ns < kSameRequestNs) return;
   int expected = 0;
   g_first.compare_exchange_strong(expected, sig);
+  const int n = g_count.fetch_add(1) + 1;
   if (n == 1) {
     if (g_announce.load())
       say("kvshift: ", short_name(sig),
@@ -76,6 +99,7 @@ StopSignals::StopSignals(StopSignal extra, bool announce) {
   if (g_depth++ == 0) {
     g_first = 0;
     g_count = 0;
+    g_first_ns = 0;
   }
   g_announce = announce;
   struct sigaction sa {};
@@ -105,6 +129,8 @@ std::string StopSignals::name(int sig) { return short_name(sig); }
 void StopSignals::simulate(int sig) {
   int expected = 0;
   g_first.compare_exchange_strong(expected, sig);
+  int64_t none = 0;
+  g_first_ns.compare_exchange_strong(none, monotonic_ns());
   g_count.fetch_add(1);
 }
 

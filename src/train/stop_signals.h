@@ -4,6 +4,8 @@
 // current step, write a checkpoint and exit with kExitStopped. A second
 // SIGTERM/SIGINT exits at once (128 + signal) without touching anything:
 // an interrupted save leaves only its temp directory, `latest` stays good.
+// Signals within 250 ms of the first are that request delivered twice
+// (`timeout`, launchers), not a second one.
 // The handler only sets a flag (and writes one line with write(2)); the
 // trainer reads it at step boundaries, where the ranks agree on it
 // (step_watch.h). Instances nest: `kvshift train` holds one for the whole

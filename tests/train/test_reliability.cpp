@@ -587,13 +587,35 @@ TEST(StopSignal, SecondSigtermExitsAtOnceWithoutTouchingLatest) {
   ASSERT_TRUE(wait_for(saving, 60)) << slurp(ch.out_path);
   const std::string before = slurp(root + "/latest");
   ::kill(ch.pid, SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past the 250 ms in which a repeat is the same request
   ::kill(ch.pid, SIGTERM);
   EXPECT_EQ(wait_exit(ch.pid, 10), 128 + SIGTERM);
   EXPECT_NE(slurp(ch.out_path).find("kvshift: second SIGTERM: exiting now; the last complete checkpoint is untouched"),
             std::string::npos);
   EXPECT_EQ(slurp(root + "/latest"), before);
   EXPECT_TRUE(kvs::load_checkpoint(kvs::latest_checkpoint(root)).verified);
+}
+
+// GNU timeout sends SIGTERM to the child and then to its process group, and
+// torchrun sends SIGTERM to workers the terminal's SIGINT already reached:
+// one request, delivered twice at once. It stops gracefully, with one line.
+TEST(StopSignal, TheSameRequestDeliveredTwiceAtOnceIsOneStop) {
+  for (const int second : {SIGTERM, SIGINT}) {
+    TmpDir tmp;
+    const std::string cfg = write_config(tmp, tiny(100000, 0)), run = tmp / "run";
+    const Child ch = spawn_kvshift({"train", "--quiet", "--config", cfg, "--run-dir", run}, tmp / "out.txt");
+    ASSERT_TRUE(wait_for(
+        [&] { return fs::exists(run + "/metrics.jsonl") && fs::file_size(run + "/metrics.jsonl") > 0; }, 60));
+    ::kill(ch.pid, SIGTERM);
+    ::kill(ch.pid, second);
+    EXPECT_EQ(wait_exit(ch.pid, 60), 75) << slurp(ch.out_path);  // kExitStopped
+    const std::string out = slurp(ch.out_path);
+    EXPECT_FALSE(kvs::latest_checkpoint(run + "/checkpoints").empty()) << out;
+    EXPECT_EQ(out.find("second SIG"), std::string::npos) << out;
+    const std::string line = "kvshift: SIGTERM received: finishing this step, then writing a checkpoint";
+    ASSERT_NE(out.find(line), std::string::npos) << out;
+    EXPECT_EQ(out.find(line, out.find(line) + 1), std::string::npos) << out;
+  }
 }
 
 TEST(StopSignal, ConfigKeyNamesTheSignal) {

@@ -328,7 +328,7 @@ class Harness:
         d = self.fresh(("sigterm-twice" if twice else "sigterm") + f"-dp{dp}")
         cfg = self.cfg_file(d, self.rng.random() < 0.5)
         run = os.path.join(d, "run")
-        env = {"KVS_FAULT_SAVE_PAUSE_S": "0.5"} if twice else {}
+        env = {"KVS_FAULT_SAVE_PAUSE_S": "1.5"} if twice else {}
         p = self.start(self.command(dp, cfg, run), self.env(env))
         # mpirun forwards SIGUSR1 to the ranks (SIGTERM to mpirun tears the job down: docs/RELIABILITY.md).
         sig = signal.SIGTERM if dp == 1 else signal.SIGUSR1
@@ -342,7 +342,7 @@ class Harness:
             if p.poll() is not None:
                 return False, False, False, "the run ended before a save was in flight to signal"
             p.send_signal(signal.SIGTERM)
-            time.sleep(0.05)
+            time.sleep(0.4)  # past the 250 ms in which a repeat is the same request (`timeout`'s two)
             p.send_signal(signal.SIGTERM)
         else:
             self.wait_for_training(p, run)

@@ -14,10 +14,12 @@ fraction of the machine's fp32 SGEMM peak calibrated on the same threads.
 
 Thread counts default to 1, 2, 4, ... up to and including every core (os.cpu_count()). An
 OpenBLAS core is run with KVS_CPU_GEMM=openblas and OPENBLAS_CORETYPE set to it; "onednn" with
-KVS_CPU_GEMM=onednn; "default" unsets KVS_CPU_GEMM, KVS_CPU_GEMM_THREADS, OPENBLAS_CORETYPE (and
-OPENBLAS_L2_SIZE), so kvshift picks the library, its threading and the kernels itself. Without
---core the environment is passed as it is. The GEMM column says ", split" where the products were
-split into one tile per thread (KVS_CPU_GEMM_THREADS).
+KVS_CPU_GEMM=onednn; "default" unsets KVS_CPU_GEMM, KVS_CPU_GEMM_THREADS, KVS_CPU_REPLICAS,
+OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE), so kvshift picks the library, its threading, the thread
+replicas and the kernels itself. Without --core the environment is passed as it is. The GEMM
+column says ", split" where the products were split into one tile per thread
+(KVS_CPU_GEMM_THREADS) and ", N thread replicas" where each thread ran its share of the
+sequences (KVS_CPU_REPLICAS).
 
 With two or more --kvshift binaries (a change against the commit before it), every run is
 done with each binary in turn, and the table is followed by each binary's median step time
@@ -40,7 +42,8 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=(
         cmd.append("--recalibrate")
     env = dict(os.environ)
     if core == "default":
-        for name in ("KVS_CPU_GEMM", "KVS_CPU_GEMM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        for name in ("KVS_CPU_GEMM", "KVS_CPU_GEMM_THREADS", "KVS_CPU_REPLICAS", "OPENBLAS_CORETYPE",
+                     "OPENBLAS_L2_SIZE"):
             env.pop(name, None)
     elif core and core.lower() == "onednn":
         env["KVS_CPU_GEMM"] = "onednn"
@@ -54,10 +57,12 @@ def bench(binary, config, threads, warmup, steps, recalibrate, core=None, sets=(
 
 
 def gemms(r):
-    """The GEMMs' library and kernels, from `bench --json` ("OpenBLAS SkylakeX", "oneDNN 2.6.3"), and
-    ", split" when their threads split each product."""
+    """The GEMMs' library and kernels, from `bench --json` ("OpenBLAS SkylakeX", "oneDNN 2.6.3"),
+    ", split" when their threads split each product, and the thread replicas."""
     lib = r.get("gemm_library") or f"OpenBLAS {r.get('openblas_core')}"
-    return lib + (", split" if r.get("gemm_threading") == "split" else "")
+    replicas = r.get("cpu_replicas", 1)
+    return (lib + (", split" if r.get("gemm_threading") == "split" else "")
+            + (f", {replicas} thread replicas" if replicas > 1 else ""))
 
 
 def gemm_source(r):

@@ -498,6 +498,8 @@ def main(argv=None):
             e["median_ms_per_step"] = median([r["median_ms_per_step"] for r in ok])
             if python is None:
                 split = ", split" if last.get("gemm_threading") == "split" else ""  # one tile per thread
+                if last.get("cpu_replicas", 1) > 1:  # each thread a share of the sequences
+                    split += f", {last['cpu_replicas']} thread replicas"
                 e["blas"] = (f"{last['gemm_library']}{split} ({last.get('gemm_library_source', '')})"
                              if "gemm_library" in last
                              else f"OpenBLAS {last.get('openblas_core')} ({last.get('openblas_core_source', '')})")

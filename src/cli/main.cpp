@@ -25,6 +25,7 @@
 #include "dist/launch.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/gemm_library.h"
+#include "model/cpu_replicas.h"
 
 namespace {
 
@@ -164,12 +165,15 @@ int main(int argc, char** argv) {
   int help_errno = 0;  // why printing --help failed, if it did (a long help fails while it is written)
   try {
     kvs::init_logging();
-    // A bad KVS_CPU_GEMM(_THREADS) is an error here, before any work; --help
+    // A bad KVS_CPU_GEMM(_THREADS) or KVS_CPU_REPLICAS is an error here, before any work; --help
     // reads no variable and prints whatever it holds.
     const bool asks_for_help = std::any_of(argv + 1, argv + argc, [](const char* a) {
       return std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0 || std::strcmp(a, "--help-all") == 0;
     });
-    if (!asks_for_help) kvs::cpu::check_gemm_library_variable();
+    if (!asks_for_help) {
+      kvs::cpu::check_gemm_library_variable();
+      kvs::check_cpu_replicas_variable();
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {

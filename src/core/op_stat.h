@@ -41,8 +41,9 @@ class OpTable {
 };
 
 // The projection the next GEMMs belong to ("qkv proj", "lm head", ...): set
-// by the engines around their linear layers (one thread issues them).
-inline const char* g_gemm_label = nullptr;
+// by the engines around their linear layers, per thread (the CPU engine's
+// thread replicas issue theirs at once).
+inline thread_local const char* g_gemm_label = nullptr;
 
 class GemmLabel {
  public:

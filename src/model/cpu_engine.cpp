@@ -205,6 +205,13 @@ CpuEngine::CpuEngine(const ModelConfig& m, int max_batch, int max_seq_len, Tenso
   G_ = bind_params(layout_, m_, grads_.data());
 }
 
+void CpuEngine::share_params_of(CpuEngine& owner) {
+  KVS_CHECK(owner.layout_.total == layout_.total && !owner.params_.empty(),
+            "engine: a replica shares the parameters of an engine of the same model");
+  params_ = HostVector<float>();
+  P_ = bind_params(layout_, m_, owner.params_.data());
+}
+
 void CpuEngine::read_params_range(size_t begin, size_t n, float* host) const {
   KVS_CHECK(begin + n <= layout_.total, "read_params_range: [{}, {}) past the {} parameters", begin, begin + n,
             layout_.total);

@@ -122,6 +122,11 @@ class CpuEngine : public Engine {
   void reserve_optimizer_state() override;
 
   size_t activation_floats() const { return plan_.total; }  // per slot
+  // Thread replicas (model/cpu_replicas.h): compute with `owner`'s
+  // parameters from now on and free this engine's own. Such an engine runs
+  // forward, forward_backward and its own gradients only; the owner keeps
+  // the parameters and the optimizer.
+  void share_params_of(CpuEngine& owner);
   // Test instrumentation: while set, every backward also adds to (*sq)[i],
   // for each shift coefficient i, the sum of its gradient's terms' squares
   // (cpu::kv_shift_term_squares; "free"/"clamp01" shifts, no context

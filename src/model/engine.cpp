@@ -1,10 +1,13 @@
 // Engine selection and the batch checks every engine shares.
 #include "model/engine.h"
 
+#include <omp.h>
+
 #include <new>
 
 #include "core/error.h"
 #include "model/cpu_engine.h"
+#include "model/cpu_replicas.h"
 #include "model/params.h"
 #ifdef KVS_CUDA
 #include "dist/launch.h"
@@ -77,6 +80,13 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
     KVS_CHECK(attention_backend == AttentionImpl::Flash, "train.attention_backend: \"{}\" needs device \"cuda\"",
               attention_backend);
     try {
+      const bool alone = tp.size == 1 && cp.size == 1 && (!part || part->is_whole(m)) && slots == 1;
+      const int replicas =
+          cpu_replicas_for(cpu_replicas_setting(), omp_get_max_threads(), max_batch, alone,
+                           static_cast<double>(count_params(m).total),
+                           static_cast<double>(
+                               ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch, max_seq_len).total));
+      if (replicas > 1) return std::make_unique<CpuReplicaEngine>(m, max_batch, max_seq_len, replicas);
       return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
     } catch (const std::bad_alloc&) {
       // fp32 weights, gradients and two AdamW moments: 16 bytes a parameter;

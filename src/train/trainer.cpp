@@ -25,6 +25,7 @@
 #include "data/tokenizer_check.h"
 #include "dist/launch.h"
 #include "kernels/cpu/gemm_library.h"
+#include "model/cpu_replicas.h"
 #include "model/flops.h"
 #include "model/params.h"
 #include "parallel/parallel_groups.h"
@@ -609,10 +610,10 @@ TrainSummary train(const Config& config, const TrainOptions& opt) {
 
   const ParamCounts counts = count_params(cfg.model);
   if (rank0)
-    spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {}",
+    spdlog::info("model: {} params ({} non-embedding), kv_shift {}; data: {}; device {}; {}{}",
                format_count(counts.total), format_count(counts.non_embedding),
                describe_kv_shift(cfg.model.kv_shift), data->describe(), cfg.device,
-               thread_count(resolve_threads(tc.threads)));
+               thread_count(resolve_threads(tc.threads)), replicas_note(train_step.engine()));
   if (rank0 && tc.warmup_steps > tc.steps && tc.lr > 0)  // allowed (a run to be continued), rarely meant
     spdlog::warn("train.warmup_steps {} is more than train.steps {}: the learning rate rises to {:.4g} ({:.0f}% of "
                  "train.lr) and the run ends before it decays",

@@ -611,39 +611,50 @@ TEST(Cli, BenchCompareShiftTimesBothVariantsInOneRun) {
 // bench --profile on the CPU: every op of lm-small's step has a row (GEMMs by
 // projection, pass and shape), the rows' shares add up to the whole step, "=
 // all GEMMs" is the sum of the GEMM rows, and each GEMM's GFLOP/s is its
-// FLOPs (2 M N K per call) over its time.
+// FLOPs (2 M N K per call) over its time. On one thread, and on two thread
+// replicas, whose profile is the first replica's (half the rows each).
 TEST(Cli, BenchProfileTimesEveryOpOfTheCpuStepAndItsSharesAddUp) {
-  Result j = run("bench --json --profile --warmup 0 --steps 2 --config " + src("configs/toy/lm-small-kvshift.json"));
-  ASSERT_EQ(j.code, 0) << j.out;
-  const auto r = nlohmann::json::parse(j.out);
-  ASSERT_TRUE(r.contains("profile")) << r;
-  std::map<std::string, nlohmann::json> rows;
-  double shares = 0, gemm_ms = 0;
-  const std::regex gemm_shape(R"(.* (fwd|bwd dinp|bwd dW) (\d+)x(\d+)x(\d+))");
-  for (const auto& row : r["profile"]) {
-    const std::string op = row["op"];
-    rows[op] = row;
-    if (op.rfind("= ", 0) == 0) continue;
-    shares += row["share"].get<double>();
-    std::smatch m;
-    if (!std::regex_match(op, m, gemm_shape)) continue;
-    const double ms = row["ms_per_step"], calls = row["calls_per_step"];
-    const double flops = 2.0 * std::stod(m[2]) * std::stod(m[3]) * std::stod(m[4]) * calls;
-    EXPECT_NEAR(row["gflops"].get<double>(), flops / ms / 1e6, 1e-6 * flops / ms / 1e6) << op;
-    gemm_ms += ms;
+  for (const int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    Result j = run("bench --json --profile --warmup 0 --steps 2 --set train.threads=" + std::to_string(threads) +
+                   " --config " + src("configs/toy/lm-small-kvshift.json"));
+    ASSERT_EQ(j.code, 0) << j.out;
+    const auto r = nlohmann::json::parse(j.out);
+    ASSERT_EQ(r["cpu_replicas"], threads);
+    const double peak = r["sgemm_peak_gflops"].get<double>() / threads;  // the first replica's share
+    const std::string M = std::to_string(2048 / threads);
+    ASSERT_TRUE(r.contains("profile")) << r;
+    std::map<std::string, nlohmann::json> rows;
+    double shares = 0, gemm_ms = 0;
+    const std::regex gemm_shape(R"(.* (fwd|bwd dinp|bwd dW) (\d+)x(\d+)x(\d+))");
+    for (const auto& row : r["profile"]) {
+      const std::string op = row["op"];
+      rows[op] = row;
+      if (op.rfind("= ", 0) == 0) continue;
+      shares += row["share"].get<double>();
+      std::smatch m;
+      if (!std::regex_match(op, m, gemm_shape)) continue;
+      const double ms = row["ms_per_step"], calls = row["calls_per_step"];
+      const double flops = 2.0 * std::stod(m[2]) * std::stod(m[3]) * std::stod(m[4]) * calls;
+      EXPECT_NEAR(row["gflops"].get<double>(), flops / ms / 1e6, 1e-6 * flops / ms / 1e6) << op;
+      EXPECT_NEAR(row["fraction_of_sgemm_peak"].get<double>(), flops / ms / 1e6 / peak, 1e-6) << op;
+      gemm_ms += ms;
+    }
+    EXPECT_NEAR(shares, 1.0, 1e-9);
+    for (const std::string& op : std::vector<std::string>{"embedding fwd", "rmsnorm fwd", "qkv proj fwd " + M + "x256x256",
+                                 "qkv proj fwd " + M + "x128x256", "shift+rope fwd", "attention fwd",
+                                 "o proj fwd " + M + "x256x256", "residual+rmsnorm fwd",
+                                 "gate,up proj fwd " + M + "x1376x256", "swiglu fwd", "down proj fwd " + M + "x256x688",
+                                 "lm head fwd " + M + "x256x256", "cross-entropy fwd+bwd",
+                                 "down proj bwd dinp " + M + "x688x256", "down proj bwd dW 256x688x" + M, "swiglu bwd",
+                                 "rmsnorm bwd", "attention bwd", "shift+rope bwd", "qkv proj bwd dW 128x256x" + M,
+                                 "embedding bwd", "grad norm", "adamw", "other (outside the timed ops)", "= all GEMMs"})
+      EXPECT_TRUE(rows.count(op)) << op;
+    EXPECT_EQ(rows.count("replica grads sum"), threads > 1 ? 1u : 0u);
+    ASSERT_TRUE(rows.count("= all GEMMs"));
+    EXPECT_NEAR(rows["= all GEMMs"]["ms_per_step"].get<double>(), gemm_ms, 1e-9 * gemm_ms);
+    EXPECT_EQ(rows["attention fwd"]["calls_per_step"], 4.0);  // one per layer
   }
-  EXPECT_NEAR(shares, 1.0, 1e-9);
-  for (const char* op : {"embedding fwd", "rmsnorm fwd", "qkv proj fwd 2048x256x256", "qkv proj fwd 2048x128x256",
-                         "shift+rope fwd", "attention fwd", "o proj fwd 2048x256x256", "residual+rmsnorm fwd",
-                         "gate,up proj fwd 2048x1376x256", "swiglu fwd", "down proj fwd 2048x256x688",
-                         "lm head fwd 2048x256x256", "cross-entropy fwd+bwd", "down proj bwd dinp 2048x688x256",
-                         "down proj bwd dW 256x688x2048", "swiglu bwd", "rmsnorm bwd", "attention bwd",
-                         "shift+rope bwd", "qkv proj bwd dW 128x256x2048", "embedding bwd", "grad norm", "adamw",
-                         "other (outside the timed ops)", "= all GEMMs"})
-    EXPECT_TRUE(rows.count(op)) << op;
-  ASSERT_TRUE(rows.count("= all GEMMs"));
-  EXPECT_NEAR(rows["= all GEMMs"]["ms_per_step"].get<double>(), gemm_ms, 1e-9 * gemm_ms);
-  EXPECT_EQ(rows["attention fwd"]["calls_per_step"], 4.0);  // one per layer
 }
 
 // The GEMMs' threading: split and the library's own in one run, alternated
@@ -692,6 +703,48 @@ TEST(Cli, BenchCompareGemmThreadsTimesBothThreadingsAndKvsCpuGemmThreadsPicksOne
   EXPECT_NE(bad.out.find("KVS_CPU_GEMM_THREADS=auto: expected split or library"), std::string::npos) << bad.out;
 }
 
+// Thread replicas: one engine whose threads share each op and one on
+// replicas, in one run, steps alternated; the same weights, so the same
+// losses to fp32 rounding. KVS_CPU_REPLICAS=off keeps one engine, a bad value
+// is a one-line error before any work, and one thread or fewer sequences than
+// threads are refused.
+TEST(Cli, BenchCompareReplicasTimesBothEnginesAndKvsCpuReplicasTurnsThemOff) {
+  const std::string cfg = src("configs/toy/induction-1l-vanilla.json");
+  Result r = run("bench --warmup 1 --steps 2 --compare-replicas --set train.threads=2 --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" | threads sharing each op | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" | 2 thread replicas | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Thread replicas against threads sharing each op: "), std::string::npos) << r.out;
+  Result j = run("bench --json --warmup 1 --steps 2 --compare-replicas --set train.threads=2 --config " + cfg);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto arr = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(arr.is_array());
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[0]["cpu_replicas"], 1);
+  EXPECT_EQ(arr[1]["cpu_replicas"], 2);
+  const auto l0 = arr[0]["losses"].get<std::vector<double>>(), l1 = arr[1]["losses"].get<std::vector<double>>();
+  ASSERT_EQ(l0.size(), 3u);
+  ASSERT_EQ(l1.size(), 3u);
+  for (size_t i = 0; i < l0.size(); ++i) EXPECT_NEAR(l0[i], l1[i], 1e-5 * l0[i]) << i;
+  Result off = run_with_env("KVS_CPU_REPLICAS=off", " bench --json --warmup 0 --steps 1 --set train.threads=2 --config " + cfg);
+  ASSERT_EQ(off.code, 0) << off.out;
+  const auto o = nlohmann::json::parse(off.out.substr(off.out.find('{')));
+  EXPECT_EQ(o["cpu_replicas"], 1);
+  EXPECT_EQ(o["env"]["KVS_CPU_REPLICAS"], "off");
+  Result bad = run_with_env("KVS_CPU_REPLICAS=4", " bench --json --warmup 0 --steps 1 --config " + cfg);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(count_lines(bad.out), 1) << bad.out;
+  EXPECT_NE(bad.out.find("KVS_CPU_REPLICAS=4: expected auto or off"), std::string::npos) << bad.out;
+  for (const std::string set : {"--set train.threads=1", "--set train.threads=2 --set train.micro_batch_size=1"}) {
+    Result refused = run("bench --compare-replicas " + set + " --config " + cfg);
+    EXPECT_NE(refused.code, 0);
+    EXPECT_EQ(count_lines(refused.out), 1) << refused.out;
+    EXPECT_NE(refused.out.find("--compare-replicas needs at least 2 threads and a micro-batch of at least as many"),
+              std::string::npos)
+        << refused.out;
+  }
+}
+
 // The GEMM library: both in one run, alternated step by step; KVS_CPU_GEMM
 // picks one, and a bad value is a one-line error before any work.
 TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
@@ -728,8 +781,8 @@ TEST(Cli, BenchCompareGemmTimesBothLibrariesInOneRunAndKvsCpuGemmPicksOne) {
   }
   Result both = run("bench --compare-gemm --compare-shift --config " + cfg);
   EXPECT_NE(both.code, 0);
-  EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-threads, --compare-gemm-timing, --compare-shift and "
-                          "--compare-overlap are separate runs"),
+  EXPECT_NE(both.out.find("--compare-gemm, --compare-gemm-threads, --compare-replicas, --compare-gemm-timing, "
+                          "--compare-shift and --compare-overlap are separate runs"),
             std::string::npos)
       << both.out;
   // The timed GEMM algorithms are cuBLASLt's, chosen after a first step.

@@ -1,13 +1,18 @@
 // Engine-level tests beyond the PyTorch oracle: AdamW against torch.optim.AdamW's
 // documented update computed here in double, gradient accumulation, smaller
-// batches in a larger plan, the LR schedule and parameter initialisation.
+// batches in a larger plan, the LR schedule, parameter initialisation and
+// the thread replicas against one engine.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/cpu_engine.h"
+#include "model/cpu_replicas.h"
 #include "model/engine_ranges.h"
 #include "model/params.h"
 #include "train/schedule.h"
@@ -459,4 +464,112 @@ TEST(Engine, PackedDocumentsDoNotLeakWithDocumentMasks) {
   EXPECT_LT(second_doc_gap(B::ShiftAndAttention), 1e-5);
   EXPECT_GT(second_doc_gap(B::Shift), 1e-3);
   EXPECT_GT(second_doc_gap(B::None), 1e-3);
+}
+
+// Thread replicas (model/cpu_replicas.h) are one engine's step: loss,
+// gradients over accumulated micro-batches, the AdamW update and forward's
+// per-token outputs agree with a CpuEngine's to fp32 rounding (the sum over
+// the replicas' rows is another order), for even shares, uneven ones and a
+// batch too small to share (which runs on the first replica alone, bit for
+// bit one engine's). Packed documents cover the document starts per share.
+TEST(CpuReplicas, AStepOnReplicasIsOneEnginesStep) {
+  constexpr int kMaxB = 4, T = 8, kReplicas = 2;
+  for (bool tied : {false, true})
+    for (int B : {4, 3, 1}) {
+      SCOPED_TRACE(::testing::Message() << "tied " << tied << ", B " << B);
+      kvs::ModelConfig m = tiny_model(true, tied);
+      m.document_boundaries = kvs::DocumentBoundaries::ShiftAndAttention;
+      m.bos_token_id = 1;
+      Data d(2 * B, T, m.vocab_size, 11);
+      for (size_t i = 0; i < d.inputs.size(); i += 5) d.inputs[i] = 1;  // documents inside the sequences
+      auto one = engine_with_init(m, kMaxB, T);
+      kvs::CpuReplicaEngine rep(m, kMaxB, T, kReplicas);
+      std::vector<float> p(one->layout().total), q(p.size());
+      one->read_params(p.data());
+      rep.write_params(p.data());
+      std::vector<double> loss(2, 0.0);
+      kvs::Engine* engines[2] = {one.get(), &rep};
+      for (int e = 0; e < 2; ++e) {
+        engines[e]->zero_grad();
+        for (int mb = 0; mb < 2; ++mb) loss[e] += engines[e]->forward_backward(d.batch(mb * B, B), 1.0 / d.scored());
+      }
+      std::vector<float> g1(p.size()), g2(p.size());
+      one->read_grads(g1.data());
+      rep.read_grads(g2.data());
+      if (B == 1) {
+        EXPECT_EQ(loss[0], loss[1]);
+        EXPECT_EQ(g1, g2);
+      } else {
+        EXPECT_NEAR(loss[0], loss[1], 1e-6 * std::abs(loss[0]));
+        EXPECT_LT(rel_diff(g2, g1), 1e-6);
+      }
+      EXPECT_NEAR(one->grad_norm(), rep.grad_norm(), 1e-6 * one->grad_norm());
+      const kvs::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 1, 0.5};
+      one->adamw_step(h);
+      rep.adamw_step(h);
+      one->read_params(p.data());
+      rep.read_params(q.data());
+      EXPECT_LT(rel_diff(q, p), 1e-6);
+      // The updated weights reach every replica: forward's outputs of the new model.
+      rep.write_params(p.data());
+      const size_t N = static_cast<size_t>(B) * T;
+      std::vector<float> tl1(N), tl2(N), lg1(N * m.vocab_size), lg2(lg1.size());
+      std::vector<int32_t> am1(N), am2(N);
+      const double f1 = one->forward(d.batch(B, B), tl1.data(), am1.data(), lg1.data());
+      const double f2 = rep.forward(d.batch(B, B), tl2.data(), am2.data(), lg2.data());
+      EXPECT_NEAR(f1, f2, 1e-6 * std::abs(f1));
+      EXPECT_LT(rel_diff(tl2, tl1), 1e-6);
+      EXPECT_LT(rel_diff(lg2, lg1), 1e-6);
+      EXPECT_EQ(am1, am2);
+      // A zero_grad after gradients were summed, and one before: both start the next step at zero.
+      rep.zero_grad();
+      rep.forward_backward(d.batch(0, B), 1.0);
+      rep.zero_grad();
+      rep.read_grads(g2.data());
+      EXPECT_EQ(*std::max_element(g2.begin(), g2.end()), 0.0f);
+      EXPECT_EQ(*std::min_element(g2.begin(), g2.end()), 0.0f);
+    }
+}
+
+TEST(CpuReplicas, OnePerThreadWhereEachHasASequenceAndTheMemoryIsSmall) {
+  using kvs::CpuReplicas;
+  EXPECT_EQ(kvs::parse_cpu_replicas(nullptr), CpuReplicas::kAuto);
+  EXPECT_EQ(kvs::parse_cpu_replicas(""), CpuReplicas::kAuto);
+  EXPECT_EQ(kvs::parse_cpu_replicas("AUTO"), CpuReplicas::kAuto);
+  EXPECT_EQ(kvs::parse_cpu_replicas("off"), CpuReplicas::kOff);
+  try {
+    kvs::parse_cpu_replicas("2");
+    ADD_FAILURE() << "no error";
+  } catch (const kvs::Error& e) {
+    EXPECT_STREQ(e.what(), "KVS_CPU_REPLICAS=2: expected auto or off (or unset it for auto)");
+  }
+  const auto A = CpuReplicas::kAuto;
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 2, 8, true, 3e6, 1e8), 2);
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 4, 4, true, 3e6, 1e8), 4);
+  EXPECT_EQ(kvs::cpu_replicas_for(CpuReplicas::kOff, 2, 8, true, 3e6, 1e8), 1);
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 1, 8, true, 3e6, 1e8), 1);   // one thread
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 4, 2, true, 3e6, 1e8), 1);   // fewer sequences than threads
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 2, 8, false, 3e6, 1e8), 1);  // tensor, context or pipeline parallel
+  // Extra gradients up to a quarter of 16 bytes a parameter plus the activations.
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 2, 8, true, 1e9, 0), 2);
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 3, 8, true, 1e9, 0), 1);
+  EXPECT_EQ(kvs::cpu_replicas_for(A, 3, 8, true, 1e9, 4e9), 3);
+
+  // make_engine follows the setting and the thread count.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const auto m = tiny_model();
+  {
+    auto e = kvs::make_engine(m, 4, 8, kvs::Device::Cpu);
+    const auto* rep = dynamic_cast<const kvs::CpuReplicaEngine*>(e.get());
+    ASSERT_NE(rep, nullptr);
+    EXPECT_EQ(rep->replicas(), 2);
+    EXPECT_EQ(e->max_batch(), 4);
+  }
+  const CpuReplicas before = kvs::cpu_replicas_setting();
+  kvs::set_cpu_replicas(CpuReplicas::kOff);
+  EXPECT_NE(dynamic_cast<const kvs::CpuEngine*>(kvs::make_engine(m, 4, 8, kvs::Device::Cpu).get()), nullptr);
+  kvs::set_cpu_replicas(before);
+  EXPECT_NE(dynamic_cast<const kvs::CpuEngine*>(kvs::make_engine(m, 1, 8, kvs::Device::Cpu).get()), nullptr);
+  omp_set_num_threads(threads);
 }

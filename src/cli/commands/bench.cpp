@@ -25,6 +25,7 @@
 #include "kernels/cpu/gemm_peak.h"
 #include "kernels/cpu/op_profile.h"
 #include "model/config.h"
+#include "model/cpu_replicas.h"
 #include "model/engine.h"
 #include "model/flops.h"
 #include "train/rank_agreement.h"
@@ -65,6 +66,7 @@ struct BenchResult {
   // the training step, so they follow one process's in any parallel layout.
   std::vector<double> losses, grad_norms;
   std::string gemm_timing;  // train.time_gemm_algorithms: what the timing after the first step chose
+  int replicas = 1;         // the CPU engine's thread replicas (model/cpu_replicas.h)
 };
 
 // --profile: the CPU engine's ops are timed from the first timed step on.
@@ -120,18 +122,27 @@ struct GemmVariant {
 // Times whole optimizer steps of `cfg` on random tokens: the training step
 // itself (train/train_step.h) in the config's parallel layout over `world`'s
 // processes, each rank with its part of the model. One result per entry of
-// `gemms` (the CPU's GEMM libraries and threadings; empty: as they are). With two, the steps
-// alternate between them on one engine, so that both see the same machine
-// minute by minute: `warmup` untimed steps each, then `steps` timed. A step's
-// time is the slowest rank's.
+// `gemms` (the CPU's GEMM libraries and threadings; empty: as they are), or
+// per entry of `replicas` (the CPU engine's thread replicas: one engine each,
+// with the same weights). With two, the steps alternate between them, so that
+// both see the same machine minute by minute: `warmup` untimed steps each,
+// then `steps` timed. A step's time is the slowest rank's.
 std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world, int warmup, int steps, bool profile,
-                                   const std::vector<GemmVariant>& gemms) {
+                                   const std::vector<GemmVariant>& gemms, const std::vector<CpuReplicas>& replicas) {
   const int T = cfg.train.seq_len, GB = cfg.global_batch_sequences();
-  TrainStep step(cfg, world);
-  step.shard_optimizer();  // ZeRO-1 before the weights are written: the whole fp32 master never exists
-  write_params_in_windows(step.engine(),
-                          [&](size_t at, size_t n, float* w) { step.io().init_local(cfg.train.seed, at, n, w); });
-  step.engine().reserve_optimizer_state();
+  std::vector<std::unique_ptr<TrainStep>> engines;
+  for (size_t e = 0; e < std::max<size_t>(1, replicas.size()); ++e) {
+    const CpuReplicas before = cpu_replicas_setting();
+    if (!replicas.empty()) set_cpu_replicas(replicas[e]);
+    engines.push_back(std::make_unique<TrainStep>(cfg, world));
+    set_cpu_replicas(before);
+    TrainStep& step = *engines.back();
+    step.shard_optimizer();  // ZeRO-1 before the weights are written: the whole fp32 master never exists
+    write_params_in_windows(step.engine(),
+                            [&](size_t at, size_t n, float* w) { step.io().init_local(cfg.train.seed, at, n, w); });
+    step.engine().reserve_optimizer_state();
+  }
+  TrainStep& step = *engines[0];
   // Sequence g of the global batch holds the same tokens in every layout; this replica's are its share.
   const int LB = step.replica_sequences();
   const size_t first = static_cast<size_t>(step.groups().dp_rank) * LB * T, N = static_cast<size_t>(LB) * T;
@@ -143,7 +154,7 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
   }
   const Batch replica{LB, T, inputs.data(), targets.data(), mask.data()};
   const double tokens = static_cast<double>(GB) * T;
-  const int variants = std::max<int>(1, static_cast<int>(gemms.size()));
+  const int variants = std::max<int>(1, static_cast<int>(std::max(gemms.size(), replicas.size())));
   // The CPU profile is taken after every timed step, into that step's variant.
   const bool profile_each_step = profile && cfg.device == Device::Cpu;
   std::vector<BenchResult> res(variants);
@@ -161,8 +172,10 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
     // The gradient norm is all-reduced: a host value, so the step's time is all in.
-    const TrainStep::Gradients g = step.compute_gradients(replica, 1.0 / tokens);
-    step.optimizer_step({1e-4, 0.9, 0.95, 1e-8, 0.1, s + 1, g.norm > 1.0 ? 1.0 / g.norm : 1.0});
+    TrainStep& e = *engines[engines.size() == 1 ? 0 : v];
+    const TrainStep::Gradients g = e.compute_gradients(replica, 1.0 / tokens);
+    const int64_t adam_step = engines.size() == 1 ? s + 1 : s / variants + 1;  // this engine's own count
+    e.optimizer_step({1e-4, 0.9, 0.95, 1e-8, 0.1, adam_step, g.norm > 1.0 ? 1.0 / g.norm : 1.0});
     res[v].losses.push_back(g.loss_sum / tokens);  // every token is scored
     res[v].grad_norms.push_back(g.norm);
     const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -186,6 +199,8 @@ std::vector<BenchResult> bench_one(const Config& cfg, dist::Communicator& world,
   for (int v = 0; v < variants; ++v) {
     BenchResult& r = res[v];
     r.gemm_timing = gemm_timing;
+    if (const auto* rep = dynamic_cast<const CpuReplicaEngine*>(&engines[engines.size() == 1 ? 0 : v]->engine()))
+      r.replicas = rep->replicas();
     r.steps = steps;
     r.steal = steal;
     std::sort(ms[v].begin(), ms[v].end());
@@ -250,6 +265,10 @@ std::vector<ProfileRow> profile_rows(const BenchResult& r, double peak_gflops) {
 }
 
 void print_profile(const BenchResult& r, double peak_gflops) {
+  if (r.replicas > 1)
+    std::printf("(thread replicas: the ops of the first of %d, each on its one thread at once, against 1/%d of the "
+                "calibrated peak; \"other\" holds its wait for the others)\n",
+                r.replicas, r.replicas);
   std::printf("per-op profile (mean over %d steps of %.2f ms; GEMMs are MxNxK of out[M,N] += A[M,K] B[K,N]):\n",
               r.steps, r.mean_ms);
   std::printf("  %-44s %7s %9s %7s %9s %8s\n", "op", "calls", "ms/step", "share", "GFLOP/s", "of peak");
@@ -329,7 +348,7 @@ void add_bench(CLI::App& app) {
     std::vector<std::string> sets;
     int warmup = 3, steps = 10;
     bool json = false, compare_shift = false, compare_gemm = false, compare_gemm_threads = false,
-         compare_overlap = false, compare_gemm_timing = false, recalibrate = false, profile = false;
+         compare_replicas = false, compare_overlap = false, compare_gemm_timing = false, recalibrate = false, profile = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "Experiment config (JSON)")->required();
@@ -348,6 +367,12 @@ void add_bench(CLI::App& app) {
                 "library's own threading, alternating step by step on one engine, and print the step-time ratio "
                 "(the default: split on OpenBLAS, the library's own on oneDNN; KVS_CPU_GEMM_THREADS=split|library "
                 "overrides it)");
+  cmd->add_flag("--compare-replicas", a->compare_replicas,
+                "CPU: time the config's steps on one engine whose threads share each op and on thread replicas "
+                "(each thread the whole forward and backward of its share of the micro-batch, gradients summed "
+                "once a step), two engines with the same weights, alternating step by step, and print the "
+                "step-time ratio (the default: replicas where there are 2 or more threads and as many sequences; "
+                "KVS_CPU_REPLICAS=off turns them off)");
   cmd->add_flag("--compare-overlap", a->compare_overlap,
                 "CUDA: time the config with train.overlap_optimizer off and on in the same run (AdamW after the "
                 "step, or overlapping the next forward) and print the step-time ratio");
@@ -374,11 +399,11 @@ void add_bench(CLI::App& app) {
       validate(cfg, a->config + " with --device " + a->device);
     }
     KVS_CHECK(a->steps >= 1 && a->warmup >= 0, "bench: --steps must be >= 1 and --warmup >= 0");
-    KVS_CHECK(a->compare_gemm + a->compare_gemm_threads + a->compare_shift + a->compare_overlap +
-                      a->compare_gemm_timing <=
+    KVS_CHECK(a->compare_gemm + a->compare_gemm_threads + a->compare_replicas + a->compare_shift +
+                      a->compare_overlap + a->compare_gemm_timing <=
                   1,
-              "bench: --compare-gemm, --compare-gemm-threads, --compare-gemm-timing, --compare-shift and "
-              "--compare-overlap are separate runs");
+              "bench: --compare-gemm, --compare-gemm-threads, --compare-replicas, --compare-gemm-timing, "
+              "--compare-shift and --compare-overlap are separate runs");
     KVS_CHECK(!a->compare_gemm_timing || cfg.device == Device::Cuda,
               "bench: --compare-gemm-timing times cuBLASLt's algorithms; this run's device is {}",
               to_string(cfg.device));
@@ -393,6 +418,9 @@ void add_bench(CLI::App& app) {
     KVS_CHECK(!a->compare_gemm_threads || cfg.device == Device::Cpu,
               "bench: --compare-gemm-threads compares the CPU GEMMs' threading; this run's device is {}",
               to_string(cfg.device));
+    KVS_CHECK(!a->compare_replicas || cfg.device == Device::Cpu,
+              "bench: --compare-replicas compares the CPU engine's thread replicas; this run's device is {}",
+              to_string(cfg.device));
     // Under mpirun or torchrun the step runs in the config's parallel layout
     // (docs/PARALLEL.md) and rank 0 prints; a single process runs it alone.
     auto world = dist::make_world(cfg.device);
@@ -403,6 +431,11 @@ void add_bench(CLI::App& app) {
               "bench: --compare-gemm-threads compares each GEMM split over the threads with the library's own "
               "threading; on 1 thread both are the same product (set train.threads above 1)");
     const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, accum = cfg.train.grad_accum_steps;
+    KVS_CHECK(!a->compare_replicas || (threads > 1 && threads <= B),
+              "bench: --compare-replicas needs at least 2 threads and a micro-batch of at least as many sequences "
+              "(train.threads {}, train.micro_batch_size {}): one sequence per replica", threads, B);
+    const std::vector<CpuReplicas> replicas =
+        a->compare_replicas ? std::vector<CpuReplicas>{CpuReplicas::kOff, CpuReplicas::kAuto} : std::vector<CpuReplicas>{};
     // One engine per config; with --compare-gemm one config whose steps alternate libraries.
     std::vector<Config> runs;
     const cpu::GemmLibraryChoice& gemm_choice = cpu::select_gemm_library();
@@ -455,19 +488,24 @@ void add_bench(CLI::App& app) {
     std::vector<BenchResult> res;
     // The profile's peak: the calibrated SGEMM peak on the CPU, the GPU's dense bf16 peak on CUDA.
     const char* profile_peak_key = cpu_run ? "fraction_of_sgemm_peak" : "fraction_of_bf16_peak";
-    auto profile_peak_gflops = [&](const BenchResult& r) { return cpu_run ? peak.gflops : 1e3 * r.peak_tflops; };
+    // Under thread replicas the profile is the first replica's, on its one thread: its share of the peak.
+    auto profile_peak_gflops = [&](const BenchResult& r) {
+      return cpu_run ? peak.gflops / r.replicas : 1e3 * r.peak_tflops;
+    };
     run_on_world(*world, [&] {
       for (const Config& c : runs) check_same_config_on_every_rank(c, *world);
       for (const Config& c : runs)
-        for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms)) res.push_back(std::move(r));
+        for (BenchResult& r : bench_one(c, *world, a->warmup, a->steps, a->profile, gemms, replicas))
+          res.push_back(std::move(r));
     });
     cpu::set_gemm_library(default_gemm.library);
     cpu::set_gemm_threading(default_gemm.threading);
     if (!rank0) return;
     // Each result's config and GEMM library.
-    auto run_config = [&](size_t i) -> const Config& { return runs[compare_gemms ? 0 : i]; };
+    auto run_config = [&](size_t i) -> const Config& { return runs[compare_gemms || a->compare_replicas ? 0 : i]; };
     auto run_gemm = [&](size_t i) { return compare_gemms ? gemms[i] : default_gemm; };
-    const bool compared = a->compare_shift || compare_gemms || a->compare_overlap || a->compare_gemm_timing;
+    const bool compared =
+        a->compare_shift || compare_gemms || a->compare_replicas || a->compare_overlap || a->compare_gemm_timing;
     auto peak_fraction = [&](const BenchResult& r) { return peak.gflops > 0 ? r.tflops * 1e3 / peak.gflops : 0.0; };
     // The calibration keeps its best product (other work only slows one down),
     // so on a shared machine the like-for-like figure is the fastest step's.
@@ -515,7 +553,9 @@ void add_bench(CLI::App& app) {
                               {"GOMP_SPINCOUNT", env_or("GOMP_SPINCOUNT")},
                               {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE")},
                               {"KVS_CPU_GEMM", env_or("KVS_CPU_GEMM")},
-                              {"KVS_CPU_GEMM_THREADS", env_or("KVS_CPU_GEMM_THREADS")}}}};
+                              {"KVS_CPU_GEMM_THREADS", env_or("KVS_CPU_GEMM_THREADS")},
+                              {"KVS_CPU_REPLICAS", env_or("KVS_CPU_REPLICAS")}}}};
+        if (cpu_run) j["cpu_replicas"] = r.replicas;
         if (r.mfu > 0) j["mfu"] = r.mfu;
         if (!r.gemm_timing.empty()) j["gemm_timing"] = r.gemm_timing;
         j["losses"] = r.losses;
@@ -573,8 +613,10 @@ void add_bench(CLI::App& app) {
                     100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
       if (cpu_run)
-        std::printf(" | GEMMs: %s, %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
-                    threading_text(run_gemm(i).library, run_gemm(i).threading));
+        std::printf(" | GEMMs: %s, %s | %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
+                    threading_text(run_gemm(i).library, run_gemm(i).threading),
+                    r.replicas > 1 ? fmt::format("{} thread replicas", r.replicas).c_str()
+                                   : "threads sharing each op");
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
@@ -600,6 +642,10 @@ void add_bench(CLI::App& app) {
       std::printf(
           "oneDNN's steps against OpenBLAS's: %.3fx the tokens/s (median %.2f vs %.2f ms, steps alternated)\n",
           res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
+    if (a->compare_replicas)
+      std::printf("Thread replicas against threads sharing each op: %.3fx the tokens/s (median %.2f vs %.2f ms, "
+                  "steps alternated between two engines)\n",
+                  res[0].median_ms / res[1].median_ms, res[1].median_ms, res[0].median_ms);
     if (a->compare_gemm_threads)
       std::printf("GEMMs split over the threads against the library's own threading: %.3fx the tokens/s (median "
                   "%.2f vs %.2f ms, steps alternated)\n",

@@ -2,8 +2,12 @@
 // call site opens a Scope; GEMMs name themselves by shape under the label of
 // the projection they belong to. Off by default, and then a Scope costs one
 // branch. Ops run on the main thread (their OpenMP regions are inside them),
-// so the table needs no locking.
+// so the table needs no locking. Under thread replicas (model/cpu_replicas.h)
+// each thread runs its own copy of the ops at once: the first thread's are
+// timed (its shapes, its FLOPs, on its one thread).
 #pragma once
+#include <omp.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -15,6 +19,9 @@ namespace kvs::cpu::profile {
 using kvs::profile::OpStat;
 
 inline bool g_enabled = false;
+
+// Whether this thread times its ops: the main thread, or the first replica's.
+inline bool timing_here() { return g_enabled && omp_get_thread_num() == 0; }
 
 void set_enabled(bool on);
 void add(const std::string& name, double seconds, double flops);
@@ -28,7 +35,7 @@ inline double now_s() {
 // Times its own lifetime as `name` (flops: the op's floating-point operations, 0 for data movement).
 class Scope {
  public:
-  explicit Scope(const char* name, double flops = 0) : on_(g_enabled) {
+  explicit Scope(const char* name, double flops = 0) : on_(timing_here()) {
     if (on_) {
       name_ = name;
       flops_ = flops;
@@ -53,7 +60,7 @@ using Label = kvs::profile::GemmLabel;
 // A GEMM out[M, N] (+)= A[M, K] B[K, N] of the current label, `pass` "fwd", "bwd dinp" or "bwd dW".
 class GemmScope {
  public:
-  GemmScope(const char* pass, int M, int N, int K) : on_(g_enabled) {
+  GemmScope(const char* pass, int M, int N, int K) : on_(timing_here()) {
     if (on_) {
       name_ = kvs::profile::gemm_name(pass, M, N, K);
       flops_ = 2.0 * M * static_cast<double>(N) * K;

@@ -14,14 +14,15 @@ struct OpStat {
   std::string name;
   double seconds = 0, flops = 0;
   long calls = 0;
+  int threads = 0;  // CPU: the threads the op ran on (its share of the peak); 0: the whole device
 };
 
 // Sums per op name, in the order of each name's first call.
 class OpTable {
  public:
-  void add(const std::string& name, double seconds, double flops) {
+  void add(const std::string& name, double seconds, double flops, int threads = 0) {
     auto [it, fresh] = index_.try_emplace(name, rows_.size());
-    if (fresh) rows_.push_back({name, 0, 0, 0});
+    if (fresh) rows_.push_back({name, 0, 0, 0, threads});
     OpStat& s = rows_[it->second];
     s.seconds += seconds;
     s.flops += flops;

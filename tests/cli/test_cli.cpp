@@ -621,7 +621,7 @@ TEST(Cli, BenchProfileTimesEveryOpOfTheCpuStepAndItsSharesAddUp) {
     ASSERT_EQ(j.code, 0) << j.out;
     const auto r = nlohmann::json::parse(j.out);
     ASSERT_EQ(r["cpu_replicas"], threads);
-    const double peak = r["sgemm_peak_gflops"].get<double>() / threads;  // the first replica's share
+    const double peak = r["sgemm_peak_gflops"].get<double>() / threads;  // one replica's thread's share
     const std::string M = std::to_string(2048 / threads);
     ASSERT_TRUE(r.contains("profile")) << r;
     std::map<std::string, nlohmann::json> rows;
@@ -651,6 +651,9 @@ TEST(Cli, BenchProfileTimesEveryOpOfTheCpuStepAndItsSharesAddUp) {
                                  "embedding bwd", "grad norm", "adamw", "other (outside the timed ops)", "= all GEMMs"})
       EXPECT_TRUE(rows.count(op)) << op;
     EXPECT_EQ(rows.count("replica grads sum"), threads > 1 ? 1u : 0u);
+    // The gradient norm runs outside the replicas, on every thread: against the whole peak.
+    EXPECT_NEAR(rows["grad norm"]["fraction_of_sgemm_peak"].get<double>(),
+                rows["grad norm"]["gflops"].get<double>() / r["sgemm_peak_gflops"].get<double>(), 1e-9);
     ASSERT_TRUE(rows.count("= all GEMMs"));
     EXPECT_NEAR(rows["= all GEMMs"]["ms_per_step"].get<double>(), gemm_ms, 1e-9 * gemm_ms);
     EXPECT_EQ(rows["attention fwd"]["calls_per_step"], 4.0);  // one per layer

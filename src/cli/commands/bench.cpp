@@ -110,6 +110,7 @@ void merge_ops(std::vector<kvs::profile::OpStat>& into, const std::vector<kvs::p
     it->seconds += op.seconds;
     it->flops += op.flops;
     it->calls += op.calls;
+    it->threads = op.threads;
   }
 }
 
@@ -239,18 +240,22 @@ struct ProfileRow {
 };
 
 // Per step, slowest first, then "other": the step's time outside every timed op.
-std::vector<ProfileRow> profile_rows(const BenchResult& r, double peak_gflops) {
+// An op that ran on fewer threads than the run (inside a thread replica: one)
+// is set against that share of the peak: peak_gflops x its threads / `threads`.
+std::vector<ProfileRow> profile_rows(const BenchResult& r, double peak_gflops, int threads = 0) {
   std::vector<ProfileRow> rows;
-  double timed = 0, gemm_ms = 0, gemm_flops = 0;
+  double timed = 0, gemm_ms = 0, gemm_flops = 0, gemm_peak_ms = 0;  // the last: sum of ms x its peak
   for (const auto& op : r.ops) {
     ProfileRow row{op.name, double(op.calls) / r.steps, 1000.0 * op.seconds / r.steps};
     row.share = row.ms / r.mean_ms;
     if (op.flops > 0 && op.seconds > 0) row.gflops = op.flops / op.seconds / 1e9;
-    if (peak_gflops > 0) row.of_peak = row.gflops / peak_gflops;
+    const double peak = op.threads > 0 && threads > 0 ? peak_gflops * op.threads / threads : peak_gflops;
+    if (peak > 0) row.of_peak = row.gflops / peak;
     timed += row.ms;
     if (op.name.find(" fwd ") != std::string::npos || op.name.find(" bwd d") != std::string::npos) {
       gemm_ms += row.ms;
       gemm_flops += op.flops / r.steps;
+      gemm_peak_ms += row.ms * peak;
     }
     rows.push_back(row);
   }
@@ -259,20 +264,21 @@ std::vector<ProfileRow> profile_rows(const BenchResult& r, double peak_gflops) {
   other.share = other.ms / r.mean_ms;
   rows.push_back(other);
   ProfileRow gemms{"= all GEMMs", 0, gemm_ms, gemm_ms / r.mean_ms, gemm_ms > 0 ? gemm_flops / gemm_ms / 1e6 : 0};
-  if (peak_gflops > 0) gemms.of_peak = gemms.gflops / peak_gflops;
+  if (gemm_peak_ms > 0) gemms.of_peak = gemm_flops / gemm_peak_ms / 1e6;
   rows.push_back(gemms);
   return rows;
 }
 
-void print_profile(const BenchResult& r, double peak_gflops) {
+void print_profile(const BenchResult& r, double peak_gflops, int threads) {
   if (r.replicas > 1)
-    std::printf("(thread replicas: the ops of the first of %d, each on its one thread at once, against 1/%d of the "
-                "calibrated peak; \"other\" holds its wait for the others)\n",
-                r.replicas, r.replicas);
+    std::printf("(thread replicas: the forward and backward ops are the first of %d replicas', on its one thread "
+                "while the others run theirs, against one thread's share of the calibrated peak; \"other\" holds "
+                "its wait for the others)\n",
+                r.replicas);
   std::printf("per-op profile (mean over %d steps of %.2f ms; GEMMs are MxNxK of out[M,N] += A[M,K] B[K,N]):\n",
               r.steps, r.mean_ms);
   std::printf("  %-44s %7s %9s %7s %9s %8s\n", "op", "calls", "ms/step", "share", "GFLOP/s", "of peak");
-  for (const ProfileRow& row : profile_rows(r, peak_gflops)) {
+  for (const ProfileRow& row : profile_rows(r, peak_gflops, threads)) {
     std::printf("  %-44s %7.0f %9.3f %6.1f%%", row.name.c_str(), row.calls, row.ms, 100 * row.share);
     if (row.gflops > 0) std::printf(" %9.1f", row.gflops);
     else std::printf(" %9s", "");
@@ -317,9 +323,9 @@ void print_profile_difference(const BenchResult& off, const BenchResult& on) {
 }
 
 // peak_key: "fraction_of_sgemm_peak" (CPU) or "fraction_of_bf16_peak" (CUDA).
-nlohmann::json profile_json(const BenchResult& r, double peak_gflops, const char* peak_key) {
+nlohmann::json profile_json(const BenchResult& r, double peak_gflops, int threads, const char* peak_key) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const ProfileRow& row : profile_rows(r, peak_gflops))
+  for (const ProfileRow& row : profile_rows(r, peak_gflops, threads))
     rows.push_back({{"op", row.name},
                     {"calls_per_step", row.calls},
                     {"ms_per_step", row.ms},
@@ -488,10 +494,8 @@ void add_bench(CLI::App& app) {
     std::vector<BenchResult> res;
     // The profile's peak: the calibrated SGEMM peak on the CPU, the GPU's dense bf16 peak on CUDA.
     const char* profile_peak_key = cpu_run ? "fraction_of_sgemm_peak" : "fraction_of_bf16_peak";
-    // Under thread replicas the profile is the first replica's, on its one thread: its share of the peak.
-    auto profile_peak_gflops = [&](const BenchResult& r) {
-      return cpu_run ? peak.gflops / r.replicas : 1e3 * r.peak_tflops;
-    };
+    auto profile_peak_gflops = [&](const BenchResult& r) { return cpu_run ? peak.gflops : 1e3 * r.peak_tflops; };
+    const int peak_threads = cpu_run ? peak.threads : 0;  // CPU ops on fewer threads get their share of the peak
     run_on_world(*world, [&] {
       for (const Config& c : runs) check_same_config_on_every_rank(c, *world);
       for (const Config& c : runs)
@@ -560,7 +564,7 @@ void add_bench(CLI::App& app) {
         if (!r.gemm_timing.empty()) j["gemm_timing"] = r.gemm_timing;
         j["losses"] = r.losses;
         j["grad_norms"] = r.grad_norms;
-        if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops(r), profile_peak_key);
+        if (a->profile) j["profile"] = profile_json(r, profile_peak_gflops(r), peak_threads, profile_peak_key);
         if (a->profile && a->compare_shift && i == 1) {
           nlohmann::json d = nlohmann::json::array();
           for (const ProfileDifference& x : profile_difference(res[0], res[1]))
@@ -621,7 +625,7 @@ void add_bench(CLI::App& app) {
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");
       if (!r.gemm_timing.empty()) std::printf("%s\n", r.gemm_timing.c_str());
-      if (a->profile) print_profile(r, profile_peak_gflops(r));
+      if (a->profile) print_profile(r, profile_peak_gflops(r), peak_threads);
       if (peak_fraction(r) > 1.0)
         std::printf("warning: this run beat the calibrated peak, so the calibration was slowed down (other work or "
                     "more threads than cores; load average %.2f at %s): rerun with --recalibrate on an idle "

@@ -11,7 +11,9 @@ kvs::profile::OpTable& table() {
 
 void set_enabled(bool on) { g_enabled = on; }
 
-void add(const std::string& name, double seconds, double flops) { table().add(name, seconds, flops); }
+void add(const std::string& name, double seconds, double flops) {
+  table().add(name, seconds, flops, omp_get_max_threads());  // 1 inside a thread replica
+}
 
 std::vector<OpStat> take() { return table().take(); }
 

@@ -4,7 +4,9 @@
 // branch. Ops run on the main thread (their OpenMP regions are inside them),
 // so the table needs no locking. Under thread replicas (model/cpu_replicas.h)
 // each thread runs its own copy of the ops at once: the first thread's are
-// timed (its shapes, its FLOPs, on its one thread).
+// timed (its shapes, its FLOPs, on its one thread). Each op records the
+// threads it ran on (omp_get_max_threads(): 1 inside a replica), so that
+// its FLOP/s are set against those threads' share of the peak.
 #pragma once
 #include <omp.h>
 

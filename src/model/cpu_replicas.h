@@ -10,9 +10,11 @@
 // the faster thread waits for the slower (two vCPUs are never equally fast
 // for long), and the libraries' threaded GEMMs lose a few points of the
 // peak to their partition. Two one-thread processes on half the batch each
-// ran lm-small 1.04-1.15x faster than one two-thread process
-// (docs/PERFORMANCE.md "Thread replicas"). The replicas are that, without
-// the second process.
+// ran lm-small 1.04-1.15x faster than one two-thread process; the replicas
+// are that without the second process, and ran lm-small's steps 1.02-1.03x
+// and lm-4x's 1.03-1.04x as fast as one engine on two threads (oneDNN; 1.04x
+// on OpenBLAS; AMD Zen 4, docs/PERFORMANCE.md "Thread replicas"). More
+// threads than two were never measured.
 //
 // The result is the same model step: the sum of every sequence's gradient,
 // in another order (each replica's dW over its rows, then the sum), so the

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <exception>
 
@@ -89,9 +88,8 @@ double CpuReplicaEngine::over_shares(const Batch& b, Fn fn) {
 }
 
 double CpuReplicaEngine::forward_backward(const Batch& b, double grad_scale) {
-  const double loss = over_shares(b, [&](int r, const Batch& s) { return reps_[r]->forward_backward(s, grad_scale); });
-  pending_ = pending_ || std::min(replicas(), b.B) > 1;
-  return loss;
+  pending_ = pending_ || std::min(replicas(), b.B) > 1;  // (first: a backward that throws may have added some)
+  return over_shares(b, [&](int r, const Batch& s) { return reps_[r]->forward_backward(s, grad_scale); });
 }
 
 double CpuReplicaEngine::forward(const Batch& b, float* token_losses, int32_t* argmax, float* logits) {

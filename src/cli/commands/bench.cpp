@@ -617,10 +617,11 @@ void add_bench(CLI::App& app) {
                     100 * fastest_fraction(r));
       std::printf("\npeak memory (%s) %.1f MiB", r.peak_what.c_str(), r.peak_mib);
       if (cpu_run)
-        std::printf(" | GEMMs: %s, %s | %s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
+        std::printf(" | GEMMs: %s, %s%s", cpu::gemm_library_name(run_gemm(i).library, true).c_str(),
                     threading_text(run_gemm(i).library, run_gemm(i).threading),
-                    r.replicas > 1 ? fmt::format("{} thread replicas", r.replicas).c_str()
-                                   : "threads sharing each op");
+                    r.replicas > 1 ? fmt::format(" | {} thread replicas", r.replicas).c_str()
+                    : threads > 1  ? " | threads sharing each op"
+                                   : "");
       std::printf(" | load average %.2f", loadavg_1min());
       if (r.steal) std::printf(" | CPU steal %.1f%% (the hypervisor's share of the timed steps)", 100 * *r.steal);
       std::printf("\n");

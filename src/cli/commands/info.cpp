@@ -21,7 +21,9 @@ namespace kvs::cli {
 // also in a CPU run (a CUDA build links them).
 constexpr const char* kCpuNotCounted =
     "the process itself: shared libraries (the CUDA ones too), the GEMM libraries' and the kernels' per-thread "
-    "buffers, the data loader (about 0.2-0.3 GiB resident on a 2-core machine)";
+    "buffers, the data loader (about 0.2-0.3 GiB resident on a 2-core machine); on N >= 2 threads with at least N "
+    "sequences a micro-batch, the N - 1 further thread replicas' gradients (4 bytes a parameter each, "
+    "docs/ARCHITECTURE.md \"Thread replicas\")";
 
 #ifdef KVS_CUDA
 // What the CUDA estimate leaves out: allocations the libraries make

@@ -521,8 +521,17 @@ TEST(CpuReplicas, AStepOnReplicasIsOneEnginesStep) {
       EXPECT_LT(rel_diff(tl2, tl1), 1e-6);
       EXPECT_LT(rel_diff(lg2, lg1), 1e-6);
       EXPECT_EQ(am1, am2);
-      // A zero_grad after gradients were summed, and one before: both start the next step at zero.
-      rep.zero_grad();
+      // The next step after a sum (whose zero_grad clears the first replica
+      // alone: the sum zeroed the others) is again one engine's.
+      for (kvs::Engine* e : engines) {
+        e->zero_grad();
+        e->forward_backward(d.batch(B, B), 1.0 / d.scored());
+      }
+      one->read_grads(g1.data());
+      rep.read_grads(g2.data());
+      if (B == 1) EXPECT_EQ(g1, g2);
+      else EXPECT_LT(rel_diff(g2, g1), 1e-6);
+      // A zero_grad with gradients not yet summed clears every replica's.
       rep.forward_backward(d.batch(0, B), 1.0);
       rep.zero_grad();
       rep.read_grads(g2.data());
@@ -555,21 +564,22 @@ TEST(CpuReplicas, OnePerThreadWhereEachHasASequenceAndTheMemoryIsSmall) {
   EXPECT_EQ(kvs::cpu_replicas_for(A, 3, 8, true, 1e9, 0), 1);
   EXPECT_EQ(kvs::cpu_replicas_for(A, 3, 8, true, 1e9, 4e9), 3);
 
-  // make_engine follows the setting and the thread count.
+  // make_engine follows the setting and the thread count (whatever
+  // KVS_CPU_REPLICAS the test runs under).
   const int threads = omp_get_max_threads();
+  const CpuReplicas before = kvs::cpu_replicas_setting();
   omp_set_num_threads(2);
+  kvs::set_cpu_replicas(A);
   const auto m = tiny_model();
   {
     auto e = kvs::make_engine(m, 4, 8, kvs::Device::Cpu);
     const auto* rep = dynamic_cast<const kvs::CpuReplicaEngine*>(e.get());
-    ASSERT_NE(rep, nullptr);
-    EXPECT_EQ(rep->replicas(), 2);
+    EXPECT_TRUE(rep && rep->replicas() == 2);
     EXPECT_EQ(e->max_batch(), 4);
   }
-  const CpuReplicas before = kvs::cpu_replicas_setting();
+  EXPECT_NE(dynamic_cast<const kvs::CpuEngine*>(kvs::make_engine(m, 1, 8, kvs::Device::Cpu).get()), nullptr);
   kvs::set_cpu_replicas(CpuReplicas::kOff);
   EXPECT_NE(dynamic_cast<const kvs::CpuEngine*>(kvs::make_engine(m, 4, 8, kvs::Device::Cpu).get()), nullptr);
   kvs::set_cpu_replicas(before);
-  EXPECT_NE(dynamic_cast<const kvs::CpuEngine*>(kvs::make_engine(m, 1, 8, kvs::Device::Cpu).get()), nullptr);
   omp_set_num_threads(threads);
 }

@@ -35,6 +35,7 @@
 #include "train/model_io.h"
 #include "train/resume_point.h"
 #include "train/step_watch.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -608,7 +609,7 @@ TEST(StopSignal, TheSameRequestDeliveredTwiceAtOnceIsOneStop) {
         [&] { return fs::exists(run + "/metrics.jsonl") && fs::file_size(run + "/metrics.jsonl") > 0; }, 60));
     ::kill(ch.pid, SIGTERM);
     ::kill(ch.pid, second);
-    EXPECT_EQ(wait_exit(ch.pid, 60), 75) << slurp(ch.out_path);  // kExitStopped
+    EXPECT_EQ(wait_exit(ch.pid, 60), kvs::kExitStopped) << slurp(ch.out_path);
     const std::string out = slurp(ch.out_path);
     EXPECT_FALSE(kvs::latest_checkpoint(run + "/checkpoints").empty()) << out;
     EXPECT_EQ(out.find("second SIG"), std::string::npos) << out;

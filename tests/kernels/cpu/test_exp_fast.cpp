@@ -27,16 +27,20 @@ TEST(OpsExp, FastFloatExpIsAccurate) {
   EXPECT_EQ(kvs::cpu::detail::exp_fast(-100.0f), 0.0f);
 }
 
-// The eight-lane version (softmax rows) computes what the scalar one does, lane by lane.
-TEST(OpsExp, VectorExpMatchesScalar) {
+// The eight- and sixteen-lane versions (softmax rows, SwiGLU) compute what
+// the scalar one does, lane by lane.
+template <class V, int L> void expect_lanes_match_scalar() {
   using kvs::cpu::detail::exp_fast;
-  using kvs::cpu::detail::f32x8;
-  for (int i = 0; i <= 40000; ++i) {
-    f32x8 x;
-    for (int j = 0; j < 8; ++j) x[j] = -100.0f + 200.0f * (float)(8 * i + j) / 320000.0f;
-    const f32x8 y = exp_fast(x);
-    for (int j = 0; j < 8; ++j) ASSERT_EQ(y[j], exp_fast(x[j])) << "x = " << x[j];
+  for (int i = 0; i <= 320000 / L; ++i) {
+    V x;
+    for (int j = 0; j < L; ++j) x[j] = -100.0f + 200.0f * (float)(L * i + j) / 320000.0f;
+    const V y = exp_fast(x);
+    for (int j = 0; j < L; ++j) ASSERT_EQ(y[j], exp_fast(x[j])) << L << " lanes, x = " << x[j];
   }
+}
+TEST(OpsExp, VectorExpMatchesScalar) {
+  expect_lanes_match_scalar<kvs::cpu::detail::f32x8, 8>();
+  expect_lanes_match_scalar<kvs::cpu::detail::f32x16, 16>();
 }
 
 TEST(OpsExp, ShiftedSumOverRowsOfAnyLength) {

@@ -1,6 +1,7 @@
 // CPU SwiGLU on the fused gate_up [N, 2F]: the forward against the formula,
 // the backward against finite differences, for widths with and without a
-// tail after the eight-float groups (F = 13, 16) and one row.
+// tail after the eight- and sixteen-float groups (F = 13, 16, 21, 45: all
+// three widths in one row) and one row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +20,7 @@ using namespace kvs::ops_test;
 struct Shape {
   size_t N, F;
 };
-const Shape kShapes[] = {{3, 13}, {4, 16}, {1, 21}};
+const Shape kShapes[] = {{3, 13}, {4, 16}, {1, 21}, {2, 45}};
 
 TEST(OpsSwiglu, ForwardAndBackward) {
   for (const auto [N, F] : kShapes) {

@@ -101,4 +101,21 @@ void check_address_space_for_openblas_calls(int threads) {
        mib(used + need));
 }
 
+std::string address_space_limit_clause(uint64_t need, const char* mapped, uint64_t limit, uint64_t used) {
+  if (limit == 0 || need > limit) return "";
+  // Room for what the failed allocation's neighbours take beside it (glibc's
+  // arenas, the threads' stacks: see check_address_space_for_openblas_calls).
+  const uint64_t at_least = mib(used + need + (uint64_t{256} << 20));
+  return fmt::format(
+      "the address-space limit (ulimit -v) of {} MiB leaves {} MiB beside the {} MiB {}, and it needs about {} MiB "
+      "more: raise the limit to at least {} MiB (ulimit -v {}) or lift it",
+      mib(limit), limit > used ? (limit - used) >> 20 : 0, mib(used), mapped, mib(need), at_least, at_least * 1024);
+}
+
+std::string address_space_limit_clause(uint64_t need, const char* mapped) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "";
+  return address_space_limit_clause(need, mapped, rl.rlim_cur, mapped_bytes());
+}
+
 }  // namespace kvs

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace kvs {
 
@@ -41,5 +42,19 @@ bool openblas_fits_address_space(int threads, char* out, size_t n);
 // cannot. Throws kvs::Error with one line when RLIMIT_AS leaves no room for
 // `threads` buffers and some headroom; nothing without a limit.
 void check_address_space_for_openblas_calls(int threads);
+
+// An allocation of about `need` bytes that failed (std::bad_alloc) under an
+// address-space limit that `need` alone fits in: what stands in the way is
+// the limit beside what the process already maps (`mapped` names it: its
+// libraries and threads, kvshift with CUDA maps about 1 GB before any model),
+// not the machine's memory. Then one clause for the error line: "the
+// address-space limit (ulimit -v) of L MiB leaves F MiB beside the U MiB
+// <mapped>, and it needs about N MiB more: raise the limit to at least X MiB
+// (ulimit -v K) or lift it". "" without a limit, or when `need` alone is
+// larger than the limit (the caller's own advice, a smaller batch or model,
+// is the right one then).
+std::string address_space_limit_clause(uint64_t need, const char* mapped);
+// The same from the limit (0: none) and the bytes mapped (tests).
+std::string address_space_limit_clause(uint64_t need, const char* mapped, uint64_t limit, uint64_t used);
 
 }  // namespace kvs

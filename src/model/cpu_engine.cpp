@@ -9,6 +9,7 @@
 #include <cmath>
 #include <new>
 
+#include "core/blas_address_space.h"
 #include "core/error.h"
 #include "core/profile_range.h"
 #include "dist/comm.h"
@@ -265,6 +266,12 @@ void CpuEngine::reserve_optimizer_state() {
     ensure_moments();
   } catch (const std::bad_alloc&) {
     const double bytes = 8.0 * static_cast<double>(opt_end_ - opt_begin_);
+    const std::string limit = address_space_limit_clause(
+        static_cast<uint64_t>(bytes), "the weights, gradients, activations, libraries and threads already take");
+    if (!limit.empty())
+      fail("the AdamW moments of {} parameters ({:.3g} GiB) do not fit: {}; or lower train.micro_batch_size or "
+           "train.seq_len, or shard them (ZeRO-1: more data-parallel processes)",
+           opt_end_ - opt_begin_, bytes / (1 << 30), limit);
     fail("the AdamW moments of {} parameters ({:.3g} GiB) do not fit in memory beside the weights, gradients and "
          "activations; lower train.micro_batch_size or train.seq_len, or shard them (ZeRO-1: more data-parallel "
          "processes)",

@@ -5,6 +5,7 @@
 
 #include <new>
 
+#include "core/blas_address_space.h"
 #include "core/error.h"
 #include "model/cpu_engine.h"
 #include "model/cpu_replicas.h"
@@ -95,6 +96,12 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
       const double acts = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch,
                                                                           max_seq_len)
                                                         .total);
+      const std::string limit = address_space_limit_clause(static_cast<uint64_t>(params * 16 + acts),
+                                                             "this process maps before any model (its libraries and threads)");
+      if (!limit.empty())
+        fail("the model's {:.3g} GiB of fp32 weights, gradients, AdamW moments and activations of micro-batch {} x {} "
+             "do not fit: {}",
+             (params * 16 + acts) / GiB, max_batch, max_seq_len, limit);
       fail("the model does not fit in memory: {:.3g} parameters take {:.3g} GiB of fp32 weights, gradients and "
            "AdamW moments, and the activations of micro-batch {} x {} about {:.3g} GiB more (the whole model in one "
            "process; `kvshift info --config F` has each rank's); {}",

@@ -45,6 +45,21 @@ TEST(BlasAddressSpace, TheRefusalSaysWhatIsLeftAndWhatToSet) {
   EXPECT_EQ(std::string(line).find("fewer threads"), std::string::npos) << line;
 }
 
+// A failed allocation under a limit that it alone fits in: the clause names
+// the limit, what is mapped and the limit that would do (what was mapped, the
+// need and 256 MiB for the neighbours); nothing without a limit or when the
+// need alone exceeds it (the caller's own advice then).
+TEST(BlasAddressSpace, AFailedAllocationNamesTheLimitOnlyWhereTheLimitIsWhatStandsInTheWay) {
+  const uint64_t MiB = uint64_t{1} << 20;
+  EXPECT_EQ(kvs::address_space_limit_clause(245 * MiB, "this process maps", 1465 * MiB, 1359 * MiB),
+            "the address-space limit (ulimit -v) of 1465 MiB leaves 106 MiB beside the 1359 MiB this process maps, "
+            "and it needs about 245 MiB more: raise the limit to at least 1860 MiB (ulimit -v 1904640) or lift it");
+  EXPECT_EQ(kvs::address_space_limit_clause(245 * MiB, "x", 0, 1359 * MiB), "");            // no limit
+  EXPECT_EQ(kvs::address_space_limit_clause(2000 * MiB, "x", 1465 * MiB, 1359 * MiB), "");  // the need alone is over it
+  EXPECT_NE(kvs::address_space_limit_clause(245 * MiB, "x", 1000 * MiB, 1359 * MiB).find("leaves 0 MiB"),
+            std::string::npos);  // already over: nothing left, not a wrapped-around count
+}
+
 // Every limit from 256 MiB up to the first that runs `kvshift --help`: the
 // loader's own error (the libraries do not fit), our one line, or help; never
 // a run that hangs (before: 100-250 MiB of limits just above the libraries'

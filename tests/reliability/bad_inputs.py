@@ -166,13 +166,25 @@ def cases():
         return ["train", "--config", config(d, tiny()), "--set", "train.seed=1e16"], ""
 
     @case("memory-moments-do-not-fit", "memory", "a model whose AdamW moments do not fit (a 4 GB address-space limit): "
-          "refused before the first step", "the AdamW moments of 235163904 parameters (1.75 GiB) do not fit in memory "
-          "beside the weights, gradients and activations; lower train.micro_batch_size or train.seq_len, or shard "
-          "them (ZeRO-1: more data-parallel processes)")
+          "refused before the first step", "the AdamW moments of 235163904 parameters (1.75 GiB) do not fit: the "
+          "address-space limit (ulimit -v) of 3907 MiB leaves * MiB beside the * MiB the weights, gradients, "
+          "activations, libraries and threads already take, and it needs about 1795 MiB more: raise the limit to at "
+          "least * MiB (ulimit -v *) or lift it; or lower train.micro_batch_size or train.seq_len, or shard them "
+          "(ZeRO-1: more data-parallel processes)")
     def _(b, d):
         c = tiny(steps=1)
         c["model"].update(hidden_size=4096, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=32)
         return ["train", "--config", config(d, c), "--run-dir", os.path.join(d, "run")], "ulimit -v 4000000;"
+
+    @case("memory-address-space-limit", "memory", "activations that fit under the address-space limit (a 3 GB "
+          "`ulimit -v`) but not beside the libraries the process maps first",
+          "the model's * GiB of fp32 weights, gradients, AdamW moments and activations of micro-batch 57344 x 16 do "
+          "not fit: the address-space limit (ulimit -v) of 2930 MiB leaves * MiB beside the * MiB this process maps "
+          "before any model (its libraries and threads), and it needs about * MiB more: raise the limit to at least * "
+          "MiB (ulimit -v *) or lift it")
+    def _(b, d):
+        return ["train", "--config", config(d, tiny(micro_batch_size=57344)), "--run-dir", os.path.join(d, "run")], \
+            "ulimit -v 3000000;"
 
     @case("memory-activations-do-not-fit", "memory", "a micro-batch whose activations do not fit (a 3 GB "
           "address-space limit)", "the model does not fit in memory: 3.63e+03 parameters take 5.41e-05 GiB of fp32 "

@@ -86,11 +86,12 @@ template <class T> inline Vec<T> scaled(Vec<T> acc, T alpha) {
 // R rows x the first NV vectors of one panel of C; only the first nc
 // (<= NV * lanes) columns are written.
 template <int R, int NV, bool Accumulate, class T>
-inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C, size_t ldc, int nc) {
-  constexpr int W = kLanes<T>, P = kPanel<T>, NW = NV * W;
+inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, size_t ldb, T* C, size_t ldc,
+                 int nc) {
+  constexpr int W = kLanes<T>, NW = NV * W;
   Vec<T> acc[R][NV] = {};
   for (int k = 0; k < K; ++k) {
-    const T* b = Bp + (size_t)k * P;
+    const T* b = Bp + (size_t)k * ldb;
     Vec<T> bv[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) {
@@ -131,8 +132,8 @@ inline void tile(int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp
 // diagonal a 6-row tile of a 64-column panel (AVX-512) needs a quarter to all
 // of it, so whole panels there did about 1.25x Q K^T's causal work at T = 256.
 template <int R, bool Accumulate, class T>
-inline void skipping_tile(int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C,
-                          size_t ldc, int nc, const CausalSkip& cs) {
+inline void skipping_tile(int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, size_t ldb,
+                          T* C, size_t ldc, int nc, const CausalSkip& cs) {
   const int last = i + R - 1 + cs.out_diag;  // the last column the tile's last row needs
   if (j > last) return;                      // every C element of the tile is past the diagonal: not needed
   const int kb = std::clamp(i + cs.k_begin_diag, 0, K), ke = std::clamp(i + R + cs.k_end_diag, kb, K);
@@ -140,35 +141,35 @@ inline void skipping_tile(int i, int j, int K, T alpha, const T* A, size_t rsa, 
   const int nv = std::min(kVecs, (std::min(nc, last - j + 1) + W - 1) / W);
   nc = std::min(nc, nv * W);
   const T* a = A + i * rsa + kb * csa;
-  const T* b = Bp + (size_t)kb * kPanel<T>;
+  const T* b = Bp + (size_t)kb * ldb;
   T* c = C + i * ldc;
   if constexpr (kVecs == 4) {
-    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
-    if (nv == 2) return tile<R, 2, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
-    if (nv == 3) return tile<R, 3, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, ldb, c, ldc, nc);
+    if (nv == 2) return tile<R, 2, Accumulate>(ke - kb, alpha, a, rsa, csa, b, ldb, c, ldc, nc);
+    if (nv == 3) return tile<R, 3, Accumulate>(ke - kb, alpha, a, rsa, csa, b, ldb, c, ldc, nc);
   } else {
-    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+    if (nv == 1) return tile<R, 1, Accumulate>(ke - kb, alpha, a, rsa, csa, b, ldb, c, ldc, nc);
   }
-  tile<R, kVecs, Accumulate>(ke - kb, alpha, a, rsa, csa, b, c, ldc, nc);
+  tile<R, kVecs, Accumulate>(ke - kb, alpha, a, rsa, csa, b, ldb, c, ldc, nc);
 }
 
 // The last rows < kRows of a panel: one tile of exactly `rows` rows (R counts down to it).
 template <int R, bool Accumulate, class T>
-inline void last_tile(int rows, int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C,
-                      size_t ldc, int nc, const CausalSkip& cs) {
+inline void last_tile(int rows, int i, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp,
+                      size_t ldb, T* C, size_t ldc, int nc, const CausalSkip& cs) {
   if constexpr (R > 0) {
-    if (rows == R) skipping_tile<R, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs);
-    else last_tile<R - 1, Accumulate>(rows, i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs);
+    if (rows == R) skipping_tile<R, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, ldb, C, ldc, nc, cs);
+    else last_tile<R - 1, Accumulate>(rows, i, j, K, alpha, A, rsa, csa, Bp, ldb, C, ldc, nc, cs);
   }
 }
 
 template <bool Accumulate, class T>
-void panel(int M, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, T* C, size_t ldc, int nc,
-           const CausalSkip& cs) {
+void panel(int M, int j, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp, size_t ldb, T* C,
+           size_t ldc, int nc, const CausalSkip& cs) {
   int i = 0;
   for (; i + kRows <= M; i += kRows)
-    skipping_tile<kRows, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs);
-  if (i < M) last_tile<kRows - 1, Accumulate>(M - i, i, j, K, alpha, A, rsa, csa, Bp, C, ldc, nc, cs);
+    skipping_tile<kRows, Accumulate>(i, j, K, alpha, A, rsa, csa, Bp, ldb, C, ldc, nc, cs);
+  if (i < M) last_tile<kRows - 1, Accumulate>(M - i, i, j, K, alpha, A, rsa, csa, Bp, ldb, C, ldc, nc, cs);
 }
 
 }  // namespace kvs::cpu::detail::bgemm
@@ -221,16 +222,19 @@ template <class T> void pack_transposed(T* dst, const T* src, size_t ld, int N, 
 // C[M, N] = alpha A B (accumulate = false: C is only written) or C += alpha A B,
 // with A[i, k] = A[i * rsa + k * csa] and B packed (pack_rows / pack_transposed,
 // panels pstride apart, Bp pointing at row 0 of the sum in panel 0), skipping
-// what cs says.
+// what cs says. B's rows are ldb apart: a packed panel's kPanelCols, or a
+// row-major matrix's leading dimension when B is read in place (pstride =
+// kPanelCols then: each panel reads whole kPanelCols-wide row pieces, so
+// N must be a multiple of kPanelCols or the row's end readable).
 template <class T>
 void block_gemm(bool accumulate, int M, int N, int K, T alpha, const T* A, size_t rsa, size_t csa, const T* Bp,
-                size_t pstride, T* C, size_t ldc, const CausalSkip& cs = {}) {
+                size_t pstride, T* C, size_t ldc, const CausalSkip& cs = {}, size_t ldb = kPanelCols<T>) {
   constexpr int P = kPanelCols<T>;
   for (int j = 0; j < N; j += P) {
     const int nc = std::min(P, N - j);
     const T* b = Bp + (size_t)(j / P) * pstride;
-    if (accumulate) bgemm::panel<true>(M, j, K, alpha, A, rsa, csa, b, C + j, ldc, nc, cs);
-    else bgemm::panel<false>(M, j, K, alpha, A, rsa, csa, b, C + j, ldc, nc, cs);
+    if (accumulate) bgemm::panel<true>(M, j, K, alpha, A, rsa, csa, b, ldb, C + j, ldc, nc, cs);
+    else bgemm::panel<false>(M, j, K, alpha, A, rsa, csa, b, ldb, C + j, ldc, nc, cs);
   }
 }
 

@@ -107,4 +107,33 @@ TEST(OpsBlockGemm, CausalSkipsAreExact) {
   check_causal_skips<float>(70, 150, 40, 1e-5);
 }
 
+// B read where it lies (ldb: a row-major matrix's leading dimension, panels
+// kPanelCols apart) gives the packed product's bits: the attention backward
+// reads Q and dO so when D is whole panels. Rows of B are wider than N (the
+// next head's columns sit beside them) and the tiles' causal skips apply.
+template <class T> void check_b_in_place(int M, int panels, int K) {
+  constexpr int P = kPanelCols<T>;
+  const int N = panels * P;
+  const size_t ldb = (size_t)N + 3 * P;  // other columns between rows
+  Problem<T> p(M, N, K, true);
+  std::vector<T> rows((size_t)K * ldb, T(99)), packed(packed_size<T>(K, N));
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < N; ++j) rows[(size_t)k * ldb + j] = p.B[(size_t)k * N + j];
+  kvs::cpu::detail::pack_rows(packed.data(), p.B.data(), N, K, N);
+  for (const CausalSkip cs : {CausalSkip{}, CausalSkip{.k_begin_diag = -3}, CausalSkip{.out_diag = 5}}) {
+    std::vector<T> want = p.C0, got = p.C0;
+    block_gemm<T>(true, M, N, K, T(0.5), p.A.data(), p.rsa(), p.csa(), packed.data(), (size_t)K * P, want.data(), N,
+                  cs);
+    block_gemm<T>(true, M, N, K, T(0.5), p.A.data(), p.rsa(), p.csa(), rows.data(), P, got.data(), N, cs, ldb);
+    ASSERT_EQ(got, want) << M << "x" << N << "x" << K;
+  }
+}
+
+TEST(OpsBlockGemm, BReadInPlaceIsThePackedProduct) {
+  check_b_in_place<float>(13, 1, 20);
+  check_b_in_place<float>(64, 2, 70);
+  check_b_in_place<double>(13, 1, 20);
+  check_b_in_place<double>(40, 2, 33);
+}
+
 }  // namespace

@@ -96,8 +96,8 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
       const double acts = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch,
                                                                           max_seq_len)
                                                         .total);
-      const std::string limit = address_space_limit_clause(static_cast<uint64_t>(params * 16 + acts),
-                                                             "this process maps before any model (its libraries and threads)");
+      const std::string limit = address_space_limit_clause(
+          static_cast<uint64_t>(params * 16 + acts), "this process maps before any model (its libraries and threads)");
       if (!limit.empty())
         fail("the model's {:.3g} GiB of fp32 weights, gradients, AdamW moments and activations of micro-batch {} x {} "
              "do not fit: {}",

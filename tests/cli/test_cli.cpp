@@ -209,6 +209,40 @@ TEST(Cli, InfoSaysWhatTheCpuEstimateLeavesOut) {
             std::string::npos);
 }
 
+// On 2 threads with 8 sequences a micro-batch the CPU engine runs as two
+// thread replicas (make_engine's choice): the estimate counts each one's
+// gradients and the activations of its 4 sequences; on 1 thread, or with
+// KVS_CPU_REPLICAS=off, one engine's.
+TEST(Cli, InfoCountsTheThreadReplicasOfThisMachinesThreads) {
+  const std::string cfg = src("configs/toy/lm-small-kvshift.json");
+  auto memory = [&](const std::string& env, int threads) {
+    const Result r =
+        run_with_env(env, " info --json --set train.threads=" + std::to_string(threads) + " --config " + cfg);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(r.out)["memory_bytes"];
+  };
+  const auto one = memory("", 1), two = memory("", 2), off = memory("KVS_CPU_REPLICAS=off", 2),
+             half = memory("KVS_CPU_REPLICAS=off", 1);
+  const Result half_batch = run(" info --json --set train.threads=1 --set train.micro_batch_size=4 --config " + cfg);
+  ASSERT_EQ(half_batch.code, 0) << half_batch.out;
+  const double share_acts = nlohmann::json::parse(half_batch.out)["memory_bytes"]["activations"].get<double>();
+  EXPECT_EQ(one["cpu_replicas"], 1);
+  EXPECT_EQ(two["cpu_replicas"], 2);
+  EXPECT_EQ(off["cpu_replicas"], 1);
+  EXPECT_EQ(two["threads"], 2);
+  EXPECT_EQ(two["grads"].get<double>(), 2 * one["grads"].get<double>());
+  EXPECT_EQ(two["params"], one["params"]);
+  EXPECT_EQ(two["optimizer"], one["optimizer"]);
+  EXPECT_EQ(two["activations"].get<double>(), 2 * share_acts);
+  EXPECT_EQ(two["total"].get<double>(), two["params"].get<double>() + two["grads"].get<double>() +
+                                            two["optimizer"].get<double>() + two["activations"].get<double>());
+  EXPECT_EQ(off["total"], one["total"]);
+  EXPECT_EQ(half["total"], one["total"]);
+  const Result text = run(" info --set train.threads=2 --config " + cfg);
+  EXPECT_NE(text.out.find("as 2 thread replicas of 4 sequences on this machine's 2 threads"), std::string::npos)
+      << text.out;
+}
+
 #ifdef KVS_CUDA
 // The memory target for the paper's 1.5B model, from the CUDA engine's own
 // allocation plan (host arithmetic, no GPU): the 1.5B config at micro-batch 4 x 2048 needs less than

@@ -1,6 +1,8 @@
 #include "cli/commands/commands.h"
+#include "core/cpu_budget.h"
 #include "model/config.h"
 #include "model/cpu_engine.h"
+#include "model/cpu_replicas.h"
 #include "model/flops.h"
 #include "model/params.h"
 #include "parallel/pipeline.h"
@@ -21,9 +23,9 @@ namespace kvs::cli {
 // also in a CPU run (a CUDA build links them).
 constexpr const char* kCpuNotCounted =
     "the process itself: shared libraries (the CUDA ones too), the GEMM libraries' and the kernels' per-thread "
-    "buffers, the data loader (about 0.2-0.3 GiB resident on a 2-core machine); on N >= 2 threads with at least N "
-    "sequences a micro-batch, the N - 1 further thread replicas' gradients (4 bytes a parameter each, "
-    "docs/ARCHITECTURE.md \"Thread replicas\")";
+    "buffers, the data loader (about 0.2-0.3 GiB resident on a 2-core machine); thread replicas (docs/ARCHITECTURE.md "
+    "\"Thread replicas\") are counted for this machine's threads (train.threads, 0: its cores), which another "
+    "machine's may not match";
 
 #ifdef KVS_CUDA
 // What the CUDA estimate leaves out: allocations the libraries make
@@ -71,7 +73,20 @@ void add_info(CLI::App& app) {
     const double ckpt_b = 3 * params_b;
     const double ckpt_buffer_b =
         static_cast<double>(cfg.train.checkpoint_buffer_bytes(static_cast<uint64_t>(ckpt_b)));
-    const double acts_b = 4.0 * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
+    // On this machine's threads the CPU engine may run as thread replicas
+    // (make_engine's choice, model/cpu_replicas.h): each its own gradients and
+    // the activations of its share of the micro-batch (ceil(B / replicas)
+    // sequences); the weights and AdamW moments are the first's.
+    const double one_engine_acts = static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
+    const int threads = resolve_threads(cfg.train.threads);
+    const bool alone = cfg.parallel.tp == 1 && cfg.parallel.cp == 1 && cfg.parallel.pp == 1;
+    const int replicas = cfg.device == Device::Cpu ? cpu_replicas_for(cpu_replicas_setting(), threads, B, alone,
+                                                                       static_cast<double>(c.total), one_engine_acts)
+                                                   : 1;
+    const int share = (B + replicas - 1) / replicas;
+    const double grads_all_b = grads_b * replicas;
+    const double share_acts = static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), share, T).total);
+    const double acts_b = 4.0 * (replicas == 1 ? one_engine_acts : replicas * share_acts);
     // One rank's activations under the config's parallel layout (tp, cp), with
     // and without sequence parallelism (which needs tp > 1 and splits the
     // residual stream and norms over the TP group).
@@ -183,11 +198,13 @@ void add_info(CLI::App& app) {
                           {"flops_formula", kFlopsFormula},
                           {"memory_bytes",
                            {{"engine", "cpu-fp32"},
+                            {"threads", threads},
+                            {"cpu_replicas", replicas},
                             {"params", params_b},
-                            {"grads", grads_b},
+                            {"grads", grads_all_b},
                             {"optimizer", opt_b},
                             {"activations", acts_b},
-                            {"total", params_b + grads_b + opt_b + acts_b},
+                            {"total", params_b + grads_all_b + opt_b + acts_b},
                             {"not_counted", kCpuNotCounted}}},
                           {"activations_per_rank",
                            {{"engine", "cpu-fp32"},
@@ -221,9 +238,14 @@ void add_info(CLI::App& app) {
                 "step%s\n",
                 processes, dp, par.pp, par.cp, par.tp, micro_batches, B,
                 a->processes > 0 ? "" : " (--processes for more replicas)");
-    std::printf("memory (CPU fp32 engine, micro-batch %d x %d):\n", B, T);
+    std::printf("memory (CPU fp32 engine, micro-batch %d x %d%s):\n", B, T,
+                replicas > 1 ? fmt::format(", as {} thread replicas of {} sequences on this machine's {} threads",
+                                           replicas, share, threads)
+                                   .c_str()
+                             : "");
     std::printf("  params %.3f GiB, grads %.3f GiB, AdamW %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
-                params_b / GiB, grads_b / GiB, opt_b / GiB, acts_b / GiB, (params_b + grads_b + opt_b + acts_b) / GiB);
+                params_b / GiB, grads_all_b / GiB, opt_b / GiB, acts_b / GiB,
+                (params_b + grads_all_b + opt_b + acts_b) / GiB);
     std::printf("  not counted: %s\n", kCpuNotCounted);
     if (par.tp > 1 || par.cp > 1) {
       std::printf("  activations per rank at tp %d, cp %d: %.3f GiB", par.tp, par.cp, rank_acts_b / GiB);

@@ -42,6 +42,12 @@ int cpu_replicas_for(CpuReplicas s, int threads, int max_batch, bool whole_model
   return extra <= one_engine / 4 ? threads : 1;
 }
 
+int cpu_replicas_for_model(const ModelConfig& m, int threads, int max_batch, int max_seq_len, bool whole_model_alone) {
+  return cpu_replicas_for(
+      cpu_replicas_setting(), threads, max_batch, whole_model_alone, static_cast<double>(count_params(m).total),
+      static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch, max_seq_len).total));
+}
+
 std::string replicas_note(const Engine& e) {
   const auto* r = dynamic_cast<const CpuReplicaEngine*>(&e);
   return r ? fmt::format(", as {} thread replicas", r->replicas()) : "";

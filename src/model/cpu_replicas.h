@@ -53,6 +53,10 @@ void set_cpu_replicas(CpuReplicas r);
 // engine holds (16 bytes a parameter and its activations). Otherwise 1.
 int cpu_replicas_for(CpuReplicas setting, int threads, int max_batch, bool whole_model_alone, double params,
                      double activation_floats);
+// The same for model `m` at micro-batches of max_batch x max_seq_len on
+// `threads` threads under the current setting: make_engine's choice, and
+// what `kvshift info` counts.
+int cpu_replicas_for_model(const ModelConfig& m, int threads, int max_batch, int max_seq_len, bool whole_model_alone);
 
 // ", as 2 thread replicas" for an engine on thread replicas, "" otherwise (the
 // tail of train's "N threads").

@@ -82,11 +82,7 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& m, int max_batch, int max
               attention_backend);
     try {
       const bool alone = tp.size == 1 && cp.size == 1 && (!part || part->is_whole(m)) && slots == 1;
-      const int replicas =
-          cpu_replicas_for(cpu_replicas_setting(), omp_get_max_threads(), max_batch, alone,
-                           static_cast<double>(count_params(m).total),
-                           static_cast<double>(
-                               ActivationPlan::build(m, LocalDims::of(m, 0, 1), max_batch, max_seq_len).total));
+      const int replicas = cpu_replicas_for_model(m, omp_get_max_threads(), max_batch, max_seq_len, alone);
       if (replicas > 1) return std::make_unique<CpuReplicaEngine>(m, max_batch, max_seq_len, replicas);
       return std::make_unique<CpuEngine>(m, max_batch, max_seq_len, tp, cp, part, slots);
     } catch (const std::bad_alloc&) {

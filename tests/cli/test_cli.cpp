@@ -222,7 +222,7 @@ TEST(Cli, InfoCountsTheThreadReplicasOfThisMachinesThreads) {
     return nlohmann::json::parse(r.out)["memory_bytes"];
   };
   const auto one = memory("", 1), two = memory("", 2), off = memory("KVS_CPU_REPLICAS=off", 2),
-             half = memory("KVS_CPU_REPLICAS=off", 1);
+             off_one = memory("KVS_CPU_REPLICAS=off", 1);
   const Result half_batch = run(" info --json --set train.threads=1 --set train.micro_batch_size=4 --config " + cfg);
   ASSERT_EQ(half_batch.code, 0) << half_batch.out;
   const double share_acts = nlohmann::json::parse(half_batch.out)["memory_bytes"]["activations"].get<double>();
@@ -237,7 +237,7 @@ TEST(Cli, InfoCountsTheThreadReplicasOfThisMachinesThreads) {
   EXPECT_EQ(two["total"].get<double>(), two["params"].get<double>() + two["grads"].get<double>() +
                                             two["optimizer"].get<double>() + two["activations"].get<double>());
   EXPECT_EQ(off["total"], one["total"]);
-  EXPECT_EQ(half["total"], one["total"]);
+  EXPECT_EQ(off_one["total"], one["total"]);
   const Result text = run(" info --set train.threads=2 --config " + cfg);
   EXPECT_NE(text.out.find("as 2 thread replicas of 4 sequences on this machine's 2 threads"), std::string::npos)
       << text.out;

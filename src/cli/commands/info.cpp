@@ -77,16 +77,13 @@ void add_info(CLI::App& app) {
     // (make_engine's choice, model/cpu_replicas.h): each its own gradients and
     // the activations of its share of the micro-batch (ceil(B / replicas)
     // sequences); the weights and AdamW moments are the first's.
-    const double one_engine_acts = static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), B, T).total);
     const int threads = resolve_threads(cfg.train.threads);
     const bool alone = cfg.parallel.tp == 1 && cfg.parallel.cp == 1 && cfg.parallel.pp == 1;
-    const int replicas = cfg.device == Device::Cpu ? cpu_replicas_for(cpu_replicas_setting(), threads, B, alone,
-                                                                       static_cast<double>(c.total), one_engine_acts)
-                                                   : 1;
+    const int replicas = cpu_replicas_for_model(m, threads, B, T, alone);
     const int share = (B + replicas - 1) / replicas;
     const double grads_all_b = grads_b * replicas;
-    const double share_acts = static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), share, T).total);
-    const double acts_b = 4.0 * (replicas == 1 ? one_engine_acts : replicas * share_acts);
+    const double acts_b =
+        4.0 * replicas * static_cast<double>(ActivationPlan::build(m, LocalDims::of(m, 0, 1), share, T).total);
     // One rank's activations under the config's parallel layout (tp, cp), with
     // and without sequence parallelism (which needs tp > 1 and splits the
     // residual stream and norms over the TP group).
